@@ -1,0 +1,1 @@
+"""rollout_ray (API assembled in progress)."""

@@ -1,0 +1,126 @@
+"""The error model.
+
+Two families, never mixed:
+
+* ``RolloutError`` and its subclasses are *failures of a rollout*. Each is named after the
+  boundary it crossed (task code, harness, tool servers, model provider, runtime). Inside a
+  rollout a failure is recorded exactly once on the trace (``Trace.record_error``) and the
+  trace ends with ``ok=False``; it is never raised into the driver and never cancels a sibling
+  rollout. ``boundary()`` converts foreign exceptions at each boundary, so the recorded type
+  says *where* it broke.
+* ``Refusal`` and its subclasses are *answers of the model boundary* to a harness: the turn
+  was refused because the rollout stopped (400), the session is concluded (409), or the caller
+  is unknown (401). They are control flow for the harness, not failures of the rollout.
+
+A lifecycle bug of the caller (a borrowed runtime its owner already stopped) raises a plain
+``ValueError`` to the caller and is not recorded on any trace (B8, B20).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class RolloutError(Exception):
+    """Base of every failure recorded on a trace.
+
+    ``status_code`` is the HTTP status the interception answers with when this error is
+    raised at the model boundary; ``None`` means 502.
+    """
+
+    status_code: int | None = None
+
+
+class TaskError(RolloutError):
+    """Task code failed: setup, a hook, finalize or scoring."""
+
+
+class HarnessError(RolloutError):
+    """The harness failed: setup, a segment (non-zero exit, agent timeout) or a metric."""
+
+
+class ToolsetError(RolloutError):
+    """Building, launching or calling a tool server failed."""
+
+
+class SandboxError(RolloutError):
+    """The runtime failed: it could not start, died under the harness, or an exec broke."""
+
+
+class ProviderError(RolloutError):
+    """The model provider answered with an error (relayed with its status) or not at all."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class OverlongPromptError(ProviderError):
+    """The provider rejected the prompt as too long: a clean ``context_length`` stop."""
+
+
+class Refusal(Exception):
+    """The model boundary declined a request; the harness should stop asking.
+
+    Attributes:
+        status_code: the HTTP status the proxy answers with.
+        body: the exact response text (wire-visible; tests match on it).
+    """
+
+    status_code: int = 400
+
+    def __init__(self, body: str) -> None:
+        super().__init__(body)
+        self.body = body
+
+
+class TurnRefused(Refusal):
+    """The rollout stopped; ``reason`` is its stop condition (``rollout stopped: <reason>``)."""
+
+    status_code = 400
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"rollout stopped: {reason}")
+        self.reason = reason
+
+
+class SessionConcluded(Refusal):
+    """The session was released (the rollout closed); no late turn is ever committed."""
+
+    status_code = 409
+
+    def __init__(self) -> None:
+        super().__init__("rollout concluded")
+
+
+class Unauthorized(Refusal):
+    """No session is registered under the presented secret."""
+
+    status_code = 401
+
+    def __init__(self) -> None:
+        super().__init__("unknown or missing rollout secret")
+
+
+@contextmanager
+def boundary(error_cls: type[RolloutError], what: str) -> Iterator[None]:
+    """Convert foreign exceptions raised inside the block into ``error_cls``.
+
+    A ``RolloutError`` passes through unchanged (it already names its boundary). A
+    ``TimeoutError`` becomes ``error_cls("<what> timed out")``; any other ``Exception``
+    becomes ``error_cls("<what> failed: <Type>: <message>")``, chained to the original.
+    Cancellation (a ``BaseException``) is never converted.
+
+    Args:
+        error_cls: the boundary's error type.
+        what: the phase, e.g. ``"task setup"`` or ``"harness 'chat'"``.
+    """
+    try:
+        yield
+    except RolloutError:
+        raise
+    except TimeoutError as e:
+        raise error_cls(f"{what} timed out") from e
+    except Exception as e:
+        raise error_cls(f"{what} failed: {type(e).__name__}: {e}") from e
