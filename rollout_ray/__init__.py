@@ -1,1 +1,106 @@
-"""rollout_ray (API assembled in progress)."""
+"""rollout_ray: RL rollouts with the verifiers v1 lifecycle, on Ray.
+
+Importing this package never imports ``ray``: the lifecycle core is plain asyncio. Ray-backed
+names (actors, the driver) are to be loaded lazily, on first access, when they land.
+"""
+
+from __future__ import annotations
+
+import logging
+
+# The record
+from ._trace import TRACE_VERSION as TRACE_VERSION
+from ._trace import AgentInfo as AgentInfo
+from ._trace import AgentSpan as AgentSpan
+from ._trace import Branch as Branch
+from ._trace import Error as Error
+from ._trace import InterceptRecord as InterceptRecord
+from ._trace import MessageNode as MessageNode
+from ._trace import ModelCall as ModelCall
+from ._trace import Reward as Reward
+from ._trace import RuntimeInfo as RuntimeInfo
+from ._trace import TimeSpan as TimeSpan
+from ._trace import TimeSplit as TimeSplit
+from ._trace import Timing as Timing
+from ._trace import Trace as Trace
+from ._trace import TraceTask as TraceTask
+from ._trace import decode_trace as decode_trace
+from ._trace import encode_trace as encode_trace
+
+# Messages and the model boundary
+from ._messages import AssistantMessage as AssistantMessage
+from ._messages import ImagePart as ImagePart
+from ._messages import Message as Message
+from ._messages import Request as Request
+from ._messages import Response as Response
+from ._messages import SystemMessage as SystemMessage
+from ._messages import TextPart as TextPart
+from ._messages import Tool as Tool
+from ._messages import ToolCall as ToolCall
+from ._messages import ToolMessage as ToolMessage
+from ._messages import Usage as Usage
+from ._messages import UserMessage as UserMessage
+from ._model import Model as Model
+from ._session import RolloutSession as RolloutSession
+from ._interception import ChatClient as ChatClient
+from ._interception import Interception as Interception
+from ._interception import LocalInterception as LocalInterception
+from ._interception import Slot as Slot
+
+# Hooks and budgets
+from ._hooks import intercept as intercept
+from ._hooks import metric as metric
+from ._hooks import reward as reward
+from ._hooks import stop as stop
+from ._limits import RolloutLimits as RolloutLimits
+from ._limits import RolloutTimeouts as RolloutTimeouts
+
+# Task, harness, runtime, rollout
+from ._task import Judge as Judge
+from ._task import PluggedReward as PluggedReward
+from ._task import Task as Task
+from ._task import TaskConfig as TaskConfig
+from ._task import TaskData as TaskData
+from ._harness import Harness as Harness
+from ._harness import HarnessContext as HarnessContext
+from ._harness import HarnessSession as HarnessSession
+from ._runtime import ProgramResult as ProgramResult
+from ._runtime import Runtime as Runtime
+from ._local_runtime import LocalRuntime as LocalRuntime
+from ._rollout import Rollout as Rollout
+
+# Errors
+from ._errors import HarnessError as HarnessError
+from ._errors import OverlongPromptError as OverlongPromptError
+from ._errors import ProviderError as ProviderError
+from ._errors import Refusal as Refusal
+from ._errors import RolloutError as RolloutError
+from ._errors import SandboxError as SandboxError
+from ._errors import SessionConcluded as SessionConcluded
+from ._errors import TaskError as TaskError
+from ._errors import ToolsetError as ToolsetError
+from ._errors import TurnRefused as TurnRefused
+from ._errors import Unauthorized as Unauthorized
+from ._errors import boundary as boundary
+
+logging.getLogger("rollout_ray").addHandler(logging.NullHandler())
+
+__all__ = [
+    # the record
+    "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "Error", "InterceptRecord",
+    "MessageNode", "ModelCall", "Reward", "RuntimeInfo", "TimeSpan", "TimeSplit", "Timing",
+    "Trace", "TraceTask", "decode_trace", "encode_trace",
+    # messages and the model boundary
+    "AssistantMessage", "ImagePart", "Message", "Request", "Response", "SystemMessage",
+    "TextPart", "Tool", "ToolCall", "ToolMessage", "Usage", "UserMessage", "Model",
+    "RolloutSession", "ChatClient", "Interception", "LocalInterception", "Slot",
+    # hooks and budgets
+    "intercept", "metric", "reward", "stop", "RolloutLimits", "RolloutTimeouts",
+    # task, harness, runtime, rollout
+    "Judge", "PluggedReward", "Task", "TaskConfig", "TaskData", "Harness", "HarnessContext",
+    "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "Rollout",
+    # errors
+    "HarnessError", "OverlongPromptError", "ProviderError", "Refusal", "RolloutError",
+    "SandboxError", "SessionConcluded", "TaskError", "ToolsetError", "TurnRefused",
+    "Unauthorized", "boundary",
+]  # fmt: skip

@@ -1,0 +1,36 @@
+"""Small structured-concurrency helpers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterable
+from typing import Any
+
+
+def first_error(group: BaseExceptionGroup) -> BaseException:
+    """The first leaf exception of a (possibly nested) exception group."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def gather_all(awaitables: Iterable[Awaitable[Any]]) -> list[Any]:
+    """Run concurrently; on the first failure cancel the rest and raise that failure.
+
+    Unlike ``asyncio.gather``, nothing keeps running after this returns or raises, and the
+    error is the original exception rather than an ``ExceptionGroup``.
+    """
+
+    async def run(aw: Awaitable[Any]) -> Any:
+        return await aw
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(run(aw)) for aw in awaitables]
+    except BaseExceptionGroup as group:
+        error = first_error(group)
+        if isinstance(error, asyncio.CancelledError):
+            raise
+        raise error from None
+    return [t.result() for t in tasks]
