@@ -10,6 +10,7 @@ or, in process, through ``ctx.client``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -22,6 +23,8 @@ from ._runtime import ProgramResult, Runtime
 from ._scoring import run_metrics, seed
 from ._task import TaskData
 from ._trace import Trace
+
+log = logging.getLogger("rollout_ray")
 
 OUTPUT_TAIL = 2000
 """Characters of a failed program's output quoted in its HarnessError."""
@@ -66,8 +69,16 @@ class Harness:
         """Provision the harness into the runtime."""
 
     def resolve_prompt(self, data: TaskData) -> tuple[str | None, Any]:
-        """``(system prompt, prompt)`` as this harness will send them."""
-        return data.system_prompt, data.prompt
+        """``(system prompt, prompt)`` as this harness will send them.
+
+        A harness that cannot append a system prompt gets it folded into a string prompt
+        (``system + blank line + prompt``), with a warning.
+        """
+        system, prompt = data.system_prompt, data.prompt
+        if system is not None and not self.appends_system_prompt and isinstance(prompt, str):
+            log.warning("harness %s cannot append a system prompt; folding it into the prompt", self.id)
+            return None, f"{system}\n\n{prompt}"
+        return system, prompt
 
     def session(self, ctx: HarnessContext) -> HarnessSession:
         """A session onto one run of this harness."""

@@ -8,7 +8,7 @@ annotations that route ``@stop`` / ``@intercept`` hooks (B5).
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
@@ -45,17 +45,23 @@ class ToolCall(msgspec.Struct):
 class SystemMessage(msgspec.Struct, tag_field="role", tag="system"):
     """A system prompt."""
 
+    role: ClassVar[str] = "system"
+
     content: Content
 
 
 class UserMessage(msgspec.Struct, tag_field="role", tag="user"):
     """A user turn (the task prompt, or a caller's turn in an interaction)."""
 
+    role: ClassVar[str] = "user"
+
     content: Content
 
 
 class AssistantMessage(msgspec.Struct, tag_field="role", tag="assistant"):
     """A model reply, possibly with tool calls."""
+
+    role: ClassVar[str] = "assistant"
 
     content: Content | None = None
     reasoning_content: str | None = None
@@ -64,6 +70,8 @@ class AssistantMessage(msgspec.Struct, tag_field="role", tag="assistant"):
 
 class ToolMessage(msgspec.Struct, tag_field="role", tag="tool"):
     """A tool result answering ``tool_call_id``."""
+
+    role: ClassVar[str] = "tool"
 
     tool_call_id: str
     content: Content

@@ -253,6 +253,10 @@ class RolloutSession:
     async def _intercept(self, request: Request) -> tuple[Request, list[InterceptRecord]]:
         records: list[InterceptRecord] = []
         _, matched = self.graph.resolve(request.messages)
+        if not any(self._rewritable(m) for m in request.messages[matched:]):
+            # Nothing new to rewrite (e.g. prompt turns already rewritten at open): the
+            # interceptors are not applied a second time.
+            return request, records
         for hook in self.request_interceptors:
             current = request
             result = await self._run_request_hook(
@@ -288,13 +292,19 @@ class RolloutSession:
         for i, (old, new) in enumerate(zip(before.messages, after.messages, strict=True)):
             if old == new:
                 continue
-            is_new = i >= matched and isinstance(old, UserMessage | ToolMessage)
-            if not is_new or message_hash(old) in self._prepared:
+            if i < matched or not self._rewritable(old):
                 raise ValueError("can only rewrite new user or tool messages")
             if type(new) is not type(old):
                 raise TypeError("cannot change a message's type")
             if isinstance(old, ToolMessage) and new.tool_call_id != old.tool_call_id:  # type: ignore[union-attr]
                 raise ValueError("cannot change a tool message's tool_call_id")
+
+    def _rewritable(self, message: Message) -> bool:
+        """A user or tool message not already rewritten by ``prepare_users``."""
+        return (
+            isinstance(message, UserMessage | ToolMessage)
+            and message_hash(message) not in self._prepared
+        )
 
     def _consume_prepared(self, messages: Sequence[Message]) -> None:
         for message in messages:

@@ -1,0 +1,64 @@
+"""Shared builders for lifecycle tests (no Ray here; the Ray fixture arrives with the actors)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from rollout_ray import Rollout, Task
+from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel, VirtualTimeLoop
+
+T = TypeVar("T")
+
+
+class EchoTask(Task):
+    """A task with no hooks; scored by nothing."""
+
+
+def make_rollout(
+    task: Task | None = None,
+    *,
+    model: ScriptedModel | None = None,
+    harness: Any = None,
+    runtime: Any = None,
+    **kwargs: Any,
+) -> Rollout:
+    """A rollout on fakes: prompt "hi", a model answering "hello", an owned MemoryRuntime."""
+    kwargs.setdefault("runtime_factory", MemoryRuntime)
+    return Rollout(
+        task or EchoTask({"prompt": "hi"}),
+        harness or ScriptedHarness(),
+        model=model or ScriptedModel(default="hello"),
+        runtime=runtime,
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def caplog_info(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.INFO, logger="rollout_ray")
+    return caplog
+
+
+_loops: list[VirtualTimeLoop] = []
+
+
+@pytest.fixture(autouse=True)
+def _virtual_loop() -> Iterator[None]:
+    """One virtual-clock loop per test, so open / step / close share their loop."""
+    loop = VirtualTimeLoop()
+    _loops.append(loop)
+    try:
+        yield
+    finally:
+        _loops.remove(loop)
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on this test's virtual-clock loop."""
+    return _loops[-1].run_until_complete(coro)
