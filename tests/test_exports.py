@@ -1,0 +1,44 @@
+"""The public surface: every exported name resolves, and the core never imports ray."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import rollout_ray
+import rollout_ray.testing
+
+PACKAGE = pathlib.Path(rollout_ray.__file__).parent
+
+
+def test_every_name_in_all_is_importable() -> None:
+    for module in (rollout_ray, rollout_ray.testing):
+        assert len(module.__all__) == len(set(module.__all__))
+        for name in module.__all__:
+            assert getattr(module, name) is not None, name
+
+
+def test_importing_the_package_does_not_import_ray() -> None:
+    code = "import sys, rollout_ray, rollout_ray.testing; print('ray' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_lifecycle_core_modules_do_not_mention_ray_imports() -> None:
+    offenders = [
+        p.name
+        for p in PACKAGE.rglob("*.py")
+        if any(
+            line.strip().startswith(("import ray", "from ray"))
+            for line in p.read_text().splitlines()
+        )
+    ]
+    assert offenders == []
+
+
+def test_example_runs_one_complete_rollout() -> None:
+    example = PACKAGE.parent / "examples" / "single_rollout.py"
+    result = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, check=True)
+    assert "ok=True stop=agent_completed reward=1.000" in result.stdout
+    assert "rollout done: id=" in result.stdout

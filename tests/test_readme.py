@@ -1,0 +1,23 @@
+"""The README's commands and its tour snippet stay true."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+README = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+
+
+def test_readme_starts_with_the_two_commands_and_ci_runs_the_second() -> None:
+    block = re.search(r"```bash\n(.*?)```", README, re.S)
+    assert block is not None and README.index("```bash") < 40
+    run_cmd, test_cmd = block.group(1).strip().splitlines()
+    assert "examples/single_rollout.py" in run_cmd and "pytest" in test_cmd
+    ci = (pathlib.Path(__file__).parent.parent / ".ci" / "run").read_text()
+    assert test_cmd in ci.splitlines()
+
+
+def test_tour_snippet_runs_and_prints_what_it_claims(capsys) -> None:  # type: ignore[no-untyped-def]
+    code = re.search(r"```python\n(.*?)```", README, re.S).group(1)  # type: ignore[union-attr]
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == "True agent_completed 1.0"
