@@ -112,8 +112,11 @@ class RolloutSession:
 
     # -- the model route --------------------------------------------------------------------
 
-    async def chat(self, request: Request) -> Response:
+    async def chat(self, request: Request, params: dict[str, Any] | None = None) -> Response:
         """Run one model request through the whole pipeline and commit the turn.
+
+        ``params`` are the harness's other request fields (``max_tokens``, ``tool_choice``,
+        ...); the rollout's sampling settings override them.
 
         Raises:
             SessionConcluded: the session was released.
@@ -130,20 +133,18 @@ class RolloutSession:
             self._record_tools(request)
             self.trace.stop(stop_name)
             raise TurnRefused(stop_name)
-        return await self._sample(request)
+        return await self._sample(request, {**(params or {}), **self.sampling})
 
-    async def _sample(self, request: Request) -> Response:
+    async def _sample(self, request: Request, sampling: dict[str, Any]) -> Response:
         self.error = None
         call = ModelCall(
             model=self.model_name,
-            sampling=self.sampling or None,
+            sampling=sampling or None,
             endpoint="/chat/completions",
             time=TimeSpan(start=time.time()),
         )
         try:
-            response = await self.model.complete(
-                request, model=self.model_name, sampling=self.sampling
-            )
+            response = await self.model.complete(request, model=self.model_name, sampling=sampling)
             call.usage, call.finish_reason = response.usage, response.finish_reason
             if self.released:
                 raise SessionConcluded()
