@@ -92,12 +92,17 @@ class Harness:
         """Continue the conversation with the caller's ``messages``."""
         raise HarnessError(f"harness '{self.id}' cannot resume: it does not support users")
 
-    async def score(self, trace: Trace, runtime: Runtime | None = None) -> None:
-        """Seed and run the harness's own ``@metric``s (harnesses have no rewards, B48)."""
+    async def score(
+        self, trace: Trace, runtime: Runtime | None = None, task: TaskData | None = None
+    ) -> None:
+        """Seed and run the harness's own ``@metric``s (harnesses have no rewards, B48).
+
+        Metrics receive ``task`` (the task data), ``trace`` and ``runtime`` by parameter name.
+        """
         hooks = discover(self, "metric")
         if runtime is None:
             hooks = [h for h in hooks if not requires(h.fn, "runtime")]
-        available: dict[str, Any] = {"task": None, "trace": trace, "runtime": runtime}
+        available: dict[str, Any] = {"task": task, "trace": trace, "runtime": runtime}
         with boundary(HarnessError, f"harness '{self.id}' metric"):
             seed(trace, metrics=[h.name for h in hooks])
             await run_metrics(trace, hooks, available)

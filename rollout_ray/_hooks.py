@@ -9,6 +9,7 @@ never take the Trace alone.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 from collections.abc import Callable, Mapping
@@ -87,12 +88,23 @@ def discover(obj: object, kind: HookKind) -> list[Hook]:
     The most-derived definition of each name decides: an undecorated override hides a
     decorated base method (B50).
     """
-    hooks = []
-    for name in dir(type(obj)):
-        spec = hook_spec(inspect.getattr_static(obj, name))
-        if spec is not None and spec.kind == kind:
-            hooks.append(Hook(name, getattr(obj, name), spec.priority, spec.weight))
+    hooks = [
+        Hook(name, getattr(obj, name), spec.priority, spec.weight)
+        for name, spec in _decorated(type(obj))
+        if spec.kind == kind
+    ]
     return sort_hooks(hooks)
+
+
+@functools.cache
+def _decorated(cls: type) -> tuple[tuple[str, HookSpec], ...]:
+    # Classes are not edited after definition, so discovery is computed once per class.
+    found = []
+    for name in dir(cls):
+        spec = hook_spec(inspect.getattr_static(cls, name))
+        if spec is not None:
+            found.append((name, spec))
+    return tuple(found)
 
 
 def sort_hooks(hooks: list[Hook]) -> list[Hook]:

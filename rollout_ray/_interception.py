@@ -51,6 +51,17 @@ class Interception(ABC):
     def client(self, slot: Slot) -> ChatClient | None:
         """An in-process client for ``slot``, or ``None`` if only the wire path exists."""
 
+    async def prepare_users(self, session: RolloutSession, request: Request) -> Request:
+        """Run ``session.prepare_users`` where the live session is (B15, B25)."""
+        return await session.prepare_users(request)
+
+    async def sync(self, session: RolloutSession) -> None:
+        """Bring ``session`` and its trace up to date with the live session.
+
+        A no-op when the session is served in this process; an interception that serves
+        it elsewhere (another process or actor) copies back what its proxy committed.
+        """
+
 
 class LocalInterception(Interception):
     """In-process interception: sessions in a dict keyed by their model secret."""

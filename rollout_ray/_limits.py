@@ -68,7 +68,11 @@ class RolloutTimeouts:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is not None and (isinstance(value, bool) or value <= 0):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"timeouts.{f.name} must be a number of seconds or None, got {value!r}")
+            if not value > 0:  # written this way round so that NaN is rejected too
                 raise ValueError(f"timeouts.{f.name} must be > 0 seconds or None, got {value!r}")
 
     def merged(self, fallback: RolloutTimeouts | None) -> RolloutTimeouts:

@@ -268,7 +268,7 @@ class Rollout:
             system = data.system_prompt
         if system is not None:
             messages.insert(0, SystemMessage(system))
-        rewritten = await self.session.prepare_users(Request(messages))
+        rewritten = await self.interception.prepare_users(self.session, Request(messages))
         kept = [m for m in rewritten.messages if not isinstance(m, SystemMessage)]
         if (
             isinstance(prompt, str)
@@ -330,43 +330,57 @@ class Rollout:
         started = loop.time()
         budget = self.remaining_agent_budget
         self.deadline_at = None if budget is None else started + max(0.0, budget)
+        raised: Exception | None = None
+        expired = False
         try:
             async with asyncio.timeout_at(self.deadline_at):
-                if messages is not None and self.session.request_interceptors:
-                    request = await self.session.prepare_users(Request(list(messages)))
-                    messages = request.messages
-                    if self.session.stopped:
-                        return False
-                await self.harness_session.turn(messages)
-        except TimeoutError as e:
-            if self.deadline_at is not None and loop.time() >= self.deadline_at:
-                error = HarnessError(
-                    f"agent timeout: rollout exceeded its {self.timeouts.agent:g}s budget"
-                )
-                error.__cause__ = e
-                self.fail(error)
-            else:
-                self.fail(e)
-            return False
+                await self._segment(messages)
         except Exception as e:
-            if self.session.stopped:
-                return False
-            stashed = self.session.error
-            if isinstance(e, RolloutError) and stashed is not None:
-                stashed.__cause__ = e
-                self.fail(stashed)
-            else:
-                self.fail(e)
-            return False
+            raised = e
+            expired = self.deadline_at is not None and loop.time() >= self.deadline_at
         finally:
             if self.remaining_agent_budget is not None:
                 spent = loop.time() - started
                 self.remaining_agent_budget = max(0.0, self.remaining_agent_budget - spent)
             self.deadline_at = None
+        await self.interception.sync(self.session)
+        if raised is not None:
+            self._segment_failed(raised, expired)
+            return False
         if self.session.error is not None:
             self.fail(self.session.error)
             return False
         return self.ok and self.trace.num_turns > turns_before
+
+    async def _segment(self, messages: Sequence[Message] | None) -> None:
+        assert self.harness_session is not None
+        if messages is not None and self.session.request_interceptors:
+            request = await self.interception.prepare_users(self.session, Request(list(messages)))
+            messages = request.messages
+            if self.session.stopped:
+                return
+        await self.harness_session.turn(messages)
+
+    def _segment_failed(self, error: Exception, expired: bool) -> None:
+        """Record how a segment that raised ended (B27–B30)."""
+        if isinstance(error, TimeoutError):
+            if expired:
+                timeout = HarnessError(
+                    f"agent timeout: rollout exceeded its {self.timeouts.agent:g}s budget"
+                )
+                timeout.__cause__ = error
+                self.fail(timeout)
+            else:
+                self.fail(error)
+            return
+        if self.session.stopped:
+            return
+        stashed = self.session.error
+        if isinstance(error, RolloutError) and stashed is not None:
+            stashed.__cause__ = error
+            self.fail(stashed)
+        else:
+            self.fail(error)
 
     # -- close ------------------------------------------------------------------------------
 
@@ -420,7 +434,7 @@ class Rollout:
                 await gather_all(
                     [
                         self.task.score(self.trace, self.runtime),
-                        self.harness.score(self.trace, self.runtime),
+                        self.harness.score(self.trace, self.runtime, self.task.data),
                     ]
                 )
         timing.scoring.end = _now()
