@@ -196,6 +196,7 @@ class Rollout:
             )
         if self.owns_runtime:
             await runtime.start()
+            self.trace.agent.runtime = runtime.info(borrowed=False)  # the id is known now
         await runtime.prepare_setup()
         self.trace.timing.boot.end = self.trace.timing.setup.start = _now()
         await self._setup(runtime)

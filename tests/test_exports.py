@@ -25,11 +25,16 @@ def test_importing_the_package_does_not_import_ray() -> None:
     assert result.stdout.strip() == "False"
 
 
+RAY_MODULES = {"_actors.py"}
+"""The Ray layer; every other module is core and must not import ray."""
+
+
 def test_lifecycle_core_modules_do_not_mention_ray_imports() -> None:
     offenders = [
         p.name
         for p in PACKAGE.rglob("*.py")
-        if any(
+        if p.name not in RAY_MODULES
+        and any(
             line.strip().startswith(("import ray", "from ray"))
             for line in p.read_text().splitlines()
         )
