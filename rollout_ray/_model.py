@@ -16,6 +16,8 @@ class Model(ABC):
     """
 
     name: str | None = None
+    shareable: bool = False
+    """True when one instance may serve many rollouts (a stateless client with a pool)."""
 
     @abstractmethod
     async def complete(

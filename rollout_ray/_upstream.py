@@ -41,6 +41,8 @@ class OpenAIModel(Model):
         max_connections: size of the keep-alive pool.
     """
 
+    shareable = True
+
     def __init__(
         self,
         base_url: str,

@@ -62,3 +62,14 @@ def _virtual_loop() -> Iterator[None]:
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on this test's virtual-clock loop."""
     return _loops[-1].run_until_complete(coro)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """The one local Ray instance of the test session (2 CPUs, no dashboard)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

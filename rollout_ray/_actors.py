@@ -1,0 +1,310 @@
+"""The Ray layer: thin actors over the hosts, their placement, and handles to use them.
+
+The only module of the package that imports ``ray``. Each actor is a plain host class made
+remote here; it adds no lifecycle logic.
+
+* ``RolloutActor`` hosts up to K rollouts (``RolloutHost``). It creates its own
+  ``RuntimeActor`` for the runtimes its rollouts own, so by Ray's ownership rules that actor —
+  and, through its guardian, every process of every runtime in it — dies with it.
+* ``RuntimeActor`` hosts runtimes (``RuntimeHost``). One created by a caller is a pool to
+  borrow from: ``await pool.runtime()`` gives a started runtime that outlives any rollout.
+* ``InterceptionActor``: one per node (named, get-if-exists, pinned by node affinity), the
+  OpenAI-compatible proxy every rollout of that node talks to (``InterceptionHost``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from ._errors import SandboxError
+from ._interception import ChatClient, Interception, Slot
+from ._interception_host import Cursor, InterceptionHost, SessionSpec, apply_delta
+from ._messages import Message, Request
+from ._rollout_host import RolloutHost, RolloutSpec
+from ._runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
+from ._runtime_host import RuntimeHost, RuntimeStopped
+from ._session import RolloutSession
+from ._trace import Trace, decode_trace
+
+NAMESPACE = "rollout_ray"
+INTERCEPTION_PREFIX = "interception:"
+SHUTDOWN_GRACE = 5.0
+
+_RuntimeActor = ray.remote(num_cpus=0, max_concurrency=1000)(RuntimeHost)
+_InterceptionActor = ray.remote(num_cpus=0, max_concurrency=10_000)(InterceptionHost)
+
+
+# -- runtimes in another process ------------------------------------------------------------
+
+
+class RemoteRuntime(Runtime):
+    """A runtime hosted by a ``RuntimeActor``, driven from another process. Picklable."""
+
+    def __init__(self, actor: Any, name: str, *, owner: str | None = None, started: bool = False,
+                 runtime_type: str = "local", runtime_id: str | None = None) -> None:
+        super().__init__(name)
+        self._actor = actor
+        self._owner = owner
+        self.started = started
+        self.type = runtime_type
+        self._id = runtime_id
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_remote_runtime, (self._actor, self.name, self._owner, self.started,
+                                          self.type, self._id, self.stopped))
+
+    @property
+    def id(self) -> str:
+        return self._id or self.name
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await getattr(self._actor, method).remote(*args, **kwargs)
+        except RuntimeStopped:
+            self.stopped = True
+            raise
+        except RayActorError as e:
+            self.stopped = True
+            raise SandboxError(f"runtime {self.name!r}: its runtime actor died ({type(e).__name__})") from None
+
+    async def refresh(self) -> None:
+        """Learn whether the owner stopped this runtime."""
+        self.stopped = self.stopped or await self._call("stopped", self.name)
+
+    async def _start(self) -> None:
+        info = await self._call("create", self.name, owner=self._owner)
+        self.type = info.type
+        info = await self._call("start", self.name)
+        self._id = info.id
+
+    async def _teardown(self) -> None:
+        try:
+            await getattr(self._actor, "stop").remote(self.name)
+        except RayActorError:
+            pass  # the actor is gone, and its guardian removed the runtime with it
+
+    async def alive(self) -> bool:
+        try:
+            return bool(await self._call("alive", self.name))
+        except SandboxError:
+            return False
+
+    async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                   timeout: float | None = None, max_output: int = DEFAULT_OUTPUT_CAP,
+                   stdin: bytes | None = None) -> ProgramResult:
+        return await self._call("exec", self.name, list(argv), env=dict(env or {}), timeout=timeout,
+                                max_output=max_output, stdin=stdin)
+
+    async def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        return await self._call("read", self.name, path, max_bytes)
+
+    async def write(self, path: str, data: bytes | str) -> None:
+        await self._call("write", self.name, path, data)
+
+
+def _rebuild_remote_runtime(actor: Any, name: str, owner: str | None, started: bool,
+                            runtime_type: str, runtime_id: str | None, stopped: bool) -> RemoteRuntime:
+    runtime = RemoteRuntime(actor, name, owner=owner, started=started, runtime_type=runtime_type,
+                            runtime_id=runtime_id)
+    runtime.stopped = stopped
+    return runtime
+
+
+# -- sessions served by the node's interception actor ---------------------------------------
+
+
+class RayInterception(Interception):
+    """Serves sessions through an ``InterceptionActor``; pulls their turns after each segment."""
+
+    def __init__(self, actor: Any) -> None:
+        self._actor = actor
+        self._secrets: dict[int, str] = {}
+
+    @asynccontextmanager
+    async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:  # type: ignore[override]
+        slot: Slot = await self._actor.register.remote(SessionSpec.of(session))
+        self._secrets[id(session)] = slot.model_secret
+        try:
+            yield slot
+        finally:
+            del self._secrets[id(session)]
+            try:
+                change = await self._actor.unregister.remote(slot.model_secret, Cursor.of(session.trace))
+            finally:
+                session.release()
+            if change is not None:
+                apply_delta(session, change)
+
+    def client(self, slot: Slot) -> ChatClient | None:
+        return None
+
+    async def prepare_users(self, session: RolloutSession, request: Request) -> Request:
+        rewritten: Request = await self._actor.prepare_users.remote(self._secrets[id(session)], request)
+        await self.sync(session)
+        return rewritten
+
+    async def sync(self, session: RolloutSession) -> None:
+        secret = self._secrets.get(id(session))
+        if secret is not None:
+            apply_delta(session, await self._actor.sync.remote(secret, Cursor.of(session.trace)))
+
+
+def interception_actor(node_id: str, **options: Any) -> Any:
+    """The node's interception actor, created on first use, pinned to ``node_id``.
+
+    Detached, because it serves every rollout actor of the node whichever created it;
+    ``shutdown_node_services`` ends it.
+    """
+    return _InterceptionActor.options(
+        name=INTERCEPTION_PREFIX + node_id,
+        namespace=NAMESPACE,
+        get_if_exists=True,
+        lifetime="detached",
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        **options,
+    ).remote()
+
+
+async def shutdown_node_services(grace: float = SHUTDOWN_GRACE) -> list[str]:
+    """End every node's interception actor: gracefully, then ``ray.kill`` after ``grace``."""
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a.get("namespace") == NAMESPACE and a["name"].startswith(INTERCEPTION_PREFIX)]
+    for name in names:
+        actor = ray.get_actor(name, namespace=NAMESPACE)
+        await _stop_actor(actor, grace)
+    return names
+
+
+async def _stop_actor(actor: Any, grace: float) -> None:
+    try:
+        async with asyncio.timeout(grace):
+            await actor.shutdown.remote()
+    except (TimeoutError, RayActorError):
+        pass
+    ray.kill(actor, no_restart=True)
+
+
+# -- the rollout actor ----------------------------------------------------------------------
+
+
+class _RolloutActorImpl:
+    """A ``RolloutHost`` wired to its node's interception and its own runtime actor."""
+
+    def __init__(self, capacity: int) -> None:
+        node_id = ray.get_runtime_context().get_node_id()
+        self._runtimes = _RuntimeActor.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+        ).remote()
+        self._interception = interception_actor(node_id)
+        self.host = RolloutHost(
+            capacity,
+            interception=RayInterception(self._interception),
+            runtime_factory=lambda name: RemoteRuntime(self._runtimes, name, owner=name),
+        )
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def runtime_actor(self) -> Any:
+        return self._runtimes
+
+    async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
+        return await self.host.open(spec)
+
+    async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
+        return await self.host.step(rollout_id, messages)
+
+    async def close(self, rollout_id: str) -> bytes:
+        return await self.host.close(rollout_id)
+
+    async def abort(self, rollout_id: str) -> None:
+        await self.host.abort(rollout_id)
+
+    async def run(self, spec: RolloutSpec) -> bytes:
+        return await self.host.run(spec)
+
+    async def trace(self, rollout_id: str) -> bytes:
+        return await self.host.trace(rollout_id)
+
+    def open_ids(self) -> list[str]:
+        return self.host.open_ids()
+
+    async def shutdown(self) -> None:
+        await self.host.shutdown()
+        await self._runtimes.shutdown.remote()
+
+
+_RolloutActor = ray.remote(num_cpus=0, max_concurrency=10_000)(_RolloutActorImpl)
+
+
+class RolloutActor:
+    """Handle to a long-lived actor hosting up to ``capacity`` concurrent rollouts.
+
+    Create with ``RolloutActor.create(capacity=K)``; end with ``await actor.aclose()``.
+    """
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    @classmethod
+    def create(cls, *, capacity: int = 1, **options: Any) -> RolloutActor:
+        """Start the actor. ``options`` go to ``.options()`` (e.g. a scheduling strategy)."""
+        return cls(_RolloutActor.options(**options).remote(capacity))
+
+    async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
+        return await self.actor.open.remote(spec)
+
+    async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
+        return await self.actor.step.remote(rollout_id, messages)
+
+    async def close(self, rollout_id: str) -> Trace:
+        return decode_trace(await self.actor.close.remote(rollout_id))
+
+    async def abort(self, rollout_id: str) -> None:
+        await self.actor.abort.remote(rollout_id)
+
+    async def run(self, spec: RolloutSpec) -> Trace:
+        return decode_trace(await self.actor.run.remote(spec))
+
+    async def trace(self, rollout_id: str) -> Trace:
+        return decode_trace(await self.actor.trace.remote(rollout_id))
+
+    async def node_id(self) -> str:
+        return await self.actor.node_id.remote()
+
+    async def aclose(self, grace: float = SHUTDOWN_GRACE) -> None:
+        """Abort open rollouts and stop the actor; ``ray.kill`` it after ``grace`` seconds."""
+        await _stop_actor(self.actor, grace)
+
+
+class RuntimeActor:
+    """Handle to a runtime pool: runtimes to *borrow*, alive until the pool stops them."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self._count = 0
+
+    @classmethod
+    def create(cls, **options: Any) -> RuntimeActor:
+        return cls(_RuntimeActor.options(**options).remote())
+
+    async def runtime(self, name: str | None = None) -> RemoteRuntime:
+        """A new started runtime owned by this pool (not by any rollout)."""
+        self._count += 1
+        runtime = RemoteRuntime(self.actor, name or f"pool-{self._count}-{id(self):x}")
+        await runtime.start()
+        return runtime
+
+    async def aclose(self, grace: float = SHUTDOWN_GRACE) -> None:
+        await _stop_actor(self.actor, grace)

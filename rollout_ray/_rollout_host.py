@@ -1,0 +1,161 @@
+"""RolloutHost: up to K concurrent rollouts in one long-lived process.
+
+What a ``RolloutActor`` runs. It forwards ``open`` / ``step`` / ``close`` / ``abort`` to the
+``Rollout`` core and adds no lifecycle logic; ``run`` does open → step → close in one call so
+a driver pays one actor call per rollout. Traces leave as msgpack bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._harness import Harness
+from ._interception import Interception
+from ._limits import RolloutLimits, RolloutTimeouts
+from ._messages import Message
+from ._model import Model
+from ._rollout import Rollout, ToolServer
+from ._runtime import Runtime
+from ._task import Task
+from ._trace import encode_trace
+
+
+@dataclass
+class RolloutSpec:
+    """One rollout to run: what, with which model, under which budgets, in which runtime.
+
+    ``runtime`` is a live runtime to borrow (e.g. from a ``RuntimeActor`` pool); ``None``
+    makes the rollout own a fresh one on its host.
+    """
+
+    task: Task
+    harness: Harness
+    model: Model
+    limits: RolloutLimits = field(default_factory=RolloutLimits)
+    timeouts: RolloutTimeouts = field(default_factory=RolloutTimeouts)
+    model_name: str | None = None
+    sampling: dict[str, Any] | None = None
+    has_user: bool = False
+    runtime: Runtime | None = None
+
+
+class UnknownRollout(KeyError):
+    """No open rollout has that id on this host."""
+
+
+class RolloutHost:
+    """Hosts rollouts; at most ``capacity`` are open at once (``open`` waits for room).
+
+    Args:
+        capacity: K, the number of concurrent rollouts.
+        interception: serves the sessions of this host's rollouts.
+        runtime_factory: builds an owned runtime named after the trace id.
+        tool_server: serves tasks' toolsets, if any task declares some.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        interception: Interception,
+        runtime_factory: Callable[[str], Runtime],
+        tool_server: ToolServer | None = None,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._room = asyncio.Semaphore(capacity)
+        self._interception = interception
+        self._runtime_factory = runtime_factory
+        self._tool_server = tool_server
+        self._rollouts: dict[str, Rollout] = {}
+        self.completed = 0
+
+    def _build(self, spec: RolloutSpec) -> Rollout:
+        return Rollout(
+            spec.task,
+            spec.harness,
+            model=spec.model,
+            runtime=spec.runtime,
+            runtime_factory=self._runtime_factory,
+            interception=self._interception,
+            tool_server=self._tool_server,
+            limits=spec.limits,
+            timeouts=spec.timeouts,
+            model_name=spec.model_name,
+            sampling=spec.sampling,
+            has_user=spec.has_user,
+        )
+
+    async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
+        """Open a rollout; returns its id (the trace id) and ``Rollout.open``'s result."""
+        await self._room.acquire()
+        rollout: Rollout | None = None
+        try:
+            rollout = self._build(spec)
+            self._rollouts[rollout.trace.id] = rollout
+            refresh = getattr(spec.runtime, "refresh", None)
+            if refresh is not None:
+                await refresh()  # B8 must see the owner's latest word on a borrowed runtime
+            return rollout.trace.id, await rollout.open()
+        except BaseException:
+            await self._release(rollout)
+            raise
+
+    def _get(self, rollout_id: str) -> Rollout:
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            raise UnknownRollout(f"no open rollout {rollout_id!r} on this host")
+        return rollout
+
+    async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
+        return await self._get(rollout_id).step(messages)
+
+    async def close(self, rollout_id: str) -> bytes:
+        rollout = self._get(rollout_id)
+        try:
+            trace = await rollout.close()
+        finally:
+            await self._release(rollout)
+        return encode_trace(trace)
+
+    async def abort(self, rollout_id: str) -> None:
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is not None:
+            try:
+                await rollout.abort()
+            finally:
+                await self._release(rollout)
+
+    async def run(self, spec: RolloutSpec) -> bytes:
+        """open → one step → ``agent_completed`` → close, in one call (B52 without retries)."""
+        rollout_id, opened = await self.open(spec)
+        rollout = self._rollouts[rollout_id]
+        try:
+            if opened:
+                await rollout.step()
+                if rollout.ok:
+                    rollout.trace.stop("agent_completed")
+        except BaseException:
+            await self.abort(rollout_id)
+            raise
+        return await self.close(rollout_id)
+
+    async def trace(self, rollout_id: str) -> bytes:
+        """The current trace of an open rollout."""
+        return encode_trace(self._get(rollout_id).trace)
+
+    async def _release(self, rollout: Rollout | None) -> None:
+        if rollout is not None and self._rollouts.pop(rollout.trace.id, None) is not None:
+            self.completed += 1
+        self._room.release()
+
+    def open_ids(self) -> list[str]:
+        return list(self._rollouts)
+
+    async def shutdown(self) -> None:
+        """Abort every open rollout (their owned runtimes are stopped)."""
+        await asyncio.gather(*(self.abort(i) for i in list(self._rollouts)), return_exceptions=True)

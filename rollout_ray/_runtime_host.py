@@ -1,0 +1,144 @@
+"""RuntimeHost: many runtimes in one process, each with a recorded owner, none outliving it.
+
+The host is what a ``RuntimeActor`` runs (the actor adds no logic). All its runtimes live
+under one root directory and all their programs carry the host's marker, so one guardian
+process (``_guardian.py``) can remove every one of them — processes and files — when the
+host process dies, even by SIGKILL. Ownership is recorded: ``stop_owned_by(owner)`` stops
+what a closed, aborted or dead rollout owned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._errors import SandboxError
+from ._local_runtime import LocalRuntime
+from ._runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
+from ._trace import RuntimeInfo
+
+HOST_MARKER = "ROLLOUT_RAY_HOST"
+_GUARDIAN = os.path.join(os.path.dirname(__file__), "_guardian.py")
+
+
+class RuntimeStopped(SandboxError):
+    """The named runtime was stopped (by its owner) or never existed on this host."""
+
+
+class RuntimeHost:
+    """Hosts ``LocalRuntime``s by name.
+
+    Args:
+        root: the directory under which the host's runtimes live (default: a new temp dir).
+    """
+
+    def __init__(self, root: str | None = None) -> None:
+        self.root = root or tempfile.mkdtemp(prefix="rollout-ray-host-")
+        self.token = uuid.uuid4().hex
+        self._runtimes: dict[str, Runtime] = {}
+        self._owners: dict[str, str | None] = {}
+        # The guardian reads our end of this pipe; the kernel closes it when we die.
+        launcher = subprocess.Popen(
+            [sys.executable, _GUARDIAN, self.root, self.token],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert launcher.stdin is not None and launcher.stdout is not None
+        self._guardian_pipe = launcher.stdin
+        self.guardian_pid_value = int(launcher.stdout.readline())
+        launcher.stdout.close()
+        launcher.wait()  # the launcher exits at once; the detached guardian lives on
+
+    def guardian_pid(self) -> int:
+        """Process id of the guardian (tests wait for it to finish cleaning)."""
+        return self.guardian_pid_value
+
+    def pid(self) -> int:
+        """The host's process id (tests kill it)."""
+        return os.getpid()
+
+    def names(self) -> list[str]:
+        """Names of the runtimes not yet stopped."""
+        return [n for n, r in self._runtimes.items() if not r.stopped]
+
+    def owner(self, name: str) -> str | None:
+        return self._owners.get(name)
+
+    async def create(self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None) -> RuntimeInfo:
+        """Create (not start) a runtime named ``name``, owned by rollout ``owner``."""
+        if name in self._runtimes:
+            raise ValueError(f"runtime {name!r} already exists on this host")
+        runtime = LocalRuntime(name, root=self.root, env={**(env or {}), HOST_MARKER: self.token})
+        self._runtimes[name] = runtime
+        self._owners[name] = owner
+        return runtime.info()
+
+    def _get(self, name: str) -> Runtime:
+        runtime = self._runtimes.get(name)
+        if runtime is None or runtime.stopped:
+            raise RuntimeStopped(f"runtime {name!r} is stopped or unknown on this host")
+        return runtime
+
+    async def start(self, name: str) -> RuntimeInfo:
+        runtime = self._get(name)
+        await runtime.start()
+        return runtime.info()
+
+    async def stop(self, name: str) -> None:
+        """Stop a runtime (idempotent; unknown names are ignored)."""
+        runtime = self._runtimes.get(name)
+        if runtime is not None:
+            await runtime.stop()
+
+    async def stop_owned_by(self, owner: str) -> list[str]:
+        """Stop every runtime ``owner`` owns; returns their names."""
+        names = [n for n, o in self._owners.items() if o == owner and not self._runtimes[n].stopped]
+        await asyncio.gather(*(self.stop(n) for n in names))
+        return names
+
+    async def stopped(self, name: str) -> bool:
+        runtime = self._runtimes.get(name)
+        return runtime is None or runtime.stopped
+
+    async def alive(self, name: str) -> bool:
+        runtime = self._runtimes.get(name)
+        return runtime is not None and await runtime.alive()
+
+    async def exec(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_output: int = DEFAULT_OUTPUT_CAP,
+        stdin: bytes | None = None,
+    ) -> ProgramResult:
+        return await self._get(name).exec(argv, env=env, timeout=timeout, max_output=max_output, stdin=stdin)
+
+    async def read(self, name: str, path: str, max_bytes: int | None = None) -> bytes:
+        return await self._get(name).read(path, max_bytes)
+
+    async def write(self, name: str, path: str, data: bytes | str) -> None:
+        await self._get(name).write(path, data)
+
+    async def info(self, name: str) -> RuntimeInfo:
+        return self._get(name).info()
+
+    async def shutdown(self) -> None:
+        """Stop every runtime and let the guardian go; the host is unusable afterwards."""
+        await asyncio.gather(*(r.stop() for r in self._runtimes.values()), return_exceptions=True)
+        await asyncio.to_thread(shutil.rmtree, self.root, True)
+        self._guardian_pipe.close()  # the guardian finds nothing left and exits
+
+    def statistics(self) -> dict[str, Any]:
+        live = self.names()
+        return {"runtimes": len(live), "owners": len({self._owners[n] for n in live})}

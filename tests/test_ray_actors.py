@@ -1,0 +1,147 @@
+"""The Ray layer on a real local Ray instance: hosting, ownership and fate sharing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import signal
+import sys
+import tempfile
+from typing import Any
+
+import pytest
+
+from rollout_ray import Harness, ProgramResult, Runtime, Task, TaskData, Trace, reward
+
+ray = pytest.importorskip("ray")
+
+from rollout_ray._actors import RolloutActor, RuntimeActor  # noqa: E402
+from rollout_ray._rollout_host import RolloutSpec  # noqa: E402
+from rollout_ray.testing import ScriptedModel  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+SLEEPER = ["sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 & echo $!"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Block until ``pid`` exits (pidfd: an event, not a poll)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"process {pid} still alive {timeout}s after its owner died"
+    finally:
+        os.close(fd)
+
+
+class FifoData(TaskData):
+    fifo: str
+
+
+class SpawnsSleeper(Task):
+    """Setup starts a background process in the runtime and reports its pid through a FIFO."""
+
+    data_type = FifoData
+
+    async def setup(self, runtime: Runtime) -> None:
+        out = await runtime.exec(SLEEPER)
+        await asyncio.to_thread(_write_fifo, self.data.fifo, out.stdout)  # type: ignore[attr-defined]
+
+    @reward
+    def done(self, trace: Trace) -> float:
+        return 1.0
+
+
+def _write_fifo(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+class Blocks(Harness):
+    async def launch(self, ctx: Any) -> ProgramResult:
+        await asyncio.Event().wait()
+        return ProgramResult(0)
+
+
+class Idle(Harness):
+    async def launch(self, ctx: Any) -> ProgramResult:
+        return ProgramResult(0)
+
+
+def _fifo() -> str:
+    path = os.path.join(tempfile.mkdtemp(prefix="rr-test-"), "pid")
+    os.mkfifo(path)
+    return path
+
+
+def _read_fifo(path: str) -> int:
+    with open(path) as f:
+        return int(f.read())
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])
+def test_killing_a_rollout_actor_mid_segment_removes_its_owned_runtimes(how: str) -> None:
+    async def main() -> None:
+        actor = RolloutActor.create(capacity=2)
+        pool = RuntimeActor.create()
+        borrowed = await pool.runtime()
+        borrowed_pid = int((await borrowed.exec(SLEEPER)).stdout)
+        fifo = _fifo()
+        spec = RolloutSpec(SpawnsSleeper({"prompt": "hi", "fifo": fifo}), Blocks(), ScriptedModel(default="x"))
+        running = actor.actor.run.remote(spec)
+        owned_pid = await asyncio.to_thread(_read_fifo, fifo)
+        assert _alive(owned_pid)
+        if how == "SIGKILL":
+            os.kill(await actor.actor.pid.remote(), signal.SIGKILL)
+        else:
+            ray.kill(actor.actor, no_restart=True)
+        with pytest.raises(ray.exceptions.RayActorError):
+            await running
+        await asyncio.to_thread(_wait_gone, owned_pid, 5.0)
+        assert _alive(borrowed_pid) and await borrowed.alive()
+        await pool.aclose()
+        await asyncio.to_thread(_wait_gone, borrowed_pid, 5.0)
+
+    asyncio.run(main())
+
+
+def test_borrowed_runtime_survives_the_rollout_and_is_never_stopped_by_it() -> None:
+    async def main() -> None:
+        actor = RolloutActor.create(capacity=1)
+        pool = RuntimeActor.create()
+        runtime = await pool.runtime("shared-box")
+        trace = await actor.run(RolloutSpec(Task({"prompt": "hi"}), Idle(), ScriptedModel(default="x"), runtime=runtime))
+        assert trace.agent.runtime is not None and trace.agent.runtime.borrowed
+        assert trace.errors == [] and await runtime.alive()
+        await actor.aclose()
+        assert await runtime.alive()
+        await pool.aclose()
+
+    asyncio.run(main())
+
+
+def test_borrowed_runtime_already_stopped_raises_to_the_caller() -> None:
+    async def main() -> None:
+        actor = RolloutActor.create(capacity=1)
+        pool = RuntimeActor.create()
+        runtime = await pool.runtime("gone")
+        await pool.actor.stop.remote("gone")
+        with pytest.raises(ValueError, match="already torn down by its owner"):
+            await actor.run(RolloutSpec(Task({"prompt": "hi"}), Idle(), ScriptedModel(default="x"), runtime=runtime))
+        await actor.aclose()
+        await pool.aclose()
+
+    asyncio.run(main())

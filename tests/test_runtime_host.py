@@ -1,0 +1,110 @@
+"""RuntimeHost and its guardian: ownership, and nothing left behind when the host dies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rollout_ray._runtime_host import RuntimeHost, RuntimeStopped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_exit(pid: int, timeout: float) -> None:
+    """Block until ``pid`` (not our child) exits, by waiting on its pidfd."""
+    fd = os.pidfd_open(pid)
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"process {pid} still running after {timeout}s"
+    finally:
+        os.close(fd)
+
+
+def test_runtimes_are_created_started_used_and_stopped_by_name() -> None:
+    async def main() -> None:
+        host = RuntimeHost()
+        try:
+            info = await host.create("r1", owner="rollout-a")
+            assert (info.name, info.type) == ("r1", "local")
+            started = await host.start("r1")
+            assert started.id.startswith(host.root)
+            result = await host.exec("r1", ["sh", "-c", "echo $ROLLOUT_RAY_HOST"])
+            assert result.stdout.strip() == host.token
+            await host.write("r1", "a.txt", "hello")
+            assert await host.read("r1", "a.txt") == b"hello"
+            assert await host.alive("r1") and host.owner("r1") == "rollout-a"
+            await host.stop("r1")
+            assert await host.stopped("r1") and not await host.alive("r1")
+            with pytest.raises(RuntimeStopped, match=r"^runtime 'r1' is stopped or unknown on this host$"):
+                await host.exec("r1", ["true"])
+            with pytest.raises(ValueError, match=r"^runtime 'r1' already exists on this host$"):
+                await host.create("r1")
+        finally:
+            await host.shutdown()
+        assert not os.path.exists(host.root)
+
+    asyncio.run(main())
+
+
+def test_stop_owned_by_stops_only_that_owners_runtimes() -> None:
+    async def main() -> None:
+        host = RuntimeHost()
+        try:
+            for name, owner in (("a1", "A"), ("a2", "A"), ("b1", "B")):
+                await host.create(name, owner=owner)
+                await host.start(name)
+            assert sorted(await host.stop_owned_by("A")) == ["a1", "a2"]
+            assert host.names() == ["b1"]
+            assert host.statistics() == {"runtimes": 1, "owners": 1}
+        finally:
+            await host.shutdown()
+
+    asyncio.run(main())
+
+
+HOST_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from rollout_ray._runtime_host import RuntimeHost
+
+    async def main():
+        host = RuntimeHost()
+        await host.create("r", owner="x")
+        await host.start("r")
+        out = await host.exec("r", ["sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 & echo $!"])
+        print(json.dumps({"root": host.root, "sleeper": int(out.stdout), "guardian": host.guardian_pid()}), flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_guardian_removes_processes_and_files_when_the_host_is_killed() -> None:
+    host = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT], stdout=subprocess.PIPE, text=True)
+    try:
+        facts = json.loads(host.stdout.readline())  # type: ignore[union-attr]
+        assert _alive(facts["sleeper"]) and os.path.isdir(facts["root"])
+        host.send_signal(signal.SIGKILL)
+        host.wait()
+        _wait_exit(facts["guardian"], timeout=5)
+        assert not _alive(facts["sleeper"])
+        assert not os.path.exists(facts["root"])
+    finally:
+        host.kill()
+        host.wait()
+        host.stdout.close()  # type: ignore[union-attr]
