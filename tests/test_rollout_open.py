@@ -304,3 +304,20 @@ def test_b16_harness_session_open_failure_is_a_harness_error() -> None:
     )
     assert HarnessError.__name__ == r.trace.errors[0].type
     assert TaskError is not HarnessError
+
+
+def test_b16_tool_interception_url_only_when_the_harness_supports_it_and_hooks_exist() -> None:
+    class Intercepting(ScriptedHarness):
+        supports_tool_interception = True
+
+    def url_of(task: EchoTask, harness: ScriptedHarness) -> Any:
+        r = make_rollout(task, harness=harness)
+        run(r.open())
+        url = r.harness_session.ctx.tool_interception_url  # type: ignore[union-attr]
+        run(r.close())
+        return url
+
+    hooked = Shouting({"prompt": "hi"})
+    assert url_of(hooked, Intercepting()) == LocalInterception.base_url + "/tool"
+    assert url_of(hooked, ScriptedHarness()) is None
+    assert url_of(EchoTask({"prompt": "hi"}), Intercepting()) is None

@@ -1,0 +1,64 @@
+"""The ``rollout-ray`` command.
+
+    rollout-ray serve-model [--host H] [--port P] [--ttft S] [--per-token S] [--error-rate R]
+                            [--rate-429 R] [--rate-5xx R] [--rate-timeout R] [--rate-malformed R]
+                            [--seed N] [--model-name NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+
+def _serve_model(args: argparse.Namespace) -> int:
+    from ._simulated_model import SimulatedModelConfig, serve_forever
+
+    try:
+        config = SimulatedModelConfig(
+            ttft=args.ttft,
+            per_token=args.per_token,
+            error_rate=args.error_rate,
+            rate_429=args.rate_429,
+            rate_5xx=args.rate_5xx,
+            rate_timeout=args.rate_timeout,
+            rate_malformed=args.rate_malformed,
+            seed=args.seed,
+            model_name=args.model_name,
+        )
+    except ValidationError as e:
+        print(f"rollout-ray serve-model: invalid settings:\n{e}", file=sys.stderr)
+        return 2
+    serve_forever(config, args.host, args.port)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rollout-ray", description="RL rollouts on Ray.")
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve-model", help="serve the built-in simulated OpenAI-compatible model")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
+    serve.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
+    serve.add_argument("--ttft", type=float, default=0.05, help="seconds to the first token")
+    serve.add_argument("--per-token", type=float, default=0.0, help="seconds per completion token")
+    serve.add_argument("--error-rate", type=float, default=0.0, help="share of wrong arithmetic answers")
+    serve.add_argument("--rate-429", type=float, default=0.0, help="share of 429 answers")
+    serve.add_argument("--rate-5xx", type=float, default=0.0, help="share of 5xx answers")
+    serve.add_argument("--rate-timeout", type=float, default=0.0, help="share of requests held until the client times out")
+    serve.add_argument("--rate-malformed", type=float, default=0.0, help="share of malformed bodies")
+    serve.add_argument("--seed", type=int, default=0, help="seed of every random draw")
+    serve.add_argument("--model-name", default="simulated", help="model name in answers")
+    serve.set_defaults(run=_serve_model)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
