@@ -1,12 +1,14 @@
 """rollout_ray: RL rollouts with the verifiers v1 lifecycle, on Ray.
 
-Importing this package never imports ``ray``: the lifecycle core is plain asyncio. Ray-backed
-names (actors, the driver) are to be loaded lazily, on first access, when they land.
+Importing this package never imports ``ray``: the lifecycle core is plain asyncio, and the
+Ray-backed names (``RolloutActor``, ``RuntimeActor``, ...) load on first access.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+from typing import Any
 
 # The record
 from ._trace import TRACE_VERSION as TRACE_VERSION
@@ -23,6 +25,7 @@ from ._trace import TimeSpan as TimeSpan
 from ._trace import TimeSplit as TimeSplit
 from ._trace import Timing as Timing
 from ._trace import Trace as Trace
+from ._trace import ToolCallRecord as ToolCallRecord
 from ._trace import TraceTask as TraceTask
 from ._trace import decode_trace as decode_trace
 from ._trace import encode_trace as encode_trace
@@ -46,6 +49,8 @@ from ._interception import ChatClient as ChatClient
 from ._interception import Interception as Interception
 from ._interception import LocalInterception as LocalInterception
 from ._interception import Slot as Slot
+from ._proxy import HTTPInterception as HTTPInterception
+from ._upstream import OpenAIModel as OpenAIModel
 
 # Hooks and budgets
 from ._hooks import intercept as intercept
@@ -68,6 +73,15 @@ from ._runtime import ProgramResult as ProgramResult
 from ._runtime import Runtime as Runtime
 from ._local_runtime import LocalRuntime as LocalRuntime
 from ._rollout import Rollout as Rollout
+from ._rollout_host import RolloutSpec as RolloutSpec
+from ._chat_harness import ChatHarness as ChatHarness
+from ._program_harness import ProgramHarness as ProgramHarness
+from ._toolset import Toolset as Toolset
+from ._toolset import ToolInputError as ToolInputError
+from ._toolset import tool as tool
+from ._tool_server import ToolServer as ToolServer
+from ._simulated_model import SimulatedModelConfig as SimulatedModelConfig
+from ._simulated_model import SimulatedModelServer as SimulatedModelServer
 
 # Errors
 from ._errors import HarnessError as HarnessError
@@ -85,20 +99,42 @@ from ._errors import boundary as boundary
 
 logging.getLogger("rollout_ray").addHandler(logging.NullHandler())
 
+# The Ray layer, imported on first access so that the core never pays for (or needs) ray.
+_LAZY = {
+    "RolloutActor": "._actors",
+    "RuntimeActor": "._actors",
+    "RemoteRuntime": "._actors",
+    "shutdown_node_services": "._actors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollout_ray' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     # the record
     "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "Error", "InterceptRecord",
     "MessageNode", "ModelCall", "Reward", "RuntimeInfo", "TimeSpan", "TimeSplit", "Timing",
-    "Trace", "TraceTask", "decode_trace", "encode_trace",
+    "ToolCallRecord", "Trace", "TraceTask", "decode_trace", "encode_trace",
     # messages and the model boundary
     "AssistantMessage", "ImagePart", "Message", "Request", "Response", "SystemMessage",
     "TextPart", "Tool", "ToolCall", "ToolMessage", "Usage", "UserMessage", "Model",
     "RolloutSession", "ChatClient", "Interception", "LocalInterception", "Slot",
+    "HTTPInterception", "OpenAIModel", "SimulatedModelConfig", "SimulatedModelServer",
     # hooks and budgets
     "intercept", "metric", "reward", "stop", "RolloutLimits", "RolloutTimeouts",
     # task, harness, runtime, rollout
     "Judge", "PluggedReward", "Task", "TaskConfig", "TaskData", "Harness", "HarnessContext",
-    "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "Rollout",
+    "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "Rollout", "RolloutSpec",
+    "ChatHarness", "ProgramHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
+    # the Ray layer (lazy)
+    "RolloutActor", "RuntimeActor", "RemoteRuntime", "shutdown_node_services",
     # errors
     "HarnessError", "OverlongPromptError", "ProviderError", "Refusal", "RolloutError",
     "SandboxError", "SessionConcluded", "TaskError", "ToolsetError", "TurnRefused",

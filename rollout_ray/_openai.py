@@ -161,7 +161,7 @@ def _to_tool(t: WireTool) -> Tool:
 def encode_request(request: Request, params: dict[str, Any], *, model: str | None, stream: bool) -> bytes:
     """The upstream body: ``params`` with the messages, the tools and the model forced."""
     body: dict[str, Any] = dict(params)
-    body["messages"] = [_wire_message(m) for m in request.messages]
+    body["messages"] = [wire_message(m) for m in request.messages]
     if request.tools:
         body["tools"] = [
             WireTool(WireFunctionSpec(t.name, t.description, t.parameters, t.strict))
@@ -175,7 +175,7 @@ def encode_request(request: Request, params: dict[str, Any], *, model: str | Non
     return _ENCODER.encode(body)
 
 
-def _wire_message(m: Message) -> WireMessage:
+def wire_message(m: Message) -> WireMessage:
     if isinstance(m, AssistantMessage):
         calls = [WireToolCall(c.id, WireFunction(c.name, c.arguments)) for c in m.tool_calls or ()]
         return WireMessage("assistant", m.content, calls or None, reasoning_content=m.reasoning_content)
@@ -240,7 +240,7 @@ def encode_response(response: Response, *, completion_id: str | None = None) -> 
         "created": int(time.time()),
         "model": response.model,
         "choices": [
-            {"index": 0, "message": _wire_message(response.message), "finish_reason": response.finish_reason}
+            {"index": 0, "message": wire_message(response.message), "finish_reason": response.finish_reason}
         ],
     }
     if response.usage is not None:

@@ -39,8 +39,10 @@ from ._trace import AgentInfo, Timing, Trace, TraceTask
 
 log = logging.getLogger("rollout_ray")
 
-ToolServer = Callable[[list[Any], Runtime, str], Any]
-"""Serves a task's toolsets: ``(toolsets, runtime, state_secret) -> async cm of {name: url}``."""
+ToolServerFactory = Callable[..., Any]
+"""Serves a task's toolsets: ``(toolsets, runtime, state_secret, *, on_call)`` → an async
+context manager yielding ``{server name: url}``; ``on_call`` receives each ``ToolCallRecord``
+(e.g. ``ToolServer.serve``)."""
 
 
 def _now() -> float:
@@ -78,7 +80,7 @@ class Rollout:
         runtime: Runtime | None = None,
         runtime_factory: Callable[[str], Runtime] = LocalRuntime,
         interception: Interception | None = None,
-        tool_server: ToolServer | None = None,
+        tool_server: ToolServerFactory | None = None,
         limits: RolloutLimits | None = None,
         timeouts: RolloutTimeouts | None = None,
         model_name: str | None = None,
@@ -245,7 +247,7 @@ class Rollout:
                 "the rollout has no tool_server to run them; pass Rollout(tool_server=...)"
             )
         urls: dict[str, str] = await self._stack.enter_async_context(
-            self._tool_server(toolsets, runtime, state_secret)
+            self._tool_server(toolsets, runtime, state_secret, on_call=self.trace.tool_calls.append)
         )
         return urls
 

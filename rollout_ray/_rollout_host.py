@@ -17,7 +17,7 @@ from ._interception import Interception
 from ._limits import RolloutLimits, RolloutTimeouts
 from ._messages import Message
 from ._model import Model
-from ._rollout import Rollout, ToolServer
+from ._rollout import Rollout, ToolServerFactory
 from ._runtime import Runtime
 from ._task import Task
 from ._trace import encode_trace
@@ -62,7 +62,7 @@ class RolloutHost:
         *,
         interception: Interception,
         runtime_factory: Callable[[str], Runtime],
-        tool_server: ToolServer | None = None,
+        tool_server: ToolServerFactory | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")

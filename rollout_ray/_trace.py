@@ -174,6 +174,17 @@ class AgentInfo(msgspec.Struct):
     trainable: bool = True
 
 
+class ToolCallRecord(msgspec.Struct):
+    """One tool call: toolset (``server``), tool, JSON arguments, outcome, seconds taken."""
+
+    server: str
+    name: str
+    arguments: str
+    ok: bool
+    error: str | None = None
+    duration: float = 0.0
+
+
 @dataclass(frozen=True)
 class Branch:
     """A root-to-leaf path: its node indices and the calls that committed a node on it."""
@@ -206,6 +217,7 @@ class Trace(msgspec.Struct, kw_only=True):
     stop_condition: str | None = None
     errors: list[Error] = msgspec.field(default_factory=list)
     timing: Timing = msgspec.field(default_factory=Timing)
+    tool_calls: list[ToolCallRecord] = msgspec.field(default_factory=list)
 
     # -- derived views (never serialised) ---------------------------------------------------
 

@@ -76,7 +76,7 @@ def test_b41_close_order() -> None:
             events.append("runtime.stop")
 
     @asynccontextmanager
-    async def tools(toolsets: Any, runtime: Any, secret: str) -> Any:
+    async def tools(toolsets: Any, runtime: Any, secret: str, **kw: Any) -> Any:
         yield {"t": "http://127.0.0.1:1"}
         events.append("tool_servers.close")
 
@@ -275,7 +275,7 @@ def test_q2_closing_a_never_opened_rollout_reports_ok() -> None:
 
 def test_q15_service_teardown_failure_fails_the_run_and_skips_scoring() -> None:
     @asynccontextmanager
-    async def tools(toolsets: Any, runtime: Any, secret: str) -> Any:
+    async def tools(toolsets: Any, runtime: Any, secret: str, **kw: Any) -> Any:
         yield {}
         raise OSError("tool server did not exit")
 

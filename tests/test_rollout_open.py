@@ -22,7 +22,7 @@ from rollout_ray import (
     intercept,
     reward,
 )
-from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel, run_virtual
+from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel
 
 
 def test_b1_trace_minted_at_construction_and_shown_to_on_trace() -> None:
@@ -160,7 +160,7 @@ class RecordingRuntime(MemoryRuntime):
 
 def test_b13_b14_services_then_execution_policy_keeps_framework_routes() -> None:
     @asynccontextmanager
-    async def tool_server(toolsets: list[Any], runtime: Any, state_secret: str) -> Any:
+    async def tool_server(toolsets: list[Any], runtime: Any, state_secret: str, **kw: Any) -> Any:
         assert state_secret
         yield {"calc": "http://127.0.0.1:9/calc"}
 

@@ -8,7 +8,7 @@ import pytest
 from rollout_ray import (
     AgentInfo, AgentSpan, AssistantMessage, Error, ImagePart, InterceptRecord, MessageNode,
     ModelCall, ProviderError, Reward, RuntimeInfo, SystemMessage, TextPart, TimeSpan, TimeSplit,
-    Timing, Tool, ToolCall, ToolMessage, Trace, TraceTask, Usage, UserMessage, decode_trace,
+    Timing, Tool, ToolCall, ToolCallRecord, ToolMessage, Trace, TraceTask, Usage, UserMessage, decode_trace,
     encode_trace,
 )
 from rollout_ray._messages import ImageURL
@@ -65,6 +65,7 @@ def full_trace() -> Trace:
             finalize=TimeSpan(110.0, 111.0),
             scoring=TimeSpan(111.0, 112.0),
         ),
+        tool_calls=[ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5)],
     )
 
 
