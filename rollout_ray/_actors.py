@@ -8,8 +8,9 @@ remote here; it adds no lifecycle logic.
   and, through its guardian, every process of every runtime in it — dies with it.
 * ``RuntimeActor`` hosts runtimes (``RuntimeHost``). One created by a caller is a pool to
   borrow from: ``await pool.runtime()`` gives a started runtime that outlives any rollout.
-* ``InterceptionActor``: one per node (named, get-if-exists, pinned by node affinity), the
-  OpenAI-compatible proxy every rollout of that node talks to (``InterceptionHost``).
+* ``InterceptionActor`` and ``ToolActor``: one of each per node (named, get-if-exists, pinned
+  by node affinity): the OpenAI-compatible proxy every rollout of that node talks to
+  (``InterceptionHost``), and the server of their tools (``ToolHost``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ._errors import SandboxError
@@ -32,14 +33,34 @@ from ._rollout_host import RolloutHost, RolloutSpec
 from ._runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from ._runtime_host import RuntimeHost, RuntimeStopped
 from ._session import RolloutSession
+from ._tool_server import ToolHost
+from ._toolset import Toolset
+from ._trace import ToolCallRecord
 from ._trace import Trace, decode_trace
 
 NAMESPACE = "rollout_ray"
 INTERCEPTION_PREFIX = "interception:"
+TOOLS_PREFIX = "tools:"
 SHUTDOWN_GRACE = 5.0
 
 _RuntimeActor = ray.remote(num_cpus=0, max_concurrency=1000)(RuntimeHost)
 _InterceptionActor = ray.remote(num_cpus=0, max_concurrency=10_000)(InterceptionHost)
+_ToolActor = ray.remote(num_cpus=0, max_concurrency=10_000)(ToolHost)
+
+
+async def _call(ref: Any) -> Any:
+    """Await an actor call; an exception raised in the actor comes back as itself.
+
+    Ray wraps it in a ``RayTaskError`` whose type name and message carry Ray's decorations;
+    the trace must record the original type and message.
+    """
+    try:
+        return await ref
+    except RayTaskError as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise
 
 
 # -- runtimes in another process ------------------------------------------------------------
@@ -67,7 +88,7 @@ class RemoteRuntime(Runtime):
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await getattr(self._actor, method).remote(*args, **kwargs)
+            return await _call(getattr(self._actor, method).remote(*args, **kwargs))
         except RuntimeStopped:
             self.stopped = True
             raise
@@ -130,14 +151,14 @@ class RayInterception(Interception):
 
     @asynccontextmanager
     async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:  # type: ignore[override]
-        slot: Slot = await self._actor.register.remote(SessionSpec.of(session))
+        slot: Slot = await _call(self._actor.register.remote(SessionSpec.of(session)))
         self._secrets[id(session)] = slot.model_secret
         try:
             yield slot
         finally:
             del self._secrets[id(session)]
             try:
-                change = await self._actor.unregister.remote(slot.model_secret, Cursor.of(session.trace))
+                change = await _call(self._actor.unregister.remote(slot.model_secret, Cursor.of(session.trace)))
             finally:
                 session.release()
             if change is not None:
@@ -147,36 +168,64 @@ class RayInterception(Interception):
         return None
 
     async def prepare_users(self, session: RolloutSession, request: Request) -> Request:
-        rewritten: Request = await self._actor.prepare_users.remote(self._secrets[id(session)], request)
+        rewritten: Request = await _call(self._actor.prepare_users.remote(self._secrets[id(session)], request))
         await self.sync(session)
         return rewritten
 
     async def sync(self, session: RolloutSession) -> None:
         secret = self._secrets.get(id(session))
         if secret is not None:
-            apply_delta(session, await self._actor.sync.remote(secret, Cursor.of(session.trace)))
+            apply_delta(session, await _call(self._actor.sync.remote(secret, Cursor.of(session.trace))))
 
 
-def interception_actor(node_id: str, **options: Any) -> Any:
-    """The node's interception actor, created on first use, pinned to ``node_id``.
+class RayToolServer:
+    """Serves toolsets through the node's ``ToolActor``; its calls land on the trace at exit."""
+
+    def __init__(self, actor: Any) -> None:
+        self._actor = actor
+
+    @asynccontextmanager
+    async def serve(self, toolsets: Sequence[Toolset], runtime: Runtime | None, state_secret: str, *,
+                    on_call: Any = None) -> AsyncIterator[dict[str, str]]:
+        key, urls = await _call(self._actor.register.remote(list(toolsets), runtime, state_secret))
+        try:
+            yield urls
+        finally:
+            records: list[ToolCallRecord] = await _call(self._actor.unregister.remote(key))
+            for record in records if on_call is not None else ():
+                on_call(record)
+
+
+def _node_service(cls: Any, prefix: str, node_id: str) -> Any:
+    """The node's ``cls`` actor, created on first use, pinned to ``node_id``.
 
     Detached, because it serves every rollout actor of the node whichever created it;
     ``shutdown_node_services`` ends it.
     """
-    return _InterceptionActor.options(
-        name=INTERCEPTION_PREFIX + node_id,
+    return cls.options(
+        name=prefix + node_id,
         namespace=NAMESPACE,
         get_if_exists=True,
         lifetime="detached",
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        **options,
     ).remote()
 
 
+def interception_actor(node_id: str) -> Any:
+    """The node's ``InterceptionActor``."""
+    return _node_service(_InterceptionActor, INTERCEPTION_PREFIX, node_id)
+
+
+def tool_actor(node_id: str) -> Any:
+    """The node's ``ToolActor``."""
+    return _node_service(_ToolActor, TOOLS_PREFIX, node_id)
+
+
 async def shutdown_node_services(grace: float = SHUTDOWN_GRACE) -> list[str]:
-    """End every node's interception actor: gracefully, then ``ray.kill`` after ``grace``."""
+    """End every node's interception and tool actors: gracefully, then ``ray.kill``."""
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a.get("namespace") == NAMESPACE and a["name"].startswith(INTERCEPTION_PREFIX)]
+             if a.get("namespace") == NAMESPACE
+             and a["name"].startswith((INTERCEPTION_PREFIX, TOOLS_PREFIX))]
     for name in names:
         actor = ray.get_actor(name, namespace=NAMESPACE)
         await _stop_actor(actor, grace)
@@ -204,10 +253,12 @@ class _RolloutActorImpl:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
         ).remote()
         self._interception = interception_actor(node_id)
+        self._tools = tool_actor(node_id)
         self.host = RolloutHost(
             capacity,
             interception=RayInterception(self._interception),
             runtime_factory=lambda name: RemoteRuntime(self._runtimes, name, owner=name),
+            tool_server=RayToolServer(self._tools).serve,
         )
 
     def node_id(self) -> str:
@@ -263,25 +314,25 @@ class RolloutActor:
         return cls(_RolloutActor.options(**options).remote(capacity))
 
     async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
-        return await self.actor.open.remote(spec)
+        return await _call(self.actor.open.remote(spec))
 
     async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
-        return await self.actor.step.remote(rollout_id, messages)
+        return await _call(self.actor.step.remote(rollout_id, messages))
 
     async def close(self, rollout_id: str) -> Trace:
-        return decode_trace(await self.actor.close.remote(rollout_id))
+        return decode_trace(await _call(self.actor.close.remote(rollout_id)))
 
     async def abort(self, rollout_id: str) -> None:
-        await self.actor.abort.remote(rollout_id)
+        await _call(self.actor.abort.remote(rollout_id))
 
     async def run(self, spec: RolloutSpec) -> Trace:
-        return decode_trace(await self.actor.run.remote(spec))
+        return decode_trace(await _call(self.actor.run.remote(spec)))
 
     async def trace(self, rollout_id: str) -> Trace:
-        return decode_trace(await self.actor.trace.remote(rollout_id))
+        return decode_trace(await _call(self.actor.trace.remote(rollout_id)))
 
     async def node_id(self) -> str:
-        return await self.actor.node_id.remote()
+        return await _call(self.actor.node_id.remote())
 
     async def aclose(self, grace: float = SHUTDOWN_GRACE) -> None:
         """Abort open rollouts and stop the actor; ``ray.kill`` it after ``grace`` seconds."""

@@ -190,3 +190,46 @@ class ToolServer:
             except Exception:
                 log.exception("tool server: on_call callback failed")
         return web.json_response(body, status=status)
+
+
+class ToolHost:
+    """A ``ToolServer`` serving rollouts that run in other processes (a ``ToolActor``).
+
+    ``register`` returns a key and the URLs; ``unregister`` returns the calls recorded
+    meanwhile, for the rollout to put on its trace.
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", advertise_host: str | None = None) -> None:
+        self._server = ToolServer(host=host, advertise_host=advertise_host)
+        self._registrations: dict[str, tuple[Any, list[ToolCallRecord]]] = {}
+
+    async def register(self, toolsets: Sequence[Toolset], runtime: Runtime | None,
+                       state_secret: str) -> tuple[str, dict[str, str]]:
+        if not self._server.base_url:
+            await self._server.start()
+        records: list[ToolCallRecord] = []
+        serving = self.serve_for(toolsets, runtime, state_secret, records)
+        urls = await serving.__aenter__()
+        key = secrets.token_urlsafe(16)
+        self._registrations[key] = (serving, records)
+        return key, urls
+
+    def serve_for(self, toolsets: Sequence[Toolset], runtime: Runtime | None, state_secret: str,
+                  records: list[ToolCallRecord]) -> Any:
+        return self._server.serve(toolsets, runtime, state_secret, on_call=records.append)
+
+    async def unregister(self, key: str) -> list[ToolCallRecord]:
+        entry = self._registrations.pop(key, None)
+        if entry is None:
+            return []
+        serving, records = entry
+        await serving.__aexit__(None, None, None)
+        return records
+
+    def load(self) -> int:
+        return len(self._registrations)
+
+    async def shutdown(self) -> None:
+        for key in list(self._registrations):
+            await self.unregister(key)
+        await self._server.stop()

@@ -74,10 +74,7 @@ def _build(cls: type, attr: str, fn: Callable[..., Any], name: str) -> _ToolDef:
     where = f"tool {cls.__name__}.{attr}"
     if not _NAME.match(name):
         raise ToolsetError(f"{where}: name {name!r} must match {_NAME.pattern}")
-    try:
-        hints = typing.get_type_hints(fn, include_extras=True)
-    except Exception as e:
-        raise ToolsetError(f"{where}: cannot resolve type hints: {e}") from e
+    hints = _hints(fn, where)
     fields: dict[str, Any] = {}
     parameters = list(inspect.signature(fn).parameters.values())[1:]  # skip self
     for p in parameters:
@@ -91,6 +88,33 @@ def _build(cls: type, attr: str, fn: Callable[..., Any], name: str) -> _ToolDef:
     schema = {"properties": {}, "required": [], **_clean(model.model_json_schema())}
     doc = " ".join((inspect.getdoc(fn) or "").split("\n\n")[0].split())
     return _ToolDef(attr, Tool(name, doc, schema), model, any(p.name == "runtime" for p in parameters))
+
+
+def _hints(fn: Callable[..., Any], where: str) -> dict[str, Any]:
+    """Resolved annotations of every parameter but ``runtime``.
+
+    ``runtime`` is injected by name, so its annotation is never evaluated: it may name a type
+    its module cannot see (e.g. in a class shipped by value to a Ray worker).
+    """
+    raw = inspect.get_annotations(fn)
+    hints = {}
+    for name, annotation in raw.items():
+        if name in ("runtime", "return"):
+            continue
+        try:
+            hints[name] = typing.get_type_hints(_Probe(annotation, fn), include_extras=True)["x"]
+        except Exception as e:
+            raise ToolsetError(f"{where}: cannot resolve the type of {name!r}: {e}") from e
+    return hints
+
+
+class _Probe:
+    """A stand-in carrying one annotation and ``fn``'s globals, for ``get_type_hints``."""
+
+    def __init__(self, annotation: Any, fn: Callable[..., Any]) -> None:
+        self.__annotations__ = {"x": annotation}
+        self.__globals__ = getattr(fn, "__globals__", {})
+        self.__module__ = getattr(fn, "__module__", None)
 
 
 class Toolset:

@@ -21,7 +21,7 @@ from rollout_ray._rollout_host import RolloutSpec  # noqa: E402
 from rollout_ray.testing import ScriptedModel  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-pytestmark = pytest.mark.usefixtures("ray_cluster")
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
 SLEEPER = ["sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 & echo $!"]
 
@@ -92,6 +92,7 @@ def _read_fifo(path: str) -> int:
         return int(f.read())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])
 def test_killing_a_rollout_actor_mid_segment_removes_its_owned_runtimes(how: str) -> None:
     async def main() -> None:

@@ -1,0 +1,167 @@
+"""End to end on a real local Ray instance: rollout actors, the per-node proxy and tool
+server, runtime actors, real harnesses, and the built-in simulated model over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import pytest
+
+from rollout_ray import (
+    ChatHarness,
+    OpenAIModel,
+    ProgramHarness,
+    Request,
+    RolloutLimits,
+    RolloutSpec,
+    Runtime,
+    SimulatedModelConfig,
+    SimulatedModelServer,
+    Task,
+    Toolset,
+    Trace,
+    UserMessage,
+    intercept,
+    metric,
+    reward,
+    tool,
+)
+
+ray = pytest.importorskip("ray")
+
+from rollout_ray._actors import RolloutActor, RuntimeActor  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
+
+AGENT = str(pathlib.Path(__file__).parent.parent / "examples" / "agent_program.py")
+
+
+class Calculator(Toolset):
+    name = "calc"
+
+    @tool
+    async def add(self, a: int, b: int, runtime: Runtime) -> str:
+        """Add two integers (computed by a shell in the rollout's runtime)."""
+        result = await runtime.exec(["sh", "-c", f"echo $(({a} + {b}))"])
+        return result.stdout.strip()
+
+
+class Arith(Task):
+    @classmethod
+    def toolsets(cls, config: Any) -> list[Any]:
+        return [Calculator()]
+
+    @reward
+    def correct(self, trace: Trace) -> float:
+        return float(trace.last_reply == "42")
+
+    @metric
+    def tool_calls(self, trace: Trace) -> float:
+        return len(trace.tool_calls)
+
+
+class NoTools(Task):
+    @reward
+    def correct(self, trace: Trace) -> float:
+        return float(trace.last_reply == "42")
+
+
+class Rewrites(NoTools):
+    @intercept
+    def smaller(self, request: Request) -> Request:
+        messages = [
+            UserMessage("What is 2 + 2?") if isinstance(m, UserMessage) else m for m in request.messages
+        ]
+        return Request(messages, request.tools)
+
+
+PROMPT = {"prompt": "What is 17 + 25?"}
+
+
+@pytest.fixture(scope="module")
+def actor() -> Any:
+    handle = RolloutActor.create(capacity=4)
+    yield handle
+    asyncio.run(handle.aclose())
+
+
+def with_model(body: Callable[[OpenAIModel], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        async with SimulatedModelServer(SimulatedModelConfig(ttft=0.0)) as server:
+            return await body(OpenAIModel(server.base_url, name="simulated"))  # type: ignore[arg-type]
+
+    return asyncio.run(main())
+
+
+def test_owned_runtime_chat_rollout_with_tools_is_scored(actor: Any) -> None:
+    trace = with_model(lambda model: actor.run(RolloutSpec(Arith(PROMPT), ChatHarness(), model)))
+    assert trace.errors == [] and trace.ok and trace.stop_condition == "agent_completed"
+    assert trace.num_turns == 2 and trace.last_reply == "42"
+    assert [(c.server, c.name, c.ok) for c in trace.tool_calls] == [("calc", "add", True)]
+    assert trace.tool_messages[0].content == "42"  # computed in the runtime
+    assert trace.rewards["correct"].score == 1.0 and trace.metrics == {"tool_calls": 1.0}  # type: ignore[union-attr]
+    assert trace.agent.runtime is not None and not trace.agent.runtime.borrowed
+    assert trace.num_total_tokens > 0 and all(c.usage for c in trace.calls)
+
+
+def test_borrowed_runtime_survives_the_rollout(actor: Any) -> None:
+    async def body(model: OpenAIModel) -> tuple[Trace, bool]:
+        pool = RuntimeActor.create()
+        runtime = await pool.runtime()
+        trace = await actor.run(RolloutSpec(Arith(PROMPT), ChatHarness(), model, runtime=runtime))
+        alive = await runtime.alive()
+        await pool.aclose()
+        return trace, alive
+
+    trace, alive = with_model(body)
+    assert trace.ok and trace.reward == 1.0 and trace.agent.runtime.borrowed  # type: ignore[union-attr]
+    assert alive
+
+
+def test_program_harness_runs_a_script_in_the_runtime(actor: Any) -> None:
+    harness = ProgramHarness([sys.executable, AGENT])
+    trace = with_model(lambda model: actor.run(RolloutSpec(Arith(PROMPT), harness, model)))
+    assert trace.errors == [] and trace.ok
+    assert trace.num_turns == 2 and trace.reward == 1.0 and len(trace.tool_calls) == 1
+
+
+def test_limit_reached_over_http_stops_with_its_name(actor: Any) -> None:
+    spec = lambda model: RolloutSpec(Arith(PROMPT), ChatHarness(), model, limits=RolloutLimits(max_turns=1))  # noqa: E731
+    trace = with_model(lambda model: actor.run(spec(model)))
+    assert (trace.stop_condition, trace.num_turns, trace.ok) == ("max_turns", 1, True)
+    assert trace.rewards["correct"].score == 0.0  # type: ignore[union-attr]  # stopped runs are scored
+
+
+def test_request_interceptor_rewrites_what_the_model_receives(actor: Any) -> None:
+    trace = with_model(lambda model: actor.run(RolloutSpec(Rewrites(PROMPT), ChatHarness(), model)))
+    assert trace.ok and trace.last_reply == "4"  # the model answered the rewritten question
+    assert [r.handler for r in trace.request_rewrites] == ["smaller"]
+    assert trace.task.data["prompt"] == "What is 17 + 25?"
+
+
+def test_trace_reflects_every_committed_turn_after_each_segment(actor: Any) -> None:
+    async def body(model: OpenAIModel) -> list[int]:
+        spec = RolloutSpec(NoTools({"prompt": None}), ChatHarness(), model, has_user=True)
+        rollout_id, opened = await actor.open(spec)
+        assert opened
+        turns = []
+        for question in ("What is 1 + 1?", "What is 40 + 2?"):
+            assert await actor.step(rollout_id, [UserMessage(question)])
+            turns.append((await actor.trace(rollout_id)).num_turns)
+        trace = await actor.close(rollout_id)
+        turns.append(trace.num_turns)
+        assert trace.last_reply == "42" and trace.ok
+        return turns
+
+    assert with_model(body) == [1, 2, 2]
+
+
+def test_traces_cross_the_wire_as_msgpack(actor: Any) -> None:
+    trace = with_model(lambda model: actor.run(RolloutSpec(NoTools(PROMPT), ChatHarness(), model)))
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(trace), type=Trace) == trace
