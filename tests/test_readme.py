@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import pathlib
 import re
+import subprocess
+import sys
+
+import pytest
 
 README = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
 
@@ -21,3 +25,14 @@ def test_tour_snippet_runs_and_prints_what_it_claims(capsys) -> None:  # type: i
     code = re.search(r"```python\n(.*?)```", README, re.S).group(1)  # type: ignore[union-attr]
     exec(compile(code, "README.md", "exec"), {})
     assert capsys.readouterr().out.strip() == "True agent_completed 1.0"
+
+
+@pytest.mark.slow
+def test_on_ray_snippet_runs_in_a_fresh_process() -> None:
+    """Starts its own Ray (about 10 s): the snippet is what a newcomer copies."""
+
+    blocks = re.findall(r"```python\n(.*?)```", README, re.S)
+    code = next(b for b in blocks if "RolloutActor" in b)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "100.0"
