@@ -172,3 +172,26 @@ async def call_by_name(fn: Callable[..., Any], available: Mapping[str, Any]) -> 
 async def resolve(result: Any) -> Any:
     """Await ``result`` when a hook was async."""
     return await result if inspect.isawaitable(result) else result
+
+
+def classify(task: Any) -> dict[str, list[Hook]]:
+    """The task's boundary hooks by where they attach, as ``RolloutSession`` takes them (B4).
+
+    Interceptors are only the task's decorated ``@intercept`` methods; stops are its
+    ``hooks("stop")`` (decorated and plugged).
+
+    Raises:
+        TypeError: a hook has the wrong parameter shape (B5).
+    """
+    sides: dict[str, list[Hook]] = {
+        "trace_stops": [], "request_stops": [], "response_stops": [],
+        "request_interceptors": [], "response_interceptors": [],
+    }  # fmt: skip
+    for hook in discover(task, "intercept"):
+        side = boundary_of(hook.fn, allow_trace=False, name=hook.name)
+        sides["request_interceptors" if side is Request else "response_interceptors"].append(hook)
+    for hook in task.hooks("stop"):
+        side = boundary_of(hook.fn, allow_trace=True, name=hook.name)
+        key = {Request: "request_stops", Response: "response_stops"}.get(side, "trace_stops")
+        sides[key].append(hook)
+    return sides

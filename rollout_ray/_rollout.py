@@ -21,20 +21,20 @@ from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack, suppress
 from typing import Any
 
-import msgspec
 
 from ._aio import gather_all
 from ._errors import HarnessError, RolloutError, TaskError, ToolsetError, boundary
 from ._harness import Harness, HarnessContext, HarnessSession
-from ._hooks import Hook, boundary_of, call_by_name, discover
+from ._hooks import call_by_name, classify
 from ._interception import Interception, LocalInterception
 from ._limits import RolloutLimits, RolloutTimeouts
 from ._local_runtime import LocalRuntime
-from ._messages import Message, Request, Response, SystemMessage, UserMessage
+from ._messages import Message, Request
 from ._model import Model
 from ._runtime import Runtime
 from ._session import RolloutSession
-from ._task import Task, TaskData
+from ._prompt import harness_data
+from ._task import Task
 from ._trace import AgentInfo, Timing, Trace, TraceTask
 
 log = logging.getLogger("rollout_ray")
@@ -114,39 +114,15 @@ class Rollout:
         self.interception = interception or LocalInterception()
         self._tool_server = tool_server
         self.has_user = has_user
-        self.session = self._build_session(model, limits, model_name, sampling)
+        self.session = RolloutSession(
+            self.trace, model, limits=limits, model_name=model_name, sampling=sampling,
+            **classify(task),
+        )
         self.harness_session: HarnessSession | None = None
         self._stack = AsyncExitStack()
         self._opened = self._closed = self._failed = False
         self.failure: BaseException | None = None
         """The latest failure recorded by ``fail``."""
-
-    def _build_session(
-        self,
-        model: Model,
-        limits: RolloutLimits | None,
-        model_name: str | None,
-        sampling: dict[str, Any] | None,
-    ) -> RolloutSession:
-        sides: dict[str, list[Hook]] = {k: [] for k in ("ri", "si", "rs", "ss", "ts")}
-        for hook in discover(self.task, "intercept"):
-            side = boundary_of(hook.fn, allow_trace=False, name=hook.name)
-            sides["ri" if side is Request else "si"].append(hook)
-        for hook in self.task.hooks("stop"):
-            side = boundary_of(hook.fn, allow_trace=True, name=hook.name)
-            sides["rs" if side is Request else "ss" if side is Response else "ts"].append(hook)
-        return RolloutSession(
-            self.trace,
-            model,
-            limits=limits,
-            trace_stops=sides["ts"],
-            request_stops=sides["rs"],
-            response_stops=sides["ss"],
-            request_interceptors=sides["ri"],
-            response_interceptors=sides["si"],
-            model_name=model_name,
-            sampling=sampling,
-        )
 
     @property
     def ok(self) -> bool:
@@ -209,7 +185,7 @@ class Rollout:
         tool_urls = await self._serve_tools(toolsets, runtime, slot.state_secret)
         await runtime.prepare_execution([endpoint, *tool_urls.values()])
         with boundary(HarnessError, "opening harness session"):
-            data = await self._harness_data()
+            data = await harness_data(self.task.data, self.harness, self.session, self.interception)
             if self.session.stopped:
                 return
             ctx = HarnessContext(
@@ -257,32 +233,6 @@ class Rollout:
         ):
             return runtime.host_url(base_url) + "/tool"
         return None
-
-    async def _harness_data(self) -> TaskData:
-        """The task data the harness sees: the prompt once rewritten by interceptors (B15)."""
-        data = self.task.data
-        system, prompt = self.harness.resolve_prompt(data)
-        if prompt is None or not self.session.request_interceptors:
-            return data.model_copy(update={"system_prompt": system, "prompt": prompt})
-        if isinstance(prompt, str):
-            messages: list[Message] = [UserMessage(prompt)]
-        else:
-            messages = msgspec.convert(prompt, list[Message])
-            system = data.system_prompt
-        if system is not None:
-            messages.insert(0, SystemMessage(system))
-        rewritten = await self.interception.prepare_users(self.session, Request(messages))
-        kept = [m for m in rewritten.messages if not isinstance(m, SystemMessage)]
-        if (
-            isinstance(prompt, str)
-            and len(kept) == 1
-            and isinstance(kept[0], UserMessage)
-            and isinstance(kept[0].content, str)
-        ):
-            new_prompt: Any = kept[0].content
-        else:
-            new_prompt = msgspec.to_builtins(kept)
-        return data.model_copy(update={"system_prompt": system, "prompt": new_prompt})
 
     # -- fail / abort -----------------------------------------------------------------------
 
@@ -346,7 +296,12 @@ class Rollout:
                 spent = loop.time() - started
                 self.remaining_agent_budget = max(0.0, self.remaining_agent_budget - spent)
             self.deadline_at = None
-        await self.interception.sync(self.session)
+        try:
+            await self.interception.sync(self.session)
+        except Exception as e:
+            # What the proxy committed in this segment is out of reach: the run is lost.
+            self.fail(e)
+            return False
         if raised is not None:
             self._segment_failed(raised, expired)
             return False

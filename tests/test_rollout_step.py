@@ -267,3 +267,16 @@ def test_b24_cancelled_segment_is_still_charged() -> None:
     run(main())
     assert r.remaining_agent_budget == pytest.approx(93)
     assert isinstance(r.runtime, MemoryRuntime)
+
+
+def test_a_session_that_cannot_be_synced_fails_the_run() -> None:
+    from rollout_ray import LocalInterception
+
+    class Lost(LocalInterception):
+        async def sync(self, session: Any) -> None:
+            raise ConnectionError("interception actor died")
+
+    r = make_rollout(interception=Lost())
+    run(r.open())
+    assert run(r.step()) is False
+    assert [(e.type, e.message) for e in r.trace.errors] == [("ConnectionError", "interception actor died")]
