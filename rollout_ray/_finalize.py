@@ -1,0 +1,273 @@
+"""Group finalize: advantages, best-of-n and pass@k across the n samples of one task.
+
+This goes beyond upstream semantics (spec §4, Q33). Upstream, the n rollouts of a task are
+independent episodes that never meet, and the only cross-trace step is ``Env.finalize`` over
+the traces of one episode. Comparing samples across rollouts by ``group_id`` is our own
+addition, so it lives in this explicitly named stage and does not hide inside per-rollout
+scoring. It runs on the finished Arrow table after every runtime is gone, because it needs
+only rows.
+
+A sample is *failed* when ``ok`` is not true or its ``reward`` is null or NaN. ``failed``
+decides how failed samples enter the group statistics. With ``"zero"`` they count as reward
+0.0, as upstream's ``trace.reward`` does (Q26).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["FinalizeConfig", "Finalized", "Judge", "finalize", "pass_at_k"]
+
+Judge = Callable[[pa.Table], "Mapping[str, Sequence[float | None]] | None"]
+
+_REQUIRED = ("group_id", "ok", "reward")
+_SAMPLE_STATS = (
+    "group_size", "group_valid", "group_mean", "group_std", "group_min", "group_max"
+)
+_JUDGE_PREFIXES = ("reward_", "metric_")
+_F64 = pa.float64()
+
+
+class FinalizeConfig(BaseModel):
+    """How a group of samples is scored. Frozen and validated."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    normalize_std: bool = True
+    """GRPO advantage ``(r - mean) / (std + eps)`` when True; ``r - mean`` when False."""
+    eps: float = Field(1e-6, ge=0.0, allow_inf_nan=False)
+    """Added to the group std before dividing."""
+    std_ddof: int = Field(0, ge=0)
+    """Delta degrees of freedom of the group std (0: population std, 1: sample std)."""
+    failed: Literal["mask", "drop", "zero"] = "mask"
+    """Failed samples: ``mask`` leaves them out of the statistics and gives them null
+    advantage, best and pass; ``drop`` removes every group that has one; ``zero`` counts
+    them with reward 0.0."""
+    pass_k: tuple[int, ...] = (1,)
+    """The k values to report pass@k for: distinct, each >= 1."""
+    correct_threshold: float = Field(1.0, allow_inf_nan=False)
+    """A counted sample is correct when its reward is >= this."""
+
+    @field_validator("pass_k")
+    @classmethod
+    def _check_pass_k(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(k < 1 for k in value):
+            raise ValueError(f"pass_k values must be >= 1, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"pass_k values must be distinct, got {value}")
+        return value
+
+
+@dataclass(frozen=True)
+class Finalized:
+    """``samples``: the input rows (minus dropped groups), in input order, plus group columns.
+    ``groups``: one row per group, in order of first appearance."""
+
+    samples: pa.Table
+    groups: pa.Table
+
+
+def pass_at_k(n: np.ndarray, c: np.ndarray, k: int) -> pa.Array:
+    """Unbiased pass@k ``1 - C(n-c, k) / C(n, k)`` per group; null where ``k > n``."""
+    n = np.asarray(n, dtype=np.int64)
+    c = np.asarray(c, dtype=np.int64)
+    ratio = np.ones(len(n))
+    # Product form: C(n-c,k)/C(n,k) = prod_j (n-c-j)/(n-j). Every factor is in [0, 1], so
+    # nothing overflows, and a zero factor (n-c < k) makes the product exactly 0. The loop
+    # runs over the k draws; each step is vectorised over the groups.
+    for j in range(min(k, int(n.max(initial=0)))):
+        ratio *= np.clip(n - c - j, 0, None) / np.maximum(n - j, 1)
+    return pa.array(1.0 - ratio, type=_F64, mask=n < k)
+
+
+_DEFAULT = FinalizeConfig()  # frozen, so one shared default is safe
+
+
+def finalize(
+    table: pa.Table, config: FinalizeConfig = _DEFAULT, judge: Judge | None = None
+) -> Finalized:
+    """Score every group of ``table`` by ``group_id``. See the module docstring for failures.
+
+    ``judge`` is called once per group, with that group's rows of ``samples`` in input
+    order. It may return ``None`` or a mapping of new ``reward_*`` / ``metric_*`` column
+    names to one value per row. Those columns are appended to ``samples``, null for groups
+    that returned nothing. Raises ValueError on a bad input table or a bad judge result.
+    """
+    pass_names = [f"pass_at_{k}" for k in config.pass_k]
+    _check_input(table, [*_SAMPLE_STATS, "advantage", "best", *pass_names])
+    failed = _failed(table)
+    if config.failed == "drop":
+        gidx, _ = _encode(table["group_id"])
+        bad = np.bincount(gidx, weights=failed, minlength=1) > 0
+        keep = ~bad[gidx]
+        table, failed = table.filter(pa.array(keep)), failed[keep]
+    gidx, group_ids = _encode(table["group_id"])
+    rows = pa.array(gidx, type=pa.int32())
+
+    reward = table["reward"].cast(_F64).combine_chunks()
+    fail_arr = pa.array(failed)
+    if config.failed == "zero":
+        eff = pc.if_else(fail_arr, 0.0, reward)
+    else:
+        eff = pc.if_else(fail_arr, pa.scalar(None, _F64), reward)
+    correct = pc.greater_equal(eff, config.correct_threshold).cast(pa.int32())
+
+    agg = (
+        pa.table({"g": rows, "eff": eff, "failed": failed.astype(np.int32), "correct": correct})
+        .group_by("g")
+        .aggregate(
+            [
+                ("failed", "count"),
+                ("eff", "count"),
+                ("failed", "sum"),
+                ("eff", "mean"),
+                ("eff", "stddev", pc.VarianceOptions(ddof=config.std_ddof)),
+                ("eff", "min"),
+                ("eff", "max"),
+                ("correct", "sum"),
+            ]
+        )
+        .sort_by("g")  # keys are exactly 0..G-1, so row i is group i and take() broadcasts
+    )
+    g_min, g_max = agg["eff_min"].combine_chunks(), agg["eff_max"].combine_chunks()
+    flat = pc.equal(g_min, g_max)
+    # A group without spread gets an exact 0 std and exact mean, not summation noise.
+    g_mean = pc.if_else(flat, g_min, agg["eff_mean"].combine_chunks())
+    g_std = agg["eff_stddev"].combine_chunks()
+    g_std = pc.if_else(pc.and_(flat, pc.is_valid(g_std)), 0.0, g_std)
+    n_valid = agg["eff_count"].to_numpy()
+    n_correct = agg["correct_sum"].combine_chunks().fill_null(0)
+    passes = [pass_at_k(n_valid, n_correct.to_numpy(), k) for k in config.pass_k]
+
+    groups = pa.table(
+        {
+            "group_id": group_ids,
+            "n": agg["failed_count"].cast(pa.int32()),
+            "n_valid": agg["eff_count"].cast(pa.int32()),
+            "n_failed": agg["failed_sum"].cast(pa.int32()),
+            "mean": g_mean,
+            "std": g_std,
+            "min": g_min,
+            "max": g_max,
+            "n_correct": n_correct.cast(pa.int32()),
+            **dict(zip(pass_names, passes)),
+            "best_reward": g_max,
+        }
+    )
+
+    r_mean, r_std, r_min, r_max = (col.take(rows) for col in (g_mean, g_std, g_min, g_max))
+    counted = pc.is_valid(eff)
+    advantage = pc.subtract(eff, r_mean)  # null for masked rows, and so is all that follows
+    if config.normalize_std:
+        # Null where the std is undefined (n_valid <= std_ddof), except for the line below.
+        advantage = pc.divide(advantage, pc.add(r_std, config.eps))
+    # No spread means no signal: an exact 0, not (r - mean) noise over eps, nor null for a
+    # lone sample with std_ddof=1.
+    advantage = pc.if_else(pc.and_(counted, pc.equal(r_min, r_max)), 0.0, advantage)
+    new_cols = {
+        "group_size": groups["n"].take(rows),
+        "group_valid": groups["n_valid"].take(rows),
+        "group_mean": r_mean,
+        "group_std": r_std,
+        "group_min": r_min,
+        "group_max": r_max,
+        "advantage": advantage,
+        "best": pc.equal(eff, r_max),
+        **{
+            name: pc.if_else(counted, p.take(rows), pa.scalar(None, _F64))
+            for name, p in zip(pass_names, passes)
+        },
+    }
+    samples = table
+    for name, col in new_cols.items():
+        samples = samples.append_column(name, col)
+    if judge is not None:
+        samples = _apply_judge(samples, gidx, group_ids, judge)
+    return Finalized(samples=samples, groups=groups)
+
+
+def _check_input(table: pa.Table, added: list[str]) -> None:
+    missing = [c for c in _REQUIRED if c not in table.column_names]
+    if missing:
+        raise ValueError(f"finalize: table lacks required column(s) {missing}")
+    clash = [c for c in added if c in table.column_names]
+    if clash:
+        raise ValueError(f"finalize: table already has output column(s) {clash}")
+    if table["group_id"].null_count:
+        raise ValueError("finalize: group_id has nulls; every row needs a group")
+
+
+def _failed(table: pa.Table) -> np.ndarray:
+    reward = table["reward"].cast(_F64)
+    scored = pc.fill_null(pc.invert(pc.is_nan(reward)), False)
+    ok = pc.fill_null(table["ok"].cast(pa.bool_()), False)
+    return pc.invert(pc.and_(ok, scored)).to_numpy()
+
+
+def _encode(col: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
+    """Row -> group index (in order of first appearance), and the group ids."""
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    # One chunk, so that every row is indexed into one shared dictionary.
+    encoded = pc.dictionary_encode(col.combine_chunks())
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), encoded.dictionary
+
+
+def _apply_judge(
+    samples: pa.Table, gidx: np.ndarray, group_ids: pa.Array, judge: Judge
+) -> pa.Table:
+    order = np.argsort(gidx, kind="stable")  # stable: input order within a group
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(gidx, minlength=len(group_ids)))])
+    grouped = samples.take(pa.array(order))
+    values: dict[str, np.ndarray] = {}
+    valid: dict[str, np.ndarray] = {}
+    for g in range(len(group_ids)):
+        lo, hi = int(bounds[g]), int(bounds[g + 1])
+        out = judge(grouped.slice(lo, hi - lo))
+        if out is None:
+            continue
+        where = f"judge result for group {group_ids[g].as_py()!r}"
+        if not isinstance(out, Mapping):  # ValueError like every other bad judge result
+            raise ValueError(  # noqa: TRY004
+                f"{where}: expected a mapping of column -> values or None, "
+                f"got {type(out).__name__}"
+            )
+        for name, col in out.items():
+            arr = _judge_column(where, name, col, hi - lo, samples.column_names)
+            if name not in values:
+                values[name] = np.full(len(samples), np.nan)
+                valid[name] = np.zeros(len(samples), dtype=bool)
+            values[name][order[lo:hi]] = arr.to_numpy(zero_copy_only=False)
+            valid[name][order[lo:hi]] = arr.is_valid().to_numpy(zero_copy_only=False)
+    for name, column in values.items():
+        samples = samples.append_column(name, pa.array(column, type=_F64, mask=~valid[name]))
+    return samples
+
+
+def _judge_column(
+    where: str, name: object, col: object, size: int, existing: list[str]
+) -> pa.Array:
+    if not isinstance(name, str) or not name.startswith(_JUDGE_PREFIXES) or name in _JUDGE_PREFIXES:
+        raise ValueError(f"{where}: column name {name!r} must start with 'reward_' or 'metric_'")
+    if name in existing:
+        raise ValueError(f"{where}: column {name!r} already exists in the table")
+    if isinstance(col, (str, bytes)) or not hasattr(col, "__len__"):
+        kind = type(col).__name__
+        raise ValueError(f"{where}: column {name!r} must be a sequence of floats, got {kind}")
+    if len(col) != size:
+        raise ValueError(
+            f"{where}: column {name!r} has {len(col)} values, expected {size} (one per sample)"
+        )
+    try:
+        if isinstance(col, pa.ChunkedArray):  # e.g. computed from the group's table
+            col = col.combine_chunks()
+        return col.cast(_F64) if isinstance(col, pa.Array) else pa.array(col, type=_F64)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError) as exc:
+        raise ValueError(f"{where}: column {name!r} is not numeric: {exc}") from exc
