@@ -81,6 +81,26 @@ from ._toolset import ToolInputError as ToolInputError
 from ._toolset import tool as tool
 from ._tool_server import ToolServer as ToolServer
 from ._simulated_model import SimulatedModelConfig as SimulatedModelConfig
+
+# The driver, Arrow and the env-level finalize
+from ._driver import Driver as Driver
+from ._driver import EvalConfig as EvalConfig
+from ._driver import Group as Group
+from ._driver import Progress as Progress
+from ._driver import RunResult as RunResult
+from ._executor import Executor as Executor
+from ._executor import InfrastructureLost as InfrastructureLost
+from ._executor import LocalExecutor as LocalExecutor
+from ._arrow import TRACE_SCHEMA as TRACE_SCHEMA
+from ._arrow import RolloutRecord as RolloutRecord
+from ._arrow import records_to_table as records_to_table
+from ._arrow import table_to_traces as table_to_traces
+from ._store import CorruptShard as CorruptShard
+from ._store import ShardWriter as ShardWriter
+from ._store import read_run as read_run
+from ._finalize import FinalizeConfig as FinalizeConfig
+from ._finalize import Finalized as Finalized
+from ._finalize import finalize as finalize
 from ._simulated_model import SimulatedModelServer as SimulatedModelServer
 
 # Errors
@@ -104,6 +124,7 @@ _LAZY = {
     "RolloutActor": "._actors",
     "RuntimeActor": "._actors",
     "RemoteRuntime": "._actors",
+    "RayExecutor": "._ray_executor",
     "shutdown_node_services": "._actors",
 }
 
@@ -133,8 +154,12 @@ __all__ = [
     "Judge", "PluggedReward", "Task", "TaskConfig", "TaskData", "Harness", "HarnessContext",
     "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "Rollout", "RolloutSpec",
     "ChatHarness", "ProgramHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
+    # the driver, Arrow and the env-level finalize
+    "Driver", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",
+    "LocalExecutor", "TRACE_SCHEMA", "RolloutRecord", "records_to_table", "table_to_traces",
+    "CorruptShard", "ShardWriter", "read_run", "FinalizeConfig", "Finalized", "finalize",
     # the Ray layer (lazy)
-    "RolloutActor", "RuntimeActor", "RemoteRuntime", "shutdown_node_services",
+    "RolloutActor", "RuntimeActor", "RemoteRuntime", "RayExecutor", "shutdown_node_services",
     # errors
     "HarnessError", "OverlongPromptError", "ProviderError", "Refusal", "RolloutError",
     "SandboxError", "SessionConcluded", "TaskError", "ToolsetError", "TurnRefused",

@@ -1,8 +1,12 @@
 """The ``rollout-ray`` command.
 
-    rollout-ray serve-model [--host H] [--port P] [--ttft S] [--per-token S] [--error-rate R]
-                            [--rate-429 R] [--rate-5xx R] [--rate-timeout R] [--rate-malformed R]
-                            [--seed N] [--model-name NAME]
+    rollout-ray eval TASKSET [--out DIR] [--resume] [--model-url URL] [--samples N] ...
+    rollout-ray report RUN_DIR [--plot PNG]
+    rollout-ray serve-model [--host H] [--port P] [--ttft S] ...
+
+A TASKSET is a ``.py`` file or an importable module defining ``tasks()`` (an iterable of
+``Task``) and ``harness()`` (a ``Harness``); optionally ``config`` (an ``EvalConfig`` with the
+taskset's defaults) and ``judge`` (the cross-trace finalize hook).
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ def _serve_model(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rollout-ray", description="RL rollouts on Ray.")
     sub = p.add_subparsers(dest="command", required=True)
+    from ._eval_command import add_eval_arguments, add_report_arguments
+
+    add_eval_arguments(sub.add_parser("eval", help="run a taskset and summarise it"))
+    add_report_arguments(sub.add_parser("report", help="summarise a run directory and plot it"))
     serve = sub.add_parser("serve-model", help="serve the built-in simulated OpenAI-compatible model")
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
     serve.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")

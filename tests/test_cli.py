@@ -8,6 +8,8 @@ import subprocess
 import sys
 import urllib.request
 
+import pytest
+
 
 def test_serve_model_answers_until_interrupted() -> None:
     proc = subprocess.Popen(
@@ -40,3 +42,56 @@ def test_serve_model_rejects_invalid_settings_with_the_field_named() -> None:
     )
     assert result.returncode == 2
     assert "invalid settings" in result.stderr and "error_rate" in result.stderr
+
+
+def _rollout_ray(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rollout_ray.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_eval_then_report_on_a_run_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run_dir = str(tmp_path / "run")
+    result = _rollout_ray("eval", "examples/arith.py", "--executor", "local", "--limit", "5",
+                          "--samples", "2", "--out", run_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rollouts 10  ok 10  failed 0  groups 5" in result.stdout
+    assert "mean reward 1.0000" in result.stdout and "pass@1 1.0000" in result.stdout
+    assert "stop conditions  agent_completed=10" in result.stdout
+    report = _rollout_ray("report", run_dir)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert report.stdout.splitlines()[0] == "rollouts 10  ok 10  failed 0  groups 5"
+    with open(f"{run_dir}/report.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    again = _rollout_ray("eval", "examples/arith.py", "--executor", "local", "--limit", "5",
+                         "--samples", "2", "--out", run_dir, "--resume")
+    assert again.returncode == 0 and "rollouts 10  ok 10" in again.stdout  # nothing rerun
+
+
+def test_eval_explains_a_bad_taskset() -> None:
+    result = _rollout_ray("eval", "examples/agent_program.py", "--executor", "local")
+    assert result.returncode != 0 and "must define tasks()" in result.stderr
+
+
+@pytest.mark.slow
+def test_main_job_runs_on_local_ray(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The README's first command (limited to a few tasks): local Ray, the simulated model."""
+    result = _rollout_ray("eval", "examples/arith.py", "--limit", "4", "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rollouts 16  ok 16  failed 0  groups 4" in result.stdout
+
+
+@pytest.mark.parametrize("example", ["calc_tool", "program"])
+def test_example_tasksets_run(example: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    result = _rollout_ray("eval", f"examples/{example}.py", "--executor", "local", "--limit", "2",
+                          "--samples", "1", "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rollouts 2  ok 2  failed 0  groups 2" in result.stdout
+    assert "mean reward 1.0000" in result.stdout
+
+
+def test_trainer_loop_example_consumes_every_group() -> None:
+    result = subprocess.run([sys.executable, "examples/trainer_loop.py"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    steps = [line for line in result.stdout.splitlines() if line.startswith("step")]
+    assert len(steps) == 12 and all("advantages [" in s for s in steps)

@@ -25,8 +25,8 @@ def test_importing_the_package_does_not_import_ray() -> None:
     assert result.stdout.strip() == "False"
 
 
-RAY_MODULES = {"_actors.py"}
-"""The Ray layer; every other module is core and must not import ray."""
+RAY_MODULES = {"_actors.py", "_ray_executor.py"}
+"""The Ray layer; no other module imports ray at module level (a command may, when run)."""
 
 
 def test_lifecycle_core_modules_do_not_mention_ray_imports() -> None:
@@ -35,7 +35,7 @@ def test_lifecycle_core_modules_do_not_mention_ray_imports() -> None:
         for p in PACKAGE.rglob("*.py")
         if p.name not in RAY_MODULES
         and any(
-            line.strip().startswith(("import ray", "from ray"))
+            line.startswith(("import ray", "from ray"))
             for line in p.read_text().splitlines()
         )
     ]

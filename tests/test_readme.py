@@ -16,7 +16,7 @@ def test_readme_starts_with_the_two_commands_and_ci_runs_the_second() -> None:
     block = re.search(r"```bash\n(.*?)```", README, re.S)
     assert block is not None and README.index("```bash") < 40
     run_cmd, test_cmd = block.group(1).strip().splitlines()
-    assert "examples/single_rollout.py" in run_cmd and "pytest" in test_cmd
+    assert "rollout-ray eval examples/arith.py" in run_cmd and "pytest" in test_cmd
     ci = (pathlib.Path(__file__).parent.parent / ".ci" / "run").read_text()
     assert test_cmd in ci.splitlines()
 

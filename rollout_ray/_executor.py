@@ -1,0 +1,86 @@
+"""Executors: where the driver's rollouts run.
+
+An executor runs one ``RolloutSpec`` to a closed trace. Failures *inside* a rollout are on
+the trace; an executor raises only ``InfrastructureLost`` — the rollout's host (actor,
+process, node) went away and the rollout may be retried elsewhere. ``LocalExecutor`` runs
+the core in this process (tests, small runs, the plain-asyncio baseline); ``RayExecutor``
+(``_ray_executor``) runs it on a pool of rollout actors.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AsyncExitStack
+from typing import Any
+
+from ._proxy import HTTPInterception
+from ._rollout import Rollout
+from ._rollout_host import RolloutSpec
+from ._tool_server import ToolServer
+from ._trace import Trace
+
+
+class InfrastructureLost(Exception):
+    """The rollout's host died (actor, worker or node): the rollout's outcome is unknown."""
+
+
+class Executor(ABC):
+    """Runs rollouts; use as ``async with executor:``."""
+
+    async def __aenter__(self) -> Executor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Acquire what the rollouts need (servers, actors)."""
+
+    async def stop(self) -> None:
+        """Release it; nothing started by the executor is left running."""
+
+    @abstractmethod
+    async def run(self, spec: RolloutSpec) -> Trace:
+        """Run one rollout to its closed trace.
+
+        Raises:
+            InfrastructureLost: the host of the rollout died.
+        """
+
+    def statistics(self) -> dict[str, Any]:
+        return {}
+
+
+class LocalExecutor(Executor):
+    """The lifecycle core in this event loop, behind a real HTTP proxy and tool server."""
+
+    def __init__(self) -> None:
+        self._stack = AsyncExitStack()
+        self._proxy: HTTPInterception | None = None
+        self._tools: ToolServer | None = None
+
+    async def start(self) -> None:
+        self._proxy = await self._stack.enter_async_context(HTTPInterception())
+        self._tools = await self._stack.enter_async_context(ToolServer())
+
+    async def stop(self) -> None:
+        await self._stack.aclose()
+
+    async def run(self, spec: RolloutSpec) -> Trace:
+        if self._proxy is None or self._tools is None:
+            raise RuntimeError("LocalExecutor.run before start(); use 'async with LocalExecutor()'")
+        rollout = Rollout(
+            spec.task,
+            spec.harness,
+            model=spec.model,
+            runtime=spec.runtime,
+            interception=self._proxy,
+            tool_server=self._tools.serve,
+            limits=spec.limits,
+            timeouts=spec.timeouts,
+            model_name=spec.model_name,
+            sampling=spec.sampling,
+            has_user=spec.has_user,
+        )
+        return await rollout.run()

@@ -1,0 +1,81 @@
+"""RayExecutor: the driver's rollouts on a pool of long-lived rollout actors."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from ._actors import SHUTDOWN_GRACE, RolloutActor, shutdown_node_services
+from ._executor import Executor, InfrastructureLost
+from ._rollout_host import RolloutSpec
+from ._trace import Trace
+
+
+class RayExecutor(Executor):
+    """Spreads rollouts over ``actors`` rollout actors of ``capacity`` each.
+
+    An actor that dies is replaced on its next use, and the rollouts it held raise
+    ``InfrastructureLost`` at once (Ray fails the pending calls), never hang.
+
+    Args:
+        actors: number of rollout actors (spread over the cluster's nodes).
+        capacity: rollouts per actor at once (K).
+        address: Ray address to connect to; ``None`` starts a local Ray if none is running.
+    """
+
+    def __init__(self, *, actors: int = 2, capacity: int = 64, address: str | None = None) -> None:
+        if actors < 1 or capacity < 1:
+            raise ValueError(f"actors and capacity must be >= 1, got {actors} and {capacity}")
+        self.actors, self.capacity, self.address = actors, capacity, address
+        self._pool: list[RolloutActor | None] = []
+        self._load: list[int] = []
+        self._turn = itertools.count()
+        self.replaced = 0
+        self._started_ray = False
+
+    async def start(self) -> None:
+        if not ray.is_initialized():
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            self._started_ray = True
+        self._pool = [self._new_actor() for _ in range(self.actors)]
+        self._load = [0] * self.actors
+
+    def _new_actor(self) -> RolloutActor:
+        return RolloutActor.create(capacity=self.capacity, scheduling_strategy="SPREAD")
+
+    def _pick(self) -> int:
+        # Least loaded; ties broken round-robin so an idle pool fills evenly.
+        start = next(self._turn) % len(self._pool)
+        order = [(start + i) % len(self._pool) for i in range(len(self._pool))]
+        return min(order, key=lambda i: self._load[i])
+
+    async def run(self, spec: RolloutSpec) -> Trace:
+        index = self._pick()
+        actor = self._pool[index]
+        if actor is None:
+            actor = self._pool[index] = self._new_actor()
+            self.replaced += 1
+        self._load[index] += 1
+        try:
+            return await actor.run(spec)
+        except RayActorError as e:
+            if self._pool[index] is actor:
+                self._pool[index] = None  # replaced on next use
+            raise InfrastructureLost(f"rollout actor died: {type(e).__name__}") from None
+        finally:
+            self._load[index] -= 1
+
+    async def stop(self) -> None:
+        for actor in self._pool:
+            if actor is not None:
+                await actor.aclose(SHUTDOWN_GRACE)
+        self._pool = []
+        await shutdown_node_services()
+        if self._started_ray:
+            ray.shutdown()
+
+    def statistics(self) -> dict[str, Any]:
+        return {"actors": len(self._pool), "replaced": self.replaced, "in_flight": sum(self._load)}

@@ -1,0 +1,161 @@
+"""The driver: scheduling, grouping, retries, the breaker, the stream, shards and resume."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from rollout_ray import ChatHarness, ProviderError, Task, Trace, reward
+from rollout_ray._driver import Driver, EvalConfig
+from rollout_ray._executor import Executor, InfrastructureLost, LocalExecutor
+from rollout_ray._rollout_host import RolloutSpec
+from rollout_ray._store import read_run
+from rollout_ray.testing import ScriptedModel
+
+
+class Echo(Task):
+    @reward
+    def said_four(self, trace: Trace) -> float:
+        return float(trace.last_reply == "4")
+
+
+def tasks(n: int) -> list[Echo]:
+    return [Echo({"idx": i, "prompt": f"question {i}"}) for i in range(n)]
+
+
+class Flaky(Executor):
+    """LocalExecutor that loses the host of chosen (task idx, attempt) runs."""
+
+    def __init__(self, lose: Any) -> None:
+        self.inner = LocalExecutor()
+        self.lose = lose
+        self.calls: Counter[int] = Counter()
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def stop(self) -> None:
+        await self.inner.stop()
+
+    async def run(self, spec: RolloutSpec) -> Trace:
+        idx = spec.task.data.idx
+        self.calls[idx] += 1
+        if self.lose(idx, self.calls[idx]):
+            raise InfrastructureLost("rollout actor died: ActorDiedError")
+        return await self.inner.run(spec)
+
+
+def drive(n_tasks: int, *, executor: Executor | None = None, model: Any = None, **kwargs: Any) -> Any:
+    config = kwargs.pop("config", EvalConfig(samples_per_task=3, max_in_flight=8))
+
+    async def main() -> Any:
+        async with executor or LocalExecutor() as ex:
+            driver = Driver(tasks(n_tasks), ChatHarness(retries=0), model or ScriptedModel(default="4"),
+                            executor=ex, config=config, **kwargs)
+            return driver, await driver.arun()
+
+    return asyncio.run(main())
+
+
+def test_every_task_sample_runs_once_and_groups_are_finalized() -> None:
+    driver, result = drive(5)
+    assert result.status == "completed" and result.samples.num_rows == 15
+    assert result.groups.num_rows == 5
+    assert sorted(Counter(result.samples["group_id"].to_pylist()).values()) == [3] * 5
+    assert set(result.samples["reward"].to_pylist()) == {1.0}
+    assert result.samples["advantage"].to_pylist() == [0.0] * 15
+    assert driver.progress.done == 15 and driver.progress.in_flight == 0
+
+
+def test_lost_rollouts_are_retried_with_every_attempt_recorded() -> None:
+    flaky = Flaky(lambda idx, call: idx == 1 and call <= 2)  # the first two runs of task 1 die
+    _, result = drive(2, executor=flaky, config=EvalConfig(samples_per_task=1, max_infra_retries=2))
+    rows = {r["task_idx"]: r for r in result.samples.to_pylist()}
+    assert rows[1]["ok"] and rows[1]["attempt"] == 2 and rows[1]["num_errors"] == 2
+    assert rows[0]["attempt"] == 0 and flaky.calls == {0: 1, 1: 3}
+
+
+def test_a_rollout_lost_for_good_fails_and_never_blocks_its_group() -> None:
+    flaky = Flaky(lambda idx, call: idx == 0)
+
+    async def main() -> list[Any]:
+        async with flaky:
+            driver = Driver(tasks(2), ChatHarness(retries=0), ScriptedModel(default="4"), executor=flaky,
+                            config=EvalConfig(samples_per_task=2, max_infra_retries=1))
+            return [g async for g in driver.groups()]
+
+    groups = asyncio.run(main())
+    assert len(groups) == 2
+    lost = next(g for g in groups if g.group_id.startswith("0-"))
+    rows = lost.samples.to_pylist()
+    assert [(r["ok"], r["error_type"], r["num_errors"]) for r in rows] == [(False, "InfrastructureLost", 2)] * 2
+    assert lost.summary["n_failed"].to_pylist() == [2]
+
+
+def test_circuit_breaker_halts_after_consecutive_provider_failures() -> None:
+    model = ScriptedModel(default=ProviderError("upstream down", 503))
+    config = EvalConfig(samples_per_task=1, max_in_flight=1, breaker=3)
+    driver, result = drive(10, model=model, config=config)
+    assert result.status == "halted"
+    assert result.reason.startswith("circuit breaker: 3 consecutive provider failures")
+    assert driver.progress.done == 3 and result.samples.num_rows == 3
+
+
+def test_stream_yields_a_group_before_the_run_ends() -> None:
+    async def main() -> tuple[int, int]:
+        async with LocalExecutor() as ex:
+            driver = Driver(tasks(6), ChatHarness(), ScriptedModel(default="4"), executor=ex,
+                            config=EvalConfig(samples_per_task=2, max_in_flight=2, stream_buffer=1))
+            async for group in driver.groups():
+                return driver.progress.done, group.samples.num_rows
+        raise AssertionError("no group")
+
+    done, rows = asyncio.run(main())
+    assert rows == 2 and done < 12
+
+
+def test_interrupted_run_resumes_with_every_sample_exactly_once(tmp_path: Any) -> None:
+    run_dir = str(tmp_path / "run")
+    config = EvalConfig(samples_per_task=3, max_in_flight=4, rows_per_shard=5)
+
+    async def interrupted() -> None:
+        async with LocalExecutor() as ex:
+            driver = Driver(tasks(8), ChatHarness(), ScriptedModel(default="4"), executor=ex,
+                            config=config, run_dir=run_dir)
+            seen = 0
+            async for _ in driver.groups():
+                seen += 1
+                if seen == 3:
+                    break  # the consumer goes away mid-run: in-flight rollouts are cancelled
+
+    asyncio.run(interrupted())
+    partial = read_run(run_dir).num_rows
+    assert 9 <= partial < 24
+    driver, result = drive(8, config=config, run_dir=run_dir, resume=True)
+    keys = list(zip(result.samples["group_id"].to_pylist(), result.samples["sample_idx"].to_pylist(), strict=True))
+    assert len(keys) == 24 and len(set(keys)) == 24
+    assert driver.progress.skipped == partial and driver.progress.done == 24 - partial
+    assert result.groups.num_rows == 8
+
+
+def test_a_run_directory_is_not_overwritten_without_resume(tmp_path: Any) -> None:
+    run_dir = str(tmp_path / "run")
+    drive(1, run_dir=run_dir)
+    with pytest.raises(FileExistsError, match="pass resume=True"):
+        drive(1, run_dir=run_dir)
+
+
+@pytest.mark.ray
+def test_eval_of_200_rollouts_on_local_ray(ray_cluster: Any, tmp_path: Any) -> None:
+    from rollout_ray._ray_executor import RayExecutor
+
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    config = EvalConfig(samples_per_task=4, max_in_flight=64)
+    executor = RayExecutor(actors=2, capacity=32)
+    driver, result = drive(50, executor=executor, config=config, run_dir=str(tmp_path / "run"))
+    assert result.samples.num_rows == 200 and result.groups.num_rows == 50
+    assert set(result.samples["ok"].to_pylist()) == {True}
