@@ -18,8 +18,13 @@ import time
 HOST_MARKER = "ROLLOUT_RAY_HOST"
 
 
-def marked_pids(token: str) -> list[int]:
-    needle = f"{HOST_MARKER}={token}".encode()
+def pids_with_marker(key: str, value: str) -> list[int]:
+    """Pids (not ours) whose initial environment holds ``key=value``; zombies have none.
+
+    Shared with ``LocalRuntime``; this file imports only the standard library, so it also
+    runs as a plain script.
+    """
+    needle = f"{key}={value}".encode()
     me = os.getpid()
     found = []
     for entry in os.listdir("/proc"):
@@ -29,7 +34,7 @@ def marked_pids(token: str) -> list[int]:
             with open(f"/proc/{entry}/environ", "rb") as f:
                 if needle in f.read().split(b"\0"):
                     found.append(int(entry))
-        except OSError:
+        except OSError:  # vanished, or not ours to read
             continue
     return found
 
@@ -37,7 +42,7 @@ def marked_pids(token: str) -> list[int]:
 def clean(root: str, token: str, budget: float = 5.0) -> None:
     deadline = time.monotonic() + budget
     while True:
-        pids = marked_pids(token)
+        pids = pids_with_marker(HOST_MARKER, token)
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from ._errors import SandboxError
+from ._guardian import pids_with_marker
 from ._runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 
 RUNTIME_MARKER = "ROLLOUT_RAY_RUNTIME"
@@ -37,24 +38,6 @@ EXIT_GRACE = 0.5
 pipes; then it stops reading (a descendant writing to them later gets SIGPIPE)."""
 
 
-def _pids_with_marker(key: str, value: str) -> list[int]:
-    """Pids (not ours) whose initial environment holds ``key=value``; zombies have none."""
-    needle = f"{key}={value}".encode()
-    me = os.getpid()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:  # vanished, or not ours to read
-            continue
-        if needle in environ.split(b"\0"):
-            found.append(int(entry))
-    return found
-
-
 async def _kill_marked(key: str, value: str, pgid: int | None = None) -> None:
     """SIGKILL process group ``pgid`` and every process marked ``key=value`` until none is
     left, or ``KILL_BUDGET`` seconds passed."""
@@ -64,7 +47,7 @@ async def _kill_marked(key: str, value: str, pgid: int | None = None) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
         # In a thread: a host running many rollouts has many /proc entries to read.
-        pids = await asyncio.to_thread(_pids_with_marker, key, value)
+        pids = await asyncio.to_thread(pids_with_marker, key, value)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)

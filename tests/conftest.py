@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import select
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -73,3 +75,26 @@ def ray_cluster() -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+def process_alive(pid: int) -> bool:
+    """True unless the process is gone or a zombie (dead, waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat_line = f.read()
+    except FileNotFoundError:
+        return False
+    return stat_line.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_exit(pid: int, timeout: float) -> None:
+    """Block until ``pid`` (not necessarily our child) exits: a pidfd event, not a poll."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"process {pid} still running after {timeout}s"
+    finally:
+        os.close(fd)

@@ -9,23 +9,10 @@ import time
 
 import pytest
 
+from conftest import process_alive as alive
 from rollout_ray._errors import SandboxError
-from rollout_ray._local_runtime import (
-    EXEC_MARKER,
-    RUNTIME_MARKER,
-    LocalRuntime,
-    _pids_with_marker,
-)
-
-
-def alive(pid: int) -> bool:
-    """True unless the process is gone or a zombie (dead, waiting to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat_line = f.read()
-    except FileNotFoundError:
-        return False
-    return stat_line.rsplit(")", 1)[1].split()[0] != "Z"
+from rollout_ray._guardian import pids_with_marker
+from rollout_ray._local_runtime import EXEC_MARKER, RUNTIME_MARKER, LocalRuntime
 
 
 def pids_in(text: str) -> list[int]:
@@ -107,7 +94,7 @@ def test_timeout_kills_whole_tree(tmp_path):
             pids = pids_in(r.stdout)
             assert len(pids) == 4  # the last one dropped the markers: only killpg finds it
             assert not [p for p in pids if alive(p)]
-            assert _pids_with_marker(RUNTIME_MARKER, rt._token) == []
+            assert pids_with_marker(RUNTIME_MARKER, rt._token) == []
             assert await rt.alive()  # the runtime itself is still usable
         finally:
             await rt.stop()
@@ -261,7 +248,7 @@ def test_cancel_during_spawn_kills_tree(tmp_path):
                 with pytest.raises(asyncio.CancelledError):
                     await task
             assert not alive(pid)
-            assert _pids_with_marker(RUNTIME_MARKER, rt._token) == []
+            assert pids_with_marker(RUNTIME_MARKER, rt._token) == []
         finally:
             await rt.stop()
 
@@ -278,7 +265,7 @@ def test_stop_during_spawn_raises(tmp_path):
             await rt.stop()
             with pytest.raises(SandboxError, match="stopped"):
                 await task
-            assert _pids_with_marker(RUNTIME_MARKER, rt._token) == []
+            assert pids_with_marker(RUNTIME_MARKER, rt._token) == []
         finally:
             await rt.stop()
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
 import signal
 import sys
 import tempfile
@@ -12,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from conftest import process_alive as _alive
+from conftest import wait_exit
 from rollout_ray import Harness, ProgramResult, Runtime, Task, TaskData, Trace, reward
 
 ray = pytest.importorskip("ray")
@@ -26,25 +27,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 SLEEPER = ["sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 & echo $!"]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _wait_gone(pid: int, timeout: float) -> None:
-    """Block until ``pid`` exits (pidfd: an event, not a poll)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        ready, _, _ = select.select([fd], [], [], timeout)
-        assert ready, f"process {pid} still alive {timeout}s after its owner died"
-    finally:
-        os.close(fd)
+    wait_exit(pid, timeout)
 
 
 class FifoData(TaskData):

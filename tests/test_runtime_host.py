@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -13,25 +12,9 @@ import textwrap
 
 import pytest
 
+from conftest import process_alive as _alive
+from conftest import wait_exit as _wait_exit
 from rollout_ray._runtime_host import RuntimeHost, RuntimeStopped
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait_exit(pid: int, timeout: float) -> None:
-    """Block until ``pid`` (not our child) exits, by waiting on its pidfd."""
-    fd = os.pidfd_open(pid)
-    try:
-        ready, _, _ = select.select([fd], [], [], timeout)
-        assert ready, f"process {pid} still running after {timeout}s"
-    finally:
-        os.close(fd)
 
 
 def test_runtimes_are_created_started_used_and_stopped_by_name() -> None:
