@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from concurrent.futures import ThreadPoolExecutor
 import time
 import uuid
 from collections import Counter
@@ -115,7 +116,7 @@ def group_id_of(task: Task) -> str:
 
 
 class Driver:
-    """Runs ``tasks`` × ``config.samples_per_task`` rollouts on ``executor``.
+    """Runs ``tasks`` × ``config.samples_per_task`` rollouts on ``executor`` (once).
 
     Args:
         tasks: the taskset (any iterable; consumed lazily).
@@ -163,6 +164,7 @@ class Driver:
         self._halt = asyncio.Event()
         self._last_report = 0.0
         self._done: set[tuple[str, int]] = set()
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ray-shards")
 
     # -- public API -------------------------------------------------------------------------
 
@@ -214,7 +216,9 @@ class Driver:
                     tg.create_task(self._one(task, group_id, sample_idx, slots, writer, queue))
         finally:
             # Also on cancellation: what completed is kept, so a resume will not redo it.
-            self._flush(writer)
+            batch, self._buffer = self._buffer, []
+            self._io.submit(self._write, writer, batch).result()  # after any queued write
+            self._io.shutdown(wait=True)
             if writer is not None:
                 writer.close()
             self._report(force=True)
@@ -270,8 +274,9 @@ class Driver:
         self._buffer.append(record)
         if len(self._buffer) >= min(self.config.rows_per_shard, 256):
             batch, self._buffer = self._buffer, []
-            # Off the loop: a shard write fsyncs, and rollouts keep running meanwhile.
-            await asyncio.to_thread(self._write, writer, batch)
+            # Off the loop (a shard write fsyncs) on the one writer thread, so writes stay
+            # in order and never overlap.
+            await asyncio.get_running_loop().run_in_executor(self._io, self._write, writer, batch)
         members = self._pending.setdefault(group_id, [])
         members.append(record)
         if len(members) == self._group_sizes[group_id]:
@@ -322,10 +327,6 @@ class Driver:
             self._memory.append(result.samples)
             self._summaries.append(result.groups)
         return Group(group_id, result.samples, result.groups)
-
-    def _flush(self, writer: ShardWriter | None) -> None:
-        batch, self._buffer = self._buffer, []
-        self._write(writer, batch)
 
     @staticmethod
     def _write(writer: ShardWriter | None, batch: list[RolloutRecord]) -> None:
