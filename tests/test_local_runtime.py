@@ -19,13 +19,21 @@ def pids_in(text: str) -> list[int]:
     return [int(tok) for tok in text.split()]
 
 
-async def wait_for_file(path: str, timeout: float = 5.0) -> str:
-    """Poll for a file a program writes atomically (write to tmp, then mv)."""
+def fifo(path: str) -> str:
+    """A named pipe a program will write to: reading it waits for the write (no polling)."""
+    os.mkfifo(path)
+    return path
+
+
+async def read_fifo(path: str, timeout: float = 10.0) -> str:
+    """Block (in a thread) until a writer opens ``path``, then read what it wrote."""
+
+    def read() -> str:
+        with open(path) as f:
+            return f.read()
+
     async with asyncio.timeout(timeout):
-        while not os.path.exists(path):
-            await asyncio.sleep(0.005)
-    with open(path) as f:
-        return f.read()
+        return await asyncio.to_thread(read)
 
 
 async def started(rt: LocalRuntime) -> LocalRuntime:
@@ -212,11 +220,12 @@ def test_cancelled_exec_kills_tree(tmp_path):
             script = (
                 "sleep 1000 & a=$!\n"
                 "setsid sleep 1000 & b=$!\n"
-                'echo "$$ $a $b" > pids.tmp && mv pids.tmp pids\n'
+                'echo "$$ $a $b" > pids\n'
                 "wait\n"
             )
+            channel = fifo(os.path.join(rt.id, "pids"))
             task = asyncio.create_task(rt.exec(["sh", "-c", script]))
-            pids = pids_in(await wait_for_file(os.path.join(rt.id, "pids")))
+            pids = pids_in(await read_fifo(channel))
             assert len(pids) == 3 and all(alive(p) for p in pids)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -276,9 +285,10 @@ def test_stop_during_exec_kills_it_and_raises(tmp_path):
     async def main():
         rt = await started(LocalRuntime(root=str(tmp_path)))
         try:
-            script = "setsid sleep 1000 & echo $! > p.tmp && mv p.tmp p; wait"
+            script = "setsid sleep 1000 & echo $! > p; wait"
+            channel = fifo(os.path.join(rt.id, "p"))
             task = asyncio.create_task(rt.exec(["sh", "-c", script]))
-            pid = int(await wait_for_file(os.path.join(rt.id, "p")))
+            pid = int(await read_fifo(channel))
             await rt.stop()
             with pytest.raises(SandboxError, match="stopped"):
                 await task
