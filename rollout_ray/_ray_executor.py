@@ -8,7 +8,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from ._actors import SHUTDOWN_GRACE, RolloutActor, shutdown_node_services
+from ._actors import SHUTDOWN_GRACE, RolloutActor
 from ._executor import Executor, InfrastructureLost
 from ._rollout_host import RolloutSpec
 from ._trace import Trace
@@ -73,7 +73,8 @@ class RayExecutor(Executor):
             if actor is not None:
                 await actor.aclose(SHUTDOWN_GRACE)
         self._pool = []
-        await shutdown_node_services()
+        # The node's interception and tool actors are shared with every other driver on the
+        # cluster, so they stay; a Ray started here goes, and takes them with it.
         if self._started_ray:
             ray.shutdown()
 

@@ -159,3 +159,58 @@ def test_eval_of_200_rollouts_on_local_ray(ray_cluster: Any, tmp_path: Any) -> N
     driver, result = drive(50, executor=executor, config=config, run_dir=str(tmp_path / "run"))
     assert result.samples.num_rows == 200 and result.groups.num_rows == 50
     assert set(result.samples["ok"].to_pylist()) == {True}
+
+
+class HangsOnce(ChatHarness):
+    """First attempt: report through a FIFO, then hang; once the test drops a marker, answer."""
+
+    def __init__(self, fifo: str, marker: str) -> None:
+        super().__init__(retries=0)
+        self.fifo, self.marker = fifo, marker
+
+    async def launch(self, ctx: Any) -> Any:
+        import os
+
+        if not os.path.exists(self.marker):
+            await asyncio.to_thread(_write_text, self.fifo, "started")
+            await asyncio.Event().wait()
+        return await super().launch(ctx)
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _read_text(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+@pytest.mark.ray
+def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any, tmp_path: Any) -> None:
+    import os
+
+    from rollout_ray._ray_executor import RayExecutor
+
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    fifo, marker = str(tmp_path / "started"), str(tmp_path / "marker")
+    os.mkfifo(fifo)
+
+    async def main() -> Any:
+        executor = RayExecutor(actors=1, capacity=4)
+        async with executor:
+            driver = Driver(tasks(1), HangsOnce(fifo, marker), ScriptedModel(default="4"), executor=executor,
+                            config=EvalConfig(samples_per_task=1, max_infra_retries=1))
+            running = asyncio.create_task(driver.arun())
+            assert await asyncio.to_thread(_read_text, fifo) == "started"
+            _write_text(marker, "")
+            ray_cluster.kill(executor._pool[0].actor, no_restart=True)
+            async with asyncio.timeout(30):  # never a hang: the lost rollout is retried
+                result = await running
+            return result, executor.replaced
+
+    result, replaced = asyncio.run(main())
+    (row,) = result.samples.to_pylist()
+    assert row["ok"] and row["attempt"] == 1 and row["num_errors"] == 1 and replaced == 1
+    assert result.samples["reward"].to_pylist() == [1.0]
