@@ -42,12 +42,13 @@ class ConversationGraph:
         parent, matched = self.resolve(messages)
         now = time.time()
         for message in messages[matched:]:
-            parent = self._append(MessageNode(parent, message, sampled=False, timestamp=now))
+            parent = self.append(MessageNode(parent, message, sampled=False, timestamp=now))
         if reply is not None:
-            parent = self._append(MessageNode(parent, reply, sampled=True, timestamp=now))
+            parent = self.append(MessageNode(parent, reply, sampled=True, timestamp=now))
         return parent
 
-    def _append(self, node: MessageNode) -> int:
+    def append(self, node: MessageNode) -> int:
+        """Append a node committed elsewhere (a copy of a live session) and index it."""
         self.trace.nodes.append(node)
         index = len(self.trace.nodes) - 1
         self._index[(node.parent, message_hash(node.message))] = index

@@ -83,7 +83,7 @@ class SessionSpec:
             },
             model_name=session.model_name,
             sampling=session.sampling,
-            prepared=set(session._prepared),
+            prepared=set(session.prepared),
         )
 
 
@@ -105,7 +105,7 @@ def apply_delta(session: RolloutSession, change: SessionDelta) -> None:
     """Bring the caller's copy of a session up to date with the live one."""
     trace = session.trace
     for node in change.nodes:
-        session.graph._append(node)
+        session.graph.append(node)
     trace.calls.extend(change.calls)
     trace.request_rewrites.extend(change.request_rewrites)
     trace.response_rewrites.extend(change.response_rewrites)
@@ -154,7 +154,7 @@ class InterceptionHost:
             sampling=spec.sampling,
             **spec.hooks,
         )
-        session._prepared = set(spec.prepared)
+        session.prepared = set(spec.prepared)
         serving = self._server.serve(session)
         slot = await serving.__aenter__()
         self._sessions[slot.model_secret] = (session, serving)

@@ -100,7 +100,8 @@ class RolloutSession:
         self.error: RolloutError | None = None
         """The latest model, tool or hook failure, stashed for the rollout (B30, B31)."""
         self.released = False
-        self._prepared: set[bytes] = set()
+        self.prepared: set[bytes] = set()
+        """Hashes of user turns already rewritten by ``prepare_users`` (not intercepted again)."""
 
     @property
     def stopped(self) -> bool:
@@ -231,7 +232,7 @@ class RolloutSession:
         _, matched = self.graph.resolve(request.messages)
         for message in request.messages[matched:]:
             if isinstance(message, UserMessage):
-                self._prepared.add(message_hash(message))
+                self.prepared.add(message_hash(message))
         return request
 
     async def rewrite_request(self, request: Request) -> tuple[Request, str | None]:
@@ -304,12 +305,12 @@ class RolloutSession:
         """A user or tool message not already rewritten by ``prepare_users``."""
         return (
             isinstance(message, UserMessage | ToolMessage)
-            and message_hash(message) not in self._prepared
+            and message_hash(message) not in self.prepared
         )
 
     def _consume_prepared(self, messages: Sequence[Message]) -> None:
         for message in messages:
-            self._prepared.discard(message_hash(message))
+            self.prepared.discard(message_hash(message))
 
     # -- response side ----------------------------------------------------------------------
 
