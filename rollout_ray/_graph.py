@@ -48,7 +48,7 @@ class ConversationGraph:
         return parent
 
     def append(self, node: MessageNode) -> int:
-        """Append a node committed elsewhere (a copy of a live session) and index it."""
+        """Append a node to the trace and index it (also copies nodes a live session committed elsewhere)."""
         self.trace.nodes.append(node)
         index = len(self.trace.nodes) - 1
         self._index[(node.parent, message_hash(node.message))] = index
