@@ -115,6 +115,7 @@ from ._errors import TaskError as TaskError
 from ._errors import ToolsetError as ToolsetError
 from ._errors import TurnRefused as TurnRefused
 from ._errors import Unauthorized as Unauthorized
+from ._errors import UpstreamError as UpstreamError
 from ._errors import boundary as boundary
 
 logging.getLogger("rollout_ray").addHandler(logging.NullHandler())
@@ -163,5 +164,5 @@ __all__ = [
     # errors
     "HarnessError", "OverlongPromptError", "ProviderError", "Refusal", "RolloutError",
     "SandboxError", "SessionConcluded", "TaskError", "ToolsetError", "TurnRefused",
-    "Unauthorized", "boundary",
+    "Unauthorized", "UpstreamError", "boundary",
 ]  # fmt: skip

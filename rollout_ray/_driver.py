@@ -169,7 +169,11 @@ class Driver:
     # -- public API -------------------------------------------------------------------------
 
     async def groups(self) -> AsyncIterator[Group]:
-        """Finalized groups as they complete (the trainer stream)."""
+        """Finalized groups as they complete (the trainer stream).
+
+        To stop early, iterate inside ``contextlib.aclosing(driver.groups())``: leaving it
+        cancels the rollouts in flight at once and keeps what completed (a resume skips it).
+        """
         queue: asyncio.Queue[Group | None] = asyncio.Queue(self.config.stream_buffer)
         producer = asyncio.create_task(self._drive(queue))
         try:

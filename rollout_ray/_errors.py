@@ -60,6 +60,14 @@ class OverlongPromptError(ProviderError):
     """The provider rejected the prompt as too long: a clean ``context_length`` stop."""
 
 
+class UpstreamError(Exception):
+    """The model client raised something other than a ``ProviderError`` (a client bug).
+
+    Recorded on the model call but not stashed as the rollout's failure, and answered 502,
+    as upstream does (Q12): the harness's own exit is what the trace records.
+    """
+
+
 class Refusal(Exception):
     """The model boundary declined a request; the harness should stop asking.
 

@@ -88,11 +88,12 @@ def discover(obj: object, kind: HookKind) -> list[Hook]:
     The most-derived definition of each name decides: an undecorated override hides a
     decorated base method (B50).
     """
-    hooks = [
-        Hook(name, getattr(obj, name), spec.priority, spec.weight)
-        for name, spec in _decorated(type(obj))
-        if spec.kind == kind
-    ]
+    hooks = []
+    for attr, spec in _decorated(type(obj)):
+        if spec.kind == kind:
+            fn = getattr(obj, attr)
+            # Named like the function, as upstream (a hook made by a factory keeps its name).
+            hooks.append(Hook(getattr(fn, "__name__", attr), fn, spec.priority, spec.weight))
     return sort_hooks(hooks)
 
 

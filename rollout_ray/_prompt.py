@@ -34,7 +34,8 @@ async def harness_data(
     if system is not None:
         messages.insert(0, SystemMessage(system))
     rewritten = await interception.prepare_users(session, Request(messages))
-    kept = [m for m in rewritten.messages if not isinstance(m, SystemMessage)]
+    # Strip only the system message added above; the prompt's own stay.
+    kept = rewritten.messages[1:] if system is not None else list(rewritten.messages)
     new_prompt: Any
     if (
         isinstance(prompt, str)

@@ -6,8 +6,8 @@ pipeline itself lives in ``RolloutSession``; this module only maps HTTP onto it:
 
 * unknown or missing secret → 401; a body over ``max_body`` → 413; malformed JSON or a wrong
   shape → 400 naming the field; a refused turn → 400 ``rollout stopped: <name>``; a released
-  session → 409 ``rollout concluded``; provider errors → their status; a hook failure → 502;
-  our own bugs → 500.
+  session → 409 ``rollout concluded``; provider errors → their status; a hook failure or a
+  model client that raised something else → 502; our own bugs → 500.
 * an SDK retry (header ``x-stainless-retry-count`` > 0) of the request just answered is
   replayed verbatim, and a retry of one still in flight joins it: never sampled twice.
 * a session unregistered (sealed) cancels its in-flight handlers and never commits late.
@@ -32,7 +32,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from ._errors import Refusal, RolloutError
+from ._errors import Refusal, RolloutError, UpstreamError
 from ._interception import ChatClient, Interception, Slot
 from ._messages import Response
 from ._openai import WireError, encode_response, parse_request, sse_events
@@ -208,6 +208,8 @@ class HTTPInterception(Interception):
             return _error(e.status_code, e.body)
         except RolloutError as e:
             return _error(e.status_code or 502, str(e), kind=type(e).__name__)
+        except UpstreamError as e:
+            return _error(502, str(e), kind="UpstreamError")
         except Exception:
             log.exception("interception: unexpected error in chat handler")
             return _error(500, "internal error in the interception proxy")

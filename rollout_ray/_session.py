@@ -25,10 +25,12 @@ import msgspec
 
 from ._errors import (
     OverlongPromptError,
+    Refusal,
     RolloutError,
     SessionConcluded,
     TaskError,
     TurnRefused,
+    UpstreamError,
 )
 from ._graph import ConversationGraph
 from ._hooks import Hook, call_by_type, resolve
@@ -44,6 +46,13 @@ from ._messages import (
 )
 from ._model import Model
 from ._trace import Error, InterceptRecord, ModelCall, TimeSpan, Trace
+
+SAMPLING_FIELDS = frozenset({
+    "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed",
+    "stop", "n", "frequency_penalty", "presence_penalty", "repetition_penalty", "logprobs",
+    "top_logprobs", "reasoning_effort",
+})  # fmt: skip
+"""Request fields recorded as ``ModelCall.sampling``; every field still goes upstream."""
 
 _CODEC_ENCODER = msgspec.msgpack.Encoder()
 _REQUEST_DECODER = msgspec.msgpack.Decoder(Request)
@@ -138,14 +147,15 @@ class RolloutSession:
 
     async def _sample(self, request: Request, sampling: dict[str, Any]) -> Response:
         self.error = None
+        recorded = {k: v for k, v in sampling.items() if k in SAMPLING_FIELDS}
         call = ModelCall(
             model=self.model_name,
-            sampling=sampling or None,
+            sampling=recorded or None,
             endpoint="/chat/completions",
             time=TimeSpan(start=time.time()),
         )
         try:
-            response = await self.model.complete(request, model=self.model_name, sampling=sampling)
+            response = await self._complete(request, sampling)
             call.usage, call.finish_reason = response.usage, response.finish_reason
             if self.released:
                 raise SessionConcluded()
@@ -168,10 +178,23 @@ class RolloutSession:
             call.error = Error.from_exception(e)
             self.error = e
             raise
+        except Refusal:
+            raise
+        except BaseException as e:
+            call.error = Error.from_exception(e)  # a cancellation or a client bug: not stashed
+            raise
         finally:
             call.time.end = time.time()
             if not self.released:
                 self.trace.calls.append(call)
+
+    async def _complete(self, request: Request, sampling: dict[str, Any]) -> Response:
+        try:
+            return await self.model.complete(request, model=self.model_name, sampling=sampling)
+        except RolloutError:
+            raise
+        except Exception as e:
+            raise UpstreamError(f"model client failed: {type(e).__name__}: {e}") from e
 
     async def _guarded(self, awaitable: Any) -> Any:
         """Await a hook phase, stashing its failure (hook errors answer 502, Q11)."""

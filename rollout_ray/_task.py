@@ -160,6 +160,10 @@ class Task:
         if runtime is None:
             metrics, rewards = _runnable(metrics), _runnable(rewards)
         judges = self.config.judges
+        if runtime is None:
+            judges = [j for j in judges if not requires(j.score, "runtime")]
+            for skipped in set(self.config.judges) - set(judges):
+                log.info("scoring skipped: judge=%s reason=needs-runtime", skipped.reward_name)
         with boundary(TaskError, f"task {type(self).__name__} scoring"):
             seed(
                 trace,
@@ -169,7 +173,7 @@ class Task:
             await run_metrics(trace, metrics, available)
             await run_rewards(trace, rewards, available)
             judge_hooks = [Hook(j.reward_name, j.score, weight=j.weight) for j in judges]
-            await run_rewards(trace, judge_hooks, {"task": self.data, "trace": trace})
+            await run_rewards(trace, judge_hooks, available)
 
     def _check_config(self) -> None:
         decorated = {h.name for h in discover(self, "reward")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections import Counter
+from contextlib import aclosing
 from typing import Any
 
 import pytest
@@ -110,8 +111,9 @@ def test_stream_yields_a_group_before_the_run_ends() -> None:
         async with LocalExecutor() as ex:
             driver = Driver(tasks(6), ChatHarness(), ScriptedModel(default="4"), executor=ex,
                             config=EvalConfig(samples_per_task=2, max_in_flight=2, stream_buffer=1))
-            async for group in driver.groups():
-                return driver.progress.done, group.samples.num_rows
+            async with aclosing(driver.groups()) as groups:
+                async for group in groups:
+                    return driver.progress.done, group.samples.num_rows
         raise AssertionError("no group")
 
     done, rows = asyncio.run(main())
@@ -127,10 +129,11 @@ def test_interrupted_run_resumes_with_every_sample_exactly_once(tmp_path: Any) -
             driver = Driver(tasks(8), ChatHarness(), ScriptedModel(default="4"), executor=ex,
                             config=config, run_dir=run_dir)
             seen = 0
-            async for _ in driver.groups():
-                seen += 1
-                if seen == 3:
-                    break  # the consumer goes away mid-run: in-flight rollouts are cancelled
+            async with aclosing(driver.groups()) as groups:
+                async for _ in groups:
+                    seen += 1
+                    if seen == 3:
+                        break  # the consumer goes away mid-run: in-flight rollouts are cancelled
 
     asyncio.run(interrupted())
     partial = read_run(run_dir).num_rows

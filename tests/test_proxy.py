@@ -271,3 +271,15 @@ def test_harness_sampling_params_pass_through_and_rollout_sampling_wins() -> Non
 
     run(main)
     assert seen == [{"temperature": 0.0, "max_tokens": 7}]
+
+
+def test_a_model_client_bug_is_502_not_500() -> None:
+    session = new_session(ScriptedModel([ConnectionResetError("peer reset")]))
+
+    async def main() -> None:
+        async with proxy(session) as (_, (slot,), client):
+            status, body = await post(client, slot)
+            assert (status, body["error"]["message"]) == (502, "model client failed: ConnectionResetError: peer reset")
+
+    run(main)
+    assert session.error is None and session.trace.calls[0].error is not None

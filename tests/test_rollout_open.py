@@ -321,3 +321,16 @@ def test_b16_tool_interception_url_only_when_the_harness_supports_it_and_hooks_e
     assert url_of(hooked, Intercepting()) == LocalInterception.base_url + "/tool"
     assert url_of(hooked, ScriptedHarness()) is None
     assert url_of(EchoTask({"prompt": "hi"}), Intercepting()) is None
+
+
+def test_b15_the_prompts_own_system_message_survives_interception() -> None:
+    class Noop(EchoTask):
+        @intercept
+        def look(self, request: Request) -> None:
+            return None
+
+    model = ScriptedModel(default="ok")
+    prompt = [{"role": "system", "content": "rules"}, {"role": "user", "content": "hi"}]
+    r = make_rollout(Noop({"prompt": prompt}), model=model)
+    run(r.run())
+    assert [m.role for m in model.requests[0].messages] == ["system", "user"]

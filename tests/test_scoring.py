@@ -297,3 +297,20 @@ def test_b48_harness_metric_failure_is_a_harness_error():
     message = r"^harness 'scripted' metric failed: ZeroDivisionError: division by zero$"
     with pytest.raises(HarnessError, match=message):
         asyncio.run(Broken().score(new_trace()))
+
+
+def test_b47_offline_scoring_skips_judges_that_need_a_runtime():
+    from rollout_ray import Judge, TaskConfig
+
+    class BoxJudge(Judge):
+        async def score(self, task, trace, runtime):  # type: ignore[no-untyped-def]
+            return 1.0
+
+    class Plain(Judge):
+        async def score(self, task, trace):  # type: ignore[no-untyped-def]
+            return 0.5
+
+    task = Task({"prompt": "x"}, TaskConfig(judges=[BoxJudge(), Plain()]))
+    trace = new_trace()
+    asyncio.run(task.score(trace, None))
+    assert trace.rewards == {"plain": Reward(0.5)}

@@ -321,3 +321,36 @@ def test_model_and_sampling_are_forced_on_every_request() -> None:
     chat(s)
     assert seen == [("m1", {"temperature": 0.5})]
     assert (s.trace.calls[0].model, s.trace.calls[0].sampling) == ("m1", {"temperature": 0.5})
+
+
+def test_a_model_client_bug_is_recorded_on_the_call_but_not_stashed() -> None:
+    from rollout_ray import UpstreamError  # noqa: F401 - exported
+
+    s = session(ScriptedModel([RuntimeError("socket closed")]))
+    with pytest.raises(UpstreamError, match=r"^model client failed: RuntimeError: socket closed$"):
+        chat(s)
+    (call,) = s.trace.calls
+    assert call.error is not None and call.error.type == "UpstreamError" and s.error is None
+
+
+def test_only_sampling_fields_are_recorded_on_the_call() -> None:
+    s = session()
+    run_virtual(s.chat(Request([USER]), {"temperature": 0.5, "tool_choice": "none", "user": "u"}))
+    assert s.trace.calls[0].sampling == {"temperature": 0.5}
+
+
+def test_hooks_are_named_after_their_function() -> None:
+    from rollout_ray import Task, stop
+
+    def turn_cap(n: int) -> Any:
+        def cap(trace: Trace) -> bool:
+            return trace.num_turns >= n
+        return cap
+
+    class Capped(Task):
+        one_turn = stop(turn_cap(1))
+
+    from rollout_ray._hooks import classify
+
+    (hook,) = classify(Capped({"prompt": "x"}))["trace_stops"]
+    assert hook.name == "cap"
