@@ -101,10 +101,8 @@ class RemoteRuntime(Runtime):
         self.stopped = self.stopped or await self._call("stopped", self.name)
 
     async def _start(self) -> None:
-        info = await self._call("create", self.name, owner=self._owner)
-        self.type = info.type
-        info = await self._call("start", self.name)
-        self._id = info.id
+        info = await self._call("create_started", self.name, owner=self._owner)
+        self.type, self._id = info.type, info.id
 
     async def _teardown(self) -> None:
         try:

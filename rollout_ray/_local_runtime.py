@@ -125,6 +125,7 @@ class LocalRuntime(Runtime):
         self._token = uuid.uuid4().hex
         self._workdir: str | None = None
         self._live: dict[_Capture, asyncio.SubprocessTransport] = {}
+        self._spawned = False
 
     @property
     def id(self) -> str:
@@ -142,7 +143,8 @@ class LocalRuntime(Runtime):
     async def _teardown(self) -> None:
         if self._workdir is None:
             return
-        await _kill_marked(RUNTIME_MARKER, self._token)
+        if self._spawned:  # scanning /proc costs milliseconds: only when something ran
+            await _kill_marked(RUNTIME_MARKER, self._token)
         for proto, transport in list(self._live.items()):
             transport.close()  # kills the direct child if the scan could not see it yet
             await asyncio.wait([proto.exited], timeout=KILL_BUDGET)
@@ -194,6 +196,7 @@ class LocalRuntime(Runtime):
         workdir = self._require_running(what)
         token = uuid.uuid4().hex
         loop = asyncio.get_running_loop()
+        self._spawned = True  # before the fork: a stop during the spawn must still scan
         spawn = asyncio.ensure_future(loop.subprocess_exec(
             lambda: _Capture(max_output),
             *argv,

@@ -87,6 +87,11 @@ class RuntimeHost:
             raise RuntimeStopped(f"runtime {name!r} is stopped or unknown on this host")
         return runtime
 
+    async def create_started(self, name: str, *, owner: str | None = None) -> RuntimeInfo:
+        """``create`` then ``start`` in one call (one round trip for a remote caller)."""
+        await self.create(name, owner=owner)
+        return await self.start(name)
+
     async def start(self, name: str) -> RuntimeInfo:
         runtime = self._get(name)
         await runtime.start()
