@@ -88,8 +88,13 @@ class RuntimeHost:
         return runtime
 
     async def create_started(self, name: str, *, owner: str | None = None) -> RuntimeInfo:
-        """``create`` then ``start`` in one call (one round trip for a remote caller)."""
-        await self.create(name, owner=owner)
+        """``create`` then ``start`` in one call; idempotent for a runtime already running.
+
+        Raises:
+            RuntimeStopped: the runtime existed and was stopped.
+        """
+        if name not in self._runtimes:
+            await self.create(name, owner=owner)
         return await self.start(name)
 
     async def start(self, name: str) -> RuntimeInfo:

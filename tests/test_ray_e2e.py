@@ -165,3 +165,16 @@ def test_trace_reflects_every_committed_turn_after_each_segment(actor: Any) -> N
 def test_traces_cross_the_wire_as_msgpack(actor: Any) -> None:
     trace = with_model(lambda model: actor.run(RolloutSpec(NoTools(PROMPT), ChatHarness(), model)))
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(trace), type=Trace) == trace
+
+
+def test_owned_runtimes_are_provisioned_on_first_use_and_always_stopped(actor: Any) -> None:
+    async def body(model: OpenAIModel) -> tuple[Trace, Trace, list[str]]:
+        untouched = await actor.run(RolloutSpec(NoTools(PROMPT), ChatHarness(), model))
+        used = await actor.run(RolloutSpec(Arith(PROMPT), ChatHarness(), model))  # a tool execs in it
+        runtimes = await actor.actor.runtime_actor.remote()
+        return untouched, used, await runtimes.names.remote()
+
+    untouched, used, live = with_model(body)
+    assert untouched.ok and untouched.agent.runtime.id == untouched.id  # type: ignore[union-attr]  # never provisioned
+    assert used.ok and used.tool_messages[0].content == "42"  # provisioned by the tool actor's copy
+    assert live == []  # both stopped (or never made)
