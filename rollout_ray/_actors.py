@@ -215,7 +215,10 @@ class RayToolServer:
     @asynccontextmanager
     async def serve(self, toolsets: Sequence[Toolset], runtime: Runtime | None, state_secret: str, *,
                     on_call: Any = None) -> AsyncIterator[dict[str, str]]:
-        key, urls = await _call(self._actor.register.remote(list(toolsets), runtime, state_secret))
+        # The runtime handle travels only when a tool needs it: shipping it costs a pickle and
+        # makes the runtime's teardown reach its actor even if nothing ever ran in it.
+        needed = runtime if any(t.wants_runtime() for t in toolsets) else None
+        key, urls = await _call(self._actor.register.remote(list(toolsets), needed, state_secret))
         try:
             yield urls
         finally:

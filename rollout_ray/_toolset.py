@@ -133,6 +133,10 @@ class Toolset:
             snake = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", cls.__name__)
             cls.name = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", snake).lower()
 
+    def wants_runtime(self) -> bool:
+        """True when some tool takes the rollout's ``runtime``."""
+        return any(d.wants_runtime for d in self._tools().values())
+
     @classmethod
     def _tools(cls) -> dict[str, _ToolDef]:
         table = cls.__dict__.get("_rr_tools")
