@@ -92,18 +92,26 @@ class RolloutHost:
 
     async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
         """Open a rollout; returns its id (the trace id) and ``Rollout.open``'s result."""
-        await self._room.acquire()
-        rollout: Rollout | None = None
+        rollout = await self._admit(spec)
         try:
-            rollout = self._build(spec)
-            self._rollouts[rollout.trace.id] = rollout
-            refresh = getattr(spec.runtime, "refresh", None)
-            if refresh is not None:
-                await refresh()  # B8 must see the owner's latest word on a borrowed runtime
             return rollout.trace.id, await rollout.open()
         except BaseException:
             await self._release(rollout)
             raise
+
+    async def _admit(self, spec: RolloutSpec) -> Rollout:
+        """Wait for room, then build and register the rollout."""
+        await self._room.acquire()
+        try:
+            rollout = self._build(spec)
+            refresh = getattr(spec.runtime, "refresh", None)
+            if refresh is not None:
+                await refresh()  # B8 must see the owner's latest word on a borrowed runtime
+        except BaseException:
+            self._room.release()
+            raise
+        self._rollouts[rollout.trace.id] = rollout
+        return rollout
 
     def _get(self, rollout_id: str) -> Rollout:
         rollout = self._rollouts.get(rollout_id)
@@ -131,27 +139,23 @@ class RolloutHost:
                 await self._release(rollout)
 
     async def run(self, spec: RolloutSpec) -> bytes:
-        """open → one step → ``agent_completed`` → close, in one call (B52 without retries)."""
-        rollout_id, opened = await self.open(spec)
-        rollout = self._rollouts[rollout_id]
+        """``Rollout.run`` (open → step → close) in one call: one actor call per rollout."""
+        rollout = await self._admit(spec)
         try:
-            if opened:
-                await rollout.step()
-                if rollout.ok:
-                    rollout.trace.stop("agent_completed")
-        except BaseException:
-            await self.abort(rollout_id)
-            raise
-        return await self.close(rollout_id)
+            trace = await rollout.run()
+        finally:
+            await self._release(rollout)
+        return encode_trace(trace)
 
     async def trace(self, rollout_id: str) -> bytes:
         """The current trace of an open rollout."""
         return encode_trace(self._get(rollout_id).trace)
 
-    async def _release(self, rollout: Rollout | None) -> None:
-        if rollout is not None and self._rollouts.pop(rollout.trace.id, None) is not None:
+    async def _release(self, rollout: Rollout) -> None:
+        # Only the first release of a rollout frees its room (close after abort is harmless).
+        if self._rollouts.pop(rollout.trace.id, None) is not None:
             self.completed += 1
-        self._room.release()
+            self._room.release()
 
     def open_ids(self) -> list[str]:
         return list(self._rollouts)

@@ -1,0 +1,53 @@
+"""RolloutHost: K rollouts at once, forwarded verbs, room released exactly once (no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conftest import EchoTask, run
+from rollout_ray import LocalInterception, decode_trace
+from rollout_ray._rollout_host import RolloutHost, RolloutSpec, UnknownRollout
+from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel
+
+
+def host(capacity: int) -> RolloutHost:
+    return RolloutHost(capacity, interception=LocalInterception(), runtime_factory=MemoryRuntime)
+
+
+def spec() -> RolloutSpec:
+    return RolloutSpec(EchoTask({"prompt": "hi"}), ScriptedHarness(), ScriptedModel(default="hello"))
+
+
+def test_run_returns_the_closed_trace_and_frees_its_room() -> None:
+    h = host(1)
+    trace = decode_trace(run(h.run(spec())))
+    assert trace.ok and trace.stop_condition == "agent_completed" and trace.num_turns == 1
+    assert h.open_ids() == [] and h.completed == 1
+    assert decode_trace(run(h.run(spec()))).ok  # the room was freed
+
+
+def test_open_waits_for_room_when_capacity_is_reached() -> None:
+    h = host(1)
+
+    async def main() -> list[str]:
+        first, _ = await h.open(spec())
+        second = asyncio.create_task(h.open(spec()))
+        await asyncio.sleep(0)
+        assert not second.done() and h.open_ids() == [first]
+        await h.close(first)
+        rollout_id, opened = await second
+        assert opened
+        await h.abort(rollout_id)
+        await h.abort(rollout_id)  # twice is harmless
+        return h.open_ids()
+
+    assert run(main()) == []
+    with pytest.raises(UnknownRollout):
+        run(h.close("nope"))
+
+
+def test_capacity_must_be_positive() -> None:
+    with pytest.raises(ValueError, match=r"^capacity must be >= 1, got 0$"):
+        host(0)
