@@ -173,13 +173,14 @@ def _rebuild_remote_runtime(actor: Any, name: str, owner: str | None, started: b
 class RayInterception(Interception):
     """Serves sessions through an ``InterceptionActor``; pulls their turns after each segment."""
 
-    def __init__(self, actor: Any) -> None:
+    def __init__(self, actor: Any, owner: str | None = None) -> None:
         self._actor = actor
+        self._owner = owner
         self._secrets: dict[int, str] = {}
 
     @asynccontextmanager
     async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:  # type: ignore[override]
-        slot: Slot = await _call(self._actor.register.remote(SessionSpec.of(session)))
+        slot: Slot = await _call(self._actor.register.remote(SessionSpec.of(session, self._owner)))
         self._secrets[id(session)] = slot.model_secret
         try:
             yield slot
@@ -252,6 +253,19 @@ def tool_actor(node_id: str) -> Any:
     return _node_service(_ToolActor, TOOLS_PREFIX, node_id)
 
 
+async def forget_dead_actor(actor_id: str) -> int:
+    """Drop the sessions a dead rollout actor left in every node's interception actor."""
+    dropped = 0
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        if a.get("namespace") == NAMESPACE and a["name"].startswith(INTERCEPTION_PREFIX):
+            try:
+                actor = ray.get_actor(a["name"], namespace=NAMESPACE)
+                dropped += await _call(actor.drop_owner.remote(actor_id))
+            except (RayActorError, ValueError):
+                continue  # that node's service is gone too
+    return dropped
+
+
 async def shutdown_node_services(grace: float = SHUTDOWN_GRACE) -> list[str]:
     """End every node's interception and tool actors: gracefully, then ``ray.kill``."""
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
@@ -287,7 +301,7 @@ class _RolloutActorImpl:
         self._tools = tool_actor(node_id)
         self.host = RolloutHost(
             capacity,
-            interception=RayInterception(self._interception),
+            interception=RayInterception(self._interception, ray.get_runtime_context().get_actor_id()),
             runtime_factory=lambda name: RemoteRuntime(self._runtimes, name, owner=name, lazy=True),
             tool_server=RayToolServer(self._tools).serve,
         )

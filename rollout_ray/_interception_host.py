@@ -67,10 +67,13 @@ class SessionSpec:
     model_name: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     prepared: set[bytes] = field(default_factory=set)
+    owner: str | None = None
+    """Who registered it (a rollout actor's id), so a dead owner's sessions can be dropped."""
 
     @classmethod
-    def of(cls, session: RolloutSession) -> SessionSpec:
+    def of(cls, session: RolloutSession, owner: str | None = None) -> SessionSpec:
         return cls(
+            owner=owner,
             trace=msgspec.msgpack.encode(session.trace),
             model=session.model,
             limits=session.limits,
@@ -131,6 +134,7 @@ class InterceptionHost:
         self._server = HTTPInterception(**kwargs)
         self._models: dict[bytes, Model] = {}
         self._sessions: dict[str, tuple[RolloutSession, contextlib.AbstractAsyncContextManager[Slot]]] = {}
+        self._owners: dict[str, str | None] = {}
 
     async def base_url(self) -> str:
         if not self._server.base_url:
@@ -158,6 +162,7 @@ class InterceptionHost:
         serving = self._server.serve(session)
         slot = await serving.__aenter__()
         self._sessions[slot.model_secret] = (session, serving)
+        self._owners[slot.model_secret] = spec.owner
         return slot
 
     def _session(self, secret: str) -> RolloutSession:
@@ -175,11 +180,19 @@ class InterceptionHost:
     async def unregister(self, secret: str, since: Cursor) -> SessionDelta | None:
         """Seal the session and return what it committed since ``since``."""
         entry = self._sessions.pop(secret, None)
+        self._owners.pop(secret, None)
         if entry is None:
             return None
         session, serving = entry
         await serving.__aexit__(None, None, None)
         return delta(session, since)
+
+    async def drop_owner(self, owner: str) -> int:
+        """Seal and forget every session ``owner`` registered (it died); returns how many."""
+        secrets = [k for k, o in self._owners.items() if o == owner]
+        for secret in secrets:
+            await self.unregister(secret, Cursor())
+        return len(secrets)
 
     def load(self) -> int:
         return len(self._sessions)

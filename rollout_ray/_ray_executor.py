@@ -8,7 +8,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from ._actors import SHUTDOWN_GRACE, RolloutActor
+from ._actors import SHUTDOWN_GRACE, RolloutActor, forget_dead_actor
 from ._executor import Executor, InfrastructureLost
 from ._rollout_host import RolloutSpec
 from ._trace import Trace
@@ -64,6 +64,7 @@ class RayExecutor(Executor):
         except RayActorError as e:
             if self._pool[index] is actor:
                 self._pool[index] = None  # replaced on next use
+                await forget_dead_actor(actor.actor._actor_id.hex())
             raise InfrastructureLost(f"rollout actor died: {type(e).__name__}") from None
         finally:
             self._load[index] -= 1

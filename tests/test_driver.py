@@ -194,6 +194,7 @@ def _read_text(path: str) -> str:
 def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any, tmp_path: Any) -> None:
     import os
 
+    from rollout_ray._actors import INTERCEPTION_PREFIX, NAMESPACE
     from rollout_ray._ray_executor import RayExecutor
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -211,6 +212,9 @@ def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any,
             ray_cluster.kill(executor._pool[0].actor, no_restart=True)
             async with asyncio.timeout(30):  # never a hang: the lost rollout is retried
                 result = await running
+            node = ray_cluster.get_runtime_context().get_node_id()
+            proxy = ray_cluster.get_actor(INTERCEPTION_PREFIX + node, namespace=NAMESPACE)
+            assert await proxy.load.remote() == 0  # the dead actor's session was dropped
             return result, executor.replaced
 
     result, replaced = asyncio.run(main())
