@@ -44,6 +44,7 @@ class RuntimeHost:
         self.token = uuid.uuid4().hex
         self._runtimes: dict[str, Runtime] = {}
         self._owners: dict[str, str | None] = {}
+        self._gone: set[str] = set()
         # The guardian reads our end of this pipe; the kernel closes it when we die.
         launcher = subprocess.Popen(
             [sys.executable, _GUARDIAN, self.root, self.token],
@@ -74,7 +75,7 @@ class RuntimeHost:
 
     async def create(self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None) -> RuntimeInfo:
         """Create (not start) a runtime named ``name``, owned by rollout ``owner``."""
-        if name in self._runtimes:
+        if name in self._runtimes or name in self._gone:
             raise ValueError(f"runtime {name!r} already exists on this host")
         runtime = LocalRuntime(name, root=self.root, env={**(env or {}), HOST_MARKER: self.token})
         self._runtimes[name] = runtime
@@ -93,6 +94,8 @@ class RuntimeHost:
         Raises:
             RuntimeStopped: the runtime existed and was stopped.
         """
+        if name in self._gone:
+            raise RuntimeStopped(f"runtime {name!r} is stopped or unknown on this host")
         if name not in self._runtimes:
             await self.create(name, owner=owner)
         return await self.start(name)
@@ -107,10 +110,14 @@ class RuntimeHost:
         runtime = self._runtimes.get(name)
         if runtime is not None:
             await runtime.stop()
+            # Keep only its name: a long-lived host would otherwise hold one runtime per rollout.
+            self._runtimes.pop(name, None)
+            self._owners.pop(name, None)
+            self._gone.add(name)
 
     async def stop_owned_by(self, owner: str) -> list[str]:
         """Stop every runtime ``owner`` owns; returns their names."""
-        names = [n for n, o in self._owners.items() if o == owner and not self._runtimes[n].stopped]
+        names = [n for n, o in self._owners.items() if o == owner]
         await asyncio.gather(*(self.stop(n) for n in names))
         return names
 

@@ -91,3 +91,18 @@ def test_guardian_removes_processes_and_files_when_the_host_is_killed() -> None:
         host.kill()
         host.wait()
         host.stdout.close()  # type: ignore[union-attr]
+
+
+def test_stopped_runtimes_are_forgotten() -> None:
+    async def main() -> None:
+        host = RuntimeHost()
+        try:
+            for i in range(20):
+                await host.create_started(f"r{i}", owner="x")
+                await host.stop(f"r{i}")
+            assert host._runtimes == {} and host._owners == {}
+            assert await host.stopped("r3")
+        finally:
+            await host.shutdown()
+
+    asyncio.run(main())
