@@ -124,7 +124,7 @@ logging.getLogger("rollout_ray").addHandler(logging.NullHandler())
 _LAZY = {
     "RolloutActor": "._actors",
     "RuntimeActor": "._actors",
-    "RemoteRuntime": "._actors",
+    "RemoteRuntime": "._remote_runtime",
     "RayExecutor": "._ray_executor",
     "shutdown_node_services": "._actors",
 }
