@@ -34,6 +34,7 @@ from ._remote_runtime import RemoteRuntime as RemoteRuntime
 from ._remote_runtime import _call
 from ._runtime_host import RuntimeHost
 from ._session import RolloutSession
+from ._shipment import Depot, Shipper, deliver
 from ._tool_server import ToolHost
 from ._toolset import Toolset
 from ._trace import ToolCallRecord
@@ -44,9 +45,33 @@ INTERCEPTION_PREFIX = "interception:"
 TOOLS_PREFIX = "tools:"
 SHUTDOWN_GRACE = 5.0
 
+
+
+class _InterceptionService(InterceptionHost):
+    """``InterceptionHost`` taking its registrations as shipments (``_shipment``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._depot = Depot()
+
+    async def register_shipped(self, blob: bytes, bodies: dict[str, bytes]) -> Slot:
+        return await self.register(self._depot.unpack(blob, bodies))
+
+
+class _ToolService(ToolHost):
+    """``ToolHost`` taking its registrations as shipments (``_shipment``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._depot = Depot()
+
+    async def register_shipped(self, blob: bytes, bodies: dict[str, bytes]) -> tuple[str, dict[str, str]]:
+        return await self.register(*self._depot.unpack(blob, bodies))
+
+
 _RuntimeActor = ray.remote(num_cpus=0, max_concurrency=1000)(RuntimeHost)
-_InterceptionActor = ray.remote(num_cpus=0, max_concurrency=10_000)(InterceptionHost)
-_ToolActor = ray.remote(num_cpus=0, max_concurrency=10_000)(ToolHost)
+_InterceptionActor = ray.remote(num_cpus=0, max_concurrency=10_000)(_InterceptionService)
+_ToolActor = ray.remote(num_cpus=0, max_concurrency=10_000)(_ToolService)
 
 
 # -- sessions served by the node's interception actor ---------------------------------------
@@ -59,10 +84,15 @@ class RayInterception(Interception):
         self._actor = actor
         self._owner = owner
         self._secrets: dict[int, str] = {}
+        self._shipper = Shipper()
 
     @asynccontextmanager
     async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:  # type: ignore[override]
-        slot: Slot = await _call(self._actor.register.remote(SessionSpec.of(session, self._owner)))
+        slot: Slot = await deliver(
+            self._shipper, SessionSpec.of(session, self._owner),
+            lambda blob, bodies: _call(self._actor.register_shipped.remote(blob, bodies)),
+            shared=(session.model,),
+        )
         self._secrets[id(session)] = slot.model_secret
         try:
             yield slot
@@ -94,6 +124,7 @@ class RayToolServer:
 
     def __init__(self, actor: Any) -> None:
         self._actor = actor
+        self._shipper = Shipper()
 
     @asynccontextmanager
     async def serve(self, toolsets: Sequence[Toolset], runtime: Runtime | None, state_secret: str, *,
@@ -101,7 +132,10 @@ class RayToolServer:
         # The runtime handle travels only when a tool needs it: shipping it costs a pickle and
         # makes the runtime's teardown reach its actor even if nothing ever ran in it.
         needed = runtime if any(t.wants_runtime() for t in toolsets) else None
-        key, urls = await _call(self._actor.register.remote(list(toolsets), needed, state_secret))
+        key, urls = await deliver(
+            self._shipper, (list(toolsets), needed, state_secret),
+            lambda blob, bodies: _call(self._actor.register_shipped.remote(blob, bodies)),
+        )
         try:
             yield urls
         finally:
@@ -187,6 +221,7 @@ class _RolloutActorImpl:
             runtime_factory=lambda name: RemoteRuntime(self._runtimes, name, owner=name, lazy=True),
             tool_server=RayToolServer(self._tools).serve,
         )
+        self._depot = Depot()
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -197,8 +232,8 @@ class _RolloutActorImpl:
     def runtime_actor(self) -> Any:
         return self._runtimes
 
-    async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
-        return await self.host.open(spec)
+    async def open(self, blob: bytes, bodies: dict[str, bytes]) -> tuple[str, bool]:
+        return await self.host.open(self._depot.unpack(blob, bodies))
 
     async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
         return await self.host.step(rollout_id, messages)
@@ -209,8 +244,8 @@ class _RolloutActorImpl:
     async def abort(self, rollout_id: str) -> None:
         await self.host.abort(rollout_id)
 
-    async def run(self, spec: RolloutSpec) -> bytes:
-        return await self.host.run(spec)
+    async def run(self, blob: bytes, bodies: dict[str, bytes]) -> bytes:
+        return await self.host.run(self._depot.unpack(blob, bodies))
 
     async def trace(self, rollout_id: str) -> bytes:
         return await self.host.trace(rollout_id)
@@ -230,10 +265,17 @@ class RolloutActor:
     """Handle to a long-lived actor hosting up to ``capacity`` concurrent rollouts.
 
     Create with ``RolloutActor.create(capacity=K)``; end with ``await actor.aclose()``.
+    Specs travel as shipments: the taskset's classes, the harness and the model are sent to
+    the actor once, not with every rollout.
     """
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor
+        self._shipper = Shipper()
+
+    async def _ship(self, method: Any, spec: RolloutSpec) -> Any:
+        return await deliver(self._shipper, spec, lambda blob, bodies: _call(method.remote(blob, bodies)),
+                             shared=(spec.harness, spec.model))
 
     @classmethod
     def create(cls, *, capacity: int = 1, **options: Any) -> RolloutActor:
@@ -241,7 +283,7 @@ class RolloutActor:
         return cls(_RolloutActor.options(**options).remote(capacity))
 
     async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
-        return await _call(self.actor.open.remote(spec))
+        return await self._ship(self.actor.open, spec)
 
     async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
         return await _call(self.actor.step.remote(rollout_id, messages))
@@ -253,7 +295,7 @@ class RolloutActor:
         await _call(self.actor.abort.remote(rollout_id))
 
     async def run(self, spec: RolloutSpec) -> Trace:
-        return decode_trace(await _call(self.actor.run.remote(spec)))
+        return decode_trace(await self._ship(self.actor.run, spec))
 
     async def trace(self, rollout_id: str) -> Trace:
         return decode_trace(await _call(self.actor.trace.remote(rollout_id)))

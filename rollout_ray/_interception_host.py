@@ -194,8 +194,11 @@ class InterceptionHost:
             await self.unregister(secret, Cursor())
         return len(secrets)
 
-    def load(self) -> int:
-        return len(self._sessions)
+    def load(self, owner: str | None = None) -> int:
+        """Sessions served: all of them, or those ``owner`` registered."""
+        if owner is None:
+            return len(self._sessions)
+        return sum(1 for o in self._owners.values() if o == owner)
 
     async def shutdown(self) -> None:
         for secret in list(self._sessions):

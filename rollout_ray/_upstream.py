@@ -63,6 +63,10 @@ class OpenAIModel(Model):
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The configuration travels, a live connection pool never does: a copy opens its own.
+        return {**self.__dict__, "_session": None}
+
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=60)

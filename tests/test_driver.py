@@ -209,12 +209,13 @@ def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any,
             running = asyncio.create_task(driver.arun())
             assert await asyncio.to_thread(_read_text, fifo) == "started"
             _write_text(marker, "")
-            ray_cluster.kill(executor._pool[0].actor, no_restart=True)
+            dead = executor._pool[0].actor
+            ray_cluster.kill(dead, no_restart=True)
             async with asyncio.timeout(30):  # never a hang: the lost rollout is retried
                 result = await running
             node = ray_cluster.get_runtime_context().get_node_id()
             proxy = ray_cluster.get_actor(INTERCEPTION_PREFIX + node, namespace=NAMESPACE)
-            assert await proxy.load.remote() == 0  # the dead actor's session was dropped
+            assert await proxy.load.remote(dead._actor_id.hex()) == 0  # the dead actor's session was dropped
             return result, executor.replaced
 
     result, replaced = asyncio.run(main())

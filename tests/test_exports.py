@@ -25,7 +25,7 @@ def test_importing_the_package_does_not_import_ray() -> None:
     assert result.stdout.strip() == "False"
 
 
-RAY_MODULES = {"_actors.py", "_remote_runtime.py", "_ray_executor.py"}
+RAY_MODULES = {"_actors.py", "_remote_runtime.py", "_ray_executor.py", "_shipment.py"}
 """The Ray layer; no other module imports ray at module level (a command may, when run)."""
 
 

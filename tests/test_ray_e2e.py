@@ -176,5 +176,6 @@ def test_owned_runtimes_are_provisioned_on_first_use_and_always_stopped(actor: A
 
     untouched, used, live = with_model(body)
     assert untouched.ok and untouched.agent.runtime.id == untouched.id  # type: ignore[union-attr]  # never provisioned
-    assert used.ok and used.tool_messages[0].content == "42"  # provisioned by the tool actor's copy
+    assert used.ok, used.errors[0].traceback
+    assert used.tool_messages[0].content == "42"  # provisioned by the tool actor's copy
     assert live == []  # both stopped (or never made)

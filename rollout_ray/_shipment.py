@@ -1,0 +1,123 @@
+"""Shipments: actor messages that send each class, and each shared object, once per receiver.
+
+A taskset loaded from a file is pickled *by value* (workers cannot import it), so every
+message carrying one of its tasks would carry the task's class definition, and unpickling a
+pydantic class rebuilds its schema: ~1.5 ms per message, the largest CPU cost of a rollout
+on Ray. Here a message is pickled with each class (and each object the caller marks shared,
+such as the harness and the model) replaced by a content key; the body of a key travels with
+the first message that needs it, and the receiver's ``Depot`` keeps what it was sent.
+
+Keys are content hashes, so they mean the same thing in every process and a receiver shared
+by many senders (a node's interception actor) pools equal objects. A receiver that lacks a key
+(it was replaced, or a later message overtook the first) raises ``MissingShipment``, and
+``deliver`` sends again with every body attached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+from ray import cloudpickle
+
+T = TypeVar("T")
+
+
+class MissingShipment(Exception):
+    """The receiver was never sent the body of a key this message refers to."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+class _Pickler(cloudpickle.CloudPickler):
+    def __init__(self, file: io.BytesIO, shipper: Shipper, shared: set[int]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._shipper = shipper
+        self._shared = shared
+        self.keys: set[str] = set()
+
+    def persistent_id(self, obj: Any) -> str | None:
+        if (isinstance(obj, type) and obj.__module__ != "builtins") or id(obj) in self._shared:
+            key = self._shipper.key_of(obj)
+            self.keys.add(key)
+            return key
+        return None
+
+
+class Shipper:
+    """The sending side, for one receiver: remembers which bodies it has already sent."""
+
+    def __init__(self) -> None:
+        # id -> (object, key, body); the object is held so its id is never reused.
+        self._bodies: dict[int, tuple[Any, str, bytes]] = {}
+        self._by_key: dict[str, bytes] = {}
+        self._sent: set[str] = set()
+
+    def key_of(self, obj: Any) -> str:
+        entry = self._bodies.get(id(obj))
+        if entry is None:
+            body = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+            entry = (obj, hashlib.blake2b(body, digest_size=16).hexdigest(), body)
+            self._bodies[id(obj)] = entry
+            self._by_key[entry[1]] = body
+        return entry[1]
+
+    def pack(self, message: Any, shared: Iterable[Any] = ()) -> tuple[bytes, set[str]]:
+        """The message's bytes and the keys it refers to."""
+        buffer = io.BytesIO()
+        pickler = _Pickler(buffer, self, {id(o) for o in shared})
+        pickler.dump(message)
+        return buffer.getvalue(), pickler.keys
+
+    def bodies(self, keys: Iterable[str], *, resend: bool = False) -> dict[str, bytes]:
+        """The bodies of ``keys`` not yet sent (all of them with ``resend``); marks them sent."""
+        out = {k: self._by_key[k] for k in keys if resend or k not in self._sent}
+        self._sent.update(out)
+        return out
+
+    def forget(self) -> None:
+        """The receiver was replaced: send every body again."""
+        self._sent.clear()
+
+
+async def deliver(shipper: Shipper, message: Any, send: Callable[[bytes, dict[str, bytes]], Awaitable[T]],
+                  shared: Iterable[Any] = ()) -> T:
+    """``send(blob, bodies)`` the message; once more with every body if the receiver lacks one."""
+    blob, keys = shipper.pack(message, shared)
+    try:
+        return await send(blob, shipper.bodies(keys))
+    except MissingShipment:
+        return await send(blob, shipper.bodies(keys, resend=True))
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, objects: dict[str, Any]) -> None:
+        super().__init__(file)
+        self._objects = objects
+
+    def persistent_load(self, key: Any) -> Any:
+        try:
+            return self._objects[key]
+        except KeyError:
+            raise MissingShipment(key) from None
+
+
+class Depot:
+    """The receiving side: the bodies received so far, and unpacking with them."""
+
+    def __init__(self) -> None:
+        self._objects: dict[str, Any] = {}
+
+    def unpack(self, blob: bytes, bodies: dict[str, bytes]) -> Any:
+        for key, body in bodies.items():
+            if key not in self._objects:
+                self._objects[key] = pickle.loads(body)
+        return _Unpickler(io.BytesIO(blob), self._objects).load()
+
+    def __len__(self) -> int:
+        return len(self._objects)

@@ -1,0 +1,98 @@
+"""Shipments: each class and shared object crosses to a receiver once (no Ray cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import sys
+import types
+
+import pytest
+from ray import cloudpickle
+
+from rollout_ray._shipment import Depot, MissingShipment, Shipper, deliver
+
+
+def _module_defined_by_value() -> types.ModuleType:
+    """A module workers could not import, as a taskset file loaded by path is."""
+    module = types.ModuleType("shipment_taskset")
+    exec(
+        "from pydantic import BaseModel\n"
+        "class Row(BaseModel):\n"
+        "    answer: int\n"
+        "class Harness:\n"
+        "    def __init__(self):\n"
+        "        self.calls = 0\n",
+        module.__dict__,
+    )
+    sys.modules[module.__name__] = module
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+@pytest.fixture
+def taskset():
+    module = _module_defined_by_value()
+    yield module
+    cloudpickle.unregister_pickle_by_value(module)
+    del sys.modules[module.__name__]
+
+
+def test_a_class_body_is_sent_once_and_rows_refer_to_it(taskset) -> None:
+    shipper, depot = Shipper(), Depot()
+    first_blob, keys = shipper.pack(taskset.Row(answer=1))
+    first_bodies = shipper.bodies(keys)
+    assert len(first_bodies) == 1  # the class, by value
+    second_blob, keys2 = shipper.pack(taskset.Row(answer=2))
+    assert keys2 == keys and shipper.bodies(keys2) == {}
+    # The row alone is small: no class definition inside.
+    assert len(second_blob) < len(pickle.dumps(first_bodies)) / 4
+    one = depot.unpack(first_blob, first_bodies)
+    two = depot.unpack(second_blob, {})
+    assert (one.answer, two.answer) == (1, 2)
+    assert type(one) is type(two)  # one class on the receiver, built once
+
+
+def test_shared_objects_arrive_once_and_stay_one_object(taskset) -> None:
+    shipper, depot = Shipper(), Depot()
+    harness = taskset.Harness()
+    received = []
+    for answer in range(3):
+        blob, keys = shipper.pack({"h": harness, "row": taskset.Row(answer=answer)}, shared=(harness,))
+        received.append(depot.unpack(blob, shipper.bodies(keys)))
+    assert received[0]["h"] is received[2]["h"]
+    assert [r["row"].answer for r in received] == [0, 1, 2]
+
+
+def test_a_receiver_without_a_body_says_which_key() -> None:
+    shipper = Shipper()
+    blob, keys = shipper.pack(Shipper)  # any class is shipped by key
+    shipper.bodies(keys)
+    with pytest.raises(MissingShipment) as missing:
+        Depot().unpack(blob, {})
+    assert {missing.value.key} == keys
+
+
+def test_deliver_resends_every_body_when_the_receiver_lost_them(taskset) -> None:
+    shipper = Shipper()
+    depots = [Depot()]
+    attempts: list[int] = []
+
+    async def send(blob: bytes, bodies: dict[str, bytes]) -> int:
+        attempts.append(len(bodies))
+        return depots[-1].unpack(blob, bodies).answer
+
+    async def main() -> list[int]:
+        got = [await deliver(shipper, taskset.Row(answer=1), send)]
+        depots.append(Depot())  # the receiver was replaced and knows nothing
+        got.append(await deliver(shipper, taskset.Row(answer=2), send))
+        return got
+
+    assert asyncio.run(main()) == [1, 2]
+    assert attempts == [1, 0, 1]  # sent, not resent, resent after MissingShipment
+
+
+def test_keys_are_content_hashes_shared_by_every_sender(taskset) -> None:
+    a, b = Shipper(), Shipper()
+    assert a.key_of(taskset.Row) == b.key_of(taskset.Row)
+    assert a.key_of(taskset.Row) != a.key_of(taskset.Harness)
