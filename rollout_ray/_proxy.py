@@ -4,10 +4,11 @@ One aiohttp server multiplexes many rollouts, each registered under two fresh se
 *model secret* (the harness's bearer for ``/v1/*``) and the *state secret* (``/task``). The
 pipeline itself lives in ``RolloutSession``; this module only maps HTTP onto it:
 
-* unknown or missing secret → 401; a body over ``max_body`` → 413; malformed JSON or a wrong
-  shape → 400 naming the field; a refused turn → 400 ``rollout stopped: <name>``; a released
-  session → 409 ``rollout concluded``; provider errors → their status; a hook failure or a
-  model client that raised something else → 502; our own bugs → 500.
+* unknown or missing secret → 401; a body over ``max_body`` → 413; a body not received within
+  ``read_timeout`` → 408; malformed JSON or a wrong shape → 400 naming the field; a refused
+  turn → 400 ``rollout stopped: <name>``; a released session → 409 ``rollout concluded``;
+  provider errors → their status; a hook failure or a model client that raised something
+  else → 502; our own bugs → 500.
 * an SDK retry (header ``x-stainless-retry-count`` > 0) of the request just answered is
   replayed verbatim, and a retry of one still in flight joins it: never sampled twice.
 * a session unregistered (sealed) cancels its in-flight handlers and never commits late.
@@ -43,6 +44,9 @@ log = logging.getLogger("rollout_ray")
 DEFAULT_MAX_BODY = 64 << 20
 """Largest request body accepted (bytes)."""
 
+DEFAULT_READ_TIMEOUT = 60.0
+"""Seconds a client has to send a request's headers, and then its whole body."""
+
 
 @dataclass
 class _Registration:
@@ -66,6 +70,8 @@ class HTTPInterception(Interception):
         port: 0 picks a free port.
         advertise_host: the host name put in ``base_url`` (default: ``host``).
         max_body: request bodies larger than this are answered 413.
+        read_timeout: a request's headers, and then its whole body, must arrive within this
+            many seconds (else the connection is closed, or the request answered 408).
     """
 
     def __init__(
@@ -75,10 +81,11 @@ class HTTPInterception(Interception):
         port: int = 0,
         advertise_host: str | None = None,
         max_body: int = DEFAULT_MAX_BODY,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
     ) -> None:
         self.host, self.port = host, port
         self.advertise_host = advertise_host or host
-        self.max_body = max_body
+        self.max_body, self.read_timeout = max_body, read_timeout
         self.base_url = ""
         self._by_model: dict[str, _Registration] = {}
         self._by_state: dict[str, _Registration] = {}
@@ -95,7 +102,11 @@ class HTTPInterception(Interception):
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/task", self._task)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # aiohttp's keep-alive timer also runs from a connection's start until its headers are
+        # complete, so it bounds a client that stalls mid-headers (its default is an hour).
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, keepalive_timeout=self.read_timeout
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -178,7 +189,15 @@ class HTTPInterception(Interception):
             registration.handlers.discard(task)
 
     async def _chat_registered(self, request: web.Request, reg: _Registration) -> web.StreamResponse:
-        body = await request.read()
+        try:
+            # Bounded: a client that sends its headers and then stalls or trickles the body
+            # would otherwise hold this handler forever (aiohttp has no body deadline).
+            async with asyncio.timeout(self.read_timeout):
+                body = await request.read()
+        except TimeoutError:
+            return _error(408, f"request body not received within {self.read_timeout:g}s")
+        except ConnectionError:  # the client hung up mid-body: nobody to answer, not our bug
+            return _error(400, "connection lost while reading the request body")
         digest = hashlib.blake2b(body, digest_size=16).digest()
         retry = _retry_count(request) > 0
         if retry and digest == reg.last_hash and reg.last_response is not None:
@@ -189,6 +208,8 @@ class HTTPInterception(Interception):
             chat_request, params, stream = parse_request(body)
         except WireError as e:
             return _error(400, str(e), kind="invalid_request_error", param=e.param)
+        except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
+            return _error(400, "invalid request: JSON nested too deeply", kind="invalid_request_error")
         session = reg.session
         if session.released:
             return _error(409, "rollout concluded")

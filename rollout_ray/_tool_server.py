@@ -5,7 +5,7 @@ a random token and yields ``{name: url}``. The URL is the capability: an unknown
 401, never another rollout's tools. ``GET <url>`` answers ``{"tools": [OpenAI specs]}``;
 ``POST <url>/call`` with ``{"name", "arguments"}`` answers ``{"content"}``,
 ``{"content", "is_error": true}`` when the tool raised or timed out (the model sees it, as
-with MCP), or 400 / 404 / 413 ``{"error"}``. Each call is reported to ``on_call`` as a
+with MCP), or 400 / 404 / 408 / 413 ``{"error"}``. Each call is reported to ``on_call`` as a
 ``ToolCallRecord``.
 """
 
@@ -33,6 +33,7 @@ from ._toolset import _NAME, DEFAULT_CALL_TIMEOUT, ToolInputError, Toolset, _inv
 from ._trace import ToolCallRecord
 
 DEFAULT_MAX_BODY = 16 << 20
+DEFAULT_READ_TIMEOUT = 60.0
 
 
 class _Call(msgspec.Struct):
@@ -61,13 +62,15 @@ class ToolServer:
 
     Binds ``host:port`` (port 0: a free one) and puts ``advertise_host`` in the URLs. A tool
     call running over ``call_timeout`` seconds is answered as an error; bodies over
-    ``max_body`` bytes get 413.
+    ``max_body`` bytes get 413. A request's headers, and then its body, must arrive within
+    ``read_timeout`` seconds (else the connection is closed, or the call answered 408).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
-                 call_timeout: float = DEFAULT_CALL_TIMEOUT, max_body: int = DEFAULT_MAX_BODY) -> None:
+                 call_timeout: float = DEFAULT_CALL_TIMEOUT, max_body: int = DEFAULT_MAX_BODY,
+                 read_timeout: float = DEFAULT_READ_TIMEOUT) -> None:
         self.host, self.port, self.advertise_host = host, port, advertise_host or host
-        self.call_timeout, self.max_body = call_timeout, max_body
+        self.call_timeout, self.max_body, self.read_timeout = call_timeout, max_body, read_timeout
         self.base_url = ""
         self._registrations: dict[str, _Registration] = {}
         self._runner: web.AppRunner | None = None
@@ -77,7 +80,10 @@ class ToolServer:
         app = web.Application(client_max_size=self.max_body)
         app.router.add_get("/t/{token}/{server}", self._handle)
         app.router.add_post("/t/{token}/{server}/call", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # aiohttp's keep-alive timer also runs from a connection's start until its headers are
+        # complete, so it bounds a client that stalls mid-headers (its default is an hour).
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     keepalive_timeout=self.read_timeout)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         try:
@@ -159,7 +165,11 @@ class ToolServer:
 
     async def _call(self, request: web.Request, reg: _Registration, toolset: Toolset) -> web.Response:
         try:
-            call = _CALL.decode(await request.read())
+            # Bounded: a client that sends its headers and then stalls or trickles the body
+            # would otherwise hold this handler forever (aiohttp has no body deadline).
+            async with asyncio.timeout(self.read_timeout):
+                raw = await request.read()
+            call = _CALL.decode(raw)
             args = call.arguments
             if isinstance(args, str):  # OpenAI tool calls carry their arguments as JSON text
                 args = msgspec.json.decode(args)
@@ -167,6 +177,12 @@ class ToolServer:
             return _error(413, f"request body over {self.max_body} bytes")
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
             return _error(400, f"invalid tool call body: {e}")
+        except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
+            return _error(400, "invalid tool call body: JSON nested too deeply")
+        except TimeoutError:
+            return _error(408, f"request body not received within {self.read_timeout:g}s")
+        except ConnectionError:  # the client hung up mid-body: nobody to answer, not our bug
+            return _error(400, "connection lost while reading the request body")
         started, deadline = time.monotonic(), asyncio.timeout(self.call_timeout)
         fn, status, error = None, 200, None
         try:
