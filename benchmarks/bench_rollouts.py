@@ -560,6 +560,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k1-actors", type=int, default=16, help="actors of capacity 1 (default 16)")
     p.add_argument("--kinds", default="single,tool", help="comma-separated: single, tool")
     p.add_argument("--skip-ray", action="store_true", help="only the asyncio rows")
+    p.add_argument("--skip-k1", action="store_true", help="no K=1 rows (they take minutes)")
     p.add_argument("--quick", action="store_true", help="N=100, concurrency 50, latency 0.2 (sanity run)")
     p.add_argument("--proxy-requests", type=int, default=300, help="sequential requests per path (default 300)")
     args = p.parse_args(argv)
@@ -625,7 +626,8 @@ async def main(args: argparse.Namespace) -> int:
             ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
             notes.append(f"ray.init: {time.perf_counter() - t0:.1f}s, {ray.cluster_resources().get('CPU', 0):g} CPUs")
             try:
-                for mode, actors, capacity in (("ray packed", args.actors, per_actor), ("ray K=1", args.k1_actors, 1)):
+                modes = [("ray packed", args.actors, per_actor)] + ([] if args.skip_k1 else [("ray K=1", args.k1_actors, 1)])
+                for mode, actors, capacity in modes:
                     ray_runner = RayRunner(url, actors, capacity)
                     try:
                         await ray_runner.start()
@@ -667,7 +669,7 @@ async def main(args: argparse.Namespace) -> int:
     out: list[list[str]] = []
     for kind in args.kinds:
         base = next((r for r in rows if r.mode == "asyncio" and r.kind == kind), None)
-        concurrencies = [c] + ([args.k1_actors] if not args.skip_ray and args.k1_actors != c else [])
+        concurrencies = [c] + ([args.k1_actors] if not (args.skip_ray or args.skip_k1) and args.k1_actors != c else [])
         for conc in concurrencies:
             ideal = ideal_wall(n, conc, kind, latency)
             out.append(["ideal", kind, str(n), str(conc), f"{ideal:.2f}", f"{n / ideal:.1f}", "1.00",

@@ -19,8 +19,8 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack, suppress
+from dataclasses import dataclass
 from typing import Any
-
 
 from ._aio import gather_all
 from ._errors import HarnessError, RolloutError, TaskError, ToolsetError, boundary
@@ -47,6 +47,15 @@ context manager yielding ``{server name: url}``; ``on_call`` receives each ``Too
 
 def _now() -> float:
     return time.time()
+
+
+@dataclass
+class _Segment:
+    """How one segment ended, before the trace holds what its proxy committed."""
+
+    turns_before: int
+    raised: Exception | None = None
+    expired: bool = False
 
 
 class Rollout:
@@ -121,6 +130,7 @@ class Rollout:
         self.harness_session: HarnessSession | None = None
         self._stack = AsyncExitStack()
         self._opened = self._closed = self._failed = False
+        self._unsettled: _Segment | None = None
         self.failure: BaseException | None = None
         """The latest failure recorded by ``fail``."""
 
@@ -276,39 +286,48 @@ class Rollout:
         Args:
             messages: the caller's new user turns; ``None`` launches the harness.
         """
-        if not self._opened or self._closed or not self.ok or self.harness_session is None:
+        segment = await self._run_segment(messages)
+        if segment is None:
             return False
-        turns_before = self.trace.num_turns
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        budget = self.remaining_agent_budget
-        self.deadline_at = None if budget is None else started + max(0.0, budget)
-        raised: Exception | None = None
-        expired = False
-        try:
-            async with asyncio.timeout_at(self.deadline_at):
-                await self._segment(messages)
-        except Exception as e:
-            raised = e
-            expired = self.deadline_at is not None and loop.time() >= self.deadline_at
-        finally:
-            if self.remaining_agent_budget is not None:
-                spent = loop.time() - started
-                self.remaining_agent_budget = max(0.0, self.remaining_agent_budget - spent)
-            self.deadline_at = None
         try:
             await self.interception.sync(self.session)
         except Exception as e:
             # What the proxy committed in this segment is out of reach: the run is lost.
             self.fail(e)
             return False
-        if raised is not None:
-            self._segment_failed(raised, expired)
+        return self._settle(segment)
+
+    async def _run_segment(self, messages: Sequence[Message] | None) -> _Segment | None:
+        """The segment itself, charged to the agent budget; ``None`` if none may run."""
+        if not self._opened or self._closed or not self.ok or self.harness_session is None:
+            return None
+        segment = _Segment(self.trace.num_turns)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        budget = self.remaining_agent_budget
+        self.deadline_at = None if budget is None else started + max(0.0, budget)
+        try:
+            async with asyncio.timeout_at(self.deadline_at):
+                await self._segment(messages)
+        except Exception as e:
+            segment.raised = e
+            segment.expired = self.deadline_at is not None and loop.time() >= self.deadline_at
+        finally:
+            if self.remaining_agent_budget is not None:
+                spent = loop.time() - started
+                self.remaining_agent_budget = max(0.0, self.remaining_agent_budget - spent)
+            self.deadline_at = None
+        return segment
+
+    def _settle(self, segment: _Segment) -> bool:
+        """Record how a segment ended, once the trace holds what its proxy committed."""
+        if segment.raised is not None:
+            self._segment_failed(segment.raised, segment.expired)
             return False
         if self.session.error is not None:
             self.fail(self.session.error)
             return False
-        return self.ok and self.trace.num_turns > turns_before
+        return self.ok and self.trace.num_turns > segment.turns_before
 
     async def _segment(self, messages: Sequence[Message] | None) -> None:
         assert self.harness_session is not None
@@ -360,6 +379,10 @@ class Rollout:
                     agent = self.trace.timing.agent
                     if agent.start and not agent.end:
                         agent.end = _now()
+                if self._unsettled is not None:  # run(): the sync came with the unregister
+                    self._settle(self._unsettled)
+                    if self.ok:
+                        self.trace.stop("agent_completed")
                 if not self._failed and self._opened:
                     await self._finalize_and_score()
             except Exception as e:
@@ -435,12 +458,15 @@ class Rollout:
     # -- the whole run ----------------------------------------------------------------------
 
     async def run(self) -> Trace:
-        """open → one step → ``agent_completed`` if still ok → close; abort on cancellation."""
+        """open → one step → ``agent_completed`` if still ok → close; abort on cancellation.
+
+        The step's sync is left to ``close``: leaving the interception brings back the same
+        delta, so a rollout served in another process pays one call fewer. Nothing runs in
+        between but closing the harness session, which does not read the trace.
+        """
         try:
             if await self.open():
-                await self.step()
-                if self.ok:
-                    self.trace.stop("agent_completed")
+                self._unsettled = await self._run_segment(None)
             return await self.close()
         except BaseException:
             await self.abort()
