@@ -72,6 +72,7 @@ from ._harness import HarnessSession as HarnessSession
 from ._runtime import ProgramResult as ProgramResult
 from ._runtime import Runtime as Runtime
 from ._local_runtime import LocalRuntime as LocalRuntime
+from ._sandbox_runtime import SandboxRuntime as SandboxRuntime
 from ._rollout import Rollout as Rollout
 from ._rollout_host import RolloutSpec as RolloutSpec
 from ._chat_harness import ChatHarness as ChatHarness
@@ -153,7 +154,8 @@ __all__ = [
     "intercept", "metric", "reward", "stop", "RolloutLimits", "RolloutTimeouts",
     # task, harness, runtime, rollout
     "Judge", "PluggedReward", "Task", "TaskConfig", "TaskData", "Harness", "HarnessContext",
-    "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "Rollout", "RolloutSpec",
+    "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "SandboxRuntime", "Rollout",
+    "RolloutSpec",
     "ChatHarness", "ProgramHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
     # the driver, Arrow and the env-level finalize
     "Driver", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",

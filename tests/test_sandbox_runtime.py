@@ -1,0 +1,307 @@
+"""SandboxRuntime: filesystem, PID and network isolation, limits, teardown, a full rollout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import process_alive, wait_exit
+from rollout_ray import (
+    Reward, Rollout, SandboxRuntime, Task, Toolset, ToolServer, Trace, reward, tool,
+)
+from rollout_ray._errors import SandboxError
+from rollout_ray._guardian import pids_with_marker
+from rollout_ray._local_runtime import RUNTIME_MARKER
+from rollout_ray._program_harness import ProgramHarness
+from rollout_ray._proxy import HTTPInterception
+from rollout_ray._sandbox_runtime import sandbox_unavailable
+from rollout_ray.testing import Reply, ScriptedModel
+
+REASON = sandbox_unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no sandbox on this machine: {REASON}")
+
+AGENT = [sys.executable, str(Path(__file__).resolve().parents[1] / "examples" / "agent_program.py")]
+
+
+@asynccontextmanager
+async def sandbox(tmp_path: Path, **kwargs: Any) -> AsyncIterator[SandboxRuntime]:
+    rt = SandboxRuntime(root=str(tmp_path), **kwargs)
+    await rt.start()
+    try:
+        yield rt
+    finally:
+        await rt.stop()
+
+
+def run(main: Callable[[], Any]) -> Any:
+    return asyncio.run(main())
+
+
+def py(code: str, *args: str) -> list[str]:
+    return [sys.executable, "-c", code, *args]
+
+
+def assert_all_killed(rt: SandboxRuntime) -> None:
+    """Nothing of the runtime is left: the last SIGKILLed processes may still be exiting."""
+    assert pids_with_marker(RUNTIME_MARKER, rt._token) == []
+    assert rt._cgroups is not None
+    for pid in rt._cgroups.pids():
+        wait_exit(pid, 5.0)
+
+
+def test_declares_what_it_enforces_and_validates_limits(tmp_path: Path) -> None:
+    assert SandboxRuntime.network_restricted
+    assert SandboxRuntime.enforces == {"filesystem", "pid", "network", "pids", "memory", "output"}
+    assert SandboxRuntime(pids_limit=None).enforces == SandboxRuntime.enforces - {"pids"}
+    with pytest.raises(ValueError, match=r"^`memory_limit` must be >= 1 or None, got 0$"):
+        SandboxRuntime(memory_limit=0)
+
+
+def test_work_dir_is_writable_and_the_system_read_only(tmp_path: Path) -> None:
+    outside = tmp_path / "host-file"
+    outside.write_text("host")
+
+    async def main() -> None:
+        async with sandbox(tmp_path) as rt:
+            assert rt.info().type == "sandbox"
+            await rt.write("in/put.txt", "from host")
+            await rt.write("/tmp/shared", "tmp from host")
+            script = (
+                "pwd; cat in/put.txt; echo; cat /tmp/shared; echo; echo made > out.txt; "
+                "for p in /usr/x /etc/x /x; do touch $p 2>/dev/null && echo wrote $p; done; "
+                f"test -e {outside} && echo sees host tmp; echo $HOME"
+            )
+            r = await rt.exec(["sh", "-c", script])
+            assert (r.exit_code, r.stderr) == (0, "")
+            assert r.stdout == f"{rt.id}\nfrom host\ntmp from host\n{rt.id}\n"
+            assert await rt.read("out.txt") == b"made\n"
+            r = await rt.exec(["sh", "-c", "echo kept > /tmp/later"])
+            assert await rt.read("/tmp/later") == b"kept\n"  # /tmp lives as long as the runtime
+            with pytest.raises(ValueError, match="outside the work directory and /tmp"):
+                await rt.write("/etc/x", "no")
+            with pytest.raises(ValueError, match="outside the work directory and /tmp"):
+                await rt.read("../" * 20 + "etc/hostname")
+            with pytest.raises(FileNotFoundError):
+                await rt.read(str(outside))  # the sandbox's /tmp is its own
+
+    run(main)
+
+
+def test_programs_have_their_own_pid_namespace(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with sandbox(tmp_path) as rt:
+            script = (f"echo $$; ls /proc | grep -c '^[0-9]'; "
+                      f"kill -0 {os.getpid()} 2>/dev/null || echo hidden")
+            r = await rt.exec(["sh", "-c", script])
+            pid, count, hidden = r.stdout.split()
+            assert int(pid) <= 3 and int(count) <= 5 and hidden == "hidden"
+
+    run(main)
+
+
+NETWORK_PROBE = """
+import json, socket, sys, urllib.request
+def probe(host, port):
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+        return "connected"
+    except OSError as e:
+        return type(e).__name__
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+try:
+    route = opener.open(sys.argv[1], timeout=5).read().decode()
+except OSError as e:
+    route = type(e).__name__
+print(json.dumps({"route": route, "other": probe("127.0.0.1", int(sys.argv[2])),
+                  "ray": probe("127.0.0.1", int(sys.argv[3])),
+                  "outside": probe("10.255.255.1", 80), "dns": probe("1.1.1.1", 53)}))
+"""
+
+
+@asynccontextmanager
+async def http_server(body: bytes) -> AsyncIterator[int]:
+    """A one-answer HTTP server on 127.0.0.1; yields its port."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                     % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+def test_network_is_only_the_framework_routes(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with (sandbox(tmp_path) as rt, http_server(b"route ok") as route,
+                    http_server(b"other") as other, http_server(b"ray") as ray_like):
+            url = f"http://127.0.0.1:{route}/v1/models"
+            assert rt.host_url(url) == url
+            await rt.prepare_execution([url, f"http://127.0.0.1:{route}/tool/x"])
+            r = await rt.exec(py(NETWORK_PROBE, url, str(other), str(ray_like)), timeout=30)
+            assert r.exit_code == 0, r.stderr
+            assert json.loads(r.stdout) == {
+                "route": "route ok", "other": "ConnectionRefusedError",
+                "ray": "ConnectionRefusedError", "outside": "OSError", "dns": "OSError",
+            }
+            await rt.prepare_execution(None)  # no routes: nothing at all
+            r = await rt.exec(py(NETWORK_PROBE, url, str(other), str(ray_like)), timeout=30)
+            assert json.loads(r.stdout)["route"] == "URLError"
+
+    run(main)
+
+
+def test_remote_routes_are_served_on_loopback_and_bad_routes_refused(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with sandbox(tmp_path) as rt:
+            url = rt.host_url("http://10.1.2.3:8080/v1")
+            assert url == "http://127.0.0.1:8080/v1"
+            await rt.prepare_execution([url])
+            routes = [(p, r.host, r.port) for p, r in rt._routes.items()]
+            assert routes == [(8080, "10.1.2.3", 8080)]
+            with pytest.raises(ValueError, match=r"^route 'ftp://127.0.0.1:2121/' must be an http"):
+                await rt.prepare_execution(["ftp://127.0.0.1:2121/"])
+        with pytest.raises(SandboxError, match="is stopped"):
+            await rt.prepare_execution([url])
+
+    run(main)
+
+
+FORK_BOMB = """
+import os, signal
+count = 0
+while True:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        signal.pause()
+    count += 1
+print(count)
+"""
+
+ENDLESS_FORK_BOMB = """
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+
+
+def test_fork_bomb_is_bounded_and_killed(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with sandbox(tmp_path, pids_limit=32) as rt:
+            r = await rt.exec(py(FORK_BOMB), timeout=30)
+            assert r.exit_code == 0 and 0 < int(r.stdout) < 32
+            r = await rt.exec(py(ENDLESS_FORK_BOMB), timeout=0.5)
+            assert r.timed_out and r.exit_code == -9
+            assert_all_killed(rt)
+            assert (await rt.exec(["true"])).exit_code == 0  # the runtime still works
+
+    run(main)
+
+
+def test_memory_hog_is_killed(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with sandbox(tmp_path, memory_limit=64 << 20) as rt:
+            r = await rt.exec(py("b = bytearray(512 << 20); print('survived')"), timeout=30)
+            assert r.exit_code == 128 + 9 and r.stdout == ""
+
+    run(main)
+
+
+def test_output_flood_is_truncated(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with sandbox(tmp_path) as rt:
+            r = await rt.exec(["sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' x"],
+                              max_output=1000, timeout=30)
+            assert r.exit_code == 0 and r.stdout == "x" * 1000 and r.stdout_truncated
+
+    run(main)
+
+
+def test_timeout_kills_the_whole_tree(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with sandbox(tmp_path) as rt:
+            script = "env -i sleep 30 & setsid sleep 30 & echo started >&2; wait"
+            r = await rt.exec(["sh", "-c", script], timeout=0.5)
+            assert r.timed_out and r.exit_code == -9 and r.stderr == "started\n"
+            assert_all_killed(rt)
+
+    run(main)
+
+
+def test_stop_kills_everything_and_removes_its_dirs(tmp_path: Path) -> None:
+    async def main() -> None:
+        rt = SandboxRuntime(root=str(tmp_path))
+        await rt.start()
+        assert rt._cgroups is not None and rt._base is not None
+        cgroups, base = list(rt._cgroups.dirs), rt._base
+        os.mkfifo(os.path.join(rt.id, "ready"))
+        running = asyncio.ensure_future(
+            rt.exec(["sh", "-c", "env -i sleep 1000 & echo go > ready; wait"], timeout=30)
+        )
+        async with asyncio.timeout(10):
+            await asyncio.to_thread(Path(rt.id, "ready").read_text)  # returns once it wrote
+        pids = rt._cgroups.pids()
+        assert len(pids) >= 4  # bwrap, its init, sh, sleep
+        await rt.stop()
+        with pytest.raises(SandboxError, match="runtime .* stopped"):
+            await running
+        assert [p for p in pids if process_alive(p)] == []
+        assert not os.path.exists(base) and not any(os.path.exists(d) for d in cgroups)
+        assert os.listdir(tmp_path) == []
+
+    run(main)
+
+
+class Calc(Toolset):
+    @tool
+    def add(self, a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+
+class Arith(Task):
+    @classmethod
+    def toolsets(cls, config: Any) -> list[Any]:
+        return [Calc()]
+
+    @reward
+    def correct(self, trace: Trace) -> float:
+        return float(trace.last_reply == "3")
+
+
+def test_program_rollout_reaches_proxy_and_tools_from_the_sandbox(tmp_path: Path) -> None:
+    model = ScriptedModel([Reply(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
+
+    async def main() -> Trace:
+        async with HTTPInterception() as proxy, ToolServer() as tools:
+            return await Rollout(
+                Arith({"prompt": "1+2?"}), ProgramHarness(AGENT, timeout=60), model=model,
+                interception=proxy, tool_server=tools.serve,
+                runtime_factory=lambda name: SandboxRuntime(name, root=str(tmp_path)),
+            ).run()
+
+    trace = run(main)
+    assert trace.errors == []
+    assert (trace.ok, trace.stop_condition, trace.num_turns) == (True, "agent_completed", 2)
+    assert trace.agent.runtime is not None and trace.agent.runtime.type == "sandbox"
+    assert trace.rewards == {"correct": Reward(1.0)}
+    assert os.listdir(tmp_path) == []
