@@ -194,6 +194,9 @@ class Rollout:
         endpoint = runtime.host_url(slot.base_url) + "/v1"
         tool_urls = await self._serve_tools(toolsets, runtime, slot.state_secret)
         await runtime.prepare_execution([endpoint, *tool_urls.values()])
+        if self.task.data.network_policy and "network" not in runtime.enforces:
+            log.warning("rollout %s: task %s asks for a network policy; a %r runtime does not "
+                        "enforce one (use SandboxRuntime)", self.trace.id, self.task.data.idx, runtime.type)
         with boundary(HarnessError, "opening harness session"):
             data = await harness_data(self.task.data, self.harness, self.session, self.interception)
             if self.session.stopped:

@@ -44,6 +44,17 @@ class TaskData(BaseModel):
     """System prompt given to the harness."""
     timeout: RolloutTimeouts | None = None
     """Per-task phase timeouts, used where the rollout sets none (B43)."""
+    network_allow: list[str] | None = None
+    """Hosts the agent may reach besides the framework routes; ``None`` asks for no policy
+    (upstream's ``["*"]``), ``[]`` for the framework routes only. Enforced only by a runtime
+    whose ``enforces`` holds ``"network"``; others log a warning (B6)."""
+    network_block: list[str] | None = None
+    """Hosts the agent must not reach; ``None`` blocks nothing."""
+
+    @property
+    def network_policy(self) -> bool:
+        """True when the row asks to restrict the agent's network."""
+        return self.network_allow not in (None, ["*"]) or bool(self.network_block)
 
 
 class PluggedReward(BaseModel):
