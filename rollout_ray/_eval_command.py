@@ -9,15 +9,19 @@ import importlib.util
 import os
 import sys
 import time
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from types import ModuleType
 from typing import Any
 
-from ._driver import Driver, EvalConfig, Progress
+from ._driver import Driver, EvalConfig, Progress, RunResult
 from ._executor import Executor, LocalExecutor
+from ._harness import Harness
 from ._limits import RolloutLimits
+from ._model import Model
 from ._simulated_model import SimulatedModelConfig, SimulatedModelServer
 from ._summary import format_summary, plot, summarize
+from ._task import Task
 from ._upstream import OpenAIModel
 
 
@@ -47,11 +51,19 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=_report)
 
 
-def load_taskset(ref: str) -> ModuleType:
-    """Import a taskset from a file path or a module name."""
+class TasksetError(ValueError):
+    """A taskset reference that names no file, or a module without ``tasks()`` / ``harness()``."""
+
+
+def import_taskset(ref: str) -> ModuleType:
+    """Import a taskset from a file path or a module name.
+
+    Raises:
+        TasksetError: no such file, or ``tasks`` / ``harness`` is not a function of it.
+    """
     if ref.endswith(".py") or os.path.sep in ref:
         if not os.path.exists(ref):
-            raise SystemExit(f"rollout-ray eval: no such file: {ref}")
+            raise TasksetError(f"no such file: {ref}")
         name = "taskset_" + os.path.splitext(os.path.basename(ref))[0]
         spec = importlib.util.spec_from_file_location(name, ref)
         assert spec is not None and spec.loader is not None
@@ -62,22 +74,53 @@ def load_taskset(ref: str) -> ModuleType:
         module = importlib.import_module(ref)
     for needed in ("tasks", "harness"):
         if not callable(getattr(module, needed, None)):
-            raise SystemExit(f"rollout-ray eval: {ref} must define {needed}() (see `rollout-ray eval --help`)")
+            raise TasksetError(f"{ref} must define {needed}() (see `rollout-ray eval --help`)")
     return module
 
 
-def _config(module: ModuleType, args: argparse.Namespace) -> EvalConfig:
+def load_taskset(ref: str) -> ModuleType:
+    """``import_taskset`` for the command line: a bad reference exits with its message."""
+    try:
+        return import_taskset(ref)
+    except TasksetError as e:
+        raise SystemExit(f"rollout-ray eval: {e}") from None
+
+
+def eval_config(
+    module: ModuleType,
+    *,
+    samples: int | None = None,
+    max_in_flight: int | None = None,
+    model_name: str | None = None,
+    limits: Mapping[str, int | None] | None = None,
+    sampling: Mapping[str, Any] | None = None,
+    finalize: Mapping[str, Any] | None = None,
+) -> EvalConfig:
+    """The taskset's ``config`` (or the defaults) with the given settings laid over it.
+
+    ``limits``, ``sampling`` and ``finalize`` override single fields of the taskset's own.
+    """
     base: EvalConfig = getattr(module, "config", None) or EvalConfig()
     update: dict[str, Any] = {}
-    if args.samples is not None:
-        update["samples_per_task"] = args.samples
-    if args.max_in_flight is not None:
-        update["max_in_flight"] = args.max_in_flight
-    if args.max_turns is not None:
-        update["limits"] = RolloutLimits(**{**vars(base.limits), "max_turns": args.max_turns})
-    if args.model is not None:
-        update["model_name"] = args.model
+    if samples is not None:
+        update["samples_per_task"] = samples
+    if max_in_flight is not None:
+        update["max_in_flight"] = max_in_flight
+    if limits:
+        update["limits"] = RolloutLimits(**{**vars(base.limits), **limits})
+    if model_name is not None:
+        update["model_name"] = model_name
+    if sampling:
+        update["sampling"] = {**base.sampling, **sampling}
+    if finalize:
+        update["finalize"] = {**base.finalize.model_dump(), **finalize}
     return EvalConfig.model_validate({**base.model_dump(), **update}) if update else base
+
+
+def _config(module: ModuleType, args: argparse.Namespace) -> EvalConfig:
+    limits = {"max_turns": args.max_turns} if args.max_turns is not None else None
+    return eval_config(module, samples=args.samples, max_in_flight=args.max_in_flight,
+                       model_name=args.model, limits=limits)
 
 
 def _printer(stream: Any) -> Any:
@@ -99,15 +142,50 @@ def _printer(stream: Any) -> Any:
     return show
 
 
-def _executor(args: argparse.Namespace, module: ModuleType) -> Executor:
-    if args.executor == "local":
+def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: int = 64,
+                  address: str | None = None) -> Executor:
+    """``"local"``: this process, no Ray; ``"ray"``: rollout actors (starts or joins Ray)."""
+    if kind == "local":
         return LocalExecutor()
     import ray
 
     from ._ray_executor import RayExecutor
 
     ray.cloudpickle.register_pickle_by_value(module)  # workers cannot import a taskset file
-    return RayExecutor(actors=args.actors, capacity=args.capacity, address=args.address)
+    return RayExecutor(actors=actors, capacity=capacity, address=address)
+
+
+async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None, api_key_env: str,
+                     simulated: SimulatedModelConfig | None = None) -> tuple[OpenAIModel, str]:
+    """The upstream model and a description of where it is; closed when ``stack`` closes.
+
+    Without ``url``, a built-in simulated model server is started on ``stack`` with the
+    ``simulated`` settings (default: ``SimulatedModelConfig()``).
+    """
+    if url:
+        model = OpenAIModel(url, name=name, api_key=os.environ.get(api_key_env))
+        where = url
+    else:
+        simulated = simulated or SimulatedModelConfig()
+        server = await stack.enter_async_context(SimulatedModelServer(simulated))
+        model = OpenAIModel(server.base_url, name=simulated.model_name)  # type: ignore[arg-type]
+        where = f"built-in simulated model at {server.base_url}"
+    stack.push_async_callback(model.aclose)
+    return model, where
+
+
+async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harness, model: Model,
+                executor: Executor, config: EvalConfig, out: str, *, resume: bool,
+                manifest_config: dict[str, Any]) -> RunResult:
+    """One eval run into ``out``, with eval's header and progress line on stderr."""
+    print(f"{label}: {len(tasks)} tasks × {config.samples_per_task} samples, "
+          f"model: {manifest_config['model']}, run dir: {out}", file=sys.stderr)
+    driver = Driver(tasks, harness, model, executor=executor, config=config, run_dir=out,
+                    resume=resume, judge=getattr(module, "judge", None),
+                    on_progress=_printer(sys.stderr), manifest_config=manifest_config)
+    result = await driver.arun()
+    print(file=sys.stderr)
+    return result
 
 
 async def _eval_async(args: argparse.Namespace) -> int:
@@ -118,24 +196,15 @@ async def _eval_async(args: argparse.Namespace) -> int:
         tasks = tasks[: args.limit]
     out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     async with AsyncExitStack() as stack:
-        if args.model_url:
-            model = OpenAIModel(args.model_url, name=args.model, api_key=os.environ.get(args.api_key_env))
-            where = args.model_url
-        else:
-            server = await stack.enter_async_context(
-                SimulatedModelServer(SimulatedModelConfig(ttft=args.sim_ttft)))
-            model = OpenAIModel(server.base_url, name="simulated")  # type: ignore[arg-type]
-            where = f"built-in simulated model at {server.base_url}"
-        executor = await stack.enter_async_context(_executor(args, module))
-        print(f"eval {args.taskset}: {len(tasks)} tasks × {config.samples_per_task} samples, "
-              f"model: {where}, run dir: {out}", file=sys.stderr)
-        driver = Driver(tasks, module.harness(), model, executor=executor, config=config, run_dir=out,
-                        resume=args.resume, judge=getattr(module, "judge", None),
-                        on_progress=_printer(sys.stderr),
-                        manifest_config={"taskset": args.taskset, "model": where})
-        result = await driver.arun()
-        await model.aclose()
-    print(file=sys.stderr)
+        simulated = None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
+        model, where = await open_model(stack, url=args.model_url, name=args.model,
+                                        api_key_env=args.api_key_env, simulated=simulated)
+        executor = await stack.enter_async_context(
+            make_executor(args.executor, module, actors=args.actors, capacity=args.capacity,
+                          address=args.address))
+        result = await drive(f"eval {args.taskset}", module, tasks, module.harness(), model, executor,
+                             config, out, resume=args.resume,
+                             manifest_config={"taskset": args.taskset, "model": where})
     print(format_summary(summarize(result.samples, result.groups)))
     print(f"run dir: {out}")
     if result.status != "completed":

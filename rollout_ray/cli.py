@@ -2,11 +2,13 @@
 
     rollout-ray eval TASKSET [--out DIR] [--resume] [--model-url URL] [--samples N] ...
     rollout-ray report RUN_DIR [--plot PNG]
+    rollout-ray sweep GRID.toml [--out DIR] [--resume] [--executor ray|local]
     rollout-ray serve-model [--host H] [--port P] [--ttft S] ...
 
 A TASKSET is a ``.py`` file or an importable module defining ``tasks()`` (an iterable of
 ``Task``) and ``harness()`` (a ``Harness``); optionally ``config`` (an ``EvalConfig`` with the
-taskset's defaults) and ``judge`` (the cross-trace finalize hook).
+taskset's defaults) and ``judge`` (the cross-trace finalize hook). A GRID file is described
+in ``rollout_ray._sweep`` and ``examples/sweep.toml``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
 
     add_eval_arguments(sub.add_parser("eval", help="run a taskset and summarise it"))
     add_report_arguments(sub.add_parser("report", help="summarise a run directory and plot it"))
+    from ._sweep import add_sweep_arguments
+
+    add_sweep_arguments(sub.add_parser("sweep", help="eval every point of a grid and compare them"))
     serve = sub.add_parser("serve-model", help="serve the built-in simulated OpenAI-compatible model")
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
     serve.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
