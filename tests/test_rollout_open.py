@@ -334,3 +334,29 @@ def test_b15_the_prompts_own_system_message_survives_interception() -> None:
     r = make_rollout(Noop({"prompt": prompt}), model=model)
     run(r.run())
     assert [m.role for m in model.requests[0].messages] == ["system", "user"]
+
+
+@pytest.mark.parametrize("policy", [{"network_allow": []}, {"network_block": ["example.com"]}])
+def test_b6_a_network_policy_on_a_runtime_that_cannot_enforce_it_warns(
+    policy: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    rollout = make_rollout(EchoTask({"prompt": "hi", **policy}))
+    trace = run(rollout.run())
+    assert trace.ok  # a warning, not a failure: the runtime still runs the agent
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "asks for a network policy" in warning.getMessage() and "'memory'" in warning.getMessage()
+
+
+def test_b6_no_policy_asked_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    rollout = make_rollout(EchoTask({"prompt": "hi", "network_allow": ["*"]}))
+    assert run(rollout.run()).ok
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_b6_a_runtime_that_enforces_the_network_does_not_warn(caplog: pytest.LogCaptureFixture) -> None:
+    class Enforcing(MemoryRuntime):
+        enforces = frozenset({"network"})
+
+    rollout = make_rollout(EchoTask({"prompt": "hi", "network_allow": []}), runtime_factory=Enforcing)
+    assert run(rollout.run()).ok
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
