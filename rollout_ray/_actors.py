@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,8 +25,9 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ._coalesce import Coalescer
 from ._interception import ChatClient, Interception, Slot
-from ._interception_host import Cursor, InterceptionHost, SessionSpec, apply_delta
+from ._interception_host import Cursor, InterceptionHost, SessionDelta, SessionSpec, apply_delta
 from ._messages import Message, Request
 from ._rollout_host import RolloutHost, RolloutSpec
 from ._runtime import Runtime
@@ -54,8 +55,12 @@ class _InterceptionService(InterceptionHost):
         super().__init__()
         self._depot = Depot()
 
-    async def register_shipped(self, blob: bytes, bodies: dict[str, bytes]) -> Slot:
-        return await self.register(self._depot.unpack(blob, bodies))
+    async def register_many(self, items: list[tuple[bytes, dict[str, bytes]]]) -> list[Slot | Exception]:
+        """Register each shipped ``SessionSpec``; an item that fails answers its exception."""
+        return [await _outcome(self.register(self._depot.unpack(blob, bodies))) for blob, bodies in items]
+
+    async def unregister_many(self, items: list[tuple[str, Cursor]]) -> list[Any]:
+        return [await _outcome(self.unregister(secret, since)) for secret, since in items]
 
 
 class _ToolService(ToolHost):
@@ -65,8 +70,20 @@ class _ToolService(ToolHost):
         super().__init__()
         self._depot = Depot()
 
-    async def register_shipped(self, blob: bytes, bodies: dict[str, bytes]) -> tuple[str, dict[str, str]]:
-        return await self.register(*self._depot.unpack(blob, bodies))
+    async def register_many(self, items: list[tuple[bytes, dict[str, bytes]]]) -> list[Any]:
+        """Register each shipped ``(toolsets, runtime, state_secret)``."""
+        return [await _outcome(self.register(*self._depot.unpack(blob, bodies))) for blob, bodies in items]
+
+    async def unregister_many(self, keys: list[str]) -> list[Any]:
+        return [await _outcome(self.unregister(key)) for key in keys]
+
+
+async def _outcome(call: Awaitable[Any]) -> Any:
+    """A batch item's result, or its exception as a value (it must not sink its neighbours)."""
+    try:
+        return await call
+    except Exception as e:
+        return e
 
 
 _RuntimeActor = ray.remote(num_cpus=0, max_concurrency=1000)(RuntimeHost)
@@ -85,12 +102,17 @@ class RayInterception(Interception):
         self._owner = owner
         self._secrets: dict[int, str] = {}
         self._shipper = Shipper()
+        # Rollouts of one host start and end in bursts: their calls travel in batches.
+        self._register: Coalescer[tuple[bytes, dict[str, bytes]], Slot] = Coalescer(
+            lambda items: _call(actor.register_many.remote(items)))
+        self._unregister: Coalescer[tuple[str, Cursor], SessionDelta | None] = Coalescer(
+            lambda items: _call(actor.unregister_many.remote(items)))
 
     @asynccontextmanager
     async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:  # type: ignore[override]
         slot: Slot = await deliver(
             self._shipper, SessionSpec.of(session, self._owner),
-            lambda blob, bodies: _call(self._actor.register_shipped.remote(blob, bodies)),
+            lambda blob, bodies: self._register((blob, bodies)),
             shared=(session.model,),
         )
         self._secrets[id(session)] = slot.model_secret
@@ -99,7 +121,7 @@ class RayInterception(Interception):
         finally:
             del self._secrets[id(session)]
             try:
-                change = await _call(self._actor.unregister.remote(slot.model_secret, Cursor.of(session.trace)))
+                change = await self._unregister((slot.model_secret, Cursor.of(session.trace)))
             finally:
                 session.release()
             if change is not None:
@@ -125,6 +147,10 @@ class RayToolServer:
     def __init__(self, actor: Any) -> None:
         self._actor = actor
         self._shipper = Shipper()
+        self._register: Coalescer[tuple[bytes, dict[str, bytes]], tuple[str, dict[str, str]]] = Coalescer(
+            lambda items: _call(actor.register_many.remote(items)))
+        self._unregister: Coalescer[str, list[ToolCallRecord]] = Coalescer(
+            lambda keys: _call(actor.unregister_many.remote(keys)))
 
     @asynccontextmanager
     async def serve(self, toolsets: Sequence[Toolset], runtime: Runtime | None, state_secret: str, *,
@@ -134,12 +160,12 @@ class RayToolServer:
         needed = runtime if any(t.wants_runtime() for t in toolsets) else None
         key, urls = await deliver(
             self._shipper, (list(toolsets), needed, state_secret),
-            lambda blob, bodies: _call(self._actor.register_shipped.remote(blob, bodies)),
+            lambda blob, bodies: self._register((blob, bodies)),
         )
         try:
             yield urls
         finally:
-            records: list[ToolCallRecord] = await _call(self._actor.unregister.remote(key))
+            records = await self._unregister(key)
             for record in records if on_call is not None else ():
                 on_call(record)
 
