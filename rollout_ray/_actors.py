@@ -48,11 +48,23 @@ SHUTDOWN_GRACE = 5.0
 
 
 
+SERVICE_HOST_VARIABLE = "ROLLOUT_RAY_SERVICE_HOST"
+"""Where the node services bind (default 127.0.0.1: runtimes on the same node only). Set it
+in the environment of every node's ``ray start`` (e.g. to ``0.0.0.0``) when runtimes on other
+machines must reach a node's proxy and tools; a wildcard advertises the node's IP."""
+
+
+def _service_hosts() -> dict[str, str]:
+    host = os.environ.get(SERVICE_HOST_VARIABLE, "127.0.0.1")
+    advertise = ray.util.get_node_ip_address() if host in ("0.0.0.0", "::") else host
+    return {"host": host, "advertise_host": advertise}
+
+
 class _InterceptionService(InterceptionHost):
     """``InterceptionHost`` taking its registrations as shipments (``_shipment``)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(**_service_hosts())
         self._depot = Depot()
 
     async def register_many(self, items: list[tuple[bytes, dict[str, bytes]]]) -> list[Slot | Exception]:
@@ -67,7 +79,7 @@ class _ToolService(ToolHost):
     """``ToolHost`` taking its registrations as shipments (``_shipment``)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(**_service_hosts())
         self._depot = Depot()
 
     async def register_many(self, items: list[tuple[bytes, dict[str, bytes]]]) -> list[Any]:

@@ -133,3 +133,16 @@ def test_borrowed_runtime_already_stopped_raises_to_the_caller() -> None:
         await pool.aclose()
 
     asyncio.run(main())
+
+
+def test_node_services_bind_loopback_unless_told_and_advertise_the_node_ip_on_a_wildcard(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rollout_ray._actors import SERVICE_HOST_VARIABLE, _service_hosts
+
+    monkeypatch.delenv(SERVICE_HOST_VARIABLE, raising=False)
+    assert _service_hosts() == {"host": "127.0.0.1", "advertise_host": "127.0.0.1"}
+    monkeypatch.setenv(SERVICE_HOST_VARIABLE, "0.0.0.0")
+    assert _service_hosts() == {"host": "0.0.0.0", "advertise_host": ray.util.get_node_ip_address()}
+    monkeypatch.setenv(SERVICE_HOST_VARIABLE, "10.1.2.3")
+    assert _service_hosts() == {"host": "10.1.2.3", "advertise_host": "10.1.2.3"}
