@@ -125,7 +125,21 @@ def parse_request(body: bytes) -> tuple[Request, dict[str, Any], bool]:
     messages = [_to_message(m, i) for i, m in enumerate(wire.messages)]
     tools = [_to_tool(t) for t in wire.tools] if wire.tools else None
     params = {k: v for k, v in raw.items() if k not in _STRUCTURAL}
+    for key, value in params.items():
+        _check_integers(value, key)
     return Request(messages, tools), params, wire.stream
+
+
+def _check_integers(value: Any, param: str) -> None:
+    """Params are recorded on the trace, whose msgpack holds 64-bit integers at most."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -(1 << 63) <= value < (1 << 64):
+        raise WireError(f"invalid request: `{param}` is out of the 64-bit integer range", param)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_integers(v, f"{param}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_integers(v, f"{param}[{i}]")
 
 
 def _param_of(message: str) -> str | None:

@@ -95,6 +95,14 @@ def test_400_names_the_bad_field() -> None:
             assert (status, body["error"]["param"]) == (400, "messages[0].tool_call_id")
             status, body = await post(client, slot, {"model": "m"})
             assert status == 400 and "messages" in body["error"]["message"]
+            # Recorded params must fit the trace's msgpack (found by the security suite).
+            huge = {"messages": [{"role": "user", "content": "hi"}], "seed": 2**70,
+                    "extra_body": {"n": [1, -(2**64)]}}
+            status, body = await post(client, slot, huge)
+            assert (status, body["error"]["param"]) == (400, "seed")
+            del huge["seed"]
+            status, body = await post(client, slot, huge)
+            assert (status, body["error"]["param"]) == (400, "extra_body.n[1]")
 
     run(main)
 
