@@ -43,7 +43,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -144,9 +144,9 @@ def _stat_fields(pid: int) -> list[bytes] | None:
     return data[data.rindex(b")") + 2 :].split()
 
 
-def tree_cpu() -> dict[int, float]:
-    """{pid: CPU seconds} for this process and every descendant: utime + stime, plus
-    cutime + cstime (the CPU of children that exited and were reaped inside the tree)."""
+def tree_cpu(roots: Iterable[int] | None = None) -> dict[int, float]:
+    """{pid: CPU seconds} for this process (or ``roots``) and every descendant: utime + stime,
+    plus cutime + cstime (the CPU of children that exited and were reaped inside the tree)."""
     children: dict[int, list[int]] = defaultdict(list)
     cpu: dict[int, float] = {}
     for entry in os.listdir("/proc"):
@@ -156,12 +156,12 @@ def tree_cpu() -> dict[int, float]:
                 children[int(fields[1])].append(int(entry))
                 cpu[int(entry)] = sum(int(x) for x in fields[11:15]) / TICK
     out: dict[int, float] = {}
-    todo = [os.getpid()]
+    todo = [os.getpid()] if roots is None else list(roots)
     while todo:
         pid = todo.pop()
-        if pid in cpu:
+        if pid in cpu and pid not in out:
             out[pid] = cpu[pid]
-        todo.extend(children.get(pid, ()))
+            todo.extend(children.get(pid, ()))
     return out
 
 
@@ -197,7 +197,7 @@ def kind_of(pid: int) -> str:
         scripts = [a for a in argv[1:4] if a.endswith(".py")]
         kind = os.path.basename(scripts[0] if scripts else argv[0])
         kind = {"default_worker.py": "ray worker (starting)"}.get(kind, kind)
-    if kind != "ray worker (starting)":
+    if kind not in ("ray worker (starting)", "ray::IDLE"):  # these become actors later
         _KINDS[pid] = kind
     return kind
 
@@ -466,6 +466,8 @@ class Row:
     wall: float = 0.0
     cpu_s: float = 0.0
     by_kind: dict[str, float] = field(default_factory=dict)
+    by_pid: dict[int, float] = field(default_factory=dict)
+    """CPU seconds per process of the tree during the row."""
     others_cores: float = 0.0
     idle_cores: float = 0.0
     failed: int = 0
@@ -503,8 +505,13 @@ def start_model(latency: float) -> tuple[subprocess.Popen[str], str]:
 
 
 async def measure(label: str, executor: Any, module: Any, model: Any, n: int, concurrency: int,
-                  latency: float, idle_probe: float = 1.0) -> Row:
+                  latency: float, idle_probe: float = 1.0,
+                  roots: Callable[[], Iterable[int]] | None = None) -> Row:
+    """One Driver run. ``roots``: the processes whose trees are measured (default: this one)."""
     from rollout_ray import Driver, EvalConfig
+
+    def cpu_now() -> dict[int, float]:
+        return tree_cpu(None if roots is None else roots())
 
     row = Row(label, n, concurrency, latency)
     tasks = module.tasks(math.ceil(n / SAMPLES_PER_TASK))
@@ -513,9 +520,9 @@ async def measure(label: str, executor: Any, module: Any, model: Any, n: int, co
     gc.collect()
     # Background CPU of the tree while nothing runs (Ray's gcs, raylet, idle workers).
     if idle_probe > 0:
-        c0 = tree_cpu()
+        c0 = cpu_now()
         await asyncio.sleep(idle_probe)
-        row.idle_cores = (sum(tree_cpu().values()) - sum(c0.values())) / idle_probe
+        row.idle_cores = (sum(cpu_now().values()) - sum(c0.values())) / idle_probe
     try:
         def on_progress(progress: Any) -> None:
             # Called at most every 0.5 s, and once more when the last rollout is stored.
@@ -525,11 +532,11 @@ async def measure(label: str, executor: Any, module: Any, model: Any, n: int, co
                         run_dir=os.path.join(run_dir, "run"), on_progress=on_progress)
         row.rss_start = status_kib("VmRSS") * 1024
         with RssSampler(0.1) as sampler:
-            before, busy0 = tree_cpu(), machine_busy()
+            before, busy0 = cpu_now(), machine_busy()
             t0 = time.perf_counter()
             result = await driver.arun()
             row.wall = time.perf_counter() - t0
-            after, busy1 = tree_cpu(), machine_busy()
+            after, busy1 = cpu_now(), machine_busy()
             row.rss_end = status_kib("VmRSS") * 1024
         row.rss_peak = max(sampler.peak, row.rss_end)
     finally:
@@ -538,6 +545,7 @@ async def measure(label: str, executor: Any, module: Any, model: Any, n: int, co
     for pid, cpu in after.items():
         by_kind[kind_of(pid)] += cpu - before.get(pid, 0.0)
     row.by_kind = dict(by_kind)
+    row.by_pid = {pid: cpu - before.get(pid, 0.0) for pid, cpu in after.items()}
     row.rss_by_kind = rss_by_kind(after)
     row.cpu_s = sum(by_kind.values())
     row.others_cores = max(0.0, (busy1 - busy0) - row.cpu_s) / row.wall
