@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
@@ -12,6 +13,8 @@ from ._actors import SHUTDOWN_GRACE, RolloutActor, forget_dead_actor
 from ._executor import Executor, InfrastructureLost
 from ._rollout_host import RolloutSpec
 from ._trace import Trace
+
+_SPREAD = {"scheduling_strategy": "SPREAD"}
 
 
 class RayExecutor(Executor):
@@ -24,12 +27,27 @@ class RayExecutor(Executor):
         actors: number of rollout actors (spread over the cluster's nodes).
         capacity: rollouts per actor at once (K).
         address: Ray address to connect to; ``None`` starts a local Ray if none is running.
+        actor_options: ``.options()`` of the pool's actors (e.g. custom resources or a
+            scheduling strategy): one mapping for all, or one per actor. Default: spread.
+        replacement_options: ``.options()`` of an actor replacing a dead one. Not the dead
+            actor's own: those may pin it to a node that is gone, and an actor that cannot be
+            placed would hold its rollouts forever. Default: spread.
     """
 
-    def __init__(self, *, actors: int = 2, capacity: int = 64, address: str | None = None) -> None:
+    def __init__(self, *, actors: int = 2, capacity: int = 64, address: str | None = None,
+                 actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+                 replacement_options: Mapping[str, Any] | None = None) -> None:
         if actors < 1 or capacity < 1:
             raise ValueError(f"actors and capacity must be >= 1, got {actors} and {capacity}")
+        if actor_options is None or isinstance(actor_options, Mapping):
+            options = [dict(actor_options or _SPREAD)] * actors
+        else:
+            options = [dict(o) for o in actor_options]
+            if len(options) != actors:
+                raise ValueError(f"actor_options must hold one mapping per actor ({actors}), got {len(options)}")
         self.actors, self.capacity, self.address = actors, capacity, address
+        self._options = options
+        self._replacement_options = dict(replacement_options or _SPREAD)
         self._pool: list[RolloutActor | None] = []
         self._load: list[int] = []
         self._turn = itertools.count()
@@ -40,11 +58,11 @@ class RayExecutor(Executor):
         if not ray.is_initialized():
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
             self._started_ray = True
-        self._pool = [self._new_actor() for _ in range(self.actors)]
+        self._pool = [self._new_actor(o) for o in self._options]
         self._load = [0] * self.actors
 
-    def _new_actor(self) -> RolloutActor:
-        return RolloutActor.create(capacity=self.capacity, scheduling_strategy="SPREAD")
+    def _new_actor(self, options: Mapping[str, Any]) -> RolloutActor:
+        return RolloutActor.create(capacity=self.capacity, **options)
 
     def _pick(self) -> int:
         # Least loaded; ties broken round-robin so an idle pool fills evenly.
@@ -56,7 +74,7 @@ class RayExecutor(Executor):
         index = self._pick()
         actor = self._pool[index]
         if actor is None:
-            actor = self._pool[index] = self._new_actor()
+            actor = self._pool[index] = self._new_actor(self._replacement_options)
             self.replaced += 1
         self._load[index] += 1
         try:

@@ -98,3 +98,20 @@ def wait_exit(pid: int, timeout: float) -> None:
         assert ready, f"process {pid} still running after {timeout}s"
     finally:
         os.close(fd)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The fault-injection suite's table (``tests/test_faults.py``), when it ran."""
+    import sys
+
+    rows = getattr(sys.modules.get("test_faults"), "SUMMARY", None)
+    if not rows:
+        return
+    header = ("scenario", "injected", "recovered", "lost", "time")
+    cells = [header, *[(s, i, r, lo, f"{t:.2f}s") for s, i, r, lo, t in rows]]
+    widths = [max(len(row[k]) for row in cells) for k in range(len(header))]
+    terminalreporter.section("fault injection")
+    for n, row in enumerate(cells):
+        terminalreporter.write_line("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        if n == 0:
+            terminalreporter.write_line("  ".join("-" * w for w in widths))
