@@ -248,9 +248,10 @@ class _RolloutActorImpl:
 
     def __init__(self, capacity: int) -> None:
         node_id = ray.get_runtime_context().get_node_id()
-        self._runtimes = _RuntimeActor.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
-        ).remote()
+        self._runtime_options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+        self._runtimes = _RuntimeActor.options(**self._runtime_options).remote()
+        self._watcher: asyncio.Task[None] | None = None
+        self.replaced_runtime_actors = 0
         self._interception = interception_actor(node_id)
         self._tools = tool_actor(node_id)
         self.host = RolloutHost(
@@ -270,7 +271,28 @@ class _RolloutActorImpl:
     def runtime_actor(self) -> Any:
         return self._runtimes
 
+    def _watch_runtimes(self) -> None:
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.create_task(self._replace_dead_runtime_actor())
+
+    async def _replace_dead_runtime_actor(self) -> None:
+        """Long-poll the runtime actor; if it dies, new rollouts get a new one.
+
+        The rollouts whose runtimes it held fail with ``SandboxError`` (their box is gone);
+        without a replacement every later rollout of this actor would too.
+        """
+        while True:
+            try:
+                await self._runtimes.wait_closed.remote()
+                return  # shut down on purpose
+            except RayActorError:
+                if self.replaced_runtime_actors:  # one that cannot live must not spin
+                    await asyncio.sleep(min(5.0, 0.5 * self.replaced_runtime_actors))
+                self._runtimes = _RuntimeActor.options(**self._runtime_options).remote()
+                self.replaced_runtime_actors += 1
+
     async def open(self, blob: bytes, bodies: dict[str, bytes]) -> tuple[str, bool]:
+        self._watch_runtimes()
         return await self.host.open(self._depot.unpack(blob, bodies))
 
     async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
@@ -283,6 +305,7 @@ class _RolloutActorImpl:
         await self.host.abort(rollout_id)
 
     async def run(self, blob: bytes, bodies: dict[str, bytes]) -> bytes:
+        self._watch_runtimes()
         return await self.host.run(self._depot.unpack(blob, bodies))
 
     async def trace(self, rollout_id: str) -> bytes:
@@ -294,6 +317,9 @@ class _RolloutActorImpl:
     async def shutdown(self) -> None:
         await self.host.shutdown()
         await self._runtimes.shutdown.remote()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
 
 
 _RolloutActor = ray.remote(num_cpus=0, max_concurrency=10_000)(_RolloutActorImpl)

@@ -16,6 +16,8 @@ from typing import Any
 from ._proxy import HTTPInterception
 from ._rollout import Rollout
 from ._rollout_host import RolloutSpec
+from ._runtime import Runtime
+from ._runtime_host import RuntimeHost
 from ._tool_server import ToolServer
 from ._trace import Trace
 
@@ -53,16 +55,23 @@ class Executor(ABC):
 
 
 class LocalExecutor(Executor):
-    """The lifecycle core in this event loop, behind a real HTTP proxy and tool server."""
+    """The lifecycle core in this event loop, behind a real HTTP proxy and tool server.
+
+    Owned runtimes live on an in-process ``RuntimeHost``, so that if this process is killed
+    its guardian still removes their processes and directories.
+    """
 
     def __init__(self) -> None:
         self._stack = AsyncExitStack()
         self._proxy: HTTPInterception | None = None
         self._tools: ToolServer | None = None
+        self._runtimes: RuntimeHost | None = None
 
     async def start(self) -> None:
         self._proxy = await self._stack.enter_async_context(HTTPInterception())
         self._tools = await self._stack.enter_async_context(ToolServer())
+        self._runtimes = RuntimeHost()
+        self._stack.push_async_callback(self._runtimes.shutdown)
 
     async def stop(self) -> None:
         await self._stack.aclose()
@@ -75,6 +84,7 @@ class LocalExecutor(Executor):
             spec.harness,
             model=spec.model,
             runtime=spec.runtime,
+            runtime_factory=self._new_runtime,
             interception=self._proxy,
             tool_server=self._tools.serve,
             limits=spec.limits,
@@ -84,3 +94,7 @@ class LocalExecutor(Executor):
             has_user=spec.has_user,
         )
         return await rollout.run()
+
+    def _new_runtime(self, name: str) -> Runtime:
+        assert self._runtimes is not None
+        return self._runtimes.new_runtime(name, owner=name)

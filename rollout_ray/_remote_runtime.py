@@ -100,8 +100,8 @@ class RemoteRuntime(Runtime):
             pass  # the actor is gone, and its guardian removed the runtime with it
 
     async def alive(self) -> bool:
-        if not self._provisioned and self.started and not self.stopped:
-            return True  # it can run a program: it would be provisioned for it
+        if not self._provisioned and not self._shared and self.started and not self.stopped:
+            return True  # it can run a program: it would be provisioned for it (a copy elsewhere may have been)
         try:
             return bool(await self._call("alive", self.name))
         except SandboxError:

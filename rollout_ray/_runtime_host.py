@@ -32,6 +32,10 @@ class RuntimeStopped(SandboxError):
     """The named runtime was stopped (by its owner) or never existed on this host."""
 
 
+_PRUNE_AT = 1024
+"""Runtimes held before the stopped ones are forgotten."""
+
+
 class RuntimeHost:
     """Hosts ``LocalRuntime``s by name.
 
@@ -45,6 +49,7 @@ class RuntimeHost:
         self._runtimes: dict[str, Runtime] = {}
         self._owners: dict[str, str | None] = {}
         self._gone: set[str] = set()
+        self._closed = asyncio.Event()
         # The guardian reads our end of this pipe; the kernel closes it when we die.
         launcher = subprocess.Popen(
             [sys.executable, _GUARDIAN, self.root, self.token],
@@ -75,12 +80,28 @@ class RuntimeHost:
 
     async def create(self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None) -> RuntimeInfo:
         """Create (not start) a runtime named ``name``, owned by rollout ``owner``."""
+        return self.new_runtime(name, owner=owner, env=env).info()
+
+    def new_runtime(self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None) -> Runtime:
+        """``create``, returning the runtime itself, for a caller in this process to drive.
+
+        It is the guardian's to clean up if this process dies; its caller starts and stops it.
+        """
         if name in self._runtimes or name in self._gone:
             raise ValueError(f"runtime {name!r} already exists on this host")
+        if len(self._runtimes) >= _PRUNE_AT:
+            self._forget_stopped()
         runtime = LocalRuntime(name, root=self.root, env={**(env or {}), HOST_MARKER: self.token})
         self._runtimes[name] = runtime
         self._owners[name] = owner
-        return runtime.info()
+        return runtime
+
+    def _forget_stopped(self) -> None:
+        # Runtimes stopped by their caller, not through ``stop``: keep only their names.
+        for name in [n for n, r in self._runtimes.items() if r.stopped]:
+            del self._runtimes[name]
+            self._owners.pop(name, None)
+            self._gone.add(name)
 
     def _get(self, name: str) -> Runtime:
         runtime = self._runtimes.get(name)
@@ -126,6 +147,10 @@ class RuntimeHost:
         return runtime is None or runtime.stopped
 
     async def alive(self, name: str) -> bool:
+        """Whether the runtime can run a program. A name this host never saw counts as alive:
+        a lazy runtime is created on its first use."""
+        if name not in self._runtimes and name not in self._gone:
+            return True
         runtime = self._runtimes.get(name)
         return runtime is not None and await runtime.alive()
 
@@ -150,8 +175,13 @@ class RuntimeHost:
     async def info(self, name: str) -> RuntimeInfo:
         return self._get(name).info()
 
+    async def wait_closed(self) -> None:
+        """Return when the host shuts down: a watcher's long call, which fails if the host dies."""
+        await self._closed.wait()
+
     async def shutdown(self) -> None:
         """Stop every runtime and let the guardian go; the host is unusable afterwards."""
+        self._closed.set()
         await asyncio.gather(*(r.stop() for r in self._runtimes.values()), return_exceptions=True)
         await asyncio.to_thread(shutil.rmtree, self.root, True)
         self._guardian_pipe.close()  # the guardian finds nothing left and exits

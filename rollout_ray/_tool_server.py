@@ -5,8 +5,9 @@ a random token and yields ``{name: url}``. The URL is the capability: an unknown
 401, never another rollout's tools. ``GET <url>`` answers ``{"tools": [OpenAI specs]}``;
 ``POST <url>/call`` with ``{"name", "arguments"}`` answers ``{"content"}``,
 ``{"content", "is_error": true}`` when the tool raised or timed out (the model sees it, as
-with MCP), or 400 / 404 / 408 / 413 ``{"error"}``. Each call is reported to ``on_call`` as a
-``ToolCallRecord``.
+with MCP), or 400 / 404 / 408 / 413 ``{"error"}``, or 503 when the tool failed because the
+rollout's runtime died (``SandboxError`` and the runtime no longer alive). Each call is
+reported to ``on_call`` as a ``ToolCallRecord``.
 """
 
 
@@ -24,7 +25,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from ._errors import ToolsetError
+from ._errors import SandboxError, ToolsetError
 from ._runtime import Runtime
 
 log = logging.getLogger("rollout_ray")
@@ -193,6 +194,11 @@ class ToolServer:
             if fn is None and isinstance(e, ToolInputError):  # the caller's fault: 4xx
                 status, error = e.status_code or 400, str(e)
                 body = {"error": error}
+            elif isinstance(e, SandboxError) and not await _alive(reg.runtime):
+                # Not the tool's fault: the box is gone, and with it the rollout. A 503 makes
+                # the harness stop, and the rollout fail with SandboxError, not go on without it.
+                status, error = 503, f"{type(e).__name__}: {e}"
+                body = {"error": f"the rollout's runtime died: {error}"}
             else:  # the tool's fault: the model sees it as the result
                 expired = isinstance(e, TimeoutError) and deadline.expired()
                 timed_out = f"tool {call.name!r} timed out after {self.call_timeout:g}s"
@@ -206,6 +212,10 @@ class ToolServer:
             except Exception:
                 log.exception("tool server: on_call callback failed")
         return web.json_response(body, status=status)
+
+
+async def _alive(runtime: Runtime | None) -> bool:
+    return runtime is not None and await runtime.alive()
 
 
 class ToolHost:
