@@ -14,7 +14,9 @@ from ._executor import Executor, InfrastructureLost
 from ._rollout_host import RolloutSpec
 from ._trace import Trace
 
-_SPREAD = {"scheduling_strategy": "SPREAD"}
+_SPREAD = {"scheduling_strategy": "SPREAD", "num_cpus": 0.01}
+"""Ray 2.60 does not reliably spread zero-CPU actors (on a local 3-node cluster, three landed
+on 1, 2 or 3 nodes); a token CPU request makes SPREAD place them on distinct nodes."""
 
 
 class RayExecutor(Executor):
