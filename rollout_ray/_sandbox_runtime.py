@@ -25,19 +25,17 @@ Host unix sockets outside ``/run`` and ``/tmp`` stay reachable, read-only mounts
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
+from ._cgroup import JOIN_CGROUPS, Cgroups, cgroup_parent
 from ._errors import SandboxError
 from ._local_runtime import KILL_BUDGET, LocalRuntime, _remove_tree
 from ._runtime import DEFAULT_OUTPUT_CAP, ProgramResult
@@ -49,10 +47,6 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 CONNECT_TIMEOUT = 10.0
 """Seconds the host end of a route waits to connect to the real route."""
 CHUNK = 1 << 16
-# Puts itself in the runtime's cgroups (given as paths up to "--"), then becomes bwrap: every
-# process of the exec is counted from its first fork.
-_JOIN_CGROUPS = ('while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; '
-                 'shift; exec "$@"')
 
 
 # The python running the forwarder and this package (with its examples) must stay visible
@@ -87,7 +81,7 @@ def sandbox_unavailable() -> str | None:
                            timeout=30)
     if probe.returncode != 0:
         return f"bwrap cannot create namespaces: {probe.stderr.decode(errors='replace').strip()}"
-    missing = [c for c in ("pids", "memory") if _cgroup_parent(c) is None]
+    missing = [c for c in ("pids", "memory") if cgroup_parent(c) is None]
     if missing:
         return f"no writable cgroup for the {' and '.join(missing)} controller(s)"
     return None
@@ -97,100 +91,6 @@ def _namespace_args() -> list[str]:
     return ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--tmpfs", "/run"]
-
-
-# -- cgroups --------------------------------------------------------------------------------
-
-
-def _cgroup_parent(controller: str) -> tuple[str, str] | None:
-    """``(directory of this process's cgroup, "v1"|"v2")`` where ``controller`` can get a
-    writable child cgroup, or ``None``."""
-    mounts: dict[str, str] = {}
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields, _, tail = line.partition(" - ")
-            fstype, _, opts = tail.split()[:3]
-            point = fields.split()[4]
-            if fstype == "cgroup2":
-                mounts.setdefault("", point)
-            elif fstype == "cgroup":
-                for opt in opts.split(","):
-                    mounts.setdefault(opt, point)
-    with open("/proc/self/cgroup") as f:
-        own = dict(line.rstrip("\n").split(":", 2)[1:] for line in f)
-    paths = {c: p for names, p in own.items() for c in names.split(",")}
-    if controller in mounts and controller in paths:
-        found = (os.path.join(mounts[controller], paths[controller].lstrip("/")), "v1")
-    elif "" in mounts and "" in paths:
-        found = (os.path.join(mounts[""], paths[""].lstrip("/")), "v2")
-        try:
-            with open(os.path.join(found[0], "cgroup.subtree_control"), "r+") as f:
-                if controller not in f.read().split():
-                    f.write(f"+{controller}")
-        except OSError:  # not delegated to us (or our cgroup holds processes)
-            return None
-    else:
-        return None
-    return found if os.access(found[0], os.W_OK) else None
-
-
-class _Cgroups:
-    """One child cgroup per controller (one shared directory under v2)."""
-
-    LIMIT_FILES = {("pids", "v1"): "pids.max", ("pids", "v2"): "pids.max",
-                   ("memory", "v1"): "memory.limit_in_bytes", ("memory", "v2"): "memory.max"}
-
-    def __init__(self, name: str, limits: Mapping[str, int]) -> None:
-        self.dirs: list[str] = []
-        try:
-            for controller, value in limits.items():
-                parent = _cgroup_parent(controller)
-                if parent is None:
-                    raise SandboxError(
-                        f"no writable cgroup for the {controller} controller; pass "
-                        f"{controller}_limit=None to run without that limit"
-                    )
-                path = os.path.join(parent[0], name)
-                if path not in self.dirs:
-                    os.mkdir(path)
-                    self.dirs.append(path)
-                with open(os.path.join(path, self.LIMIT_FILES[controller, parent[1]]), "w") as f:
-                    f.write(str(value))
-                if controller == "memory":  # no swapping around the limit
-                    for swap in ("memory.memsw.limit_in_bytes", "memory.swap.max"):
-                        with contextlib.suppress(OSError), open(os.path.join(path, swap), "w") as f:
-                            f.write(str(value) if swap.startswith("memory.memsw") else "0")
-        except BaseException as e:
-            self.remove()
-            if isinstance(e, OSError):
-                raise SandboxError(f"cannot create the cgroups of sandbox {name!r}: {e}") from e
-            raise
-
-    @property
-    def procs_files(self) -> list[str]:
-        return [os.path.join(d, "cgroup.procs") for d in self.dirs]
-
-    def pids(self) -> set[int]:
-        found: set[int] = set()
-        for path in self.procs_files:
-            with contextlib.suppress(OSError), open(path) as f:
-                found.update(int(p) for p in f.read().split())
-        return found
-
-    def remove(self) -> None:
-        """SIGKILL every process in the cgroups and remove them (``KILL_BUDGET`` s at most)."""
-        deadline = time.monotonic() + KILL_BUDGET  # real time: processes die in real time
-        while self.dirs and time.monotonic() < deadline:
-            for pid in self.pids():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            for d in list(self.dirs):
-                with contextlib.suppress(OSError):  # busy until its last process has exited
-                    os.rmdir(d)
-                if not os.path.exists(d):
-                    self.dirs.remove(d)
-            if self.dirs:
-                time.sleep(0.01)
 
 
 # -- the host end of the routes -------------------------------------------------------------
@@ -291,7 +191,7 @@ class SandboxRuntime(LocalRuntime):
                         if v is not None}
         self.enforces = type(self).enforces - ({"pids", "memory"} - self._limits.keys())
         self._base: str | None = None
-        self._cgroups: _Cgroups | None = None
+        self._cgroups: Cgroups | None = None
         self._routes: dict[int, _Route] = {}
         self._remote: dict[int, tuple[str, int]] = {}
 
@@ -304,7 +204,7 @@ class SandboxRuntime(LocalRuntime):
                 os.mkdir(os.path.join(self._base, sub), 0o700)
             if self._limits:
                 cgroup = f"rollout-ray-{self._token[:16]}"
-                self._cgroups = await asyncio.to_thread(_Cgroups, cgroup, self._limits)
+                self._cgroups = await asyncio.to_thread(Cgroups, cgroup, self._limits)
         except (OSError, SandboxError) as e:
             if self._base is not None:
                 await asyncio.to_thread(_remove_tree, self._base)
@@ -361,7 +261,7 @@ class SandboxRuntime(LocalRuntime):
             command.append("--")
         command += argv
         if self._cgroups is not None:
-            command = ["sh", "-c", _JOIN_CGROUPS, "sh", *self._cgroups.procs_files, "--", *command]
+            command = ["sh", "-c", JOIN_CGROUPS, "sh", *self._cgroups.procs_files, "--", *command]
         return command
 
     async def exec(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -305,3 +306,25 @@ def test_program_rollout_reaches_proxy_and_tools_from_the_sandbox(tmp_path: Path
     assert trace.agent.runtime is not None and trace.agent.runtime.type == "sandbox"
     assert trace.rewards == {"correct": Reward(1.0)}
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.ray
+def test_the_session_rays_own_ports_are_unreachable_from_the_sandbox(ray_cluster: Any, tmp_path: Path) -> None:
+    """The real thing, not a look-alike: the GCS and a raylet's ports of the test session's Ray."""
+    gcs_port = int(ray_cluster.get_runtime_context().gcs_address.rsplit(":", 1)[1])
+    (node,) = [n for n in ray_cluster.nodes() if n["Alive"]]
+    ports = [gcs_port, int(node["NodeManagerPort"]), int(node["ObjectManagerPort"])]
+    probe = ("import socket, sys\nfor port in sys.argv[1:]:\n"
+             "    try:\n        socket.create_connection(('127.0.0.1', int(port)), timeout=5).close(); print('connected')\n"
+             "    except OSError as e:\n        print(type(e).__name__)\n")
+
+    async def main() -> None:
+        async with sandbox(tmp_path) as rt:
+            r = await rt.exec(py(probe, *map(str, ports)), timeout=30)
+            assert r.exit_code == 0, r.stderr
+            assert r.stdout.split() == ["ConnectionRefusedError"] * len(ports)
+
+    for port in ports:  # they do listen on the host, so the refusal is the sandbox's doing
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    run(main)
