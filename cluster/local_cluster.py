@@ -80,6 +80,11 @@ def cluster_env(state: dict[str, Any]) -> dict[str, str]:
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     # No Serve here: SIGTERM ends a node at once instead of draining it for 30 s.
     env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
+    # `ray start --head` also writes its address to <RAY_TMPDIR or /tmp>/ray/ray_current_cluster,
+    # where every later bare `ray.init()` on the machine would find it and try to join this
+    # cluster, even once it is stopped (a 60 s hang). Keep that file in our own temp root.
+    if state.get("temp_root"):
+        env["RAY_TMPDIR"] = state["temp_root"]
     return env
 
 

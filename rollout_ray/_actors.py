@@ -46,8 +46,6 @@ INTERCEPTION_PREFIX = "interception:"
 TOOLS_PREFIX = "tools:"
 SHUTDOWN_GRACE = 5.0
 
-
-
 SERVICE_HOST_VARIABLE = "ROLLOUT_RAY_SERVICE_HOST"
 """Where the node services bind (default 127.0.0.1: runtimes on the same node only). Set it
 in the environment of every node's ``ray start`` (e.g. to ``0.0.0.0``) when runtimes on other

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray.exceptions import RayActorError
 
 from ._actors import SHUTDOWN_GRACE, RolloutActor, forget_dead_actor
@@ -14,9 +15,7 @@ from ._executor import Executor, InfrastructureLost
 from ._rollout_host import RolloutSpec
 from ._trace import Trace
 
-_SPREAD = {"scheduling_strategy": "SPREAD", "num_cpus": 0.01}
-"""Ray 2.60 does not reliably spread zero-CPU actors (on a local 3-node cluster, three landed
-on 1, 2 or 3 nodes); a token CPU request makes SPREAD place them on distinct nodes."""
+_SPREAD = {"scheduling_strategy": "SPREAD"}
 
 
 class RayExecutor(Executor):
@@ -30,7 +29,8 @@ class RayExecutor(Executor):
         capacity: rollouts per actor at once (K).
         address: Ray address to connect to; ``None`` starts a local Ray if none is running.
         actor_options: ``.options()`` of the pool's actors (e.g. custom resources or a
-            scheduling strategy): one mapping for all, or one per actor. Default: spread.
+            scheduling strategy): one mapping for all, or one per actor. Default: round-robin
+            over the nodes alive at start (soft node affinity).
         replacement_options: ``.options()`` of an actor replacing a dead one. Not the dead
             actor's own: those may pin it to a node that is gone, and an actor that cannot be
             placed would hold its rollouts forever. Default: spread.
@@ -41,8 +41,11 @@ class RayExecutor(Executor):
                  replacement_options: Mapping[str, Any] | None = None) -> None:
         if actors < 1 or capacity < 1:
             raise ValueError(f"actors and capacity must be >= 1, got {actors} and {capacity}")
-        if actor_options is None or isinstance(actor_options, Mapping):
-            options = [dict(actor_options or _SPREAD)] * actors
+        options: list[dict[str, Any]] | None
+        if actor_options is None:
+            options = None  # round-robin over the nodes alive at start
+        elif isinstance(actor_options, Mapping):
+            options = [dict(actor_options)] * actors
         else:
             options = [dict(o) for o in actor_options]
             if len(options) != actors:
@@ -60,7 +63,7 @@ class RayExecutor(Executor):
         if not ray.is_initialized():
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
             self._started_ray = True
-        self._pool = [self._new_actor(o) for o in self._options]
+        self._pool = [self._new_actor(o) for o in self._options or _round_robin(self.actors)]
         self._load = [0] * self.actors
 
     def _new_actor(self, options: Mapping[str, Any]) -> RolloutActor:
@@ -101,3 +104,15 @@ class RayExecutor(Executor):
 
     def statistics(self) -> dict[str, Any]:
         return {"actors": len(self._pool), "replaced": self.replaced, "in_flight": sum(self._load)}
+
+
+def _round_robin(actors: int) -> list[dict[str, Any]]:
+    """Actor i on alive node i mod n, softly (a node that is full or gone is not waited for).
+
+    Not ``SPREAD``: Ray 2.60 does not reliably spread zero-CPU actors (on a local 3-node
+    cluster, three landed on 1, 2 or 3 nodes), and a token CPU request to make it do so leaves
+    a replacement actor unplaceable when the cluster's CPUs are all claimed.
+    """
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    return [{"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=True)}
+            for i in range(actors)]

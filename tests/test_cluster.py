@@ -126,6 +126,10 @@ def test_eval_on_local_three_node_cluster(tmp_path: Path) -> None:
                 assert stopped.returncode == 0, stopped.stdout + stopped.stderr
                 assert [p for p in sorted(seen) if lc.alive(p)] == []
                 assert lc.cluster_pids(state) == []
+                # A later bare ray.init() on this machine must not try to join the dead cluster.
+                default = Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp")
+                current = default / "ray" / "ray_current_cluster"
+                assert not (current.exists() and current.read_text().strip() == state["address"])
             finally:
                 if not state["temp_root"].startswith(str(tmp_path)):
                     shutil.rmtree(state["temp_root"], ignore_errors=True)
