@@ -33,7 +33,7 @@ from ._rollout_host import RolloutHost, RolloutSpec
 from ._runtime import Runtime
 from ._remote_runtime import RemoteRuntime as RemoteRuntime
 from ._remote_runtime import _call
-from ._runtime_host import RuntimeHost
+from ._runtime_host import RUNTIME_KINDS, RuntimeHost
 from ._session import RolloutSession
 from ._shipment import Depot, Shipper, deliver
 from ._tool_server import ToolHost
@@ -244,10 +244,11 @@ async def _stop_actor(actor: Any, grace: float) -> None:
 class _RolloutActorImpl:
     """A ``RolloutHost`` wired to its node's interception and its own runtime actor."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, runtime: str = "local") -> None:
         node_id = ray.get_runtime_context().get_node_id()
         self._runtime_options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
-        self._runtimes = _RuntimeActor.options(**self._runtime_options).remote()
+        self._runtime_kind = runtime
+        self._runtimes = _RuntimeActor.options(**self._runtime_options).remote(kind=runtime)
         self._watcher: asyncio.Task[None] | None = None
         self.replaced_runtime_actors = 0
         self._interception = interception_actor(node_id)
@@ -255,7 +256,8 @@ class _RolloutActorImpl:
         self.host = RolloutHost(
             capacity,
             interception=RayInterception(self._interception, ray.get_runtime_context().get_actor_id()),
-            runtime_factory=lambda name: RemoteRuntime(self._runtimes, name, owner=name, lazy=True),
+            runtime_factory=lambda name: RemoteRuntime(self._runtimes, name, owner=name, lazy=True,
+                                                       runtime_type=runtime),
             tool_server=RayToolServer(self._tools).serve,
         )
         self._depot = Depot()
@@ -286,7 +288,7 @@ class _RolloutActorImpl:
             except RayActorError:
                 if self.replaced_runtime_actors:  # one that cannot live must not spin
                     await asyncio.sleep(min(5.0, 0.5 * self.replaced_runtime_actors))
-                self._runtimes = _RuntimeActor.options(**self._runtime_options).remote()
+                self._runtimes = _RuntimeActor.options(**self._runtime_options).remote(kind=self._runtime_kind)
                 self.replaced_runtime_actors += 1
 
     async def open(self, blob: bytes, bodies: dict[str, bytes]) -> tuple[str, bool]:
@@ -340,9 +342,13 @@ class RolloutActor:
                              shared=(spec.harness, spec.model))
 
     @classmethod
-    def create(cls, *, capacity: int = 1, **options: Any) -> RolloutActor:
-        """Start the actor. ``options`` go to ``.options()`` (e.g. a scheduling strategy)."""
-        return cls(_RolloutActor.options(**options).remote(capacity))
+    def create(cls, *, capacity: int = 1, runtime: str = "local", **options: Any) -> RolloutActor:
+        """Start the actor. ``runtime`` is the kind of the runtimes its rollouts own
+        (``"local"`` or ``"sandbox"``); ``options`` go to ``.options()`` (e.g. a scheduling
+        strategy)."""
+        if runtime not in RUNTIME_KINDS:
+            raise ValueError(f"runtime must be one of {RUNTIME_KINDS}, got {runtime!r}")
+        return cls(_RolloutActor.options(**options).remote(capacity, runtime))
 
     async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
         return await self._ship(self.actor.open, spec)
@@ -378,8 +384,9 @@ class RuntimeActor:
         self._count = 0
 
     @classmethod
-    def create(cls, **options: Any) -> RuntimeActor:
-        return cls(_RuntimeActor.options(**options).remote())
+    def create(cls, *, kind: str = "local", **options: Any) -> RuntimeActor:
+        """A pool of ``kind`` runtimes (``"local"`` or ``"sandbox"``)."""
+        return cls(_RuntimeActor.options(**options).remote(kind=kind))
 
     async def runtime(self, name: str | None = None) -> RemoteRuntime:
         """A new started runtime owned by this pool (not by any rollout)."""

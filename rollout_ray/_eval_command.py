@@ -39,6 +39,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=["ray", "local"], default="ray",
                    help="ray: rollout actors (default); local: this process, no Ray")
     p.add_argument("--address", help="Ray cluster address (default: start or join a local Ray)")
+    p.add_argument("--runtime", choices=["local", "sandbox"], default="local",
+                   help="runtime of each rollout: local (a private dir) or sandbox (bubblewrap: "
+                        "read-only system, only the framework routes on the network)")
     p.add_argument("--actors", type=int, default=2, help="rollout actors (ray executor)")
     p.add_argument("--capacity", type=int, default=64, help="rollouts per actor at once (ray executor)")
     p.add_argument("--sim-ttft", type=float, default=0.05, help="simulated model: seconds to first token")
@@ -143,16 +146,34 @@ def _printer(stream: Any) -> Any:
 
 
 def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: int = 64,
-                  address: str | None = None) -> Executor:
-    """``"local"``: this process, no Ray; ``"ray"``: rollout actors (starts or joins Ray)."""
+                  address: str | None = None, runtime: str = "local") -> Executor:
+    """``"local"``: this process, no Ray; ``"ray"``: rollout actors (starts or joins Ray).
+
+    ``runtime`` is the kind of the runtimes rollouts own (``"local"`` or ``"sandbox"``).
+    """
     if kind == "local":
-        return LocalExecutor()
+        return LocalExecutor(runtime=runtime)
     import ray
 
     from ._ray_executor import RayExecutor
 
-    ray.cloudpickle.register_pickle_by_value(module)  # workers cannot import a taskset file
-    return RayExecutor(actors=actors, capacity=capacity, address=address)
+    for shipped in _taskset_modules(module):  # workers cannot import a taskset file
+        ray.cloudpickle.register_pickle_by_value(shipped)
+    return RayExecutor(actors=actors, capacity=capacity, address=address, runtime=runtime)
+
+
+def _taskset_modules(module: ModuleType) -> list[ModuleType]:
+    """The taskset and the plain modules beside it that it imported (``from calc_tool import
+    ...`` in ``examples/program.py``): workers can import none of them, so all go by value."""
+    path = getattr(module, "__file__", None)
+    if path is None or not module.__name__.startswith("taskset_"):  # see load_taskset
+        return [module]  # given as a module name: what it imports, workers import too
+    folder = os.path.dirname(os.path.abspath(path))
+    beside = [m for m in list(sys.modules.values())
+              if m is not module and getattr(m, "__file__", None)
+              and os.path.dirname(os.path.abspath(m.__file__)) == folder  # type: ignore[arg-type]
+              and not m.__file__.endswith("__init__.py")]  # type: ignore[union-attr]
+    return [module, *beside]
 
 
 async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None, api_key_env: str,
@@ -201,7 +222,7 @@ async def _eval_async(args: argparse.Namespace) -> int:
                                         api_key_env=args.api_key_env, simulated=simulated)
         executor = await stack.enter_async_context(
             make_executor(args.executor, module, actors=args.actors, capacity=args.capacity,
-                          address=args.address))
+                          address=args.address, runtime=args.runtime))
         result = await drive(f"eval {args.taskset}", module, tasks, module.harness(), model, executor,
                              config, out, resume=args.resume,
                              manifest_config={"taskset": args.taskset, "model": where})

@@ -17,7 +17,7 @@ from ._proxy import HTTPInterception
 from ._rollout import Rollout
 from ._rollout_host import RolloutSpec
 from ._runtime import Runtime
-from ._runtime_host import RuntimeHost
+from ._runtime_host import RUNTIME_KINDS, RuntimeHost
 from ._tool_server import ToolServer
 from ._trace import Trace
 
@@ -57,11 +57,16 @@ class Executor(ABC):
 class LocalExecutor(Executor):
     """The lifecycle core in this event loop, behind a real HTTP proxy and tool server.
 
+    ``runtime`` is the kind of the runtimes rollouts own: ``"local"`` or ``"sandbox"``.
+
     Owned runtimes live on an in-process ``RuntimeHost``, so that if this process is killed
     its guardian still removes their processes and directories.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, runtime: str = "local") -> None:
+        if runtime not in RUNTIME_KINDS:
+            raise ValueError(f"runtime must be one of {RUNTIME_KINDS}, got {runtime!r}")
+        self.runtime = runtime
         self._stack = AsyncExitStack()
         self._proxy: HTTPInterception | None = None
         self._tools: ToolServer | None = None
@@ -70,7 +75,7 @@ class LocalExecutor(Executor):
     async def start(self) -> None:
         self._proxy = await self._stack.enter_async_context(HTTPInterception())
         self._tools = await self._stack.enter_async_context(ToolServer())
-        self._runtimes = RuntimeHost()
+        self._runtimes = RuntimeHost(kind=self.runtime)
         self._stack.push_async_callback(self._runtimes.shutdown)
 
     async def stop(self) -> None:

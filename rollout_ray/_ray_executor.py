@@ -34,11 +34,12 @@ class RayExecutor(Executor):
         replacement_options: ``.options()`` of an actor replacing a dead one. Not the dead
             actor's own: those may pin it to a node that is gone, and an actor that cannot be
             placed would hold its rollouts forever. Default: spread.
+        runtime: the kind of the runtimes rollouts own, ``"local"`` or ``"sandbox"``.
     """
 
     def __init__(self, *, actors: int = 2, capacity: int = 64, address: str | None = None,
                  actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-                 replacement_options: Mapping[str, Any] | None = None) -> None:
+                 replacement_options: Mapping[str, Any] | None = None, runtime: str = "local") -> None:
         if actors < 1 or capacity < 1:
             raise ValueError(f"actors and capacity must be >= 1, got {actors} and {capacity}")
         options: list[dict[str, Any]] | None
@@ -50,7 +51,7 @@ class RayExecutor(Executor):
             options = [dict(o) for o in actor_options]
             if len(options) != actors:
                 raise ValueError(f"actor_options must hold one mapping per actor ({actors}), got {len(options)}")
-        self.actors, self.capacity, self.address = actors, capacity, address
+        self.actors, self.capacity, self.address, self.runtime = actors, capacity, address, runtime
         self._options = options
         self._replacement_options = dict(replacement_options or _SPREAD)
         self._pool: list[RolloutActor | None] = []
@@ -67,7 +68,7 @@ class RayExecutor(Executor):
         self._load = [0] * self.actors
 
     def _new_actor(self, options: Mapping[str, Any]) -> RolloutActor:
-        return RolloutActor.create(capacity=self.capacity, **options)
+        return RolloutActor.create(capacity=self.capacity, runtime=self.runtime, **options)
 
     def _pick(self) -> int:
         # Least loaded; ties broken round-robin so an idle pool fills evenly.

@@ -14,6 +14,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from ._errors import SandboxError
 from ._runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from ._runtime_host import RuntimeStopped
+from ._sandbox_runtime import SandboxRuntime, sandbox_url
 
 
 async def _call(ref: Any) -> Any:
@@ -73,6 +74,20 @@ class RemoteRuntime(Runtime):
         except RayActorError as e:
             self.stopped = True
             raise SandboxError(f"runtime {self.name!r}: its runtime actor died ({type(e).__name__})") from None
+
+    @property
+    def enforces(self) -> frozenset[str]:  # type: ignore[override]
+        return SandboxRuntime.enforces if self.type == "sandbox" else frozenset()
+
+    def host_url(self, url: str) -> str:
+        return sandbox_url(url) if self.type == "sandbox" else url
+
+    async def prepare_execution(self, routes: Sequence[str] | None) -> None:
+        # A sandbox's network is closed until its routes are set, so it is provisioned now;
+        # a local runtime has no policy and stays lazy.
+        if self.type == "sandbox":
+            await self._provision()
+            await self._call("prepare_execution", self.name, list(routes) if routes is not None else None)
 
     async def refresh(self) -> None:
         """Learn whether the owner stopped this runtime."""

@@ -22,6 +22,7 @@ from typing import Any
 from ._errors import SandboxError
 from ._local_runtime import LocalRuntime
 from ._runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
+from ._sandbox_runtime import SandboxRuntime
 from ._trace import RuntimeInfo
 
 HOST_MARKER = "ROLLOUT_RAY_HOST"
@@ -36,14 +37,21 @@ _PRUNE_AT = 1024
 """Runtimes held before the stopped ones are forgotten."""
 
 
+RUNTIME_KINDS = ("local", "sandbox")
+
+
 class RuntimeHost:
-    """Hosts ``LocalRuntime``s by name.
+    """Hosts runtimes by name: ``LocalRuntime``s, or ``SandboxRuntime``s with ``kind="sandbox"``.
 
     Args:
         root: the directory under which the host's runtimes live (default: a new temp dir).
+        kind: the runtime kind it makes.
     """
 
-    def __init__(self, root: str | None = None) -> None:
+    def __init__(self, root: str | None = None, *, kind: str = "local") -> None:
+        if kind not in RUNTIME_KINDS:
+            raise ValueError(f"kind must be one of {RUNTIME_KINDS}, got {kind!r}")
+        self.kind = kind
         self.root = root or tempfile.mkdtemp(prefix="rollout-ray-host-")
         self.token = uuid.uuid4().hex
         self._runtimes: dict[str, Runtime] = {}
@@ -91,7 +99,8 @@ class RuntimeHost:
             raise ValueError(f"runtime {name!r} already exists on this host")
         if len(self._runtimes) >= _PRUNE_AT:
             self._forget_stopped()
-        runtime = LocalRuntime(name, root=self.root, env={**(env or {}), HOST_MARKER: self.token})
+        cls = SandboxRuntime if self.kind == "sandbox" else LocalRuntime
+        runtime = cls(name, root=self.root, env={**(env or {}), HOST_MARKER: self.token})
         self._runtimes[name] = runtime
         self._owners[name] = owner
         return runtime
@@ -165,6 +174,9 @@ class RuntimeHost:
         stdin: bytes | None = None,
     ) -> ProgramResult:
         return await self._get(name).exec(argv, env=env, timeout=timeout, max_output=max_output, stdin=stdin)
+
+    async def prepare_execution(self, name: str, routes: Sequence[str] | None) -> None:
+        await self._get(name).prepare_execution(routes)
 
     async def read(self, name: str, path: str, max_bytes: int | None = None) -> bytes:
         return await self._get(name).read(path, max_bytes)

@@ -287,14 +287,11 @@ class SandboxRuntime(LocalRuntime):
     # -- network ----------------------------------------------------------------------------
 
     def host_url(self, url: str) -> str:
-        """``url`` as the sandbox reaches it: loopback URLs are unchanged, any other host is
-        served on ``127.0.0.1`` with the same port (once allowed by ``prepare_execution``)."""
-        parts = urlsplit(url)
-        host, port = parts.hostname, _port(url)
-        if host is None or host in LOOPBACK:
-            return url
-        self._remote[port] = (host, port)
-        return urlunsplit(parts._replace(netloc=f"127.0.0.1:{port}"))
+        """``url`` as the sandbox reaches it (``sandbox_url``), remembering the real target."""
+        inside = sandbox_url(url)
+        if inside != url:
+            self._remote[_port(url)] = (urlsplit(url).hostname or "", _port(url))
+        return inside
 
     async def prepare_execution(self, routes: Sequence[str] | None) -> None:
         """Allow exactly ``routes`` (full URLs) to the execs started from now on.
@@ -325,6 +322,15 @@ class SandboxRuntime(LocalRuntime):
                 route = _Route(host, target_port)
                 await route.open(os.path.join(self._path("net"), f"{port}.sock"))
                 self._routes[port] = route
+
+
+def sandbox_url(url: str) -> str:
+    """``url`` as a sandbox reaches it: loopback URLs are unchanged, any other host is served on
+    ``127.0.0.1`` with the same port (once allowed by ``prepare_execution``)."""
+    parts = urlsplit(url)
+    if parts.hostname is None or parts.hostname in LOOPBACK:
+        return url
+    return urlunsplit(parts._replace(netloc=f"127.0.0.1:{_port(url)}"))
 
 
 def _port(url: str) -> int:

@@ -95,3 +95,23 @@ def test_trainer_loop_example_consumes_every_group() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     steps = [line for line in result.stdout.splitlines() if line.startswith("step")]
     assert len(steps) == 12 and all("advantages [" in s for s in steps)
+
+
+def test_a_taskset_file_ships_the_plain_modules_beside_it_that_it_imports() -> None:
+    """examples/program.py imports calc_tool from its own folder: Ray workers can import
+    neither, so both go by value (this once failed `rollout-ray eval examples/program.py`)."""
+    from rollout_ray._eval_command import _taskset_modules, load_taskset
+
+    module = load_taskset("examples/program.py")
+    names = {m.__name__ for m in _taskset_modules(module)}
+    assert names == {"taskset_program", "calc_tool"}
+    assert [m.__name__ for m in _taskset_modules(sys.modules["calc_tool"])] == ["calc_tool"]  # by name: as is
+
+
+def test_runtime_host_and_executors_refuse_an_unknown_runtime_kind() -> None:
+    from rollout_ray import LocalExecutor
+    from rollout_ray._runtime_host import RuntimeHost
+
+    for make in (lambda: RuntimeHost(kind="docker"), lambda: LocalExecutor(runtime="docker")):
+        with pytest.raises(ValueError, match="one of \\('local', 'sandbox'\\)"):
+            make()

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import process_alive, wait_exit
 from rollout_ray import (
-    Reward, Rollout, SandboxRuntime, Task, Toolset, ToolServer, Trace, reward, tool,
+    Reward, Rollout, RolloutSpec, SandboxRuntime, Task, Toolset, ToolServer, Trace, reward, tool,
 )
 from rollout_ray._errors import SandboxError
 from rollout_ray._guardian import pids_with_marker
@@ -328,3 +328,27 @@ def test_the_session_rays_own_ports_are_unreachable_from_the_sandbox(ray_cluster
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             pass
     run(main)
+
+
+@pytest.mark.ray
+def test_a_ray_rollout_actor_runs_its_rollouts_in_sandboxes(ray_cluster: Any) -> None:
+    """``RolloutActor.create(runtime="sandbox")``: the runtime actor hosts SandboxRuntimes, and
+    the program reaches the node's proxy and tool server through the sandbox's relays."""
+    from rollout_ray._actors import RolloutActor
+
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    model = ScriptedModel([Reply(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
+
+    async def main() -> Trace:
+        actor = RolloutActor.create(capacity=1, runtime="sandbox")
+        try:
+            return await actor.run(RolloutSpec(Arith({"prompt": "1+2?"}), ProgramHarness(AGENT, timeout=60), model))
+        finally:
+            await actor.aclose()
+
+    trace = asyncio.run(main())
+    assert trace.errors == []
+    assert (trace.ok, trace.num_turns, trace.rewards) == (True, 2, {"correct": Reward(1.0)})
+    assert trace.agent.runtime is not None and trace.agent.runtime.type == "sandbox"
+    with pytest.raises(ValueError, match="runtime must be one of"):
+        RolloutActor.create(runtime="docker")
