@@ -14,7 +14,6 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from ._proxy import HTTPInterception
-from ._rollout import Rollout
 from ._rollout_host import RolloutSpec
 from ._runtime import Runtime
 from ._runtime_host import RUNTIME_KINDS, RuntimeHost
@@ -84,20 +83,8 @@ class LocalExecutor(Executor):
     async def run(self, spec: RolloutSpec) -> Trace:
         if self._proxy is None or self._tools is None:
             raise RuntimeError("LocalExecutor.run before start(); use 'async with LocalExecutor()'")
-        rollout = Rollout(
-            spec.task,
-            spec.harness,
-            model=spec.model,
-            runtime=spec.runtime,
-            runtime_factory=self._new_runtime,
-            interception=self._proxy,
-            tool_server=self._tools.serve,
-            limits=spec.limits,
-            timeouts=spec.timeouts,
-            model_name=spec.model_name,
-            sampling=spec.sampling,
-            has_user=spec.has_user,
-        )
+        rollout = spec.rollout(interception=self._proxy, runtime_factory=self._new_runtime,
+                               tool_server=self._tools.serve)
         return await rollout.run()
 
     def _new_runtime(self, name: str) -> Runtime:

@@ -41,6 +41,24 @@ class RolloutSpec:
     has_user: bool = False
     runtime: Runtime | None = None
 
+    def rollout(self, *, interception: Interception, runtime_factory: Callable[[str], Runtime],
+                tool_server: ToolServerFactory | None) -> Rollout:
+        """The ``Rollout`` this spec describes, served by the given services."""
+        return Rollout(
+            self.task,
+            self.harness,
+            model=self.model,
+            runtime=self.runtime,
+            runtime_factory=runtime_factory,
+            interception=interception,
+            tool_server=tool_server,
+            limits=self.limits,
+            timeouts=self.timeouts,
+            model_name=self.model_name,
+            sampling=self.sampling,
+            has_user=self.has_user,
+        )
+
 
 class UnknownRollout(KeyError):
     """No open rollout has that id on this host."""
@@ -75,20 +93,8 @@ class RolloutHost:
         self.completed = 0
 
     def _build(self, spec: RolloutSpec) -> Rollout:
-        return Rollout(
-            spec.task,
-            spec.harness,
-            model=spec.model,
-            runtime=spec.runtime,
-            runtime_factory=self._runtime_factory,
-            interception=self._interception,
-            tool_server=self._tool_server,
-            limits=spec.limits,
-            timeouts=spec.timeouts,
-            model_name=spec.model_name,
-            sampling=spec.sampling,
-            has_user=spec.has_user,
-        )
+        return spec.rollout(interception=self._interception, runtime_factory=self._runtime_factory,
+                            tool_server=self._tool_server)
 
     async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
         """Open a rollout; returns its id (the trace id) and ``Rollout.open``'s result."""
