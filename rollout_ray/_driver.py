@@ -39,7 +39,7 @@ from ._model import Model
 from ._rollout_host import RolloutSpec
 from ._store import Manifest, ShardWriter, done_keys, read_manifest, read_run, write_manifest
 from ._task import Task
-from ._trace import AgentInfo, Timing, Trace, TraceTask
+from ._trace import AgentInfo, Timing, Trace
 
 
 class EvalConfig(BaseModel):
@@ -348,8 +348,7 @@ class Driver:
 def _lost_trace(task: Task, harness: Harness, error: Exception) -> Trace:
     """The record of a rollout whose host died: failed, with the infrastructure error."""
     trace = Trace(
-        task=TraceTask(type=type(task).__name__, key=task.key, hash=task.hash, idx=task.data.idx,
-                       data=task.data.model_dump(mode="json")),
+        task=task.trace_task(),
         agent=AgentInfo(harness=harness.id),
         timing=Timing(start=time.time()),
     )

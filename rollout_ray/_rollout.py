@@ -19,13 +19,11 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack, suppress
-from dataclasses import dataclass
 from typing import Any
 
-from ._aio import gather_all
 from ._errors import HarnessError, RolloutError, TaskError, ToolsetError, boundary
 from ._harness import Harness, HarnessContext, HarnessSession
-from ._hooks import call_by_name, classify
+from ._hooks import classify
 from ._interception import Interception, LocalInterception
 from ._limits import RolloutLimits, RolloutTimeouts
 from ._local_runtime import LocalRuntime
@@ -33,9 +31,11 @@ from ._messages import Message, Request
 from ._model import Model
 from ._runtime import Runtime
 from ._session import RolloutSession
+from ._phases import finalize_and_score, run_setup
 from ._prompt import harness_data
+from ._segment import Segment
 from ._task import Task
-from ._trace import AgentInfo, Timing, Trace, TraceTask
+from ._trace import AgentInfo, Timing, Trace
 
 log = logging.getLogger("rollout_ray")
 
@@ -47,15 +47,6 @@ context manager yielding ``{server name: url}``; ``on_call`` receives each ``Too
 
 def _now() -> float:
     return time.time()
-
-
-@dataclass
-class _Segment:
-    """How one segment ended, before the trace holds what its proxy committed."""
-
-    turns_before: int
-    raised: Exception | None = None
-    expired: bool = False
 
 
 class Rollout:
@@ -100,13 +91,7 @@ class Rollout:
         self.task = task
         self.harness = harness
         self.trace = Trace(
-            task=TraceTask(
-                type=type(task).__name__,
-                key=task.key,
-                hash=task.hash,
-                idx=task.data.idx,
-                data=task.data.model_dump(mode="json"),
-            ),
+            task=task.trace_task(),
             agent=AgentInfo(harness=harness.id, model=model_name or model.name),
             timing=Timing(start=_now()),
         )
@@ -130,7 +115,7 @@ class Rollout:
         self.harness_session: HarnessSession | None = None
         self._stack = AsyncExitStack()
         self._opened = self._closed = self._failed = False
-        self._unsettled: _Segment | None = None
+        self._unsettled: Segment | None = None
         self.failure: BaseException | None = None
         """The latest failure recorded by ``fail``."""
 
@@ -162,10 +147,8 @@ class Rollout:
             )
         runtime = self.runtime
         self.trace.agent.runtime = runtime.info(borrowed=not self.owns_runtime)
-        log.info(
-            "rollout start: id=%s task=%s harness=%s runtime=%s",
-            self.trace.id, self.task.data.idx, self.harness.id, runtime.type,
-        )
+        log.info("rollout start: id=%s task=%s harness=%s runtime=%s",
+                 self.trace.id, self.task.data.idx, self.harness.id, runtime.type)
         try:
             await self._open(runtime)
         except Exception as e:
@@ -187,7 +170,7 @@ class Rollout:
             self.trace.agent.runtime = runtime.info(borrowed=False)  # the id is known now
         await runtime.prepare_setup()
         self.trace.timing.boot.end = self.trace.timing.setup.start = _now()
-        await self._setup(runtime)
+        await run_setup(self.task, self.harness, self.trace, runtime, self.timeouts)
         with boundary(ToolsetError, "building tool servers"):
             toolsets = self.task.toolsets(self.task.config)
         slot = await self._stack.enter_async_context(self.interception.serve(self.session))
@@ -213,18 +196,6 @@ class Rollout:
             )
             self.harness_session = self.harness.session(ctx)
 
-    async def _setup(self, runtime: Runtime) -> None:
-        """Task setup then harness setup, under one shared deadline (B11)."""
-        loop = asyncio.get_running_loop()
-        limit = self.timeouts.setup
-        deadline = None if limit is None else loop.time() + limit
-        with boundary(TaskError, "task setup"):
-            async with asyncio.timeout_at(deadline):
-                await call_by_name(self.task.setup, {"trace": self.trace, "runtime": runtime})
-        with boundary(HarnessError, "harness setup"):
-            async with asyncio.timeout_at(deadline):
-                await self.harness.setup(runtime)
-
     async def _serve_tools(
         self, toolsets: list[Any], runtime: Runtime, state_secret: str
     ) -> dict[str, str]:
@@ -235,10 +206,8 @@ class Rollout:
                 f"task {type(self.task).__name__} declares {len(toolsets)} tool server(s) but "
                 "the rollout has no tool_server to run them; pass Rollout(tool_server=...)"
             )
-        urls: dict[str, str] = await self._stack.enter_async_context(
-            self._tool_server(toolsets, runtime, state_secret, on_call=self.trace.tool_calls.append)
-        )
-        return urls
+        serving = self._tool_server(toolsets, runtime, state_secret, on_call=self.trace.tool_calls.append)
+        return dict(await self._stack.enter_async_context(serving))
 
     def _tool_interception_url(self, runtime: Runtime, base_url: str) -> str | None:
         if self.harness.supports_tool_interception and (
@@ -269,17 +238,8 @@ class Rollout:
     async def abort(self) -> None:
         """Release everything without finalizing or scoring (B21). Safe after a partial close."""
         self._closed = True
-        if self.harness_session is not None:
-            with suppress(Exception):
-                await self.harness_session.close()
-        with suppress(Exception):
-            await self._stack.aclose()
-        if self.runtime is not None:
-            with suppress(Exception):
-                await self.harness.cleanup(self.trace, self.runtime)
-            if self.owns_runtime:
-                with suppress(Exception):
-                    await self.runtime.stop()
+        await self._leave_services()
+        await self._clean_runtime()
 
     # -- step -------------------------------------------------------------------------------
 
@@ -300,11 +260,11 @@ class Rollout:
             return False
         return self._settle(segment)
 
-    async def _run_segment(self, messages: Sequence[Message] | None) -> _Segment | None:
+    async def _run_segment(self, messages: Sequence[Message] | None) -> Segment | None:
         """The segment itself, charged to the agent budget; ``None`` if none may run."""
         if not self._opened or self._closed or not self.ok or self.harness_session is None:
             return None
-        segment = _Segment(self.trace.num_turns)
+        segment = Segment(self.trace.num_turns)
         loop = asyncio.get_running_loop()
         started = loop.time()
         budget = self.remaining_agent_budget
@@ -322,10 +282,12 @@ class Rollout:
             self.deadline_at = None
         return segment
 
-    def _settle(self, segment: _Segment) -> bool:
+    def _settle(self, segment: Segment) -> bool:
         """Record how a segment ended, once the trace holds what its proxy committed."""
         if segment.raised is not None:
-            self._segment_failed(segment.raised, segment.expired)
+            failure = segment.failure(self.session, self.timeouts.agent)
+            if failure is not None:
+                self.fail(failure)
             return False
         if self.session.error is not None:
             self.fail(self.session.error)
@@ -340,27 +302,6 @@ class Rollout:
             if self.session.stopped:
                 return
         await self.harness_session.turn(messages)
-
-    def _segment_failed(self, error: Exception, expired: bool) -> None:
-        """Record how a segment that raised ended (B27–B30)."""
-        if isinstance(error, TimeoutError):
-            if expired:
-                timeout = HarnessError(
-                    f"agent timeout: rollout exceeded its {self.timeouts.agent:g}s budget"
-                )
-                timeout.__cause__ = error
-                self.fail(timeout)
-            else:
-                self.fail(error)
-            return
-        if self.session.stopped:
-            return
-        stashed = self.session.error
-        if isinstance(error, RolloutError) and stashed is not None:
-            stashed.__cause__ = error
-            self.fail(stashed)
-        else:
-            self.fail(error)
 
     # -- close ------------------------------------------------------------------------------
 
@@ -387,7 +328,7 @@ class Rollout:
                     if self.ok:
                         self.trace.stop("agent_completed")
                 if not self._failed and self._opened:
-                    await self._finalize_and_score()
+                    await finalize_and_score(self.task, self.harness, self.trace, self.runtime, self.timeouts)
             except Exception as e:
                 self.fail(e)
         finally:
@@ -404,59 +345,41 @@ class Rollout:
             # The trajectory is complete; a transport teardown failure must not discard it.
             log.warning("rollout %s: harness session close failed", self.trace.id, exc_info=True)
 
-    async def _finalize_and_score(self) -> None:
-        timing = self.trace.timing
-        timing.finalize.start = _now()
-        with boundary(TaskError, "task finalize"):
-            async with asyncio.timeout(self.timeouts.finalize):
-                await call_by_name(
-                    self.task.finalize, {"trace": self.trace, "runtime": self.runtime}
-                )
-        timing.finalize.end = timing.scoring.start = _now()
-        with boundary(TaskError, "scoring"):
-            async with asyncio.timeout(self.timeouts.scoring):
-                await gather_all(
-                    [
-                        self.task.score(self.trace, self.runtime),
-                        self.harness.score(self.trace, self.runtime, self.task.data),
-                    ]
-                )
-        timing.scoring.end = _now()
-
     async def _teardown(self) -> None:
-        if self.harness_session is not None:
-            with suppress(Exception):
-                await self.harness_session.close()
-        with suppress(Exception):
-            await self._stack.aclose()
+        await self._leave_services()
         trace = self.trace
         trace.is_completed = True
         trace.ok = not self._failed
-        now = _now()
-        for span in trace.timing.spans().values():
-            if span.start and not span.end:
-                span.end = now
+        trace.timing.end_open_spans(_now())
         trace.split_agent_time()
+        await self._clean_runtime()
+
+    async def _leave_services(self) -> None:
+        """Close the harness session and leave the tool servers and the interception."""
+        await self._close_harness_session()
+        with suppress(Exception):
+            await self._stack.aclose()
+
+    async def _clean_runtime(self) -> None:
+        """Harness cleanup, then stop an owned runtime: last, since env-level judging after
+        close needs only the traces (B43)."""
         if self.runtime is None:
             return
         try:
-            await self.harness.cleanup(trace, self.runtime)
+            await self.harness.cleanup(self.trace, self.runtime)
         except Exception:
-            log.warning("rollout %s: harness cleanup failed", trace.id, exc_info=True)
+            log.warning("rollout %s: harness cleanup failed", self.trace.id, exc_info=True)
         if self.owns_runtime:
-            # Last step: env-level judging after close needs only the traces (B43).
             try:
                 await self.runtime.stop()
             except Exception:
-                log.warning("rollout %s: runtime teardown failed", trace.id, exc_info=True)
+                log.warning("rollout %s: runtime teardown failed", self.trace.id, exc_info=True)
 
     def _log_done(self) -> None:
         trace = self.trace
         stop = trace.last_error.type if trace.last_error else trace.stop_condition
-        log.info(
-            "rollout done: id=%s task=%s reward=%.3f turns=%d stop=%s",
-            trace.id, self.task.data.idx, trace.reward, trace.num_turns, stop,
-        )
+        log.info("rollout done: id=%s task=%s reward=%.3f turns=%d stop=%s",
+                 trace.id, self.task.data.idx, trace.reward, trace.num_turns, stop)
 
     # -- the whole run ----------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from ._errors import TaskError, boundary
 from ._hooks import Hook, HookKind, discover, requires, sort_hooks
 from ._limits import RolloutTimeouts
 from ._scoring import run_metrics, run_rewards, seed
-from ._trace import Trace
+from ._trace import Trace, TraceTask
 
 log = logging.getLogger("rollout_ray")
 
@@ -127,6 +127,11 @@ class Task:
     def key(self) -> str:
         """The stable identity of the task; defaults to ``hash``."""
         return self.hash
+
+    def trace_task(self) -> TraceTask:
+        """The task as a trace records it."""
+        return TraceTask(type=type(self).__name__, key=self.key, hash=self.hash, idx=self.data.idx,
+                         data=self.data.model_dump(mode="json"))
 
     async def setup(self, trace: Trace, runtime: Any) -> None:
         """Prepare the runtime for this task (called with the parameters it names)."""

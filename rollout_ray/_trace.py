@@ -71,13 +71,14 @@ class Timing(msgspec.Struct):
     scoring: TimeSpan = msgspec.field(default_factory=TimeSpan)
 
     def spans(self) -> dict[str, TimeSpan | AgentSpan]:
-        return {
-            "boot": self.boot,
-            "setup": self.setup,
-            "agent": self.agent,
-            "finalize": self.finalize,
-            "scoring": self.scoring,
-        }
+        return {"boot": self.boot, "setup": self.setup, "agent": self.agent,
+                "finalize": self.finalize, "scoring": self.scoring}
+
+    def end_open_spans(self, now: float) -> None:
+        """End at ``now`` every span that started and has not ended."""
+        for span in self.spans().values():
+            if span.start and not span.end:
+                span.end = now
 
 
 class Error(msgspec.Struct):
