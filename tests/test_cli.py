@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -103,8 +104,9 @@ def test_a_taskset_file_ships_the_plain_modules_beside_it_that_it_imports() -> N
     from rollout_ray._eval_command import _taskset_modules, load_taskset
 
     module = load_taskset("examples/program.py")
-    names = {m.__name__ for m in _taskset_modules(module)}
-    assert names == {"taskset_program", "calc_tool"}
+    shipped = _taskset_modules(module)
+    assert shipped[0] is module and "calc_tool" in {m.__name__ for m in shipped}
+    assert all(os.path.dirname(m.__file__) == os.path.dirname(module.__file__) for m in shipped)
     assert [m.__name__ for m in _taskset_modules(sys.modules["calc_tool"])] == ["calc_tool"]  # by name: as is
 
 

@@ -19,7 +19,7 @@ from rollout_ray._finalize import FinalizeConfig, finalize
 from rollout_ray._limits import LIMIT_FIELDS
 from rollout_ray._store import read_manifest, read_run
 from rollout_ray._summary import summarize
-from rollout_ray._sweep import SweepConfigError, SweepGrid, expand, load_sweep
+from rollout_ray._sweep_grid import SweepConfigError, SweepGrid, expand, load_sweep
 
 ARITH = str(pathlib.Path(__file__).parent.parent / "examples" / "arith.py")
 NAMES = [
