@@ -55,6 +55,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import msgspec
 import pyarrow as pa
 
+from _proc import PAGE, TICK, stat_fields  # benchmarks/ is the script's directory
 from rollout_ray._arrow import (
     SCALAR_COLUMNS,
     RolloutRecord,
@@ -90,8 +91,6 @@ ROOT = Path(__file__).resolve().parent.parent
 ARITH = ROOT / "examples" / "arith.py"
 SAMPLES_PER_TASK = 4
 MiB = 2**20
-PAGE = os.sysconf("SC_PAGE_SIZE")
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def raise_nofile() -> tuple[int, int]:
@@ -134,16 +133,6 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """Fields 3.. of /proc/PID/stat (after the command name), or None if it vanished."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rindex(b")") + 2 :].split()
-
-
 def tree_cpu(roots: Iterable[int] | None = None) -> dict[int, float]:
     """{pid: CPU seconds} for this process (or ``roots``) and every descendant: utime + stime,
     plus cutime + cstime (the CPU of children that exited and were reaped inside the tree)."""
@@ -151,7 +140,7 @@ def tree_cpu(roots: Iterable[int] | None = None) -> dict[int, float]:
     cpu: dict[int, float] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            fields = _stat_fields(int(entry))
+            fields = stat_fields(int(entry))
             if fields is not None:
                 children[int(fields[1])].append(int(entry))
                 cpu[int(entry)] = sum(int(x) for x in fields[11:15]) / TICK

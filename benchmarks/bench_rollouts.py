@@ -39,6 +39,7 @@ from typing import Any, Self
 
 import aiohttp
 
+from _proc import PAGE, TICK, stat_fields  # benchmarks/ is the script's directory
 from rollout_ray import (
     ChatHarness,
     HTTPInterception,
@@ -108,18 +109,6 @@ def check(trace: Trace, kind: str) -> str | None:
 
 # -- the process tree: memory and CPU from /proc ---------------------------------------------
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """Fields 3.. of /proc/PID/stat (after the command name), or None if it vanished."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rindex(b")") + 2 :].split()
 
 
 def tree_pids(root: int, extra: Iterable[int] = ()) -> list[int]:
@@ -129,7 +118,7 @@ def tree_pids(root: int, extra: Iterable[int] = ()) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        fields = _stat_fields(int(entry))
+        fields = stat_fields(int(entry))
         if fields is not None:
             alive.add(int(entry))
             children[int(fields[1])].append(int(entry))
@@ -159,7 +148,7 @@ def cpu_seconds(pids: Iterable[int]) -> float:
     """utime + stime + cutime + cstime of each pid: its own CPU and its reaped children's."""
     ticks = 0
     for pid in pids:
-        fields = _stat_fields(pid)
+        fields = stat_fields(pid)
         if fields is not None:
             ticks += sum(int(x) for x in fields[11:15])
     return ticks / TICK
