@@ -50,6 +50,22 @@ def default_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"rollout-ray-cluster-{os.getuid()}"
 
 
+def ray_executable() -> str:
+    """The ``ray`` command of the Python running this script, else the one on PATH.
+
+    Next to ``sys.executable`` first: a venv used without being activated (``.venv/bin/python
+    cluster/local_cluster.py start``) has its ``ray`` there and not on PATH.
+    """
+    beside = os.path.join(os.path.dirname(sys.executable), "ray")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("ray")
+    if found is None:
+        raise SystemExit(f"cannot find the `ray` command next to {sys.executable} or on PATH; "
+                         "install the package (pip install -e .) into this Python")
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -223,7 +239,7 @@ def start(args: argparse.Namespace) -> int:
         "nodes": {},
     }
     env = cluster_env(state)
-    ray = shutil.which("ray") or "ray"
+    ray = ray_executable()
     common = ["--block", "--node-ip-address", "127.0.0.1", "--num-cpus", str(args.cpus),
               "--object-store-memory", str(args.object_store_mb * 1024 * 1024),
               "--disable-usage-stats"]
