@@ -56,13 +56,13 @@ import msgspec
 import pyarrow as pa
 
 from _proc import PAGE, TICK, stat_fields  # benchmarks/ is the script's directory
-from rollout_ray._arrow import (
+from rollout_ray._record.arrow import (
     SCALAR_COLUMNS,
     RolloutRecord,
     records_to_table,
     table_to_traces,
 )
-from rollout_ray._messages import (
+from rollout_ray._record.messages import (
     AssistantMessage,
     SystemMessage,
     Tool,
@@ -71,8 +71,8 @@ from rollout_ray._messages import (
     Usage,
     UserMessage,
 )
-from rollout_ray._store import ShardWriter, read_run, shard_paths
-from rollout_ray._trace import (
+from rollout_ray._record.store import ShardWriter, read_run, shard_paths
+from rollout_ray._record.trace import (
     AgentInfo,
     AgentSpan,
     MessageNode,
@@ -480,7 +480,7 @@ def start_model(latency: float) -> tuple[subprocess.Popen[str], str]:
     """``rollout-ray serve-model`` on 127.0.0.1, a free port, ttft = latency (a child process,
     standing in for the inference server; its CPU is shown on its own line)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rollout_ray.cli", "serve-model", "--host", "127.0.0.1", "--port", "0",
+        [sys.executable, "-m", "rollout_ray", "serve-model", "--host", "127.0.0.1", "--port", "0",
          "--ttft", str(latency)],
         stdout=subprocess.PIPE, text=True,
     )
@@ -555,8 +555,8 @@ async def bench_e2e(ns: list[int], concurrency: int, latency: float, actors: int
     import ray
 
     from rollout_ray import LocalExecutor, OpenAIModel
-    from rollout_ray._eval_command import load_taskset
-    from rollout_ray._ray_executor import RayExecutor
+    from rollout_ray._cli.eval import load_taskset
+    from rollout_ray._ray.executor import RayExecutor
 
     capacity = math.ceil(concurrency / actors)
     print(f"\n## 2. End to end: examples/arith.py tasks x {SAMPLES_PER_TASK} samples, simulated model "

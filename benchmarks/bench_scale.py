@@ -215,8 +215,8 @@ def n_for(c: int, per_slot: int, min_n: int) -> int:
 
 
 def make_executor(actors: int, capacity: int, options: list[dict[str, Any]] | None) -> Any:
-    from rollout_ray._actors import RolloutActor
-    from rollout_ray._ray_executor import RayExecutor
+    from rollout_ray._ray.actors import RolloutActor
+    from rollout_ray._ray.executor import RayExecutor
 
     if options is None:
         return RayExecutor(actors=actors, capacity=capacity)
@@ -355,7 +355,7 @@ async def bench(args: argparse.Namespace, cs: list[int], topologies: list[str]) 
     import ray
 
     from rollout_ray import OpenAIModel
-    from rollout_ray._eval_command import load_taskset
+    from rollout_ray._cli.eval import load_taskset
 
     module = load_taskset(str(ARITH))
     ray.cloudpickle.register_pickle_by_value(module)  # as rollout-ray eval does

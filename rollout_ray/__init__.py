@@ -11,98 +11,98 @@ import logging
 from typing import Any
 
 # The record
-from ._trace import TRACE_VERSION as TRACE_VERSION
-from ._trace import AgentInfo as AgentInfo
-from ._trace import AgentSpan as AgentSpan
-from ._trace import Branch as Branch
-from ._trace import Error as Error
-from ._trace import InterceptRecord as InterceptRecord
-from ._trace import MessageNode as MessageNode
-from ._trace import ModelCall as ModelCall
-from ._trace import Reward as Reward
-from ._trace import RuntimeInfo as RuntimeInfo
-from ._trace import TimeSpan as TimeSpan
-from ._trace import TimeSplit as TimeSplit
-from ._trace import Timing as Timing
-from ._trace import Trace as Trace
-from ._trace import ToolCallRecord as ToolCallRecord
-from ._trace import TraceTask as TraceTask
-from ._trace import decode_trace as decode_trace
-from ._trace import encode_trace as encode_trace
+from ._record.trace import TRACE_VERSION as TRACE_VERSION
+from ._record.trace import AgentInfo as AgentInfo
+from ._record.trace import AgentSpan as AgentSpan
+from ._record.trace import Branch as Branch
+from ._record.trace import Error as Error
+from ._record.trace import InterceptRecord as InterceptRecord
+from ._record.trace import MessageNode as MessageNode
+from ._record.trace import ModelCall as ModelCall
+from ._record.trace import Reward as Reward
+from ._record.trace import RuntimeInfo as RuntimeInfo
+from ._record.trace import TimeSpan as TimeSpan
+from ._record.trace import TimeSplit as TimeSplit
+from ._record.trace import Timing as Timing
+from ._record.trace import Trace as Trace
+from ._record.trace import ToolCallRecord as ToolCallRecord
+from ._record.trace import TraceTask as TraceTask
+from ._record.trace import decode_trace as decode_trace
+from ._record.trace import encode_trace as encode_trace
 
 # Messages and the model boundary
-from ._messages import AssistantMessage as AssistantMessage
-from ._messages import ImagePart as ImagePart
-from ._messages import Message as Message
-from ._messages import Request as Request
-from ._messages import Response as Response
-from ._messages import SystemMessage as SystemMessage
-from ._messages import TextPart as TextPart
-from ._messages import Tool as Tool
-from ._messages import ToolCall as ToolCall
-from ._messages import ToolMessage as ToolMessage
-from ._messages import Usage as Usage
-from ._messages import UserMessage as UserMessage
-from ._model import Model as Model
-from ._session import RolloutSession as RolloutSession
-from ._interception import ChatClient as ChatClient
-from ._interception import Interception as Interception
-from ._interception import LocalInterception as LocalInterception
-from ._interception import Slot as Slot
-from ._proxy import HTTPInterception as HTTPInterception
-from ._upstream import OpenAIModel as OpenAIModel
+from ._record.messages import AssistantMessage as AssistantMessage
+from ._record.messages import ImagePart as ImagePart
+from ._record.messages import Message as Message
+from ._record.messages import Request as Request
+from ._record.messages import Response as Response
+from ._record.messages import SystemMessage as SystemMessage
+from ._record.messages import TextPart as TextPart
+from ._record.messages import Tool as Tool
+from ._record.messages import ToolCall as ToolCall
+from ._record.messages import ToolMessage as ToolMessage
+from ._record.messages import Usage as Usage
+from ._record.messages import UserMessage as UserMessage
+from ._core.model import Model as Model
+from ._core.session import RolloutSession as RolloutSession
+from ._core.interception import ChatClient as ChatClient
+from ._core.interception import Interception as Interception
+from ._core.interception import LocalInterception as LocalInterception
+from ._core.interception import Slot as Slot
+from ._serving.proxy import HTTPInterception as HTTPInterception
+from ._serving.upstream import OpenAIModel as OpenAIModel
 
 # Hooks and budgets
-from ._hooks import intercept as intercept
-from ._hooks import metric as metric
-from ._hooks import reward as reward
-from ._hooks import stop as stop
-from ._limits import RolloutLimits as RolloutLimits
-from ._limits import RolloutTimeouts as RolloutTimeouts
+from ._core.hooks import intercept as intercept
+from ._core.hooks import metric as metric
+from ._core.hooks import reward as reward
+from ._core.hooks import stop as stop
+from ._core.limits import RolloutLimits as RolloutLimits
+from ._core.limits import RolloutTimeouts as RolloutTimeouts
 
 # Task, harness, runtime, rollout
-from ._task import Judge as Judge
-from ._task import PluggedReward as PluggedReward
-from ._task import Task as Task
-from ._task import TaskConfig as TaskConfig
-from ._task import TaskData as TaskData
-from ._harness import Harness as Harness
-from ._harness import HarnessContext as HarnessContext
-from ._harness import HarnessSession as HarnessSession
-from ._runtime import ProgramResult as ProgramResult
-from ._runtime import Runtime as Runtime
-from ._local_runtime import LocalRuntime as LocalRuntime
-from ._sandbox_runtime import SandboxRuntime as SandboxRuntime
-from ._rollout import Rollout as Rollout
-from ._rollout_host import RolloutSpec as RolloutSpec
-from ._chat_harness import ChatHarness as ChatHarness
-from ._program_harness import ProgramHarness as ProgramHarness
-from ._toolset import Toolset as Toolset
-from ._toolset import ToolInputError as ToolInputError
-from ._toolset import tool as tool
-from ._tool_server import ToolServer as ToolServer
-from ._simulated_model import SimulatedModelConfig as SimulatedModelConfig
+from ._core.task import Judge as Judge
+from ._core.task import PluggedReward as PluggedReward
+from ._core.task import Task as Task
+from ._core.task import TaskConfig as TaskConfig
+from ._core.task import TaskData as TaskData
+from ._core.harness import Harness as Harness
+from ._core.harness import HarnessContext as HarnessContext
+from ._core.harness import HarnessSession as HarnessSession
+from ._core.runtime import ProgramResult as ProgramResult
+from ._core.runtime import Runtime as Runtime
+from ._runtimes.local import LocalRuntime as LocalRuntime
+from ._runtimes.sandbox import SandboxRuntime as SandboxRuntime
+from ._core.rollout import Rollout as Rollout
+from ._core.host import RolloutSpec as RolloutSpec
+from ._harnesses.chat import ChatHarness as ChatHarness
+from ._harnesses.program import ProgramHarness as ProgramHarness
+from ._core.toolset import Toolset as Toolset
+from ._core.toolset import ToolInputError as ToolInputError
+from ._core.toolset import tool as tool
+from ._serving.tool_server import ToolServer as ToolServer
+from ._simulated.server import SimulatedModelConfig as SimulatedModelConfig
 
 # The driver, Arrow and the env-level finalize
-from ._driver import Driver as Driver
-from ._driver import EvalConfig as EvalConfig
-from ._driver import Group as Group
-from ._driver import Progress as Progress
-from ._driver import RunResult as RunResult
-from ._executor import Executor as Executor
-from ._executor import InfrastructureLost as InfrastructureLost
-from ._executor import LocalExecutor as LocalExecutor
-from ._arrow import TRACE_SCHEMA as TRACE_SCHEMA
-from ._arrow import RolloutRecord as RolloutRecord
-from ._arrow import records_to_table as records_to_table
-from ._arrow import table_to_traces as table_to_traces
-from ._store import CorruptShard as CorruptShard
-from ._store import ShardWriter as ShardWriter
-from ._store import read_run as read_run
-from ._finalize import FinalizeConfig as FinalizeConfig
-from ._finalize import Finalized as Finalized
-from ._finalize import finalize as finalize
-from ._simulated_model import SimulatedModelServer as SimulatedModelServer
+from ._driver.driver import Driver as Driver
+from ._driver.driver import EvalConfig as EvalConfig
+from ._driver.driver import Group as Group
+from ._driver.driver import Progress as Progress
+from ._driver.driver import RunResult as RunResult
+from ._core.executor import Executor as Executor
+from ._core.executor import InfrastructureLost as InfrastructureLost
+from ._core.executor import LocalExecutor as LocalExecutor
+from ._record.arrow import TRACE_SCHEMA as TRACE_SCHEMA
+from ._record.arrow import RolloutRecord as RolloutRecord
+from ._record.arrow import records_to_table as records_to_table
+from ._record.arrow import table_to_traces as table_to_traces
+from ._record.store import CorruptShard as CorruptShard
+from ._record.store import ShardWriter as ShardWriter
+from ._record.store import read_run as read_run
+from ._driver.finalize import FinalizeConfig as FinalizeConfig
+from ._driver.finalize import Finalized as Finalized
+from ._driver.finalize import finalize as finalize
+from ._simulated.server import SimulatedModelServer as SimulatedModelServer
 
 # Errors
 from ._errors import HarnessError as HarnessError
@@ -123,11 +123,11 @@ logging.getLogger("rollout_ray").addHandler(logging.NullHandler())
 
 # The Ray layer, imported on first access so that the core never pays for (or needs) ray.
 _LAZY = {
-    "RolloutActor": "._actors",
-    "RuntimeActor": "._actors",
-    "RemoteRuntime": "._remote_runtime",
-    "RayExecutor": "._ray_executor",
-    "shutdown_node_services": "._actors",
+    "RolloutActor": "._ray.actors",
+    "RuntimeActor": "._ray.actors",
+    "RemoteRuntime": "._ray.remote_runtime",
+    "RayExecutor": "._ray.executor",
+    "shutdown_node_services": "._ray.actors",
 }
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from rollout_ray._openai import parse_request
+from rollout_ray._record.wire import parse_request
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -36,7 +36,7 @@ from rollout_ray import (
     Usage,
     UserMessage,
 )
-from rollout_ray._arrow import (
+from rollout_ray._record.arrow import (
     ARROW_SCHEMA_VERSION,
     CONVERSATION_COLUMNS,
     SCALAR_COLUMNS,
@@ -48,7 +48,7 @@ from rollout_ray._arrow import (
     table_to_records,
     table_to_traces,
 )
-from rollout_ray._messages import ImageURL
+from rollout_ray._record.messages import ImageURL
 
 
 def full_trace() -> Trace:

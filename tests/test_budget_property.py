@@ -12,7 +12,7 @@ from rollout_ray import (
     HarnessError, Request, Reward, Rollout, RolloutLimits, RolloutTimeouts, Task, Trace, Usage,
     UserMessage, reward,
 )
-from rollout_ray._limits import LIMIT_FIELDS
+from rollout_ray._core.limits import LIMIT_FIELDS
 from rollout_ray.testing import MemoryRuntime, Reply, ScriptedHarness, ScriptedModel, run_virtual
 
 AGGREGATES = ("num_turns", "num_input_tokens", "num_output_tokens", "num_total_tokens")

@@ -14,7 +14,7 @@ import pytest
 
 def test_serve_model_answers_until_interrupted() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rollout_ray.cli", "serve-model", "--port", "0", "--ttft", "0"],
+        [sys.executable, "-m", "rollout_ray", "serve-model", "--port", "0", "--ttft", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -38,7 +38,7 @@ def test_serve_model_answers_until_interrupted() -> None:
 
 def test_serve_model_rejects_invalid_settings_with_the_field_named() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "rollout_ray.cli", "serve-model", "--error-rate", "2"],
+        [sys.executable, "-m", "rollout_ray", "serve-model", "--error-rate", "2"],
         capture_output=True, text=True,
     )
     assert result.returncode == 2
@@ -46,7 +46,7 @@ def test_serve_model_rejects_invalid_settings_with_the_field_named() -> None:
 
 
 def _rollout_ray(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rollout_ray.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rollout_ray", *args], capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -101,7 +101,7 @@ def test_trainer_loop_example_consumes_every_group() -> None:
 def test_a_taskset_file_ships_the_plain_modules_beside_it_that_it_imports() -> None:
     """examples/program.py imports calc_tool from its own folder: Ray workers can import
     neither, so both go by value (this once failed `rollout-ray eval examples/program.py`)."""
-    from rollout_ray._eval_command import _taskset_modules, load_taskset
+    from rollout_ray._cli.eval import _taskset_modules, load_taskset
 
     module = load_taskset("examples/program.py")
     shipped = _taskset_modules(module)
@@ -112,7 +112,7 @@ def test_a_taskset_file_ships_the_plain_modules_beside_it_that_it_imports() -> N
 
 def test_runtime_host_and_executors_refuse_an_unknown_runtime_kind() -> None:
     from rollout_ray import LocalExecutor
-    from rollout_ray._runtime_host import RuntimeHost
+    from rollout_ray._runtimes.host import RuntimeHost
 
     for make in (lambda: RuntimeHost(kind="docker"), lambda: LocalExecutor(runtime="docker")):
         with pytest.raises(ValueError, match="one of \\('local', 'sandbox'\\)"):

@@ -98,7 +98,7 @@ def test_eval_on_local_three_node_cluster(tmp_path: Path) -> None:
         client = {**env, **lc.client_env(state)}
         out = tmp_path / "run"
         evaluated = _run(
-            [sys.executable, "-m", "rollout_ray.cli", "eval", "examples/arith.py", "--address", state["address"],
+            [sys.executable, "-m", "rollout_ray", "eval", "examples/arith.py", "--address", state["address"],
              "--limit", "4", "--samples", "2", "--out", str(out)],
             env=client, timeout=150,
         )
@@ -106,7 +106,7 @@ def test_eval_on_local_three_node_cluster(tmp_path: Path) -> None:
         assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
         assert "rollouts 8  ok 8  failed 0" in evaluated.stdout, evaluated.stdout
 
-        from rollout_ray._store import read_run
+        from rollout_ray._record.store import read_run
 
         assert read_run(str(out)).num_rows == 8
         # The Trace does not record its node; the per-node interception actors do show where

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from conftest import run
-from rollout_ray._coalesce import Coalescer
+from rollout_ray._ray.coalesce import Coalescer
 
 
 class Service:

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from rollout_ray import ChatHarness, ProviderError, Task, Trace, reward
-from rollout_ray._driver import Driver, EvalConfig
-from rollout_ray._executor import Executor, InfrastructureLost, LocalExecutor
-from rollout_ray._rollout_host import RolloutSpec
-from rollout_ray._store import read_run
+from rollout_ray._driver.driver import Driver, EvalConfig
+from rollout_ray._core.executor import Executor, InfrastructureLost, LocalExecutor
+from rollout_ray._core.host import RolloutSpec
+from rollout_ray._record.store import read_run
 from rollout_ray.testing import ScriptedModel
 
 
@@ -154,7 +154,7 @@ def test_a_run_directory_is_not_overwritten_without_resume(tmp_path: Any) -> Non
 
 @pytest.mark.ray
 def test_eval_of_200_rollouts_on_local_ray(ray_cluster: Any, tmp_path: Any) -> None:
-    from rollout_ray._ray_executor import RayExecutor
+    from rollout_ray._ray.executor import RayExecutor
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     config = EvalConfig(samples_per_task=4, max_in_flight=64)
@@ -194,8 +194,8 @@ def _read_text(path: str) -> str:
 def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any, tmp_path: Any) -> None:
     import os
 
-    from rollout_ray._actors import INTERCEPTION_PREFIX, NAMESPACE
-    from rollout_ray._ray_executor import RayExecutor
+    from rollout_ray._ray.actors import INTERCEPTION_PREFIX, NAMESPACE
+    from rollout_ray._ray.executor import RayExecutor
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     fifo, marker = str(tmp_path / "started"), str(tmp_path / "marker")

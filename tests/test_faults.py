@@ -47,18 +47,18 @@ from rollout_ray import (
     Trace,
     tool,
 )
-from rollout_ray._arrow import table_to_traces
-from rollout_ray._driver import Driver, EvalConfig
-from rollout_ray._executor import Executor, InfrastructureLost, LocalExecutor
-from rollout_ray._guardian import pids_with_marker
-from rollout_ray._local_runtime import RUNTIME_MARKER, LocalRuntime
-from rollout_ray._messages import Request, UserMessage
-from rollout_ray._program_harness import ProgramHarness
-from rollout_ray._proxy import HTTPInterception
-from rollout_ray._rollout_host import RolloutSpec
-from rollout_ray._runtime_host import HOST_MARKER
-from rollout_ray._sandbox_runtime import SandboxRuntime, sandbox_unavailable
-from rollout_ray._store import CorruptShard, read_manifest, read_run, shard_paths
+from rollout_ray._record.arrow import table_to_traces
+from rollout_ray._driver.driver import Driver, EvalConfig
+from rollout_ray._core.executor import Executor, InfrastructureLost, LocalExecutor
+from rollout_ray._runtimes.guardian import pids_with_marker
+from rollout_ray._runtimes.local import RUNTIME_MARKER, LocalRuntime
+from rollout_ray._record.messages import Request, UserMessage
+from rollout_ray._harnesses.program import ProgramHarness
+from rollout_ray._serving.proxy import HTTPInterception
+from rollout_ray._core.host import RolloutSpec
+from rollout_ray._runtimes.host import HOST_MARKER
+from rollout_ray._runtimes.sandbox import SandboxRuntime, sandbox_unavailable
+from rollout_ray._record.store import CorruptShard, read_manifest, read_run, shard_paths
 from rollout_ray.testing import Reply, ScriptedModel
 
 SUITE_MARKER = "ROLLOUT_RAY_FAULT_SUITE"
@@ -187,7 +187,7 @@ async def stop_gate(ray: Any, gate: Any) -> None:
 @pytest.mark.parametrize(("how", "retries"), [("SIGKILL", 1), ("ray.kill", 0)])
 def test_rollout_actor_killed_mid_segment(ray_cluster: Any, report: Any, how: str, retries: int) -> None:
     ray = ray_module()
-    from rollout_ray._ray_executor import RayExecutor
+    from rollout_ray._ray.executor import RayExecutor
 
     async def main() -> tuple[Any, list[tuple[int, str, int]], set[str], dict[str, Any], float, int]:
         gate = ray.remote(Gate).options(num_cpus=0, max_concurrency=100).remote()
@@ -286,7 +286,7 @@ def tool_call_kill(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -
     """One rollout's runtime actor SIGKILLed while a tool's exec runs in it, then a second
     rollout on the same rollout actor; the facts, for the tests below."""
     ray_module()
-    from rollout_ray._actors import RolloutActor
+    from rollout_ray._ray.actors import RolloutActor
 
     fifo = str(tmp_path_factory.mktemp("tool-call") / "pid")
     os.mkfifo(fifo)
@@ -380,7 +380,7 @@ def test_worker_node_removed_mid_run(report: Any, tmp_path: Path) -> None:
 
 def test_ray_executor_placement_is_one_mapping_or_one_per_actor() -> None:
     pytest.importorskip("ray")
-    from rollout_ray._ray_executor import RayExecutor
+    from rollout_ray._ray.executor import RayExecutor
 
     with pytest.raises(ValueError, match=r"^actor_options must hold one mapping per actor \(2\), got 1$"):
         RayExecutor(actors=2, actor_options=[{"resources": {"node_a": 0.01}}])
@@ -664,7 +664,7 @@ def killed_eval(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     area.mkdir()
     TEMP_AREAS.append(area)
     env = {**os.environ, "TMPDIR": str(area)}
-    command = [sys.executable, "-m", "rollout_ray.cli", "eval", str(SCRIPTS / "sharded_arith.py"), "--executor",
+    command = [sys.executable, "-m", "rollout_ray", "eval", str(SCRIPTS / "sharded_arith.py"), "--executor",
                "local", "--out", str(out), "--limit", "12", "--samples", "2", "--sim-ttft", "0.1"]
 
     async def kill_after_first_shard() -> int:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_ray._finalize import FinalizeConfig, finalize
+from rollout_ray._driver.finalize import FinalizeConfig, finalize
 
 EPS = 1e-6
 

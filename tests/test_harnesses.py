@@ -28,9 +28,9 @@ from rollout_ray import (
     UserMessage,
     reward,
 )
-from rollout_ray._chat_harness import ChatHarness
-from rollout_ray._program_harness import ProgramHarness
-from rollout_ray._proxy import HTTPInterception
+from rollout_ray._harnesses.chat import ChatHarness
+from rollout_ray._harnesses.program import ProgramHarness
+from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray import Toolset, ToolServer, tool
 from rollout_ray.testing import Reply, ScriptedModel
 

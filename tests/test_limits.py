@@ -11,7 +11,7 @@ from rollout_ray import (
     MessageNode, ModelCall, Request, Reward, Rollout, RolloutLimits, RolloutTimeouts, Task,
     TaskData, Trace, TraceTask, Usage, UserMessage, AssistantMessage, metric, reward,
 )
-from rollout_ray._limits import LIMIT_FIELDS
+from rollout_ray._core.limits import LIMIT_FIELDS
 from rollout_ray.testing import MemoryRuntime, Reply, ScriptedHarness, ScriptedModel, run_virtual
 
 AGGREGATES = ("num_turns", "num_input_tokens", "num_output_tokens", "num_total_tokens")

@@ -11,9 +11,9 @@ import aiohttp
 import msgspec
 
 from rollout_ray import ProviderError, Request, RolloutLimits, RolloutSession, Trace, TraceTask
-from rollout_ray._hooks import Hook
-from rollout_ray._openai import StreamAssembler
-from rollout_ray._proxy import HTTPInterception
+from rollout_ray._core.hooks import Hook
+from rollout_ray._record.wire import StreamAssembler
+from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray.testing import Reply, ScriptedModel
 
 BODY = {"model": "whatever", "messages": [{"role": "user", "content": "2+2?"}]}

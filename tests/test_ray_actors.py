@@ -17,8 +17,8 @@ from rollout_ray import Harness, ProgramResult, Runtime, Task, TaskData, Trace, 
 
 ray = pytest.importorskip("ray")
 
-from rollout_ray._actors import RolloutActor, RuntimeActor, forget_dead_actor  # noqa: E402
-from rollout_ray._rollout_host import RolloutSpec  # noqa: E402
+from rollout_ray._ray.actors import RolloutActor, RuntimeActor, forget_dead_actor  # noqa: E402
+from rollout_ray._core.host import RolloutSpec  # noqa: E402
 from rollout_ray.testing import ScriptedModel  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -138,7 +138,7 @@ def test_borrowed_runtime_already_stopped_raises_to_the_caller() -> None:
 def test_node_services_bind_loopback_unless_told_and_advertise_the_node_ip_on_a_wildcard(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rollout_ray._actors import SERVICE_HOST_VARIABLE, _service_hosts
+    from rollout_ray._ray.actors import SERVICE_HOST_VARIABLE, _service_hosts
 
     monkeypatch.delenv(SERVICE_HOST_VARIABLE, raising=False)
     assert _service_hosts() == {"host": "127.0.0.1", "advertise_host": "127.0.0.1"}

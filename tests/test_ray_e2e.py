@@ -34,7 +34,7 @@ from rollout_ray import (
 
 ray = pytest.importorskip("ray")
 
-from rollout_ray._actors import RolloutActor, RuntimeActor  # noqa: E402
+from rollout_ray._ray.actors import RolloutActor, RuntimeActor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]

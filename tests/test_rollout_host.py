@@ -8,7 +8,7 @@ import pytest
 
 from conftest import EchoTask, run
 from rollout_ray import LocalInterception, decode_trace
-from rollout_ray._rollout_host import RolloutHost, RolloutSpec, UnknownRollout
+from rollout_ray._core.host import RolloutHost, RolloutSpec, UnknownRollout
 from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import process_alive as _alive
 from conftest import wait_exit as _wait_exit
-from rollout_ray._runtime_host import RuntimeHost, RuntimeStopped
+from rollout_ray._runtimes.host import RuntimeHost, RuntimeStopped
 
 
 def test_runtimes_are_created_started_used_and_stopped_by_name() -> None:
@@ -62,7 +62,7 @@ def test_stop_owned_by_stops_only_that_owners_runtimes() -> None:
 HOST_SCRIPT = textwrap.dedent(
     """
     import asyncio, json, sys
-    from rollout_ray._runtime_host import RuntimeHost
+    from rollout_ray._runtimes.host import RuntimeHost
 
     async def main():
         host = RuntimeHost()

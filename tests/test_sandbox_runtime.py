@@ -19,11 +19,11 @@ from rollout_ray import (
     Reward, Rollout, RolloutSpec, SandboxRuntime, Task, Toolset, ToolServer, Trace, reward, tool,
 )
 from rollout_ray._errors import SandboxError
-from rollout_ray._guardian import pids_with_marker
-from rollout_ray._local_runtime import RUNTIME_MARKER
-from rollout_ray._program_harness import ProgramHarness
-from rollout_ray._proxy import HTTPInterception
-from rollout_ray._sandbox_runtime import sandbox_unavailable
+from rollout_ray._runtimes.guardian import pids_with_marker
+from rollout_ray._runtimes.local import RUNTIME_MARKER
+from rollout_ray._harnesses.program import ProgramHarness
+from rollout_ray._serving.proxy import HTTPInterception
+from rollout_ray._runtimes.sandbox import sandbox_unavailable
 from rollout_ray.testing import Reply, ScriptedModel
 
 REASON = sandbox_unavailable()
@@ -334,7 +334,7 @@ def test_the_session_rays_own_ports_are_unreachable_from_the_sandbox(ray_cluster
 def test_a_ray_rollout_actor_runs_its_rollouts_in_sandboxes(ray_cluster: Any) -> None:
     """``RolloutActor.create(runtime="sandbox")``: the runtime actor hosts SandboxRuntimes, and
     the program reaches the node's proxy and tool server through the sandbox's relays."""
-    from rollout_ray._actors import RolloutActor
+    from rollout_ray._ray.actors import RolloutActor
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     model = ScriptedModel([Reply(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])

@@ -30,7 +30,7 @@ from rollout_ray import (
     Usage,
     UserMessage,
 )
-from rollout_ray._hooks import Hook
+from rollout_ray._core.hooks import Hook
 from rollout_ray.testing import Reply, ScriptedModel, run_virtual
 
 USER = UserMessage("2+2?")
@@ -350,7 +350,7 @@ def test_hooks_are_named_after_their_function() -> None:
     class Capped(Task):
         one_turn = stop(turn_cap(1))
 
-    from rollout_ray._hooks import classify
+    from rollout_ray._core.hooks import classify
 
     (hook,) = classify(Capped({"prompt": "x"}))["trace_stops"]
     assert hook.name == "cap"

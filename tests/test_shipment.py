@@ -10,7 +10,7 @@ import types
 import pytest
 from ray import cloudpickle
 
-from rollout_ray._shipment import Depot, MissingShipment, Shipper, deliver
+from rollout_ray._ray.shipment import Depot, MissingShipment, Shipper, deliver
 
 
 def _module_defined_by_value() -> types.ModuleType:

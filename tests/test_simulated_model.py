@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_ray import _simulated_model
-from rollout_ray._simulated_model import SimulatedModelConfig, SimulatedModelServer, serve_forever
-from rollout_ray._simulated_policy import cap_completion, evaluate, prompt_tokens, respond
+from rollout_ray._simulated import server as _simulated_model
+from rollout_ray._simulated.server import SimulatedModelConfig, SimulatedModelServer, serve_forever
+from rollout_ray._simulated.policy import cap_completion, evaluate, prompt_tokens, respond
 
 CFG = SimulatedModelConfig()
 ADD_TOOL = {

@@ -13,14 +13,14 @@ import pyarrow as pa
 import pytest
 
 from rollout_ray import Trace, TraceTask
-from rollout_ray._arrow import (
+from rollout_ray._record.arrow import (
     TRACE_SCHEMA,
     RolloutRecord,
     SchemaMismatch,
     records_to_table,
     table_to_traces,
 )
-from rollout_ray._store import (
+from rollout_ray._record.store import (
     CorruptShard,
     Manifest,
     ShardWriter,

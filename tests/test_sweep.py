@@ -13,13 +13,13 @@ import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
 
-from rollout_ray import cli
-from rollout_ray._eval_command import make_executor
-from rollout_ray._finalize import FinalizeConfig, finalize
-from rollout_ray._limits import LIMIT_FIELDS
-from rollout_ray._store import read_manifest, read_run
-from rollout_ray._summary import summarize
-from rollout_ray._sweep_grid import SweepConfigError, SweepGrid, expand, load_sweep
+from rollout_ray._cli import main as cli
+from rollout_ray._cli.eval import make_executor
+from rollout_ray._driver.finalize import FinalizeConfig, finalize
+from rollout_ray._core.limits import LIMIT_FIELDS
+from rollout_ray._record.store import read_manifest, read_run
+from rollout_ray._cli.summary import summarize
+from rollout_ray._cli.grid import SweepConfigError, SweepGrid, expand, load_sweep
 
 ARITH = str(pathlib.Path(__file__).parent.parent / "examples" / "arith.py")
 NAMES = [
@@ -192,7 +192,7 @@ def executors(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         made.append(kind)
         return make_executor(kind, *args, **kwargs)
 
-    monkeypatch.setattr("rollout_ray._sweep.make_executor", counting)
+    monkeypatch.setattr("rollout_ray._cli.sweep.make_executor", counting)
     return made
 
 

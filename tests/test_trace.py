@@ -11,8 +11,8 @@ from rollout_ray import (
     Timing, Tool, ToolCall, ToolCallRecord, ToolMessage, Trace, TraceTask, Usage, UserMessage, decode_trace,
     encode_trace,
 )
-from rollout_ray._messages import ImageURL
-from rollout_ray._trace import LIMIT_STOPS
+from rollout_ray._record.messages import ImageURL
+from rollout_ray._record.trace import LIMIT_STOPS
 
 
 def full_trace() -> Trace:

@@ -7,9 +7,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from .._errors import ProviderError, Refusal
-from .._harness import Harness, HarnessContext
-from .._messages import Message, Request, SystemMessage, Tool, ToolMessage, UserMessage
-from .._runtime import ProgramResult
+from .._core.harness import Harness, HarnessContext
+from .._record.messages import Message, Request, SystemMessage, Tool, ToolMessage, UserMessage
+from .._core.runtime import ProgramResult
 
 import msgspec
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from .._errors import SandboxError
-from .._runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
+from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 
 Program = Callable[[Sequence[str]], ProgramResult]
 

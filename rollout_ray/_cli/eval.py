@@ -1,0 +1,254 @@
+"""``rollout-ray eval`` and ``rollout-ray report``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from types import ModuleType
+from typing import Any
+
+from .._driver.driver import Driver, EvalConfig, Progress, RunResult
+from .._core.executor import Executor, LocalExecutor
+from .._core.harness import Harness
+from .._core.limits import RolloutLimits
+from .._core.model import Model
+from .._simulated.server import SimulatedModelConfig, SimulatedModelServer
+from .summary import format_summary, plot, summarize
+from .._core.task import Task
+from .._serving.upstream import OpenAIModel
+
+
+def add_eval_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("taskset", help="a .py file or a module defining tasks() and harness()")
+    p.add_argument("--out", help="run directory for the manifest and Parquet shards (default: runs/<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping what is stored")
+    p.add_argument("--model-url", help="OpenAI-compatible base URL (default: the built-in simulated model)")
+    p.add_argument("--model", default=None, help="model name sent upstream")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="variable holding the provider's key")
+    p.add_argument("--samples", type=int, help="samples per task (n)")
+    p.add_argument("--max-in-flight", type=int, help="rollouts running at once")
+    p.add_argument("--max-turns", type=int, help="turn limit per rollout")
+    p.add_argument("--limit", type=int, help="run only the first N tasks")
+    p.add_argument("--executor", choices=["ray", "local"], default="ray",
+                   help="ray: rollout actors (default); local: this process, no Ray")
+    p.add_argument("--address", help="Ray cluster address (default: start or join a local Ray)")
+    p.add_argument("--runtime", choices=["local", "sandbox"], default="local",
+                   help="runtime of each rollout: local (a private dir) or sandbox (bubblewrap: "
+                        "read-only system, only the framework routes on the network)")
+    p.add_argument("--actors", type=int, default=2, help="rollout actors (ray executor)")
+    p.add_argument("--capacity", type=int, default=64, help="rollouts per actor at once (ray executor)")
+    p.add_argument("--sim-ttft", type=float, default=0.05, help="simulated model: seconds to first token")
+    p.set_defaults(run=_eval)
+
+
+def add_report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a run directory written by eval")
+    p.add_argument("--plot", help="PNG path (default: RUN_DIR/report.png)")
+    p.set_defaults(run=_report)
+
+
+class TasksetError(ValueError):
+    """A taskset reference that names no file, or a module without ``tasks()`` / ``harness()``."""
+
+
+def import_taskset(ref: str) -> ModuleType:
+    """Import a taskset from a file path or a module name.
+
+    Raises:
+        TasksetError: no such file, or ``tasks`` / ``harness`` is not a function of it.
+    """
+    if ref.endswith(".py") or os.path.sep in ref:
+        if not os.path.exists(ref):
+            raise TasksetError(f"no such file: {ref}")
+        name = "taskset_" + os.path.splitext(os.path.basename(ref))[0]
+        spec = importlib.util.spec_from_file_location(name, ref)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(ref)
+    for needed in ("tasks", "harness"):
+        if not callable(getattr(module, needed, None)):
+            raise TasksetError(f"{ref} must define {needed}() (see `rollout-ray eval --help`)")
+    return module
+
+
+def load_taskset(ref: str) -> ModuleType:
+    """``import_taskset`` for the command line: a bad reference exits with its message."""
+    try:
+        return import_taskset(ref)
+    except TasksetError as e:
+        raise SystemExit(f"rollout-ray eval: {e}") from None
+
+
+def eval_config(
+    module: ModuleType,
+    *,
+    samples: int | None = None,
+    max_in_flight: int | None = None,
+    model_name: str | None = None,
+    limits: Mapping[str, int | None] | None = None,
+    sampling: Mapping[str, Any] | None = None,
+    finalize: Mapping[str, Any] | None = None,
+) -> EvalConfig:
+    """The taskset's ``config`` (or the defaults) with the given settings laid over it.
+
+    ``limits``, ``sampling`` and ``finalize`` override single fields of the taskset's own.
+    """
+    base: EvalConfig = getattr(module, "config", None) or EvalConfig()
+    update: dict[str, Any] = {}
+    if samples is not None:
+        update["samples_per_task"] = samples
+    if max_in_flight is not None:
+        update["max_in_flight"] = max_in_flight
+    if limits:
+        update["limits"] = RolloutLimits(**{**vars(base.limits), **limits})
+    if model_name is not None:
+        update["model_name"] = model_name
+    if sampling:
+        update["sampling"] = {**base.sampling, **sampling}
+    if finalize:
+        update["finalize"] = {**base.finalize.model_dump(), **finalize}
+    return EvalConfig.model_validate({**base.model_dump(), **update}) if update else base
+
+
+def _config(module: ModuleType, args: argparse.Namespace) -> EvalConfig:
+    limits = {"max_turns": args.max_turns} if args.max_turns is not None else None
+    return eval_config(module, samples=args.samples, max_in_flight=args.max_in_flight,
+                       model_name=args.model, limits=limits)
+
+
+def _printer(stream: Any) -> Any:
+    tty = stream.isatty()
+    last = [0.0]
+
+    def show(p: Progress) -> None:
+        now = time.monotonic()
+        if not tty and now - last[0] < 5:
+            return
+        last[0] = now
+        total = f"/{p.total - p.skipped}" if p.total is not None else ""
+        eta = f"{p.eta:.0f}s" if p.eta is not None else "?"
+        line = (f"done {p.done}{total}  failed {p.failed}  in flight {p.in_flight}  "
+                f"{p.rate:.1f} rollouts/s  ETA {eta}")
+        stream.write(("\r" + line + "\033[K") if tty else line + "\n")
+        stream.flush()
+
+    return show
+
+
+def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: int = 64,
+                  address: str | None = None, runtime: str = "local") -> Executor:
+    """``"local"``: this process, no Ray; ``"ray"``: rollout actors (starts or joins Ray).
+
+    ``runtime`` is the kind of the runtimes rollouts own (``"local"`` or ``"sandbox"``).
+    """
+    if kind == "local":
+        return LocalExecutor(runtime=runtime)
+    import ray
+
+    from .._ray.executor import RayExecutor
+
+    for shipped in _taskset_modules(module):  # workers cannot import a taskset file
+        ray.cloudpickle.register_pickle_by_value(shipped)
+    return RayExecutor(actors=actors, capacity=capacity, address=address, runtime=runtime)
+
+
+def _taskset_modules(module: ModuleType) -> list[ModuleType]:
+    """The taskset and the plain modules beside it that it imported (``from calc_tool import
+    ...`` in ``examples/program.py``): workers can import none of them, so all go by value."""
+    path = getattr(module, "__file__", None)
+    if path is None or not module.__name__.startswith("taskset_"):  # see load_taskset
+        return [module]  # given as a module name: what it imports, workers import too
+    folder = os.path.dirname(os.path.abspath(path))
+    beside = [m for m in list(sys.modules.values())
+              if m is not module and getattr(m, "__file__", None)
+              and os.path.dirname(os.path.abspath(m.__file__)) == folder  # type: ignore[arg-type]
+              and not m.__file__.endswith("__init__.py")]  # type: ignore[union-attr]
+    return [module, *beside]
+
+
+async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None, api_key_env: str,
+                     simulated: SimulatedModelConfig | None = None) -> tuple[OpenAIModel, str]:
+    """The upstream model and a description of where it is; closed when ``stack`` closes.
+
+    Without ``url``, a built-in simulated model server is started on ``stack`` with the
+    ``simulated`` settings (default: ``SimulatedModelConfig()``).
+    """
+    if url:
+        model = OpenAIModel(url, name=name, api_key=os.environ.get(api_key_env))
+        where = url
+    else:
+        simulated = simulated or SimulatedModelConfig()
+        server = await stack.enter_async_context(SimulatedModelServer(simulated))
+        model = OpenAIModel(server.base_url, name=simulated.model_name)  # type: ignore[arg-type]
+        where = f"built-in simulated model at {server.base_url}"
+    stack.push_async_callback(model.aclose)
+    return model, where
+
+
+async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harness, model: Model,
+                executor: Executor, config: EvalConfig, out: str, *, resume: bool,
+                manifest_config: dict[str, Any]) -> RunResult:
+    """One eval run into ``out``, with eval's header and progress line on stderr."""
+    print(f"{label}: {len(tasks)} tasks × {config.samples_per_task} samples, "
+          f"model: {manifest_config['model']}, run dir: {out}", file=sys.stderr)
+    driver = Driver(tasks, harness, model, executor=executor, config=config, run_dir=out,
+                    resume=resume, judge=getattr(module, "judge", None),
+                    on_progress=_printer(sys.stderr), manifest_config=manifest_config)
+    result = await driver.arun()
+    print(file=sys.stderr)
+    return result
+
+
+async def _eval_async(args: argparse.Namespace) -> int:
+    module = load_taskset(args.taskset)
+    config = _config(module, args)
+    tasks = list(module.tasks())
+    if args.limit is not None:
+        tasks = tasks[: args.limit]
+    out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    async with AsyncExitStack() as stack:
+        simulated = None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
+        model, where = await open_model(stack, url=args.model_url, name=args.model,
+                                        api_key_env=args.api_key_env, simulated=simulated)
+        executor = await stack.enter_async_context(
+            make_executor(args.executor, module, actors=args.actors, capacity=args.capacity,
+                          address=args.address, runtime=args.runtime))
+        result = await drive(f"eval {args.taskset}", module, tasks, module.harness(), model, executor,
+                             config, out, resume=args.resume,
+                             manifest_config={"taskset": args.taskset, "model": where})
+    print(format_summary(summarize(result.samples, result.groups)))
+    print(f"run dir: {out}")
+    if result.status != "completed":
+        print(f"run halted: {result.reason}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    return asyncio.run(_eval_async(args))
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .._driver.finalize import FinalizeConfig, finalize
+    from .._record.store import read_manifest, read_run
+
+    if not os.path.isdir(args.run_dir):
+        raise SystemExit(f"rollout-ray report: no such run directory: {args.run_dir}")
+    stored = read_run(args.run_dir)
+    if not stored.num_rows:
+        raise SystemExit(f"rollout-ray report: {args.run_dir} holds no rollouts yet")
+    recorded = read_manifest(args.run_dir).config.get("eval", {}).get("finalize")
+    whole = finalize(stored, FinalizeConfig.model_validate(recorded) if recorded else FinalizeConfig())
+    print(format_summary(summarize(whole.samples, whole.groups)))
+    print(f"plot: {plot(whole.samples, args.plot or os.path.join(args.run_dir, 'report.png'))}")
+    return 0

@@ -1,0 +1,77 @@
+"""The ``rollout-ray`` command.
+
+    rollout-ray eval TASKSET [--out DIR] [--resume] [--model-url URL] [--samples N] ...
+    rollout-ray report RUN_DIR [--plot PNG]
+    rollout-ray sweep GRID.toml [--out DIR] [--resume] [--executor ray|local]
+    rollout-ray serve-model [--host H] [--port P] [--ttft S] ...
+
+A TASKSET is a ``.py`` file or an importable module defining ``tasks()`` (an iterable of
+``Task``) and ``harness()`` (a ``Harness``); optionally ``config`` (an ``EvalConfig`` with the
+taskset's defaults) and ``judge`` (the cross-trace finalize hook). A GRID file is described
+in ``rollout_ray._cli.sweep`` and ``examples/sweep.toml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+
+def _serve_model(args: argparse.Namespace) -> int:
+    from .._simulated.server import SimulatedModelConfig, serve_forever
+
+    try:
+        config = SimulatedModelConfig(
+            ttft=args.ttft,
+            per_token=args.per_token,
+            error_rate=args.error_rate,
+            rate_429=args.rate_429,
+            rate_5xx=args.rate_5xx,
+            rate_timeout=args.rate_timeout,
+            rate_malformed=args.rate_malformed,
+            seed=args.seed,
+            model_name=args.model_name,
+        )
+    except ValidationError as e:
+        print(f"rollout-ray serve-model: invalid settings:\n{e}", file=sys.stderr)
+        return 2
+    serve_forever(config, args.host, args.port)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rollout-ray", description="RL rollouts on Ray.")
+    sub = p.add_subparsers(dest="command", required=True)
+    from .eval import add_eval_arguments, add_report_arguments
+
+    add_eval_arguments(sub.add_parser("eval", help="run a taskset and summarise it"))
+    add_report_arguments(sub.add_parser("report", help="summarise a run directory and plot it"))
+    from .sweep import add_sweep_arguments
+
+    add_sweep_arguments(sub.add_parser("sweep", help="eval every point of a grid and compare them"))
+    serve = sub.add_parser("serve-model", help="serve the built-in simulated OpenAI-compatible model")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
+    serve.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
+    serve.add_argument("--ttft", type=float, default=0.05, help="seconds to the first token")
+    serve.add_argument("--per-token", type=float, default=0.0, help="seconds per completion token")
+    serve.add_argument("--error-rate", type=float, default=0.0, help="share of wrong arithmetic answers")
+    serve.add_argument("--rate-429", type=float, default=0.0, help="share of 429 answers")
+    serve.add_argument("--rate-5xx", type=float, default=0.0, help="share of 5xx answers")
+    serve.add_argument("--rate-timeout", type=float, default=0.0, help="share of requests held until the client times out")
+    serve.add_argument("--rate-malformed", type=float, default=0.0, help="share of malformed bodies")
+    serve.add_argument("--seed", type=int, default=0, help="seed of every random draw")
+    serve.add_argument("--model-name", default="simulated", help="model name in answers")
+    serve.set_defaults(run=_serve_model)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""``rollout-ray sweep``: one eval per point of a grid, and one table comparing the points.
+
+A grid file is TOML::
+
+    taskset = "examples/arith.py"   # a .py path (relative to the current directory) or a module
+    [base]                          # shared by every point, all optional
+    samples = 2                     # samples per task (default: the taskset's config)
+    limit = 10                      # only the first N tasks
+    # also: max_in_flight, pass_k = [1, 4], executor = "ray"|"local", actors, capacity, address
+    [grid]                          # every axis is a list; the points are their product
+    model = [{name = "good"}, {name = "sloppy", error_rate = 0.3},   # no url: the simulated model
+             {name = "mine", url = "http://...", model_name = "m", api_key_env = "MY_KEY"}]
+    sampling = [{temperature = 0.0}, {temperature = 0.7}]
+    limits = [{max_turns = 4}]
+    harness = ["harness"]           # a function of the taskset, or "module:function"
+
+Points run in product order, each into ``OUT/<NNN>-model=<name>-<key>=<value>...`` (every
+sampling and limit key; the harness if the grid sets it), all on one executor: Ray starts
+once per sweep. ``OUT/comparison.{parquet,csv,png}`` compare them. ``--resume`` skips complete
+points and resumes the others; a point stored with other settings is an error, never a mix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+from contextlib import AsyncExitStack
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv
+import pyarrow.parquet as pq
+
+from .._driver.driver import EvalConfig, RunResult, group_id_of
+from .eval import (
+    drive,
+    eval_config,
+    make_executor,
+    open_model,
+)
+from .._core.executor import Executor
+from .._driver.finalize import finalize
+from .._record.store import done_keys, read_manifest, read_run
+from .comparison import comparison_row, comparison_table, format_comparison, plot_comparison
+from .grid import (
+    Point,
+    Sweep,
+    SweepBase,
+    SweepConfigError,
+    load_sweep,
+)
+
+def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
+    p.description, p.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
+    p.add_argument("grid", help="a TOML grid file (see above and examples/sweep.toml)")
+    p.add_argument("--out", help="directory for the points' run dirs and the comparison "
+                                 "(default: runs/sweep-<grid file name>)")
+    p.add_argument("--resume", action="store_true", help="skip complete points, resume incomplete ones")
+    p.add_argument("--executor", choices=["ray", "local"], help="override [base] executor")
+    p.add_argument("--address", help="override [base] address (Ray cluster)")
+    p.set_defaults(run=_sweep)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    try:
+        sweep = load_sweep(args.grid)
+        overrides = {"executor": args.executor, "address": args.address}
+        base = sweep.file.base.model_copy(update={k: v for k, v in overrides.items() if v})
+        out = args.out or os.path.join("runs", "sweep-" + os.path.splitext(os.path.basename(args.grid))[0])
+        plan = preflight(sweep, out, resume=args.resume)
+    except SweepConfigError as e:
+        print("\n".join(f"rollout-ray sweep: {line}" for line in str(e).splitlines()), file=sys.stderr)
+        return 2
+    copy = os.path.join(out, "grid.toml")
+    if not (os.path.exists(copy) and os.path.samefile(args.grid, copy)):  # resumed from its own copy
+        shutil.copyfile(args.grid, copy)
+    table = asyncio.run(run_sweep(sweep, out, plan, base))
+    print(format_comparison(table))
+    print(f"comparison: {out}/comparison.parquet, {out}/comparison.csv, plot: {out}/comparison.png")
+    return 3 if "halted" in table["status"].to_pylist() else 0
+
+
+def point_config(sweep: Sweep, point: Point) -> EvalConfig:
+    base = sweep.file.base
+    return eval_config(sweep.module, samples=base.samples, max_in_flight=base.max_in_flight,
+                       model_name=point.model.upstream(), limits=point.limits, sampling=point.sampling,
+                       finalize={"pass_k": sorted(base.pass_k)} if base.pass_k else None)
+
+
+def _record(sweep: Sweep, point: Point) -> dict[str, Any]:
+    """What the point's manifest records of it; a resume must find the same."""
+    fields = {"model": point.model.model_dump(mode="json"), "sampling": point.sampling,
+              "limits": point.limits, "harness": point.harness, "limit": sweep.file.base.limit}
+    return json.loads(json.dumps(fields))
+
+
+def preflight(sweep: Sweep, out: str, *, resume: bool) -> dict[str, str]:
+    """Each point's action, ``run``, ``resume`` or ``skip``, decided before anything runs.
+
+    Raises:
+        SweepConfigError: ``out`` holds runs and ``resume`` is off, or a stored point's
+            settings differ from the grid's.
+    """
+    plan, problems = {}, []
+    for point in sweep.points:
+        run_dir = os.path.join(out, point.name)
+        if not os.path.exists(os.path.join(run_dir, "manifest.json")):
+            plan[point.name] = "run"
+            continue
+        if not resume:
+            raise SweepConfigError(out, [("", f"already holds runs of a sweep ({point.name}, ...); "
+                                              "pass --resume to continue it, or choose another --out")])
+        config = point_config(sweep, point)
+        stored = read_manifest(run_dir).config
+        now = {"sweep": _record(sweep, point), "eval": config.model_dump(mode="json")}
+        changed = _changed({k: stored.get(k) for k in now}, now)
+        if changed:
+            problems.append((point.name, f"was run with other settings ({', '.join(changed)}); resume "
+                                         "with the grid it was run with, or choose another --out"))
+        planned = {(group_id_of(t), s) for t in sweep.tasks for s in range(config.samples_per_task)}
+        plan[point.name] = "skip" if planned <= done_keys(run_dir) else "resume"
+    if problems:
+        raise SweepConfigError(out, problems)
+    os.makedirs(out, exist_ok=True)
+    return plan
+
+
+def _changed(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [c for k in sorted(old.keys() | new.keys(), key=str)
+                for c in _changed(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+async def run_sweep(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBase) -> pa.Table:
+    """Run (or skip, or resume) every point on one executor; write and return the comparison."""
+    rows = []
+    async with AsyncExitStack() as stack:
+        executor: Executor | None = None
+        for point in sweep.points:
+            label = f"[{point.index}/{len(sweep.points)}] {point.name}"
+            config = point_config(sweep, point)
+            run_dir = os.path.join(out, point.name)
+            if plan[point.name] == "skip":
+                whole = finalize(read_run(run_dir), config.finalize, getattr(sweep.module, "judge", None))
+                # The run's status is not stored, only its rollouts: all of them, here.
+                samples, groups, status, reason = whole.samples, whole.groups, "stored", ""
+            else:
+                if executor is None:  # once per sweep, and not at all when every point is done
+                    executor = await stack.enter_async_context(make_executor(
+                        base.executor, sweep.module, actors=base.actors, capacity=base.capacity,
+                        address=base.address))
+                result = await _run_point(sweep, point, config, executor, run_dir, label,
+                                          resume=plan[point.name] == "resume")
+                samples, groups, status, reason = result.samples, result.groups, result.status, result.reason
+            row = comparison_row(point, samples, groups, status, reason, run_dir)
+            done = {"stored": "skipped (complete)", "halted": f"halted ({reason})"}.get(status, status)
+            print(f"{label}: {done}, mean reward {row['mean_reward']:.4f}, "
+                  f"failed {row['failed']}/{row['rollouts']}", file=sys.stderr)
+            rows.append(row)
+    table = comparison_table(rows)
+    pq.write_table(table, os.path.join(out, "comparison.parquet"))
+    pyarrow.csv.write_csv(table, os.path.join(out, "comparison.csv"))
+    plot_comparison(table, os.path.join(out, "comparison.png"))
+    return table
+
+
+async def _run_point(sweep: Sweep, point: Point, config: EvalConfig, executor: Executor, run_dir: str,
+                     label: str, *, resume: bool) -> RunResult:
+    async with AsyncExitStack() as stack:
+        model, where = await open_model(stack, url=point.model.url, name=point.model.upstream(),
+                                        api_key_env=point.model.api_key_env,
+                                        simulated=point.model.simulated())
+        manifest = {"taskset": sweep.file.taskset, "model": where, "sweep": _record(sweep, point)}
+        return await drive(label, sweep.module, sweep.tasks, sweep.harnesses[point.harness], model,
+                           executor, config, run_dir, resume=resume, manifest_config=manifest)
+
+
+# -- the comparison --------------------------------------------------------------------------

@@ -1,0 +1,171 @@
+"""RolloutHost: up to K concurrent rollouts in one long-lived process.
+
+What a ``RolloutActor`` runs. It forwards ``open`` / ``step`` / ``close`` / ``abort`` to the
+``Rollout`` core and adds no lifecycle logic; ``run`` does open → step → close in one call so
+a driver pays one actor call per rollout. Traces leave as msgpack bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .harness import Harness
+from .interception import Interception
+from .limits import RolloutLimits, RolloutTimeouts
+from .._record.messages import Message
+from .model import Model
+from .rollout import Rollout, ToolServerFactory
+from .runtime import Runtime
+from .task import Task
+from .._record.trace import encode_trace
+
+
+@dataclass
+class RolloutSpec:
+    """One rollout to run: what, with which model, under which budgets, in which runtime.
+
+    ``runtime`` is a live runtime to borrow (e.g. from a ``RuntimeActor`` pool); ``None``
+    makes the rollout own a fresh one on its host.
+    """
+
+    task: Task
+    harness: Harness
+    model: Model
+    limits: RolloutLimits = field(default_factory=RolloutLimits)
+    timeouts: RolloutTimeouts = field(default_factory=RolloutTimeouts)
+    model_name: str | None = None
+    sampling: dict[str, Any] | None = None
+    has_user: bool = False
+    runtime: Runtime | None = None
+
+    def rollout(self, *, interception: Interception, runtime_factory: Callable[[str], Runtime],
+                tool_server: ToolServerFactory | None) -> Rollout:
+        """The ``Rollout`` this spec describes, served by the given services."""
+        return Rollout(
+            self.task,
+            self.harness,
+            model=self.model,
+            runtime=self.runtime,
+            runtime_factory=runtime_factory,
+            interception=interception,
+            tool_server=tool_server,
+            limits=self.limits,
+            timeouts=self.timeouts,
+            model_name=self.model_name,
+            sampling=self.sampling,
+            has_user=self.has_user,
+        )
+
+
+class UnknownRollout(KeyError):
+    """No open rollout has that id on this host."""
+
+
+class RolloutHost:
+    """Hosts rollouts; at most ``capacity`` are open at once (``open`` waits for room).
+
+    Args:
+        capacity: K, the number of concurrent rollouts.
+        interception: serves the sessions of this host's rollouts.
+        runtime_factory: builds an owned runtime named after the trace id.
+        tool_server: serves tasks' toolsets, if any task declares some.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        interception: Interception,
+        runtime_factory: Callable[[str], Runtime],
+        tool_server: ToolServerFactory | None = None,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._room = asyncio.Semaphore(capacity)
+        self._interception = interception
+        self._runtime_factory = runtime_factory
+        self._tool_server = tool_server
+        self._rollouts: dict[str, Rollout] = {}
+        self.completed = 0
+
+    def _build(self, spec: RolloutSpec) -> Rollout:
+        return spec.rollout(interception=self._interception, runtime_factory=self._runtime_factory,
+                            tool_server=self._tool_server)
+
+    async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
+        """Open a rollout; returns its id (the trace id) and ``Rollout.open``'s result."""
+        rollout = await self._admit(spec)
+        try:
+            return rollout.trace.id, await rollout.open()
+        except BaseException:
+            await self._release(rollout)
+            raise
+
+    async def _admit(self, spec: RolloutSpec) -> Rollout:
+        """Wait for room, then build and register the rollout."""
+        await self._room.acquire()
+        try:
+            rollout = self._build(spec)
+            refresh = getattr(spec.runtime, "refresh", None)
+            if refresh is not None:
+                await refresh()  # B8 must see the owner's latest word on a borrowed runtime
+        except BaseException:
+            self._room.release()
+            raise
+        self._rollouts[rollout.trace.id] = rollout
+        return rollout
+
+    def _get(self, rollout_id: str) -> Rollout:
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            raise UnknownRollout(f"no open rollout {rollout_id!r} on this host")
+        return rollout
+
+    async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
+        return await self._get(rollout_id).step(messages)
+
+    async def close(self, rollout_id: str) -> bytes:
+        rollout = self._get(rollout_id)
+        try:
+            trace = await rollout.close()
+        finally:
+            await self._release(rollout)
+        return encode_trace(trace)
+
+    async def abort(self, rollout_id: str) -> None:
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is not None:
+            try:
+                await rollout.abort()
+            finally:
+                await self._release(rollout)
+
+    async def run(self, spec: RolloutSpec) -> bytes:
+        """``Rollout.run`` (open → step → close) in one call: one actor call per rollout."""
+        rollout = await self._admit(spec)
+        try:
+            trace = await rollout.run()
+        finally:
+            await self._release(rollout)
+        return encode_trace(trace)
+
+    async def trace(self, rollout_id: str) -> bytes:
+        """The current trace of an open rollout."""
+        return encode_trace(self._get(rollout_id).trace)
+
+    async def _release(self, rollout: Rollout) -> None:
+        # Only the first release of a rollout frees its room (close after abort is harmless).
+        if self._rollouts.pop(rollout.trace.id, None) is not None:
+            self.completed += 1
+            self._room.release()
+
+    def open_ids(self) -> list[str]:
+        return list(self._rollouts)
+
+    async def shutdown(self) -> None:
+        """Abort every open rollout (their owned runtimes are stopped)."""
+        await asyncio.gather(*(self.abort(i) for i in list(self._rollouts)), return_exceptions=True)

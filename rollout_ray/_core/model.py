@@ -1,0 +1,29 @@
+"""The upstream model as the model boundary sees it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from .._record.messages import Request, Response
+
+
+class Model(ABC):
+    """An OpenAI-compatible chat model (a real endpoint, or a fake in tests).
+
+    ``complete`` raises ``ProviderError`` (with the provider's status) for every failure of
+    the provider, and ``OverlongPromptError`` when the prompt exceeds the context window.
+    """
+
+    name: str | None = None
+    shareable: bool = False
+    """True when one instance may serve many rollouts (a stateless client with a pool)."""
+
+    @abstractmethod
+    async def complete(
+        self, request: Request, *, model: str | None, sampling: dict[str, Any]
+    ) -> Response:
+        """Sample one reply to ``request``."""
+
+    async def aclose(self) -> None:
+        """Release connections held by the client."""

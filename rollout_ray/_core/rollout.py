@@ -1,0 +1,399 @@
+"""Rollout: the lifecycle of one agent run — open, step × N, close (or abort).
+
+This is the verifiers v1 ``Rollout`` (B1–B32, B41–B46) in plain asyncio; actors host it and
+add no lifecycle logic. Every failure inside is recorded once on the trace and ``open`` /
+``step`` return False; only caller bugs (a borrowed runtime already torn down) and
+cancellation are raised.
+
+Deliberate differences from upstream, each keeping the observable outcome:
+* task and harness scoring run under a task group, so when one raises the other is cancelled
+  instead of writing metrics after ``close`` returned (Q6); the first error is recorded.
+* a task that declares tool servers in a rollout with no tool server fails with
+  ``ToolsetError`` instead of running without its tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack, suppress
+from typing import Any
+
+from .._errors import HarnessError, RolloutError, TaskError, ToolsetError, boundary
+from .harness import Harness, HarnessContext, HarnessSession
+from .hooks import classify
+from .interception import Interception, LocalInterception
+from .limits import RolloutLimits, RolloutTimeouts
+from .._runtimes.local import LocalRuntime
+from .._record.messages import Message, Request
+from .model import Model
+from .runtime import Runtime
+from .session import RolloutSession
+from .phases import finalize_and_score, run_setup
+from .prompt import harness_data
+from .segment import Segment
+from .task import Task
+from .._record.trace import AgentInfo, Timing, Trace
+
+log = logging.getLogger("rollout_ray")
+
+ToolServerFactory = Callable[..., Any]
+"""Serves a task's toolsets: ``(toolsets, runtime, state_secret, *, on_call)`` → an async
+context manager yielding ``{server name: url}``; ``on_call`` receives each ``ToolCallRecord``
+(e.g. ``ToolServer.serve``)."""
+
+
+def _now() -> float:
+    return time.time()
+
+
+class Rollout:
+    """One agent run on one task.
+
+    Args:
+        task: the task (data + hooks).
+        harness: the agent program.
+        model: the upstream model the interception forwards to.
+        runtime: a live runtime to *borrow*; ``None`` makes the rollout build, start and stop
+            its own with ``runtime_factory(trace.id)``.
+        runtime_factory: builds an owned runtime from its name (default ``LocalRuntime``).
+        interception: serves the session to the harness; default a private in-process one.
+        tool_server: serves the task's toolsets; required only when the task declares some.
+        limits: turn and token caps.
+        timeouts: phase timeouts; unset ones fall back to the task data's ``timeout``.
+        model_name / sampling: forced on every model request.
+        has_user: a caller feeds user turns (an interaction), so a prompt-less task is valid.
+        on_trace: called with the trace as soon as it is minted.
+
+    Raises:
+        TypeError: a ``@stop`` or ``@intercept`` hook has the wrong parameter shape (B5).
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        harness: Harness,
+        *,
+        model: Model,
+        runtime: Runtime | None = None,
+        runtime_factory: Callable[[str], Runtime] = LocalRuntime,
+        interception: Interception | None = None,
+        tool_server: ToolServerFactory | None = None,
+        limits: RolloutLimits | None = None,
+        timeouts: RolloutTimeouts | None = None,
+        model_name: str | None = None,
+        sampling: dict[str, Any] | None = None,
+        has_user: bool = False,
+        on_trace: Callable[[Trace], None] | None = None,
+    ) -> None:
+        self.task = task
+        self.harness = harness
+        self.trace = Trace(
+            task=task.trace_task(),
+            agent=AgentInfo(harness=harness.id, model=model_name or model.name),
+            timing=Timing(start=_now()),
+        )
+        if on_trace is not None:
+            on_trace(self.trace)
+        self.timeouts = (timeouts or RolloutTimeouts()).merged(task.data.timeout)
+        self.remaining_agent_budget: float | None = self.timeouts.agent
+        """Agent seconds left; charged only while a segment runs (B2, B24)."""
+        self.deadline_at: float | None = None
+        """Loop-time deadline of the running segment, ``None`` between segments (B23)."""
+        self.owns_runtime = runtime is None
+        self.runtime = runtime
+        self._runtime_factory = runtime_factory
+        self.interception = interception or LocalInterception()
+        self._tool_server = tool_server
+        self.has_user = has_user
+        self.session = RolloutSession(
+            self.trace, model, limits=limits, model_name=model_name, sampling=sampling,
+            **classify(task),
+        )
+        self.harness_session: HarnessSession | None = None
+        self._stack = AsyncExitStack()
+        self._opened = self._closed = self._failed = False
+        self._unsettled: Segment | None = None
+        self.failure: BaseException | None = None
+        """The latest failure recorded by ``fail``."""
+
+    @property
+    def ok(self) -> bool:
+        """Neither failed nor stopped: the exchange may continue."""
+        return not self._failed and not self.trace.stopped
+
+    # -- open -------------------------------------------------------------------------------
+
+    async def open(self) -> bool:
+        """Build the world up to "runnable": runtime, setup, services, harness session.
+
+        Returns:
+            True when the harness session is ready; False when setup failed (recorded on the
+            trace) or a hook stopped the trace during setup. Call ``close`` either way.
+
+        Raises:
+            ValueError: the borrowed runtime was already stopped by its owner.
+        """
+        self._opened = True
+        self.trace.timing.boot.start = _now()
+        if self.runtime is None:
+            self.runtime = self._runtime_factory(self.trace.id)
+        elif self.runtime.stopped:
+            raise ValueError(
+                f"borrowed runtime {self.runtime.name!r} was already torn down by its owner; "
+                "a rollout can only borrow a live runtime"
+            )
+        runtime = self.runtime
+        self.trace.agent.runtime = runtime.info(borrowed=not self.owns_runtime)
+        log.info("rollout start: id=%s task=%s harness=%s runtime=%s",
+                 self.trace.id, self.task.data.idx, self.harness.id, runtime.type)
+        try:
+            await self._open(runtime)
+        except Exception as e:
+            self.fail(e)
+            return False
+        except BaseException:
+            await self.abort()
+            raise
+        self.trace.timing.setup.end = self.trace.timing.agent.start = _now()
+        return not self.session.stopped
+
+    async def _open(self, runtime: Runtime) -> None:
+        if self.task.data.prompt is None and not self.has_user:
+            raise TaskError(
+                f"task {self.task.data.idx} has no prompt and no user to open the conversation"
+            )
+        if self.owns_runtime:
+            await runtime.start()
+            self.trace.agent.runtime = runtime.info(borrowed=False)  # the id is known now
+        await runtime.prepare_setup()
+        self.trace.timing.boot.end = self.trace.timing.setup.start = _now()
+        await run_setup(self.task, self.harness, self.trace, runtime, self.timeouts)
+        with boundary(ToolsetError, "building tool servers"):
+            toolsets = self.task.toolsets(self.task.config)
+        slot = await self._stack.enter_async_context(self.interception.serve(self.session))
+        endpoint = runtime.host_url(slot.base_url) + "/v1"
+        tool_urls = await self._serve_tools(toolsets, runtime, slot.state_secret)
+        await runtime.prepare_execution([endpoint, *tool_urls.values()])
+        if self.task.data.network_policy and "network" not in runtime.enforces:
+            log.warning("rollout %s: task %s asks for a network policy; a %r runtime does not "
+                        "enforce one (use SandboxRuntime)", self.trace.id, self.task.data.idx, runtime.type)
+        with boundary(HarnessError, "opening harness session"):
+            data = await harness_data(self.task.data, self.harness, self.session, self.interception)
+            if self.session.stopped:
+                return
+            ctx = HarnessContext(
+                trace=self.trace,
+                runtime=runtime,
+                endpoint=endpoint,
+                secret=slot.model_secret,
+                data=data,
+                client=self.interception.client(slot),
+                tool_urls=tool_urls,
+                tool_interception_url=self._tool_interception_url(runtime, slot.base_url),
+            )
+            self.harness_session = self.harness.session(ctx)
+
+    async def _serve_tools(
+        self, toolsets: list[Any], runtime: Runtime, state_secret: str
+    ) -> dict[str, str]:
+        if not toolsets:
+            return {}
+        if self._tool_server is None:
+            raise ToolsetError(
+                f"task {type(self.task).__name__} declares {len(toolsets)} tool server(s) but "
+                "the rollout has no tool_server to run them; pass Rollout(tool_server=...)"
+            )
+        serving = self._tool_server(toolsets, runtime, state_secret, on_call=self.trace.tool_calls.append)
+        return dict(await self._stack.enter_async_context(serving))
+
+    def _tool_interception_url(self, runtime: Runtime, base_url: str) -> str | None:
+        if self.harness.supports_tool_interception and (
+            self.session.request_interceptors or self.session.request_stops
+        ):
+            return runtime.host_url(base_url) + "/tool"
+        return None
+
+    # -- fail / abort -----------------------------------------------------------------------
+
+    def fail(self, error: BaseException) -> None:
+        """Record ``error`` as the rollout's failure (B20).
+
+        Raises:
+            ValueError: the borrowed runtime was stopped by its owner mid-run.
+        """
+        if not self.owns_runtime and self.runtime is not None and self.runtime.stopped:
+            raise ValueError(
+                f"borrowed runtime {self.runtime.name!r} was torn down by its owner mid-run"
+            ) from error
+        if not isinstance(error, RolloutError):
+            log.warning("rollout %s: unexpected %s", self.trace.id, type(error).__name__,
+                        exc_info=error)
+        self._failed = True
+        self.failure = error
+        self.trace.record_error(error)
+
+    async def abort(self) -> None:
+        """Release everything without finalizing or scoring (B21). Safe after a partial close."""
+        self._closed = True
+        await self._leave_services()
+        await self._clean_runtime()
+
+    # -- step -------------------------------------------------------------------------------
+
+    async def step(self, messages: Sequence[Message] | None = None) -> bool:
+        """Run one segment; returns whether the exchange can continue (B22–B32).
+
+        Args:
+            messages: the caller's new user turns; ``None`` launches the harness.
+        """
+        segment = await self._run_segment(messages)
+        if segment is None:
+            return False
+        try:
+            await self.interception.sync(self.session)
+        except Exception as e:
+            # What the proxy committed in this segment is out of reach: the run is lost.
+            self.fail(e)
+            return False
+        return self._settle(segment)
+
+    async def _run_segment(self, messages: Sequence[Message] | None) -> Segment | None:
+        """The segment itself, charged to the agent budget; ``None`` if none may run."""
+        if not self._opened or self._closed or not self.ok or self.harness_session is None:
+            return None
+        segment = Segment(self.trace.num_turns)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        budget = self.remaining_agent_budget
+        self.deadline_at = None if budget is None else started + max(0.0, budget)
+        try:
+            async with asyncio.timeout_at(self.deadline_at):
+                await self._segment(messages)
+        except Exception as e:
+            segment.raised = e
+            segment.expired = self.deadline_at is not None and loop.time() >= self.deadline_at
+        finally:
+            if self.remaining_agent_budget is not None:
+                spent = loop.time() - started
+                self.remaining_agent_budget = max(0.0, self.remaining_agent_budget - spent)
+            self.deadline_at = None
+        return segment
+
+    def _settle(self, segment: Segment) -> bool:
+        """Record how a segment ended, once the trace holds what its proxy committed."""
+        if segment.raised is not None:
+            failure = segment.failure(self.session, self.timeouts.agent)
+            if failure is not None:
+                self.fail(failure)
+            return False
+        if self.session.error is not None:
+            self.fail(self.session.error)
+            return False
+        return self.ok and self.trace.num_turns > segment.turns_before
+
+    async def _segment(self, messages: Sequence[Message] | None) -> None:
+        assert self.harness_session is not None
+        if messages is not None and self.session.request_interceptors:
+            request = await self.interception.prepare_users(self.session, Request(list(messages)))
+            messages = request.messages
+            if self.session.stopped:
+                return
+        await self.harness_session.turn(messages)
+
+    # -- close ------------------------------------------------------------------------------
+
+    async def close(self) -> Trace:
+        """Finish in order: harness session, services, finalize, scoring, runtime (B41).
+
+        Idempotent: a second call (or a call after ``abort``) returns the trace unchanged.
+        Failed runs are neither finalized nor scored; stopped runs are.
+        """
+        if self._closed:
+            return self.trace
+        self._closed = True
+        try:
+            try:
+                await self._close_harness_session()
+                try:
+                    await self._stack.aclose()
+                finally:
+                    agent = self.trace.timing.agent
+                    if agent.start and not agent.end:
+                        agent.end = _now()
+                if self._unsettled is not None:  # run(): the sync came with the unregister
+                    self._settle(self._unsettled)
+                    if self.ok:
+                        self.trace.stop("agent_completed")
+                if not self._failed and self._opened:
+                    await finalize_and_score(self.task, self.harness, self.trace, self.runtime, self.timeouts)
+            except Exception as e:
+                self.fail(e)
+        finally:
+            await self._teardown()
+        self._log_done()
+        return self.trace
+
+    async def _close_harness_session(self) -> None:
+        if self.harness_session is None:
+            return
+        try:
+            await self.harness_session.close()
+        except Exception:
+            # The trajectory is complete; a transport teardown failure must not discard it.
+            log.warning("rollout %s: harness session close failed", self.trace.id, exc_info=True)
+
+    async def _teardown(self) -> None:
+        await self._leave_services()
+        trace = self.trace
+        trace.is_completed = True
+        trace.ok = not self._failed
+        trace.timing.end_open_spans(_now())
+        trace.split_agent_time()
+        await self._clean_runtime()
+
+    async def _leave_services(self) -> None:
+        """Close the harness session and leave the tool servers and the interception."""
+        await self._close_harness_session()
+        with suppress(Exception):
+            await self._stack.aclose()
+
+    async def _clean_runtime(self) -> None:
+        """Harness cleanup, then stop an owned runtime: last, since env-level judging after
+        close needs only the traces (B43)."""
+        if self.runtime is None:
+            return
+        try:
+            await self.harness.cleanup(self.trace, self.runtime)
+        except Exception:
+            log.warning("rollout %s: harness cleanup failed", self.trace.id, exc_info=True)
+        if self.owns_runtime:
+            try:
+                await self.runtime.stop()
+            except Exception:
+                log.warning("rollout %s: runtime teardown failed", self.trace.id, exc_info=True)
+
+    def _log_done(self) -> None:
+        trace = self.trace
+        stop = trace.last_error.type if trace.last_error else trace.stop_condition
+        log.info("rollout done: id=%s task=%s reward=%.3f turns=%d stop=%s",
+                 trace.id, self.task.data.idx, trace.reward, trace.num_turns, stop)
+
+    # -- the whole run ----------------------------------------------------------------------
+
+    async def run(self) -> Trace:
+        """open → one step → ``agent_completed`` if still ok → close; abort on cancellation.
+
+        The step's sync is left to ``close``: leaving the interception brings back the same
+        delta, so a rollout served in another process pays one call fewer. Nothing runs in
+        between but closing the harness session, which does not read the trace.
+        """
+        try:
+            if await self.open():
+                self._unsettled = await self._run_segment(None)
+            return await self.close()
+        except BaseException:
+            await self.abort()
+            raise

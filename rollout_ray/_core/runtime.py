@@ -1,0 +1,146 @@
+"""The Runtime interface: the box a harness runs in.
+
+A rollout either *owns* its runtime (it builds it named after the trace id, starts it, and
+stops it last in ``close``) or *borrows* a live one (never starts or stops it). ``stop()`` is
+idempotent, marks the runtime stopped *before* tearing down, and finishes its teardown even
+when the caller is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from .._record.trace import RuntimeInfo
+
+DEFAULT_OUTPUT_CAP = 1 << 20
+"""Bytes kept of each of stdout and stderr by ``exec`` unless the caller says otherwise."""
+
+
+class ProgramResult(msgspec.Struct, frozen=True):
+    """The outcome of one program run.
+
+    ``stdout_truncated`` / ``stderr_truncated`` say the stream went over the output cap and
+    only its first ``cap`` bytes were kept. ``timed_out`` says the program was killed (with its
+    whole process tree) because its timeout expired; ``exit_code`` is then the signal's
+    negative number.
+    """
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    timed_out: bool = False
+
+
+class Runtime(ABC):
+    """A sandbox: start / stop, exec, files, and the network policy hooks.
+
+    Subclasses implement ``_start``, ``_teardown``, ``exec``, ``read`` and ``write``.
+    ``type`` names the kind (``"local"``, ...).
+    """
+
+    type: str = "abstract"
+    network_restricted: bool = False
+    """True when the runtime enforces a network policy in the agent phase."""
+    enforces: frozenset[str] = frozenset()
+    """The isolation policies this kind enforces, from ``filesystem``, ``pid``, ``network``
+    (framework routes only), ``pids``, ``memory`` and ``output``; none by default."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or f"rr-{uuid.uuid4().hex[:12]}"
+        self.started = False
+        self.stopped = False
+        self._teardown_task: asyncio.Task[None] | None = None
+
+    @property
+    def id(self) -> str:
+        """A stable identifier of the box (a path, a container id, ...)."""
+        return self.name
+
+    def info(self, *, borrowed: bool = False) -> RuntimeInfo:
+        return RuntimeInfo(id=self.id, type=self.type, name=self.name, borrowed=borrowed)
+
+    async def start(self) -> None:
+        """Start the box. Raises ``SandboxError`` when it cannot be started."""
+        if self.stopped:
+            raise ValueError(f"runtime {self.name!r} was stopped; a runtime starts only once")
+        if self.started:
+            return
+        await self._start()
+        self.started = True
+
+    async def stop(self) -> None:
+        """Stop the box and release everything it holds; idempotent, finishes if cancelled."""
+        self.stopped = True
+        if self._teardown_task is None:
+            self._teardown_task = asyncio.ensure_future(self._teardown())
+        # Shielded: a cancelled caller must not leave processes or files behind.
+        await asyncio.shield(self._teardown_task)
+
+    async def alive(self) -> bool:
+        """True when the box can still run a program (runs ``true`` in it)."""
+        if self.stopped or not self.started:
+            return False
+        try:
+            result = await self.exec(["true"], timeout=10.0)
+        except Exception:
+            return False
+        return result.exit_code == 0
+
+    def host_url(self, url: str) -> str:
+        """How a program inside the box reaches ``url`` on the host."""
+        return url
+
+    async def prepare_setup(self) -> None:
+        """Open the setup-phase network policy (no-op for unrestricted runtimes)."""
+
+    async def prepare_execution(self, routes: Sequence[str] | None) -> None:
+        """Switch to the agent-phase policy, always allowing the framework ``routes``.
+
+        ``None`` restores the permissive setup policy. Unrestricted runtimes ignore it.
+        """
+
+    @abstractmethod
+    async def _start(self) -> None: ...
+
+    @abstractmethod
+    async def _teardown(self) -> None: ...
+
+    @abstractmethod
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_output: int = DEFAULT_OUTPUT_CAP,
+        stdin: bytes | None = None,
+    ) -> ProgramResult:
+        """Run ``argv`` in the box and wait for it.
+
+        Args:
+            argv: the program and its arguments.
+            env: extra environment variables.
+            timeout: seconds before the program and every process it started are killed
+                (``timed_out=True`` in the result). ``None`` waits forever.
+            max_output: bytes kept of each of stdout and stderr; the rest is drained and
+                dropped, and the stream is flagged truncated.
+            stdin: bytes written to the program's standard input.
+
+        Raises:
+            SandboxError: the box is not running, or the program could not be started.
+        """
+
+    @abstractmethod
+    async def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Read a file of the box (relative paths are under its work directory)."""
+
+    @abstractmethod
+    async def write(self, path: str, data: bytes | str) -> None:
+        """Write a file of the box, creating parent directories."""

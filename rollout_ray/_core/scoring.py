@@ -1,0 +1,51 @@
+"""Seed → run → record: how rewards and metrics land on a trace (B47, B48).
+
+Every expected signal name is *seeded* with ``None`` before anything runs, so a signal whose
+scorer raised stays visible as "expected but never scored". Phases run one after another
+(metrics, then rewards, then judges); the hooks of one phase run concurrently, and their
+results are recorded only when the whole phase succeeded. A scalar result is stored under
+the hook's name; a mapping result stores each of its keys and drops the hook's own seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .aio import gather_all
+from .hooks import Hook, call_by_name
+from .._record.trace import Trace
+
+
+def seed(trace: Trace, *, metrics: Sequence[str] = (), rewards: Sequence[str] = ()) -> None:
+    """Set each expected name to ``None``, overwriting earlier values."""
+    for name in metrics:
+        trace.metrics[name] = None
+    for name in rewards:
+        trace.rewards[name] = None
+
+
+async def run_metrics(trace: Trace, hooks: Sequence[Hook], available: Mapping[str, Any]) -> None:
+    results = await gather_all(call_by_name(h.fn, available) for h in hooks)
+    for hook, result in zip(hooks, results, strict=True):
+        if isinstance(result, Mapping):
+            _unseed(trace.metrics, hook.name)
+            trace.record_metrics(result)
+        else:
+            trace.record_metric(hook.name, result)
+
+
+async def run_rewards(trace: Trace, hooks: Sequence[Hook], available: Mapping[str, Any]) -> None:
+    results = await gather_all(call_by_name(h.fn, available) for h in hooks)
+    for hook, result in zip(hooks, results, strict=True):
+        if isinstance(result, Mapping):
+            _unseed(trace.rewards, hook.name)
+            for key, value in result.items():
+                trace.record_reward(key, value, hook.weight)
+        else:
+            trace.record_reward(hook.name, result, hook.weight)
+
+
+def _unseed(values: dict[str, Any], name: str) -> None:
+    if name in values and values[name] is None:
+        del values[name]

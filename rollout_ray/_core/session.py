@@ -1,0 +1,389 @@
+"""RolloutSession: the per-rollout state behind the model boundary (B33–B40, §5.2).
+
+Every model request of a rollout goes through ``chat``:
+
+    released? stopped? → limits → trace @stops → request @intercepts → request @stops
+    → model call → response @intercepts → response @stops → commit the turn with its usage
+
+A refusal raises ``TurnRefused`` (HTTP 400 ``rollout stopped: <name>``) and stops the trace;
+a released session raises ``SessionConcluded`` (409) and never commits a late turn. Failures
+of hooks and of the provider are *stashed* in ``error`` before being raised, so the rollout
+can prefer them over the harness's own exit (B30, B31). The HTTP proxy (a later layer) only
+adapts this object to the wire; in-process harnesses call it directly.
+
+The session is confined to one event loop and is its trace's only writer while the rollout
+runs; concurrent requests of one rollout interleave only at ``await`` points.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from .._errors import (
+    OverlongPromptError,
+    Refusal,
+    RolloutError,
+    SessionConcluded,
+    TaskError,
+    TurnRefused,
+    UpstreamError,
+)
+from .._record.graph import ConversationGraph
+from .hooks import Hook, call_by_type, resolve
+from .limits import RolloutLimits
+from .._record.messages import (
+    AssistantMessage,
+    Message,
+    Request,
+    Response,
+    ToolMessage,
+    UserMessage,
+    message_hash,
+)
+from .model import Model
+from .._record.trace import Error, InterceptRecord, ModelCall, TimeSpan, Trace
+
+SAMPLING_FIELDS = frozenset({
+    "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed",
+    "stop", "n", "frequency_penalty", "presence_penalty", "repetition_penalty", "logprobs",
+    "top_logprobs", "reasoning_effort",
+})  # fmt: skip
+"""Request fields recorded as ``ModelCall.sampling``; every field still goes upstream."""
+
+_CODEC_ENCODER = msgspec.msgpack.Encoder()
+_REQUEST_DECODER = msgspec.msgpack.Decoder(Request)
+_RESPONSE_DECODER = msgspec.msgpack.Decoder(Response)
+
+
+def _copy_request(request: Request) -> Request:
+    return _REQUEST_DECODER.decode(_CODEC_ENCODER.encode(request))
+
+
+def _copy_response(response: Response) -> Response:
+    return _RESPONSE_DECODER.decode(_CODEC_ENCODER.encode(response))
+
+
+class RolloutSession:
+    """The model boundary of one rollout.
+
+    Args:
+        trace: the rollout's live trace.
+        model: the upstream model.
+        limits: turn and token caps.
+        trace_stops: ``@stop`` hooks typed ``Trace``, checked before every turn.
+        request_stops / response_stops: ``@stop`` hooks typed ``Request`` / ``Response``.
+        request_interceptors / response_interceptors: ``@intercept`` hooks of each side.
+        model_name: the model name forced on every request.
+        sampling: sampling settings overlaid on every request.
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        model: Model,
+        *,
+        limits: RolloutLimits | None = None,
+        trace_stops: Sequence[Hook] = (),
+        request_stops: Sequence[Hook] = (),
+        response_stops: Sequence[Hook] = (),
+        request_interceptors: Sequence[Hook] = (),
+        response_interceptors: Sequence[Hook] = (),
+        model_name: str | None = None,
+        sampling: dict[str, Any] | None = None,
+    ) -> None:
+        self.trace = trace
+        self.model = model
+        self.limits = limits or RolloutLimits()
+        self.trace_stops = list(trace_stops)
+        self.request_stops = list(request_stops)
+        self.response_stops = list(response_stops)
+        self.request_interceptors = list(request_interceptors)
+        self.response_interceptors = list(response_interceptors)
+        self.model_name = model_name or model.name
+        self.sampling = dict(sampling or {})
+        self.graph = ConversationGraph(trace)
+        self.error: RolloutError | None = None
+        """The latest model, tool or hook failure, stashed for the rollout (B30, B31)."""
+        self.released = False
+        self.prepared: set[bytes] = set()
+        """Hashes of user turns already rewritten by ``prepare_users`` (not intercepted again)."""
+
+    @property
+    def stopped(self) -> bool:
+        return self.trace.stopped
+
+    def release(self) -> None:
+        """Seal the session: no later request is answered or committed."""
+        self.released = True
+
+    # -- the model route --------------------------------------------------------------------
+
+    async def chat(self, request: Request, params: dict[str, Any] | None = None) -> Response:
+        """Run one model request through the whole pipeline and commit the turn.
+
+        ``params`` are the harness's other request fields (``max_tokens``, ``tool_choice``,
+        ...); the rollout's sampling settings override them.
+
+        Raises:
+            SessionConcluded: the session was released.
+            TurnRefused: a limit or stop refused the turn, or a response stop fired after
+                the turn was committed.
+            RolloutError: a hook failed (``TaskError``) or the provider failed
+                (``ProviderError``); both are stashed in ``error`` first.
+        """
+        self._check_open()
+        await self.refused()
+        request, stop_name = await self._guarded(self.rewrite_request(request))
+        if stop_name is not None:
+            self.graph.commit(request.messages, None)
+            self._record_tools(request)
+            self.trace.stop(stop_name)
+            raise TurnRefused(stop_name)
+        return await self._sample(request, {**(params or {}), **self.sampling})
+
+    async def _sample(self, request: Request, sampling: dict[str, Any]) -> Response:
+        self.error = None
+        recorded = {k: v for k, v in sampling.items() if k in SAMPLING_FIELDS}
+        call = ModelCall(
+            model=self.model_name,
+            sampling=recorded or None,
+            endpoint="/chat/completions",
+            time=TimeSpan(start=time.time()),
+        )
+        try:
+            response = await self._complete(request, sampling)
+            call.usage, call.finish_reason = response.usage, response.finish_reason
+            if self.released:
+                raise SessionConcluded()
+            response, records, stop_name = await self._guarded(self._rewrite_response(response))
+            if self.trace.stopped:
+                raise TurnRefused(self.trace.stop_condition or "stopped")
+            call.node = self.graph.commit(request.messages, response.message)
+            self._record_tools(request)
+            self._consume_prepared(request.messages)
+            self.trace.response_rewrites.extend(records)
+            if stop_name is not None:
+                self.trace.stop(stop_name)
+                raise TurnRefused(stop_name)
+            return response
+        except OverlongPromptError as e:
+            call.error = Error.from_exception(e)
+            self.trace.stop("context_length")
+            raise TurnRefused("context_length") from e
+        except RolloutError as e:
+            call.error = Error.from_exception(e)
+            self.error = e
+            raise
+        except Refusal:
+            raise
+        except BaseException as e:
+            call.error = Error.from_exception(e)  # a cancellation or a client bug: not stashed
+            raise
+        finally:
+            call.time.end = time.time()
+            if not self.released:
+                self.trace.calls.append(call)
+
+    async def _complete(self, request: Request, sampling: dict[str, Any]) -> Response:
+        try:
+            return await self.model.complete(request, model=self.model_name, sampling=sampling)
+        except RolloutError:
+            raise
+        except Exception as e:
+            raise UpstreamError(f"model client failed: {type(e).__name__}: {e}") from e
+
+    async def _guarded(self, awaitable: Any) -> Any:
+        """Await a hook phase, stashing its failure (hook errors answer 502, Q11)."""
+        try:
+            return await awaitable
+        except RolloutError as e:
+            self.error = e
+            raise
+
+    def _check_open(self) -> None:
+        if self.released:
+            raise SessionConcluded()
+        if self.trace.stopped:
+            raise TurnRefused(self.trace.stop_condition or "stopped")
+
+    def _record_tools(self, request: Request) -> None:
+        if request.tools:
+            self.trace.tools = list(request.tools)
+
+    # -- limits and stops -------------------------------------------------------------------
+
+    async def refused(self) -> None:
+        """Check limits, then trace ``@stop``s; on the first hit stop the trace and refuse.
+
+        Raises:
+            TurnRefused: a limit was reached or a stop fired (its name is the reason).
+            TaskError: a trace stop returned a non-bool or raised (stashed).
+        """
+        reached = self.limits.reached(self.trace)
+        if reached is not None:
+            self.trace.stop(reached)
+            raise TurnRefused(reached)
+        for hook in self.trace_stops:
+            try:
+                result = await resolve(call_by_type(hook.fn, {Trace: self.trace}))
+                if not isinstance(result, bool):
+                    raise TaskError(f"@stop must return bool, got {type(result).__name__}")
+            except RolloutError as e:
+                self.error = e
+                raise
+            except Exception as e:
+                self.error = TaskError(f"@stop {hook.name} failed: {type(e).__name__}: {e}")
+                raise self.error from e
+            if result:
+                self.trace.stop(hook.name)
+                raise TurnRefused(hook.name)
+
+    # -- request side -----------------------------------------------------------------------
+
+    async def prepare_users(self, request: Request) -> Request:
+        """Rewrite a caller's new user turns with the request interceptors only (no stops).
+
+        The rewritten messages are remembered, so that when the harness later sends them to
+        the model they are not intercepted a second time (B15, B25, B37).
+        """
+        request, records = await self._intercept(request)
+        self.trace.request_rewrites.extend(records)
+        _, matched = self.graph.resolve(request.messages)
+        for message in request.messages[matched:]:
+            if isinstance(message, UserMessage):
+                self.prepared.add(message_hash(message))
+        return request
+
+    async def rewrite_request(self, request: Request) -> tuple[Request, str | None]:
+        """Run request interceptors, then request stops; returns the request and a stop name."""
+        request, records = await self._intercept(request)
+        self.trace.request_rewrites.extend(records)
+        for hook in self.request_stops:
+            fired = await self._run_request_hook(
+                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(request), Trace: self.trace})
+            )
+            if not isinstance(fired, bool):
+                raise TaskError(
+                    "request interception failed: TypeError: "
+                    f"@stop must return bool, got {type(fired).__name__}"
+                )
+            if fired:
+                return request, hook.name
+        return request, None
+
+    async def _intercept(self, request: Request) -> tuple[Request, list[InterceptRecord]]:
+        records: list[InterceptRecord] = []
+        _, matched = self.graph.resolve(request.messages)
+        if not any(self._rewritable(m) for m in request.messages[matched:]):
+            # Nothing new to rewrite (e.g. prompt turns already rewritten at open): the
+            # interceptors are not applied a second time.
+            return request, records
+        for hook in self.request_interceptors:
+            current = request
+            result = await self._run_request_hook(
+                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(current), Trace: self.trace})
+            )
+            if result is None:
+                continue
+            try:
+                self._validate_request(request, result, matched)
+            except (TypeError, ValueError) as e:
+                raise TaskError(f"request interception failed: {type(e).__name__}: {e}") from e
+            if result != request:
+                request = result
+                records.append(InterceptRecord(hook.name))
+        return request, records
+
+    @staticmethod
+    async def _run_request_hook(hook: Hook, call: Any) -> Any:
+        try:
+            return await resolve(call())
+        except RolloutError:
+            raise
+        except Exception as e:
+            raise TaskError(f"request interception failed: {type(e).__name__}: {e}") from e
+
+    def _validate_request(self, before: Request, after: object, matched: int) -> None:
+        if not isinstance(after, Request):
+            raise TypeError(f"interceptor must return a Request or None, got {type(after).__name__}")
+        if len(after.messages) != len(before.messages):
+            raise ValueError("cannot add or remove messages")
+        if after.tools != before.tools:
+            raise ValueError("cannot rewrite tools")
+        for i, (old, new) in enumerate(zip(before.messages, after.messages, strict=True)):
+            if old == new:
+                continue
+            if i < matched or not self._rewritable(old):
+                raise ValueError("can only rewrite new user or tool messages")
+            if type(new) is not type(old):
+                raise TypeError("cannot change a message's type")
+            if isinstance(old, ToolMessage) and new.tool_call_id != old.tool_call_id:  # type: ignore[union-attr]
+                raise ValueError("cannot change a tool message's tool_call_id")
+
+    def _rewritable(self, message: Message) -> bool:
+        """A user or tool message not already rewritten by ``prepare_users``."""
+        return (
+            isinstance(message, UserMessage | ToolMessage)
+            and message_hash(message) not in self.prepared
+        )
+
+    def _consume_prepared(self, messages: Sequence[Message]) -> None:
+        for message in messages:
+            self.prepared.discard(message_hash(message))
+
+    # -- response side ----------------------------------------------------------------------
+
+    async def _rewrite_response(
+        self, response: Response
+    ) -> tuple[Response, list[InterceptRecord], str | None]:
+        records: list[InterceptRecord] = []
+        for hook in self.response_interceptors:
+            current = response
+            result = await self._run_response_hook(
+                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(current), Trace: self.trace})
+            )
+            if result is None or result == response:
+                continue
+            try:
+                _validate_response(response, result)
+            except (TypeError, ValueError) as e:
+                raise TaskError(f"response interception failed: {type(e).__name__}: {e}") from e
+            response = msgspec.structs.replace(result, finish_reason="stop")
+            records.append(InterceptRecord(hook.name))
+        for hook in self.response_stops:
+            fired = await self._run_response_hook(
+                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(response), Trace: self.trace})
+            )
+            if not isinstance(fired, bool):
+                raise TaskError(
+                    "response interception failed: TypeError: "
+                    f"@stop must return bool, got {type(fired).__name__}"
+                )
+            if fired:
+                return response, records, hook.name
+        return response, records, None
+
+    @staticmethod
+    async def _run_response_hook(hook: Hook, call: Any) -> Any:
+        try:
+            return await resolve(call())
+        except RolloutError:
+            raise
+        except Exception as e:
+            raise TaskError(f"response interception failed: {type(e).__name__}: {e}") from e
+
+
+def _validate_response(before: Response, after: object) -> None:
+    if not isinstance(after, Response):
+        raise TypeError(f"interceptor must return a Response or None, got {type(after).__name__}")
+    if msgspec.structs.replace(after, message=before.message, finish_reason=before.finish_reason) != before:
+        raise ValueError("can only replace the assistant message")
+    message = after.message
+    if not isinstance(message, AssistantMessage) or (
+        message.reasoning_content is not None or message.tool_calls
+    ):
+        raise ValueError("must return an inert text-only message")

@@ -1,0 +1,357 @@
+"""The driver: tasks × samples rollouts, bounded in flight, into Arrow and finalized groups.
+
+Each (task, sample) is scheduled once; at most ``max_in_flight`` run at a time, so memory
+stays flat however many tasks there are. Every scheduled sample ends as exactly one record:
+a rollout lost to infrastructure is retried up to ``max_infra_retries`` times (each attempt's
+error kept on the final trace, oldest first) and then recorded as failed — so a group always
+completes and is never blocked by one bad sample. Task and harness failures are data and are
+not retried unless ``retry_failed``. ``breaker`` consecutive provider failures halt the run:
+nothing new is scheduled and the status says why.
+
+Records stream into Parquet shards when a run directory is given (and a rerun with
+``resume=True`` skips every (group, sample) already stored); each group is finalized (group
+statistics, advantages, best-of-n, pass@k) the moment its last sample closes, and handed to
+the consumer of ``groups()`` through a bounded queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, Field
+
+from .._record.arrow import RolloutRecord, records_to_table, table_to_records
+from .._core.executor import Executor, InfrastructureLost
+from .finalize import FinalizeConfig, finalize
+from .._core.harness import Harness
+from .._core.limits import RolloutLimits, RolloutTimeouts
+from .._core.model import Model
+from .._core.host import RolloutSpec
+from .._record.store import Manifest, ShardWriter, done_keys, read_manifest, read_run, write_manifest
+from .._core.task import Task
+from .._record.trace import AgentInfo, Timing, Trace
+
+
+class EvalConfig(BaseModel):
+    """How a run is driven (user config)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, use_attribute_docstrings=True)
+
+    samples_per_task: int = Field(1, ge=1)
+    """n: rollouts per task; the samples of one task form a group."""
+    max_in_flight: int = Field(64, ge=1)
+    """Rollouts running at once (backpressure)."""
+    max_infra_retries: int = Field(2, ge=0)
+    """Retries of a rollout whose host died."""
+    retry_failed: bool = False
+    """Also retry rollouts that failed inside (task or harness errors), up to the same count."""
+    breaker: int = Field(10, ge=1)
+    """Consecutive provider failures that halt the run."""
+    rows_per_shard: int = Field(1000, ge=1)
+    """Rows per Parquet shard."""
+    stream_buffer: int = Field(64, ge=1)
+    """Finalized groups waiting for the consumer before the driver waits too."""
+    limits: RolloutLimits = RolloutLimits()
+    timeouts: RolloutTimeouts = RolloutTimeouts()
+    model_name: str | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    finalize: FinalizeConfig = FinalizeConfig()
+
+
+@dataclass(frozen=True)
+class Group:
+    """One finalized group: its samples (with advantages) and its one-row summary."""
+
+    group_id: str
+    samples: pa.Table
+    summary: pa.Table
+
+
+@dataclass
+class Progress:
+    """Counters of a running driver, for progress displays."""
+
+    total: int | None
+    done: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    retried: int = 0
+    skipped: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def rate(self) -> float:
+        elapsed = time.monotonic() - self.started
+        return self.done / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        if self.total is None or not self.rate:
+            return None
+        return (self.total - self.skipped - self.done) / self.rate
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: Literal["completed", "halted"]
+    reason: str
+    samples: pa.Table
+    groups: pa.Table
+    run_dir: str | None
+
+
+def group_id_of(task: Task) -> str:
+    """Stable across reruns of the same taskset: the task's position and key."""
+    return f"{task.data.idx}-{task.key[:16]}"
+
+
+class Driver:
+    """Runs ``tasks`` × ``config.samples_per_task`` rollouts on ``executor`` (once).
+
+    Args:
+        tasks: the taskset (any iterable; consumed lazily).
+        harness: the agent.
+        model: the upstream model.
+        executor: where rollouts run (``LocalExecutor``, ``RayExecutor``).
+        config: run settings.
+        run_dir: directory for the manifest and Parquet shards; ``None`` keeps results in memory.
+        resume: continue the run in ``run_dir``: skip every (group, sample) already stored.
+        judge: cross-trace hook for ``finalize`` (called once per group's table).
+        on_progress: called with ``Progress`` at most every ``progress_every`` seconds.
+    """
+
+    def __init__(
+        self,
+        tasks: Iterable[Task],
+        harness: Harness,
+        model: Model,
+        *,
+        executor: Executor,
+        config: EvalConfig | None = None,
+        run_dir: str | None = None,
+        resume: bool = False,
+        judge: Callable[[pa.Table], Any] | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+        progress_every: float = 0.5,
+        manifest_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.tasks, self.harness, self.model, self.executor = tasks, harness, model, executor
+        self.config = config or EvalConfig()
+        self.run_dir, self.resume, self.judge = run_dir, resume, judge
+        self._on_progress, self._progress_every = on_progress, progress_every
+        self._manifest_config = manifest_config or {}
+        total = len(tasks) * self.config.samples_per_task if hasattr(tasks, "__len__") else None  # type: ignore[arg-type]
+        self.progress = Progress(total=total)
+        self.run_id = uuid.uuid4().hex
+        self.status: Literal["completed", "halted"] = "completed"
+        self.reason = ""
+        self._pending: dict[str, list[RolloutRecord]] = {}
+        self._group_sizes: dict[str, int] = {}
+        self._buffer: list[RolloutRecord] = []
+        self._memory: list[pa.Table] = []
+        self._summaries: list[pa.Table] = []
+        self._provider_streak = 0
+        self._halt = asyncio.Event()
+        self._last_report = 0.0
+        self._done: set[tuple[str, int]] = set()
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ray-shards")
+
+    # -- public API -------------------------------------------------------------------------
+
+    async def groups(self) -> AsyncIterator[Group]:
+        """Finalized groups as they complete (the trainer stream).
+
+        To stop early, iterate inside ``contextlib.aclosing(driver.groups())``: leaving it
+        cancels the rollouts in flight at once and keeps what completed (a resume skips it).
+        """
+        queue: asyncio.Queue[Group | None] = asyncio.Queue(self.config.stream_buffer)
+        producer = asyncio.create_task(self._drive(queue))
+        try:
+            while (group := await queue.get()) is not None:
+                yield group
+            await producer  # re-raise a driver failure
+        finally:
+            if not producer.done():
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
+
+    async def arun(self) -> RunResult:
+        """Drive the whole run; returns every sample (finalized) and one row per group."""
+        async for _ in self.groups():
+            pass
+        if self.run_dir is not None:
+            stored = read_run(self.run_dir)
+            if stored.num_rows:
+                whole = finalize(stored, self.config.finalize, self.judge)
+                return RunResult(self.status, self.reason, whole.samples, whole.groups, self.run_dir)
+            return RunResult(self.status, self.reason, stored, pa.table({}), self.run_dir)
+        samples = pa.concat_tables(self._memory) if self._memory else pa.table({})
+        groups = pa.concat_tables(self._summaries) if self._summaries else pa.table({})
+        return RunResult(self.status, self.reason, samples, groups, self.run_dir)
+
+    def run(self) -> RunResult:
+        """``arun`` for callers without an event loop (blocks until the run ends)."""
+        return asyncio.run(self.arun())
+
+    # -- the run ----------------------------------------------------------------------------
+
+    async def _drive(self, queue: asyncio.Queue[Group | None]) -> None:
+        writer: ShardWriter | None = None
+        try:
+            writer = self._open_store()
+            slots = asyncio.Semaphore(self.config.max_in_flight)
+            async with asyncio.TaskGroup() as tg:
+                for task, group_id, sample_idx in self._plan():
+                    await slots.acquire()
+                    if self._halt.is_set():
+                        slots.release()
+                        break
+                    self.progress.in_flight += 1
+                    tg.create_task(self._one(task, group_id, sample_idx, slots, writer, queue))
+        finally:
+            # Also on cancellation: what completed is kept, so a resume will not redo it.
+            batch, self._buffer = self._buffer, []
+            self._io.submit(self._write, writer, batch).result()  # after any queued write
+            self._io.shutdown(wait=True)
+            if writer is not None:
+                writer.close()
+            self._report(force=True)
+            await queue.put(None)
+
+    def _open_store(self) -> ShardWriter | None:
+        if self.run_dir is None:
+            return None
+        os.makedirs(self.run_dir, exist_ok=True)
+        manifest_path = os.path.join(self.run_dir, "manifest.json")
+        if self.resume and os.path.exists(manifest_path):
+            self.run_id = read_manifest(self.run_dir).run_id
+            self._restore()
+        elif os.path.exists(manifest_path):
+            raise FileExistsError(f"{self.run_dir} already holds a run; pass resume=True (--resume) or another directory")
+        else:
+            config = {**self._manifest_config, "eval": self.config.model_dump(mode="json")}
+            write_manifest(self.run_dir, Manifest(run_id=self.run_id, config=config))
+        return ShardWriter(self.run_dir, rows_per_shard=self.config.rows_per_shard)
+
+    def _restore(self) -> None:
+        """Reload the samples of groups left incomplete, so they finalize with the new ones."""
+        assert self.run_dir is not None
+        self._done = done_keys(self.run_dir)
+        counts = Counter(g for g, _ in self._done)
+        partial = {g for g, c in counts.items() if c < self.config.samples_per_task}
+        if partial:
+            table = read_run(self.run_dir)
+            mask = pc.is_in(table["group_id"], pa.array(sorted(partial)))
+            for record in table_to_records(table.filter(mask)):
+                self._pending.setdefault(record.group_id, []).append(record)
+
+    def _plan(self) -> Iterator[tuple[Task, str, int]]:
+        done = self._done
+        for task in self.tasks:
+            group_id = group_id_of(task)
+            self._group_sizes[group_id] = self.config.samples_per_task
+            for sample_idx in range(self.config.samples_per_task):
+                if (group_id, sample_idx) in done:
+                    self.progress.skipped += 1
+                    continue
+                yield task, group_id, sample_idx
+
+    async def _one(self, task: Task, group_id: str, sample_idx: int, slots: asyncio.Semaphore,
+                   writer: ShardWriter | None, queue: asyncio.Queue[Group | None]) -> None:
+        try:
+            trace, attempt = await self._attempts(task)
+        finally:
+            slots.release()
+            self.progress.in_flight -= 1
+        self._count(trace)
+        record = RolloutRecord(trace, self.run_id, group_id, sample_idx, attempt)
+        self._buffer.append(record)
+        if len(self._buffer) >= min(self.config.rows_per_shard, 256):
+            batch, self._buffer = self._buffer, []
+            # Off the loop (a shard write fsyncs) on the one writer thread, so writes stay
+            # in order and never overlap.
+            await asyncio.get_running_loop().run_in_executor(self._io, self._write, writer, batch)
+        members = self._pending.setdefault(group_id, [])
+        members.append(record)
+        if len(members) == self._group_sizes[group_id]:
+            del self._pending[group_id]
+            await queue.put(self._finalize(group_id, members))
+        self._report()
+
+    async def _attempts(self, task: Task) -> tuple[Trace, int]:
+        errors: list[Any] = []
+        attempt = 0
+        while True:
+            spec = RolloutSpec(task, self.harness, self.model, limits=self.config.limits,
+                               timeouts=self.config.timeouts, model_name=self.config.model_name,
+                               sampling=dict(self.config.sampling))
+            try:
+                trace = await self.executor.run(spec)
+            except InfrastructureLost as e:
+                trace = _lost_trace(task, self.harness, e)
+                retryable = True
+            else:
+                retryable = self.config.retry_failed and not trace.ok
+            if not retryable or attempt >= self.config.max_infra_retries:
+                trace.errors[:0] = errors  # earlier attempts first (B52)
+                return trace, attempt
+            errors.extend(trace.errors)
+            attempt += 1
+            self.progress.retried += 1
+
+    def _count(self, trace: Trace) -> None:
+        self.progress.done += 1
+        if not trace.ok:
+            self.progress.failed += 1
+        last = trace.last_error
+        if last is not None and last.type == "ProviderError":
+            self._provider_streak += 1
+            if self._provider_streak >= self.config.breaker and not self._halt.is_set():
+                self.status = "halted"
+                self.reason = (f"circuit breaker: {self._provider_streak} consecutive provider "
+                               f"failures (last: {last.message[:200]})")
+                self._halt.set()
+        else:
+            self._provider_streak = 0
+
+    def _finalize(self, group_id: str, members: list[RolloutRecord]) -> Group:
+        members.sort(key=lambda r: r.sample_idx)
+        result = finalize(records_to_table(members), self.config.finalize, self.judge)
+        if self.run_dir is None:
+            self._memory.append(result.samples)
+            self._summaries.append(result.groups)
+        return Group(group_id, result.samples, result.groups)
+
+    @staticmethod
+    def _write(writer: ShardWriter | None, batch: list[RolloutRecord]) -> None:
+        if batch and writer is not None:
+            writer.write(records_to_table(batch))
+            writer.flush()
+
+    def _report(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._on_progress is not None and (force or now - self._last_report >= self._progress_every):
+            self._last_report = now
+            self._on_progress(self.progress)
+
+
+def _lost_trace(task: Task, harness: Harness, error: Exception) -> Trace:
+    """The record of a rollout whose host died: failed, with the infrastructure error."""
+    trace = Trace(
+        task=task.trace_task(),
+        agent=AgentInfo(harness=harness.id),
+        timing=Timing(start=time.time()),
+    )
+    trace.record_error(error)
+    trace.is_completed = True
+    return trace

@@ -1,0 +1,94 @@
+"""ProgramHarness: the agent is a program run in the rollout's runtime, one run per segment.
+
+The program finds everything in its environment:
+
+* ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``: the rollout's model endpoint (ends in ``/v1``)
+  and bearer, so any OpenAI SDK works unchanged;
+* ``ROLLOUT_RAY_TOOLS``: JSON ``{server name: url}`` of the tool servers (see ``_tools``);
+* ``ROLLOUT_RAY_INPUT``: path, relative to the program's working directory (the runtime's
+  work dir), of a JSON file ``{"messages": [OpenAI chat messages]}``: on launch the system
+  prompt and the prompt, on resume the conversation so far plus the new user messages.
+
+The segment ends when the program exits; the session checks its exit code (B26).
+``examples/agent_program.py`` is a stdlib-only program of this kind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .chat import opening_messages, resumed_messages
+from .._errors import HarnessError
+from .._core.harness import OUTPUT_TAIL, Harness, HarnessContext
+from .._record.messages import Message
+from .._core.runtime import ProgramResult, Runtime
+from .._record.trace import Trace
+
+INPUT_DIR = ".rollout_ray"
+"""Directory of the work dir holding per-rollout input files (removed by ``cleanup``)."""
+
+
+class ProgramHarness(Harness):
+    """Runs ``command`` in the rollout's runtime for each segment.
+
+    Args:
+        command: the program and its arguments.
+        id: harness id.
+        env: extra environment variables of the program.
+        timeout: seconds a segment may run; the program's whole process tree is then killed
+            and the segment fails with ``HarnessError`` (unless the rollout stopped).
+        max_output: bytes kept of each of stdout and stderr.
+    """
+
+    supports_resume = True
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        id: str = "program",
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_output: int = 1 << 20,
+    ) -> None:
+        super().__init__(id)
+        if not command:
+            raise ValueError("ProgramHarness needs a command to run")
+        self.command = list(command)
+        self.env = dict(env or {})
+        self.timeout = timeout
+        self.max_output = max_output
+
+    async def launch(self, ctx: HarnessContext) -> ProgramResult:
+        return await self._run(ctx, opening_messages(ctx))
+
+    async def resume(self, ctx: HarnessContext, messages: Sequence[Message]) -> ProgramResult:
+        return await self._run(ctx, resumed_messages(ctx, messages))
+
+    async def _run(self, ctx: HarnessContext, messages: list[dict[str, Any]]) -> ProgramResult:
+        # A fresh file per segment: the harness is shared by rollouts, its segments never collide.
+        path = f"{INPUT_DIR}/{ctx.trace.id}/input-{uuid.uuid4().hex[:8]}.json"
+        await ctx.runtime.write(path, json.dumps({"messages": messages}))
+        env = {
+            **self.env,
+            "OPENAI_BASE_URL": ctx.endpoint,
+            "OPENAI_API_KEY": ctx.secret,
+            "ROLLOUT_RAY_TOOLS": json.dumps(ctx.tool_urls),
+            "ROLLOUT_RAY_INPUT": path,
+        }
+        result = await ctx.runtime.exec(
+            self.command, env=env, timeout=self.timeout, max_output=self.max_output
+        )
+        if result.timed_out and not ctx.trace.stopped:
+            tail = (result.stderr or result.stdout or "<no output>")[-OUTPUT_TAIL:]
+            raise HarnessError(f"harness '{self.id}' timed out after {self.timeout:g}s: {tail}")
+        return result
+
+    async def cleanup(self, trace: Trace, runtime: Runtime) -> None:
+        """Remove the rollout's input files (idempotent; a runtime already gone is fine)."""
+        with contextlib.suppress(Exception):
+            await runtime.exec(["rm", "-rf", f"{INPUT_DIR}/{trace.id}"], timeout=10.0)

@@ -1,0 +1,147 @@
+"""RemoteRuntime: a runtime hosted by a ``RuntimeActor``, used from another process.
+
+Part of the Ray layer (it imports ``ray``); ``_actors`` re-exports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ray.exceptions import RayActorError, RayTaskError
+
+from .._errors import SandboxError
+from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
+from .._runtimes.host import RuntimeStopped
+from .._runtimes.sandbox import SandboxRuntime, sandbox_url
+
+
+async def _call(ref: Any) -> Any:
+    """Await an actor call; an exception raised in the actor comes back as itself.
+
+    Ray wraps it in a ``RayTaskError`` whose type name and message carry Ray's decorations;
+    the trace must record the original type and message.
+    """
+    try:
+        return await ref
+    except RayTaskError as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise
+
+
+class RemoteRuntime(Runtime):
+    """A runtime hosted by a ``RuntimeActor``, driven from another process. Picklable.
+
+    ``lazy=True`` defers provisioning to the first use (``exec``, ``read``, ``write``): a
+    rollout that never touches its box costs no runtime actor calls. It is still "started"
+    as far as the lifecycle goes, and is stopped at teardown if it was ever provisioned or
+    handed to another process (which may have provisioned it).
+    """
+
+    def __init__(self, actor: Any, name: str, *, owner: str | None = None, started: bool = False,
+                 runtime_type: str = "local", runtime_id: str | None = None, lazy: bool = False,
+                 provisioned: bool = False) -> None:
+        super().__init__(name)
+        self._actor = actor
+        self._owner = owner
+        self.started = started
+        self.type = runtime_type
+        self._id = runtime_id
+        self._lazy = lazy
+        self._provisioned = provisioned or (started and not lazy)
+        self._provisioning: asyncio.Future[Any] | None = None
+        self._shared = False
+
+    def __reduce__(self) -> Any:
+        self._shared = True  # the copy may provision it: teardown must reach the actor
+        return (_rebuild_remote_runtime, (self._actor, self.name, self._owner, self.started,
+                                          self.type, self._id, self.stopped, self._lazy,
+                                          self._provisioned))
+
+    @property
+    def id(self) -> str:
+        return self._id or self.name
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await _call(getattr(self._actor, method).remote(*args, **kwargs))
+        except RuntimeStopped:
+            self.stopped = True
+            raise
+        except RayActorError as e:
+            self.stopped = True
+            raise SandboxError(f"runtime {self.name!r}: its runtime actor died ({type(e).__name__})") from None
+
+    @property
+    def enforces(self) -> frozenset[str]:  # type: ignore[override]
+        return SandboxRuntime.enforces if self.type == "sandbox" else frozenset()
+
+    def host_url(self, url: str) -> str:
+        return sandbox_url(url) if self.type == "sandbox" else url
+
+    async def prepare_execution(self, routes: Sequence[str] | None) -> None:
+        # A sandbox's network is closed until its routes are set, so it is provisioned now;
+        # a local runtime has no policy and stays lazy.
+        if self.type == "sandbox":
+            await self._provision()
+            await self._call("prepare_execution", self.name, list(routes) if routes is not None else None)
+
+    async def refresh(self) -> None:
+        """Learn whether the owner stopped this runtime."""
+        self.stopped = self.stopped or await self._call("stopped", self.name)
+
+    async def _start(self) -> None:
+        if not self._lazy:
+            await self._provision()
+
+    async def _provision(self) -> None:
+        if self._provisioned:
+            return
+        if self._provisioning is None:  # concurrent first uses share one actor call
+            self._provisioning = asyncio.ensure_future(
+                self._call("create_started", self.name, owner=self._owner))
+        info = await asyncio.shield(self._provisioning)
+        self.type, self._id, self._provisioned = info.type, info.id, True
+
+    async def _teardown(self) -> None:
+        if not (self._provisioned or self._shared or self._provisioning is not None):
+            return
+        try:
+            await getattr(self._actor, "stop").remote(self.name)
+        except RayActorError:
+            pass  # the actor is gone, and its guardian removed the runtime with it
+
+    async def alive(self) -> bool:
+        if not self._provisioned and not self._shared and self.started and not self.stopped:
+            return True  # it can run a program: it would be provisioned for it (a copy elsewhere may have been)
+        try:
+            return bool(await self._call("alive", self.name))
+        except SandboxError:
+            return False
+
+    async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                   timeout: float | None = None, max_output: int = DEFAULT_OUTPUT_CAP,
+                   stdin: bytes | None = None) -> ProgramResult:
+        await self._provision()
+        return await self._call("exec", self.name, list(argv), env=dict(env or {}), timeout=timeout,
+                                max_output=max_output, stdin=stdin)
+
+    async def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        await self._provision()
+        return await self._call("read", self.name, path, max_bytes)
+
+    async def write(self, path: str, data: bytes | str) -> None:
+        await self._provision()
+        await self._call("write", self.name, path, data)
+
+
+def _rebuild_remote_runtime(actor: Any, name: str, owner: str | None, started: bool,
+                            runtime_type: str, runtime_id: str | None, stopped: bool, lazy: bool,
+                            provisioned: bool) -> RemoteRuntime:
+    runtime = RemoteRuntime(actor, name, owner=owner, started=started, runtime_type=runtime_type,
+                            runtime_id=runtime_id, lazy=lazy, provisioned=provisioned)
+    runtime.stopped = stopped
+    return runtime

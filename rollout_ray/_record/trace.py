@@ -1,0 +1,396 @@
+"""The Trace: the one record of one rollout, and the only one that crosses processes.
+
+Every part is a ``msgspec.Struct`` so a trace is msgpack-encoded between actors and converted
+to Arrow in the driver. Aggregates (``reward``, ``num_turns``, token counts) are properties,
+recomputed from the stored parts and never serialised, exactly as upstream (§3, B49).
+
+The conversation is a graph: each ``MessageNode`` names its ``parent``; a branch is a
+root-to-leaf path. A linear chat is one branch.
+"""
+
+from __future__ import annotations
+
+import traceback as tb
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from .._errors import ProviderError
+from .messages import AssistantMessage, Message, Tool, ToolMessage, Usage, text_of
+
+# WARNING: bump only for an incompatible change; the schema otherwise evolves by appending
+# fields with defaults at the end of a struct, never by retyping or reordering.
+TRACE_VERSION = 1
+
+LIMIT_STOPS = frozenset(
+    {"max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens", "context_length"}
+)
+
+
+class TimeSpan(msgspec.Struct):
+    """Wall-clock epoch seconds; ``0/0`` means the span never started."""
+
+    start: float = 0.0
+    end: float = 0.0
+
+    @property
+    def duration(self) -> float:
+        return max(0.0, self.end - self.start) if self.end else 0.0
+
+
+class TimeSplit(msgspec.Struct):
+    """A share of the agent span (seconds)."""
+
+    duration: float = 0.0
+
+
+class AgentSpan(msgspec.Struct):
+    """The agent span, split into time in model calls and the rest (harness)."""
+
+    start: float = 0.0
+    end: float = 0.0
+    model: TimeSplit = msgspec.field(default_factory=TimeSplit)
+    harness: TimeSplit = msgspec.field(default_factory=TimeSplit)
+
+    @property
+    def duration(self) -> float:
+        return max(0.0, self.end - self.start) if self.end else 0.0
+
+
+class Timing(msgspec.Struct):
+    """The five spans of a rollout (B45)."""
+
+    start: float = 0.0
+    boot: TimeSpan = msgspec.field(default_factory=TimeSpan)
+    setup: TimeSpan = msgspec.field(default_factory=TimeSpan)
+    agent: AgentSpan = msgspec.field(default_factory=AgentSpan)
+    finalize: TimeSpan = msgspec.field(default_factory=TimeSpan)
+    scoring: TimeSpan = msgspec.field(default_factory=TimeSpan)
+
+    def spans(self) -> dict[str, TimeSpan | AgentSpan]:
+        return {"boot": self.boot, "setup": self.setup, "agent": self.agent,
+                "finalize": self.finalize, "scoring": self.scoring}
+
+    def end_open_spans(self, now: float) -> None:
+        """End at ``now`` every span that started and has not ended."""
+        for span in self.spans().values():
+            if span.start and not span.end:
+                span.end = now
+
+
+class Error(msgspec.Struct):
+    """A recorded failure: the exception's type name, message, status and traceback."""
+
+    type: str
+    message: str
+    status_code: int | None = None
+    traceback: str | None = None
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> Error:
+        # A provider error's traceback is ours, not the provider's: it says nothing useful.
+        trace_text = None
+        if not isinstance(exc, ProviderError):
+            trace_text = "".join(tb.format_exception(exc))
+        status = getattr(exc, "status_code", None)
+        return cls(
+            type=type(exc).__name__,
+            message=str(exc),
+            status_code=status if isinstance(status, int) else None,
+            traceback=trace_text,
+        )
+
+
+class Reward(msgspec.Struct):
+    """A scored reward and its weight in ``Trace.reward``."""
+
+    score: float
+    weight: float = 1.0
+
+
+class InterceptRecord(msgspec.Struct):
+    """One rewrite made by an ``@intercept`` hook."""
+
+    handler: str
+
+
+class MessageNode(msgspec.Struct):
+    """One message in the conversation graph.
+
+    ``sampled`` is True only for an assistant message the model produced here; prompt-supplied
+    assistant messages are not turns.
+    """
+
+    parent: int | None
+    message: Message
+    sampled: bool = False
+    timestamp: float = 0.0
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    advantages: list[float] | None = None
+
+
+class ModelCall(msgspec.Struct):
+    """One real upstream exchange; ``node`` is the sampled node it committed, if any."""
+
+    node: int | None = None
+    model: str | None = None
+    sampling: dict[str, Any] | None = None
+    endpoint: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    time: TimeSpan = msgspec.field(default_factory=TimeSpan)
+    error: Error | None = None
+
+
+class TraceTask(msgspec.Struct):
+    """The task as seeded; never rewritten by interceptors."""
+
+    type: str
+    key: str | None = None
+    hash: str | None = None
+    idx: int | None = None
+    data: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class RuntimeInfo(msgspec.Struct):
+    """Which runtime ran the rollout, and whether the rollout borrowed it."""
+
+    id: str
+    type: str
+    name: str
+    borrowed: bool = False
+
+
+class AgentInfo(msgspec.Struct):
+    """Harness, model and runtime of the run."""
+
+    harness: str = ""
+    model: str | None = None
+    runtime: RuntimeInfo | None = None
+    name: str = "agent"
+    trainable: bool = True
+
+
+class ToolCallRecord(msgspec.Struct):
+    """One tool call: toolset (``server``), tool, JSON arguments, outcome, seconds taken."""
+
+    server: str
+    name: str
+    arguments: str
+    ok: bool
+    error: str | None = None
+    duration: float = 0.0
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A root-to-leaf path: its node indices and the calls that committed a node on it."""
+
+    nodes: tuple[int, ...]
+    calls: tuple[ModelCall, ...]
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Trace(msgspec.Struct, kw_only=True):
+    """The record of one agent run on one task."""
+
+    version: int = TRACE_VERSION
+    id: str = msgspec.field(default_factory=_new_id)
+    task: TraceTask
+    agent: AgentInfo = msgspec.field(default_factory=AgentInfo)
+    tools: list[Tool] = msgspec.field(default_factory=list)
+    nodes: list[MessageNode] = msgspec.field(default_factory=list)
+    calls: list[ModelCall] = msgspec.field(default_factory=list)
+    request_rewrites: list[InterceptRecord] = msgspec.field(default_factory=list)
+    response_rewrites: list[InterceptRecord] = msgspec.field(default_factory=list)
+    rewards: dict[str, Reward | None] = msgspec.field(default_factory=dict)
+    metrics: dict[str, float | None] = msgspec.field(default_factory=dict)
+    info: dict[str, Any] = msgspec.field(default_factory=dict)
+    is_completed: bool = False
+    ok: bool = False
+    stop_condition: str | None = None
+    errors: list[Error] = msgspec.field(default_factory=list)
+    timing: Timing = msgspec.field(default_factory=Timing)
+    tool_calls: list[ToolCallRecord] = msgspec.field(default_factory=list)
+
+    # -- derived views (never serialised) ---------------------------------------------------
+
+    @property
+    def reward(self) -> float:
+        """Σ score·weight over the rewards that were scored (B49)."""
+        return sum(r.score * r.weight for r in self.rewards.values() if r is not None)
+
+    @property
+    def has_error(self) -> bool:
+        return not self.ok
+
+    @property
+    def last_error(self) -> Error | None:
+        return self.errors[-1] if self.errors else None
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_condition is not None
+
+    @property
+    def branches(self) -> list[Branch]:
+        """One branch per leaf, leaves in node order."""
+        parents = {n.parent for n in self.nodes if n.parent is not None}
+        result = []
+        for leaf in (i for i in range(len(self.nodes)) if i not in parents):
+            path: list[int] = []
+            node: int | None = leaf
+            while node is not None:
+                path.append(node)
+                node = self.nodes[node].parent
+            path.reverse()
+            on_path = set(path)
+            calls = sorted(
+                (c for c in self.calls if c.node is not None and c.node in on_path),
+                key=lambda c: path.index(c.node),  # type: ignore[arg-type]
+            )
+            result.append(Branch(tuple(path), tuple(calls)))
+        return result
+
+    @property
+    def num_branches(self) -> int:
+        return len(self.branches)
+
+    @property
+    def messages(self) -> list[Message]:
+        """The messages of the last branch."""
+        branches = self.branches
+        return [self.nodes[i].message for i in branches[-1].nodes] if branches else []
+
+    @property
+    def num_turns(self) -> int:
+        """Sampled assistant nodes."""
+        return sum(1 for n in self.nodes if n.sampled)
+
+    @property
+    def num_input_tokens(self) -> int:
+        """New input tokens, each call counted once across branches."""
+        seen: set[int] = set()
+        total = 0
+        for branch in self.branches:
+            previous_total = 0
+            for call in branch.calls:
+                if call.usage is None:
+                    continue
+                if id(call) not in seen:
+                    seen.add(id(call))
+                    total += max(0, call.usage.input_tokens - previous_total)
+                previous_total = call.usage.total_tokens
+        return total
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Completion tokens summed per branch (shared calls count once per branch, Q18)."""
+        return sum(
+            c.usage.completion_tokens for b in self.branches for c in b.calls if c.usage
+        )
+
+    @property
+    def num_total_tokens(self) -> int:
+        """Σ over branches of the total tokens of the branch's last call with usage."""
+        total = 0
+        for branch in self.branches:
+            with_usage = [c for c in branch.calls if c.usage is not None]
+            if with_usage:
+                total += with_usage[-1].usage.total_tokens  # type: ignore[union-attr]
+        return total
+
+    @property
+    def usage(self) -> Usage:
+        """Usage over every call that reported it, including failed and uncommitted ones."""
+        return aggregate_usage([c.usage for c in self.calls if c.usage is not None])
+
+    @property
+    def is_truncated(self) -> bool:
+        if self.stop_condition in LIMIT_STOPS:
+            return True
+        clean = [c for c in self.calls if c.error is None]
+        return bool(clean) and clean[-1].finish_reason == "length"
+
+    @property
+    def assistant_messages(self) -> list[AssistantMessage]:
+        return [n.message for n in self.nodes if n.sampled]  # type: ignore[misc]
+
+    @property
+    def tool_messages(self) -> list[ToolMessage]:
+        return [n.message for n in self.nodes if isinstance(n.message, ToolMessage)]
+
+    @property
+    def last_reply(self) -> str:
+        replies = self.assistant_messages
+        return text_of(replies[-1].content).strip() if replies else ""
+
+    # -- mutators ---------------------------------------------------------------------------
+
+    def stop(self, condition: str) -> None:
+        """Mark the trace completed; the first stop condition wins."""
+        self.is_completed = True
+        if self.stop_condition is None:
+            self.stop_condition = condition
+
+    def record_error(self, exc: BaseException) -> None:
+        """Append ``exc`` as an Error, mark the trace not ok, and stop it with ``error``."""
+        self.errors.append(Error.from_exception(exc))
+        self.ok = False
+        self.stop("error")
+
+    def record_metric(self, name: str, value: float) -> None:
+        self.metrics[name] = float(value)
+
+    def record_metrics(self, values: Mapping[str, float]) -> None:
+        for name, value in values.items():
+            self.record_metric(name, value)
+
+    def record_reward(self, name: str, value: float, weight: float = 1.0) -> None:
+        self.rewards[name] = Reward(float(value), float(weight))
+
+    def split_agent_time(self) -> None:
+        """Split the agent span into model time (Σ call durations, clamped) and the rest."""
+        agent = self.timing.agent
+        if not agent.end:
+            return
+        model = min(sum(c.time.duration for c in self.calls), agent.duration)
+        agent.model = TimeSplit(model)
+        agent.harness = TimeSplit(agent.duration - model)
+
+
+def aggregate_usage(usages: list[Usage]) -> Usage:
+    """Sum usages; an optional field is summed over the entries that report it, else None."""
+
+    def optional(name: str) -> Any:
+        values = [getattr(u, name) for u in usages if getattr(u, name) is not None]
+        return sum(values) if values else None
+
+    return Usage(
+        prompt_tokens=sum(u.prompt_tokens for u in usages),
+        completion_tokens=sum(u.completion_tokens for u in usages),
+        cached_input_tokens=optional("cached_input_tokens"),
+        reasoning_tokens=optional("reasoning_tokens"),
+        cost=optional("cost"),
+    )
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Trace)
+
+
+def encode_trace(trace: Trace) -> bytes:
+    """Encode a trace for the wire (msgpack)."""
+    return _ENCODER.encode(trace)
+
+
+def decode_trace(data: bytes) -> Trace:
+    """Decode a trace encoded by ``encode_trace``."""
+    return _DECODER.decode(data)

@@ -1,0 +1,203 @@
+"""RuntimeHost: many runtimes in one process, each with a recorded owner, none outliving it.
+
+The host is what a ``RuntimeActor`` runs (the actor adds no logic). All its runtimes live
+under one root directory and all their programs carry the host's marker, so one guardian
+process (``_guardian.py``) can remove every one of them — processes and files — when the
+host process dies, even by SIGKILL. Ownership is recorded: ``stop_owned_by(owner)`` stops
+what a closed, aborted or dead rollout owned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._errors import SandboxError
+from .local import LocalRuntime
+from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
+from .sandbox import SandboxRuntime
+from .._record.trace import RuntimeInfo
+
+HOST_MARKER = "ROLLOUT_RAY_HOST"
+_GUARDIAN = os.path.join(os.path.dirname(__file__), "guardian.py")
+
+
+class RuntimeStopped(SandboxError):
+    """The named runtime was stopped (by its owner) or never existed on this host."""
+
+
+_PRUNE_AT = 1024
+"""Runtimes held before the stopped ones are forgotten."""
+
+
+RUNTIME_KINDS = ("local", "sandbox")
+
+
+class RuntimeHost:
+    """Hosts runtimes by name: ``LocalRuntime``s, or ``SandboxRuntime``s with ``kind="sandbox"``.
+
+    Args:
+        root: the directory under which the host's runtimes live (default: a new temp dir).
+        kind: the runtime kind it makes.
+    """
+
+    def __init__(self, root: str | None = None, *, kind: str = "local") -> None:
+        if kind not in RUNTIME_KINDS:
+            raise ValueError(f"kind must be one of {RUNTIME_KINDS}, got {kind!r}")
+        self.kind = kind
+        self.root = root or tempfile.mkdtemp(prefix="rollout-ray-host-")
+        self.token = uuid.uuid4().hex
+        self._runtimes: dict[str, Runtime] = {}
+        self._owners: dict[str, str | None] = {}
+        self._gone: set[str] = set()
+        self._closed = asyncio.Event()
+        # The guardian reads our end of this pipe; the kernel closes it when we die.
+        launcher = subprocess.Popen(
+            [sys.executable, _GUARDIAN, self.root, self.token],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert launcher.stdin is not None and launcher.stdout is not None
+        self._guardian_pipe = launcher.stdin
+        self.guardian_pid_value = int(launcher.stdout.readline())
+        launcher.stdout.close()
+        launcher.wait()  # the launcher exits at once; the detached guardian lives on
+
+    def guardian_pid(self) -> int:
+        """Process id of the guardian (tests wait for it to finish cleaning)."""
+        return self.guardian_pid_value
+
+    def pid(self) -> int:
+        """The host's process id (tests kill it)."""
+        return os.getpid()
+
+    def names(self) -> list[str]:
+        """Names of the runtimes not yet stopped."""
+        return [n for n, r in self._runtimes.items() if not r.stopped]
+
+    def owner(self, name: str) -> str | None:
+        return self._owners.get(name)
+
+    async def create(self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None) -> RuntimeInfo:
+        """Create (not start) a runtime named ``name``, owned by rollout ``owner``."""
+        return self.new_runtime(name, owner=owner, env=env).info()
+
+    def new_runtime(self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None) -> Runtime:
+        """``create``, returning the runtime itself, for a caller in this process to drive.
+
+        It is the guardian's to clean up if this process dies; its caller starts and stops it.
+        """
+        if name in self._runtimes or name in self._gone:
+            raise ValueError(f"runtime {name!r} already exists on this host")
+        if len(self._runtimes) >= _PRUNE_AT:
+            self._forget_stopped()
+        cls = SandboxRuntime if self.kind == "sandbox" else LocalRuntime
+        runtime = cls(name, root=self.root, env={**(env or {}), HOST_MARKER: self.token})
+        self._runtimes[name] = runtime
+        self._owners[name] = owner
+        return runtime
+
+    def _forget_stopped(self) -> None:
+        # Runtimes stopped by their caller, not through ``stop``: keep only their names.
+        for name in [n for n, r in self._runtimes.items() if r.stopped]:
+            del self._runtimes[name]
+            self._owners.pop(name, None)
+            self._gone.add(name)
+
+    def _get(self, name: str) -> Runtime:
+        runtime = self._runtimes.get(name)
+        if runtime is None or runtime.stopped:
+            raise RuntimeStopped(f"runtime {name!r} is stopped or unknown on this host")
+        return runtime
+
+    async def create_started(self, name: str, *, owner: str | None = None) -> RuntimeInfo:
+        """``create`` then ``start`` in one call; idempotent for a runtime already running.
+
+        Raises:
+            RuntimeStopped: the runtime existed and was stopped.
+        """
+        if name in self._gone:
+            raise RuntimeStopped(f"runtime {name!r} is stopped or unknown on this host")
+        if name not in self._runtimes:
+            await self.create(name, owner=owner)
+        return await self.start(name)
+
+    async def start(self, name: str) -> RuntimeInfo:
+        runtime = self._get(name)
+        await runtime.start()
+        return runtime.info()
+
+    async def stop(self, name: str) -> None:
+        """Stop a runtime (idempotent; unknown names are ignored)."""
+        runtime = self._runtimes.get(name)
+        if runtime is not None:
+            await runtime.stop()
+            # Keep only its name: a long-lived host would otherwise hold one runtime per rollout.
+            self._runtimes.pop(name, None)
+            self._owners.pop(name, None)
+            self._gone.add(name)
+
+    async def stop_owned_by(self, owner: str) -> list[str]:
+        """Stop every runtime ``owner`` owns; returns their names."""
+        names = [n for n, o in self._owners.items() if o == owner]
+        await asyncio.gather(*(self.stop(n) for n in names))
+        return names
+
+    async def stopped(self, name: str) -> bool:
+        runtime = self._runtimes.get(name)
+        return runtime is None or runtime.stopped
+
+    async def alive(self, name: str) -> bool:
+        """Whether the runtime can run a program. A name this host never saw counts as alive:
+        a lazy runtime is created on its first use."""
+        if name not in self._runtimes and name not in self._gone:
+            return True
+        runtime = self._runtimes.get(name)
+        return runtime is not None and await runtime.alive()
+
+    async def exec(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_output: int = DEFAULT_OUTPUT_CAP,
+        stdin: bytes | None = None,
+    ) -> ProgramResult:
+        return await self._get(name).exec(argv, env=env, timeout=timeout, max_output=max_output, stdin=stdin)
+
+    async def prepare_execution(self, name: str, routes: Sequence[str] | None) -> None:
+        await self._get(name).prepare_execution(routes)
+
+    async def read(self, name: str, path: str, max_bytes: int | None = None) -> bytes:
+        return await self._get(name).read(path, max_bytes)
+
+    async def write(self, name: str, path: str, data: bytes | str) -> None:
+        await self._get(name).write(path, data)
+
+    async def info(self, name: str) -> RuntimeInfo:
+        return self._get(name).info()
+
+    async def wait_closed(self) -> None:
+        """Return when the host shuts down: a watcher's long call, which fails if the host dies."""
+        await self._closed.wait()
+
+    async def shutdown(self) -> None:
+        """Stop every runtime and let the guardian go; the host is unusable afterwards."""
+        self._closed.set()
+        await asyncio.gather(*(r.stop() for r in self._runtimes.values()), return_exceptions=True)
+        await asyncio.to_thread(shutil.rmtree, self.root, True)
+        self._guardian_pipe.close()  # the guardian finds nothing left and exits
+
+    def statistics(self) -> dict[str, Any]:
+        live = self.names()
+        return {"runtimes": len(live), "owners": len({self._owners[n] for n in live})}

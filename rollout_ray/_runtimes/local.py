@@ -1,0 +1,290 @@
+"""A runtime on the host: a private work directory and process-tree control, no sandbox.
+
+What it isolates: each runtime gets its own work directory (mode 0o700, removed at stop);
+each program runs in its own process group; every descendant inherits two marker variables
+(``ROLLOUT_RAY_RUNTIME``, ``ROLLOUT_RAY_EXEC``) that ``/proc`` scans use to find it, even
+after ``setsid`` or a double fork. A timed-out or cancelled exec kills its whole tree;
+``stop()`` kills every process the runtime ever started.
+
+What it does NOT isolate: programs see the host filesystem (absolute paths are allowed) and
+the host network. It declares no network policy (``network_restricted = False``). A process
+that replaces its environment (``env -i``) escapes the scans; only its process group is killed.
+Linux only (``/proc``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+
+from .._errors import SandboxError
+from .guardian import pids_with_marker
+from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
+
+RUNTIME_MARKER = "ROLLOUT_RAY_RUNTIME"
+EXEC_MARKER = "ROLLOUT_RAY_EXEC"
+KILL_BUDGET = 2.0
+"""Seconds a kill keeps re-scanning ``/proc`` for survivors before giving up."""
+EXIT_GRACE = 0.5
+"""Seconds exec keeps reading after the program exited, for descendants still holding its
+pipes; then it stops reading (a descendant writing to them later gets SIGPIPE)."""
+
+
+async def _kill_marked(key: str, value: str, pgid: int | None = None) -> None:
+    """SIGKILL process group ``pgid`` and every process marked ``key=value`` until none is
+    left, or ``KILL_BUDGET`` seconds passed."""
+    deadline = time.monotonic() + KILL_BUDGET  # real time: processes die in real time
+    while True:
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        # In a thread: a host running many rollouts has many /proc entries to read.
+        pids = await asyncio.to_thread(pids_with_marker, key, value)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        # Killed processes keep their environ until they finish exiting: scan again.
+        if not pids or time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(0.01)
+
+
+def _remove_tree(path: str) -> None:
+    """``rmtree`` that also removes read-only directories (Go's module cache makes them)."""
+    for parent, dirs, _ in os.walk(path):
+        for d in dirs:
+            p = os.path.join(parent, d)
+            if not os.path.islink(p):  # chmod follows links: never touch outside the tree
+                with contextlib.suppress(OSError):
+                    os.chmod(p, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class _Capture(asyncio.SubprocessProtocol):
+    """Keeps the first ``cap`` bytes of stdout and stderr; drops the rest as it arrives, so
+    the program never blocks on a full pipe."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = max(cap, 0)
+        self.data = {1: bytearray(), 2: bytearray()}
+        self.truncated = {1: False, 2: False}
+        loop = asyncio.get_running_loop()
+        self.exited = loop.create_future()
+        self.closed = loop.create_future()  # exited and every pipe closed
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        buf = self.data[fd]
+        room = self.cap - len(buf)
+        if len(data) > room:
+            self.truncated[fd] = True
+            data = data[:room]
+        buf += data
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    async def settle(self, exit_timeout: float | None = None) -> None:
+        """Wait for the program to exit, then up to ``EXIT_GRACE`` for its pipes to close."""
+        # asyncio.wait never cancels the futures it waits on.
+        await asyncio.wait([self.exited], timeout=exit_timeout)
+        await asyncio.wait([self.closed], timeout=EXIT_GRACE)
+
+
+class LocalRuntime(Runtime):
+    """Runs programs on the host, in a private work directory (see the module docstring).
+
+    Args:
+        name: the runtime's name (default: generated).
+        root: the directory the work directory is created in (default: the temp dir).
+        env: variables added to every program's environment.
+    """
+
+    type = "local"
+    network_restricted = False
+
+    def __init__(
+        self, name: str | None = None, *, root: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(name)
+        self._root = root
+        self._env = dict(env or {})
+        self._token = uuid.uuid4().hex
+        self._workdir: str | None = None
+        self._live: dict[_Capture, asyncio.SubprocessTransport] = {}
+        self._spawned = False
+
+    @property
+    def id(self) -> str:
+        """The work directory once started, else the name."""
+        return self._workdir or self.name
+
+    async def _start(self) -> None:
+        prefix = "rollout-ray-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.name) + "-"
+        try:
+            # abspath: mkdtemp returns a relative path for a relative root (before 3.12).
+            self._workdir = os.path.abspath(tempfile.mkdtemp(prefix=prefix, dir=self._root))
+        except OSError as e:
+            raise SandboxError(f"cannot start runtime {self.name!r}: {e}") from e
+
+    async def _teardown(self) -> None:
+        if self._workdir is None:
+            return
+        if self._spawned:  # scanning /proc costs milliseconds: only when something ran
+            await _kill_marked(RUNTIME_MARKER, self._token)
+        for proto, transport in list(self._live.items()):
+            transport.close()  # kills the direct child if the scan could not see it yet
+            await asyncio.wait([proto.exited], timeout=KILL_BUDGET)
+        await asyncio.to_thread(_remove_tree, self._workdir)
+
+    def _require_running(self, what: str) -> str:
+        if not self.started or self.stopped or self._workdir is None:
+            state = "stopped" if self.stopped else "not started"
+            raise SandboxError(f"{what}: runtime {self.name!r} is {state}")
+        return self._workdir
+
+    def _resolve(self, path: str, what: str) -> str:
+        workdir = self._require_running(what)
+        if os.path.isabs(path):
+            return path
+        full = os.path.normpath(os.path.join(workdir, path))
+        if full != workdir and not full.startswith(workdir + os.sep):
+            raise ValueError(f"path {path!r} escapes the work directory of runtime {self.name!r}")
+        return full
+
+    def _program_env(self, extra: Mapping[str, str] | None, exec_token: str) -> dict[str, str]:
+        # Host credentials stay on the host (case-insensitive, so `openai_api_key` too).
+        env = {k: v for k, v in os.environ.items() if "API_KEY" not in k.upper()}
+        env.update(self._env)
+        env.update(extra or {})
+        env[RUNTIME_MARKER] = self._token
+        env[EXEC_MARKER] = exec_token
+        return env
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_output: int = DEFAULT_OUTPUT_CAP,
+        stdin: bytes | None = None,
+    ) -> ProgramResult:
+        """Run ``argv`` in the work directory, in a new session (see ``Runtime.exec``).
+
+        Returns when the program exited and its pipes closed, or ``EXIT_GRACE`` seconds
+        after it exited. Background processes it leaves running are not killed (they may
+        be servers); ``stop()`` kills them.
+        """
+        argv = list(argv)
+        if not argv:
+            raise ValueError("exec needs a program to run")
+        what = f"program {argv[0]!r}"
+        workdir = self._require_running(what)
+        token = uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        self._spawned = True  # before the fork: a stop during the spawn must still scan
+        spawn = asyncio.ensure_future(loop.subprocess_exec(
+            lambda: _Capture(max_output),
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self._program_env(env, token),
+            cwd=workdir,
+            start_new_session=True,
+        ))
+        try:
+            transport, proto = await asyncio.shield(spawn)
+        except OSError as e:
+            raise SandboxError(f"cannot start {what} in runtime {self.name!r}: {e}") from e
+        except asyncio.CancelledError:
+            # A cancelled spawn makes asyncio kill only the direct child, then wait forever
+            # on pipes its children hold: finish the spawn, then kill the tree.
+            await asyncio.shield(self._abandon(spawn, token))
+            raise
+        self._live[proto] = transport
+        pgid = transport.get_pid()
+        timed_out = False
+        try:
+            if stdin is not None:
+                pipe = transport.get_pipe_transport(0)
+                pipe.write(stdin)
+                pipe.close()  # flushes, then signals EOF
+            try:
+                async with asyncio.timeout(timeout):
+                    await proto.settle()
+            except TimeoutError:
+                timed_out = True
+                await asyncio.shield(self._kill_exec(proto, token, pgid))
+            except asyncio.CancelledError:
+                # Shielded: a second cancel must not leave part of the tree alive.
+                await asyncio.shield(self._kill_exec(proto, token, pgid))
+                raise
+        finally:
+            transport.close()
+            del self._live[proto]
+        code = transport.get_returncode()
+        if self.stopped and not timed_out and (code is None or code < 0):
+            # stop() ran during the exec (or its spawn) and killed the program.
+            raise SandboxError(f"{what} was killed: runtime {self.name!r} stopped")
+        return ProgramResult(
+            exit_code=-signal.SIGKILL if timed_out or code is None else code,
+            stdout=proto.data[1].decode("utf-8", errors="replace"),
+            stderr=proto.data[2].decode("utf-8", errors="replace"),
+            stdout_truncated=proto.truncated[1],
+            stderr_truncated=proto.truncated[2],
+            timed_out=timed_out,
+        )
+
+    async def _abandon(self, spawn: asyncio.Future, token: str) -> None:
+        try:
+            transport, proto = await spawn
+        except Exception:  # nothing was started (the caller sees its cancellation)
+            return
+        try:
+            await self._kill_exec(proto, token, transport.get_pid())
+        finally:
+            transport.close()
+
+    @staticmethod
+    async def _kill_exec(proto: _Capture, token: str, pgid: int) -> None:
+        """Kill one exec's tree, reap its program and collect what its pipes still hold."""
+        await _kill_marked(EXEC_MARKER, token, pgid)
+        await proto.settle(exit_timeout=KILL_BUDGET)
+
+    async def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Read a file (relative paths are under the work directory; ``..`` escapes raise
+        ``ValueError``); at most ``max_bytes`` bytes when given."""
+        full = self._resolve(path, f"read {path!r}")
+
+        def _read() -> bytes:
+            with open(full, "rb") as f:
+                return f.read() if max_bytes is None else f.read(max_bytes)
+
+        return await asyncio.to_thread(_read)
+
+    async def write(self, path: str, data: bytes | str) -> None:
+        """Write a file (``str`` as UTF-8), creating parent directories."""
+        full = self._resolve(path, f"write {path!r}")
+        payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+
+        def _write() -> None:
+            os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
+            with open(full, "wb") as f:
+                f.write(payload)
+
+        await asyncio.to_thread(_write)

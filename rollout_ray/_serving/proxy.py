@@ -1,0 +1,273 @@
+"""HTTPInterception: the OpenAI-compatible interception proxy (§5.1, §5.2).
+
+One aiohttp server multiplexes many rollouts, each registered under two fresh secrets: the
+*model secret* (the harness's bearer for ``/v1/*``) and the *state secret* (``/task``). The
+pipeline itself lives in ``RolloutSession``; this module only maps HTTP onto it:
+
+* unknown or missing secret → 401; a body over ``max_body`` → 413; a body not received within
+  ``read_timeout`` → 408; malformed JSON or a wrong shape → 400 naming the field; a refused
+  turn → 400 ``rollout stopped: <name>``; a released session → 409 ``rollout concluded``;
+  provider errors → their status; a hook failure or a model client that raised something
+  else → 502; our own bugs → 500.
+* an SDK retry (header ``x-stainless-retry-count`` > 0) of the request just answered is
+  replayed verbatim, and a retry of one still in flight joins it: never sampled twice.
+* a session unregistered (sealed) cancels its in-flight handlers and never commits late.
+
+Streaming requests are answered as SSE synthesised from the committed turn, so the stream's
+terminal event can never race ahead of the commit. Deliberate difference from upstream: the
+upstream's chunks are not relayed one by one as they arrive (only the time to first byte
+differs; the recorded turn is the same).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from .._errors import Refusal, RolloutError, UpstreamError
+from .._core.interception import ChatClient, Interception, Slot
+from .._record.messages import Response
+from .._record.wire import WireError, encode_response, parse_request, sse_events
+from .._core.session import RolloutSession
+
+log = logging.getLogger("rollout_ray")
+
+DEFAULT_MAX_BODY = 64 << 20
+"""Largest request body accepted (bytes)."""
+
+DEFAULT_READ_TIMEOUT = 60.0
+"""Seconds a client has to send a request's headers, and then its whole body."""
+
+
+@dataclass
+class _Registration:
+    session: RolloutSession
+    last_hash: bytes | None = None
+    last_response: Response | None = None
+    inflight: dict[bytes, asyncio.Future[Response | None]] = field(default_factory=dict)
+    handlers: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+def _error(status: int, message: str, *, kind: str = "rollout_error", param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return web.Response(status=status, body=msgspec.json.encode(body), content_type="application/json")
+
+
+class HTTPInterception(Interception):
+    """The proxy server. ``await start()`` before ``serve``; ``await stop()`` at the end.
+
+    Args:
+        host: interface to bind; loopback unless runtimes on other machines must reach it.
+        port: 0 picks a free port.
+        advertise_host: the host name put in ``base_url`` (default: ``host``).
+        max_body: request bodies larger than this are answered 413.
+        read_timeout: a request's headers, and then its whole body, must arrive within this
+            many seconds (else the connection is closed, or the request answered 408).
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise_host: str | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+    ) -> None:
+        self.host, self.port = host, port
+        self.advertise_host = advertise_host or host
+        self.max_body, self.read_timeout = max_body, read_timeout
+        self.base_url = ""
+        self._by_model: dict[str, _Registration] = {}
+        self._by_state: dict[str, _Registration] = {}
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def load(self) -> int:
+        """Number of registered sessions."""
+        return len(self._by_model)
+
+    async def start(self) -> str:
+        """Bind and serve; returns ``base_url`` (without ``/v1``)."""
+        app = web.Application(client_max_size=self.max_body)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/task", self._task)
+        # aiohttp's keep-alive timer also runs from a connection's start until its headers are
+        # complete, so it bounds a client that stalls mid-headers (its default is an hour).
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, keepalive_timeout=self.read_timeout
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.base_url = f"http://{self.advertise_host}:{self.port}"
+        return self.base_url
+
+    async def stop(self) -> None:
+        for registration in list(self._by_model.values()):
+            self._unregister(registration)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> HTTPInterception:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @asynccontextmanager
+    async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:  # type: ignore[override]
+        if not self.base_url:
+            raise RuntimeError("HTTPInterception.serve before start(); await start() first")
+        slot = Slot(self.base_url, secrets.token_urlsafe(16), secrets.token_urlsafe(16))
+        registration = _Registration(session)
+        self._by_model[slot.model_secret] = registration
+        self._by_state[slot.state_secret] = registration
+        try:
+            yield slot
+        finally:
+            self._by_model.pop(slot.model_secret, None)
+            self._by_state.pop(slot.state_secret, None)
+            self._unregister(registration)
+
+    def client(self, slot: Slot) -> ChatClient | None:
+        return None
+
+    def _unregister(self, registration: _Registration) -> None:
+        registration.session.release()
+        for task in registration.handlers:
+            task.cancel()
+
+    # -- routes -----------------------------------------------------------------------------
+
+    def _lookup(self, request: web.Request, table: dict[str, _Registration]) -> _Registration | None:
+        auth = request.headers.get("Authorization", "")
+        token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        return table.get(token) if token else None
+
+    async def _models(self, request: web.Request) -> web.Response:
+        registration = self._lookup(request, self._by_model)
+        if registration is None:
+            return _error(401, "unknown or missing rollout secret", kind="authentication_error")
+        name = registration.session.model_name or "model"
+        body = {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "rollout_ray"}]}
+        return web.json_response(body)
+
+    async def _task(self, request: web.Request) -> web.Response:
+        registration = self._lookup(request, self._by_state)
+        if registration is None:
+            return _error(401, "unknown or missing state secret", kind="authentication_error")
+        trace = registration.session.trace
+        return web.Response(
+            body=msgspec.json.encode({"type": trace.task.type, "task": trace.task.data}),
+            content_type="application/json",
+        )
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        registration = self._lookup(request, self._by_model)
+        if registration is None:
+            return _error(401, "unknown or missing rollout secret", kind="authentication_error")
+        task = asyncio.current_task()
+        assert task is not None
+        registration.handlers.add(task)
+        try:
+            return await self._chat_registered(request, registration)
+        finally:
+            registration.handlers.discard(task)
+
+    async def _chat_registered(self, request: web.Request, reg: _Registration) -> web.StreamResponse:
+        try:
+            # Bounded: a client that sends its headers and then stalls or trickles the body
+            # would otherwise hold this handler forever (aiohttp has no body deadline).
+            async with asyncio.timeout(self.read_timeout):
+                body = await request.read()
+        except TimeoutError:
+            return _error(408, f"request body not received within {self.read_timeout:g}s")
+        except ConnectionError:  # the client hung up mid-body: nobody to answer, not our bug
+            return _error(400, "connection lost while reading the request body")
+        digest = hashlib.blake2b(body, digest_size=16).digest()
+        retry = _retry_count(request) > 0
+        if retry and digest == reg.last_hash and reg.last_response is not None:
+            return await self._answer(request, reg.last_response, body, digest)
+        if not retry and digest == reg.last_hash:
+            reg.last_hash = reg.last_response = None
+        try:
+            chat_request, params, stream = parse_request(body)
+        except WireError as e:
+            return _error(400, str(e), kind="invalid_request_error", param=e.param)
+        except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
+            return _error(400, "invalid request: JSON nested too deeply", kind="invalid_request_error")
+        session = reg.session
+        if session.released:
+            return _error(409, "rollout concluded")
+        if session.stopped:
+            return _error(400, f"rollout stopped: {session.trace.stop_condition}")
+        if retry and not stream and digest in reg.inflight:
+            joined = await asyncio.shield(reg.inflight[digest])
+            if joined is None:
+                return _error(503, "upstream attempt failed")
+            return await self._answer(request, joined, body, digest)
+        future: asyncio.Future[Response | None] = asyncio.get_running_loop().create_future()
+        reg.inflight[digest] = future
+        response: Response | None = None
+        try:
+            response = await session.chat(chat_request, params)
+        except Refusal as e:
+            return _error(e.status_code, e.body)
+        except RolloutError as e:
+            return _error(e.status_code or 502, str(e), kind=type(e).__name__)
+        except UpstreamError as e:
+            return _error(502, str(e), kind="UpstreamError")
+        except Exception:
+            log.exception("interception: unexpected error in chat handler")
+            return _error(500, "internal error in the interception proxy")
+        finally:
+            reg.inflight.pop(digest, None)
+            if not future.done():
+                future.set_result(response)
+        reg.last_hash, reg.last_response = digest, response
+        return await self._answer(request, response, body, digest)
+
+    async def _answer(
+        self, request: web.Request, response: Response, body: bytes, digest: bytes
+    ) -> web.StreamResponse:
+        # The id derives from the request, so a replayed or joined retry gets the same one.
+        cid = f"chatcmpl-{digest.hex()}"
+        stream, include_usage = _stream_flags(body)
+        if not stream:
+            return web.Response(body=encode_response(response, completion_id=cid), content_type="application/json")
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await out.prepare(request)
+        for event in sse_events(response, include_usage=include_usage, completion_id=cid):
+            await out.write(event)
+        await out.write_eof()
+        return out
+
+
+def _retry_count(request: web.Request) -> int:
+    try:
+        return int(request.headers.get("x-stainless-retry-count", "0"))
+    except ValueError:
+        return 0
+
+
+def _stream_flags(body: bytes) -> tuple[bool, bool]:
+    try:
+        raw = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return False, False
+    options = raw.get("stream_options") or {}
+    return bool(raw.get("stream")), bool(isinstance(options, dict) and options.get("include_usage"))

@@ -1,0 +1,3 @@
+"""The built-in simulated model: a deterministic OpenAI-compatible server (the embedded
+default of ``rollout-ray eval``). Standalone: imports nothing of the package but ``_errors``.
+"""
