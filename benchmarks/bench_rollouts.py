@@ -43,6 +43,7 @@ from _proc import PAGE, TICK, stat_fields  # benchmarks/ is the script's directo
 from rollout_ray import (
     ChatHarness,
     HTTPInterception,
+    LocalRuntime,
     OpenAIModel,
     Rollout,
     RolloutSpec,
@@ -362,7 +363,8 @@ class AsyncioRunner:
                 t0 = time.perf_counter()
                 try:
                     rollout = Rollout(make_task(kind, first + i), ChatHarness(), model=self.model,
-                                      interception=self.interception, tool_server=self.tools.serve)
+                                      interception=self.interception, tool_server=self.tools.serve,
+                                      runtime_factory=LocalRuntime)
                     return await rollout.run()
                 finally:
                     latencies[i] = time.perf_counter() - t0
@@ -470,7 +472,8 @@ async def proxy_latency(requests: int, warmup: int) -> dict[str, list[float]]:
                         out["direct"].append(elapsed)
                 proxy_url = f"{interception.base_url}/v1/chat/completions"
                 for i in range(warmup + requests):
-                    rollout = Rollout(make_task("single", i), ChatHarness(), model=model)
+                    rollout = Rollout(make_task("single", i), ChatHarness(), model=model,
+                                      runtime_factory=LocalRuntime)
                     async with interception.serve(rollout.session) as slot:
                         elapsed = await once(proxy_url, {"Authorization": f"Bearer {slot.model_secret}"})
                     if i >= warmup:

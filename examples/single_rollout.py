@@ -14,8 +14,9 @@ import logging
 import sys
 
 from rollout_ray import (
-    RolloutLimits,
+    LocalRuntime,
     Rollout,
+    RolloutLimits,
     RolloutTimeouts,
     Runtime,
     Task,
@@ -59,6 +60,7 @@ async def main() -> Trace:
         task,
         ScriptedHarness(tools={"add": add}),
         model=model,
+        runtime_factory=LocalRuntime,           # the rollout owns a private work dir
         limits=RolloutLimits(max_turns=8),
         timeouts=RolloutTimeouts(setup=30, agent=60, finalize=30, scoring=30),
     )

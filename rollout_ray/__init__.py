@@ -74,11 +74,10 @@ from ._core.runtime import Runtime as Runtime
 from ._runtimes.local import LocalRuntime as LocalRuntime
 from ._runtimes.sandbox import SandboxRuntime as SandboxRuntime
 from ._core.rollout import Rollout as Rollout
-from ._core.host import RolloutSpec as RolloutSpec
+from ._core.executor import RolloutSpec as RolloutSpec
 from ._harnesses.chat import ChatHarness as ChatHarness
 from ._harnesses.program import ProgramHarness as ProgramHarness
 from ._core.toolset import Toolset as Toolset
-from ._core.toolset import ToolInputError as ToolInputError
 from ._core.toolset import tool as tool
 from ._serving.tool_server import ToolServer as ToolServer
 from ._simulated.server import SimulatedModelConfig as SimulatedModelConfig
@@ -90,13 +89,11 @@ from ._driver.driver import Group as Group
 from ._driver.driver import Progress as Progress
 from ._driver.driver import RunResult as RunResult
 from ._core.executor import Executor as Executor
-from ._core.executor import InfrastructureLost as InfrastructureLost
-from ._core.executor import LocalExecutor as LocalExecutor
+from ._driver.local_executor import LocalExecutor as LocalExecutor
 from ._record.arrow import TRACE_SCHEMA as TRACE_SCHEMA
 from ._record.arrow import RolloutRecord as RolloutRecord
 from ._record.arrow import records_to_table as records_to_table
 from ._record.arrow import table_to_traces as table_to_traces
-from ._record.store import CorruptShard as CorruptShard
 from ._record.store import ShardWriter as ShardWriter
 from ._record.store import read_run as read_run
 from ._driver.finalize import FinalizeConfig as FinalizeConfig
@@ -105,14 +102,18 @@ from ._driver.finalize import finalize as finalize
 from ._simulated.server import SimulatedModelServer as SimulatedModelServer
 
 # Errors
+from ._errors import CorruptShard as CorruptShard
 from ._errors import HarnessError as HarnessError
+from ._errors import InfrastructureLost as InfrastructureLost
 from ._errors import OverlongPromptError as OverlongPromptError
 from ._errors import ProviderError as ProviderError
 from ._errors import Refusal as Refusal
 from ._errors import RolloutError as RolloutError
 from ._errors import SandboxError as SandboxError
+from ._errors import SchemaMismatch as SchemaMismatch
 from ._errors import SessionConcluded as SessionConcluded
 from ._errors import TaskError as TaskError
+from ._errors import ToolInputError as ToolInputError
 from ._errors import ToolsetError as ToolsetError
 from ._errors import TurnRefused as TurnRefused
 from ._errors import Unauthorized as Unauthorized
@@ -166,5 +167,5 @@ __all__ = [
     # errors
     "HarnessError", "OverlongPromptError", "ProviderError", "Refusal", "RolloutError",
     "SandboxError", "SessionConcluded", "TaskError", "ToolsetError", "TurnRefused",
-    "Unauthorized", "UpstreamError", "boundary",
+    "Unauthorized", "UpstreamError", "boundary", "SchemaMismatch",
 ]  # fmt: skip

@@ -14,12 +14,21 @@ Two families, never mixed:
 
 A lifecycle bug of the caller (a borrowed runtime its owner already stopped) raises a plain
 ``ValueError`` to the caller and is not recorded on any trace (B8, B20).
+
+Outside a rollout, each boundary of the system has its own error, also here: the driver's
+executor lost a rollout's host (``InfrastructureLost``), a run directory holds a corrupt shard
+(``CorruptShard``) or a table of another schema (``SchemaMismatch``), a request body is not
+the wire format (``WireError``), a command line names a bad taskset or grid
+(``TasksetError``, ``SweepConfigError``).
 """
 
 from __future__ import annotations
 
+import builtins
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 
 class RolloutError(Exception):
@@ -46,6 +55,18 @@ class ToolsetError(RolloutError):
 
 class SandboxError(RolloutError):
     """The runtime failed: it could not start, died under the harness, or an exec broke."""
+
+
+class ToolInputError(ToolsetError):
+    """A call named an unknown tool (``status_code`` 404) or passed bad arguments (400)."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class RuntimeStopped(SandboxError):
+    """The named runtime was stopped (by its owner) or never existed on its host."""
 
 
 class ProviderError(RolloutError):
@@ -109,6 +130,87 @@ class Unauthorized(Refusal):
 
     def __init__(self) -> None:
         super().__init__("unknown or missing rollout secret")
+
+
+class InfrastructureLost(Exception):
+    """The rollout's host died (actor, worker or node): the rollout's outcome is unknown."""
+
+
+class UnknownRollout(KeyError):
+    """No open rollout has that id on this host."""
+
+
+class WireError(ValueError):
+    """A body that is not a valid chat completion request; ``param`` names the field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class SchemaMismatch(ValueError):
+    """A table is not a trace table this code can read.
+
+    ``column`` names the missing or mistyped column (``None`` for a version mismatch);
+    ``expected`` and ``found`` describe what was wanted and what is there.
+    """
+
+    def __init__(
+        self, message: str, *, column: str | None = None, expected: str = "", found: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.column = column
+        self.expected = expected
+        self.found = found
+
+
+class CorruptShard(ValueError):
+    """A final shard cannot be read: the run needs repair. ``path`` names the file."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(
+            f"shard {path} is truncated or corrupt ({reason}); the run needs repair: move the "
+            "file aside and resume the run to redo its rollouts"
+        )
+        self.path = path
+
+
+class TasksetError(ValueError):
+    """A taskset reference that names no file, or a module without ``tasks()`` / ``harness()``."""
+
+
+class SweepConfigError(ValueError):
+    """A grid file that cannot be run; ``problems`` are ``(key path, message)`` pairs."""
+
+    def __init__(self, path: str, problems: list[tuple[str, str]]) -> None:
+        super().__init__("\n".join(f"{path}: {where}: {what}" if where else f"{path}: {what}"
+                                   for where, what in problems))
+        self.path, self.problems = path, problems
+
+
+def error_class(type_name: str) -> type[BaseException] | None:
+    """The class behind an error recorded on a trace under ``type_name``, if this process
+    knows it: a ``RolloutError`` subclass (a taskset's own included, once imported) or a
+    built-in exception. Lets readers of a trace test ``issubclass`` instead of names."""
+    found = _rollout_errors().get(type_name)
+    if found is None:
+        builtin = getattr(builtins, type_name, None)
+        if isinstance(builtin, type) and issubclass(builtin, BaseException):
+            return builtin
+        _rollout_errors.cache_clear()  # a subclass defined since the last look
+        found = _rollout_errors().get(type_name)
+    return found
+
+
+@functools.cache
+def _rollout_errors() -> dict[str, type[RolloutError]]:
+    found: dict[str, type[RolloutError]] = {}
+    pending: list[type[RolloutError]] = [RolloutError]
+    while pending:
+        cls = pending.pop()
+        found.setdefault(cls.__name__, cls)
+        pending.extend(cls.__subclasses__())
+    return found
 
 
 @contextmanager

@@ -12,8 +12,10 @@ import pytest
 
 from rollout_ray import ChatHarness, ProviderError, Task, Trace, reward
 from rollout_ray._driver.driver import Driver, EvalConfig
-from rollout_ray._core.executor import Executor, InfrastructureLost, LocalExecutor
-from rollout_ray._core.host import RolloutSpec
+from rollout_ray._core.executor import Executor
+from rollout_ray._driver.local_executor import LocalExecutor
+from rollout_ray._errors import InfrastructureLost
+from rollout_ray._core.executor import RolloutSpec
 from rollout_ray._record.store import read_run
 from rollout_ray.testing import ScriptedModel
 

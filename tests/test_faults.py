@@ -49,16 +49,19 @@ from rollout_ray import (
 )
 from rollout_ray._record.arrow import table_to_traces
 from rollout_ray._driver.driver import Driver, EvalConfig
-from rollout_ray._core.executor import Executor, InfrastructureLost, LocalExecutor
+from rollout_ray._core.executor import Executor
+from rollout_ray._driver.local_executor import LocalExecutor
+from rollout_ray._errors import InfrastructureLost
 from rollout_ray._runtimes.guardian import pids_with_marker
 from rollout_ray._runtimes.local import RUNTIME_MARKER, LocalRuntime
 from rollout_ray._record.messages import Request, UserMessage
 from rollout_ray._harnesses.program import ProgramHarness
 from rollout_ray._serving.proxy import HTTPInterception
-from rollout_ray._core.host import RolloutSpec
+from rollout_ray._core.executor import RolloutSpec
 from rollout_ray._runtimes.host import HOST_MARKER
 from rollout_ray._runtimes.sandbox import SandboxRuntime, sandbox_unavailable
-from rollout_ray._record.store import CorruptShard, read_manifest, read_run, shard_paths
+from rollout_ray._record.store import read_manifest, read_run, shard_paths
+from rollout_ray._errors import CorruptShard
 from rollout_ray.testing import Reply, ScriptedModel
 
 SUITE_MARKER = "ROLLOUT_RAY_FAULT_SUITE"
@@ -788,7 +791,7 @@ def _leftover_processes() -> list[str]:
     found = []
     for pid in pids_with_marker(SUITE_MARKER, SUITE):
         env = _environ(pid)
-        ours = RUNTIME_MARKER in env or HOST_MARKER in env or "_guardian.py" in _cmdline(pid)
+        ours = RUNTIME_MARKER in env or HOST_MARKER in env or "_runtimes/guardian.py" in _cmdline(pid)
         if ours and process_alive(pid):
             found.append(f"{pid}: {_cmdline(pid)[:200]}")
     return found

@@ -15,6 +15,7 @@ from aiohttp import web
 from rollout_ray import (
     AssistantMessage,
     HarnessContext,
+    LocalRuntime,
     ProviderError,
     Reward,
     Rollout,
@@ -71,6 +72,7 @@ def rollout_run(task: Task, harness: Any, model: ScriptedModel, **kwargs: Any) -
     async def main() -> Trace:
         async with HTTPInterception() as proxy, ToolServer() as tools:
             kwargs.setdefault("tool_server", tools.serve)
+            kwargs.setdefault("runtime_factory", LocalRuntime)
             return await Rollout(task, harness, model=model, interception=proxy, **kwargs).run()
 
     return run(main)
@@ -82,7 +84,7 @@ def interaction(harness: Any, model: ScriptedModel, turns: list[str]) -> tuple[l
     async def main() -> tuple[list[bool], Trace]:
         async with HTTPInterception() as proxy:
             rollout = Rollout(Chat({"system_prompt": "Be brief."}), harness, model=model,
-                              interception=proxy, has_user=True)
+                              interception=proxy, has_user=True, runtime_factory=LocalRuntime)
             assert await rollout.open()
             progressed = [await rollout.step([UserMessage(text)]) for text in turns]
             return progressed, await rollout.close()
@@ -116,7 +118,8 @@ def test_chat_harness_rollout_with_a_tool() -> None:
     async def main() -> Trace:
         async with HTTPInterception() as proxy, ToolServer() as tools:
             rollout = Rollout(Arith({"prompt": "1+2?", "system_prompt": "Add."}), ChatHarness(),
-                              model=model, interception=proxy, tool_server=tools.serve)
+                              model=model, interception=proxy, tool_server=tools.serve,
+                              runtime_factory=LocalRuntime)
             trace = await rollout.run()
             assert tools._registrations == {}  # unregistered when the rollout closed
             return trace

@@ -18,7 +18,7 @@ from rollout_ray import Harness, ProgramResult, Runtime, Task, TaskData, Trace, 
 ray = pytest.importorskip("ray")
 
 from rollout_ray._ray.actors import RolloutActor, RuntimeActor, forget_dead_actor  # noqa: E402
-from rollout_ray._core.host import RolloutSpec  # noqa: E402
+from rollout_ray._core.executor import RolloutSpec  # noqa: E402
 from rollout_ray.testing import ScriptedModel  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

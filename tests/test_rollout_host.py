@@ -8,7 +8,9 @@ import pytest
 
 from conftest import EchoTask, run
 from rollout_ray import LocalInterception, decode_trace
-from rollout_ray._core.host import RolloutHost, RolloutSpec, UnknownRollout
+from rollout_ray._core.executor import RolloutSpec
+from rollout_ray._core.host import RolloutHost
+from rollout_ray._errors import UnknownRollout
 from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel
 
 

@@ -15,6 +15,7 @@ from rollout_ray import (
     HarnessError,
     LocalInterception,
     Request,
+    Rollout,
     RolloutTimeouts,
     TaskError,
     ToolsetError,
@@ -42,6 +43,14 @@ def test_b2_b3_budget_and_ownership_decided_at_construction() -> None:
     assert (owned.owns_runtime, owned.remaining_agent_budget) == (True, 30)
     borrowed = make_rollout(runtime=MemoryRuntime())
     assert (borrowed.owns_runtime, borrowed.remaining_agent_budget) == (False, None)
+
+
+def test_b3_a_rollout_with_no_runtime_and_no_factory_is_refused_before_minting() -> None:
+    minted: list[Any] = []
+    with pytest.raises(TypeError, match=r"^Rollout needs runtime= .* or runtime_factory= .*LocalRuntime\)$"):
+        Rollout(EchoTask({"prompt": "hi"}), ScriptedHarness(), model=ScriptedModel(default="x"),
+                on_trace=minted.append)
+    assert minted == []  # no orphaned trace (Q1)
 
 
 def test_b8_owned_runtime_is_named_after_the_trace_and_started() -> None:

@@ -19,7 +19,8 @@ from rollout_ray._driver.finalize import FinalizeConfig, finalize
 from rollout_ray._core.limits import LIMIT_FIELDS
 from rollout_ray._record.store import read_manifest, read_run
 from rollout_ray._cli.summary import summarize
-from rollout_ray._cli.grid import SweepConfigError, SweepGrid, expand, load_sweep
+from rollout_ray._cli.grid import SweepGrid, expand, load_sweep
+from rollout_ray._errors import SweepConfigError
 
 ARITH = str(pathlib.Path(__file__).parent.parent / "examples" / "arith.py")
 NAMES = [

@@ -13,7 +13,8 @@ import pytest
 from rollout_ray import Runtime, Tool, ToolsetError
 from rollout_ray import ToolCallRecord
 from rollout_ray._serving.tool_server import ToolServer
-from rollout_ray._core.toolset import ToolInputError, Toolset, tool
+from rollout_ray._core.toolset import Toolset, tool
+from rollout_ray._errors import ToolInputError
 
 
 class MathTools(Toolset):

@@ -14,8 +14,10 @@ from contextlib import AsyncExitStack
 from types import ModuleType
 from typing import Any
 
+from .._errors import TasksetError
 from .._driver.driver import Driver, EvalConfig, Progress, RunResult
-from .._core.executor import Executor, LocalExecutor
+from .._core.executor import Executor
+from .._driver.local_executor import LocalExecutor
 from .._core.harness import Harness
 from .._core.limits import RolloutLimits
 from .._core.model import Model
@@ -52,10 +54,6 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="a run directory written by eval")
     p.add_argument("--plot", help="PNG path (default: RUN_DIR/report.png)")
     p.set_defaults(run=_report)
-
-
-class TasksetError(ValueError):
-    """A taskset reference that names no file, or a module without ``tasks()`` / ``harness()``."""
 
 
 def import_taskset(ref: str) -> ModuleType:

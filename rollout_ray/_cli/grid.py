@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from .._errors import SweepConfigError
 from .eval import (
     TasksetError,
     import_taskset,
@@ -130,15 +131,6 @@ class SweepFile(BaseModel):
     """A ``.py`` file (relative to the current directory) or a module, as for ``eval``."""
     base: SweepBase = SweepBase()
     grid: SweepGrid = SweepGrid()
-
-
-class SweepConfigError(ValueError):
-    """A grid file that cannot be run; ``problems`` are ``(key path, message)`` pairs."""
-
-    def __init__(self, path: str, problems: list[tuple[str, str]]) -> None:
-        super().__init__("\n".join(f"{path}: {where}: {what}" if where else f"{path}: {what}"
-                                   for where, what in problems))
-        self.path, self.problems = path, problems
 
 
 @dataclass(frozen=True)

@@ -151,10 +151,6 @@ def call_by_type(fn: Callable[..., Any], values: Mapping[type, Any]) -> Any:
     return fn(**kwargs)
 
 
-def accepts(fn: Callable[..., Any], name: str) -> bool:
-    return name in inspect.signature(fn).parameters
-
-
 def requires(fn: Callable[..., Any], name: str) -> bool:
     """True when ``fn`` has a parameter ``name`` without a default."""
     param = inspect.signature(fn).parameters.get(name)

@@ -9,59 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-from .harness import Harness
-from .interception import Interception
-from .limits import RolloutLimits, RolloutTimeouts
+from .._errors import UnknownRollout
 from .._record.messages import Message
-from .model import Model
+from .._record.trace import encode_trace
+from .executor import RolloutSpec
+from .interception import Interception
 from .rollout import Rollout, ToolServerFactory
 from .runtime import Runtime
-from .task import Task
-from .._record.trace import encode_trace
-
-
-@dataclass
-class RolloutSpec:
-    """One rollout to run: what, with which model, under which budgets, in which runtime.
-
-    ``runtime`` is a live runtime to borrow (e.g. from a ``RuntimeActor`` pool); ``None``
-    makes the rollout own a fresh one on its host.
-    """
-
-    task: Task
-    harness: Harness
-    model: Model
-    limits: RolloutLimits = field(default_factory=RolloutLimits)
-    timeouts: RolloutTimeouts = field(default_factory=RolloutTimeouts)
-    model_name: str | None = None
-    sampling: dict[str, Any] | None = None
-    has_user: bool = False
-    runtime: Runtime | None = None
-
-    def rollout(self, *, interception: Interception, runtime_factory: Callable[[str], Runtime],
-                tool_server: ToolServerFactory | None) -> Rollout:
-        """The ``Rollout`` this spec describes, served by the given services."""
-        return Rollout(
-            self.task,
-            self.harness,
-            model=self.model,
-            runtime=self.runtime,
-            runtime_factory=runtime_factory,
-            interception=interception,
-            tool_server=tool_server,
-            limits=self.limits,
-            timeouts=self.timeouts,
-            model_name=self.model_name,
-            sampling=self.sampling,
-            has_user=self.has_user,
-        )
-
-
-class UnknownRollout(KeyError):
-    """No open rollout has that id on this host."""
 
 
 class RolloutHost:

@@ -1,24 +1,36 @@
-"""The phases where a rollout runs its task's and harness's own code, each under its deadline.
+"""The phases of a rollout, in the order they run: each runs code of others (the task's, the
+harness's) under its deadline or rule, and raises a typed error for the rollout to record.
 
-``run_setup``: task setup then harness setup, under one shared deadline (B11).
-``finalize_and_score``: task finalize, then task and harness scoring together (B41–B48);
-both stamp their timing spans on the trace. Failures are raised as ``TaskError`` /
-``HarnessError`` for the rollout to record.
+* open: ``run_setup`` — task setup then harness setup, under one shared deadline (B11);
+  ``harness_data`` — the task data the harness sees, its prompt rewritten once by request
+  interceptors (B15).
+* step: ``Segment`` — how one segment ended, and the failure it leaves (B22–B30), judged once
+  the trace holds what the segment's serving side committed.
+* close: ``finalize_and_score`` — task finalize, then task and harness scoring together
+  (B41–B48).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from .._errors import HarnessError, RolloutError, TaskError, boundary
+from .._record.messages import Message, Request, SystemMessage, UserMessage
+from .._record.trace import Trace
 from .aio import gather_all
-from .._errors import HarnessError, TaskError, boundary
 from .harness import Harness
 from .hooks import call_by_name
+from .interception import Interception
 from .limits import RolloutTimeouts
-from .task import Task
-from .._record.trace import Trace
+from .session import RolloutSession
+from .task import Task, TaskData
+
+# -- open -----------------------------------------------------------------------------------
 
 
 async def run_setup(task: Task, harness: Harness, trace: Trace, runtime: Any, timeouts: RolloutTimeouts) -> None:
@@ -31,6 +43,80 @@ async def run_setup(task: Task, harness: Harness, trace: Trace, runtime: Any, ti
     with boundary(HarnessError, "harness setup"):
         async with asyncio.timeout_at(deadline):
             await harness.setup(runtime)
+
+
+async def harness_data(
+    data: TaskData, harness: Harness, session: RolloutSession, interception: Interception
+) -> TaskData:
+    """A copy of ``data`` with the harness's resolved system prompt and prompt.
+
+    When the task has request interceptors, the prompt's user turns go through them once
+    (no stops), their records land on the trace, and the harness gets the rewritten prompt;
+    a string prompt stays a string when one text turn remains. The trace's own task data is
+    never changed.
+    """
+    system, prompt = harness.resolve_prompt(data)
+    if prompt is None or not session.request_interceptors:
+        return data.model_copy(update={"system_prompt": system, "prompt": prompt})
+    if isinstance(prompt, str):
+        messages: list[Message] = [UserMessage(prompt)]
+    else:
+        messages = msgspec.convert(prompt, list[Message])
+        system = data.system_prompt
+    if system is not None:
+        messages.insert(0, SystemMessage(system))
+    rewritten = await interception.prepare_users(session, Request(messages))
+    # Strip only the system message added above; the prompt's own stay.
+    kept = rewritten.messages[1:] if system is not None else list(rewritten.messages)
+    new_prompt: Any
+    if (
+        isinstance(prompt, str)
+        and len(kept) == 1
+        and isinstance(kept[0], UserMessage)
+        and isinstance(kept[0].content, str)
+    ):
+        new_prompt = kept[0].content
+    else:
+        new_prompt = msgspec.to_builtins(kept)
+    return data.model_copy(update={"system_prompt": system, "prompt": new_prompt})
+
+
+# -- step -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Segment:
+    """How one segment ended, before the trace holds what its proxy committed."""
+
+    turns_before: int
+    """Turns on the trace when the segment began."""
+    raised: Exception | None = None
+    """What the harness raised, if anything."""
+    expired: bool = False
+    """The agent budget ran out during the segment."""
+
+    def failure(self, session: RolloutSession, agent_budget: float | None) -> Exception | None:
+        """The error to record for the segment, or ``None`` (it raised nothing, or it was
+        refused because the session stopped)."""
+        error = self.raised
+        if error is None:
+            return None
+        if isinstance(error, TimeoutError):
+            if not self.expired:
+                return error
+            timeout = HarnessError(f"agent timeout: rollout exceeded its {agent_budget:g}s budget")
+            timeout.__cause__ = error
+            return timeout
+        if session.stopped:
+            return None
+        stashed = session.error
+        if isinstance(error, RolloutError) and stashed is not None:
+            stashed.__cause__ = error
+            return stashed
+        return error
+
+
+# -- close ----------------------------------------------------------------------------------
 
 
 async def finalize_and_score(task: Task, harness: Harness, trace: Trace, runtime: Any,

@@ -26,14 +26,11 @@ from .harness import Harness, HarnessContext, HarnessSession
 from .hooks import classify
 from .interception import Interception, LocalInterception
 from .limits import RolloutLimits, RolloutTimeouts
-from .._runtimes.local import LocalRuntime
 from .._record.messages import Message, Request
 from .model import Model
 from .runtime import Runtime
 from .session import RolloutSession
-from .phases import finalize_and_score, run_setup
-from .prompt import harness_data
-from .segment import Segment
+from .phases import Segment, finalize_and_score, harness_data, run_setup
 from .task import Task
 from .._record.trace import AgentInfo, Timing, Trace
 
@@ -58,7 +55,8 @@ class Rollout:
         model: the upstream model the interception forwards to.
         runtime: a live runtime to *borrow*; ``None`` makes the rollout build, start and stop
             its own with ``runtime_factory(trace.id)``.
-        runtime_factory: builds an owned runtime from its name (default ``LocalRuntime``).
+        runtime_factory: builds an owned runtime from its name (``LocalRuntime``,
+            ``SandboxRuntime``, ...); required unless ``runtime`` is given.
         interception: serves the session to the harness; default a private in-process one.
         tool_server: serves the task's toolsets; required only when the task declares some.
         limits: turn and token caps.
@@ -68,7 +66,8 @@ class Rollout:
         on_trace: called with the trace as soon as it is minted.
 
     Raises:
-        TypeError: a ``@stop`` or ``@intercept`` hook has the wrong parameter shape (B5).
+        TypeError: a ``@stop`` or ``@intercept`` hook has the wrong parameter shape (B5), or
+            neither ``runtime`` nor ``runtime_factory`` was given.
     """
 
     def __init__(
@@ -78,7 +77,7 @@ class Rollout:
         *,
         model: Model,
         runtime: Runtime | None = None,
-        runtime_factory: Callable[[str], Runtime] = LocalRuntime,
+        runtime_factory: Callable[[str], Runtime] | None = None,
         interception: Interception | None = None,
         tool_server: ToolServerFactory | None = None,
         limits: RolloutLimits | None = None,
@@ -88,6 +87,9 @@ class Rollout:
         has_user: bool = False,
         on_trace: Callable[[Trace], None] | None = None,
     ) -> None:
+        if runtime is None and runtime_factory is None:
+            raise TypeError("Rollout needs runtime= (a live runtime to borrow) or runtime_factory= "
+                            "(to own one, e.g. runtime_factory=LocalRuntime)")
         self.task = task
         self.harness = harness
         self.trace = Trace(
@@ -139,6 +141,7 @@ class Rollout:
         self._opened = True
         self.trace.timing.boot.start = _now()
         if self.runtime is None:
+            assert self._runtime_factory is not None  # checked at construction
             self.runtime = self._runtime_factory(self.trace.id)
         elif self.runtime.stopped:
             raise ValueError(

@@ -46,8 +46,6 @@ class Runtime(ABC):
     """
 
     type: str = "abstract"
-    network_restricted: bool = False
-    """True when the runtime enforces a network policy in the agent phase."""
     enforces: frozenset[str] = frozenset()
     """The isolation policies this kind enforces, from ``filesystem``, ``pid``, ``network``
     (framework routes only), ``pids``, ``memory`` and ``output``; none by default."""

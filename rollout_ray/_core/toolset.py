@@ -21,6 +21,7 @@ import msgspec
 import pydantic
 import pydantic_core
 
+from .._errors import ToolInputError
 from .._errors import ToolsetError
 from .._record.messages import Tool
 from .runtime import Runtime
@@ -31,14 +32,6 @@ _MARK = "__rollout_ray_tool__"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 DEFAULT_CALL_TIMEOUT = 60.0
 _CONFIG = pydantic.ConfigDict(extra="forbid", protected_namespaces=(), arbitrary_types_allowed=True)
-
-
-class ToolInputError(ToolsetError):
-    """A call named an unknown tool (``status_code`` 404) or passed bad arguments (400)."""
-
-    def __init__(self, message: str, status_code: int) -> None:
-        super().__init__(message)
-        self.status_code = status_code
 
 
 def tool(fn: Any = None, /, *, name: str | None = None) -> Any:

@@ -31,12 +31,13 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
 from .._record.arrow import RolloutRecord, records_to_table, table_to_records
-from .._core.executor import Executor, InfrastructureLost
+from .._core.executor import Executor
+from .._errors import InfrastructureLost, ProviderError, error_class
 from .finalize import FinalizeConfig, finalize
 from .._core.harness import Harness
 from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
-from .._core.host import RolloutSpec
+from .._core.executor import RolloutSpec
 from .._record.store import Manifest, ShardWriter, done_keys, read_manifest, read_run, write_manifest
 from .._core.task import Task
 from .._record.trace import AgentInfo, Timing, Trace
@@ -314,7 +315,7 @@ class Driver:
         if not trace.ok:
             self.progress.failed += 1
         last = trace.last_error
-        if last is not None and last.type == "ProviderError":
+        if last is not None and _is_provider_failure(last.type):
             self._provider_streak += 1
             if self._provider_streak >= self.config.breaker and not self._halt.is_set():
                 self.status = "halted"
@@ -343,6 +344,11 @@ class Driver:
         if self._on_progress is not None and (force or now - self._last_report >= self._progress_every):
             self._last_report = now
             self._on_progress(self.progress)
+
+
+def _is_provider_failure(type_name: str) -> bool:
+    cls = error_class(type_name)
+    return cls is not None and issubclass(cls, ProviderError)
 
 
 def _lost_trace(task: Task, harness: Harness, error: Exception) -> Trace:

@@ -20,7 +20,8 @@ import msgspec
 
 from .._core.harness import Harness, HarnessContext
 from .._record.messages import Message
-from .._record.wire import StreamAssembler, WireError, wire_message
+from .._record.wire import StreamAssembler, wire_message
+from .._errors import WireError
 from .._core.runtime import ProgramResult
 
 _STOPPED = "rollout stopped:"

@@ -29,7 +29,8 @@ from .coalesce import Coalescer
 from .._core.interception import ChatClient, Interception, Slot
 from .._serving.interception_host import Cursor, InterceptionHost, SessionDelta, SessionSpec, apply_delta
 from .._record.messages import Message, Request
-from .._core.host import RolloutHost, RolloutSpec
+from .._core.executor import RolloutSpec
+from .._core.host import RolloutHost
 from .._core.runtime import Runtime
 from .remote_runtime import RemoteRuntime as RemoteRuntime
 from .remote_runtime import _call

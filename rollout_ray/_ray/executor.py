@@ -11,8 +11,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray.exceptions import RayActorError
 
 from .actors import SHUTDOWN_GRACE, RolloutActor, forget_dead_actor
-from .._core.executor import Executor, InfrastructureLost
-from .._core.host import RolloutSpec
+from .._core.executor import Executor
+from .._errors import InfrastructureLost
+from .._core.executor import RolloutSpec
 from .._record.trace import Trace
 
 _SPREAD = {"scheduling_strategy": "SPREAD"}

@@ -13,7 +13,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from .._errors import SandboxError
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
-from .._runtimes.host import RuntimeStopped
+from .._errors import RuntimeStopped
 from .._runtimes.sandbox import SandboxRuntime, sandbox_url
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
+from .._errors import SchemaMismatch
 from .messages import Message
 from .wire import wire_message
 from .trace import Trace
@@ -88,22 +89,6 @@ _SCHEMA_NAMES = frozenset(TRACE_SCHEMA.names)
 _ENCODER = msgspec.msgpack.Encoder()
 _JSON_ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Trace)
-
-
-class SchemaMismatch(ValueError):
-    """A table is not a trace table this code can read.
-
-    ``column`` names the missing or mistyped column (``None`` for a version mismatch);
-    ``expected`` and ``found`` describe what was wanted and what is there.
-    """
-
-    def __init__(
-        self, message: str, *, column: str | None = None, expected: str = "", found: str = ""
-    ) -> None:
-        super().__init__(message)
-        self.column = column
-        self.expected = expected
-        self.found = found
 
 
 @dataclass(frozen=True)
@@ -327,7 +312,6 @@ def check_schema(
                 expected=str(expected),
                 found=str(found),
             )
-
 
 
 def _check_version(metadata: dict[bytes, bytes]) -> None:

@@ -37,6 +37,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .._errors import CorruptShard
 from .arrow import ARROW_SCHEMA_VERSION, TRACE_SCHEMA, check_schema
 
 MANIFEST_NAME = "manifest.json"
@@ -87,17 +88,6 @@ class Manifest(msgspec.Struct, kw_only=True):
     """Package versions, from ``runtime_versions()``."""
     version: int = MANIFEST_VERSION
     """The manifest format's own version."""
-
-
-class CorruptShard(ValueError):
-    """A final shard cannot be read: the run needs repair. ``path`` names the file."""
-
-    def __init__(self, path: Path, reason: str) -> None:
-        super().__init__(
-            f"shard {path} is truncated or corrupt ({reason}); the run needs repair: move the "
-            "file aside and resume the run to redo its rollouts"
-        )
-        self.path = path
 
 
 @dataclass(frozen=True)

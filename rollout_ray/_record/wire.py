@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .._errors import WireError
 from .messages import (
     AssistantMessage,
     Content,
@@ -91,14 +92,6 @@ class WireResponse(msgspec.Struct):
     choices: list[WireChoice]
     model: str | None = None
     usage: WireUsage | None = None
-
-
-class WireError(ValueError):
-    """A body that is not a valid chat completion request; ``param`` names the field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 _REQUEST = msgspec.json.Decoder(WireRequest)

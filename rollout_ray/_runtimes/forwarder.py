@@ -3,7 +3,7 @@
 Run as a plain script inside the sandbox's network namespace (standard library only, so
 it starts fast)::
 
-    python -I -S _forwarder.py --route PORT=SOCKET ... -- PROGRAM ARGS...
+    python -I -S forwarder.py --route PORT=SOCKET ... -- PROGRAM ARGS...
 
 It listens on ``127.0.0.1:PORT`` for every route *before* starting the program (so the
 program never races the listeners), relays each connection to ``SOCKET`` (a unix socket
@@ -69,7 +69,7 @@ def parse(argv: list[str]) -> tuple[list[tuple[int, str]], list[str]]:
         routes.append((int(port), path))
         i += 2
     if i >= len(argv) or argv[i] != "--" or i + 1 == len(argv):
-        raise SystemExit("usage: _forwarder.py [--route PORT=SOCKET]... -- PROGRAM [ARGS...]")
+        raise SystemExit("usage: forwarder.py [--route PORT=SOCKET]... -- PROGRAM [ARGS...]")
     return routes, argv[i + 1:]
 
 

@@ -1,6 +1,6 @@
 """Guardian of a runtime host: cleans up after the host process, however it died.
 
-Run as a plain script (``python _guardian.py ROOT TOKEN``), not as a module of the package, so
+Run as a plain script (``python guardian.py ROOT TOKEN``), not as a module of the package, so
 it starts in milliseconds. It detaches (double fork), prints its pid, and blocks reading its
 standard input, a pipe from the host; when
 the host exits — normally, by an exception, or by SIGKILL — the kernel closes the pipe, and

@@ -2,7 +2,7 @@
 
 The host is what a ``RuntimeActor`` runs (the actor adds no logic). All its runtimes live
 under one root directory and all their programs carry the host's marker, so one guardian
-process (``_guardian.py``) can remove every one of them — processes and files — when the
+process (``guardian.py``) can remove every one of them — processes and files — when the
 host process dies, even by SIGKILL. Ownership is recorded: ``stop_owned_by(owner)`` stops
 what a closed, aborted or dead rollout owned.
 """
@@ -19,18 +19,14 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._errors import SandboxError
+from .._errors import RuntimeStopped
+from .guardian import HOST_MARKER
 from .local import LocalRuntime
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .sandbox import SandboxRuntime
 from .._record.trace import RuntimeInfo
 
-HOST_MARKER = "ROLLOUT_RAY_HOST"
 _GUARDIAN = os.path.join(os.path.dirname(__file__), "guardian.py")
-
-
-class RuntimeStopped(SandboxError):
-    """The named runtime was stopped (by its owner) or never existed on this host."""
 
 
 _PRUNE_AT = 1024

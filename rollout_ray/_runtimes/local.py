@@ -7,7 +7,7 @@ after ``setsid`` or a double fork. A timed-out or cancelled exec kills its whole
 ``stop()`` kills every process the runtime ever started.
 
 What it does NOT isolate: programs see the host filesystem (absolute paths are allowed) and
-the host network. It declares no network policy (``network_restricted = False``). A process
+the host network; it enforces no policy (``enforces`` is empty). A process
 that replaces its environment (``env -i``) escapes the scans; only its process group is killed.
 Linux only (``/proc``).
 """
@@ -113,7 +113,6 @@ class LocalRuntime(Runtime):
     """
 
     type = "local"
-    network_restricted = False
 
     def __init__(
         self, name: str | None = None, *, root: str | None = None,

@@ -11,7 +11,7 @@ namespaces and no capabilities:
   or is cancelled, the kernel kills every process left in it. No background process outlives
   the exec that started it (unlike ``LocalRuntime``);
 * network: only loopback. Each allowed route (see ``prepare_execution``) is served on
-  ``127.0.0.1:<its port>`` inside by ``_forwarder.py``, relayed over a unix socket to the
+  ``127.0.0.1:<its port>`` inside by ``forwarder.py``, relayed over a unix socket to the
   runtime, which connects to the real route. Setup execs get the same policy: no network
   but the routes in force (none before the first ``prepare_execution``);
 * limits: a pids and a memory cgroup per runtime (cgroup v1, or v2 with the controllers
@@ -173,7 +173,6 @@ class SandboxRuntime(LocalRuntime):
     """
 
     type = "sandbox"
-    network_restricted = True
     enforces: frozenset[str] = frozenset(
         {"filesystem", "pid", "network", "pids", "memory", "output"})
     """The isolation this runtime provides (a limit set to ``None`` is left out)."""

@@ -36,7 +36,8 @@ from aiohttp import web
 from .._errors import Refusal, RolloutError, UpstreamError
 from .._core.interception import ChatClient, Interception, Slot
 from .._record.messages import Response
-from .._record.wire import WireError, encode_response, parse_request, sse_events
+from .._record.wire import encode_response, parse_request, sse_events
+from .._errors import WireError
 from .._core.session import RolloutSession
 
 log = logging.getLogger("rollout_ray")

@@ -30,7 +30,8 @@ from .._core.runtime import Runtime
 
 log = logging.getLogger("rollout_ray")
 
-from .._core.toolset import _NAME, DEFAULT_CALL_TIMEOUT, ToolInputError, Toolset, _invoke, _text
+from .._core.toolset import _NAME, DEFAULT_CALL_TIMEOUT, Toolset, _invoke, _text
+from .._errors import ToolInputError
 from .._record.trace import ToolCallRecord
 
 DEFAULT_MAX_BODY = 16 << 20

@@ -27,7 +27,8 @@ import aiohttp
 from .._errors import OverlongPromptError, ProviderError
 from .._record.messages import Request, Response
 from .._core.model import Model
-from .._record.wire import StreamAssembler, WireError, encode_request, parse_response
+from .._record.wire import StreamAssembler, encode_request, parse_response
+from .._errors import WireError
 
 _CONTEXT_PHRASES = (
     "context length",

@@ -1,0 +1,51 @@
+"""LocalExecutor: the driver's rollouts in the driver's own event loop, behind real servers."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+from .._core.executor import Executor, RolloutSpec
+from .._core.runtime import Runtime
+from .._record.trace import Trace
+from .._runtimes.host import RUNTIME_KINDS, RuntimeHost
+from .._serving.proxy import HTTPInterception
+from .._serving.tool_server import ToolServer
+
+
+class LocalExecutor(Executor):
+    """The lifecycle core in this event loop, behind a real HTTP proxy and tool server.
+
+    ``runtime`` is the kind of the runtimes rollouts own: ``"local"`` or ``"sandbox"``.
+
+    Owned runtimes live on an in-process ``RuntimeHost``, so that if this process is killed
+    its guardian still removes their processes and directories.
+    """
+
+    def __init__(self, *, runtime: str = "local") -> None:
+        if runtime not in RUNTIME_KINDS:
+            raise ValueError(f"runtime must be one of {RUNTIME_KINDS}, got {runtime!r}")
+        self.runtime = runtime
+        self._stack = AsyncExitStack()
+        self._proxy: HTTPInterception | None = None
+        self._tools: ToolServer | None = None
+        self._runtimes: RuntimeHost | None = None
+
+    async def start(self) -> None:
+        self._proxy = await self._stack.enter_async_context(HTTPInterception())
+        self._tools = await self._stack.enter_async_context(ToolServer())
+        self._runtimes = RuntimeHost(kind=self.runtime)
+        self._stack.push_async_callback(self._runtimes.shutdown)
+
+    async def stop(self) -> None:
+        await self._stack.aclose()
+
+    async def run(self, spec: RolloutSpec) -> Trace:
+        if self._proxy is None or self._tools is None:
+            raise RuntimeError("LocalExecutor.run before start(); use 'async with LocalExecutor()'")
+        rollout = spec.rollout(interception=self._proxy, runtime_factory=self._new_runtime,
+                               tool_server=self._tools.serve)
+        return await rollout.run()
+
+    def _new_runtime(self, name: str) -> Runtime:
+        assert self._runtimes is not None
+        return self._runtimes.new_runtime(name, owner=name)
