@@ -12,9 +12,15 @@ from rollout_ray import (
     TaskData, Trace, TraceTask, Usage, UserMessage, AssistantMessage, metric, reward,
 )
 from rollout_ray._core.limits import LIMIT_FIELDS
+from rollout_ray._record.trace import TraceCounts
 from rollout_ray.testing import MemoryRuntime, Reply, ScriptedHarness, ScriptedModel, run_virtual
 
 AGGREGATES = ("num_turns", "num_input_tokens", "num_output_tokens", "num_total_tokens")
+
+
+def counted(**aggregates: int) -> SimpleNamespace:
+    """A stand-in trace whose ``counts()`` are the given aggregates."""
+    return SimpleNamespace(counts=lambda: TraceCounts(**aggregates))
 
 
 @pytest.mark.parametrize("name", LIMIT_FIELDS)
@@ -32,7 +38,7 @@ def test_b33_limit_validation(name, value, error, shown):
 
 def test_b33_zero_and_none_are_valid_caps():
     assert RolloutLimits(0, 0, 0, 0).reached(Trace(task=TraceTask(type="T"))) == "max_turns"
-    assert RolloutLimits().reached(SimpleNamespace(**dict.fromkeys(AGGREGATES, 10**9))) is None
+    assert RolloutLimits().reached(counted(**dict.fromkeys(AGGREGATES, 10**9))) is None
 
 
 def test_b34_limit_names_are_the_field_names_in_check_order():
@@ -51,7 +57,7 @@ def test_b34_limit_names_are_the_field_names_in_check_order():
     ],
 )
 def test_b34_reached_checks_turns_input_output_total_in_order(caps, expected):
-    aggregates = SimpleNamespace(num_turns=3, num_input_tokens=10, num_output_tokens=5, num_total_tokens=15)
+    aggregates = counted(num_turns=3, num_input_tokens=10, num_output_tokens=5, num_total_tokens=15)
     assert RolloutLimits(*caps).reached(aggregates) == expected
 
 
@@ -118,7 +124,7 @@ def test_b35_each_limit_stops_after_the_crossing_turn(limits, name, turns, cross
     assert len(model.requests) == turns == len(trace.calls)  # the refused call never went upstream
     assert all(c.node is not None and c.error is None for c in trace.calls)
     assert [s[0] for s in seen] == list(range(turns))
-    assert all(limits.reached(SimpleNamespace(**dict(zip(AGGREGATES, s)))) is None for s in seen)
+    assert all(limits.reached(counted(**dict(zip(AGGREGATES, s)))) is None for s in seen)
     assert (trace.ok, trace.is_completed, trace.errors) == (True, True, [])
     assert trace.is_truncated
     # B42: a stopped run is finalized and scored

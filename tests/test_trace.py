@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollout_ray import (
     AgentInfo, AgentSpan, AssistantMessage, Error, ImagePart, InterceptRecord, MessageNode,
@@ -183,6 +185,42 @@ def test_s3_token_aggregates_on_two_branches():
     assert (trace.num_input_tokens, trace.num_output_tokens, trace.num_total_tokens) == (
         10 + (25 - 15) + (20 - 15), (5 + 7) + (5 + 6), 32 + 26)
     assert trace.usage == Usage(47, 18, cached_input_tokens=8, reasoning_tokens=None, cost=0.75)
+
+
+def _by_branches(trace: Trace) -> tuple[int, int, int]:
+    """The §3 definitions, read literally off ``trace.branches``."""
+    seen: set[int] = set()
+    input_tokens = 0
+    for branch in trace.branches:
+        previous = 0
+        for call in branch.calls:
+            if call.usage is None:
+                continue
+            if id(call) not in seen:
+                seen.add(id(call))
+                input_tokens += max(0, call.usage.input_tokens - previous)
+            previous = call.usage.total_tokens
+    output = sum(c.usage.completion_tokens for b in trace.branches for c in b.calls if c.usage)
+    total = sum(([c for c in b.calls if c.usage] or [ModelCall(usage=Usage())])[-1].usage.total_tokens  # type: ignore[union-attr]
+                for b in trace.branches)
+    return input_tokens, output, total
+
+
+@given(st.data())
+@settings(max_examples=200, deadline=None)
+def test_s3_one_pass_counts_equal_the_branch_definitions(data: st.DataObject) -> None:
+    size = data.draw(st.integers(0, 12))
+    trace = Trace(task=TraceTask(type="T"))
+    trace.nodes = [_node(data.draw(st.none() | st.integers(0, i - 1)) if i else None,
+                         data.draw(st.booleans())) for i in range(size)]
+    calls = data.draw(st.lists(st.tuples(st.none() | st.integers(0, max(0, size - 1)),
+                                         st.integers(0, 50), st.integers(0, 20), st.booleans()),
+                               max_size=10))
+    trace.calls = [ModelCall(node=n if size else None, usage=Usage(p, c) if has else None)
+                   for n, p, c, has in calls]
+    counts = trace.counts()
+    assert (counts.num_input_tokens, counts.num_output_tokens, counts.num_total_tokens) == _by_branches(trace)
+    assert counts.num_turns == trace.num_turns == sum(n.sampled for n in trace.nodes)
 
 
 def test_b49_reward_sums_score_times_weight_skipping_none():

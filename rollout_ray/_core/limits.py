@@ -41,9 +41,12 @@ class RolloutLimits:
 
     def reached(self, trace: Trace) -> str | None:
         """The name of the first limit ``trace`` has reached, or ``None``."""
+        if all(getattr(self, name) is None for name in LIMIT_FIELDS):
+            return None
+        counts = trace.counts()
         for name in LIMIT_FIELDS:
             cap = getattr(self, name)
-            if cap is not None and getattr(trace, _AGGREGATE[name]) >= cap:
+            if cap is not None and getattr(counts, _AGGREGATE[name]) >= cap:
                 return name
         return None
 

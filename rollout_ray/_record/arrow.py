@@ -19,7 +19,6 @@ import msgspec
 import pyarrow as pa
 
 from .._errors import SchemaMismatch
-from .messages import Message
 from .wire import wire_message
 from .trace import Trace
 
@@ -107,42 +106,6 @@ class RolloutRecord:
     """0 for the first try; a retry of the same sample counts up."""
 
 
-@dataclass(frozen=True)
-class _Aggregates:
-    """The branch-derived values of one trace, computed from one ``trace.branches``."""
-
-    messages: list[Message]
-    num_input_tokens: int
-    num_output_tokens: int
-    num_total_tokens: int
-
-
-def _aggregates(trace: Trace) -> _Aggregates:
-    """``Trace.messages`` and the three token counts, with the definitions of ``_trace.py``.
-
-    Each of those properties recomputes ``trace.branches``; here it is computed once.
-    """
-    branches = trace.branches
-    seen: set[int] = set()
-    input_tokens = output_tokens = total_tokens = 0
-    for branch in branches:
-        previous_total = 0
-        last_total: int | None = None
-        for call in branch.calls:
-            usage = call.usage
-            if usage is None:
-                continue
-            if id(call) not in seen:
-                seen.add(id(call))
-                input_tokens += max(0, usage.input_tokens - previous_total)
-            previous_total = last_total = usage.total_tokens
-            output_tokens += usage.completion_tokens
-        if last_total is not None:
-            total_tokens += last_total
-    messages = [trace.nodes[i].message for i in branches[-1].nodes] if branches else []
-    return _Aggregates(messages, input_tokens, output_tokens, total_tokens)
-
-
 def _score_map(maps: Iterable[dict[str, Any]]) -> pa.MapArray:
     """A map<string, float64> column from one dict per row (a None value stays null)."""
     offsets = [0]
@@ -163,7 +126,7 @@ def _score_map(maps: Iterable[dict[str, Any]]) -> pa.MapArray:
 def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
     """Convert many records at once, column by column, into a ``TRACE_SCHEMA`` table."""
     traces = [r.trace for r in records]
-    aggs = [_aggregates(t) for t in traces]
+    counts = [t.counts() for t in traces]
     last_errors = [t.errors[-1] if t.errors else None for t in traces]
     timings = [t.timing for t in traces]
     columns: dict[str, Any] = {
@@ -192,10 +155,10 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
             for t in traces
         ),
         "metrics": _score_map(t.metrics for t in traces),
-        "num_turns": [sum(1 for n in t.nodes if n.sampled) for t in traces],
-        "num_input_tokens": [a.num_input_tokens for a in aggs],
-        "num_output_tokens": [a.num_output_tokens for a in aggs],
-        "num_total_tokens": [a.num_total_tokens for a in aggs],
+        "num_turns": [c.num_turns for c in counts],
+        "num_input_tokens": [c.num_input_tokens for c in counts],
+        "num_output_tokens": [c.num_output_tokens for c in counts],
+        "num_total_tokens": [c.num_total_tokens for c in counts],
         "num_tool_calls": [len(t.tool_calls) for t in traces],
         "started_at": [tm.start for tm in timings],
         "boot_s": [tm.boot.duration for tm in timings],
@@ -205,7 +168,7 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
         "agent_harness_s": [tm.agent.harness.duration for tm in timings],
         "finalize_s": [tm.finalize.duration for tm in timings],
         "scoring_s": [tm.scoring.duration for tm in timings],
-        "messages": [_JSON_ENCODER.encode([wire_message(m) for m in a.messages]) for a in aggs],
+        "messages": [_JSON_ENCODER.encode([wire_message(m) for m in t.messages]) for t in traces],
         "trace": [_ENCODER.encode(t) for t in traces],
     }
     arrays = [_to_array(columns[f.name], f.type) for f in TRACE_SCHEMA]

@@ -187,6 +187,20 @@ class ToolCallRecord(msgspec.Struct):
 
 
 @dataclass(frozen=True)
+class TraceCounts:
+    """The aggregates the limits read, as ``Trace.counts()`` computes them in one pass."""
+
+    num_turns: int
+    """Sampled assistant nodes."""
+    num_input_tokens: int
+    """New input tokens, each call counted once across branches."""
+    num_output_tokens: int
+    """Completion tokens summed per branch (shared calls count once per branch, Q18)."""
+    num_total_tokens: int
+    """Σ over branches of the total tokens of the branch's last call with usage."""
+
+
+@dataclass(frozen=True)
 class Branch:
     """A root-to-leaf path: its node indices and the calls that committed a node on it."""
 
@@ -239,35 +253,86 @@ class Trace(msgspec.Struct, kw_only=True):
     def stopped(self) -> bool:
         return self.stop_condition is not None
 
+    def counts(self) -> TraceCounts:
+        """Turns and the three token aggregates, computed together in one pass (B33, §3).
+
+        The limits read all four before every model call, so they are computed in
+        O(nodes + calls), from each node's parent, never by rebuilding the branches.
+        """
+        nodes = self.nodes
+        size = len(nodes)
+        calls_at: dict[int, list[ModelCall]] = {}
+        for call in self.calls:
+            if call.node is not None and 0 <= call.node < size:
+                calls_at.setdefault(call.node, []).append(call)
+        # Per node, over the path from the root to it: the total tokens of the last call with
+        # usage (0 if none), and the completion tokens of its calls.
+        last_total = [0] * size
+        output = [0] * size
+        has_child = [False] * size
+        turns = input_tokens = 0
+        for i, node in enumerate(nodes):
+            parent = node.parent
+            previous, produced = 0, 0
+            if parent is not None and 0 <= parent < size:
+                has_child[parent] = True
+                if parent < i:  # always, as the graph appends: a parent precedes its children
+                    previous, produced = last_total[parent], output[parent]
+            for call in calls_at.get(i, ()):
+                if call.usage is not None:
+                    # Each call counts once: shared prefixes of branches are shared nodes.
+                    input_tokens += max(0, call.usage.input_tokens - previous)
+                    previous = call.usage.total_tokens
+                    produced += call.usage.completion_tokens
+            last_total[i], output[i] = previous, produced
+            turns += node.sampled
+        leaves = [i for i in range(size) if not has_child[i]]
+        return TraceCounts(
+            num_turns=turns,
+            num_input_tokens=input_tokens,
+            num_output_tokens=sum(output[i] for i in leaves),
+            num_total_tokens=sum(last_total[i] for i in leaves),
+        )
+
+    def _leaves(self) -> list[int]:
+        has_child = [False] * len(self.nodes)
+        for node in self.nodes:
+            if node.parent is not None and 0 <= node.parent < len(self.nodes):
+                has_child[node.parent] = True
+        return [i for i, parent in enumerate(has_child) if not parent]
+
+    def _path(self, leaf: int) -> list[int]:
+        path: list[int] = []
+        node: int | None = leaf
+        while node is not None and len(path) <= len(self.nodes):  # a bad parent link cannot loop
+            path.append(node)
+            node = self.nodes[node].parent
+        path.reverse()
+        return path
+
     @property
     def branches(self) -> list[Branch]:
         """One branch per leaf, leaves in node order."""
-        parents = {n.parent for n in self.nodes if n.parent is not None}
+        calls_at: dict[int, list[ModelCall]] = {}
+        for call in self.calls:
+            if call.node is not None:
+                calls_at.setdefault(call.node, []).append(call)
         result = []
-        for leaf in (i for i in range(len(self.nodes)) if i not in parents):
-            path: list[int] = []
-            node: int | None = leaf
-            while node is not None:
-                path.append(node)
-                node = self.nodes[node].parent
-            path.reverse()
-            on_path = set(path)
-            calls = sorted(
-                (c for c in self.calls if c.node is not None and c.node in on_path),
-                key=lambda c: path.index(c.node),  # type: ignore[arg-type]
-            )
-            result.append(Branch(tuple(path), tuple(calls)))
+        for leaf in self._leaves():
+            path = self._path(leaf)
+            calls = tuple(c for i in path for c in calls_at.get(i, ()))
+            result.append(Branch(tuple(path), calls))
         return result
 
     @property
     def num_branches(self) -> int:
-        return len(self.branches)
+        return len(self._leaves())
 
     @property
     def messages(self) -> list[Message]:
         """The messages of the last branch."""
-        branches = self.branches
-        return [self.nodes[i].message for i in branches[-1].nodes] if branches else []
+        leaves = self._leaves()
+        return [self.nodes[i].message for i in self._path(leaves[-1])] if leaves else []
 
     @property
     def num_turns(self) -> int:
@@ -277,35 +342,17 @@ class Trace(msgspec.Struct, kw_only=True):
     @property
     def num_input_tokens(self) -> int:
         """New input tokens, each call counted once across branches."""
-        seen: set[int] = set()
-        total = 0
-        for branch in self.branches:
-            previous_total = 0
-            for call in branch.calls:
-                if call.usage is None:
-                    continue
-                if id(call) not in seen:
-                    seen.add(id(call))
-                    total += max(0, call.usage.input_tokens - previous_total)
-                previous_total = call.usage.total_tokens
-        return total
+        return self.counts().num_input_tokens
 
     @property
     def num_output_tokens(self) -> int:
         """Completion tokens summed per branch (shared calls count once per branch, Q18)."""
-        return sum(
-            c.usage.completion_tokens for b in self.branches for c in b.calls if c.usage
-        )
+        return self.counts().num_output_tokens
 
     @property
     def num_total_tokens(self) -> int:
         """Σ over branches of the total tokens of the branch's last call with usage."""
-        total = 0
-        for branch in self.branches:
-            with_usage = [c for c in branch.calls if c.usage is not None]
-            if with_usage:
-                total += with_usage[-1].usage.total_tokens  # type: ignore[union-attr]
-        return total
+        return self.counts().num_total_tokens
 
     @property
     def usage(self) -> Usage:
