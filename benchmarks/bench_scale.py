@@ -215,7 +215,7 @@ def n_for(c: int, per_slot: int, min_n: int) -> int:
 
 
 def make_executor(actors: int, capacity: int, options: list[dict[str, Any]] | None) -> Any:
-    from rollout_ray._ray.actors import RolloutActor
+    from rollout_ray._ray.rollout_actor import RolloutActor
     from rollout_ray._ray.executor import RayExecutor
 
     if options is None:

@@ -124,11 +124,11 @@ logging.getLogger("rollout_ray").addHandler(logging.NullHandler())
 
 # The Ray layer, imported on first access so that the core never pays for (or needs) ray.
 _LAZY = {
-    "RolloutActor": "._ray.actors",
-    "RuntimeActor": "._ray.actors",
+    "RolloutActor": "._ray.rollout_actor",
+    "RuntimeActor": "._ray.runtime_actor",
     "RemoteRuntime": "._ray.remote_runtime",
     "RayExecutor": "._ray.executor",
-    "shutdown_node_services": "._ray.actors",
+    "shutdown_node_services": "._ray.node_service_actor",
 }
 
 

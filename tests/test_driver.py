@@ -196,7 +196,8 @@ def _read_text(path: str) -> str:
 def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any, tmp_path: Any) -> None:
     import os
 
-    from rollout_ray._ray.actors import INTERCEPTION_PREFIX, NAMESPACE
+    from rollout_ray._ray.calls import NAMESPACE
+    from rollout_ray._ray.node_service_actor import SERVICES_PREFIX
     from rollout_ray._ray.executor import RayExecutor
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -211,13 +212,13 @@ def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any,
             running = asyncio.create_task(driver.arun())
             assert await asyncio.to_thread(_read_text, fifo) == "started"
             _write_text(marker, "")
-            dead = executor._pool[0].actor
+            dead, executor_owner = executor._pool[0].actor, executor._pool[0].owner
             ray_cluster.kill(dead, no_restart=True)
             async with asyncio.timeout(30):  # never a hang: the lost rollout is retried
                 result = await running
             node = ray_cluster.get_runtime_context().get_node_id()
-            proxy = ray_cluster.get_actor(INTERCEPTION_PREFIX + node, namespace=NAMESPACE)
-            assert await proxy.load.remote(dead._actor_id.hex()) == 0  # the dead actor's session was dropped
+            services = ray_cluster.get_actor(SERVICES_PREFIX + node, namespace=NAMESPACE)
+            assert await services.load.remote(executor_owner) == 0  # the dead actor's session was dropped
             return result, executor.replaced
 
     result, replaced = asyncio.run(main())

@@ -289,7 +289,7 @@ def tool_call_kill(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -
     """One rollout's runtime actor SIGKILLed while a tool's exec runs in it, then a second
     rollout on the same rollout actor; the facts, for the tests below."""
     ray_module()
-    from rollout_ray._ray.actors import RolloutActor
+    from rollout_ray._ray.rollout_actor import RolloutActor
 
     fifo = str(tmp_path_factory.mktemp("tool-call") / "pid")
     os.mkfifo(fifo)
@@ -810,7 +810,7 @@ def _live_rollout_actors() -> list[str]:
         return []
     from ray._private import state
 
-    services = ("_InterceptionService", "_ToolService")
+    services = ("_NodeServiceActor",)  # shared by every driver of the session, by design
     return [f"{info.get('ActorClassName')} {actor_id}" for actor_id, info in state.actors().items()
             if info.get("State") in ("ALIVE", "PENDING_CREATION", "RESTARTING")
             and info.get("ActorClassName") not in services]

@@ -17,7 +17,9 @@ from rollout_ray import Harness, ProgramResult, Runtime, Task, TaskData, Trace, 
 
 ray = pytest.importorskip("ray")
 
-from rollout_ray._ray.actors import RolloutActor, RuntimeActor, forget_dead_actor  # noqa: E402
+from rollout_ray._ray.node_service_actor import forget_dead_actor
+from rollout_ray._ray.rollout_actor import RolloutActor
+from rollout_ray._ray.runtime_actor import RuntimeActor  # noqa: E402
 from rollout_ray._core.executor import RolloutSpec  # noqa: E402
 from rollout_ray.testing import ScriptedModel  # noqa: E402
 
@@ -97,7 +99,7 @@ def test_killing_a_rollout_actor_mid_segment_removes_its_owned_runtimes(how: str
             await running
         # What RayExecutor does for a dead actor (its session, if it got that far, leaves the
         # node's proxy); the driver's tests check the count.
-        await forget_dead_actor(actor.actor._actor_id.hex())
+        await forget_dead_actor(actor.owner)
         await asyncio.to_thread(_wait_gone, owned_pid, 5.0)
         assert _alive(borrowed_pid) and await borrowed.alive()
         await pool.aclose()
@@ -138,7 +140,7 @@ def test_borrowed_runtime_already_stopped_raises_to_the_caller() -> None:
 def test_node_services_bind_loopback_unless_told_and_advertise_the_node_ip_on_a_wildcard(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rollout_ray._ray.actors import SERVICE_HOST_VARIABLE, _service_hosts
+    from rollout_ray._ray.node_service_actor import SERVICE_HOST_VARIABLE, _service_hosts
 
     monkeypatch.delenv(SERVICE_HOST_VARIABLE, raising=False)
     assert _service_hosts() == {"host": "127.0.0.1", "advertise_host": "127.0.0.1"}

@@ -11,7 +11,7 @@ or, in process, through ``ctx.client``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -30,9 +30,20 @@ OUTPUT_TAIL = 2000
 """Characters of a failed program's output quoted in its HarnessError."""
 
 
+async def _in_sync() -> None:
+    """The trace is the live one: there is nothing to bring back."""
+
+
 @dataclass
 class HarnessContext:
-    """Everything a harness session needs to run one rollout."""
+    """Everything a harness session needs to run one rollout.
+
+    ``trace`` is the rollout's own. When the rollout's model boundary is served in another
+    process (a program's proxy on Ray), turns that program made reach ``trace`` only at
+    ``await ctx.sync()``; the harness session calls it before judging a failed segment, and
+    a harness that reads the trace mid-segment (``trace.stopped``, ``trace.tool_calls``)
+    calls it first. In process it does nothing.
+    """
 
     trace: Trace
     runtime: Runtime
@@ -46,6 +57,8 @@ class HarnessContext:
     """In-process route to the model boundary, when the interception offers one."""
     tool_urls: dict[str, str] = field(default_factory=dict)
     tool_interception_url: str | None = None
+    sync: Callable[[], Awaitable[None]] = _in_sync
+    """Bring ``trace`` up to date with the serving side (see the class docstring)."""
 
 
 class Harness:
@@ -136,7 +149,10 @@ class HarnessSession:
             await self._check(result)
 
     async def _check(self, result: ProgramResult) -> None:
-        if self.ctx.trace.stopped or result.exit_code == 0:
+        if result.exit_code == 0:
+            return
+        await self.ctx.sync()  # a refused turn may be why it failed: is the trace stopped?
+        if self.ctx.trace.stopped:
             return
         tail = (result.stderr or result.stdout or "<no output>")[-OUTPUT_TAIL:]
         if not await self.ctx.runtime.alive():

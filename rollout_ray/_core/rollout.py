@@ -196,6 +196,7 @@ class Rollout:
                 client=self.interception.client(slot),
                 tool_urls=tool_urls,
                 tool_interception_url=self._tool_interception_url(runtime, slot.base_url),
+                sync=lambda: self.interception.sync(self.session),
             )
             self.harness_session = self.harness.session(ctx)
 

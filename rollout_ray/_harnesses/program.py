@@ -83,6 +83,8 @@ class ProgramHarness(Harness):
         result = await ctx.runtime.exec(
             self.command, env=env, timeout=self.timeout, max_output=self.max_output
         )
+        if result.timed_out:
+            await ctx.sync()
         if result.timed_out and not ctx.trace.stopped:
             tail = (result.stderr or result.stdout or "<no output>")[-OUTPUT_TAIL:]
             raise HarnessError(f"harness '{self.id}' timed out after {self.timeout:g}s: {tail}")

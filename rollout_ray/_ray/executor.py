@@ -10,7 +10,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray.exceptions import RayActorError
 
-from .actors import SHUTDOWN_GRACE, RolloutActor, forget_dead_actor
+from .calls import SHUTDOWN_GRACE
+from .node_service_actor import forget_dead_actor
+from .rollout_actor import RolloutActor
 from .._core.executor import Executor
 from .._errors import InfrastructureLost
 from .._core.executor import RolloutSpec
@@ -89,7 +91,7 @@ class RayExecutor(Executor):
         except RayActorError as e:
             if self._pool[index] is actor:
                 self._pool[index] = None  # replaced on next use
-                await forget_dead_actor(actor.actor._actor_id.hex())
+                await forget_dead_actor(actor.owner)
             raise InfrastructureLost(f"rollout actor died: {type(e).__name__}") from None
         finally:
             self._load[index] -= 1

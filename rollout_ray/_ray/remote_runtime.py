@@ -1,7 +1,4 @@
-"""RemoteRuntime: a runtime hosted by a ``RuntimeActor``, used from another process.
-
-Part of the Ray layer (it imports ``ray``); ``_actors`` re-exports it.
-"""
+"""RemoteRuntime: a runtime hosted by a ``RuntimeActor``, used from another process."""
 
 from __future__ import annotations
 
@@ -9,27 +6,13 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError
 
 from .._errors import SandboxError
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import RuntimeStopped
 from .._runtimes.sandbox import SandboxRuntime, sandbox_url
-
-
-async def _call(ref: Any) -> Any:
-    """Await an actor call; an exception raised in the actor comes back as itself.
-
-    Ray wraps it in a ``RayTaskError`` whose type name and message carry Ray's decorations;
-    the trace must record the original type and message.
-    """
-    try:
-        return await ref
-    except RayTaskError as e:
-        cause = getattr(e, "cause", None)
-        if isinstance(cause, Exception):
-            raise cause from None
-        raise
+from .calls import call
 
 
 class RemoteRuntime(Runtime):
@@ -67,7 +50,7 @@ class RemoteRuntime(Runtime):
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await _call(getattr(self._actor, method).remote(*args, **kwargs))
+            return await call(getattr(self._actor, method).remote(*args, **kwargs))
         except RuntimeStopped:
             self.stopped = True
             raise

@@ -28,25 +28,21 @@ import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from .._errors import Refusal, RolloutError, UpstreamError
 from .._core.interception import ChatClient, Interception, Slot
+from .._core.session import RolloutSession
+from .._errors import Refusal, RolloutError, UpstreamError, WireError
 from .._record.messages import Response
 from .._record.wire import encode_response, parse_request, sse_events
-from .._errors import WireError
-from .._core.session import RolloutSession
+from .http_service import DEFAULT_READ_TIMEOUT, BodyError, Handlers, HTTPService
 
 log = logging.getLogger("rollout_ray")
 
 DEFAULT_MAX_BODY = 64 << 20
 """Largest request body accepted (bytes)."""
-
-DEFAULT_READ_TIMEOUT = 60.0
-"""Seconds a client has to send a request's headers, and then its whole body."""
 
 
 @dataclass
@@ -55,7 +51,7 @@ class _Registration:
     last_hash: bytes | None = None
     last_response: Response | None = None
     inflight: dict[bytes, asyncio.Future[Response | None]] = field(default_factory=dict)
-    handlers: set[asyncio.Task[Any]] = field(default_factory=set)
+    handlers: Handlers = field(default_factory=Handlers)
 
 
 def _error(status: int, message: str, *, kind: str = "rollout_error", param: str | None = None) -> web.Response:
@@ -63,71 +59,33 @@ def _error(status: int, message: str, *, kind: str = "rollout_error", param: str
     return web.Response(status=status, body=msgspec.json.encode(body), content_type="application/json")
 
 
-class HTTPInterception(Interception):
+class HTTPInterception(HTTPService, Interception):
     """The proxy server. ``await start()`` before ``serve``; ``await stop()`` at the end.
 
-    Args:
-        host: interface to bind; loopback unless runtimes on other machines must reach it.
-        port: 0 picks a free port.
-        advertise_host: the host name put in ``base_url`` (default: ``host``).
-        max_body: request bodies larger than this are answered 413.
-        read_timeout: a request's headers, and then its whole body, must arrive within this
-            many seconds (else the connection is closed, or the request answered 408).
+    Args: as ``HTTPService`` (``max_body`` defaults to ``DEFAULT_MAX_BODY``).
     """
 
-    def __init__(
-        self,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        advertise_host: str | None = None,
-        max_body: int = DEFAULT_MAX_BODY,
-        read_timeout: float = DEFAULT_READ_TIMEOUT,
-    ) -> None:
-        self.host, self.port = host, port
-        self.advertise_host = advertise_host or host
-        self.max_body, self.read_timeout = max_body, read_timeout
-        self.base_url = ""
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
+                 max_body: int = DEFAULT_MAX_BODY, read_timeout: float = DEFAULT_READ_TIMEOUT) -> None:
+        super().__init__(host=host, port=port, advertise_host=advertise_host, max_body=max_body,
+                         read_timeout=read_timeout)
         self._by_model: dict[str, _Registration] = {}
         self._by_state: dict[str, _Registration] = {}
-        self._runner: web.AppRunner | None = None
 
     @property
     def load(self) -> int:
         """Number of registered sessions."""
         return len(self._by_model)
 
-    async def start(self) -> str:
-        """Bind and serve; returns ``base_url`` (without ``/v1``)."""
-        app = web.Application(client_max_size=self.max_body)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/task", self._task)
-        # aiohttp's keep-alive timer also runs from a connection's start until its headers are
-        # complete, so it bounds a client that stalls mid-headers (its default is an hour).
-        self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, keepalive_timeout=self.read_timeout
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.base_url = f"http://{self.advertise_host}:{self.port}"
-        return self.base_url
+    def _routes(self, router: web.UrlDispatcher) -> None:
+        router.add_post("/v1/chat/completions", self._chat)
+        router.add_get("/v1/models", self._models)
+        router.add_get("/task", self._task)
 
     async def stop(self) -> None:
         for registration in list(self._by_model.values()):
             self._unregister(registration)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> HTTPInterception:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+        await super().stop()
 
     @asynccontextmanager
     async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:  # type: ignore[override]
@@ -147,10 +105,15 @@ class HTTPInterception(Interception):
     def client(self, slot: Slot) -> ChatClient | None:
         return None
 
-    def _unregister(self, registration: _Registration) -> None:
+    def session_of_state(self, state_secret: str) -> RolloutSession | None:
+        """The session registered under ``state_secret`` (its tool calls land on its trace)."""
+        registration = self._by_state.get(state_secret)
+        return registration.session if registration is not None else None
+
+    @staticmethod
+    def _unregister(registration: _Registration) -> None:
         registration.session.release()
-        for task in registration.handlers:
-            task.cancel()
+        registration.handlers.cancel()
 
     # -- routes -----------------------------------------------------------------------------
 
@@ -181,24 +144,14 @@ class HTTPInterception(Interception):
         registration = self._lookup(request, self._by_model)
         if registration is None:
             return _error(401, "unknown or missing rollout secret", kind="authentication_error")
-        task = asyncio.current_task()
-        assert task is not None
-        registration.handlers.add(task)
-        try:
+        with registration.handlers.track():
             return await self._chat_registered(request, registration)
-        finally:
-            registration.handlers.discard(task)
 
     async def _chat_registered(self, request: web.Request, reg: _Registration) -> web.StreamResponse:
         try:
-            # Bounded: a client that sends its headers and then stalls or trickles the body
-            # would otherwise hold this handler forever (aiohttp has no body deadline).
-            async with asyncio.timeout(self.read_timeout):
-                body = await request.read()
-        except TimeoutError:
-            return _error(408, f"request body not received within {self.read_timeout:g}s")
-        except ConnectionError:  # the client hung up mid-body: nobody to answer, not our bug
-            return _error(400, "connection lost while reading the request body")
+            body = await self.read_body(request)
+        except BodyError as e:
+            return _error(e.status, e.message)
         digest = hashlib.blake2b(body, digest_size=16).digest()
         retry = _retry_count(request) > 0
         if retry and digest == reg.last_hash and reg.last_response is not None:

@@ -1,0 +1,194 @@
+"""The node services actor: each node's proxy and tool server, and the rollouts' side of it.
+
+One actor per node (named, get-if-exists, detached, pinned by node affinity) runs
+``NodeServices``: every rollout actor of the node registers its rollouts' sessions and
+toolsets there, and their programs talk to it over loopback. ``RayInterception`` and
+``RayToolServer`` are the rollout actor's side: registrations travel as shipments (each
+class and model once) in coalesced batches, and what the node's copy of a trace added comes
+back through ``_core/trace_sync``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from .._core.interception import ChatClient, Interception, Slot
+from .._core.runtime import Runtime
+from .._core.session import RolloutSession
+from .._core.toolset import Toolset
+from .._core.trace_sync import Cursor, SessionDelta, SessionSpec, apply_delta
+from .._record.messages import Request
+from .._serving.node_services import NodeServices
+from .calls import NAMESPACE, SHUTDOWN_GRACE, call, stop_actor
+from .coalesce import Coalescer
+from .shipment import Depot, Shipper, deliver
+
+SERVICES_PREFIX = "node-services:"
+
+SERVICE_HOST_VARIABLE = "ROLLOUT_RAY_SERVICE_HOST"
+"""Where the node services bind (default 127.0.0.1: runtimes on the same node only). Set it
+in the environment of every node's ``ray start`` (e.g. to ``0.0.0.0``) when runtimes on other
+machines must reach a node's proxy and tools; a wildcard advertises the node's IP."""
+
+
+def _service_hosts() -> dict[str, str]:
+    host = os.environ.get(SERVICE_HOST_VARIABLE, "127.0.0.1")
+    advertise = ray.util.get_node_ip_address() if host in ("0.0.0.0", "::") else host
+    return {"host": host, "advertise_host": advertise}
+
+
+class _NodeServiceActor(NodeServices):
+    """``NodeServices`` taking its registrations as batches of shipments (``shipment``)."""
+
+    def __init__(self) -> None:
+        super().__init__(**_service_hosts())
+        self._depot = Depot()
+
+    async def register_many(self, items: list[tuple[bytes, dict[str, bytes]]]) -> list[Slot | Exception]:
+        """Register each shipped ``SessionSpec``; an item that fails answers its exception."""
+        return [await _outcome(self.register(self._depot.unpack(blob, bodies))) for blob, bodies in items]
+
+    async def unregister_many(self, items: list[tuple[str, Cursor]]) -> list[Any]:
+        return [await _outcome(self.unregister(secret, since)) for secret, since in items]
+
+    async def register_tools_many(self, items: list[tuple[bytes, dict[str, bytes]]]) -> list[Any]:
+        """Register each shipped ``(toolsets, runtime, state_secret, owner)``."""
+        return [await _outcome(self.register_tools(*self._depot.unpack(blob, bodies))) for blob, bodies in items]
+
+    async def unregister_tools_many(self, keys: list[str]) -> list[Any]:
+        return [await _outcome(self.unregister_tools(key)) for key in keys]
+
+
+async def _outcome(pending: Awaitable[Any]) -> Any:
+    """A batch item's result, or its exception as a value (it must not sink its neighbours)."""
+    try:
+        return await pending
+    except Exception as e:
+        return e
+
+
+NodeServiceActorClass = ray.remote(num_cpus=0, max_concurrency=10_000)(_NodeServiceActor)
+
+
+def node_service_actor(node_id: str) -> Any:
+    """The node's services actor, created on first use, pinned to ``node_id``.
+
+    Detached, because it serves every rollout actor of the node whichever created it;
+    ``shutdown_node_services`` ends it.
+    """
+    return NodeServiceActorClass.options(
+        name=SERVICES_PREFIX + node_id,
+        namespace=NAMESPACE,
+        get_if_exists=True,
+        lifetime="detached",
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote()
+
+
+class RayInterception(Interception):
+    """Serves sessions through the node's services actor; pulls their turns after each segment."""
+
+    def __init__(self, actor: Any, owner: str | None = None) -> None:
+        self._actor = actor
+        self._owner = owner
+        self._secrets: dict[int, str] = {}
+        self._shipper = Shipper()
+        # Rollouts of one host start and end in bursts: their calls travel in batches.
+        self._register: Coalescer[tuple[bytes, dict[str, bytes]], Slot] = Coalescer(
+            lambda items: call(actor.register_many.remote(items)))
+        self._unregister: Coalescer[tuple[str, Cursor], SessionDelta | None] = Coalescer(
+            lambda items: call(actor.unregister_many.remote(items)))
+
+    @asynccontextmanager
+    async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:  # type: ignore[override]
+        slot: Slot = await deliver(
+            self._shipper, SessionSpec.of(session, self._owner),
+            lambda blob, bodies: self._register((blob, bodies)),
+            shared=(session.model,),
+        )
+        self._secrets[id(session)] = slot.model_secret
+        try:
+            yield slot
+        finally:
+            del self._secrets[id(session)]
+            try:
+                change = await self._unregister((slot.model_secret, Cursor.of(session.trace)))
+            finally:
+                session.release()
+            if change is not None:
+                apply_delta(session, change)
+
+    def client(self, slot: Slot) -> ChatClient | None:
+        return None
+
+    async def prepare_users(self, session: RolloutSession, request: Request) -> Request:
+        rewritten: Request = await call(self._actor.prepare_users.remote(self._secrets[id(session)], request))
+        await self.sync(session)
+        return rewritten
+
+    async def sync(self, session: RolloutSession) -> None:
+        secret = self._secrets.get(id(session))
+        if secret is not None:
+            apply_delta(session, await call(self._actor.sync.remote(secret, Cursor.of(session.trace))))
+
+
+class RayToolServer:
+    """Serves toolsets through the node's services actor, which records every call on the
+    node's copy of the rollout's trace (it comes back with the session's delta)."""
+
+    def __init__(self, actor: Any, owner: str | None = None) -> None:
+        self._actor = actor
+        self._owner = owner
+        self._shipper = Shipper()
+        self._register: Coalescer[tuple[bytes, dict[str, bytes]], tuple[str, dict[str, str]]] = Coalescer(
+            lambda items: call(actor.register_tools_many.remote(items)))
+        self._unregister: Coalescer[str, None] = Coalescer(
+            lambda keys: call(actor.unregister_tools_many.remote(keys)))
+
+    @asynccontextmanager
+    async def serve(self, toolsets: Sequence[Toolset], runtime: Runtime | None, state_secret: str, *,
+                    on_call: Any = None) -> AsyncIterator[dict[str, str]]:
+        # on_call is not needed: the calls are recorded on the node's copy of the trace.
+        # The runtime handle travels only when a tool needs it: shipping it costs a pickle and
+        # makes the runtime's teardown reach its actor even if nothing ever ran in it.
+        needed = runtime if any(t.wants_runtime() for t in toolsets) else None
+        key, urls = await deliver(
+            self._shipper, (list(toolsets), needed, state_secret, self._owner),
+            lambda blob, bodies: self._register((blob, bodies)),
+        )
+        try:
+            yield urls
+        finally:
+            await self._unregister(key)
+
+
+async def forget_dead_actor(owner: str) -> int:
+    """Drop what a dead rollout actor (``owner``) left in every node's services actor."""
+    dropped = 0
+    for name in _service_names():
+        try:
+            actor = ray.get_actor(name, namespace=NAMESPACE)
+            dropped += await call(actor.drop_owner.remote(owner))
+        except (RayActorError, ValueError):
+            continue  # that node's services are gone too
+    return dropped
+
+
+def _service_names() -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a.get("namespace") == NAMESPACE and a["name"].startswith(SERVICES_PREFIX)]
+
+
+async def shutdown_node_services(grace: float = SHUTDOWN_GRACE) -> list[str]:
+    """End every node's services actor: gracefully, then ``ray.kill``; returns their names."""
+    names = _service_names()
+    for name in names:
+        await stop_actor(ray.get_actor(name, namespace=NAMESPACE), grace)
+    return names

@@ -1,0 +1,168 @@
+"""The rollout actor: a ``RolloutHost`` wired to its node's services and its own runtime actor.
+
+It hosts up to K rollouts and adds no lifecycle logic. It creates its own runtime actor for
+the runtimes its rollouts own, so by Ray's ownership rules that actor — and, through its
+guardian, every process of every runtime in it — dies with it. Its rollouts' sessions and
+tools are served by the node's services actor (``node_service_actor``) under its owner id,
+so what a dead rollout actor left there can be dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from .._core.executor import RolloutSpec
+from .._core.host import RolloutHost
+from .._record.messages import Message
+from .._record.trace import Trace, decode_trace
+from .._runtimes.host import RUNTIME_KINDS
+from .calls import SHUTDOWN_GRACE, call, stop_actor
+from .node_service_actor import RayInterception, RayToolServer, node_service_actor
+from .remote_runtime import RemoteRuntime
+from .runtime_actor import RuntimeActorClass
+from .shipment import Depot, Shipper, deliver
+
+
+class _RolloutActor:
+    """What a ``RolloutActor`` runs: the host, its node's services and its runtime actor."""
+
+    def __init__(self, capacity: int, runtime: str, owner: str) -> None:
+        node_id = ray.get_runtime_context().get_node_id()
+        self._runtime_options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+        self._runtime_kind = runtime
+        self._runtimes = RuntimeActorClass.options(**self._runtime_options).remote(kind=runtime)
+        self._watcher: asyncio.Task[None] | None = None
+        self.replaced_runtime_actors = 0
+        services = node_service_actor(node_id)
+        self.host = RolloutHost(
+            capacity,
+            interception=RayInterception(services, owner),
+            runtime_factory=lambda name: RemoteRuntime(self._runtimes, name, owner=name, lazy=True,
+                                                       runtime_type=runtime),
+            tool_server=RayToolServer(services, owner).serve,
+        )
+        self._depot = Depot()
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def runtime_actor(self) -> Any:
+        return self._runtimes
+
+    def _watch_runtimes(self) -> None:
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.create_task(self._replace_dead_runtime_actor())
+
+    async def _replace_dead_runtime_actor(self) -> None:
+        """Long-poll the runtime actor; if it dies, new rollouts get a new one.
+
+        The rollouts whose runtimes it held fail with ``SandboxError`` (their box is gone);
+        without a replacement every later rollout of this actor would too.
+        """
+        while True:
+            try:
+                await self._runtimes.wait_closed.remote()
+                return  # shut down on purpose
+            except RayActorError:
+                if self.replaced_runtime_actors:  # one that cannot live must not spin
+                    await asyncio.sleep(min(5.0, 0.5 * self.replaced_runtime_actors))
+                self._runtimes = RuntimeActorClass.options(**self._runtime_options).remote(kind=self._runtime_kind)
+                self.replaced_runtime_actors += 1
+
+    async def open(self, blob: bytes, bodies: dict[str, bytes]) -> tuple[str, bool]:
+        self._watch_runtimes()
+        return await self.host.open(self._depot.unpack(blob, bodies))
+
+    async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
+        return await self.host.step(rollout_id, messages)
+
+    async def close(self, rollout_id: str) -> bytes:
+        return await self.host.close(rollout_id)
+
+    async def abort(self, rollout_id: str) -> None:
+        await self.host.abort(rollout_id)
+
+    async def run(self, blob: bytes, bodies: dict[str, bytes]) -> bytes:
+        self._watch_runtimes()
+        return await self.host.run(self._depot.unpack(blob, bodies))
+
+    async def trace(self, rollout_id: str) -> bytes:
+        return await self.host.trace(rollout_id)
+
+    def open_ids(self) -> list[str]:
+        return self.host.open_ids()
+
+    async def shutdown(self) -> None:
+        await self.host.shutdown()
+        await self._runtimes.shutdown.remote()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+
+
+RolloutActorClass = ray.remote(num_cpus=0, max_concurrency=10_000)(_RolloutActor)
+
+
+class RolloutActor:
+    """Handle to a long-lived actor hosting up to ``capacity`` concurrent rollouts.
+
+    Create with ``RolloutActor.create(capacity=K)``; end with ``await actor.aclose()``.
+    Specs travel as shipments: the taskset's classes, the harness and the model are sent to
+    the actor once, not with every rollout. ``owner`` is the id under which the actor's
+    registrations are held by its node's services.
+    """
+
+    def __init__(self, actor: Any, owner: str) -> None:
+        self.actor = actor
+        self.owner = owner
+        self._shipper = Shipper()
+
+    async def _ship(self, method: Any, spec: RolloutSpec) -> Any:
+        return await deliver(self._shipper, spec, lambda blob, bodies: call(method.remote(blob, bodies)),
+                             shared=(spec.harness, spec.model))
+
+    @classmethod
+    def create(cls, *, capacity: int = 1, runtime: str = "local", **options: Any) -> RolloutActor:
+        """Start the actor. ``runtime`` is the kind of the runtimes its rollouts own
+        (``"local"`` or ``"sandbox"``); ``options`` go to ``.options()`` (e.g. a scheduling
+        strategy)."""
+        if runtime not in RUNTIME_KINDS:
+            raise ValueError(f"runtime must be one of {RUNTIME_KINDS}, got {runtime!r}")
+        owner = uuid.uuid4().hex
+        return cls(RolloutActorClass.options(**options).remote(capacity, runtime, owner), owner)
+
+    async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
+        return await self._ship(self.actor.open, spec)
+
+    async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
+        return await call(self.actor.step.remote(rollout_id, messages))
+
+    async def close(self, rollout_id: str) -> Trace:
+        return decode_trace(await call(self.actor.close.remote(rollout_id)))
+
+    async def abort(self, rollout_id: str) -> None:
+        await call(self.actor.abort.remote(rollout_id))
+
+    async def run(self, spec: RolloutSpec) -> Trace:
+        return decode_trace(await self._ship(self.actor.run, spec))
+
+    async def trace(self, rollout_id: str) -> Trace:
+        return decode_trace(await call(self.actor.trace.remote(rollout_id)))
+
+    async def node_id(self) -> str:
+        return await call(self.actor.node_id.remote())
+
+    async def aclose(self, grace: float = SHUTDOWN_GRACE) -> None:
+        """Abort open rollouts and stop the actor; ``ray.kill`` it after ``grace`` seconds."""
+        await stop_actor(self.actor, grace)

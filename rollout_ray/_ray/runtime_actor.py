@@ -1,0 +1,37 @@
+"""The runtime actor: a ``RuntimeHost`` in its own process, and a handle to use it as a pool."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from .._runtimes.host import RuntimeHost
+from .calls import SHUTDOWN_GRACE, stop_actor
+from .remote_runtime import RemoteRuntime
+
+RuntimeActorClass = ray.remote(num_cpus=0, max_concurrency=1000)(RuntimeHost)
+"""``RuntimeHost`` made remote; a ``RolloutActor`` creates one for the runtimes it owns."""
+
+
+class RuntimeActor:
+    """Handle to a runtime pool: runtimes to *borrow*, alive until the pool stops them."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self._count = 0
+
+    @classmethod
+    def create(cls, *, kind: str = "local", **options: Any) -> RuntimeActor:
+        """A pool of ``kind`` runtimes (``"local"`` or ``"sandbox"``)."""
+        return cls(RuntimeActorClass.options(**options).remote(kind=kind))
+
+    async def runtime(self, name: str | None = None) -> RemoteRuntime:
+        """A new started runtime owned by this pool (not by any rollout)."""
+        self._count += 1
+        runtime = RemoteRuntime(self.actor, name or f"pool-{self._count}-{id(self):x}")
+        await runtime.start()
+        return runtime
+
+    async def aclose(self, grace: float = SHUTDOWN_GRACE) -> None:
+        await stop_actor(self.actor, grace)
