@@ -555,7 +555,7 @@ async def bench_e2e(ns: list[int], concurrency: int, latency: float, actors: int
     import ray
 
     from rollout_ray import LocalExecutor, OpenAIModel
-    from rollout_ray._cli.eval import load_taskset
+    from rollout_ray._cli.taskset import load_taskset
     from rollout_ray._ray.executor import RayExecutor
 
     capacity = math.ceil(concurrency / actors)

@@ -80,7 +80,7 @@ from ._harnesses.program import ProgramHarness as ProgramHarness
 from ._core.toolset import Toolset as Toolset
 from ._core.toolset import tool as tool
 from ._serving.tool_server import ToolServer as ToolServer
-from ._simulated.server import SimulatedModelConfig as SimulatedModelConfig
+from ._simulated.config import SimulatedModelConfig as SimulatedModelConfig
 
 # The driver, Arrow and the env-level finalize
 from ._driver.driver import Driver as Driver

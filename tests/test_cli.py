@@ -101,13 +101,13 @@ def test_trainer_loop_example_consumes_every_group() -> None:
 def test_a_taskset_file_ships_the_plain_modules_beside_it_that_it_imports() -> None:
     """examples/program.py imports calc_tool from its own folder: Ray workers can import
     neither, so both go by value (this once failed `rollout-ray eval examples/program.py`)."""
-    from rollout_ray._cli.eval import _taskset_modules, load_taskset
+    from rollout_ray._cli.taskset import load_taskset, taskset_modules
 
     module = load_taskset("examples/program.py")
-    shipped = _taskset_modules(module)
+    shipped = taskset_modules(module)
     assert shipped[0] is module and "calc_tool" in {m.__name__ for m in shipped}
     assert all(os.path.dirname(m.__file__) == os.path.dirname(module.__file__) for m in shipped)
-    assert [m.__name__ for m in _taskset_modules(sys.modules["calc_tool"])] == ["calc_tool"]  # by name: as is
+    assert [m.__name__ for m in taskset_modules(sys.modules["calc_tool"])] == ["calc_tool"]  # by name: as is
 
 
 def test_runtime_host_and_executors_refuse_an_unknown_runtime_kind() -> None:

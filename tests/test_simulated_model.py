@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_ray._simulated import server as _simulated_model
-from rollout_ray._simulated.server import SimulatedModelConfig, SimulatedModelServer, serve_forever
+from rollout_ray._simulated.config import SimulatedModelConfig
+from rollout_ray._simulated.server import SimulatedModelServer, serve_forever
 from rollout_ray._simulated.policy import cap_completion, evaluate, prompt_tokens, respond
 
 CFG = SimulatedModelConfig()

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from .summary import SPANS, summarize
 
-if TYPE_CHECKING:
-    from .sweep import Point
+from .grid import Point
 
 
 def comparison_row(point: Point, samples: pa.Table, groups: pa.Table, status: str, reason: str,

@@ -1,11 +1,9 @@
-"""``rollout-ray eval`` and ``rollout-ray report``."""
+"""``rollout-ray eval``: one taskset, every task × n samples, into a run directory and a summary."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
-import importlib.util
 import os
 import sys
 import time
@@ -14,15 +12,16 @@ from contextlib import AsyncExitStack
 from types import ModuleType
 from typing import Any
 
-from .._errors import TasksetError
+from .taskset import load_taskset, taskset_modules
 from .._driver.driver import Driver, EvalConfig, Progress, RunResult
 from .._core.executor import Executor
 from .._driver.local_executor import LocalExecutor
 from .._core.harness import Harness
 from .._core.limits import RolloutLimits
 from .._core.model import Model
-from .._simulated.server import SimulatedModelConfig, SimulatedModelServer
-from .summary import format_summary, plot, summarize
+from .._simulated.config import SimulatedModelConfig
+from .._simulated.server import SimulatedModelServer
+from .summary import format_summary, summarize
 from .._core.task import Task
 from .._serving.upstream import OpenAIModel
 
@@ -48,43 +47,6 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacity", type=int, default=64, help="rollouts per actor at once (ray executor)")
     p.add_argument("--sim-ttft", type=float, default=0.05, help="simulated model: seconds to first token")
     p.set_defaults(run=_eval)
-
-
-def add_report_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", help="a run directory written by eval")
-    p.add_argument("--plot", help="PNG path (default: RUN_DIR/report.png)")
-    p.set_defaults(run=_report)
-
-
-def import_taskset(ref: str) -> ModuleType:
-    """Import a taskset from a file path or a module name.
-
-    Raises:
-        TasksetError: no such file, or ``tasks`` / ``harness`` is not a function of it.
-    """
-    if ref.endswith(".py") or os.path.sep in ref:
-        if not os.path.exists(ref):
-            raise TasksetError(f"no such file: {ref}")
-        name = "taskset_" + os.path.splitext(os.path.basename(ref))[0]
-        spec = importlib.util.spec_from_file_location(name, ref)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(ref)
-    for needed in ("tasks", "harness"):
-        if not callable(getattr(module, needed, None)):
-            raise TasksetError(f"{ref} must define {needed}() (see `rollout-ray eval --help`)")
-    return module
-
-
-def load_taskset(ref: str) -> ModuleType:
-    """``import_taskset`` for the command line: a bad reference exits with its message."""
-    try:
-        return import_taskset(ref)
-    except TasksetError as e:
-        raise SystemExit(f"rollout-ray eval: {e}") from None
 
 
 def eval_config(
@@ -151,27 +113,10 @@ def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: i
     """
     if kind == "local":
         return LocalExecutor(runtime=runtime)
-    import ray
-
     from .._ray.executor import RayExecutor
 
-    for shipped in _taskset_modules(module):  # workers cannot import a taskset file
-        ray.cloudpickle.register_pickle_by_value(shipped)
-    return RayExecutor(actors=actors, capacity=capacity, address=address, runtime=runtime)
-
-
-def _taskset_modules(module: ModuleType) -> list[ModuleType]:
-    """The taskset and the plain modules beside it that it imported (``from calc_tool import
-    ...`` in ``examples/program.py``): workers can import none of them, so all go by value."""
-    path = getattr(module, "__file__", None)
-    if path is None or not module.__name__.startswith("taskset_"):  # see load_taskset
-        return [module]  # given as a module name: what it imports, workers import too
-    folder = os.path.dirname(os.path.abspath(path))
-    beside = [m for m in list(sys.modules.values())
-              if m is not module and getattr(m, "__file__", None)
-              and os.path.dirname(os.path.abspath(m.__file__)) == folder  # type: ignore[arg-type]
-              and not m.__file__.endswith("__init__.py")]  # type: ignore[union-attr]
-    return [module, *beside]
+    return RayExecutor(actors=actors, capacity=capacity, address=address, runtime=runtime,
+                       ship_modules=taskset_modules(module))  # workers cannot import a taskset file
 
 
 async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None, api_key_env: str,
@@ -234,19 +179,3 @@ async def _eval_async(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     return asyncio.run(_eval_async(args))
-
-
-def _report(args: argparse.Namespace) -> int:
-    from .._driver.finalize import FinalizeConfig, finalize
-    from .._record.store import read_manifest, read_run
-
-    if not os.path.isdir(args.run_dir):
-        raise SystemExit(f"rollout-ray report: no such run directory: {args.run_dir}")
-    stored = read_run(args.run_dir)
-    if not stored.num_rows:
-        raise SystemExit(f"rollout-ray report: {args.run_dir} holds no rollouts yet")
-    recorded = read_manifest(args.run_dir).config.get("eval", {}).get("finalize")
-    whole = finalize(stored, FinalizeConfig.model_validate(recorded) if recorded else FinalizeConfig())
-    print(format_summary(summarize(whole.samples, whole.groups)))
-    print(f"plot: {plot(whole.samples, args.plot or os.path.join(args.run_dir, 'report.png'))}")
-    return 0

@@ -22,15 +22,12 @@ from pydantic import (
     model_validator,
 )
 
-from .._errors import SweepConfigError
-from .eval import (
-    TasksetError,
-    import_taskset,
-)
+from .._errors import SweepConfigError, TasksetError
+from .taskset import import_taskset
 from .._core.harness import Harness
 from .._core.limits import LIMIT_FIELDS
 from .._core.session import SAMPLING_FIELDS
-from .._simulated.server import SimulatedModelConfig
+from .._simulated.config import SimulatedModelConfig
 from .._core.task import Task
 
 _SIMULATED = frozenset(SimulatedModelConfig.model_fields) - {"model_name"}

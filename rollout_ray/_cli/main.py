@@ -21,7 +21,8 @@ from pydantic import ValidationError
 
 
 def _serve_model(args: argparse.Namespace) -> int:
-    from .._simulated.server import SimulatedModelConfig, serve_forever
+    from .._simulated.config import SimulatedModelConfig
+    from .._simulated.server import serve_forever
 
     try:
         config = SimulatedModelConfig(
@@ -45,7 +46,8 @@ def _serve_model(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rollout-ray", description="RL rollouts on Ray.")
     sub = p.add_subparsers(dest="command", required=True)
-    from .eval import add_eval_arguments, add_report_arguments
+    from .eval import add_eval_arguments
+    from .report import add_report_arguments
 
     add_eval_arguments(sub.add_parser("eval", help="run a taskset and summarise it"))
     add_report_arguments(sub.add_parser("report", help="summarise a run directory and plot it"))

@@ -23,9 +23,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["FinalizeConfig", "Finalized", "Judge", "finalize", "pass_at_k"]
+__all__ = ["FinalizeConfig", "Finalized", "GroupJudge", "finalize", "pass_at_k"]
 
-Judge = Callable[[pa.Table], "Mapping[str, Sequence[float | None]] | None"]
+GroupJudge = Callable[[pa.Table], "Mapping[str, Sequence[float | None]] | None"]
+"""The cross-trace hook over one group's table (``Judge`` is the per-trace grader of a task)."""
 
 _REQUIRED = ("group_id", "ok", "reward")
 _SAMPLE_STATS = (
@@ -91,7 +92,7 @@ _DEFAULT = FinalizeConfig()  # frozen, so one shared default is safe
 
 
 def finalize(
-    table: pa.Table, config: FinalizeConfig = _DEFAULT, judge: Judge | None = None
+    table: pa.Table, config: FinalizeConfig = _DEFAULT, judge: GroupJudge | None = None
 ) -> Finalized:
     """Score every group of ``table`` by ``group_id``. See the module docstring for failures.
 
@@ -238,7 +239,7 @@ def _encode(col: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
 
 
 def _apply_judge(
-    samples: pa.Table, gidx: np.ndarray, group_ids: pa.Array, judge: Judge
+    samples: pa.Table, gidx: np.ndarray, group_ids: pa.Array, judge: GroupJudge
 ) -> pa.Table:
     order = np.argsort(gidx, kind="stable")  # stable: input order within a group
     bounds = np.concatenate([[0], np.cumsum(np.bincount(gidx, minlength=len(group_ids)))])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 import ray
@@ -38,11 +39,14 @@ class RayExecutor(Executor):
             actor's own: those may pin it to a node that is gone, and an actor that cannot be
             placed would hold its rollouts forever. Default: spread.
         runtime: the kind of the runtimes rollouts own, ``"local"`` or ``"sandbox"``.
+        ship_modules: modules the actors cannot import (a taskset loaded from a file and the
+            modules beside it): their classes and functions travel by value.
     """
 
     def __init__(self, *, actors: int = 2, capacity: int = 64, address: str | None = None,
                  actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-                 replacement_options: Mapping[str, Any] | None = None, runtime: str = "local") -> None:
+                 replacement_options: Mapping[str, Any] | None = None, runtime: str = "local",
+                 ship_modules: Sequence[ModuleType] = ()) -> None:
         if actors < 1 or capacity < 1:
             raise ValueError(f"actors and capacity must be >= 1, got {actors} and {capacity}")
         options: list[dict[str, Any]] | None
@@ -62,11 +66,14 @@ class RayExecutor(Executor):
         self._turn = itertools.count()
         self.replaced = 0
         self._started_ray = False
+        self._ship_modules = list(ship_modules)
 
     async def start(self) -> None:
         if not ray.is_initialized():
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
             self._started_ray = True
+        for module in self._ship_modules:
+            ray.cloudpickle.register_pickle_by_value(module)
         self._pool = [self._new_actor(o) for o in self._options or _round_robin(self.actors)]
         self._load = [0] * self.actors
 

@@ -11,10 +11,9 @@ import ast
 import json
 import operator
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .server import SimulatedModelConfig
+from .config import SimulatedModelConfig
 
 UNKNOWN = "I don't know."
 CALCULATOR_HINTS = ("calc", "add", "eval")

@@ -1,0 +1,42 @@
+"""How the simulated model answers: latency, wrong answers, faults, seed."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SimulatedModelConfig(BaseModel):
+    """How the simulated model answers. Fault rates are bands of one uniform draw, in the
+    order 429, 5xx, timeout, malformed, so together they may not exceed 1."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    ttft: float = Field(0.05, ge=0)
+    """Seconds before the first token."""
+    per_token: float = Field(0.0, ge=0)
+    """Seconds per completion token."""
+    error_rate: float = Field(0.0, ge=0, le=1)
+    """Probability that an arithmetic answer is wrong (one too high)."""
+    rate_429: float = Field(0.0, ge=0, le=1)
+    """Probability of a 429 rate-limit error."""
+    rate_5xx: float = Field(0.0, ge=0, le=1)
+    """Probability of a server error (500, 502, 503, rotating over retries)."""
+    rate_timeout: float = Field(0.0, ge=0, le=1)
+    """Probability that the request is held ``timeout_hold`` seconds, then answered 504."""
+    timeout_hold: float = Field(3600.0, ge=0)
+    """Seconds a timed-out request is held (long enough for any client to give up)."""
+    rate_malformed: float = Field(0.0, ge=0, le=1)
+    """Probability of a 200 whose body is truncated: invalid JSON, or an SSE stream cut short."""
+    seed: int = 0
+    """Seed of every fault and error decision."""
+    model_name: str = "simulated"
+    """The model id served and echoed in responses."""
+    max_completion_tokens: int = Field(256, ge=1)
+    """Cap on completion tokens; a capped text answer finishes with ``"length"``."""
+
+    @model_validator(mode="after")
+    def _rates_fit(self) -> SimulatedModelConfig:
+        total = self.rate_429 + self.rate_5xx + self.rate_timeout + self.rate_malformed
+        if total > 1 + 1e-9:
+            raise ValueError(f"fault rates sum to {total}, more than 1")
+        return self
