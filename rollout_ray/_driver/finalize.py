@@ -106,20 +106,23 @@ def finalize(
     failed = _failed(table)
     if config.failed == "drop":
         gidx, _ = _encode(table["group_id"])
-        bad = np.bincount(gidx, weights=failed, minlength=1) > 0
-        keep = ~bad[gidx]
+        keep = ~(np.bincount(gidx, weights=failed, minlength=1) > 0)[gidx]
         table, failed = table.filter(pa.array(keep)), failed[keep]
     gidx, group_ids = _encode(table["group_id"])
-    rows = pa.array(gidx, type=pa.int32())
-
     reward = table["reward"].cast(_F64).combine_chunks()
-    fail_arr = pa.array(failed)
-    if config.failed == "zero":
-        eff = pc.if_else(fail_arr, 0.0, reward)
-    else:
-        eff = pc.if_else(fail_arr, pa.scalar(None, _F64), reward)
-    correct = pc.greater_equal(eff, config.correct_threshold).cast(pa.int32())
+    # The reward each sample enters the statistics with: null when masked out.
+    eff = pc.if_else(pa.array(failed), 0.0 if config.failed == "zero" else pa.scalar(None, _F64), reward)
+    groups = _group_summary(gidx, group_ids, eff, failed, config)
+    samples = _with_group_columns(table, gidx, eff, groups, config)
+    if judge is not None:
+        samples = _apply_judge(samples, gidx, group_ids, judge)
+    return Finalized(samples=samples, groups=groups)
 
+
+def _group_summary(gidx: np.ndarray, group_ids: pa.Array, eff: pa.Array, failed: np.ndarray,
+                   config: FinalizeConfig) -> pa.Table:
+    """One row per group: counts, reward statistics, pass@k."""
+    correct = pc.greater_equal(eff, config.correct_threshold).cast(pa.int32())
     stats = _group_stats(gidx, len(group_ids), eff, correct, failed, config.std_ddof)
     g_min, g_max, g_std = stats["min"], stats["max"], stats["std"]
     flat = pc.equal(g_min, g_max)
@@ -127,10 +130,7 @@ def finalize(
     g_mean = pc.if_else(flat, g_min, stats["mean"])
     g_std = pc.if_else(pc.and_(flat, pc.is_valid(g_std)), 0.0, g_std)
     n_valid = stats["n_valid"]
-    n_correct = pa.array(stats["n_correct"])
-    passes = [pass_at_k(n_valid, stats["n_correct"], k) for k in config.pass_k]
-
-    groups = pa.table(
+    return pa.table(
         {
             "group_id": group_ids,
             "n": pa.array(stats["n"], pa.int32()),
@@ -140,13 +140,18 @@ def finalize(
             "std": g_std,
             "min": g_min,
             "max": g_max,
-            "n_correct": n_correct.cast(pa.int32()),
-            **dict(zip(pass_names, passes)),
+            "n_correct": pa.array(stats["n_correct"]).cast(pa.int32()),
+            **{f"pass_at_{k}": pass_at_k(n_valid, stats["n_correct"], k) for k in config.pass_k},
             "best_reward": g_max,
         }
     )
 
-    r_mean, r_std, r_min, r_max = (col.take(rows) for col in (g_mean, g_std, g_min, g_max))
+
+def _with_group_columns(table: pa.Table, gidx: np.ndarray, eff: pa.Array, groups: pa.Table,
+                        config: FinalizeConfig) -> pa.Table:
+    """``table`` plus each sample's group statistics, advantage, best and pass@k."""
+    rows = pa.array(gidx, type=pa.int32())
+    r_mean, r_std, r_min, r_max = (groups[name].take(rows) for name in ("mean", "std", "min", "max"))
     counted = pc.is_valid(eff)
     advantage = pc.subtract(eff, r_mean)  # null for masked rows, and so is all that follows
     if config.normalize_std:
@@ -165,16 +170,13 @@ def finalize(
         "advantage": advantage,
         "best": pc.equal(eff, r_max),
         **{
-            name: pc.if_else(counted, p.take(rows), pa.scalar(None, _F64))
-            for name, p in zip(pass_names, passes)
+            f"pass_at_{k}": pc.if_else(counted, groups[f"pass_at_{k}"].take(rows), pa.scalar(None, _F64))
+            for k in config.pass_k
         },
     }
-    samples = table
     for name, col in new_cols.items():
-        samples = samples.append_column(name, col)
-    if judge is not None:
-        samples = _apply_judge(samples, gidx, group_ids, judge)
-    return Finalized(samples=samples, groups=groups)
+        table = table.append_column(name, col)
+    return table
 
 
 def _group_stats(gidx: np.ndarray, groups: int, eff: pa.Array, correct: pa.Array, failed: np.ndarray,

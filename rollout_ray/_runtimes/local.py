@@ -192,47 +192,11 @@ class LocalRuntime(Runtime):
         if not argv:
             raise ValueError("exec needs a program to run")
         what = f"program {argv[0]!r}"
-        workdir = self._require_running(what)
         token = uuid.uuid4().hex
-        loop = asyncio.get_running_loop()
-        self._spawned = True  # before the fork: a stop during the spawn must still scan
-        spawn = asyncio.ensure_future(loop.subprocess_exec(
-            lambda: _Capture(max_output),
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self._program_env(env, token),
-            cwd=workdir,
-            start_new_session=True,
-        ))
-        try:
-            transport, proto = await asyncio.shield(spawn)
-        except OSError as e:
-            raise SandboxError(f"cannot start {what} in runtime {self.name!r}: {e}") from e
-        except asyncio.CancelledError:
-            # A cancelled spawn makes asyncio kill only the direct child, then wait forever
-            # on pipes its children hold: finish the spawn, then kill the tree.
-            await asyncio.shield(self._abandon(spawn, token))
-            raise
+        transport, proto = await self._spawn(argv, env, token, max_output, stdin is not None, what)
         self._live[proto] = transport
-        pgid = transport.get_pid()
-        timed_out = False
         try:
-            if stdin is not None:
-                pipe = transport.get_pipe_transport(0)
-                pipe.write(stdin)
-                pipe.close()  # flushes, then signals EOF
-            try:
-                async with asyncio.timeout(timeout):
-                    await proto.settle()
-            except TimeoutError:
-                timed_out = True
-                await asyncio.shield(self._kill_exec(proto, token, pgid))
-            except asyncio.CancelledError:
-                # Shielded: a second cancel must not leave part of the tree alive.
-                await asyncio.shield(self._kill_exec(proto, token, pgid))
-                raise
+            timed_out = await self._wait(transport, proto, token, timeout, stdin)
         finally:
             transport.close()
             del self._live[proto]
@@ -248,6 +212,52 @@ class LocalRuntime(Runtime):
             stderr_truncated=proto.truncated[2],
             timed_out=timed_out,
         )
+
+    async def _spawn(self, argv: list[str], env: Mapping[str, str] | None, token: str, max_output: int,
+                     with_stdin: bool, what: str) -> tuple[asyncio.SubprocessTransport, _Capture]:
+        """Start the program in its own session, its output captured up to ``max_output``."""
+        workdir = self._require_running(what)
+        loop = asyncio.get_running_loop()
+        self._spawned = True  # before the fork: a stop during the spawn must still scan
+        spawn = asyncio.ensure_future(loop.subprocess_exec(
+            lambda: _Capture(max_output),
+            *argv,
+            stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self._program_env(env, token),
+            cwd=workdir,
+            start_new_session=True,
+        ))
+        try:
+            return await asyncio.shield(spawn)
+        except OSError as e:
+            raise SandboxError(f"cannot start {what} in runtime {self.name!r}: {e}") from e
+        except asyncio.CancelledError:
+            # A cancelled spawn makes asyncio kill only the direct child, then wait forever
+            # on pipes its children hold: finish the spawn, then kill the tree.
+            await asyncio.shield(self._abandon(spawn, token))
+            raise
+
+    async def _wait(self, transport: asyncio.SubprocessTransport, proto: _Capture, token: str,
+                    timeout: float | None, stdin: bytes | None) -> bool:
+        """Feed ``stdin``, wait for the program; on timeout or cancellation kill its tree.
+        Returns whether it timed out."""
+        if stdin is not None:
+            pipe = transport.get_pipe_transport(0)
+            pipe.write(stdin)
+            pipe.close()  # flushes, then signals EOF
+        try:
+            async with asyncio.timeout(timeout):
+                await proto.settle()
+        except TimeoutError:
+            await asyncio.shield(self._kill_exec(proto, token, transport.get_pid()))
+            return True
+        except asyncio.CancelledError:
+            # Shielded: a second cancel must not leave part of the tree alive.
+            await asyncio.shield(self._kill_exec(proto, token, transport.get_pid()))
+            raise
+        return False
 
     async def _abandon(self, spawn: asyncio.Future, token: str) -> None:
         try:
