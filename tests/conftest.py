@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import select
+import sys
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
 
-from rollout_ray import Rollout, Task
+from rollout_ray import Rollout, Task, Trace, reward
 from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel, VirtualTimeLoop
 
 T = TypeVar("T")
@@ -18,6 +19,22 @@ T = TypeVar("T")
 
 class EchoTask(Task):
     """A task with no hooks; scored by nothing."""
+
+
+class Echo(Task):
+    """Rewarded when the last reply is "4"."""
+
+    @reward
+    def said_four(self, trace: Trace) -> float:
+        return float(trace.last_reply == "4")
+
+
+def tasks(n: int) -> list[Echo]:
+    return [Echo({"idx": i, "prompt": f"question {i}"}) for i in range(n)]
+
+
+SLEEPER = ["sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 & echo $!"]
+"""Starts a background process that escapes its session, and prints its pid."""
 
 
 def make_rollout(
@@ -71,6 +88,7 @@ def ray_cluster() -> Iterator[Any]:
     """The one local Ray instance of the test session (2 CPUs, no dashboard)."""
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import it
     try:
         yield ray
     finally:
@@ -102,7 +120,6 @@ def wait_exit(pid: int, timeout: float) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The fault-injection suite's table (``tests/test_faults.py``), when it ran."""
-    import sys
 
     rows = getattr(sys.modules.get("test_faults"), "SUMMARY", None)
     if not rows:

@@ -1,4 +1,4 @@
-"""The public surface: every exported name resolves, and the core never imports ray."""
+"""The public surface: every exported name resolves, and importing it never imports ray."""
 
 from __future__ import annotations
 
@@ -23,23 +23,6 @@ def test_importing_the_package_does_not_import_ray() -> None:
     code = "import sys, rollout_ray, rollout_ray.testing; print('ray' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
-
-
-RAY_FOLDER = PACKAGE / "_ray"
-"""The Ray layer; no other module imports ray at module level (a command may, when run)."""
-
-
-def test_lifecycle_core_modules_do_not_mention_ray_imports() -> None:
-    offenders = [
-        p.name
-        for p in PACKAGE.rglob("*.py")
-        if RAY_FOLDER not in p.parents
-        and any(
-            line.startswith(("import ray", "from ray"))
-            for line in p.read_text().splitlines()
-        )
-    ]
-    assert offenders == []
 
 
 def test_example_runs_one_complete_rollout() -> None:

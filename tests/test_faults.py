@@ -31,8 +31,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from conftest import process_alive, wait_exit
-from test_driver import Echo, tasks
-from test_ray_actors import SLEEPER
+from conftest import SLEEPER, Echo, tasks
 
 from rollout_ray import (
     ChatHarness,
@@ -100,7 +99,7 @@ async def until(predicate: Callable[[], bool], timeout: float, what: str) -> Non
 
 def ray_module() -> Any:
     ray = pytest.importorskip("ray")
-    for name in (__name__, "test_driver"):  # workers cannot import test modules
+    for name in (__name__, "conftest"):  # workers cannot import test modules
         ray.cloudpickle.register_pickle_by_value(sys.modules[name])
     return ray
 

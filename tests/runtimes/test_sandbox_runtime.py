@@ -29,7 +29,7 @@ from rollout_ray.testing import Reply, ScriptedModel
 REASON = sandbox_unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no sandbox on this machine: {REASON}")
 
-AGENT = [sys.executable, str(Path(__file__).resolve().parents[1] / "examples" / "agent_program.py")]
+AGENT = [sys.executable, str(Path(__file__).resolve().parents[2] / "examples" / "agent_program.py")]
 
 
 @asynccontextmanager

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from rollout_ray import ChatHarness, ProviderError, Task, Trace, reward
+from conftest import tasks
+from rollout_ray import ChatHarness, ProviderError, Trace
 from rollout_ray._driver.driver import Driver, EvalConfig
 from rollout_ray._core.executor import Executor
 from rollout_ray._driver.local_executor import LocalExecutor
@@ -18,16 +19,6 @@ from rollout_ray._errors import InfrastructureLost
 from rollout_ray._core.executor import RolloutSpec
 from rollout_ray._record.store import read_run
 from rollout_ray.testing import ScriptedModel
-
-
-class Echo(Task):
-    @reward
-    def said_four(self, trace: Trace) -> float:
-        return float(trace.last_reply == "4")
-
-
-def tasks(n: int) -> list[Echo]:
-    return [Echo({"idx": i, "prompt": f"question {i}"}) for i in range(n)]
 
 
 class Flaky(Executor):

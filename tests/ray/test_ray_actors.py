@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from conftest import SLEEPER
 from conftest import process_alive as _alive
 from conftest import wait_exit
 from rollout_ray import Harness, ProgramResult, Runtime, Task, TaskData, Trace, reward
@@ -25,9 +26,6 @@ from rollout_ray.testing import ScriptedModel  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
-
-SLEEPER = ["sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 & echo $!"]
-
 
 def _wait_gone(pid: int, timeout: float) -> None:
     wait_exit(pid, timeout)

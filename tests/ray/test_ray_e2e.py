@@ -40,7 +40,7 @@ from rollout_ray._ray.runtime_actor import RuntimeActor  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
-AGENT = str(pathlib.Path(__file__).parent.parent / "examples" / "agent_program.py")
+AGENT = str(pathlib.Path(__file__).parents[2] / "examples" / "agent_program.py")
 
 
 class Calculator(Toolset):

@@ -22,7 +22,7 @@ from rollout_ray._cli.summary import summarize
 from rollout_ray._cli.grid import SweepGrid, expand, load_sweep
 from rollout_ray._errors import SweepConfigError
 
-ARITH = str(pathlib.Path(__file__).parent.parent / "examples" / "arith.py")
+ARITH = str(pathlib.Path(__file__).parents[2] / "examples" / "arith.py")
 NAMES = [
     "001-model=good-temperature=0.0",
     "002-model=good-temperature=0.7",

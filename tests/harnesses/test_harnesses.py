@@ -35,7 +35,7 @@ from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray import Toolset, ToolServer, tool
 from rollout_ray.testing import Reply, ScriptedModel
 
-AGENT = [sys.executable, str(Path(__file__).resolve().parents[1] / "examples" / "agent_program.py")]
+AGENT = [sys.executable, str(Path(__file__).resolve().parents[2] / "examples" / "agent_program.py")]
 ADD = Reply(tool_calls=[("add", {"a": 1, "b": 2})])
 
 
