@@ -30,8 +30,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from conftest import process_alive, wait_exit
-from conftest import SLEEPER, Echo, tasks
 
 from rollout_ray import (
     ChatHarness,
@@ -46,22 +44,22 @@ from rollout_ray import (
     Trace,
     tool,
 )
-from rollout_ray._record.arrow import table_to_traces
+from rollout_ray._core.executor import Executor, RolloutSpec
 from rollout_ray._driver.driver import Driver, EvalConfig
-from rollout_ray._core.executor import Executor
 from rollout_ray._driver.local_executor import LocalExecutor
-from rollout_ray._errors import InfrastructureLost
-from rollout_ray._runtimes.guardian import pids_with_marker
-from rollout_ray._runtimes.local import RUNTIME_MARKER, LocalRuntime
-from rollout_ray._record.messages import Request, UserMessage
+from rollout_ray._errors import CorruptShard, InfrastructureLost
 from rollout_ray._harnesses.program import ProgramHarness
-from rollout_ray._serving.proxy import HTTPInterception
-from rollout_ray._core.executor import RolloutSpec
-from rollout_ray._runtimes.host import HOST_MARKER
-from rollout_ray._runtimes.sandbox import SandboxRuntime, sandbox_unavailable
+from rollout_ray._record.arrow import table_to_traces
+from rollout_ray._record.messages import Request, UserMessage
 from rollout_ray._record.store import read_manifest, read_run, shard_paths
-from rollout_ray._errors import CorruptShard
+from rollout_ray._runtimes.guardian import pids_with_marker
+from rollout_ray._runtimes.host import HOST_MARKER
+from rollout_ray._runtimes.local import RUNTIME_MARKER, LocalRuntime
+from rollout_ray._runtimes.sandbox import SandboxRuntime, sandbox_unavailable
+from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray.testing import Reply, ScriptedModel
+
+from conftest import SLEEPER, Echo, process_alive, tasks, wait_exit
 
 SUITE_MARKER = "ROLLOUT_RAY_FAULT_SUITE"
 SUITE = os.environ.setdefault(SUITE_MARKER, uuid.uuid4().hex)

@@ -8,9 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from .summary import SPANS, summarize
-
 from .grid import Point
+from .summary import SPANS, summarize
 
 
 def comparison_row(point: Point, samples: pa.Table, groups: pa.Table, status: str, reason: str,

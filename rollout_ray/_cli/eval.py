@@ -12,18 +12,18 @@ from contextlib import AsyncExitStack
 from types import ModuleType
 from typing import Any
 
-from .taskset import load_taskset, taskset_modules
-from .._driver.driver import Driver, EvalConfig, Progress, RunResult
 from .._core.executor import Executor
-from .._driver.local_executor import LocalExecutor
 from .._core.harness import Harness
 from .._core.limits import RolloutLimits
 from .._core.model import Model
+from .._core.task import Task
+from .._driver.driver import Driver, EvalConfig, Progress, RunResult
+from .._driver.local_executor import LocalExecutor
+from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .._simulated.server import SimulatedModelServer
 from .summary import format_summary, summarize
-from .._core.task import Task
-from .._serving.upstream import OpenAIModel
+from .taskset import load_taskset, taskset_modules
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,5 +1,5 @@
 """The sweep's grid file: its schema (pydantic, errors with the key path), its points, and
-their run-directory names. ``_sweep`` runs them.
+their run-directory names. ``sweep`` runs them.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from pydantic import (
     model_validator,
 )
 
-from .._errors import SweepConfigError, TasksetError
-from .taskset import import_taskset
 from .._core.harness import Harness
 from .._core.limits import LIMIT_FIELDS
 from .._core.session import SAMPLING_FIELDS
-from .._simulated.config import SimulatedModelConfig
 from .._core.task import Task
+from .._errors import SweepConfigError, TasksetError
+from .._simulated.config import SimulatedModelConfig
+from .taskset import import_taskset
 
 _SIMULATED = frozenset(SimulatedModelConfig.model_fields) - {"model_name"}
 _FORBID = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)

@@ -35,17 +35,17 @@ import pyarrow as pa
 import pyarrow.csv
 import pyarrow.parquet as pq
 
+from .._core.executor import Executor
 from .._driver.driver import EvalConfig, RunResult, group_id_of
+from .._driver.finalize import finalize
+from .._record.store import done_keys, read_manifest, read_run
+from .comparison import comparison_row, comparison_table, format_comparison, plot_comparison
 from .eval import (
     drive,
     eval_config,
     make_executor,
     open_model,
 )
-from .._core.executor import Executor
-from .._driver.finalize import finalize
-from .._record.store import done_keys, read_manifest, read_run
-from .comparison import comparison_row, comparison_table, format_comparison, plot_comparison
 from .grid import (
     Point,
     Sweep,
@@ -53,6 +53,7 @@ from .grid import (
     SweepConfigError,
     load_sweep,
 )
+
 
 def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.description, p.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter

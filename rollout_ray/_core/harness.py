@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .._errors import HarnessError, SandboxError, boundary
+from .._record.messages import Message
+from .._record.trace import Trace
 from .hooks import discover, requires
 from .interception import ChatClient
-from .._record.messages import Message
 from .runtime import ProgramResult, Runtime
 from .scoring import run_metrics, seed
 from .task import TaskData
-from .._record.trace import Trace
 
 log = logging.getLogger("rollout_ray")
 

@@ -22,17 +22,17 @@ from contextlib import AsyncExitStack, suppress
 from typing import Any
 
 from .._errors import HarnessError, RolloutError, TaskError, ToolsetError, boundary
+from .._record.messages import Message, Request
+from .._record.trace import AgentInfo, Timing, Trace
 from .harness import Harness, HarnessContext, HarnessSession
 from .hooks import classify
 from .interception import Interception, LocalInterception
 from .limits import RolloutLimits, RolloutTimeouts
-from .._record.messages import Message, Request
 from .model import Model
+from .phases import Segment, finalize_and_score, harness_data, run_setup
 from .runtime import Runtime
 from .session import RolloutSession
-from .phases import Segment, finalize_and_score, harness_data, run_setup
 from .task import Task
-from .._record.trace import AgentInfo, Timing, Trace
 
 log = logging.getLogger("rollout_ray")
 

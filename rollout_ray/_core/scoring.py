@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._record.trace import Trace
 from .aio import gather_all
 from .hooks import Hook, call_by_name
-from .._record.trace import Trace
 
 
 def seed(trace: Trace, *, metrics: Sequence[str] = (), rewards: Sequence[str] = ()) -> None:

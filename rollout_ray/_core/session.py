@@ -33,8 +33,6 @@ from .._errors import (
     UpstreamError,
 )
 from .._record.graph import ConversationGraph
-from .hooks import Hook, call_by_type, resolve
-from .limits import RolloutLimits
 from .._record.messages import (
     AssistantMessage,
     Message,
@@ -44,8 +42,10 @@ from .._record.messages import (
     UserMessage,
     message_hash,
 )
-from .model import Model
 from .._record.trace import Error, InterceptRecord, ModelCall, TimeSpan, Trace
+from .hooks import Hook, call_by_type, resolve
+from .limits import RolloutLimits
+from .model import Model
 
 SAMPLING_FIELDS = frozenset({
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed",

@@ -17,10 +17,10 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from .._errors import TaskError, boundary
+from .._record.trace import Trace, TraceTask
 from .hooks import Hook, HookKind, discover, requires, sort_hooks
 from .limits import RolloutTimeouts
 from .scoring import run_metrics, run_rewards, seed
-from .._record.trace import Trace, TraceTask
 
 log = logging.getLogger("rollout_ray")
 

@@ -2,7 +2,7 @@
 
 ``@tool`` methods of a ``Toolset`` become functions with a JSON schema built from their type
 hints; a parameter named ``runtime`` is hidden from the model and gets the rollout's Runtime.
-The ``ToolServer`` (``_tool_server``) serves them over HTTP.
+The ``ToolServer`` (``_serving/tool_server``) serves them over HTTP.
 """
 
 
@@ -21,8 +21,7 @@ import msgspec
 import pydantic
 import pydantic_core
 
-from .._errors import ToolInputError
-from .._errors import ToolsetError
+from .._errors import ToolInputError, ToolsetError
 from .._record.messages import Tool
 from .runtime import Runtime
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from concurrent.futures import ThreadPoolExecutor
 import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -30,17 +30,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
-from .._record.arrow import RolloutRecord, records_to_table, table_to_records
-from .._core.executor import Executor
-from .._errors import InfrastructureLost, ProviderError, error_class
-from .finalize import FinalizeConfig, finalize
+from .._core.executor import Executor, RolloutSpec
 from .._core.harness import Harness
 from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
-from .._core.executor import RolloutSpec
-from .._record.store import Manifest, ShardWriter, done_keys, read_manifest, read_run, write_manifest
 from .._core.task import Task
+from .._errors import InfrastructureLost, ProviderError, error_class
+from .._record.arrow import RolloutRecord, records_to_table, table_to_records
+from .._record.store import Manifest, ShardWriter, done_keys, read_manifest, read_run, write_manifest
 from .._record.trace import AgentInfo, Timing, Trace
+from .finalize import FinalizeConfig, finalize
 
 
 class EvalConfig(BaseModel):

@@ -19,10 +19,10 @@ import aiohttp
 import msgspec
 
 from .._core.harness import Harness, HarnessContext
+from .._core.runtime import ProgramResult
+from .._errors import WireError
 from .._record.messages import Message
 from .._record.wire import StreamAssembler, wire_message
-from .._errors import WireError
-from .._core.runtime import ProgramResult
 
 _STOPPED = "rollout stopped:"
 

@@ -4,7 +4,7 @@ The program finds everything in its environment:
 
 * ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``: the rollout's model endpoint (ends in ``/v1``)
   and bearer, so any OpenAI SDK works unchanged;
-* ``ROLLOUT_RAY_TOOLS``: JSON ``{server name: url}`` of the tool servers (see ``_tools``);
+* ``ROLLOUT_RAY_TOOLS``: JSON ``{server name: url}`` of the tool servers (see ``_serving/tool_server``);
 * ``ROLLOUT_RAY_INPUT``: path, relative to the program's working directory (the runtime's
   work dir), of a JSON file ``{"messages": [OpenAI chat messages]}``: on launch the system
   prompt and the prompt, on resume the conversation so far plus the new user messages.
@@ -21,12 +21,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .chat import opening_messages, resumed_messages
-from .._errors import HarnessError
 from .._core.harness import OUTPUT_TAIL, Harness, HarnessContext
-from .._record.messages import Message
 from .._core.runtime import ProgramResult, Runtime
+from .._errors import HarnessError
+from .._record.messages import Message
 from .._record.trace import Trace
+from .chat import opening_messages, resumed_messages
 
 INPUT_DIR = ".rollout_ray"
 """Directory of the work dir holding per-rollout input files (removed by ``cleanup``)."""

@@ -1,7 +1,7 @@
 """Coalescer: many small calls to one remote service, sent as few batched calls.
 
 A rollout actor hosting a hundred rollouts registers and unregisters each one with its
-node's interception actor. Each actor call has a fixed CPU cost on both sides, and the
+node's services actor. Each actor call has a fixed CPU cost on both sides, and the
 calls come in bursts (rollouts start and end together), so sending them one by one spends
 the node's cores on call overhead just when they are scarce. A ``Coalescer`` keeps at most
 one batch in flight: a call made while the service is idle leaves at once (in a batch of

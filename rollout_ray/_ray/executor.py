@@ -8,16 +8,15 @@ from types import ModuleType
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray.exceptions import RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .._core.executor import Executor, RolloutSpec
+from .._errors import InfrastructureLost
+from .._record.trace import Trace
 from .calls import SHUTDOWN_GRACE
 from .node_service_actor import forget_dead_actor
 from .rollout_actor import RolloutActor
-from .._core.executor import Executor
-from .._errors import InfrastructureLost
-from .._core.executor import RolloutSpec
-from .._record.trace import Trace
 
 _SPREAD = {"scheduling_strategy": "SPREAD"}
 
@@ -108,7 +107,7 @@ class RayExecutor(Executor):
             if actor is not None:
                 await actor.aclose(SHUTDOWN_GRACE)
         self._pool = []
-        # The node's interception and tool actors are shared with every other driver on the
+        # The node's services actors are shared with every other driver on the
         # cluster, so they stay; a Ray started here goes, and takes them with it.
         if self._started_ray:
             ray.shutdown()

@@ -8,9 +8,8 @@ from typing import Any
 
 from ray.exceptions import RayActorError
 
-from .._errors import SandboxError
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
-from .._errors import RuntimeStopped
+from .._errors import RuntimeStopped, SandboxError
 from .._runtimes.sandbox import SandboxRuntime, sandbox_url
 from .calls import call
 

@@ -8,7 +8,7 @@ such as the harness and the model) replaced by a content key; the body of a key 
 the first message that needs it, and the receiver's ``Depot`` keeps what it was sent.
 
 Keys are content hashes, so they mean the same thing in every process and a receiver shared
-by many senders (a node's interception actor) pools equal objects. A receiver that lacks a key
+by many senders (a node's services actor) pools equal objects. A receiver that lacks a key
 (it was replaced, or a later message overtook the first) raises ``MissingShipment``, and
 ``deliver`` sends again with every body attached.
 """

@@ -19,8 +19,8 @@ import msgspec
 import pyarrow as pa
 
 from .._errors import SchemaMismatch
-from .wire import wire_message
 from .trace import Trace
+from .wire import wire_message
 
 # WARNING: the schema evolves by appending columns at the end of TRACE_SCHEMA, never by
 # retyping, renaming or reordering one. Bump only for an incompatible change: a reader refuses

@@ -19,12 +19,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import RuntimeStopped
+from .._record.trace import RuntimeInfo
 from .guardian import HOST_MARKER
 from .local import LocalRuntime
-from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .sandbox import SandboxRuntime
-from .._record.trace import RuntimeInfo
 
 _GUARDIAN = os.path.join(os.path.dirname(__file__), "guardian.py")
 

@@ -25,9 +25,9 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 
+from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import SandboxError
 from .guardian import pids_with_marker
-from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 
 RUNTIME_MARKER = "ROLLOUT_RAY_RUNTIME"
 EXEC_MARKER = "ROLLOUT_RAY_EXEC"

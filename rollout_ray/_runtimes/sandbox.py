@@ -35,10 +35,10 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from .cgroup import JOIN_CGROUPS, Cgroups, cgroup_parent
-from .._errors import SandboxError
-from .local import KILL_BUDGET, LocalRuntime, _remove_tree
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult
+from .._errors import SandboxError
+from .cgroup import JOIN_CGROUPS, Cgroups, cgroup_parent
+from .local import KILL_BUDGET, LocalRuntime, _remove_tree
 
 FORWARDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forwarder.py")
 NET_DIR = "/run/rollout-ray-net"

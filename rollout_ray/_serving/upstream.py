@@ -24,11 +24,10 @@ from typing import Any
 
 import aiohttp
 
-from .._errors import OverlongPromptError, ProviderError
-from .._record.messages import Request, Response
 from .._core.model import Model
+from .._errors import OverlongPromptError, ProviderError, WireError
+from .._record.messages import Request, Response
 from .._record.wire import StreamAssembler, encode_request, parse_response
-from .._errors import WireError
 
 _CONTEXT_PHRASES = (
     "context length",

@@ -6,12 +6,12 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from .._errors import ProviderError, Refusal
-from .._core.harness import Harness, HarnessContext
-from .._record.messages import Message, Request, SystemMessage, Tool, ToolMessage, UserMessage
-from .._core.runtime import ProgramResult
-
 import msgspec
+
+from .._core.harness import Harness, HarnessContext
+from .._core.runtime import ProgramResult
+from .._errors import ProviderError, Refusal
+from .._record.messages import Message, Request, SystemMessage, Tool, ToolMessage, UserMessage
 
 
 class ScriptedHarness(Harness):

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
-from .._record.messages import AssistantMessage, Request, Response, ToolCall, Usage, text_of
 from .._core.model import Model
+from .._record.messages import AssistantMessage, Request, Response, ToolCall, Usage, text_of
 
 
 @dataclass(frozen=True)

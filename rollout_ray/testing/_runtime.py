@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from .._errors import SandboxError
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
+from .._errors import SandboxError
 
 Program = Callable[[Sequence[str]], ProgramResult]
 

@@ -15,12 +15,12 @@ import pytest
 
 from rollout_ray._cli import main as cli
 from rollout_ray._cli.eval import make_executor
-from rollout_ray._driver.finalize import FinalizeConfig, finalize
-from rollout_ray._core.limits import LIMIT_FIELDS
-from rollout_ray._record.store import read_manifest, read_run
-from rollout_ray._cli.summary import summarize
 from rollout_ray._cli.grid import SweepGrid, expand, load_sweep
+from rollout_ray._cli.summary import summarize
+from rollout_ray._core.limits import LIMIT_FIELDS
+from rollout_ray._driver.finalize import FinalizeConfig, finalize
 from rollout_ray._errors import SweepConfigError
+from rollout_ray._record.store import read_manifest, read_run
 
 ARITH = str(pathlib.Path(__file__).parents[2] / "examples" / "arith.py")
 NAMES = [

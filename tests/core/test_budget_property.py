@@ -9,8 +9,17 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from rollout_ray import (
-    HarnessError, Request, Reward, Rollout, RolloutLimits, RolloutTimeouts, Task, Trace, Usage,
-    UserMessage, reward,
+    HarnessError,
+    Request,
+    Reward,
+    Rollout,
+    RolloutLimits,
+    RolloutTimeouts,
+    Task,
+    Trace,
+    Usage,
+    UserMessage,
+    reward,
 )
 from rollout_ray._core.limits import LIMIT_FIELDS
 from rollout_ray.testing import MemoryRuntime, Reply, ScriptedHarness, ScriptedModel, run_virtual

@@ -10,8 +10,20 @@ import re
 
 import pytest
 
-from rollout_ray import Request, Response, Rollout, Task, TaskConfig, Trace, TraceTask, UserMessage
-from rollout_ray import intercept, metric, reward, stop
+from rollout_ray import (
+    Request,
+    Response,
+    Rollout,
+    Task,
+    TaskConfig,
+    Trace,
+    TraceTask,
+    UserMessage,
+    intercept,
+    metric,
+    reward,
+    stop,
+)
 from rollout_ray._core.hooks import boundary_of, call_by_type, discover
 from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel
 

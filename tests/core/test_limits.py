@@ -8,8 +8,22 @@ from types import SimpleNamespace
 import pytest
 
 from rollout_ray import (
-    MessageNode, ModelCall, Request, Reward, Rollout, RolloutLimits, RolloutTimeouts, Task,
-    TaskData, Trace, TraceTask, Usage, UserMessage, AssistantMessage, metric, reward,
+    AssistantMessage,
+    MessageNode,
+    ModelCall,
+    Request,
+    Reward,
+    Rollout,
+    RolloutLimits,
+    RolloutTimeouts,
+    Task,
+    TaskData,
+    Trace,
+    TraceTask,
+    Usage,
+    UserMessage,
+    metric,
+    reward,
 )
 from rollout_ray._core.limits import LIMIT_FIELDS
 from rollout_ray._record.trace import TraceCounts

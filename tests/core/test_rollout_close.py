@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from conftest import EchoTask, make_rollout, run
 from rollout_ray import (
     Harness,
     HarnessContext,
@@ -24,6 +23,8 @@ from rollout_ray import (
     reward,
 )
 from rollout_ray.testing import MemoryRuntime, Reply, ScriptedHarness, ScriptedModel
+
+from conftest import EchoTask, make_rollout, run
 
 
 class Scored(EchoTask):

@@ -10,7 +10,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from conftest import EchoTask, make_rollout, run
 from rollout_ray import (
     HarnessError,
     LocalInterception,
@@ -24,6 +23,8 @@ from rollout_ray import (
     reward,
 )
 from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel
+
+from conftest import EchoTask, make_rollout, run
 
 
 def test_b1_trace_minted_at_construction_and_shown_to_on_trace() -> None:

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from conftest import EchoTask, make_rollout, run
 from rollout_ray import (
     HarnessContext,
     HarnessSession,
@@ -20,6 +19,8 @@ from rollout_ray import (
     intercept,
 )
 from rollout_ray.testing import MemoryRuntime, Reply, ScriptedHarness, ScriptedModel
+
+from conftest import EchoTask, make_rollout, run
 
 PROMPTLESS = {"prompt": None}
 

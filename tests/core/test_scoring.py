@@ -9,8 +9,20 @@ import re
 import pytest
 
 from rollout_ray import (
-    HarnessError, Judge, PluggedReward, Reward, Rollout, Task, TaskConfig, TaskData,
-    TaskError, Trace, TraceTask, metric, reward, stop,
+    HarnessError,
+    Judge,
+    PluggedReward,
+    Reward,
+    Rollout,
+    Task,
+    TaskConfig,
+    TaskData,
+    TaskError,
+    Trace,
+    TraceTask,
+    metric,
+    reward,
+    stop,
 )
 from rollout_ray.testing import MemoryRuntime, Reply, ScriptedHarness, ScriptedModel, run_virtual
 

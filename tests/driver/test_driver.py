@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from conftest import tasks
 from rollout_ray import ChatHarness, ProviderError, Trace
+from rollout_ray._core.executor import Executor, RolloutSpec
 from rollout_ray._driver.driver import Driver, EvalConfig
-from rollout_ray._core.executor import Executor
 from rollout_ray._driver.local_executor import LocalExecutor
 from rollout_ray._errors import InfrastructureLost
-from rollout_ray._core.executor import RolloutSpec
 from rollout_ray._record.store import read_run
 from rollout_ray.testing import ScriptedModel
+
+from conftest import tasks
 
 
 class Flaky(Executor):
@@ -188,8 +188,8 @@ def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any,
     import os
 
     from rollout_ray._ray.calls import NAMESPACE
-    from rollout_ray._ray.node_service_actor import SERVICES_PREFIX
     from rollout_ray._ray.executor import RayExecutor
+    from rollout_ray._ray.node_service_actor import SERVICES_PREFIX
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     fifo, marker = str(tmp_path / "started"), str(tmp_path / "marker")

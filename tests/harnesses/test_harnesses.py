@@ -24,15 +24,17 @@ from rollout_ray import (
     Task,
     ToolCall,
     ToolMessage,
+    ToolServer,
+    Toolset,
     Trace,
     TraceTask,
     UserMessage,
     reward,
+    tool,
 )
 from rollout_ray._harnesses.chat import ChatHarness
 from rollout_ray._harnesses.program import ProgramHarness
 from rollout_ray._serving.proxy import HTTPInterception
-from rollout_ray import Toolset, ToolServer, tool
 from rollout_ray.testing import Reply, ScriptedModel
 
 AGENT = [sys.executable, str(Path(__file__).resolve().parents[2] / "examples" / "agent_program.py")]

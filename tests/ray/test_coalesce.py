@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from conftest import run
 from rollout_ray._ray.coalesce import Coalescer
+
+from conftest import run
 
 
 class Service:

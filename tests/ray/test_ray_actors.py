@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from conftest import SLEEPER
-from conftest import process_alive as _alive
-from conftest import wait_exit
 from rollout_ray import Harness, ProgramResult, Runtime, Task, TaskData, Trace, reward
+
+from conftest import SLEEPER, wait_exit
+from conftest import process_alive as _alive
 
 ray = pytest.importorskip("ray")
 
+from rollout_ray._core.executor import RolloutSpec  # noqa: E402
 from rollout_ray._ray.node_service_actor import forget_dead_actor
 from rollout_ray._ray.rollout_actor import RolloutActor
 from rollout_ray._ray.runtime_actor import RuntimeActor  # noqa: E402
-from rollout_ray._core.executor import RolloutSpec  # noqa: E402
 from rollout_ray.testing import ScriptedModel  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-
-from rollout_ray._record.wire import parse_request
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -49,6 +47,7 @@ from rollout_ray._record.arrow import (
     table_to_traces,
 )
 from rollout_ray._record.messages import ImageURL
+from rollout_ray._record.wire import parse_request
 
 
 def full_trace() -> Trace:

@@ -9,10 +9,11 @@ import time
 
 import pytest
 
-from conftest import process_alive as alive
 from rollout_ray._errors import SandboxError
 from rollout_ray._runtimes.guardian import pids_with_marker
 from rollout_ray._runtimes.local import EXEC_MARKER, RUNTIME_MARKER, LocalRuntime
+
+from conftest import process_alive as alive
 
 
 def pids_in(text: str) -> list[int]:

@@ -12,10 +12,11 @@ import textwrap
 
 import pytest
 
+from rollout_ray._errors import RuntimeStopped
+from rollout_ray._runtimes.host import RuntimeHost
+
 from conftest import process_alive as _alive
 from conftest import wait_exit as _wait_exit
-from rollout_ray._runtimes.host import RuntimeHost
-from rollout_ray._errors import RuntimeStopped
 
 
 def test_runtimes_are_created_started_used_and_stopped_by_name() -> None:

@@ -14,17 +14,27 @@ from typing import Any
 
 import pytest
 
-from conftest import process_alive, wait_exit
 from rollout_ray import (
-    Reward, Rollout, RolloutSpec, SandboxRuntime, Task, Toolset, ToolServer, Trace, reward, tool,
+    Reward,
+    Rollout,
+    RolloutSpec,
+    SandboxRuntime,
+    Task,
+    ToolServer,
+    Toolset,
+    Trace,
+    reward,
+    tool,
 )
 from rollout_ray._errors import SandboxError
+from rollout_ray._harnesses.program import ProgramHarness
 from rollout_ray._runtimes.guardian import pids_with_marker
 from rollout_ray._runtimes.local import RUNTIME_MARKER
-from rollout_ray._harnesses.program import ProgramHarness
-from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray._runtimes.sandbox import sandbox_unavailable
+from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray.testing import Reply, ScriptedModel
+
+from conftest import process_alive, wait_exit
 
 REASON = sandbox_unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no sandbox on this machine: {REASON}")

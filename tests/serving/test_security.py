@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from yarl import URL
 
 from rollout_ray import RolloutSession, ToolCallRecord, Trace, TraceTask
+from rollout_ray._core.toolset import Toolset, tool
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray._serving.tool_server import ToolServer
-from rollout_ray._core.toolset import Toolset, tool
 from rollout_ray.testing import ScriptedModel
 
 pytestmark = pytest.mark.security

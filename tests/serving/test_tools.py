@@ -10,11 +10,10 @@ import aiohttp
 import msgspec
 import pytest
 
-from rollout_ray import Runtime, Tool, ToolsetError
-from rollout_ray import ToolCallRecord
-from rollout_ray._serving.tool_server import ToolServer
+from rollout_ray import Runtime, Tool, ToolCallRecord, ToolsetError
 from rollout_ray._core.toolset import Toolset, tool
 from rollout_ray._errors import ToolInputError
+from rollout_ray._serving.tool_server import ToolServer
 
 
 class MathTools(Toolset):
