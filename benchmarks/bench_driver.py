@@ -54,8 +54,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import msgspec
 import pyarrow as pa
-
 from _proc import PAGE, TICK, stat_fields  # benchmarks/ is the script's directory
+
 from rollout_ray._record.arrow import (
     SCALAR_COLUMNS,
     RolloutRecord,
@@ -366,9 +366,8 @@ def synthetic_records(n: int) -> list[RolloutRecord]:
     return out
 
 
-def bench_arrow(n: int, batch: int = 1000, rows_per_shard: int = 10_000) -> None:
-    print(f"\n## 1. Arrow + Parquet: {n:,} traces, records_to_table in batches of {batch:,}, "
-          f"ShardWriter rows_per_shard={rows_per_shard:,}\n")
+def make_records(n: int) -> list[RolloutRecord]:
+    """``n`` synthetic records, with a line describing their template and what making them cost."""
     gc.collect()
     rss0 = status_kib("VmRSS") * 1024
     t0 = time.perf_counter()
@@ -380,67 +379,89 @@ def bench_arrow(n: int, batch: int = 1000, rows_per_shard: int = 10_000) -> None
           f"{len(tpl.tool_calls)} tool call, {len(tpl.rewards)} rewards, {len(tpl.metrics)} metrics, "
           f"{trace_bytes:,} bytes as msgpack; {n:,} copies made in {gen_s:.2f} s "
           f"(RSS {rss0 / MiB:.0f} -> {status_kib('VmRSS') / 1024:.0f} MiB)\n")
+    return records
 
-    run_dir = tempfile.mkdtemp(prefix="bench_driver_arrow_")
-    rows: list[list[Any]] = []
-    try:
-        gc.collect()
-        base = status_kib("VmRSS") * 1024
-        hwm_ok = reset_peak_rss()
-        convert_s = write_s = 0.0
-        arrow_bytes = 0
-        with RssSampler(0.05) as sampler:
-            writer = ShardWriter(run_dir, rows_per_shard=rows_per_shard)
-            for start in range(0, n, batch):
-                t0 = time.perf_counter()
-                tbl = records_to_table(records[start : start + batch])
-                t1 = time.perf_counter()
-                writer.write(tbl)
-                t2 = time.perf_counter()
-                convert_s += t1 - t0
-                write_s += t2 - t1
-                arrow_bytes += tbl.nbytes
-                del tbl
+
+def convert_and_write(records: list[RolloutRecord], run_dir: str, batch: int,
+                      rows_per_shard: int) -> tuple[list[list[Any]], int, bool]:
+    """Convert and write ``records`` in batches, timed: the table rows, RSS at the start, whether VmHWM was reset."""
+    n = len(records)
+    gc.collect()
+    base = status_kib("VmRSS") * 1024
+    hwm_ok = reset_peak_rss()
+    convert_s = write_s = 0.0
+    arrow_bytes = 0
+    with RssSampler(0.05) as sampler:
+        writer = ShardWriter(run_dir, rows_per_shard=rows_per_shard)
+        for start in range(0, n, batch):
             t0 = time.perf_counter()
-            writer.close()
-            write_s += time.perf_counter() - t0
-        peak = status_kib("VmHWM") * 1024 if hwm_ok else sampler.peak
-        stats = writer.statistics()
-        disk = sum(p.stat().st_size for p in shard_paths(run_dir))
-        assert stats.rows == n, stats
-        step_mem = f"{peak / MiB:.0f} (+{(peak - base) / MiB:.0f})"
-        rows.append(["records_to_table (batches of 1,000)", f"{convert_s:.2f}", f"{n / convert_s:,.0f}",
-                     f"{arrow_bytes / MiB:.0f} MiB Arrow", ""])
-        rows.append([f"ShardWriter.write+close ({stats.shards} shards, fsync)", f"{write_s:.2f}",
-                     f"{n / write_s:,.0f}", f"{disk / MiB:.1f} MiB on disk", ""])
-        rows.append(["convert + write", f"{convert_s + write_s:.2f}", f"{n / (convert_s + write_s):,.0f}",
-                     f"{disk / n:,.0f} B/trace on disk", step_mem])
+            tbl = records_to_table(records[start : start + batch])
+            t1 = time.perf_counter()
+            writer.write(tbl)
+            t2 = time.perf_counter()
+            convert_s += t1 - t0
+            write_s += t2 - t1
+            arrow_bytes += tbl.nbytes
+            del tbl
+        t0 = time.perf_counter()
+        writer.close()
+        write_s += time.perf_counter() - t0
+    peak = status_kib("VmHWM") * 1024 if hwm_ok else sampler.peak
+    stats = writer.statistics()
+    disk = sum(p.stat().st_size for p in shard_paths(run_dir))
+    assert stats.rows == n, stats
+    step_mem = f"{peak / MiB:.0f} (+{(peak - base) / MiB:.0f})"
+    rows = [
+        ["records_to_table (batches of 1,000)", f"{convert_s:.2f}", f"{n / convert_s:,.0f}",
+         f"{arrow_bytes / MiB:.0f} MiB Arrow", ""],
+        [f"ShardWriter.write+close ({stats.shards} shards, fsync)", f"{write_s:.2f}",
+         f"{n / write_s:,.0f}", f"{disk / MiB:.1f} MiB on disk", ""],
+        ["convert + write", f"{convert_s + write_s:.2f}", f"{n / (convert_s + write_s):,.0f}",
+         f"{disk / n:,.0f} B/trace on disk", step_mem],
+    ]
+    return rows, base, hwm_ok
+
+
+def read_back(run_dir: str, n: int) -> list[list[Any]]:
+    """Read the run back (scalar columns, then all) and decode its traces, timing each step."""
+    rows: list[list[Any]] = []
+    t0 = time.perf_counter()
+    scalars = read_run(run_dir, columns=SCALAR_COLUMNS)
+    s = time.perf_counter() - t0
+    assert scalars.num_rows == n
+    rows.append([f"read_run scalar columns ({len(SCALAR_COLUMNS)})", f"{s:.2f}", f"{n / s:,.0f}",
+                 f"{scalars.nbytes / MiB:.0f} MiB Arrow", ""])
+    del scalars
+    t0 = time.perf_counter()
+    whole = read_run(run_dir)
+    s = time.perf_counter() - t0
+    rows.append([f"read_run all columns ({whole.num_columns})", f"{s:.2f}", f"{n / s:,.0f}",
+                 f"{whole.nbytes / MiB:.0f} MiB Arrow", ""])
+    t0 = time.perf_counter()
+    traces = table_to_traces(whole)
+    s = time.perf_counter() - t0
+    assert len(traces) == n and traces[0].num_turns == 2
+    rows.append(["table_to_traces (decode the trace column)", f"{s:.2f}", f"{n / s:,.0f}", "", ""])
+    del traces, whole
+    return rows
+
+
+def bench_arrow(n: int, batch: int = 1000, rows_per_shard: int = 10_000) -> None:
+    print(f"\n## 1. Arrow + Parquet: {n:,} traces, records_to_table in batches of {batch:,}, "
+          f"ShardWriter rows_per_shard={rows_per_shard:,}\n")
+    records = make_records(n)
+    run_dir = tempfile.mkdtemp(prefix="bench_driver_arrow_")
+    try:
+        rows, base, hwm_ok = convert_and_write(records, run_dir, batch, rows_per_shard)
         del records
         gc.collect()
-
-        t0 = time.perf_counter()
-        scalars = read_run(run_dir, columns=SCALAR_COLUMNS)
-        s = time.perf_counter() - t0
-        assert scalars.num_rows == n
-        rows.append([f"read_run scalar columns ({len(SCALAR_COLUMNS)})", f"{s:.2f}", f"{n / s:,.0f}",
-                     f"{scalars.nbytes / MiB:.0f} MiB Arrow", ""])
-        del scalars
-        t0 = time.perf_counter()
-        whole = read_run(run_dir)
-        s = time.perf_counter() - t0
-        rows.append([f"read_run all columns ({whole.num_columns})", f"{s:.2f}", f"{n / s:,.0f}",
-                     f"{whole.nbytes / MiB:.0f} MiB Arrow", ""])
-        t0 = time.perf_counter()
-        traces = table_to_traces(whole)
-        s = time.perf_counter() - t0
-        assert len(traces) == n and traces[0].num_turns == 2
-        rows.append(["table_to_traces (decode the trace column)", f"{s:.2f}", f"{n / s:,.0f}", "", ""])
-        del traces, whole
+        rows += read_back(run_dir, n)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     print(table(["step", "seconds", "traces/s", "size", "peak RSS MiB (+ over start)"], rows))
     print(f"\npeak RSS = this process's VmHWM during conversion + write ({'reset just before it' if hwm_ok else 'sampled every 50 ms'}); "
           f"at its start the process held {base / MiB:.0f} MiB, the {n:,} synthetic records included.")
+
 
 
 # -- 2. End to end ----------------------------------------------------------------------------
@@ -550,18 +571,21 @@ async def measure(label: str, executor: Any, module: Any, model: Any, n: int, co
     return row
 
 
-async def bench_e2e(ns: list[int], concurrency: int, latency: float, actors: int, skip_local: bool,
-                    by_reference: bool) -> None:
+def stop_model(proc: subprocess.Popen[str]) -> None:
+    """End the simulated model's process: SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def load_arith(by_reference: bool) -> Any:
+    """examples/arith.py, importable by Ray's workers (``by_reference``) or registered to pickle by value."""
     import ray
 
-    from rollout_ray import LocalExecutor, OpenAIModel
     from rollout_ray._cli.taskset import load_taskset
-    from rollout_ray._ray.executor import RayExecutor
 
-    capacity = math.ceil(concurrency / actors)
-    print(f"\n## 2. End to end: examples/arith.py tasks x {SAMPLES_PER_TASK} samples, simulated model "
-          f"ttft={latency:g} s, max_in_flight C={concurrency}, RayExecutor(actors={actors}, "
-          f"capacity={capacity})\n")
     if by_reference:
         # The taskset importable everywhere (as an installed package would be): its classes are
         # pickled by reference. Ray's processes inherit PYTHONPATH from this one.
@@ -569,55 +593,64 @@ async def bench_e2e(ns: list[int], concurrency: int, latency: float, actors: int
         sys.path.insert(0, str(ARITH.parent))
         import importlib
 
-        module = importlib.import_module(ARITH.stem)
-    else:
-        module = load_taskset(str(ARITH))
-        ray.cloudpickle.register_pickle_by_value(module)  # as rollout-ray eval does
-    ray_label = "ray (by ref)" if by_reference else "ray"
-    proc, url = start_model(latency)
+        return importlib.import_module(ARITH.stem)
+    module = load_taskset(str(ARITH))
+    ray.cloudpickle.register_pickle_by_value(module)  # as rollout-ray eval does
+    return module
+
+
+async def run_ray_rows(label: str, ns: list[int], concurrency: int, latency: float, actors: int, capacity: int,
+                       module: Any, model: Any) -> tuple[list[Row], list[list[Any]]]:
+    """Start Ray and one RayExecutor, warm it up, run a row per N, stop both: the rows and the startup times."""
+    import ray
+
+    from rollout_ray._ray.executor import RayExecutor
+
     rows: list[Row] = []
     startup: list[list[Any]] = []
+    # Ray started here (so its processes are our descendants), executor made once.
+    t0 = time.perf_counter()
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    startup.append(["ray.init (local cluster)", f"{time.perf_counter() - t0:.2f}"])
+    executor = RayExecutor(actors=actors, capacity=capacity)
+    t0 = time.perf_counter()
+    await executor.start()
+    warm = await measure("ray warm-up", executor, module, model, concurrency, concurrency, latency, 0.0)
+    startup.append([f"RayExecutor.start + warm-up run of {concurrency} rollouts (actors created)",
+                    f"{time.perf_counter() - t0:.2f}"])
+    if warm.failed:
+        print(f"  !! warm-up: {warm.failed} failed", file=sys.stderr)
+    pids = await asyncio.gather(*(a.actor.pid.remote() for a in executor._pool if a is not None))
+    print(f"driver pid {os.getpid()}, rollout actor pids {pids}", file=sys.stderr)
     try:
-        model = OpenAIModel(url, name="simulated")
-        # -- Ray: started here (so its processes are our descendants), executor made once.
-        t0 = time.perf_counter()
-        ray.init(address="local", include_dashboard=False, log_to_driver=False)
-        startup.append(["ray.init (local cluster)", f"{time.perf_counter() - t0:.2f}"])
-        executor = RayExecutor(actors=actors, capacity=capacity)
-        t0 = time.perf_counter()
-        await executor.start()
-        warm = await measure("ray warm-up", executor, module, model, concurrency, concurrency, latency, 0.0)
-        startup.append([f"RayExecutor.start + warm-up run of {concurrency} rollouts (actors created)",
-                        f"{time.perf_counter() - t0:.2f}"])
-        if warm.failed:
-            print(f"  !! warm-up: {warm.failed} failed", file=sys.stderr)
-        pids = await asyncio.gather(*(a.actor.pid.remote() for a in executor._pool if a is not None))
-        print(f"driver pid {os.getpid()}, rollout actor pids {pids}", file=sys.stderr)
-        try:
-            for n in ns:
-                rows.append(await measure(ray_label, executor, module, model, n, concurrency, latency))
-                print(f"  {ray_label} N={n}: {rows[-1].wall:.2f} s", file=sys.stderr)
-        finally:
-            t0 = time.perf_counter()
-            await executor.stop()
-            ray.shutdown()
-            startup.append(["RayExecutor.stop + ray.shutdown", f"{time.perf_counter() - t0:.2f}"])
-        # -- plain asyncio, same driver, no Ray.
-        if not skip_local:
-            local_model = OpenAIModel(url, name="simulated")
-            async with LocalExecutor() as local:
-                await measure("local warm-up", local, module, local_model, concurrency, concurrency, latency, 0.0)
-                for n in ns:
-                    rows.append(await measure("local", local, module, local_model, n, concurrency, latency))
-                    print(f"  local N={n}: {rows[-1].wall:.2f} s", file=sys.stderr)
-            await local_model.aclose()
+        for n in ns:
+            rows.append(await measure(label, executor, module, model, n, concurrency, latency))
+            print(f"  {label} N={n}: {rows[-1].wall:.2f} s", file=sys.stderr)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        t0 = time.perf_counter()
+        await executor.stop()
+        ray.shutdown()
+        startup.append(["RayExecutor.stop + ray.shutdown", f"{time.perf_counter() - t0:.2f}"])
+    return rows, startup
 
+
+async def run_local_rows(url: str, ns: list[int], concurrency: int, latency: float, module: Any) -> list[Row]:
+    """The same driver on a LocalExecutor (plain asyncio, no Ray): a warm-up, then a row per N."""
+    from rollout_ray import LocalExecutor, OpenAIModel
+
+    rows: list[Row] = []
+    local_model = OpenAIModel(url, name="simulated")
+    async with LocalExecutor() as local:
+        await measure("local warm-up", local, module, local_model, concurrency, concurrency, latency, 0.0)
+        for n in ns:
+            rows.append(await measure("local", local, module, local_model, n, concurrency, latency))
+            print(f"  local N={n}: {rows[-1].wall:.2f} s", file=sys.stderr)
+    await local_model.aclose()
+    return rows
+
+
+def print_e2e_rows(rows: list[Row]) -> None:
+    """The end-to-end table, a row per executor and N, and what its RSS and cores columns mean."""
     print(table(
         ["executor", "N", "C", "latency s", "wall s", "ideal s", "ratio", "rollouts/s", "ideal/s",
          "CPU-ms/rollout", "failed", "reward", "driver RSS MiB start/stored/peak/end", "bg cores", "other cores"],
@@ -633,6 +666,9 @@ async def bench_e2e(ns: list[int], concurrency: int, latency: float, actors: int
     print("bg cores: CPU of the tree while idle, just before the row (Ray's own background); "
           "other cores: CPU used by processes outside the tree during the row (other work on the machine).")
 
+
+def print_e2e_breakdowns(rows: list[Row]) -> None:
+    """Per row: CPU per rollout by process kind, mean timing spans, resident memory by process kind."""
     kinds = sorted({k for r in rows for k in r.by_kind}, key=lambda k: -max(r.by_kind.get(k, 0) / r.n for r in rows))
     print("\nCPU-ms per rollout by process kind (the tree: this script, its simulated-model child, Ray):\n")
     print(table(["process"] + [f"{r.executor} N={r.n}" for r in rows],
@@ -648,8 +684,32 @@ async def bench_e2e(ns: list[int], concurrency: int, latency: float, actors: int
     print("\nResident memory (MiB) by process kind at the end of each row (Ray actors live across rows):\n")
     print(table(["process"] + [f"{r.executor} N={r.n}" for r in rows],
                 [[k] + [f"{r.rss_by_kind.get(k, 0.0):.0f}" for r in rows] for k in kinds]))
+
+
+async def bench_e2e(ns: list[int], concurrency: int, latency: float, actors: int, skip_local: bool,
+                    by_reference: bool) -> None:
+    from rollout_ray import OpenAIModel
+
+    capacity = math.ceil(concurrency / actors)
+    print(f"\n## 2. End to end: examples/arith.py tasks x {SAMPLES_PER_TASK} samples, simulated model "
+          f"ttft={latency:g} s, max_in_flight C={concurrency}, RayExecutor(actors={actors}, "
+          f"capacity={capacity})\n")
+    module = load_arith(by_reference)
+    ray_label = "ray (by ref)" if by_reference else "ray"
+    proc, url = start_model(latency)
+    try:
+        model = OpenAIModel(url, name="simulated")
+        rows, startup = await run_ray_rows(ray_label, ns, concurrency, latency, actors, capacity, module, model)
+        if not skip_local:
+            rows += await run_local_rows(url, ns, concurrency, latency, module)
+    finally:
+        stop_model(proc)
+
+    print_e2e_rows(rows)
+    print_e2e_breakdowns(rows)
     print("\nstartup (not in any wall time above):\n")
     print(table(["step", "seconds"], startup))
+
 
 
 # -- main -------------------------------------------------------------------------------------

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 import aiohttp
-
 from _proc import PAGE, TICK, stat_fields  # benchmarks/ is the script's directory
+
 from rollout_ray import (
     ChatHarness,
     HTTPInterception,
@@ -567,8 +567,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def main(args: argparse.Namespace) -> int:
-    notes: list[str] = []
+def fit_concurrency_to_fd_limit(args: argparse.Namespace, notes: list[str]) -> None:
+    """Raise the fd limit, and lower ``args.concurrency`` if the limit is still too low for it."""
     # Per concurrent rollout: harness->proxy and harness->tools (both ends), proxy->model
     # (both ends); plus Ray's own. A generous estimate.
     soft, hard, problem = raise_fd_limit(needed=8 * args.concurrency + 1024)
@@ -578,14 +578,9 @@ async def main(args: argparse.Namespace) -> int:
         notes.append(f"WARNING: concurrency lowered from {args.concurrency} to {fit} to fit the fd limit")
         args.concurrency = fit
 
-    n, c, latency = args.n, args.concurrency, args.latency
-    per_actor = math.ceil(c / args.actors)
-    rows: list[Row] = []
-    trees: dict[str, dict[str, tuple[int, float]]] = {}
-    print(f"bench_rollouts: N={n} C={c} latency={latency}s kinds={','.join(args.kinds)} "
-          f"packed={args.actors}x{per_actor} K=1 actors={args.k1_actors}", flush=True)
 
-    code_before = provenance()
+async def note_machine_busy(notes: list[str]) -> None:
+    """Note how many cores other processes use before the run, and warn if that is a lot."""
     busy0, t0 = machine_busy_seconds(), time.perf_counter()
     await asyncio.sleep(1.0)
     others = (machine_busy_seconds() - busy0) / (time.perf_counter() - t0)  # this script sleeps meanwhile
@@ -593,65 +588,67 @@ async def main(args: argparse.Namespace) -> int:
     if others > 0.2:
         print(f"WARNING: other processes already use {others:.2f} cores; wall times will be disturbed", flush=True)
 
-    # 1. the proxy's added latency (before anything else loads the machine)
-    lat = await proxy_latency(args.proxy_requests, warmup=30)
-    print("proxy latency measured", flush=True)
 
-    # 2. asyncio rows (before ray.init, so the process tree is this process alone)
-    async with SimulatedModelServer(SimulatedModelConfig(ttft=latency)) as server:
-        url = server.base_url
-        assert url is not None
-        async with AsyncioRunner(url) as runner:
-            for kind in args.kinds:
-                await runner.run(kind, min(c, 32), min(c, 32), first=-1000)  # warm-up
-                rows.append(await measure("asyncio", kind, n, c, (), functools.partial(runner.run, kind, n, c)))
-                print(f"asyncio {kind}: {rows[-1].wall:.2f}s", flush=True)
+async def run_asyncio_rows(url: str, args: argparse.Namespace, rows: list[Row]) -> None:
+    """One asyncio row per kind, each after a warm-up."""
+    n, c = args.n, args.concurrency
+    async with AsyncioRunner(url) as runner:
+        for kind in args.kinds:
+            await runner.run(kind, min(c, 32), min(c, 32), first=-1000)  # warm-up
+            rows.append(await measure("asyncio", kind, n, c, (), functools.partial(runner.run, kind, n, c)))
+            print(f"asyncio {kind}: {rows[-1].wall:.2f}s", flush=True)
 
-        # 3. Ray rows
-        if not args.skip_ray:
-            import ray
 
-            from rollout_ray import shutdown_node_services
+async def run_ray_rows(url: str, args: argparse.Namespace, per_actor: int, rows: list[Row],
+                       trees: dict[str, dict[str, tuple[int, float]]], notes: list[str]) -> None:
+    """Start a local Ray, run the packed and (unless skipped) K=1 rows, shut Ray down."""
+    import ray
 
-            ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-            t0 = time.perf_counter()
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-            notes.append(f"ray.init: {time.perf_counter() - t0:.1f}s, {ray.cluster_resources().get('CPU', 0):g} CPUs")
-            try:
-                modes = [("ray packed", args.actors, per_actor)] + ([] if args.skip_k1 else [("ray K=1", args.k1_actors, 1)])
-                for mode, actors, capacity in modes:
-                    ray_runner = RayRunner(url, actors, capacity)
-                    try:
-                        await ray_runner.start()
-                        notes.append(
-                            f"{mode}: {actors} actors x capacity {capacity}: creation {ray_runner.created_s:.1f}s, "
-                            f"warm-up (one tool rollout each) {ray_runner.warm_s:.1f}s -- excluded from wall"
-                            + (f"; warm-up FAILED: {ray_runner.warm_errors[:3]}" if ray_runner.warm_errors else "")
-                        )
-                        trees[mode] = breakdown(tree_pids(os.getpid(), ray_runner.guardians))
-                        for kind in args.kinds:
-                            rows.append(await measure(mode, kind, n, actors * capacity, ray_runner.guardians,
-                                                      functools.partial(ray_runner.run, kind, n)))
-                            print(f"{mode} {kind}: {rows[-1].wall:.2f}s", flush=True)
-                    except Exception as e:  # noqa: BLE001 - e.g. out of processes or fds
-                        traceback.print_exc()
-                        for kind in args.kinds:
-                            if not any(r.mode == mode and r.kind == kind for r in rows):
-                                rows.append(Row(mode, kind, n, actors * capacity,
-                                                skipped=f"{type(e).__name__}: {e}"))
-                    finally:
-                        await ray_runner.close()
-            finally:
-                await shutdown_node_services()
-                ray.shutdown()
+    from rollout_ray import shutdown_node_services
 
-    code_after = provenance()
-    if code_after == code_before:
-        notes.append(f"rollout_ray measured: {code_before}")
-    else:
-        notes.append(f"WARNING: rollout_ray CHANGED during the run: {code_before} -> {code_after}")
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    t0 = time.perf_counter()
+    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    notes.append(f"ray.init: {time.perf_counter() - t0:.1f}s, {ray.cluster_resources().get('CPU', 0):g} CPUs")
+    try:
+        modes = [("ray packed", args.actors, per_actor)] + ([] if args.skip_k1 else [("ray K=1", args.k1_actors, 1)])
+        for mode, actors, capacity in modes:
+            await run_ray_mode(url, args, mode, actors, capacity, rows, trees, notes)
+    finally:
+        await shutdown_node_services()
+        ray.shutdown()
 
-    # -- the tables
+
+async def run_ray_mode(url: str, args: argparse.Namespace, mode: str, actors: int, capacity: int,
+                       rows: list[Row], trees: dict[str, dict[str, tuple[int, float]]], notes: list[str]) -> None:
+    """The rows of one Ray mode on its own actors; if they fail, its missing rows are marked skipped."""
+    n = args.n
+    ray_runner = RayRunner(url, actors, capacity)
+    try:
+        await ray_runner.start()
+        notes.append(
+            f"{mode}: {actors} actors x capacity {capacity}: creation {ray_runner.created_s:.1f}s, "
+            f"warm-up (one tool rollout each) {ray_runner.warm_s:.1f}s -- excluded from wall"
+            + (f"; warm-up FAILED: {ray_runner.warm_errors[:3]}" if ray_runner.warm_errors else "")
+        )
+        trees[mode] = breakdown(tree_pids(os.getpid(), ray_runner.guardians))
+        for kind in args.kinds:
+            rows.append(await measure(mode, kind, n, actors * capacity, ray_runner.guardians,
+                                      functools.partial(ray_runner.run, kind, n)))
+            print(f"{mode} {kind}: {rows[-1].wall:.2f}s", flush=True)
+    except Exception as e:  # noqa: BLE001 - e.g. out of processes or fds
+        traceback.print_exc()
+        for kind in args.kinds:
+            if not any(r.mode == mode and r.kind == kind for r in rows):
+                rows.append(Row(mode, kind, n, actors * capacity,
+                                skipped=f"{type(e).__name__}: {e}"))
+    finally:
+        await ray_runner.close()
+
+
+def print_rollouts_table(args: argparse.Namespace, rows: list[Row]) -> None:
+    """The main table: the ideal rows and each mode's row, per kind."""
+    n, c, latency = args.n, args.concurrency, args.latency
     print()
     print(f"Rollouts: N={n}, simulated model latency (ttft) {latency:g}s, "
           f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"
@@ -680,6 +677,11 @@ async def main(args: argparse.Namespace) -> int:
                         f"{r.wall / ideal:.2f}", fmt(vs, ".2f"), f"{r.peak_mib:.0f}", f"{r.cpu_ms:.1f}",
                         str(r.failed)])
     print(table(headers, out))
+
+
+def print_legend(args: argparse.Namespace, rows: list[Row]) -> None:
+    """What the table's columns mean, with each row's baseline, idle CPU and disturbance."""
+    c = args.concurrency
     print()
     print("x ideal: wall / ideal at the row's own concurrency. x asyncio: wall / the asyncio row of the same")
     print(f"  kind (concurrency {c}).")
@@ -700,9 +702,10 @@ async def main(args: argparse.Namespace) -> int:
           f"{os.cpu_count()}, during each row: "
           + ", ".join(f"{r.mode}/{r.kind} {r.others_cores:.2f}" for r in rows if r.others_cores is not None)
           + " -- above ~0.1 the walls are disturbed.")
-    for note in notes:
-        print("note: " + note)
-    failed = [r for r in rows if r.errors or r.skipped]
+
+
+def print_failures(failed: list[Row]) -> None:
+    """Skipped rows, and the first five errors of each failed row."""
     for r in failed:
         if r.skipped:
             print(f"SKIPPED {r.mode}/{r.kind}: {r.skipped}")
@@ -711,26 +714,38 @@ async def main(args: argparse.Namespace) -> int:
         if len(r.errors) > 5:
             print(f"  ... and {len(r.errors) - 5} more")
 
-    timed = [r for r in rows if r.spans]
-    if timed:
-        print()
-        print("Where a rollout's time goes: mean ms per rollout (latency as the driver saw it; the rest are")
-        print("the trace's timing spans; harness = agent span - model calls, and includes unregistering the")
-        print("session and tools; rest = latency - all spans: dispatch, building the rollout, runtime teardown,")
-        print("moving the trace)")
-        print(table(["mode", "kind", *SPANS],
-                    [[r.mode, r.kind, *(f"{r.spans[k] * 1e3:.1f}" for k in SPANS)] for r in timed]))
-    if trees:
-        print()
-        print("Process tree after actor creation and warm-up (processes, MiB RSS) -- what each Ray row starts from")
-        kinds = list(dict.fromkeys(k for tree in trees.values() for k in tree))
-        print(table(["process", *trees], [[k, *(f"{t[k][0]} / {t[k][1]:.0f}" if k in t else "-" for t in trees.values())]
-                                          for k in kinds] +
-                    [["total", *(f"{sum(v[0] for v in t.values())} / {sum(v[1] for v in t.values()):.0f}"
-                                 for t in trees.values())]], left=1))
 
+def print_spans(rows: list[Row]) -> None:
+    """Where a rollout's time goes, per row that has timing spans."""
+    timed = [r for r in rows if r.spans]
+    if not timed:
+        return
     print()
-    print(f"Proxy added latency per model call: {args.proxy_requests} sequential requests after 30 warm-up, "
+    print("Where a rollout's time goes: mean ms per rollout (latency as the driver saw it; the rest are")
+    print("the trace's timing spans; harness = agent span - model calls, and includes unregistering the")
+    print("session and tools; rest = latency - all spans: dispatch, building the rollout, runtime teardown,")
+    print("moving the trace)")
+    print(table(["mode", "kind", *SPANS],
+                [[r.mode, r.kind, *(f"{r.spans[k] * 1e3:.1f}" for k in SPANS)] for r in timed]))
+
+
+def print_process_trees(trees: dict[str, dict[str, tuple[int, float]]]) -> None:
+    """Processes and MiB per process kind that each Ray mode starts from."""
+    if not trees:
+        return
+    print()
+    print("Process tree after actor creation and warm-up (processes, MiB RSS) -- what each Ray row starts from")
+    kinds = list(dict.fromkeys(k for tree in trees.values() for k in tree))
+    print(table(["process", *trees], [[k, *(f"{t[k][0]} / {t[k][1]:.0f}" if k in t else "-" for t in trees.values())]
+                                      for k in kinds] +
+                [["total", *(f"{sum(v[0] for v in t.values())} / {sum(v[1] for v in t.values()):.0f}"
+                             for t in trees.values())]], left=1))
+
+
+def print_proxy_latency(requests: int, lat: dict[str, list[float]]) -> None:
+    """p50, p99 and mean of a model call direct and through the proxy, and the difference."""
+    print()
+    print(f"Proxy added latency per model call: {requests} sequential requests after 30 warm-up, "
           "simulated model ttft=0")
     d, p = lat["direct"], lat["proxy"]
     lat_rows = [
@@ -740,6 +755,49 @@ async def main(args: argparse.Namespace) -> int:
          f"{(statistics.fmean(p) - statistics.fmean(d)) * 1e3:.2f}"],
     ]
     print(table(["path", "p50 ms", "p99 ms", "mean ms"], lat_rows, left=1))
+
+
+async def main(args: argparse.Namespace) -> int:
+    notes: list[str] = []
+    fit_concurrency_to_fd_limit(args, notes)
+    n, c, latency = args.n, args.concurrency, args.latency
+    per_actor = math.ceil(c / args.actors)
+    rows: list[Row] = []
+    trees: dict[str, dict[str, tuple[int, float]]] = {}
+    print(f"bench_rollouts: N={n} C={c} latency={latency}s kinds={','.join(args.kinds)} "
+          f"packed={args.actors}x{per_actor} K=1 actors={args.k1_actors}", flush=True)
+
+    code_before = provenance()
+    await note_machine_busy(notes)
+
+    # 1. the proxy's added latency (before anything else loads the machine)
+    lat = await proxy_latency(args.proxy_requests, warmup=30)
+    print("proxy latency measured", flush=True)
+
+    async with SimulatedModelServer(SimulatedModelConfig(ttft=latency)) as server:
+        url = server.base_url
+        assert url is not None
+        # 2. asyncio rows (before ray.init, so the process tree is this process alone)
+        await run_asyncio_rows(url, args, rows)
+        # 3. Ray rows
+        if not args.skip_ray:
+            await run_ray_rows(url, args, per_actor, rows, trees, notes)
+
+    code_after = provenance()
+    if code_after == code_before:
+        notes.append(f"rollout_ray measured: {code_before}")
+    else:
+        notes.append(f"WARNING: rollout_ray CHANGED during the run: {code_before} -> {code_after}")
+
+    print_rollouts_table(args, rows)
+    print_legend(args, rows)
+    for note in notes:
+        print("note: " + note)
+    failed = [r for r in rows if r.errors or r.skipped]
+    print_failures(failed)
+    print_spans(rows)
+    print_process_trees(trees)
+    print_proxy_latency(args.proxy_requests, lat)
     return 1 if failed else 0
 
 

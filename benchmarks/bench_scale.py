@@ -71,6 +71,7 @@ from bench_driver import (
     rss_by_kind,
     source_version,
     start_model,
+    stop_model,
     table,
     tree_cpu,
 )
@@ -215,8 +216,8 @@ def n_for(c: int, per_slot: int, min_n: int) -> int:
 
 
 def make_executor(actors: int, capacity: int, options: list[dict[str, Any]] | None) -> Any:
-    from rollout_ray._ray.rollout_actor import RolloutActor
     from rollout_ray._ray.executor import RayExecutor
+    from rollout_ray._ray.rollout_actor import RolloutActor
 
     if options is None:
         return RayExecutor(actors=actors, capacity=capacity)
@@ -351,6 +352,74 @@ def stop_cluster(lc: Any, d: Path) -> str:
 # -- main ---------------------------------------------------------------------------------------
 
 
+async def run_one_node(args: argparse.Namespace, cs: list[int], module: Any, model: Any,
+                       notes: list[str]) -> list[ScaleRow]:
+    """The one-node rows, on a local Ray started here and shut down after."""
+    import ray
+
+    t0 = time.perf_counter()
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    notes.append(f"one node: ray.init (local Ray, this script's descendants) {time.perf_counter() - t0:.1f}s, "
+                 f"{ray.cluster_resources().get('CPU', 0):g} logical CPUs")
+    try:
+        return await run_topology("one node", cs, args.actors, None, lambda: None, module, model, args, notes)
+    finally:
+        ray.shutdown()
+
+
+def join_cluster(lc: Any, state: dict[str, Any], d: Path, args: argparse.Namespace, notes: list[str]) -> None:
+    """Name the node supervisors, point this process's Ray auth at the cluster and connect the driver to it."""
+    import ray
+
+    for node in state["nodes"].values():
+        bd._KINDS[node["pid"]] = "ray start (node supervisor)"
+    os.environ.update(lc.client_env(state))
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    refresh_ray_auth()
+    host = state["address"].rsplit(":", 1)[0]
+    t0 = time.perf_counter()
+    # The nodes registered with the machine's routable IP; this driver must say it
+    # is on that node (bench_driver made Ray default to loopback).
+    ray.init(address=state["address"], _node_ip_address=host, log_to_driver=False)
+    notes.append(f"3-node cluster: local_cluster.py start {state['_start_s']:.1f}s (dir {d}, "
+                 f"{args.cluster_cpus} logical CPU per node, token auth {'on' if state['auth'] else 'off'}), "
+                 f"ray.init {time.perf_counter() - t0:.1f}s, "
+                 f"{len(lc.cluster_pids(state))} cluster processes at start")
+
+
+async def run_cluster(args: argparse.Namespace, cs: list[int], module: Any, model: Any,
+                      notes: list[str]) -> list[ScaleRow]:
+    """The 3-node rows, on a local cluster started here, always stopped after (and the auth env restored)."""
+    import ray
+
+    lc = load_local_cluster()
+    d = Path(tempfile.mkdtemp(prefix="bsc-"))  # short: Ray's socket paths live under it
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")}
+    try:
+        state = start_cluster(lc, d, args.cluster_cpus)
+        join_cluster(lc, state, d, args, notes)
+        nodes = list(state["nodes"])
+        if args.placement == "pinned":
+            options = [{"resources": {f"node_{nodes[i % len(nodes)]}": 0.001}}
+                       for i in range(args.cluster_actors)]
+        else:
+            options = None
+        me = os.getpid()
+        try:
+            return await run_topology("3 nodes", cs, args.cluster_actors, options,
+                                      lambda: [me, *lc.cluster_pids(state)], module, model, args, notes)
+        finally:
+            ray.shutdown()
+    finally:
+        notes.append(stop_cluster(lc, d))
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        refresh_ray_auth()
+
+
 async def bench(args: argparse.Namespace, cs: list[int], topologies: list[str]) -> tuple[list[ScaleRow], list[str]]:
     import ray
 
@@ -365,66 +434,17 @@ async def bench(args: argparse.Namespace, cs: list[int], topologies: list[str]) 
     model = OpenAIModel(url, name="simulated")
     try:
         if "one" in topologies:
-            t0 = time.perf_counter()
-            ray.init(address="local", include_dashboard=False, log_to_driver=False)
-            notes.append(f"one node: ray.init (local Ray, this script's descendants) {time.perf_counter() - t0:.1f}s, "
-                         f"{ray.cluster_resources().get('CPU', 0):g} logical CPUs")
-            try:
-                rows += await run_topology("one node", cs, args.actors, None, lambda: None, module, model,
-                                           args, notes)
-            finally:
-                ray.shutdown()
+            rows += await run_one_node(args, cs, module, model, notes)
         if "cluster" in topologies:
-            lc = load_local_cluster()
-            d = Path(tempfile.mkdtemp(prefix="bsc-"))  # short: Ray's socket paths live under it
-            saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")}
-            try:
-                state = start_cluster(lc, d, args.cluster_cpus)
-                for node in state["nodes"].values():
-                    bd._KINDS[node["pid"]] = "ray start (node supervisor)"
-                os.environ.update(lc.client_env(state))
-                os.environ.pop("RAY_AUTH_TOKEN", None)
-                refresh_ray_auth()
-                host = state["address"].rsplit(":", 1)[0]
-                t0 = time.perf_counter()
-                # The nodes registered with the machine's routable IP; this driver must say it
-                # is on that node (bench_driver made Ray default to loopback).
-                ray.init(address=state["address"], _node_ip_address=host, log_to_driver=False)
-                notes.append(f"3-node cluster: local_cluster.py start {state['_start_s']:.1f}s (dir {d}, "
-                             f"{args.cluster_cpus} logical CPU per node, token auth {'on' if state['auth'] else 'off'}), "
-                             f"ray.init {time.perf_counter() - t0:.1f}s, "
-                             f"{len(lc.cluster_pids(state))} cluster processes at start")
-                nodes = list(state["nodes"])
-                if args.placement == "pinned":
-                    options = [{"resources": {f"node_{nodes[i % len(nodes)]}": 0.001}}
-                               for i in range(args.cluster_actors)]
-                else:
-                    options = None
-                me = os.getpid()
-                try:
-                    rows += await run_topology("3 nodes", cs, args.cluster_actors, options,
-                                               lambda: [me, *lc.cluster_pids(state)], module, model, args, notes)
-                finally:
-                    ray.shutdown()
-            finally:
-                notes.append(stop_cluster(lc, d))
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-                refresh_ray_auth()
+            rows += await run_cluster(args, cs, module, model, notes)
     finally:
         await model.aclose()
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_model(proc)
     return rows, notes
 
 
-def report(rows: list[ScaleRow], notes: list[str], args: argparse.Namespace) -> None:
+def print_rows(rows: list[ScaleRow], args: argparse.Namespace) -> None:
+    """The table, a row per (topology, C), and how to read it."""
     print(f"\n## Rollouts/s and memory vs concurrency: examples/arith.py x {SAMPLES_PER_TASK} samples, "
           f"simulated model ttft={args.latency:g} s, N = max({args.per_slot} x C, {args.min_n})\n")
     body = []
@@ -457,6 +477,9 @@ How to read it: one row per (topology, C), each on fresh rollout actors warmed u
   machine, and in total (incl. the sampler thread) against the machine's {NCPU} cores; other
   cores above ~0.1 mean the walls were disturbed by other work.""")
 
+
+def print_by_kind(rows: list[ScaleRow]) -> None:
+    """CPU per rollout and peak resident memory per process kind, a column per row."""
     kinds = sorted({k for r in rows for k in r.row.by_kind},
                    key=lambda k: -max(r.row.by_kind.get(k, 0.0) / r.row.n for r in rows))
     kinds = [k for k in kinds if max(r.row.by_kind.get(k, 0.0) * 1000 / r.row.n for r in rows) >= 0.005]
@@ -473,6 +496,11 @@ How to read it: one row per (topology, C), each on fresh rollout actors warmed u
     print(table(["process"] + cols,
                 [[k] + [f"{r.peak_kind.get(k, 0.0):.0f}" for r in rows] for k in kinds]
                 + [["total (peak of the sum)"] + [f"{r.mib_peak:.0f}" for r in rows]]))
+
+
+def report(rows: list[ScaleRow], notes: list[str], args: argparse.Namespace) -> None:
+    print_rows(rows, args)
+    print_by_kind(rows)
 
     print("\nbackground: tree CPU while idle just before each row (cores) / the sampler thread's CPU "
           "during the row (ms): " + ", ".join(

@@ -210,36 +210,64 @@ def _wait_for(predicate: Any, timeout: float, what: str, procs: dict[str, subpro
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def start(args: argparse.Namespace) -> int:
-    d = Path(args.dir).resolve()
-    existing = load_state(d)
-    if existing is not None and any(alive(p["pid"]) for p in existing["nodes"].values()):
-        print(f"a cluster is already running from {d} (address {existing['address']}); "
-              f"stop it first", file=sys.stderr)
-        return 1
+def _new_state(d: Path, auth: bool) -> dict[str, Any]:
+    """Create the state dir, pick the nodes' temp root, write a fresh token: the cluster's initial state."""
     d.mkdir(parents=True, exist_ok=True)
     (d / "logs").mkdir(exist_ok=True)
     temp_root = d / "ray"
     if len(str(temp_root)) > MAX_TEMP_ROOT:
         temp_root = Path(tempfile.mkdtemp(prefix="rrc-", dir="/tmp"))
     token_file = d / "auth_token"
-    if not args.no_auth:
+    if auth:
         if token_file.exists():
             token_file.unlink()
         write_token(token_file)
-
-    state: dict[str, Any] = {
+    return {
         "id": uuid.uuid4().hex,
         "dir": str(d),
         "temp_root": str(temp_root),
-        "auth": not args.no_auth,
+        "auth": auth,
         "token_file": str(token_file),
         "address": None,
         "dashboard": None,
         "nodes": {},
     }
+
+
+def _head_flags(args: argparse.Namespace, state: dict[str, Any]) -> list[str]:
+    """The head's own ``ray start`` flags: its GCS port, and the dashboard on 127.0.0.1 or off."""
+    flags = ["--head", "--port", str(free_port())]
+    if args.dashboard:
+        state["dashboard"] = f"http://127.0.0.1:{(dash_port := free_port())}"
+        flags += ["--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+                  "--dashboard-port", str(dash_port)]
+    else:
+        flags += ["--include-dashboard", "false"]
+    return flags
+
+
+def _wait_for_registration(state: dict[str, Any], procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Wait until the GCS lists all three nodes (by their ``node_<name>`` resources)."""
+    address = state["address"]
+    # _gcs_nodes is a client of the cluster: it needs the cluster's auth variables.
+    os.environ.update(client_env(state))
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+
+    def all_up() -> bool:
+        try:
+            names = {k for n in _gcs_nodes(address) for k in n["resources"] if k.startswith("node_")}
+        except Exception:  # noqa: BLE001 - not up yet, whatever the error
+            return False
+        return names >= {f"node_{n}" for n in NODES}
+
+    _wait_for(all_up, START_TIMEOUT, "all three nodes to register", procs)
+
+
+def _launch_nodes(args: argparse.Namespace, d: Path, state: dict[str, Any]) -> None:
+    """Launch the head, wait for its address, launch the workers, wait until all three registered."""
     env = cluster_env(state)
     ray = ray_executable()
+    temp_root = Path(state["temp_root"])
     common = ["--block", "--node-ip-address", "127.0.0.1", "--num-cpus", str(args.cpus),
               "--object-store-memory", str(args.object_store_mb * 1024 * 1024),
               "--disable-usage-stats"]
@@ -257,35 +285,29 @@ def start(args: argparse.Namespace) -> int:
         state["nodes"][name] = {"pid": procs[name].pid, "temp_dir": str(node_temp)}
         save_state(d, state)  # PIDs on disk at once, so `stop` works even if start fails
 
+    head_flags = _head_flags(args, state)
+    address_file = temp_root / "head" / "ray_current_cluster"
+    address_file.unlink(missing_ok=True)  # a previous cluster's address
+    launch("head", head_flags)
+    address = _wait_for(lambda: address_file.exists() and address_file.read_text().strip(),
+                        START_TIMEOUT, "the head node", procs)
+    state["address"] = address
+    save_state(d, state)
+    for name in NODES[1:]:
+        launch(name, ["--address", address])
+    _wait_for_registration(state, procs)
+
+
+def start(args: argparse.Namespace) -> int:
+    d = Path(args.dir).resolve()
+    existing = load_state(d)
+    if existing is not None and any(alive(p["pid"]) for p in existing["nodes"].values()):
+        print(f"a cluster is already running from {d} (address {existing['address']}); "
+              f"stop it first", file=sys.stderr)
+        return 1
+    state = _new_state(d, auth=not args.no_auth)
     try:
-        head_extra = ["--head", "--port", str(free_port())]
-        if args.dashboard:
-            state["dashboard"] = f"http://127.0.0.1:{(dash_port := free_port())}"
-            head_extra += ["--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-                           "--dashboard-port", str(dash_port)]
-        else:
-            head_extra += ["--include-dashboard", "false"]
-        address_file = temp_root / "head" / "ray_current_cluster"
-        address_file.unlink(missing_ok=True)  # a previous cluster's address
-        launch("head", head_extra)
-        address = _wait_for(lambda: address_file.exists() and address_file.read_text().strip(),
-                            START_TIMEOUT, "the head node", procs)
-        state["address"] = address
-        save_state(d, state)
-        for name in NODES[1:]:
-            launch(name, ["--address", address])
-
-        os.environ.update(client_env(state))
-        os.environ.pop("RAY_AUTH_TOKEN", None)
-
-        def all_up() -> bool:
-            try:
-                names = {k for n in _gcs_nodes(address) for k in n["resources"] if k.startswith("node_")}
-            except Exception:  # noqa: BLE001 - not up yet, whatever the error
-                return False
-            return names >= {f"node_{n}" for n in NODES}
-
-        _wait_for(all_up, START_TIMEOUT, "all three nodes to register", procs)
+        _launch_nodes(args, d, state)
     except (RuntimeError, TimeoutError) as e:
         print(f"local cluster failed to start: {e}; logs in {d / 'logs'}", file=sys.stderr)
         stop(argparse.Namespace(dir=str(d), grace=5.0))
