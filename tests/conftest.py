@@ -6,7 +6,7 @@ import logging
 import os
 import select
 import sys
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -118,16 +118,29 @@ def wait_exit(pid: int, timeout: float) -> None:
         os.close(fd)
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The fault-injection suite's table (``tests/test_faults.py``), when it ran."""
+SUITE_ROWS: list[tuple[str, str, str, str, float]] = []
+"""Rows of the end-of-session table of the fault and security suites:
+(scenario, injected, recovered, lost or left over, seconds to detect or recover)."""
 
-    rows = getattr(sys.modules.get("test_faults"), "SUMMARY", None)
-    if not rows:
+
+@pytest.fixture
+def report() -> Callable[[str, str, str, str, float], None]:
+    """``report(scenario, injected, recovered, lost, seconds)``: a row of the suites' table."""
+
+    def add(scenario: str, injected: str, recovered: str, lost: str, seconds: float) -> None:
+        SUITE_ROWS.append((scenario, injected, recovered, lost, seconds))
+
+    return add
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The fault and security suites' table (``-m "faults or security"``), when they ran."""
+    if not SUITE_ROWS:
         return
-    header = ("scenario", "injected", "recovered", "lost", "time")
-    cells = [header, *[(s, i, r, lo, f"{t:.2f}s") for s, i, r, lo, t in rows]]
+    header = ("scenario", "injected", "recovered", "lost / left over", "time")
+    cells = [header, *[(s, i, r, lo, f"{t:.2f}s") for s, i, r, lo, t in SUITE_ROWS]]
     widths = [max(len(row[k]) for row in cells) for k in range(len(header))]
-    terminalreporter.section("fault injection")
+    terminalreporter.section("fault injection and security")
     for n, row in enumerate(cells):
         terminalreporter.write_line("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
         if n == 0:

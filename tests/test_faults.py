@@ -69,22 +69,10 @@ REPO = HERE.parent
 
 pytestmark = pytest.mark.faults
 
-SUMMARY: list[tuple[str, str, str, str, float]] = []
-"""Rows of the end-of-session table: (scenario, injected, recovered, lost, seconds)."""
 HOST_ROOTS: list[str] = []
 """Root directories of the runtime hosts the suite's rollout actors created."""
 TEMP_AREAS: list[Path] = []
 """Directories given to subprocesses as TMPDIR: no runtime directory may stay in them."""
-
-
-@pytest.fixture
-def report() -> Callable[[str, str, str, str, float], None]:
-    """``report(scenario, injected, recovered, lost, seconds)``: a row of the table."""
-
-    def add(scenario: str, injected: str, recovered: str, lost: str, seconds: float) -> None:
-        SUMMARY.append((scenario, injected, recovered, lost, seconds))
-
-    return add
 
 
 async def until(predicate: Callable[[], bool], timeout: float, what: str) -> None:

@@ -2,7 +2,7 @@
 
 Every model request of a rollout goes through ``chat``:
 
-    released? stopped? → limits → trace @stops → request @intercepts → request @stops
+    released? stopped? → admission → limits → trace @stops → request @intercepts → request @stops
     → model call → response @intercepts → response @stops → commit the turn with its usage
 
 A refusal raises ``TurnRefused`` (HTTP 400 ``rollout stopped: <name>``) and stops the trace;
@@ -43,6 +43,7 @@ from .._record.messages import (
     message_hash,
 )
 from .._record.trace import Error, InterceptRecord, ModelCall, TimeSpan, Trace
+from .admission import Admission
 from .hooks import Hook, call_by_type, resolve
 from .limits import RolloutLimits
 from .model import Model
@@ -109,6 +110,8 @@ class RolloutSession:
         self.error: RolloutError | None = None
         """The latest model, tool or hook failure, stashed for the rollout (B30, B31)."""
         self.released = False
+        self.admission = Admission(self.limits, lambda: self.trace.num_turns, self._check_open)
+        """Requests in flight count against the limits (see ``_core/admission``)."""
         self.prepared: set[bytes] = set()
         """Hashes of user turns already rewritten by ``prepare_users`` (not intercepted again)."""
 
@@ -119,6 +122,7 @@ class RolloutSession:
     def release(self) -> None:
         """Seal the session: no later request is answered or committed."""
         self.released = True
+        self.admission.wake()
 
     # -- the model route --------------------------------------------------------------------
 
@@ -136,14 +140,15 @@ class RolloutSession:
                 (``ProviderError``); both are stashed in ``error`` first.
         """
         self._check_open()
-        await self.refused()
-        request, stop_name = await self._guarded(self.rewrite_request(request))
-        if stop_name is not None:
-            self.graph.commit(request.messages, None)
-            self._record_tools(request)
-            self.trace.stop(stop_name)
-            raise TurnRefused(stop_name)
-        return await self._sample(request, {**(params or {}), **self.sampling})
+        async with self.admission.admitted():
+            await self.refused()
+            request, stop_name = await self._guarded(self.rewrite_request(request))
+            if stop_name is not None:
+                self.graph.commit(request.messages, None)
+                self._record_tools(request)
+                self.trace.stop(stop_name)
+                raise TurnRefused(stop_name)
+            return await self._sample(request, {**(params or {}), **self.sampling})
 
     async def _sample(self, request: Request, sampling: dict[str, Any]) -> Response:
         self.error = None

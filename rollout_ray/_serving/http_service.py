@@ -20,6 +20,11 @@ from aiohttp import web
 DEFAULT_READ_TIMEOUT = 60.0
 """Seconds a client has to send a request's headers, and then its whole body."""
 
+LINGERING_TIME = 1.0
+"""Seconds the server goes on reading (and dropping) a body it refused without reading, so
+that the client, still sending, gets to read the refusal. aiohttp's default is 10 s, which
+a client that stops sending turns into 10 s of a held connection."""
+
 
 class BodyError(Exception):
     """A request body that could not be read: ``status`` and ``message`` are the answer."""
@@ -87,7 +92,7 @@ class HTTPService:
         app = web.Application(client_max_size=self.max_body)
         self._routes(app.router)
         runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                               keepalive_timeout=self.read_timeout)
+                               keepalive_timeout=self.read_timeout, lingering_time=LINGERING_TIME)
         await runner.setup()
         try:
             await web.TCPSite(runner, self.host, self.port).start()

@@ -4,13 +4,17 @@ One aiohttp server multiplexes many rollouts, each registered under two fresh se
 *model secret* (the harness's bearer for ``/v1/*``) and the *state secret* (``/task``). The
 pipeline itself lives in ``RolloutSession``; this module only maps HTTP onto it:
 
-* unknown or missing secret → 401; a body over ``max_body`` → 413; a body not received within
+* unknown or missing secret → 401; a body over ``max_body`` → 413 (refused before it is read
+  when its length is declared); more requests, or more body bytes, of one rollout in flight
+  than its share → 429 before the body is read; a body not received within
   ``read_timeout`` → 408; malformed JSON or a wrong shape → 400 naming the field; a refused
   turn → 400 ``rollout stopped: <name>``; a released session → 409 ``rollout concluded``;
   provider errors → their status; a hook failure or a model client that raised something
   else → 502; our own bugs → 500.
 * an SDK retry (header ``x-stainless-retry-count`` > 0) of the request just answered is
-  replayed verbatim, and a retry of one still in flight joins it: never sampled twice.
+  replayed verbatim, and a retry of one still in flight (streamed or not) joins it: never
+  sampled twice.
+* a client that hangs up before its stream is written costs a debug line, not a traceback.
 * a session unregistered (sealed) cancels its in-flight handlers and never commits late.
 
 Streaming requests are answered as SSE synthesised from the committed turn, so the stream's
@@ -41,8 +45,15 @@ from .http_service import DEFAULT_READ_TIMEOUT, BodyError, Handlers, HTTPService
 
 log = logging.getLogger("rollout_ray")
 
-DEFAULT_MAX_BODY = 64 << 20
-"""Largest request body accepted (bytes)."""
+DEFAULT_MAX_BODY = 16 << 20
+"""Largest request body accepted (bytes): a long chat with a few images fits."""
+
+DEFAULT_MAX_REQUESTS_PER_ROLLOUT = 32
+"""Requests of one rollout in flight at once; more are answered 429."""
+
+DEFAULT_MAX_BODY_BYTES_PER_ROLLOUT = 32 << 20
+"""Request body bytes of one rollout in flight at once (as declared, or ``max_body`` for a
+body of unknown length); more are answered 429 before the body is read."""
 
 
 @dataclass
@@ -52,6 +63,10 @@ class _Registration:
     last_response: Response | None = None
     inflight: dict[bytes, asyncio.Future[Response | None]] = field(default_factory=dict)
     handlers: Handlers = field(default_factory=Handlers)
+    requests: int = 0
+    """Requests of the rollout being handled now."""
+    body_bytes: int = 0
+    """Body bytes those requests declared (reserved before reading)."""
 
 
 def _error(status: int, message: str, *, kind: str = "rollout_error", param: str | None = None) -> web.Response:
@@ -62,13 +77,20 @@ def _error(status: int, message: str, *, kind: str = "rollout_error", param: str
 class HTTPInterception(HTTPService, Interception):
     """The proxy server. ``await start()`` before ``serve``; ``await stop()`` at the end.
 
-    Args: as ``HTTPService`` (``max_body`` defaults to ``DEFAULT_MAX_BODY``).
+    Args: as ``HTTPService`` (``max_body`` defaults to ``DEFAULT_MAX_BODY``), and
+        max_requests_per_rollout / max_body_bytes_per_rollout: what one rollout may have in
+            flight at once; beyond either, a request is answered 429 before its body is read,
+            so no rollout can grow the shared proxy's memory past its share.
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
-                 max_body: int = DEFAULT_MAX_BODY, read_timeout: float = DEFAULT_READ_TIMEOUT) -> None:
+                 max_body: int = DEFAULT_MAX_BODY, read_timeout: float = DEFAULT_READ_TIMEOUT,
+                 max_requests_per_rollout: int = DEFAULT_MAX_REQUESTS_PER_ROLLOUT,
+                 max_body_bytes_per_rollout: int = DEFAULT_MAX_BODY_BYTES_PER_ROLLOUT) -> None:
         super().__init__(host=host, port=port, advertise_host=advertise_host, max_body=max_body,
                          read_timeout=read_timeout)
+        self.max_requests_per_rollout = max_requests_per_rollout
+        self.max_body_bytes_per_rollout = max_body_bytes_per_rollout
         self._by_model: dict[str, _Registration] = {}
         self._by_state: dict[str, _Registration] = {}
 
@@ -144,8 +166,26 @@ class HTTPInterception(HTTPService, Interception):
         registration = self._lookup(request, self._by_model)
         if registration is None:
             return _error(401, "unknown or missing rollout secret", kind="authentication_error")
-        with registration.handlers.track():
-            return await self._chat_registered(request, registration)
+        declared = request.content_length
+        reserve = self.max_body if declared is None else declared
+        refusal = None
+        if declared is not None and declared > self.max_body:
+            refusal = _error(413, f"request body over {self.max_body} bytes")
+        elif registration.requests >= self.max_requests_per_rollout:
+            refusal = _error(429, f"more than {self.max_requests_per_rollout} requests of this rollout in flight")
+        elif registration.body_bytes + reserve > self.max_body_bytes_per_rollout:
+            refusal = _error(429, f"more than {self.max_body_bytes_per_rollout} body bytes of this rollout in flight")
+        if refusal is not None:
+            refusal.force_close()  # the body is never read into memory: no keep-alive after it
+            return refusal
+        registration.requests += 1
+        registration.body_bytes += reserve
+        try:
+            with registration.handlers.track():
+                return await self._chat_registered(request, registration)
+        finally:
+            registration.requests -= 1
+            registration.body_bytes -= reserve
 
     async def _chat_registered(self, request: web.Request, reg: _Registration) -> web.StreamResponse:
         try:
@@ -169,7 +209,7 @@ class HTTPInterception(HTTPService, Interception):
             return _error(409, "rollout concluded")
         if session.stopped:
             return _error(400, f"rollout stopped: {session.trace.stop_condition}")
-        if retry and not stream and digest in reg.inflight:
+        if retry and digest in reg.inflight:
             joined = await asyncio.shield(reg.inflight[digest])
             if joined is None:
                 return _error(503, "upstream attempt failed")
@@ -204,10 +244,14 @@ class HTTPInterception(HTTPService, Interception):
         if not stream:
             return web.Response(body=encode_response(response, completion_id=cid), content_type="application/json")
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await out.prepare(request)
-        for event in sse_events(response, include_usage=include_usage, completion_id=cid):
-            await out.write(event)
-        await out.write_eof()
+        try:
+            await out.prepare(request)
+            for event in sse_events(response, include_usage=include_usage, completion_id=cid):
+                await out.write(event)
+            await out.write_eof()
+        except ConnectionResetError:  # aiohttp's ClientConnectionResetError too
+            # The client hung up; the turn is committed all the same, and there is nobody to tell.
+            log.debug("interception: client hung up before its stream was written")
         return out
 
 
