@@ -190,8 +190,9 @@ class SweepConfigError(ValueError):
 
 def error_class(type_name: str) -> type[BaseException] | None:
     """The class behind an error recorded on a trace under ``type_name``, if this process
-    knows it: a ``RolloutError`` subclass (a taskset's own included, once imported) or a
-    built-in exception. Lets readers of a trace test ``issubclass`` instead of names."""
+    knows it: one of this module's errors or a subclass of one (a taskset's own included,
+    once imported), or a built-in exception. Lets readers of a trace test ``issubclass``
+    instead of comparing names."""
     found = _rollout_errors().get(type_name)
     if found is None:
         builtin = getattr(builtins, type_name, None)
@@ -203,9 +204,11 @@ def error_class(type_name: str) -> type[BaseException] | None:
 
 
 @functools.cache
-def _rollout_errors() -> dict[str, type[RolloutError]]:
-    found: dict[str, type[RolloutError]] = {}
-    pending: list[type[RolloutError]] = [RolloutError]
+def _rollout_errors() -> dict[str, type[BaseException]]:
+    found: dict[str, type[BaseException]] = {}
+    pending: list[type[BaseException]] = [
+        v for v in globals().values() if isinstance(v, type) and issubclass(v, Exception)
+        and v.__module__ == __name__]
     while pending:
         cls = pending.pop()
         found.setdefault(cls.__name__, cls)
@@ -217,8 +220,9 @@ def _rollout_errors() -> dict[str, type[RolloutError]]:
 def boundary(error_cls: type[RolloutError], what: str) -> Iterator[None]:
     """Convert foreign exceptions raised inside the block into ``error_cls``.
 
-    A ``RolloutError`` passes through unchanged (it already names its boundary). A
-    ``TimeoutError`` becomes ``error_cls("<what> timed out")``; any other ``Exception``
+    A ``RolloutError`` passes through unchanged (it already names its boundary), and so does
+    ``InfrastructureLost`` (the rollout's services were lost under it: no boundary of the
+    task or harness failed). A ``TimeoutError`` becomes ``error_cls("<what> timed out")``; any other ``Exception``
     becomes ``error_cls("<what> failed: <Type>: <message>")``, chained to the original.
     Cancellation (a ``BaseException``) is never converted.
 
@@ -228,7 +232,7 @@ def boundary(error_cls: type[RolloutError], what: str) -> Iterator[None]:
     """
     try:
         yield
-    except RolloutError:
+    except (RolloutError, InfrastructureLost):
         raise
     except TimeoutError as e:
         raise error_cls(f"{what} timed out") from e

@@ -23,7 +23,7 @@ from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .._simulated.server import SimulatedModelServer
 from .summary import format_summary, summarize
-from .taskset import load_taskset, taskset_modules
+from .taskset import load_taskset
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
@@ -115,8 +115,7 @@ def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: i
         return LocalExecutor(runtime=runtime)
     from .._ray.executor import RayExecutor
 
-    return RayExecutor(actors=actors, capacity=capacity, address=address, runtime=runtime,
-                       ship_modules=taskset_modules(module))  # workers cannot import a taskset file
+    return RayExecutor(actors=actors, capacity=capacity, address=address, runtime=runtime)
 
 
 async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None, api_key_env: str,

@@ -40,17 +40,3 @@ def load_taskset(ref: str) -> ModuleType:
         return import_taskset(ref)
     except TasksetError as e:
         raise SystemExit(f"rollout-ray eval: {e}") from None
-
-
-def taskset_modules(module: ModuleType) -> list[ModuleType]:
-    """The taskset and the plain modules beside it that it imported (``from calc_tool import
-    ...`` in ``examples/program.py``): workers can import none of them, so all go by value."""
-    path = getattr(module, "__file__", None)
-    if path is None or not module.__name__.startswith("taskset_"):  # see load_taskset
-        return [module]  # given as a module name: what it imports, workers import too
-    folder = os.path.dirname(os.path.abspath(path))
-    beside = [m for m in list(sys.modules.values())
-              if m is not module and getattr(m, "__file__", None)
-              and os.path.dirname(os.path.abspath(m.__file__)) == folder  # type: ignore[arg-type]
-              and not m.__file__.endswith("__init__.py")]  # type: ignore[union-attr]
-    return [module, *beside]

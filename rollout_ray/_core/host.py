@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from .._errors import UnknownRollout
+from .._errors import InfrastructureLost, UnknownRollout, error_class
 from .._record.messages import Message
 from .._record.trace import encode_trace
 from .executor import RolloutSpec
@@ -100,12 +100,21 @@ class RolloutHost:
                 await self._release(rollout)
 
     async def run(self, spec: RolloutSpec) -> bytes:
-        """``Rollout.run`` (open → step → close) in one call: one actor call per rollout."""
+        """``Rollout.run`` (open → step → close) in one call: one actor call per rollout.
+
+        Raises:
+            InfrastructureLost: a service the rollout was served by (its node's proxy or tool
+                server) was lost under it: its outcome says nothing of the task, so the
+                caller retries it instead of recording it.
+        """
         rollout = await self._admit(spec)
         try:
             trace = await rollout.run()
         finally:
             await self._release(rollout)
+        lost = next((e for e in trace.errors if _is_lost(e.type)), None)
+        if lost is not None:
+            raise InfrastructureLost(lost.message)
         return encode_trace(trace)
 
     async def trace(self, rollout_id: str) -> bytes:
@@ -124,3 +133,8 @@ class RolloutHost:
     async def shutdown(self) -> None:
         """Abort every open rollout (their owned runtimes are stopped)."""
         await asyncio.gather(*(self.abort(i) for i in list(self._rollouts)), return_exceptions=True)
+
+
+def _is_lost(type_name: str) -> bool:
+    cls = error_class(type_name)
+    return cls is not None and issubclass(cls, InfrastructureLost)

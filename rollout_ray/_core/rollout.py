@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack, suppress
 from typing import Any
 
-from .._errors import HarnessError, RolloutError, TaskError, ToolsetError, boundary
+from .._errors import HarnessError, InfrastructureLost, RolloutError, TaskError, ToolsetError, boundary
 from .._record.messages import Message, Request
 from .._record.trace import AgentInfo, Timing, Trace
 from .harness import Harness, HarnessContext, HarnessSession
@@ -232,7 +232,7 @@ class Rollout:
             raise ValueError(
                 f"borrowed runtime {self.runtime.name!r} was torn down by its owner mid-run"
             ) from error
-        if not isinstance(error, RolloutError):
+        if not isinstance(error, RolloutError | InfrastructureLost):
             log.warning("rollout %s: unexpected %s", self.trace.id, type(error).__name__,
                         exc_info=error)
         self._failed = True

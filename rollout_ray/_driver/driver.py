@@ -300,6 +300,9 @@ class Driver:
             except InfrastructureLost as e:
                 trace = _lost_trace(task, self.harness, e)
                 retryable = True
+            except Exception as e:  # noqa: BLE001 - e.g. a task that cannot be pickled: this rollout fails, not the run
+                trace = _lost_trace(task, self.harness, e)
+                retryable = False
             else:
                 retryable = self.config.retry_failed and not trace.ok
             if not retryable or attempt >= self.config.max_infra_retries:
@@ -351,7 +354,7 @@ def _is_provider_failure(type_name: str) -> bool:
 
 
 def _lost_trace(task: Task, harness: Harness, error: Exception) -> Trace:
-    """The record of a rollout whose host died: failed, with the infrastructure error."""
+    """The record of a rollout the executor could not run or lost: failed, with the error."""
     trace = Trace(
         task=task.trace_task(),
         agent=AgentInfo(harness=harness.id),

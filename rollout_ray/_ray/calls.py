@@ -15,14 +15,18 @@ SHUTDOWN_GRACE = 5.0
 """Seconds an actor gets to shut down before ``ray.kill``."""
 
 
-async def call(ref: Any) -> Any:
+async def call(ref: Any, timeout: float | None = None) -> Any:
     """Await an actor call; an exception raised in the actor comes back as itself.
 
     Ray wraps it in a ``RayTaskError`` whose type name and message carry Ray's decorations;
     the trace must record the original type and message.
+
+    Raises:
+        TimeoutError: no answer within ``timeout`` seconds (the actor may be hung).
     """
     try:
-        return await ref
+        async with asyncio.timeout(timeout):
+            return await ref
     except RayTaskError as e:
         cause = getattr(e, "cause", None)
         if isinstance(cause, Exception):

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import os
+import site
+import sys
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
 import ray
+import ray._private.ray_constants as ray_constants
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._core.executor import Executor, RolloutSpec
 from .._errors import InfrastructureLost
 from .._record.trace import Trace
-from .calls import SHUTDOWN_GRACE
-from .node_service_actor import forget_dead_actor
+from .calls import SHUTDOWN_GRACE, call
 from .rollout_actor import RolloutActor
 
 _SPREAD = {"scheduling_strategy": "SPREAD"}
@@ -25,12 +29,20 @@ class RayExecutor(Executor):
     """Spreads rollouts over ``actors`` rollout actors of ``capacity`` each.
 
     An actor that dies is replaced on its next use, and the rollouts it held raise
-    ``InfrastructureLost`` at once (Ray fails the pending calls), never hang.
+    ``InfrastructureLost`` at once (Ray fails the pending calls), never hang. An actor that
+    hangs (its event loop stuck: it answers no ``ping`` within ``probe_timeout``) is killed,
+    so its rollouts become ``InfrastructureLost`` too.
+
+    Without an address (argument or ``RAY_ADDRESS``) it starts a private Ray instance bound
+    to 127.0.0.1 — never a cluster that happens to run on the machine. The modules of a
+    spec's task, harness and model that the actors cannot import (a file next to the
+    driver's script, ``__main__``, a taskset loaded from a path) travel by value, with the
+    plain modules beside them that they imported.
 
     Args:
         actors: number of rollout actors (spread over the cluster's nodes).
         capacity: rollouts per actor at once (K).
-        address: Ray address to connect to; ``None`` starts a local Ray if none is running.
+        address: Ray address to connect to; ``None``: ``RAY_ADDRESS``, else a private local Ray.
         actor_options: ``.options()`` of the pool's actors (e.g. custom resources or a
             scheduling strategy): one mapping for all, or one per actor. Default: round-robin
             over the nodes alive at start (soft node affinity).
@@ -38,14 +50,14 @@ class RayExecutor(Executor):
             actor's own: those may pin it to a node that is gone, and an actor that cannot be
             placed would hold its rollouts forever. Default: spread.
         runtime: the kind of the runtimes rollouts own, ``"local"`` or ``"sandbox"``.
-        ship_modules: modules the actors cannot import (a taskset loaded from a file and the
-            modules beside it): their classes and functions travel by value.
+        probe_interval / probe_timeout: how often each actor is pinged, and how long it may
+            take to answer before it counts as hung.
     """
 
     def __init__(self, *, actors: int = 2, capacity: int = 64, address: str | None = None,
                  actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
                  replacement_options: Mapping[str, Any] | None = None, runtime: str = "local",
-                 ship_modules: Sequence[ModuleType] = ()) -> None:
+                 probe_interval: float = 2.0, probe_timeout: float = 30.0) -> None:
         if actors < 1 or capacity < 1:
             raise ValueError(f"actors and capacity must be >= 1, got {actors} and {capacity}")
         options: list[dict[str, Any]] | None
@@ -58,26 +70,47 @@ class RayExecutor(Executor):
             if len(options) != actors:
                 raise ValueError(f"actor_options must hold one mapping per actor ({actors}), got {len(options)}")
         self.actors, self.capacity, self.address, self.runtime = actors, capacity, address, runtime
+        self.probe_interval, self.probe_timeout = probe_interval, probe_timeout
         self._options = options
         self._replacement_options = dict(replacement_options or _SPREAD)
         self._pool: list[RolloutActor | None] = []
         self._load: list[int] = []
         self._turn = itertools.count()
+        self._probes: set[asyncio.Task[None]] = set()
+        self._shipped: set[type] = set()
         self.replaced = 0
         self._started_ray = False
-        self._ship_modules = list(ship_modules)
 
     async def start(self) -> None:
         if not ray.is_initialized():
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            init_ray(self.address)
             self._started_ray = True
-        for module in self._ship_modules:
-            ray.cloudpickle.register_pickle_by_value(module)
         self._pool = [self._new_actor(o) for o in self._options or _round_robin(self.actors)]
         self._load = [0] * self.actors
 
     def _new_actor(self, options: Mapping[str, Any]) -> RolloutActor:
-        return RolloutActor.create(capacity=self.capacity, runtime=self.runtime, **options)
+        actor = RolloutActor.create(capacity=self.capacity, runtime=self.runtime, **options)
+        probe = asyncio.get_running_loop().create_task(self._probe(actor))
+        self._probes.add(probe)
+        probe.add_done_callback(self._probes.discard)
+        return actor
+
+    async def _probe(self, actor: RolloutActor) -> None:
+        """Ping ``actor`` while it is in the pool; kill it if it stops answering."""
+        try:
+            await call(actor.actor.ping.remote())  # unbounded: being placed and started is not hanging
+        except RayActorError:
+            return
+        while actor in self._pool:
+            await asyncio.sleep(self.probe_interval)
+            try:
+                await call(actor.actor.ping.remote(), timeout=self.probe_timeout)
+            except TimeoutError:
+                # Hung, not dead: Ray would wait on it forever. Killed, its pending calls fail.
+                ray.kill(actor.actor, no_restart=True)
+                return
+            except RayActorError:
+                return  # dead: ``run`` sees it
 
     def _pick(self) -> int:
         # Least loaded; ties broken round-robin so an idle pool fills evenly.
@@ -86,6 +119,7 @@ class RayExecutor(Executor):
         return min(order, key=lambda i: self._load[i])
 
     async def run(self, spec: RolloutSpec) -> Trace:
+        self._ship_by_value(spec)
         index = self._pick()
         actor = self._pool[index]
         if actor is None:
@@ -97,16 +131,25 @@ class RayExecutor(Executor):
         except RayActorError as e:
             if self._pool[index] is actor:
                 self._pool[index] = None  # replaced on next use
-                await forget_dead_actor(actor.owner)
             raise InfrastructureLost(f"rollout actor died: {type(e).__name__}") from None
         finally:
             self._load[index] -= 1
 
+    def _ship_by_value(self, spec: RolloutSpec) -> None:
+        for cls in (type(spec.task), type(spec.harness), type(spec.model)):
+            if cls not in self._shipped:
+                self._shipped.add(cls)
+                for module in modules_to_ship(cls):
+                    ray.cloudpickle.register_pickle_by_value(module)
+
     async def stop(self) -> None:
-        for actor in self._pool:
+        pool, self._pool = self._pool, []
+        for probe in list(self._probes):
+            probe.cancel()
+        await asyncio.gather(*self._probes, return_exceptions=True)
+        for actor in pool:
             if actor is not None:
                 await actor.aclose(SHUTDOWN_GRACE)
-        self._pool = []
         # The node's services actors are shared with every other driver on the
         # cluster, so they stay; a Ray started here goes, and takes them with it.
         if self._started_ray:
@@ -114,6 +157,66 @@ class RayExecutor(Executor):
 
     def statistics(self) -> dict[str, Any]:
         return {"actors": len(self._pool), "replaced": self.replaced, "in_flight": sum(self._load)}
+
+
+LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's own switch for single-machine platforms: "0" keeps every service on 127.0.0.1."""
+
+
+def init_ray(address: str | None) -> None:
+    """Connect to ``address`` (or ``RAY_ADDRESS``); without one, start a private local Ray.
+
+    Private: ``address="local"`` never joins a cluster that happens to run on the machine
+    (``ray.init()`` would join whatever ``/tmp/ray/ray_current_cluster`` names, another
+    user's included). On loopback: the local default's services listen on 127.0.0.1 only;
+    to let other machines in, start a cluster with ``ray start`` (see ``cluster/``) and pass
+    its address.
+    """
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        return
+    # ray.init turns a loopback node address into the machine's reachable one; Ray keeps
+    # everything on loopback only where it runs without clusters, a switch read here (this
+    # process) and, through the environment, by every process Ray starts.
+    os.environ[LOOPBACK_ONLY] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+
+
+def modules_to_ship(cls: type) -> list[ModuleType]:
+    """The modules of ``cls`` and its bases that Ray workers may be unable to import, each with
+    the plain modules beside it (same folder) that it imported: they must travel by value."""
+    found: list[ModuleType] = []
+    for klass in cls.__mro__:
+        module = sys.modules.get(klass.__module__)
+        if module is not None and _private_to_driver(module) and module not in found:
+            found.append(module)
+            found += [m for m in _beside(module) if m not in found]
+    return found
+
+
+def _private_to_driver(module: ModuleType) -> bool:
+    """Whether workers, which share the installed packages but not the driver's script
+    directory or working directory, may fail to import ``module``."""
+    if module.__name__ == "__main__":
+        return True
+    path = getattr(module, "__file__", None)
+    if path is None or module.__name__.split(".")[0] in ("rollout_ray", *sys.stdlib_module_names):
+        return False
+    path = os.path.realpath(path)
+    installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *site.getsitepackages())}
+    return not any(path.startswith(root + os.sep) for root in installed)
+
+
+def _beside(module: ModuleType) -> list[ModuleType]:
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return []
+    folder = os.path.dirname(os.path.abspath(path))
+    return [m for m in list(sys.modules.values())
+            if m is not module and (p := getattr(m, "__file__", None))
+            and os.path.dirname(os.path.abspath(p)) == folder and not p.endswith("__init__.py")]
 
 
 def _round_robin(actors: int) -> list[dict[str, Any]]:

@@ -1,16 +1,24 @@
 """The node services actor: each node's proxy and tool server, and the rollouts' side of it.
 
-One actor per node (named, get-if-exists, detached, pinned by node affinity) runs
-``NodeServices``: every rollout actor of the node registers its rollouts' sessions and
-toolsets there, and their programs talk to it over loopback. ``RayInterception`` and
-``RayToolServer`` are the rollout actor's side: registrations travel as shipments (each
-class and model once) in coalesced batches, and what the node's copy of a trace added comes
-back through ``_core/trace_sync``.
+One actor per node (named, get-if-exists, detached, pinned by node affinity, restarted by
+Ray if its process dies) runs ``NodeServices``: every rollout actor of the node registers
+its rollouts' sessions and toolsets there, and their programs talk to it over loopback.
+``RayInterception`` and ``RayToolServer`` are the rollout actor's side: registrations
+travel as shipments (each class and model once) in coalesced batches, and what the node's
+copy of a trace added comes back through ``_core/trace_sync``.
+
+It heals: a rollout actor renews its lease every ``LEASE_SECONDS / 3``; the actor reaps
+what an owner whose lease ran out left behind. A call to a services actor that died or does
+not answer within ``SERVICE_CALL_TIMEOUT`` raises ``InfrastructureLost`` (the rollouts it
+broke are retried, not recorded as failures of their task) and the next call goes to its
+replacement.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,6 +32,7 @@ from .._core.runtime import Runtime
 from .._core.session import RolloutSession
 from .._core.toolset import Toolset
 from .._core.trace_sync import Cursor, SessionDelta, SessionSpec, apply_delta
+from .._errors import InfrastructureLost
 from .._record.messages import Request
 from .._serving.node_services import NodeServices
 from .calls import NAMESPACE, SHUTDOWN_GRACE, call, stop_actor
@@ -31,6 +40,9 @@ from .coalesce import Coalescer
 from .shipment import Depot, Shipper, deliver
 
 SERVICES_PREFIX = "node-services:"
+
+SERVICE_CALL_TIMEOUT = 30.0
+"""Seconds a rollout actor waits for one call to its node's services before giving them up."""
 
 SERVICE_HOST_VARIABLE = "ROLLOUT_RAY_SERVICE_HOST"
 """Where the node services bind (default 127.0.0.1: runtimes on the same node only). Set it
@@ -45,11 +57,37 @@ def _service_hosts() -> dict[str, str]:
 
 
 class _NodeServiceActor(NodeServices):
-    """``NodeServices`` taking its registrations as batches of shipments (``shipment``)."""
+    """``NodeServices`` taking its registrations as batches of shipments (``shipment``), and
+    reaping expired leases in the background."""
 
     def __init__(self) -> None:
         super().__init__(**_service_hosts())
         self._depot = Depot()
+        self._reaper: asyncio.Task[None] | None = None
+
+    def _reaping(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._reap_forever())
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease / 4)
+            await self.reap()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def ping(self) -> None:
+        """Answers at once unless the actor's event loop is stuck."""
+
+    def renew(self, owner: str | None, now: float | None = None) -> None:
+        self._reaping()
+        super().renew(owner, now)
+
+    async def shutdown(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        await super().shutdown()
 
     async def register_many(self, items: list[tuple[bytes, dict[str, bytes]]]) -> list[Slot | Exception]:
         """Register each shipped ``SessionSpec``; an item that fails answers its exception."""
@@ -74,7 +112,7 @@ async def _outcome(pending: Awaitable[Any]) -> Any:
         return e
 
 
-NodeServiceActorClass = ray.remote(num_cpus=0, max_concurrency=10_000)(_NodeServiceActor)
+NodeServiceActorClass = ray.remote(num_cpus=0, max_concurrency=10_000, max_restarts=-1)(_NodeServiceActor)
 
 
 def node_service_actor(node_id: str) -> Any:
@@ -92,19 +130,61 @@ def node_service_actor(node_id: str) -> Any:
     ).remote()
 
 
+class NodeServicesRef:
+    """A rollout actor's handle on its node's services, replaced when they die.
+
+    Every call is bounded by ``SERVICE_CALL_TIMEOUT``; one that fails because the actor died
+    or hangs raises ``InfrastructureLost``, and the next call goes to the node's services as
+    they are then (Ray restarts a dead one under the same handle; one that is gone for good
+    is created anew under its name).
+    """
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.actor = node_service_actor(node_id)
+        self._recovery: asyncio.Future[None] | None = None
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """``method(*args)`` on the node's services.
+
+        Raises:
+            InfrastructureLost: they died or hung; raised once they answer again (or after
+                ``SERVICE_CALL_TIMEOUT``), so that the retry of a rollout lands on live ones.
+        """
+        actor = self.actor
+        try:
+            return await call(getattr(actor, method).remote(*args), timeout=SERVICE_CALL_TIMEOUT)
+        except (RayActorError, TimeoutError) as e:
+            if self._recovery is None or self._recovery.done():
+                self._recovery = asyncio.ensure_future(self._until_alive())
+            await asyncio.shield(self._recovery)
+            raise InfrastructureLost(f"the node's services were lost: {type(e).__name__}") from None
+
+    async def _until_alive(self) -> None:
+        deadline = time.monotonic() + SERVICE_CALL_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                await call(self.actor.ping.remote(), timeout=5.0)
+                return
+            except (RayActorError, TimeoutError):
+                # Restarting under the same handle, or gone for good (a new one by its name).
+                self.actor = node_service_actor(self.node_id)
+                await asyncio.sleep(0.1)
+
+
 class RayInterception(Interception):
     """Serves sessions through the node's services actor; pulls their turns after each segment."""
 
-    def __init__(self, actor: Any, owner: str | None = None) -> None:
-        self._actor = actor
+    def __init__(self, services: NodeServicesRef, owner: str | None = None) -> None:
+        self._services = services
         self._owner = owner
         self._secrets: dict[int, str] = {}
         self._shipper = Shipper()
         # Rollouts of one host start and end in bursts: their calls travel in batches.
         self._register: Coalescer[tuple[bytes, dict[str, bytes]], Slot] = Coalescer(
-            lambda items: call(actor.register_many.remote(items)))
+            lambda items: services.call("register_many", items))
         self._unregister: Coalescer[tuple[str, Cursor], SessionDelta | None] = Coalescer(
-            lambda items: call(actor.unregister_many.remote(items)))
+            lambda items: services.call("unregister_many", items))
 
     @asynccontextmanager
     async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:  # type: ignore[override]
@@ -129,28 +209,27 @@ class RayInterception(Interception):
         return None
 
     async def prepare_users(self, session: RolloutSession, request: Request) -> Request:
-        rewritten: Request = await call(self._actor.prepare_users.remote(self._secrets[id(session)], request))
+        rewritten: Request = await self._services.call("prepare_users", self._secrets[id(session)], request)
         await self.sync(session)
         return rewritten
 
     async def sync(self, session: RolloutSession) -> None:
         secret = self._secrets.get(id(session))
         if secret is not None:
-            apply_delta(session, await call(self._actor.sync.remote(secret, Cursor.of(session.trace))))
+            apply_delta(session, await self._services.call("sync", secret, Cursor.of(session.trace)))
 
 
 class RayToolServer:
     """Serves toolsets through the node's services actor, which records every call on the
     node's copy of the rollout's trace (it comes back with the session's delta)."""
 
-    def __init__(self, actor: Any, owner: str | None = None) -> None:
-        self._actor = actor
+    def __init__(self, services: NodeServicesRef, owner: str | None = None) -> None:
         self._owner = owner
         self._shipper = Shipper()
         self._register: Coalescer[tuple[bytes, dict[str, bytes]], tuple[str, dict[str, str]]] = Coalescer(
-            lambda items: call(actor.register_tools_many.remote(items)))
+            lambda items: services.call("register_tools_many", items))
         self._unregister: Coalescer[str, None] = Coalescer(
-            lambda keys: call(actor.unregister_tools_many.remote(keys)))
+            lambda keys: services.call("unregister_tools_many", keys))
 
     @asynccontextmanager
     async def serve(self, toolsets: Sequence[Toolset], runtime: Runtime | None, state_secret: str, *,
@@ -167,18 +246,6 @@ class RayToolServer:
             yield urls
         finally:
             await self._unregister(key)
-
-
-async def forget_dead_actor(owner: str) -> int:
-    """Drop what a dead rollout actor (``owner``) left in every node's services actor."""
-    dropped = 0
-    for name in _service_names():
-        try:
-            actor = ray.get_actor(name, namespace=NAMESPACE)
-            dropped += await call(actor.drop_owner.remote(owner))
-        except (RayActorError, ValueError):
-            continue  # that node's services are gone too
-    return dropped
 
 
 def _service_names() -> list[str]:

@@ -4,7 +4,7 @@ It hosts up to K rollouts and adds no lifecycle logic. It creates its own runtim
 the runtimes its rollouts own, so by Ray's ownership rules that actor — and, through its
 guardian, every process of every runtime in it — dies with it. Its rollouts' sessions and
 tools are served by the node's services actor (``node_service_actor``) under its owner id,
-so what a dead rollout actor left there can be dropped.
+which it renews every few seconds: what a dead rollout actor left there is reaped.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._core.executor import RolloutSpec
 from .._core.host import RolloutHost
+from .._errors import InfrastructureLost
 from .._record.messages import Message
 from .._record.trace import Trace, decode_trace
 from .._runtimes.host import RUNTIME_KINDS
+from .._serving.node_services import LEASE_SECONDS
 from .calls import SHUTDOWN_GRACE, call, stop_actor
-from .node_service_actor import RayInterception, RayToolServer, node_service_actor
+from .node_service_actor import NodeServicesRef, RayInterception, RayToolServer
 from .remote_runtime import RemoteRuntime
 from .runtime_actor import RuntimeActorClass
 from .shipment import Depot, Shipper, deliver
@@ -41,7 +43,9 @@ class _RolloutActor:
         self._runtimes = RuntimeActorClass.options(**self._runtime_options).remote(kind=runtime)
         self._watcher: asyncio.Task[None] | None = None
         self.replaced_runtime_actors = 0
-        services = node_service_actor(node_id)
+        self._owner = owner
+        self._services = services = NodeServicesRef(node_id)
+        self._heartbeat: asyncio.Task[None] | None = None
         self.host = RolloutHost(
             capacity,
             interception=RayInterception(services, owner),
@@ -60,9 +64,23 @@ class _RolloutActor:
     def runtime_actor(self) -> Any:
         return self._runtimes
 
-    def _watch_runtimes(self) -> None:
+    def ping(self) -> None:
+        """Answers at once unless the actor's event loop is stuck (``RayExecutor`` probes it)."""
+
+    def _watch(self) -> None:
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.create_task(self._replace_dead_runtime_actor())
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.create_task(self._renew_lease())
+
+    async def _renew_lease(self) -> None:
+        """Keep this actor's registrations at the node's services alive while it lives."""
+        while True:
+            try:
+                await self._services.call("renew", self._owner)
+            except InfrastructureLost:
+                pass  # the services were replaced; the next renewal goes to the new ones
+            await asyncio.sleep(LEASE_SECONDS / 3)
 
     async def _replace_dead_runtime_actor(self) -> None:
         """Long-poll the runtime actor; if it dies, new rollouts get a new one.
@@ -81,7 +99,7 @@ class _RolloutActor:
                 self.replaced_runtime_actors += 1
 
     async def open(self, blob: bytes, bodies: dict[str, bytes]) -> tuple[str, bool]:
-        self._watch_runtimes()
+        self._watch()
         return await self.host.open(self._depot.unpack(blob, bodies))
 
     async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
@@ -94,7 +112,7 @@ class _RolloutActor:
         await self.host.abort(rollout_id)
 
     async def run(self, blob: bytes, bodies: dict[str, bytes]) -> bytes:
-        self._watch_runtimes()
+        self._watch()
         return await self.host.run(self._depot.unpack(blob, bodies))
 
     async def trace(self, rollout_id: str) -> bytes:
@@ -106,9 +124,10 @@ class _RolloutActor:
     async def shutdown(self) -> None:
         await self.host.shutdown()
         await self._runtimes.shutdown.remote()
-        if self._watcher is not None:
-            self._watcher.cancel()
-            await asyncio.gather(self._watcher, return_exceptions=True)
+        tasks = [t for t in (self._watcher, self._heartbeat) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 RolloutActorClass = ray.remote(num_cpus=0, max_concurrency=10_000)(_RolloutActor)

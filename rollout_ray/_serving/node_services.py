@@ -7,6 +7,10 @@ to this process's proxy and tool server. The copy of the trace here is where tur
 committed, hooks run and tool calls are recorded while the registration lives; the rollout
 pulls what was added as ``SessionDelta``s (see ``_core/trace_sync`` for who owns what).
 Models are pooled by configuration: rollouts of one model share one keep-alive pool.
+
+Every registration has an owner (a rollout actor) holding a lease: the owner renews it every
+few seconds, and ``reap`` drops everything of an owner whose lease ran out — an owner that
+died, or whose driver died and took it along — so nothing is held for the dead.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +33,9 @@ from .._errors import ToolsetError, Unauthorized
 from .._record.messages import Request
 from .proxy import HTTPInterception
 from .tool_server import ToolServer
+
+LEASE_SECONDS = 5.0
+"""How long an owner's registrations live without a renewal."""
 
 
 @dataclass
@@ -48,13 +56,16 @@ class NodeServices:
     """
 
     def __init__(self, *, host: str = "127.0.0.1", advertise_host: str | None = None,
-                 max_body: int | None = None) -> None:
+                 max_body: int | None = None, lease: float = LEASE_SECONDS) -> None:
         kwargs: dict[str, Any] = {"host": host, "advertise_host": advertise_host}
         self._proxy = HTTPInterception(**kwargs, **({"max_body": max_body} if max_body else {}))
         self._tools = ToolServer(**kwargs)
         self._models: dict[bytes, Model] = {}
         self._sessions: dict[str, _Served] = {}
         self._toolsets: dict[str, _Served] = {}
+        self.lease = lease
+        self._leases: dict[str, float] = {}
+        """Owner → the monotonic time its registrations expire."""
 
     async def _started(self) -> None:
         if not self._proxy.base_url:
@@ -73,6 +84,7 @@ class NodeServices:
     async def register(self, spec: SessionSpec) -> Slot:
         """Serve a copy of the rollout's session; returns its slot on this node's proxy."""
         await self._started()
+        self.renew(spec.owner)
         session = spec.session(self._pooled(spec.model))
         serving = self._proxy.serve(session)
         slot = await serving.__aenter__()
@@ -112,6 +124,7 @@ class NodeServices:
             ToolsetError: no session is registered here under ``state_secret``.
         """
         await self._started()
+        self.renew(owner)
         session = self._proxy.session_of_state(state_secret)
         if session is None:
             raise ToolsetError("tools registered for a rollout whose session this node does not "
@@ -128,6 +141,20 @@ class NodeServices:
             await served.serving.__aexit__(None, None, None)
 
     # -- owners -----------------------------------------------------------------------------
+
+    def renew(self, owner: str | None, now: float | None = None) -> None:
+        """Extend ``owner``'s lease by ``lease`` seconds from ``now`` (monotonic)."""
+        if owner is not None:
+            self._leases[owner] = (time.monotonic() if now is None else now) + self.lease
+
+    async def reap(self, now: float | None = None) -> int:
+        """Drop the registrations of every owner whose lease ran out; returns how many."""
+        now = time.monotonic() if now is None else now
+        dropped = 0
+        for owner in [o for o, expires in self._leases.items() if expires <= now]:
+            del self._leases[owner]
+            dropped += await self.drop_owner(owner)
+        return dropped
 
     async def drop_owner(self, owner: str) -> int:
         """Seal and forget everything ``owner`` registered (it died); returns how many."""

@@ -101,13 +101,16 @@ def test_trainer_loop_example_consumes_every_group() -> None:
 def test_a_taskset_file_ships_the_plain_modules_beside_it_that_it_imports() -> None:
     """examples/program.py imports calc_tool from its own folder: Ray workers can import
     neither, so both go by value (this once failed `rollout-ray eval examples/program.py`)."""
-    from rollout_ray._cli.taskset import load_taskset, taskset_modules
+    from rollout_ray import ChatHarness
+    from rollout_ray._cli.taskset import load_taskset
+    from rollout_ray._ray.executor import modules_to_ship
 
     module = load_taskset("examples/program.py")
-    shipped = taskset_modules(module)
-    assert shipped[0] is module and "calc_tool" in {m.__name__ for m in shipped}
+    task_class = type(next(iter(module.tasks())))
+    shipped = modules_to_ship(task_class)
+    assert shipped[0].__file__ == module.__file__ and "calc_tool" in {m.__name__ for m in shipped}
     assert all(os.path.dirname(m.__file__) == os.path.dirname(module.__file__) for m in shipped)
-    assert [m.__name__ for m in taskset_modules(sys.modules["calc_tool"])] == ["calc_tool"]  # by name: as is
+    assert modules_to_ship(ChatHarness) == []  # installed with the package: workers import it
 
 
 def test_runtime_host_and_executors_refuse_an_unknown_runtime_kind() -> None:

@@ -19,7 +19,6 @@ from conftest import process_alive as _alive
 ray = pytest.importorskip("ray")
 
 from rollout_ray._core.executor import RolloutSpec  # noqa: E402
-from rollout_ray._ray.node_service_actor import forget_dead_actor
 from rollout_ray._ray.rollout_actor import RolloutActor
 from rollout_ray._ray.runtime_actor import RuntimeActor  # noqa: E402
 from rollout_ray.testing import ScriptedModel  # noqa: E402
@@ -95,9 +94,6 @@ def test_killing_a_rollout_actor_mid_segment_removes_its_owned_runtimes(how: str
             ray.kill(actor.actor, no_restart=True)
         with pytest.raises(ray.exceptions.RayActorError):
             await running
-        # What RayExecutor does for a dead actor (its session, if it got that far, leaves the
-        # node's proxy); the driver's tests check the count.
-        await forget_dead_actor(actor.owner)
         await asyncio.to_thread(_wait_gone, owned_pid, 5.0)
         assert _alive(borrowed_pid) and await borrowed.alive()
         await pool.aclose()

@@ -12,12 +12,11 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
+from test_proxy import post, proxy, run
 
 from rollout_ray import Model, Request, Response, RolloutLimits, RolloutSession, Trace, TraceTask, Usage
 from rollout_ray._record.messages import AssistantMessage
-from rollout_ray.testing import Reply, ScriptedModel
-
-from test_proxy import post, proxy, run
+from rollout_ray.testing import ScriptedModel
 
 pytestmark = pytest.mark.security
 

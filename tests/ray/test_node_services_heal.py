@@ -1,0 +1,201 @@
+"""Node services heal (issue 10 §5): a dead services actor is replaced and the rollouts it
+broke are retried; what a dead rollout actor or a dead driver registered is reaped; a hung
+rollout actor becomes an infrastructure loss instead of pinning a driver slot."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout_ray import ChatHarness, Harness, ProgramResult, RolloutSpec, Task, Toolset, Trace, reward, tool
+from rollout_ray._driver.driver import Driver, EvalConfig
+from rollout_ray.testing import Reply, ScriptedModel
+
+from conftest import process_alive, wait_exit
+
+ray = pytest.importorskip("ray")
+
+from rollout_ray._ray.executor import RayExecutor  # noqa: E402
+from rollout_ray._ray.node_service_actor import node_service_actor  # noqa: E402
+from rollout_ray._ray.rollout_actor import RolloutActor  # noqa: E402
+from rollout_ray._serving.node_services import LEASE_SECONDS  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = [pytest.mark.ray, pytest.mark.faults, pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
+
+SCRIPT = Path(__file__).resolve().parents[1] / "fault_scripts" / "hanging_driver.py"
+
+
+class Answers(Task):
+    @reward
+    def said_four(self, trace: Trace) -> float:
+        return float(trace.last_reply == "4")
+
+
+class Adder(Toolset):
+    name = "adder"
+
+    @tool
+    def add(self, a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+
+class WithTools(Task):
+    @classmethod
+    def toolsets(cls, config: Any) -> list[Any]:
+        return [Adder()]
+
+
+class Blocks(Harness):
+    async def launch(self, ctx: Any) -> ProgramResult:
+        await asyncio.Event().wait()
+        return ProgramResult(0)
+
+
+class HangsOnce(ChatHarness):
+    """The first attempt of each task hangs (after dropping a marker file); later ones answer."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__(retries=0)
+        self.folder = folder
+
+    async def launch(self, ctx: Any) -> Any:
+        marker = os.path.join(self.folder, f"task-{ctx.data.idx}")
+        if not os.path.exists(marker):
+            with open(marker, "w") as f:
+                f.write(str(os.getpid()))
+            await asyncio.Event().wait()
+        return await super().launch(ctx)
+
+
+def _services() -> Any:
+    """This node's services actor (created if no rollout actor did yet)."""
+    return node_service_actor(ray.get_runtime_context().get_node_id())
+
+
+async def _until(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not await predicate():
+        assert time.monotonic() - t0 < timeout, f"{what} not within {timeout}s"
+        await asyncio.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def _tasks(n: int) -> list[Answers]:
+    return [Answers({"idx": i, "prompt": f"question {i}"}) for i in range(n)]
+
+
+def test_a_killed_node_services_actor_is_replaced_and_its_rollouts_retried(report: Any) -> None:
+    model = ScriptedModel(default=Reply("4", delay=1.0))  # answered by the node's services
+
+    async def main() -> tuple[Any, int, int, float]:
+        async with RayExecutor(actors=1, capacity=8) as executor:
+            driver = Driver(_tasks(8), ChatHarness(retries=0), model, executor=executor,
+                            config=EvalConfig(max_infra_retries=3, max_in_flight=8))
+            running = asyncio.create_task(driver.arun())
+            services = _services()
+            await _until(lambda: _load(services, at_least=8), 30, "8 sessions registered")
+            before = await services.pid.remote()
+            t0 = time.monotonic()
+            os.kill(before, signal.SIGKILL)
+            result = await asyncio.wait_for(running, 120)
+            after = await _services().pid.remote()
+            return result, before, after, time.monotonic() - t0
+
+    result, before, after, seconds = asyncio.run(main())
+    rows = result.samples.to_pylist()
+    assert len(rows) == 8 and all(r["ok"] for r in rows), [(r["error_type"], r["error_message"]) for r in rows]
+    assert sum(r["attempt"] > 0 for r in rows) == 8  # every one of them was lost and retried
+    assert after != before and not process_alive(before)
+    report("10§5 node services killed", "SIGKILL of the services actor, 8 rollouts in flight",
+           "replaced; 8/8 retried ok", "0 (failed as InfrastructureLost, not task errors)", seconds)
+
+
+async def _load(services: Any, at_least: int = 1, owner: str | None = None) -> bool:
+    return await services.load.remote(owner) >= at_least
+
+
+def test_a_killed_rollout_actor_leaves_no_registration(report: Any) -> None:
+    async def main() -> float:
+        actor = RolloutActor.create(capacity=2)
+        spec = RolloutSpec(WithTools({"prompt": "2 + 3?"}), Blocks(), ScriptedModel(default="5"))
+        running = asyncio.ensure_future(actor.run(spec))
+        services = _services()
+        await _until(lambda: _load(services, at_least=2, owner=actor.owner), 30, "session and tools registered")
+        os.kill(await actor.actor.pid.remote(), signal.SIGKILL)
+        with pytest.raises(ray.exceptions.RayActorError):
+            await running
+        return await _until(lambda: _none_left(services, actor.owner), 3 * LEASE_SECONDS, "the reaping")
+
+    seconds = asyncio.run(main())
+    report("10§5 rollout actor killed", "SIGKILL mid-segment, with a session and tools", "lease expired, reaped",
+           "0 registrations left", seconds)
+
+
+async def _none_left(services: Any, owner: str | None = None) -> bool:
+    return await services.load.remote(owner) == 0
+
+
+def test_a_killed_driver_leaves_no_registration(report: Any, tmp_path: Path) -> None:
+    address = ray.get_runtime_context().gcs_address
+
+    async def main() -> float:
+        services = _services()
+        baseline = await services.load.remote()
+        driver = subprocess.Popen([sys.executable, str(SCRIPT), address, "4"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, cwd=tmp_path, start_new_session=True)
+        try:
+            await _until(lambda: _load(services, at_least=baseline + 4), 60, "the driver's 4 sessions")
+            driver.kill()
+            driver.wait(10)
+            return await _until(lambda: _load_is(services, baseline), 3 * LEASE_SECONDS + 30,
+                                "the dead driver's registrations to be reaped")
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait(10)
+
+    seconds = asyncio.run(main())
+    report("10§5 driver killed", "SIGKILL of a driver with 4 rollouts in flight",
+           "its actors died, their leases expired", "0 registrations left", seconds)
+
+
+async def _load_is(services: Any, count: int) -> bool:
+    return await services.load.remote() == count
+
+
+def test_a_hung_rollout_actor_becomes_an_infrastructure_loss(report: Any, tmp_path: Path) -> None:
+    async def main() -> tuple[Any, float, int]:
+        executor = RayExecutor(actors=1, capacity=2, probe_interval=0.2, probe_timeout=1.0)
+        async with executor:
+            driver = Driver(_tasks(1), HangsOnce(str(tmp_path)), ScriptedModel(default="4"), executor=executor,
+                            config=EvalConfig(max_infra_retries=1))
+            running = asyncio.create_task(driver.arun())
+            marker = tmp_path / "task-0"
+            await _until(lambda: _exists(marker), 30, "the first attempt to start")
+            pid = int(marker.read_text())
+            t0 = time.monotonic()
+            os.kill(pid, signal.SIGSTOP)  # hung, not dead: Ray alone would wait forever
+            result = await asyncio.wait_for(running, 60)
+            return result, time.monotonic() - t0, pid
+
+    result, seconds, pid = asyncio.run(main())
+    (row,) = result.samples.to_pylist()
+    assert row["ok"] and row["attempt"] == 1 and row["reward"] == 1.0
+    wait_exit(pid, 10)  # killed, though stopped
+    report("10§5 rollout actor hung", "SIGSTOP mid-segment", "probe timed out, killed, retried ok",
+           "0 (1 InfrastructureLost, retried)", seconds)
+
+
+async def _exists(path: Path) -> bool:
+    return path.exists()
