@@ -13,6 +13,9 @@ from .._errors import RuntimeStopped, SandboxError
 from .._runtimes.sandbox import SandboxRuntime, sandbox_url
 from .calls import call
 
+CALL_TIMEOUT = 60.0
+"""Seconds a call to the runtime actor may take (beyond an exec's own timeout)."""
+
 
 class RemoteRuntime(Runtime):
     """A runtime hosted by a ``RuntimeActor``, driven from another process. Picklable.
@@ -47,15 +50,18 @@ class RemoteRuntime(Runtime):
     def id(self) -> str:
         return self._id or self.name
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def _call(self, method: str, *args: Any, wait: float | None = CALL_TIMEOUT, **kwargs: Any) -> Any:
         try:
-            return await call(getattr(self._actor, method).remote(*args, **kwargs))
+            return await call(getattr(self._actor, method).remote(*args, **kwargs), timeout=wait)
         except RuntimeStopped:
             self.stopped = True
             raise
         except RayActorError as e:
             self.stopped = True
             raise SandboxError(f"runtime {self.name!r}: its runtime actor died ({type(e).__name__})") from None
+        except TimeoutError:
+            raise SandboxError(f"runtime {self.name!r}: its runtime actor did not answer {method} "
+                               f"within {wait:g}s") from None
 
     @property
     def enforces(self) -> frozenset[str]:  # type: ignore[override]
@@ -108,8 +114,11 @@ class RemoteRuntime(Runtime):
                    timeout: float | None = None, max_output: int = DEFAULT_OUTPUT_CAP,
                    stdin: bytes | None = None) -> ProgramResult:
         await self._provision()
-        return await self._call("exec", self.name, list(argv), env=dict(env or {}), timeout=timeout,
-                                max_output=max_output, stdin=stdin)
+        # The program's own timeout bounds it, plus time to kill it; an exec without one is
+        # bounded by the rollout's deadline of the phase that runs it.
+        wait = None if timeout is None else timeout + CALL_TIMEOUT
+        return await self._call("exec", self.name, list(argv), wait=wait, env=dict(env or {}),
+                                timeout=timeout, max_output=max_output, stdin=stdin)
 
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
         await self._provision()

@@ -32,6 +32,11 @@ from .remote_runtime import RemoteRuntime
 from .runtime_actor import RuntimeActorClass
 from .shipment import Depot, Shipper, deliver
 
+PROBE_INTERVAL = 2.0
+PROBE_TIMEOUT = 30.0
+"""How often the runtime actor is pinged, and how long it may take to answer before it
+counts as hung."""
+
 
 class _RolloutActor:
     """What a ``RolloutActor`` runs: the host, its node's services and its runtime actor."""
@@ -90,13 +95,30 @@ class _RolloutActor:
         """
         while True:
             try:
-                await self._runtimes.wait_closed.remote()
+                await self._until_closed(self._runtimes)
                 return  # shut down on purpose
             except RayActorError:
                 if self.replaced_runtime_actors:  # one that cannot live must not spin
                     await asyncio.sleep(min(5.0, 0.5 * self.replaced_runtime_actors))
                 self._runtimes = RuntimeActorClass.options(**self._runtime_options).remote(kind=self._runtime_kind)
                 self.replaced_runtime_actors += 1
+
+    @staticmethod
+    async def _until_closed(actor: Any) -> None:
+        """Return when ``actor`` shuts down; raise ``RayActorError`` when it dies, or once it
+        was killed for not answering a ping within ``PROBE_TIMEOUT`` (hung)."""
+        closed = asyncio.ensure_future(actor.wait_closed.remote())
+        try:
+            while not (await asyncio.wait({closed}, timeout=PROBE_INTERVAL))[0]:
+                try:
+                    await call(actor.pid.remote(), timeout=PROBE_TIMEOUT)
+                except TimeoutError:
+                    ray.kill(actor, no_restart=True)  # its calls fail: its rollouts fail as data
+                except RayActorError:
+                    pass  # ``closed`` says so
+            closed.result()
+        finally:
+            closed.cancel()
 
     async def open(self, blob: bytes, bodies: dict[str, bytes]) -> tuple[str, bool]:
         self._watch()
