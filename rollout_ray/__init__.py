@@ -102,13 +102,17 @@ from ._driver.finalize import finalize as finalize
 from ._simulated.server import SimulatedModelServer as SimulatedModelServer
 
 # Errors
+from ._errors import CorruptManifest as CorruptManifest
 from ._errors import CorruptShard as CorruptShard
+from ._errors import ForeignShard as ForeignShard
 from ._errors import HarnessError as HarnessError
 from ._errors import InfrastructureLost as InfrastructureLost
 from ._errors import OverlongPromptError as OverlongPromptError
 from ._errors import ProviderError as ProviderError
 from ._errors import Refusal as Refusal
+from ._errors import ResumeMismatch as ResumeMismatch
 from ._errors import RolloutError as RolloutError
+from ._errors import RunInUse as RunInUse
 from ._errors import SandboxError as SandboxError
 from ._errors import SchemaMismatch as SchemaMismatch
 from ._errors import SessionConcluded as SessionConcluded
@@ -167,5 +171,6 @@ __all__ = [
     # errors
     "HarnessError", "OverlongPromptError", "ProviderError", "Refusal", "RolloutError",
     "SandboxError", "SessionConcluded", "TaskError", "ToolsetError", "TurnRefused",
-    "Unauthorized", "UpstreamError", "boundary", "SchemaMismatch",
+    "Unauthorized", "UpstreamError", "boundary", "SchemaMismatch", "CorruptManifest", "ForeignShard",
+    "ResumeMismatch", "RunInUse",
 ]  # fmt: skip

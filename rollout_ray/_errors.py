@@ -175,6 +175,42 @@ class CorruptShard(ValueError):
         self.path = path
 
 
+class ForeignShard(ValueError):
+    """A shard of a run directory holds rows of another run. ``path`` names the file."""
+
+    def __init__(self, path: Path, found: str, expected: str) -> None:
+        super().__init__(
+            f"shard {path} holds rows of run {found}, not of this run ({expected}); "
+            "move it to the run it belongs to"
+        )
+        self.path = path
+
+
+class CorruptManifest(ValueError):
+    """A run directory's manifest cannot be read. ``path`` names the file."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path} is not a readable run manifest ({reason}); restore it or start a new run")
+        self.path = path
+
+
+class RunInUse(RuntimeError):
+    """Another process is writing the run directory (it holds its lock)."""
+
+    def __init__(self, run_dir: str, holder: str) -> None:
+        super().__init__(f"{run_dir} is in use by another process ({holder}); wait for it, or use another --out")
+        self.run_dir = run_dir
+
+
+class ResumeMismatch(ValueError):
+    """A resume asked for other settings than the run was made with; ``settings`` names them."""
+
+    def __init__(self, run_dir: str, settings: list[str]) -> None:
+        super().__init__(f"{run_dir} was run with other settings ({', '.join(settings)}); resume with "
+                         "the settings it was run with, or start a new run in another directory")
+        self.run_dir, self.settings = run_dir, settings
+
+
 class TasksetError(ValueError):
     """A taskset reference that names no file, or a module without ``tasks()`` / ``harness()``."""
 

@@ -19,6 +19,7 @@ from .._core.model import Model
 from .._core.task import Task
 from .._driver.driver import Driver, EvalConfig, Progress, RunResult
 from .._driver.local_executor import LocalExecutor
+from .._errors import CorruptManifest, CorruptShard, ForeignShard, ResumeMismatch, RunInUse
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .._simulated.server import SimulatedModelServer
@@ -29,7 +30,10 @@ from .taskset import load_taskset
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("taskset", help="a .py file or a module defining tasks() and harness()")
     p.add_argument("--out", help="run directory for the manifest and Parquet shards (default: runs/<time>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping what is stored")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping what is stored "
+                   "(rollouts that failed for infrastructure or provider reasons are redone)")
+    p.add_argument("--keep-failed", action="store_true",
+                   help="with --resume: keep rollouts that failed for infrastructure or provider reasons")
     p.add_argument("--model-url", help="OpenAI-compatible base URL (default: the built-in simulated model)")
     p.add_argument("--model", default=None, help="model name sent upstream")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="variable holding the provider's key")
@@ -119,32 +123,34 @@ def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: i
 
 
 async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None, api_key_env: str,
-                     simulated: SimulatedModelConfig | None = None) -> tuple[OpenAIModel, str]:
-    """The upstream model and a description of where it is; closed when ``stack`` closes.
+                     simulated: SimulatedModelConfig | None = None) -> tuple[OpenAIModel, str, dict[str, Any]]:
+    """The upstream model, where it is (for people), and what it is (for the manifest: the
+    same for every run of the same model, so a resume can check it); closed with ``stack``.
 
     Without ``url``, a built-in simulated model server is started on ``stack`` with the
     ``simulated`` settings (default: ``SimulatedModelConfig()``).
     """
     if url:
         model = OpenAIModel(url, name=name, api_key=os.environ.get(api_key_env))
-        where = url
+        where, record = url, {"url": url, "name": name}
     else:
         simulated = simulated or SimulatedModelConfig()
         server = await stack.enter_async_context(SimulatedModelServer(simulated))
         model = OpenAIModel(server.base_url, name=simulated.model_name)  # type: ignore[arg-type]
         where = f"built-in simulated model at {server.base_url}"
+        record = {"simulated": simulated.model_dump(mode="json")}
     stack.push_async_callback(model.aclose)
-    return model, where
+    return model, where, record
 
 
 async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harness, model: Model,
-                executor: Executor, config: EvalConfig, out: str, *, resume: bool,
-                manifest_config: dict[str, Any]) -> RunResult:
+                executor: Executor, config: EvalConfig, out: str, *, resume: bool, where: str,
+                manifest_config: dict[str, Any], keep_failed: bool = False) -> RunResult:
     """One eval run into ``out``, with eval's header and progress line on stderr."""
     print(f"{label}: {len(tasks)} tasks × {config.samples_per_task} samples, "
-          f"model: {manifest_config['model']}, run dir: {out}", file=sys.stderr)
+          f"model: {where}, run dir: {out}", file=sys.stderr)
     driver = Driver(tasks, harness, model, executor=executor, config=config, run_dir=out,
-                    resume=resume, judge=getattr(module, "judge", None),
+                    resume=resume, keep_failed=keep_failed, judge=getattr(module, "judge", None),
                     on_progress=_printer(sys.stderr), manifest_config=manifest_config)
     result = await driver.arun()
     print(file=sys.stderr)
@@ -160,14 +166,14 @@ async def _eval_async(args: argparse.Namespace) -> int:
     out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     async with AsyncExitStack() as stack:
         simulated = None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
-        model, where = await open_model(stack, url=args.model_url, name=args.model,
-                                        api_key_env=args.api_key_env, simulated=simulated)
+        model, where, record = await open_model(stack, url=args.model_url, name=args.model,
+                                                api_key_env=args.api_key_env, simulated=simulated)
         executor = await stack.enter_async_context(
             make_executor(args.executor, module, actors=args.actors, capacity=args.capacity,
                           address=args.address, runtime=args.runtime))
         result = await drive(f"eval {args.taskset}", module, tasks, module.harness(), model, executor,
-                             config, out, resume=args.resume,
-                             manifest_config={"taskset": args.taskset, "model": where})
+                             config, out, resume=args.resume, where=where, keep_failed=args.keep_failed,
+                             manifest_config={"taskset": args.taskset, "model": record})
     print(format_summary(summarize(result.samples, result.groups)))
     print(f"run dir: {out}")
     if result.status != "completed":
@@ -177,4 +183,8 @@ async def _eval_async(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    return asyncio.run(_eval_async(args))
+    try:
+        return asyncio.run(_eval_async(args))
+    except (RunInUse, ResumeMismatch, CorruptManifest, CorruptShard, ForeignShard, FileExistsError) as e:
+        print(f"rollout-ray eval: {e}", file=sys.stderr)
+        return 2

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._driver.finalize import FinalizeConfig, finalize
-from .._record.store import read_manifest, read_run
+from .._driver.run_dir import stored_results
 from .summary import format_summary, plot, summarize
 
 
@@ -19,11 +18,9 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
 def _report(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.run_dir):
         raise SystemExit(f"rollout-ray report: no such run directory: {args.run_dir}")
-    stored = read_run(args.run_dir)
-    if not stored.num_rows:
+    samples, groups = stored_results(args.run_dir)
+    if not samples.num_rows:
         raise SystemExit(f"rollout-ray report: {args.run_dir} holds no rollouts yet")
-    recorded = read_manifest(args.run_dir).config.get("eval", {}).get("finalize")
-    whole = finalize(stored, FinalizeConfig.model_validate(recorded) if recorded else FinalizeConfig())
-    print(format_summary(summarize(whole.samples, whole.groups)))
-    print(f"plot: {plot(whole.samples, args.plot or os.path.join(args.run_dir, 'report.png'))}")
+    print(format_summary(summarize(samples, groups)))
+    print(f"plot: {plot(samples, args.plot or os.path.join(args.run_dir, 'report.png'))}")
     return 0

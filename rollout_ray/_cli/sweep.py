@@ -37,8 +37,9 @@ import pyarrow.parquet as pq
 
 from .._core.executor import Executor
 from .._driver.driver import EvalConfig, RunResult, group_id_of
-from .._driver.finalize import finalize
-from .._record.store import done_keys, read_manifest, read_run
+from .._driver.run_dir import changed_settings as _changed
+from .._driver.run_dir import stored_results
+from .._record.store import done_keys, read_manifest
 from .comparison import comparison_row, comparison_table, format_comparison, plot_comparison
 from .eval import (
     drive,
@@ -130,13 +131,6 @@ def preflight(sweep: Sweep, out: str, *, resume: bool) -> dict[str, str]:
     return plan
 
 
-def _changed(old: Any, new: Any, prefix: str = "") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [c for k in sorted(old.keys() | new.keys(), key=str)
-                for c in _changed(old.get(k), new.get(k), f"{prefix}{k}.")]
-    return [] if old == new else [prefix.rstrip(".")]
-
-
 async def run_sweep(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBase) -> pa.Table:
     """Run (or skip, or resume) every point on one executor; write and return the comparison."""
     rows = []
@@ -147,9 +141,9 @@ async def run_sweep(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBas
             config = point_config(sweep, point)
             run_dir = os.path.join(out, point.name)
             if plan[point.name] == "skip":
-                whole = finalize(read_run(run_dir), config.finalize, getattr(sweep.module, "judge", None))
+                samples, groups = stored_results(run_dir, config.finalize, getattr(sweep.module, "judge", None))
                 # The run's status is not stored, only its rollouts: all of them, here.
-                samples, groups, status, reason = whole.samples, whole.groups, "stored", ""
+                status, reason = "stored", ""
             else:
                 if executor is None:  # once per sweep, and not at all when every point is done
                     executor = await stack.enter_async_context(make_executor(
@@ -173,12 +167,12 @@ async def run_sweep(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBas
 async def _run_point(sweep: Sweep, point: Point, config: EvalConfig, executor: Executor, run_dir: str,
                      label: str, *, resume: bool) -> RunResult:
     async with AsyncExitStack() as stack:
-        model, where = await open_model(stack, url=point.model.url, name=point.model.upstream(),
-                                        api_key_env=point.model.api_key_env,
-                                        simulated=point.model.simulated())
-        manifest = {"taskset": sweep.file.taskset, "model": where, "sweep": _record(sweep, point)}
+        model, where, record = await open_model(stack, url=point.model.url, name=point.model.upstream(),
+                                                api_key_env=point.model.api_key_env,
+                                                simulated=point.model.simulated())
+        manifest = {"taskset": sweep.file.taskset, "model": record, "sweep": _record(sweep, point)}
         return await drive(label, sweep.module, sweep.tasks, sweep.harnesses[point.harness], model,
-                           executor, config, run_dir, resume=resume, manifest_config=manifest)
+                           executor, config, run_dir, resume=resume, where=where, manifest_config=manifest)
 
 
 # -- the comparison --------------------------------------------------------------------------

@@ -9,9 +9,11 @@ the hook's name; a mapping result stores each of its keys and drops the hook's o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._errors import TaskError
 from .._record.trace import Trace
 from .aio import gather_all
 from .hooks import Hook, call_by_name
@@ -36,7 +38,17 @@ async def run_metrics(trace: Trace, hooks: Sequence[Hook], available: Mapping[st
 
 
 async def run_rewards(trace: Trace, hooks: Sequence[Hook], available: Mapping[str, Any]) -> None:
+    """Run the reward hooks together and record their results.
+
+    Raises:
+        TaskError: a reward is not a finite number (NaN or infinite would poison every
+            group statistic it entered); nothing of the phase is recorded.
+    """
     results = await gather_all(call_by_name(h.fn, available) for h in hooks)
+    for hook, result in zip(hooks, results, strict=True):
+        for name, value in (result.items() if isinstance(result, Mapping) else [(hook.name, result)]):
+            if not math.isfinite(float(value)):
+                raise TaskError(f"@reward {name} returned {value!r}: a reward must be a finite number")
     for hook, result in zip(hooks, results, strict=True):
         if isinstance(result, Mapping):
             _unseed(trace.rewards, hook.name)

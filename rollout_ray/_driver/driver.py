@@ -17,17 +17,15 @@ the consumer of ``groups()`` through a bounded queue.
 from __future__ import annotations
 
 import asyncio
-import os
+import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
 from .._core.executor import Executor, RolloutSpec
@@ -36,10 +34,13 @@ from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
 from .._errors import InfrastructureLost, ProviderError, error_class
-from .._record.arrow import RolloutRecord, records_to_table, table_to_records
-from .._record.store import Manifest, ShardWriter, done_keys, read_manifest, read_run, write_manifest
-from .._record.trace import AgentInfo, Timing, Trace
+from .._record.arrow import RolloutRecord, records_to_table
+from .._record.store import read_groups, read_run
+from .._record.trace import AgentInfo, Error, Timing, Trace
 from .finalize import FinalizeConfig, finalize
+from .run_dir import RunDirectory
+
+log = logging.getLogger("rollout_ray")
 
 
 class EvalConfig(BaseModel):
@@ -125,7 +126,9 @@ class Driver:
         executor: where rollouts run (``LocalExecutor``, ``RayExecutor``).
         config: run settings.
         run_dir: directory for the manifest and Parquet shards; ``None`` keeps results in memory.
-        resume: continue the run in ``run_dir``: skip every (group, sample) already stored.
+        resume: continue the run in ``run_dir``: skip every (group, sample) already stored,
+            except those that failed for infrastructure or provider reasons (redone, with
+            their earlier errors kept) unless ``keep_failed``; see ``RunDirectory``.
         judge: cross-trace hook for ``finalize`` (called once per group's table).
         on_progress: called with ``Progress`` at most every ``progress_every`` seconds.
     """
@@ -140,6 +143,7 @@ class Driver:
         config: EvalConfig | None = None,
         run_dir: str | None = None,
         resume: bool = False,
+        keep_failed: bool = False,
         judge: Callable[[pa.Table], Any] | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         progress_every: float = 0.5,
@@ -147,7 +151,7 @@ class Driver:
     ) -> None:
         self.tasks, self.harness, self.model, self.executor = tasks, harness, model, executor
         self.config = config or EvalConfig()
-        self.run_dir, self.resume, self.judge = run_dir, resume, judge
+        self.run_dir, self.resume, self.keep_failed, self.judge = run_dir, resume, keep_failed, judge
         self._on_progress, self._progress_every = on_progress, progress_every
         self._manifest_config = manifest_config or {}
         total = len(tasks) * self.config.samples_per_task if hasattr(tasks, "__len__") else None  # type: ignore[arg-type]
@@ -157,13 +161,15 @@ class Driver:
         self.reason = ""
         self._pending: dict[str, list[RolloutRecord]] = {}
         self._group_sizes: dict[str, int] = {}
-        self._buffer: list[RolloutRecord] = []
+        self._buffer: list[Group] = []
         self._memory: list[pa.Table] = []
         self._summaries: list[pa.Table] = []
         self._provider_streak = 0
         self._halt = asyncio.Event()
         self._last_report = 0.0
         self._done: set[tuple[str, int]] = set()
+        self._earlier_errors: dict[tuple[str, int], list[Error]] = {}
+        self._store: RunDirectory | None = None
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ray-shards")
 
     # -- public API -------------------------------------------------------------------------
@@ -186,15 +192,17 @@ class Driver:
                 await asyncio.gather(producer, return_exceptions=True)
 
     async def arun(self) -> RunResult:
-        """Drive the whole run; returns every sample (finalized) and one row per group."""
+        """Drive the whole run; returns every sample (finalized) and one row per group.
+
+        With a run directory, the samples are read back at the end without the two large
+        conversation columns (memory stays flat however large the run; ``read_run`` has
+        them), with the group columns each sample was stored with.
+        """
         async for _ in self.groups():
             pass
         if self.run_dir is not None:
-            stored = read_run(self.run_dir)
-            if stored.num_rows:
-                whole = finalize(stored, self.config.finalize, self.judge)
-                return RunResult(self.status, self.reason, whole.samples, whole.groups, self.run_dir)
-            return RunResult(self.status, self.reason, stored, pa.table({}), self.run_dir)
+            return RunResult(self.status, self.reason, read_run(self.run_dir, conversation=False),
+                             read_groups(self.run_dir), self.run_dir)
         samples = pa.concat_tables(self._memory) if self._memory else pa.table({})
         groups = pa.concat_tables(self._summaries) if self._summaries else pa.table({})
         return RunResult(self.status, self.reason, samples, groups, self.run_dir)
@@ -206,9 +214,8 @@ class Driver:
     # -- the run ----------------------------------------------------------------------------
 
     async def _drive(self, queue: asyncio.Queue[Group | None]) -> None:
-        writer: ShardWriter | None = None
         try:
-            writer = self._open_store()
+            self._open_store()
             slots = asyncio.Semaphore(self.config.max_in_flight)
             async with asyncio.TaskGroup() as tg:
                 for task, group_id, sample_idx in self._plan():
@@ -217,43 +224,28 @@ class Driver:
                         slots.release()
                         break
                     self.progress.in_flight += 1
-                    tg.create_task(self._one(task, group_id, sample_idx, slots, writer, queue))
+                    tg.create_task(self._one(task, group_id, sample_idx, slots, queue))
         finally:
-            # Also on cancellation: what completed is kept, so a resume will not redo it.
-            batch, self._buffer = self._buffer, []
-            self._io.submit(self._write, writer, batch).result()  # after any queued write
+            # Also on cancellation: what was finalized is kept, so a resume will not redo it.
+            if self._store is not None:
+                batch, self._buffer = self._buffer, []
+                self._io.submit(self._store.write, batch).result()  # after any queued write
+                self._store.close()
             self._io.shutdown(wait=True)
-            if writer is not None:
-                writer.close()
             self._report(force=True)
             await queue.put(None)
 
-    def _open_store(self) -> ShardWriter | None:
+    def _open_store(self) -> None:
         if self.run_dir is None:
-            return None
-        os.makedirs(self.run_dir, exist_ok=True)
-        manifest_path = os.path.join(self.run_dir, "manifest.json")
-        if self.resume and os.path.exists(manifest_path):
-            self.run_id = read_manifest(self.run_dir).run_id
-            self._restore()
-        elif os.path.exists(manifest_path):
-            raise FileExistsError(f"{self.run_dir} already holds a run; pass resume=True (--resume) or another directory")
-        else:
-            config = {**self._manifest_config, "eval": self.config.model_dump(mode="json")}
-            write_manifest(self.run_dir, Manifest(run_id=self.run_id, config=config))
-        return ShardWriter(self.run_dir, rows_per_shard=self.config.rows_per_shard)
-
-    def _restore(self) -> None:
-        """Reload the samples of groups left incomplete, so they finalize with the new ones."""
-        assert self.run_dir is not None
-        self._done = done_keys(self.run_dir)
-        counts = Counter(g for g, _ in self._done)
-        partial = {g for g, c in counts.items() if c < self.config.samples_per_task}
-        if partial:
-            table = read_run(self.run_dir)
-            mask = pc.is_in(table["group_id"], pa.array(sorted(partial)))
-            for record in table_to_records(table.filter(mask)):
-                self._pending.setdefault(record.group_id, []).append(record)
+            return
+        config = {**self._manifest_config, "eval": self.config.model_dump(mode="json")}
+        self._store = RunDirectory(self.run_dir, run_id=self.run_id, config=config, resume=self.resume,
+                                   keep_failed=self.keep_failed, samples_per_task=self.config.samples_per_task,
+                                   rows_per_shard=self.config.rows_per_shard)
+        self._store.open()
+        self.run_id = self._store.run_id
+        self._done, self._earlier_errors = self._store.done, self._store.earlier_errors
+        self._pending.update(self._store.pending)
 
     def _plan(self) -> Iterator[tuple[Task, str, int]]:
         done = self._done
@@ -267,29 +259,39 @@ class Driver:
                 yield task, group_id, sample_idx
 
     async def _one(self, task: Task, group_id: str, sample_idx: int, slots: asyncio.Semaphore,
-                   writer: ShardWriter | None, queue: asyncio.Queue[Group | None]) -> None:
+                   queue: asyncio.Queue[Group | None]) -> None:
         try:
-            trace, attempt = await self._attempts(task)
+            trace, attempt = await self._attempts(task, self._earlier_errors.pop((group_id, sample_idx), []))
         finally:
             slots.release()
             self.progress.in_flight -= 1
         self._count(trace)
-        record = RolloutRecord(trace, self.run_id, group_id, sample_idx, attempt)
-        self._buffer.append(record)
-        if len(self._buffer) >= min(self.config.rows_per_shard, 256):
+        members = self._pending.setdefault(group_id, [])
+        members.append(RolloutRecord(trace, self.run_id, group_id, sample_idx, attempt))
+        if len(members) == self._group_sizes[group_id]:
+            del self._pending[group_id]
+            group = self._finalize(group_id, members)
+            await self._store_group(group)
+            await queue.put(group)
+        self._report()
+
+    async def _store_group(self, group: Group) -> None:
+        """Buffer a finalized group's rows; write the buffer when it is large enough."""
+        if self._store is None:
+            self._memory.append(group.samples)
+            self._summaries.append(group.summary)
+            return
+        self._buffer.append(group)
+        if sum(g.samples.num_rows for g in self._buffer) >= min(self.config.rows_per_shard, 256):
             batch, self._buffer = self._buffer, []
             # Off the loop (a shard write fsyncs) on the one writer thread, so writes stay
             # in order and never overlap.
-            await asyncio.get_running_loop().run_in_executor(self._io, self._write, writer, batch)
-        members = self._pending.setdefault(group_id, [])
-        members.append(record)
-        if len(members) == self._group_sizes[group_id]:
-            del self._pending[group_id]
-            await queue.put(self._finalize(group_id, members))
-        self._report()
+            await asyncio.get_running_loop().run_in_executor(self._io, self._store.write, batch)
 
-    async def _attempts(self, task: Task) -> tuple[Trace, int]:
-        errors: list[Any] = []
+    async def _attempts(self, task: Task, earlier: list[Error]) -> tuple[Trace, int]:
+        """Run ``task`` until it is not lost (or the retries are spent); its trace carries
+        the errors of every earlier attempt first, ``earlier`` (a resumed run's) before them."""
+        errors: list[Error] = list(earlier)
         attempt = 0
         while True:
             spec = RolloutSpec(task, self.harness, self.model, limits=self.config.limits,
@@ -317,7 +319,7 @@ class Driver:
         if not trace.ok:
             self.progress.failed += 1
         last = trace.last_error
-        if last is not None and _is_provider_failure(last.type):
+        if not trace.ok and last is not None and _is_provider_failure(last.type):
             self._provider_streak += 1
             if self._provider_streak >= self.config.breaker and not self._halt.is_set():
                 self.status = "halted"
@@ -328,18 +330,21 @@ class Driver:
             self._provider_streak = 0
 
     def _finalize(self, group_id: str, members: list[RolloutRecord]) -> Group:
+        """The group's statistics and advantages; a judge that raises fails the judging of
+        this group (``judge_error`` on its summary), not the run."""
         members.sort(key=lambda r: r.sample_idx)
-        result = finalize(records_to_table(members), self.config.finalize, self.judge)
-        if self.run_dir is None:
-            self._memory.append(result.samples)
-            self._summaries.append(result.groups)
-        return Group(group_id, result.samples, result.groups)
-
-    @staticmethod
-    def _write(writer: ShardWriter | None, batch: list[RolloutRecord]) -> None:
-        if batch and writer is not None:
-            writer.write(records_to_table(batch))
-            writer.flush()
+        table = records_to_table(members)
+        judge_error = None
+        try:
+            result = finalize(table, self.config.finalize, self.judge)
+        except Exception as e:  # noqa: BLE001 - a judge's failure is its group's
+            if self.judge is None:
+                raise
+            log.warning("group %s: judge failed: %s: %s", group_id, type(e).__name__, e)
+            judge_error = f"{type(e).__name__}: {e}"
+            result = finalize(table, self.config.finalize)
+        summary = result.groups.append_column("judge_error", pa.array([judge_error], pa.string()))
+        return Group(group_id, result.samples, summary)
 
     def _report(self, force: bool = False) -> None:
         now = time.monotonic()

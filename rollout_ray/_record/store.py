@@ -11,16 +11,18 @@ Crash-safety contract: a file under a final name is always complete. Every shard
 manifest) is written to ``<name>.tmp``, fsynced, ``os.replace``d to its final name, and the
 directory fsynced, so a crash loses at most the rows still buffered or being written and
 leaves at worst a ``*.tmp`` leftover, which readers ignore. A shard is never rewritten; a
-resumed run appends shards numbered after the existing ones and skips the
-``(group_id, sample_idx)`` pairs of ``done_keys``. A final shard that is nevertheless
-unreadable (disk corruption, a copy cut short) makes ``read_run`` raise ``CorruptShard``
-rather than return partial data.
+resumed run appends shards numbered after the existing ones, and a row it writes again for
+a ``(group_id, sample_idx)`` (a rollout redone) supersedes the earlier one: readers see the
+latest row of each key. A final shard that is nevertheless unreadable (disk corruption, a
+copy cut short) makes ``read_run`` raise ``CorruptShard``, and one holding rows of another
+run ``ForeignShard``, rather than return partial or mixed data.
 
-One ``ShardWriter`` per run directory at a time; it is not thread-safe.
+One writer per run directory at a time: ``RunLock`` makes it so across processes.
 """
 
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
 import os
 import platform
@@ -37,11 +39,12 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._errors import CorruptShard
-from .arrow import ARROW_SCHEMA_VERSION, TRACE_SCHEMA, check_schema
+from .._errors import CorruptManifest, CorruptShard, ForeignShard, RunInUse
+from .arrow import ARROW_SCHEMA_VERSION, CONVERSATION_COLUMNS, TRACE_SCHEMA, check_schema
 
 MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
+GROUPS_DIR = "groups"
 _SHARD_RE = re.compile(r"^part-(\d+)\.parquet$")
 
 # WARNING: the manifest evolves by appending fields with defaults at the end of Manifest,
@@ -124,23 +127,60 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
 
     Raises:
         FileNotFoundError: the run has no manifest.
-        msgspec.ValidationError: the manifest is malformed.
+        CorruptManifest: the manifest is not valid JSON or not a manifest.
     """
-    data = (Path(run_dir) / MANIFEST_NAME).read_bytes()
-    return msgspec.json.decode(data, type=Manifest)
+    path = Path(run_dir) / MANIFEST_NAME
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=Manifest)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise CorruptManifest(path, str(e)) from None
+
+
+class RunLock:
+    """An exclusive lock on a run directory, held by the one process writing it.
+
+    ``flock`` on ``<run_dir>/.lock``: the kernel releases it when the holder exits, however
+    it exits, so a crashed writer never leaves the run locked.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(run_dir) / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Raises ``RunInUse`` at once if another writer holds it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunInUse(str(self.path.parent), f"pid {holder}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the lock
+            self._fd = None
 
 
 class ShardWriter:
-    """Buffers trace tables and writes them as shards of ``rows_per_shard`` rows.
+    """Buffers tables and writes them as shards of ``rows_per_shard`` rows.
 
-    A shard holds exactly ``rows_per_shard`` rows except the ones ``flush()`` or ``close()``
-    write from a smaller buffer. Numbering continues after the run's existing shards.
+    ``part`` is the run's folder they go to: ``shards`` (trace tables, one row per rollout,
+    checked against ``TRACE_SCHEMA``) or ``groups`` (one row per finalized group). A shard
+    holds exactly ``rows_per_shard`` rows except the ones ``flush()`` or ``close()`` write
+    from a smaller buffer. Numbering continues after the folder's existing shards.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], *, rows_per_shard: int = 10_000) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], *, rows_per_shard: int = 10_000,
+                 part: str = SHARDS_DIR) -> None:
         if rows_per_shard < 1:
             raise ValueError(f"`rows_per_shard` must be >= 1, got {rows_per_shard}")
-        self._dir = Path(run_dir) / SHARDS_DIR
+        self._part = part
+        self._dir = Path(run_dir) / part
         self._dir.mkdir(parents=True, exist_ok=True)
         self._rows_per_shard = rows_per_shard
         existing = _shard_paths(self._dir)
@@ -158,13 +198,14 @@ class ShardWriter:
             RuntimeError: the writer is closed.
         """
         self._check_open()
-        check_schema(table)
+        if self._part == SHARDS_DIR:
+            check_schema(table)
         if table.num_rows == 0:
             return
         self._buffer.append(table)
         self._buffered_rows += table.num_rows
         while self._buffered_rows >= self._rows_per_shard:
-            pending = pa.concat_tables(self._buffer)
+            pending = pa.concat_tables(self._buffer, promote_options="permissive")
             self._write_shard(pending.slice(0, self._rows_per_shard))
             rest = pending.slice(self._rows_per_shard)
             self._buffer = [rest] if rest.num_rows else []
@@ -174,7 +215,7 @@ class ShardWriter:
         """Write whatever is buffered as one shard (nothing if the buffer is empty)."""
         self._check_open()
         if self._buffered_rows:
-            self._write_shard(pa.concat_tables(self._buffer))
+            self._write_shard(pa.concat_tables(self._buffer, promote_options="permissive"))
             self._buffer = []
             self._buffered_rows = 0
 
@@ -242,36 +283,106 @@ def iter_shards(
         yield path, _read_shard(path, columns)
 
 
-def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pa.Table:
-    """Read every shard of the run into one table (all of ``TRACE_SCHEMA`` by default).
+_KEY = ("run_id", "group_id", "sample_idx")
 
-    Either every shard is read or an exception is raised: never partial data.
+
+def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = None, *,
+             conversation: bool = True) -> pa.Table:
+    """Read the run into one table: the latest row of each ``(group_id, sample_idx)``, in
+    write order, with every column (``TRACE_SCHEMA``'s, the group columns the driver adds,
+    a judge's) or only ``columns``; ``conversation=False`` leaves out the two large ones
+    (``messages``, ``trace``). Shards missing a column another has get nulls there.
+
+    Either every shard is read or an exception is raised: never partial or mixed data.
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
         CorruptShard: a shard cannot be read; the run needs repair.
+        ForeignShard: a shard holds rows of another run.
+        CorruptManifest: the run's manifest cannot be read.
         SchemaMismatch: a shard lacks a requested column or has a newer schema version.
     """
-    tables = [table for _, table in iter_shards(run_dir, columns)]
+    if columns is None and not conversation:
+        columns = [c for c in _stored_columns(run_dir) if c not in CONVERSATION_COLUMNS]
+    wanted = None if columns is None else [*columns, *(k for k in _KEY if k not in columns)]
+    tables = [table for _, table in _own_shards(run_dir, wanted)]
     if not tables:
         names = TRACE_SCHEMA.names if columns is None else list(columns)
         return TRACE_SCHEMA.empty_table().select(names)
-    return pa.concat_tables(tables)
+    table = _latest_per_key(pa.concat_tables(tables, promote_options="permissive"))
+    if columns is None:
+        return table
+    check_schema(table, columns)  # a column no shard has
+    return table.select(list(columns))
 
 
-def done_keys(run_dir: str | os.PathLike[str]) -> set[tuple[str, int]]:
-    """The ``(group_id, sample_idx)`` pairs already stored; reads only those two columns.
+def read_groups(run_dir: str | os.PathLike[str]) -> pa.Table:
+    """The run's finalized groups, one row each (the latest of a group finalized again).
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
-        CorruptShard: a shard cannot be read; the run needs repair.
+        CorruptShard: a groups shard cannot be read.
     """
-    keys: set[tuple[str, int]] = set()
-    for _, table in iter_shards(run_dir, ("group_id", "sample_idx")):
-        keys.update(
-            zip(table.column("group_id").to_pylist(), table.column("sample_idx").to_pylist())
-        )
-    return keys
+    shard_paths(run_dir)  # the run directory must exist
+    tables = []
+    for path in _shard_paths(Path(run_dir) / GROUPS_DIR):
+        with _unreadable_is_corrupt(path):
+            tables.append(pq.read_table(path))
+    if not tables:
+        return pa.table({})
+    table = pa.concat_tables(tables, promote_options="permissive")
+    last = {group: row for row, group in enumerate(table.column("group_id").to_pylist())}
+    return table if len(last) == table.num_rows else table.take(pa.array(sorted(last.values()), pa.int64()))
+
+
+def stored_outcomes(run_dir: str | os.PathLike[str]) -> dict[tuple[str, int], tuple[bool, str | None]]:
+    """``(group_id, sample_idx) → (ok, error_type)`` of the latest row of each key.
+
+    Raises: as ``read_run``.
+    """
+    outcomes: dict[tuple[str, int], tuple[bool, str | None]] = {}
+    for _, table in _own_shards(run_dir, (*_KEY, "ok", "error_type")):
+        keys = zip(table.column("group_id").to_pylist(), table.column("sample_idx").to_pylist())
+        outcomes.update(zip(keys, zip(table.column("ok").to_pylist(), table.column("error_type").to_pylist())))
+    return outcomes
+
+
+def done_keys(run_dir: str | os.PathLike[str]) -> set[tuple[str, int]]:
+    """The ``(group_id, sample_idx)`` pairs already stored.
+
+    Raises: as ``read_run``.
+    """
+    return set(stored_outcomes(run_dir))
+
+
+def _own_shards(run_dir: str | os.PathLike[str], columns: Sequence[str] | None) -> Iterator[tuple[Path, pa.Table]]:
+    """``iter_shards``, refusing a shard that holds rows of another run than the manifest's."""
+    has_manifest = (Path(run_dir) / MANIFEST_NAME).exists()
+    run_id = read_manifest(run_dir).run_id if has_manifest else None
+    for path, table in iter_shards(run_dir, columns):
+        if run_id is not None and table.num_rows and "run_id" in table.column_names:
+            found = set(table.column("run_id").unique().to_pylist())
+            if found != {run_id}:
+                raise ForeignShard(path, ", ".join(sorted(str(f) for f in found - {run_id})), run_id)
+        yield path, table
+
+
+def _stored_columns(run_dir: str | os.PathLike[str]) -> list[str]:
+    """Every column any shard has, in first-seen order (schemas only: no data is read)."""
+    names: dict[str, None] = dict.fromkeys(TRACE_SCHEMA.names)
+    for path in shard_paths(run_dir):
+        with _unreadable_is_corrupt(path):
+            names.update(dict.fromkeys(pq.read_schema(path).names))
+    return list(names)
+
+
+def _latest_per_key(table: pa.Table) -> pa.Table:
+    """The last row of each ``(group_id, sample_idx)``, in the order the rows were written."""
+    keys = list(zip(table.column("group_id").to_pylist(), table.column("sample_idx").to_pylist()))
+    last = {key: row for row, key in enumerate(keys)}
+    if len(last) == len(keys):
+        return table
+    return table.take(pa.array(sorted(last.values()), pa.int64()))
 
 
 def _read_shard(path: Path, columns: Sequence[str] | None) -> pa.Table:
@@ -281,9 +392,11 @@ def _read_shard(path: Path, columns: Sequence[str] | None) -> pa.Table:
         with _unreadable_is_corrupt(path):
             schema = shard.schema_arrow
         # Checked before reading, so a missing column is a SchemaMismatch, not a CorruptShard.
-        check_schema(schema, columns)
+        # Columns beyond TRACE_SCHEMA (group and judge columns) may be absent from a shard.
+        check_schema(schema, None if columns is None else [c for c in columns if c in TRACE_SCHEMA.names])
+        present = None if columns is None else [c for c in columns if c in schema.names]
         with _unreadable_is_corrupt(path):
-            return shard.read(columns=None if columns is None else list(columns))
+            return shard.read(columns=present)
 
 
 @contextmanager

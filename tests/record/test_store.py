@@ -46,8 +46,7 @@ def shard_names(run: Path) -> list[str]:
     return sorted(p.name for p in (run / "shards").iterdir())
 
 
-def write_batches(run: Path, sizes: list[int], rows_per_shard: int) -> ShardWriter:
-    start = 0
+def write_batches(run: Path, sizes: list[int], rows_per_shard: int, start: int = 0) -> ShardWriter:
     with ShardWriter(run, rows_per_shard=rows_per_shard) as writer:
         for n in sizes:
             writer.write(batch(start, n))
@@ -117,7 +116,7 @@ def test_a_leftover_tmp_is_ignored_and_overwritten(tmp_path: Path) -> None:
     leftover = tmp_path / "shards" / "part-00002.parquet.tmp"
     leftover.write_bytes(b"half a shard")
     assert read_run(tmp_path).num_rows == 4
-    write_batches(tmp_path, [1], rows_per_shard=2)
+    write_batches(tmp_path, [1], rows_per_shard=2, start=4)
     assert shard_names(tmp_path) == [f"part-0000{i}.parquet" for i in range(3)]
     assert read_run(tmp_path).num_rows == 5
 

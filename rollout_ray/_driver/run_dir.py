@@ -1,0 +1,174 @@
+"""RunDirectory: a run directory as one driver writes it — new, or resumed without mixing.
+
+Opening one takes its lock (a second writer gets ``RunInUse``), then either writes a new
+manifest or, to resume, checks that the settings that decide what a rollout is (samples,
+limits, timeouts, model, sampling, finalize, taskset) are those it was run with
+(``ResumeMismatch`` names the ones that differ; how many run at once may change). A resume
+knows which ``(group_id, sample_idx)`` are done; a stored rollout that failed because the
+infrastructure or the model provider failed is *redone* unless ``keep_failed``, and the
+errors of its earlier attempts go onto its new trace. Stored samples of groups left
+incomplete are reloaded, so those groups finalize with their new samples.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .._errors import InfrastructureLost, ProviderError, ResumeMismatch, error_class
+from .._record.arrow import RolloutRecord, table_to_records
+from .._record.store import (
+    GROUPS_DIR,
+    MANIFEST_NAME,
+    Manifest,
+    RunLock,
+    ShardWriter,
+    read_groups,
+    read_manifest,
+    read_run,
+    stored_outcomes,
+    write_manifest,
+)
+from .._record.trace import Error
+from .finalize import FinalizeConfig, GroupJudge, finalize
+
+RESULT_SETTINGS = ("samples_per_task", "limits", "timeouts", "model_name", "sampling", "finalize")
+"""The eval settings a resume must keep: they decide what a rollout is, or how it is scored."""
+
+Key = tuple[str, int]
+
+
+class RunDirectory:
+    """The run directory ``path``, opened for one driver (``open`` … ``close``).
+
+    Args:
+        path: the run directory.
+        run_id: the id of a new run (a resumed one keeps its own).
+        config: what the manifest records; its ``eval`` entry is the driver's ``EvalConfig``.
+        resume: continue the run stored there (else it must hold none).
+        keep_failed: on resume, keep rollouts that failed for infrastructure or provider
+            reasons instead of redoing them.
+        samples_per_task: n, to know which stored groups are incomplete.
+        rows_per_shard: as ``ShardWriter``.
+    """
+
+    def __init__(self, path: str, *, run_id: str, config: dict[str, Any], resume: bool, keep_failed: bool,
+                 samples_per_task: int, rows_per_shard: int) -> None:
+        self.path, self.run_id, self.config = path, run_id, config
+        self.resume, self.keep_failed = resume, keep_failed
+        self.samples_per_task, self.rows_per_shard = samples_per_task, rows_per_shard
+        self.done: set[Key] = set()
+        """Samples stored and not to be redone."""
+        self.earlier_errors: dict[Key, list[Error]] = {}
+        """The errors of each sample to redo, oldest first (they go on its new trace)."""
+        self.pending: dict[str, list[RolloutRecord]] = {}
+        """Stored samples of groups left incomplete."""
+        self._samples: ShardWriter | None = None
+        self._groups: ShardWriter | None = None
+        self._lock = RunLock(path)
+
+    def open(self) -> None:
+        """Lock, check or write the manifest, restore.
+
+        Raises:
+            RunInUse: another process writes this run.
+            FileExistsError: it holds a run and ``resume`` is off.
+            ResumeMismatch: resuming with other settings than the run was made with.
+            CorruptManifest / CorruptShard / ForeignShard: what is stored cannot be trusted.
+        """
+        os.makedirs(self.path, exist_ok=True)
+        self._lock.acquire()
+        try:
+            if not os.path.exists(os.path.join(self.path, MANIFEST_NAME)):
+                write_manifest(self.path, Manifest(run_id=self.run_id, config=self.config))
+            elif not self.resume:
+                raise FileExistsError(f"{self.path} already holds a run; pass resume=True (--resume) "
+                                      "or another directory")
+            else:
+                stored = read_manifest(self.path)
+                self._check_settings(stored.config)
+                self.run_id = stored.run_id
+                self._restore()
+            self._samples = ShardWriter(self.path, rows_per_shard=self.rows_per_shard)
+            self._groups = ShardWriter(self.path, rows_per_shard=self.rows_per_shard, part=GROUPS_DIR)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def write(self, groups: Sequence[Any]) -> None:
+        """Store finalized groups (``Group``s): their samples' rows, then their summary rows."""
+        if not groups or self._samples is None or self._groups is None:
+            return
+        self._samples.write(pa.concat_tables([g.samples for g in groups], promote_options="permissive"))
+        self._samples.flush()
+        self._groups.write(pa.concat_tables([g.summary for g in groups], promote_options="permissive"))
+        self._groups.flush()
+
+    def close(self) -> None:
+        for writer in (self._samples, self._groups):
+            if writer is not None:
+                writer.close()
+        self._lock.release()
+
+    def _check_settings(self, stored: dict[str, Any]) -> None:
+        def decisive(config: dict[str, Any]) -> dict[str, Any]:
+            eval_config = config.get("eval", {})
+            return {**{k: v for k, v in config.items() if k != "eval"},
+                    "eval": {k: eval_config.get(k) for k in RESULT_SETTINGS}}
+
+        changed = changed_settings(decisive(stored), decisive(self.config))
+        if changed:
+            raise ResumeMismatch(self.path, changed)
+
+    def _restore(self) -> None:
+        outcomes = stored_outcomes(self.path)
+        redo = set() if self.keep_failed else {k for k, (ok, error) in outcomes.items() if not ok and _lost(error)}
+        self.done = set(outcomes) - redo
+        counts = Counter(group for group, _ in self.done)
+        partial = sorted({g for g, _ in redo} | {g for g, c in counts.items() if c < self.samples_per_task})
+        if not partial:
+            return
+        table = read_run(self.path)
+        table = table.filter(pc.is_in(table["group_id"], pa.array(partial)))
+        for record in table_to_records(table):
+            key = (record.group_id, record.sample_idx)
+            if key in redo:
+                self.earlier_errors[key] = list(record.trace.errors)
+            else:
+                self.pending.setdefault(record.group_id, []).append(record)
+
+
+def _lost(error_type: str | None) -> bool:
+    """Failed for a reason outside the task: the infrastructure or the model provider."""
+    cls = error_class(error_type) if error_type else None
+    return cls is not None and issubclass(cls, InfrastructureLost | ProviderError)
+
+
+def changed_settings(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """The dotted paths at which two settings trees differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [c for k in sorted(old.keys() | new.keys(), key=str)
+                for c in changed_settings(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+def stored_results(path: str, config: FinalizeConfig | None = None,
+                   judge: GroupJudge | None = None) -> tuple[pa.Table, pa.Table]:
+    """``(samples, groups)`` of a run directory, without its conversation columns.
+
+    The driver stores each group finalized as it closes; a run written before it did so
+    (no ``advantage`` column) is finalized here with ``config`` (the manifest's when None).
+    """
+    samples = read_run(path, conversation=False)
+    if "advantage" in samples.column_names or not samples.num_rows:
+        return samples, read_groups(path)
+    if config is None:
+        recorded = read_manifest(path).config.get("eval", {}).get("finalize")
+        config = FinalizeConfig.model_validate(recorded) if recorded else FinalizeConfig()
+    whole = finalize(samples, config, judge)
+    return whole.samples, whole.groups
