@@ -1,6 +1,8 @@
-"""How the simulated model answers: latency, wrong answers, faults, seed."""
+"""How the simulated model answers: latency, wrong answers, faults, seed, dialect, drift."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -33,6 +35,19 @@ class SimulatedModelConfig(BaseModel):
     """The model id served and echoed in responses."""
     max_completion_tokens: int = Field(256, ge=1)
     """Cap on completion tokens; a capped text answer finishes with ``"length"``."""
+    temperature_error: float = Field(0.5, ge=0)
+    """How fast wrong answers grow with the request's temperature T: an arithmetic answer is
+    wrong with probability ``1 - (1 - error_rate) * exp(-temperature_error * T)``."""
+    dialect: Literal["vllm", "sglang"] = "vllm"
+    """Token-capture response shapes for requests whose fields do not decide (see
+    ``dialects.py``), and the server's info route: vLLM ``GET /version``, SGLang
+    ``GET /model_info``."""
+    return_tokens_as_token_ids: bool = False
+    """vLLM's ``--return-tokens-as-token-ids``: logprob tokens read ``token_id:N``."""
+    template_drift: bool = False
+    """Re-render previous assistant turns to other ids than were sampled (``template.py``)."""
+    policy_version: int = Field(0, ge=0)
+    """The policy version the server starts at (the ``X-Policy-Version`` header)."""
 
     @model_validator(mode="after")
     def _rates_fit(self) -> SimulatedModelConfig:

@@ -2,7 +2,9 @@
 
 Pure functions, no I/O. The policy answers integer arithmetic (``+ - *``, unary minus,
 parentheses) found in the last user message, calls a calculator tool when one is offered,
-reports a tool's result once it is back, and otherwise says ``"I don't know."``.
+reports a tool's result once it is back, and otherwise says ``"I don't know."``. The token
+counts here are the estimate used when no token capture is asked for (four characters a
+token); with token capture, ``completion.py`` counts the tokenizer's ids instead.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 from typing import Any
 
 from .config import SimulatedModelConfig
+from .template import text_of
 
 UNKNOWN = "I don't know."
 CALCULATOR_HINTS = ("calc", "add", "eval")
@@ -84,19 +87,6 @@ def find_expression(text: str) -> tuple[str, int] | None:
     return best
 
 
-def text_of(content: Any) -> str:
-    """The text of an OpenAI message ``content``: a string, a list of parts, or ``None``."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            p["text"]
-            for p in content
-            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        )
-    return ""
-
-
 def _tool_calls(message: dict[str, Any]) -> list[Any]:
     calls = message.get("tool_calls")
     return calls if isinstance(calls, list) else []
@@ -132,13 +122,15 @@ def respond(
     tools: list[dict[str, Any]] | None,
     config: SimulatedModelConfig,
     rng_value: float,
+    error_rate: float | None = None,
 ) -> dict[str, Any]:
     """The assistant message answering ``messages``; deterministic in its arguments.
 
     A tool message after the last user message is answered with its content, stripped. Else
     arithmetic in the last user message gets a tool call (``id`` ``call_<n>``, ``n`` = tool
     calls so far) if a calculator tool is offered, or its value as text, plus one when
-    ``rng_value < config.error_rate``. Anything else gets ``"I don't know."``.
+    ``rng_value < error_rate`` (default ``config.error_rate``). Anything else gets
+    ``"I don't know."``.
     """
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
     if last_user is None:
@@ -159,7 +151,7 @@ def respond(
             "function": {"name": fn["name"], "arguments": _arguments(fn, expression)},
         }
         return {"role": "assistant", "content": None, "tool_calls": [call]}
-    if rng_value < config.error_rate:
+    if rng_value < (config.error_rate if error_rate is None else error_rate):
         value += 1
     return {"role": "assistant", "content": str(value)}
 

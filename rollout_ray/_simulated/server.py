@@ -1,18 +1,32 @@
 """The built-in simulated model: a deterministic, OpenAI-compatible chat completions server.
 
-Determinism: every ``POST /v1/chat/completions`` is keyed by ``blake2b(seed, messages)``,
-where ``messages`` is the request's ``messages`` array re-encoded as compact JSON (key
-order as sent). The server counts how often it has seen each key; the n-th request with a
-key (n = 0, 1, ...) draws its fault, its error draw and its completion id from
+Routes: ``POST /v1/chat/completions`` (JSON and SSE; ``n`` choices; token capture in the
+vLLM and SGLang shapes, ``dialects.py``), ``GET /v1/models``, ``GET /health``, the info
+route of ``config.dialect`` so a client can tell the dialect (vLLM: ``GET /version`` →
+``{"version": ...}``; SGLang: ``GET /model_info`` and its older name ``/get_model_info``,
+with ``weight_version``), and, for tests and benchmarks only, ``POST /admin/policy_version``
+``{"version": N}`` which sets :attr:`SimulatedModelServer.policy_version`. Every response
+carries ``X-Policy-Version``: for a chat completion, the version when it arrived.
+
+Determinism: every chat completion is keyed by ``blake2b(seed, messages)``, where
+``messages`` is the request's ``messages`` array re-encoded as compact JSON (key order as
+sent). The server counts how often it has seen each key; the n-th request with a key
+(n = 0, 1, ...) draws its fault, its error draw and its completion id from
 ``blake2b(key, n)``. So the same config and the same requests give the same answers and
 faults whatever order concurrent requests arrive in, and a retry of a failed request gets
-fresh draws. Keys are kept for the server's life (16 bytes plus a count each).
+fresh draws (temperature and ``seed``: ``completion.py``). Keys are kept for the server's
+life (16 bytes plus a count each).
+
+Latency: an answer waits ``ttft + per_token * tokens``, ``tokens`` being the longest
+choice's completion tokens; streamed, the waits are spread over the chunks (one chunk per
+token with token capture, four pieces of text without).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import signal
 import time
 from collections import Counter
@@ -22,14 +36,21 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from .completion import Choice, Draw, choose
 from .config import SimulatedModelConfig
-from .policy import cap_completion, prompt_tokens, respond
+from .dialects import Event, sglang_completion, sglang_events, vllm_completion, vllm_events
+from .policy import prompt_tokens
+from .request import ChatCall, Invalid, parse
+from .template import render
 
 __all__ = ["SimulatedModelConfig", "SimulatedModelServer", "SimulatedModelStats", "serve_forever"]
 
 FAULTS = ("429", "5xx", "timeout", "malformed")
 SERVER_ERRORS = (500, 502, 503)
 STREAM_PIECES = 4
+POLICY_HEADER = "X-Policy-Version"
+VLLM_VERSION = "0.32.0+simulated"
+"""What ``GET /version`` says: the vLLM release whose shapes are emulated."""
 # Long enough for in-flight answers to finish, short enough that stop() never hangs.
 SHUTDOWN_TIMEOUT = 1.0
 _encode = msgspec.json.Encoder().encode
@@ -38,26 +59,11 @@ _decode = msgspec.json.Decoder().decode
 
 @dataclass
 class SimulatedModelStats:
-    """Counts of chat completion requests (``/v1/models`` is not counted)."""
+    """Counts of chat completion requests (other routes are not counted)."""
 
     requests: int = 0
     by_status: Counter[int] = field(default_factory=Counter)
     by_fault: Counter[str] = field(default_factory=Counter)
-
-
-@dataclass(frozen=True, slots=True)
-class _Call:
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
-    cap: int
-    stream: bool
-    include_usage: bool
-
-
-class _Invalid(Exception):
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def _pieces(text: str) -> list[str]:
@@ -65,27 +71,47 @@ def _pieces(text: str) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
+def _json(status: int, payload: Any) -> web.Response:
+    return web.Response(status=status, body=_encode(payload), content_type="application/json")
+
+
 class SimulatedModelServer:
     """An aiohttp server for one :class:`SimulatedModelConfig`; ``async with`` starts it on
-    127.0.0.1 with a free port (unless already started) and stops it."""
+    127.0.0.1 with a free port (unless already started) and stops it.
+
+    ``policy_version`` (an int, from ``config.policy_version``) is what the
+    ``X-Policy-Version`` header says; set it, or ``POST /admin/policy_version``, to bump it.
+    """
 
     def __init__(self, config: SimulatedModelConfig | None = None) -> None:
         self.config = config or SimulatedModelConfig()
         self.stats = SimulatedModelStats()
         self.base_url: str | None = None
+        self.policy_version = self.config.policy_version
         self._seen: dict[bytes, int] = {}
         self._seed = f"{self.config.seed}\0".encode()
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
 
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/admin/policy_version", self._set_policy_version)
+        if self.config.dialect == "vllm":
+            app.router.add_get("/version", self._version)
+        else:
+            app.router.add_get("/model_info", self._model_info)
+            app.router.add_get("/get_model_info", self._model_info)
+        app.on_response_prepare.append(self._stamp)
+        return app
+
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Bind and serve; returns the base URL ``http://HOST:PORT/v1``."""
         if self._runner is not None:
             raise RuntimeError("SimulatedModelServer is already started")
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
+        runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()
@@ -112,35 +138,67 @@ class SimulatedModelServer:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
+    async def _stamp(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers.setdefault(POLICY_HEADER, str(self.policy_version))
+
     async def _models(self, request: web.Request) -> web.Response:
         data = [{"id": self.config.model_name, "object": "model", "owned_by": "rollout_ray"}]
-        payload = _encode({"object": "list", "data": data})
-        return web.Response(body=payload, content_type="application/json")
+        return _json(200, {"object": "list", "data": data})
 
-    def _reply(self, status: int, payload: bytes) -> web.Response:
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return _json(200, {"version": VLLM_VERSION})
+
+    async def _model_info(self, request: web.Request) -> web.Response:
+        name = self.config.model_name
+        return _json(200, {
+            "model_path": name, "tokenizer_path": name, "is_generation": True,
+            "preferred_sampling_params": None, "weight_version": str(self.policy_version),
+            "has_image_understanding": False, "has_audio_understanding": False,
+            "model_type": "simulated", "architectures": ["SimulatedForCausalLM"],
+        })
+
+    async def _set_policy_version(self, request: web.Request) -> web.Response:
+        try:
+            body = _decode(await request.read())
+        except msgspec.DecodeError:
+            body = None
+        version = body.get("version") if isinstance(body, dict) else None
+        if type(version) is not int or version < 0:
+            error = {"message": "'version' must be a non-negative integer.", "type": "invalid_request_error",
+                     "param": "version", "code": None}
+            return _json(400, {"error": error})
+        self.policy_version = version
+        return _json(200, {"version": version})
+
+    def _reply(self, status: int, payload: bytes, version: int | None = None) -> web.Response:
         self.stats.by_status[status] += 1
-        return web.Response(status=status, body=payload, content_type="application/json")
+        response = web.Response(status=status, body=payload, content_type="application/json")
+        if version is not None:
+            response.headers[POLICY_HEADER] = str(version)
+        return response
 
-    def _error(
-        self,
-        status: int,
-        message: str,
-        kind: str,
-        param: str | None = None,
-        code: str | None = None,
-    ) -> web.Response:
+    def _error(self, status: int, message: str, kind: str, param: str | None = None,
+               code: str | None = None) -> web.Response:
         """An OpenAI-style error body: ``{"error": {message, type, param, code}}``."""
         error = {"message": message, "type": kind, "param": param, "code": code}
         return self._reply(status, _encode({"error": error}))
 
-    def _draw(self, messages: list[Any]) -> tuple[str | None, float, int, str]:
-        """``(fault, error draw, 5xx status, completion id)`` for this request."""
+    def _invalid(self, exc: Invalid) -> web.Response:
+        if exc.sglang:
+            flat = {"object": "error", "message": str(exc), "type": "BadRequest", "param": None, "code": 400}
+            return self._reply(400, _encode(flat))
+        return self._error(400, str(exc), "invalid_request_error", exc.param)
+
+    def _draw(self, messages: list[Any]) -> tuple[str | None, int, str, Draw]:
+        """``(fault, 5xx status, completion id, draws)`` for this request."""
         key = hashlib.blake2b(self._seed + _encode(messages), digest_size=16).digest()
         attempt = self._seen.get(key, 0)
         self._seen[key] = attempt + 1
         d = hashlib.blake2b(key + attempt.to_bytes(8, "big"), digest_size=28).digest()
         u_fault = int.from_bytes(d[:8], "big") / 2**64
-        u_error = int.from_bytes(d[8:16], "big") / 2**64
         cfg, fault, edge = self.config, None, 0.0
         rates = (cfg.rate_429, cfg.rate_5xx, cfg.rate_timeout, cfg.rate_malformed)
         for name, rate in zip(FAULTS, rates):
@@ -148,98 +206,101 @@ class SimulatedModelServer:
             if u_fault < edge:
                 fault = name
                 break
-        return fault, u_error, SERVER_ERRORS[(key[0] + attempt) % 3], "chatcmpl-" + d[16:].hex()
+        return fault, SERVER_ERRORS[(key[0] + attempt) % 3], "chatcmpl-" + d[16:].hex(), Draw(key, d)
 
-    def _parse(self, raw: bytes) -> _Call:
-        """The request's fields; raises ``_Invalid`` naming the offending one."""
-        try:
-            body = _decode(raw)
-        except msgspec.DecodeError:
-            raise _Invalid("We could not parse the JSON body of your request.", None) from None
-        if not isinstance(body, dict):
-            raise _Invalid("The request body must be a JSON object.", None)
-        messages = body.get("messages")
-        if messages is None:
-            raise _Invalid("Missing required parameter: 'messages'.", "messages")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise _Invalid("'messages' must be an array of message objects.", "messages")
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise _Invalid("'tools' must be an array.", "tools")
-        cap = self.config.max_completion_tokens
-        for name in ("max_tokens", "max_completion_tokens"):
-            value = body.get(name)
-            if value is not None and (type(value) is not int or value < 1):
-                raise _Invalid(f"'{name}' must be a positive integer.", name)
-            cap = cap if value is None else min(cap, value)
-        stream = body.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            raise _Invalid("'stream' must be a boolean.", "stream")
-        options = body.get("stream_options")
-        usage = bool(stream) and isinstance(options, dict) and options.get("include_usage") is True
-        return _Call(messages, tools, cap, bool(stream), usage)
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        self.stats.requests += 1
-        cfg = self.config
-        try:
-            call = self._parse(await request.read())
-        except _Invalid as exc:
-            return self._error(400, str(exc), "invalid_request_error", exc.param)
-        fault, u_error, status_5xx, cid = self._draw(call.messages)
-        if fault is not None:
-            self.stats.by_fault[fault] += 1
+    async def _fault(self, fault: str, status_5xx: int) -> web.Response:
+        """The error answer of a 429, 5xx or timeout fault (a timeout holds the request first)."""
+        self.stats.by_fault[fault] += 1
         if fault == "429":
             message, code = "Rate limit reached (simulated).", "rate_limit_exceeded"
             return self._error(429, message, "rate_limit_error", code=code)
         if fault == "5xx":
             return self._error(status_5xx, "The server had an error (simulated).", "server_error")
-        if fault == "timeout":
-            try:
-                await asyncio.wait_for(self._stopping.wait(), cfg.timeout_hold)
-            except TimeoutError:
-                pass
-            return self._error(504, "Upstream timed out (simulated).", "timeout")
-        message = respond(call.messages, call.tools, cfg, u_error)
-        message, finish, completion = cap_completion(message, call.cap)
-        prompt = prompt_tokens(call.messages)
-        usage = {"prompt_tokens": prompt, "completion_tokens": completion}
-        usage["total_tokens"] = prompt + completion
-        head = {"id": cid, "created": int(time.time()), "model": cfg.model_name}
+        try:
+            await asyncio.wait_for(self._stopping.wait(), self.config.timeout_hold)
+        except TimeoutError:
+            pass
+        return self._error(504, "Upstream timed out (simulated).", "timeout")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.stats.requests += 1
+        version = self.policy_version
+        try:
+            call = parse(await request.read(), self.config)
+        except Invalid as exc:
+            return self._invalid(exc)
+        fault, status_5xx, cid, draw = self._draw(call.messages)
+        if fault in ("429", "5xx", "timeout"):
+            return await self._fault(fault, status_5xx)
+        if fault is not None:
+            self.stats.by_fault[fault] += 1
+        choices = [choose(call, self.config, draw, i) for i in range(call.n)]
+        head = {"id": cid, "created": int(time.time()), "model": self.config.model_name}
+        latency = self.config.ttft + self.config.per_token * max(c.tokens for c in choices)
         if call.stream:
-            events = self._events(head, message, finish, usage, call.include_usage)
-            return await self._stream(request, events, fault == "malformed")
-        delay = cfg.ttft + cfg.per_token * completion
-        if delay > 0:
-            await asyncio.sleep(delay)
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-        completion_json = {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
-        payload = _encode(completion_json)
+            events = self._events(call, head, choices, version)
+            return await self._stream(request, events, fault == "malformed", version)
+        if latency > 0:
+            await asyncio.sleep(latency)
+        payload = _encode(self._completion(call, head, choices, version, latency))
         if fault == "malformed":
             payload = payload[: len(payload) // 2]
-        return self._reply(200, payload)
+        return self._reply(200, payload, version)
 
-    def _events(
-        self,
-        head: dict[str, Any],
-        message: dict[str, Any],
-        finish: str,
-        usage: dict[str, int],
-        include_usage: bool,
-    ) -> list[tuple[float, dict[str, Any]]]:
-        """``(seconds to wait before it, chunk)`` pairs; the waits add up to
-        ``ttft + per_token * completion_tokens``, as for a non-streamed answer."""
+    def _usage(self, call: ChatCall, choices: list[Choice], prompt: list[int]) -> dict[str, int]:
+        tokens = len(prompt) if call.capture.on else prompt_tokens(call.messages)
+        completion = sum(c.tokens for c in choices)
+        return {"prompt_tokens": tokens, "completion_tokens": completion, "total_tokens": tokens + completion}
+
+    def _prompt(self, call: ChatCall) -> list[int]:
+        return render(call.messages, call.tools, drift=self.config.template_drift) if call.capture.on else []
+
+    def _completion(self, call: ChatCall, head: dict[str, Any], choices: list[Choice], version: int,
+                    latency: float) -> dict[str, Any]:
+        prompt = self._prompt(call)
+        usage = self._usage(call, choices, prompt)
+        if call.capture.on and call.capture.dialect == "vllm":
+            return vllm_completion(head, choices, prompt, usage, call.capture)
+        if call.capture.on:
+            return sglang_completion(head, choices, prompt, usage, call.capture, version, latency)
+        out = [{"index": c.index, "message": c.message, "logprobs": None, "finish_reason": c.finish}
+               for c in choices]
+        return {**head, "object": "chat.completion", "choices": out, "usage": usage}
+
+    def _events(self, call: ChatCall, head: dict[str, Any], choices: list[Choice], version: int) -> list[Event]:
+        prompt = self._prompt(call)
+        usage = self._usage(call, choices, prompt) if call.include_usage else None
+        cfg = self.config
+        if call.capture.on and call.capture.dialect == "vllm":
+            return vllm_events(head, choices, prompt, usage, call.capture, cfg.ttft, cfg.per_token)
+        if call.capture.on:
+            return sglang_events(head, choices, usage, call.capture, cfg.ttft, cfg.per_token)
+        return self._plain_events(head, choices, usage)
+
+    def _plain_events(self, head: dict[str, Any], choices: list[Choice], usage: dict[str, int] | None) -> list[Event]:
+        """The plain (no token capture) chunks: for each choice a role chunk, a tool call's
+        opening, four pieces of text or arguments, a finish chunk; choices side by side."""
         head = {**head, "object": "chat.completion.chunk"}
-        if include_usage:
+        if usage is not None:
             head["usage"] = None
+        per_choice = [self._choice_events(head, c) for c in choices]
+        events: list[Event] = []
+        for step in itertools.zip_longest(*per_choice):
+            present = [e for e in step if e is not None]
+            wait = max(w for w, _ in present)
+            events += [(wait if i == 0 else 0.0, chunk) for i, (_, chunk) in enumerate(present)]
+        if usage is not None:
+            events.append((0.0, {**head, "choices": [], "usage": usage}))
+        return events
+
+    def _choice_events(self, head: dict[str, Any], c: Choice) -> list[Event]:
+        """One choice's plain chunks; the waits add up to ``ttft + per_token * tokens``."""
 
         def chunk(delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-            return {**head, "choices": [choice]}
+            return {**head, "choices": [{"index": c.index, "delta": delta, "logprobs": None, "finish_reason": reason}]}
 
-        role = chunk({"role": "assistant", "content": ""})
-        events: list[tuple[float, dict[str, Any]]] = [(self.config.ttft, role)]
-        calls = message.get("tool_calls")
+        events: list[Event] = [(self.config.ttft, chunk({"role": "assistant", "content": ""}))]
+        calls = c.message.get("tool_calls")
         if calls:
             call, fn = calls[0], calls[0]["function"]
             opening = {"index": 0, "id": call["id"], "type": "function"}
@@ -247,24 +308,21 @@ class SimulatedModelServer:
             events.append((0.0, chunk({"tool_calls": [opening]})))
             text = fn["arguments"]
         else:
-            text = message["content"]
-        per_char = self.config.per_token * usage["completion_tokens"] / max(1, len(text))
+            text = c.message["content"]
+        per_char = self.config.per_token * c.tokens / max(1, len(text))
         for piece in _pieces(text):
             if calls:
                 delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
             else:
                 delta = {"content": piece}
             events.append((per_char * len(piece), chunk(delta)))
-        events.append((0.0, chunk({}, finish)))
-        if include_usage:
-            events.append((0.0, {**head, "choices": [], "usage": usage}))
+        events.append((0.0, chunk({}, c.finish)))
         return events
 
-    async def _stream(
-        self, request: web.Request, events: list[tuple[float, dict[str, Any]]], malformed: bool
-    ) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, events: list[Event], malformed: bool,
+                      version: int) -> web.StreamResponse:
         """Send ``events`` as SSE, then ``[DONE]``; malformed: cut short in the second event."""
-        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", POLICY_HEADER: str(version)}
         response = web.StreamResponse(headers=headers)
         self.stats.by_status[200] += 1
         await response.prepare(request)

@@ -18,7 +18,7 @@ from rollout_ray._cli.eval import make_executor
 from rollout_ray._cli.grid import SweepGrid, expand, load_sweep
 from rollout_ray._cli.summary import summarize
 from rollout_ray._core.limits import LIMIT_FIELDS
-from rollout_ray._driver.finalize import FinalizeConfig, finalize
+from rollout_ray._driver.run_dir import stored_results
 from rollout_ray._errors import SweepConfigError
 from rollout_ray._record.store import read_manifest, read_run
 
@@ -224,7 +224,7 @@ def test_a_sweep_writes_one_run_per_point_and_a_comparison(swept: tuple[str, str
     assert table["point"].to_pylist() == NAMES
     assert table["model"].to_pylist() == ["good", "good", "bad", "bad"]
     assert table["temperature"].to_pylist() == [0.0, 0.7, 0.0, 0.7]
-    assert table["mean_reward"].to_pylist() == [1.0, 1.0, 0.0, 0.0]  # error_rate 1: always wrong
+    assert table["mean_reward"].to_pylist() == [1.0, 0.75, 0.0, 0.0]  # "bad": always wrong; at 0.7 "good" errs too
     csv = pyarrow.csv.read_csv(os.path.join(out, "comparison.csv"))
     assert csv.column_names == table.column_names
     for from_csv, row in zip(csv.to_pylist(), table.to_pylist(), strict=True):
@@ -241,8 +241,8 @@ def test_the_comparison_matches_each_runs_own_summary(swept: tuple[str, str, str
     for row in pq.read_table(os.path.join(out, "comparison.parquet")).to_pylist():
         recorded = read_manifest(row["run_dir"]).config
         assert recorded["sweep"]["sampling"] == {"temperature": row["temperature"]}
-        whole = finalize(read_run(row["run_dir"]), FinalizeConfig.model_validate(recorded["eval"]["finalize"]))
-        s = summarize(whole.samples, whole.groups)
+        samples, groups = stored_results(row["run_dir"])  # finalized as each group closed
+        s = summarize(samples, groups)
         assert (row["rollouts"], row["ok"], row["failed"], row["groups"]) == (s["rollouts"], s["ok"],
                                                                              s["failed"], s["groups"])
         assert row["mean_reward"] == s["mean_reward"]
@@ -252,7 +252,7 @@ def test_the_comparison_matches_each_runs_own_summary(swept: tuple[str, str, str
             assert (row[name], row[f"{name}_per_rollout"]) == (total, mean)
         for span, (p50, p95) in s["spans"].items():
             assert (row[f"{span}_p50_s"], row[f"{span}_p95_s"]) == (p50, p95)
-        rewards = whole.samples["reward"].to_pylist()
+        rewards = samples["reward"].to_pylist()
         assert row["reward_sem"] == pytest.approx(
             math.sqrt(sum((r - s["mean_reward"]) ** 2 for r in rewards) / 3 / 4))
 
@@ -282,7 +282,7 @@ def test_resume_skips_complete_points_and_resumes_the_others(swept: tuple[str, s
     table = pq.read_table(os.path.join(out, "comparison.parquet"))
     assert table["rollouts"].to_pylist() == [4, 4, 4, 4]
     assert table["status"].to_pylist() == ["stored", "completed", "stored", "stored"]
-    assert table["mean_reward"].to_pylist() == [1.0, 1.0, 0.0, 0.0]
+    assert table["mean_reward"].to_pylist() == [1.0, 0.75, 0.0, 0.0]
     assert executors == ["local", "local"]  # the first sweep's and this one's
 
     assert cli.main(args) == 0  # all complete now: no executor is even started

@@ -7,7 +7,7 @@ import json
 import re
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -15,6 +15,7 @@ import pydantic
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sim_client import Client, assemble, events, serve, user
 
 from rollout_ray._simulated import server as _simulated_model
 from rollout_ray._simulated.config import SimulatedModelConfig
@@ -37,10 +38,6 @@ CALC_TOOL = {
     },
 }
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
-
-
-def user(text: str) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": text}]
 
 
 def answer(text: str, config: SimulatedModelConfig = CFG, rng_value: float = 0.5) -> Any:
@@ -210,64 +207,7 @@ def test_policy_never_raises_on_garbage(messages: list[Any], tools: Any) -> None
     assert prompt_tokens(messages) >= 4 * len(messages)
 
 
-# --- server -------------------------------------------------------------------------------
-
-Client = Callable[..., Awaitable[tuple[int, bytes]]]
-
-
-def serve(
-    body: Callable[[SimulatedModelServer, Client], Awaitable[Any]], **config: Any
-) -> Any:
-    """Run ``body(server, post)`` against a fresh server with ``ttft=0`` and ``config``."""
-
-    async def main() -> Any:
-        async with SimulatedModelServer(SimulatedModelConfig(ttft=0, **config)) as server:
-            async with aiohttp.ClientSession() as session:
-                url = server.base_url
-
-                async def post(payload: Any, raw: bytes | None = None) -> tuple[int, bytes]:
-                    data = raw if raw is not None else json.dumps(payload).encode()
-                    async with session.post(f"{url}/chat/completions", data=data) as resp:
-                        return resp.status, await resp.read()
-
-                return await body(server, post)
-
-    return asyncio.run(main())
-
-
-def events(raw: bytes) -> list[Any]:
-    """The SSE ``data:`` payloads of ``raw``, decoded (``[DONE]`` stays a string)."""
-    out = []
-    for block in raw.decode().split("\n\n"):
-        if block:
-            assert block.startswith("data: "), block
-            data = block[len("data: ") :]
-            out.append(data if data == "[DONE]" else json.loads(data))
-    return out
-
-
-def assemble(chunks: list[Any]) -> tuple[dict[str, Any], str | None, Any]:
-    """The message, finish reason and usage a client rebuilds from stream chunks."""
-    assert chunks[-1] == "[DONE]"
-    message: dict[str, Any] = {"role": None, "content": None}
-    finish, usage, calls = None, None, {}
-    for chunk in chunks[:-1]:
-        assert chunk["object"] == "chat.completion.chunk"
-        usage = chunk.get("usage") or usage
-        for choice in chunk["choices"]:
-            delta = choice["delta"]
-            message["role"] = delta.get("role", message["role"])
-            if delta.get("content"):
-                message["content"] = (message["content"] or "") + delta["content"]
-            for tc in delta.get("tool_calls", ()):
-                call = calls.setdefault(tc["index"], {"function": {"arguments": ""}})
-                call.update({k: tc[k] for k in ("id", "type") if k in tc})
-                call["function"]["name"] = tc["function"].get("name", call["function"].get("name"))
-                call["function"]["arguments"] += tc["function"].get("arguments", "")
-            finish = choice["finish_reason"] or finish
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    return message, finish, usage
+# --- server ---------------------------------------------------------------------------------
 
 
 QUESTION = {"model": "simulated", "messages": user("What is 17 + 25?")}

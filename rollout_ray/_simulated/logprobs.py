@@ -1,0 +1,76 @@
+"""Plausible, deterministic log-probabilities for a sampled completion.
+
+At each position the simulated model has a small distribution: the most likely token (the
+greedy answer's token at the first position where the sampled answer departs from it, else
+the sampled token) at logit 0; the sampled token, when it is not the most likely, at
+``-(0.2 + 2u)``; ``TOP_MAX`` alternatives (printable one- or two-character tokens) at
+decreasing logits, the first ``-(1 + 4u)``, each next ``0.25 + 2.5u`` lower; and one logit
+``-(1.5 + 3u)`` standing for the rest of the vocabulary. Each ``u`` is a byte of
+``blake2b(material, position, sampled id, top id) / 255``. Log-probabilities are the
+log-softmax over all of these, so each is below 0, the most likely token ranks first, and a
+token's log-probability does not depend on how many alternatives a request asks to see.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+from .tokenizer import encode
+
+__all__ = ["TOP_MAX", "Scored", "score"]
+
+TOP_MAX = 20
+"""Most alternatives a request may ask for (OpenAI's and vLLM's default limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """One completion position: the sampled token's log-probability and the ranked tokens."""
+
+    token: int
+    logprob: float
+    ranked: tuple[tuple[int, float], ...]
+    """``(id, logprob)`` best first: the most likely token, the sampled one, the alternatives."""
+
+
+def _alternative(c1: int, c2: int, taken: set[int]) -> int:
+    """A printable one- or two-character token not in ``taken``."""
+    while True:
+        text = chr(32 + c1 % 95) + (chr(32 + c2 % 95) if c2 & 1 else "")
+        (token,) = encode(text)
+        if token not in taken:
+            return token
+        c2 = (c2 + 1) % 256
+
+
+def _position(material: bytes, j: int, sampled: int, top: int) -> Scored:
+    d = hashlib.blake2b(
+        material + j.to_bytes(4, "big") + sampled.to_bytes(8, "big") + top.to_bytes(8, "big"),
+        digest_size=64,
+    ).digest()
+    logits = {top: 0.0}
+    if sampled != top:
+        logits[sampled] = -(0.2 + 2.0 * d[0] / 255)
+    z = -(1.0 + 4.0 * d[2] / 255)
+    for m in range(TOP_MAX):
+        c1, c2, g = d[3 + 3 * m : 6 + 3 * m]
+        if m:
+            z -= 0.25 + 2.5 * g / 255
+        logits[_alternative(c1, c2, set(logits))] = z
+    rest = -(1.5 + 3.0 * d[1] / 255)
+    norm = math.log(sum(math.exp(v) for v in logits.values()) + math.exp(rest))
+    ranked = tuple(sorted(((t, v - norm) for t, v in logits.items()), key=lambda tv: -tv[1]))
+    return Scored(sampled, logits[sampled] - norm, ranked)
+
+
+def score(sampled: list[int], greedy: list[int], material: bytes) -> list[Scored]:
+    """One :class:`Scored` per sampled token. ``greedy`` is what the model would have said at
+    temperature 0: at the first position where ``sampled`` departs from it, the greedy token
+    is the most likely one; ``material`` seeds the rest (same material, same numbers)."""
+    diverge = next((j for j, (s, g) in enumerate(zip(sampled, greedy)) if s != g), None)
+    return [
+        _position(material, j, token, greedy[j] if j == diverge else token)
+        for j, token in enumerate(sampled)
+    ]
