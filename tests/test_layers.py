@@ -28,7 +28,8 @@ LAYERS: dict[str, set[str]] = {
     "_ray": {"_serving", "_runtimes", "_core", "_record"},
     "_driver": {"_serving", "_runtimes", "_core", "_record"},
     "_simulated": set(),
-    "_cli": {"_ray", "_driver", "_simulated", "_harnesses", "_serving", "_runtimes", "_core", "_record"},
+    "_cli": {"_viewer", "_ray", "_driver", "_simulated", "_harnesses", "_serving", "_runtimes", "_core", "_record"},
+    "_viewer": {"_driver", "_record"},
     "testing": {"_core", "_record"},
 }
 """Each layer, and the layers it may import besides itself and ``_errors``."""

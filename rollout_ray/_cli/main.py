@@ -35,6 +35,12 @@ def _serve_model(args: argparse.Namespace) -> int:
             rate_malformed=args.rate_malformed,
             seed=args.seed,
             model_name=args.model_name,
+            max_completion_tokens=args.max_completion_tokens,
+            temperature_error=args.temperature_error,
+            dialect=args.dialect,
+            return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+            template_drift=args.template_drift,
+            policy_version=args.policy_version,
         )
     except ValidationError as e:
         print(f"rollout-ray serve-model: invalid settings:\n{e}", file=sys.stderr)
@@ -54,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     from .sweep import add_sweep_arguments
 
     add_sweep_arguments(sub.add_parser("sweep", help="eval every point of a grid and compare them"))
+    from .view import add_view_arguments
+
+    add_view_arguments(sub.add_parser("view", help="browse run directories in a local web page"))
     serve = sub.add_parser("serve-model", help="serve the built-in simulated OpenAI-compatible model")
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
     serve.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
@@ -66,6 +75,16 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--rate-malformed", type=float, default=0.0, help="share of malformed bodies")
     serve.add_argument("--seed", type=int, default=0, help="seed of every random draw")
     serve.add_argument("--model-name", default="simulated", help="model name in answers")
+    serve.add_argument("--max-completion-tokens", type=int, default=256, help="cap on completion tokens")
+    serve.add_argument("--temperature-error", type=float, default=0.5,
+                       help="how fast wrong answers grow with temperature (see SimulatedModelConfig)")
+    serve.add_argument("--dialect", choices=["vllm", "sglang"], default="vllm",
+                       help="token-capture shapes and info route when a request does not say")
+    serve.add_argument("--return-tokens-as-token-ids", action="store_true",
+                       help="logprob tokens read token_id:N, as vLLM's flag of that name")
+    serve.add_argument("--template-drift", action="store_true",
+                       help="re-tokenize earlier assistant turns differently from how they were sampled")
+    serve.add_argument("--policy-version", type=int, default=0, help="initial X-Policy-Version")
     serve.set_defaults(run=_serve_model)
     return p
 

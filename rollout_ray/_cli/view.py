@@ -1,0 +1,41 @@
+"""``rollout-ray view``: browse run directories in a local web page."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+
+def add_view_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", default=["runs"],
+                   help="run directories, or directories of runs (default: runs/)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
+    p.add_argument("--port", type=int, default=8765, help="port (0 picks a free one; default 8765)")
+    p.set_defaults(run=_view)
+
+
+def _view(args: argparse.Namespace) -> int:
+    # Imported here, so the other commands start without the viewer's server.
+    from .._viewer.catalog import NotARunDirectory
+    from .._viewer.server import Viewer, serve
+    from .summary import plot
+
+    try:
+        viewer = Viewer(args.run_dirs, plot=plot)
+    except NotARunDirectory as exc:
+        print(f"rollout-ray view: {exc}", file=sys.stderr)
+        return 2
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"rollout-ray view: serving on {args.host}: anyone who reaches it reads every trace "
+              "(there is no authentication)", file=sys.stderr)
+
+    def announce(url: str) -> None:
+        print(f"viewing {len(viewer.runs)} run(s) at {url}  (Ctrl-C stops)", flush=True)
+
+    try:
+        asyncio.run(serve(viewer, args.host, args.port, announce))
+    except OSError as exc:  # the port is taken, or the host is not ours
+        print(f"rollout-ray view: cannot serve on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,329 @@
+"""A run's scalar index, and the queries the rollout table runs on it.
+
+Laziness: the index holds only the scalar columns of the shards (no ``messages``, no
+``trace``, and not the reward / metric maps), read shard by shard, plus where each row lives
+(``_shard``, ``_row``). It is keyed by every shard's (name, mtime, size): a request on an
+unchanged run reuses it, and since shards are only ever appended, a run still being written
+costs only its new shards. It shows what ``read_run`` returns: the latest row of each
+``(group_id, sample_idx)``, and never a shard of another run. Sorting, filtering and paging
+run with ``pyarrow.compute`` over this index; one rollout's ``trace`` is read from its shard
+when its page is opened (``detail.read_trace``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .._errors import CorruptShard
+from .._record.arrow import SCALAR_COLUMNS, TRACE_SCHEMA, check_schema
+from .._record.store import MANIFEST_NAME, SHARDS_DIR, read_manifest, shard_paths
+
+INDEX_COLUMNS: tuple[str, ...] = tuple(
+    c for c in SCALAR_COLUMNS if c not in ("rewards", "reward_weights", "metrics", "task_hash")
+)
+"""The stored columns the index reads. The maps and the task hash (a fifth of the index's
+memory, never filtered on) are read from the trace, on the rollout's page."""
+
+ROW_COLUMNS = (
+    "rollout_id", "group_id", "sample_idx", "attempt", "task_type", "task_idx", "ok",
+    "stop_condition", "error_type", "error_message", "reward", "num_turns", "num_total_tokens",
+    "num_tool_calls", "agent_s",
+)
+"""What a row of the rollout table carries (plus the stored extra columns)."""
+
+NONE = "(none)"
+"""Filter value matching a null stop condition or error type."""
+ANY = "(any)"
+"""Filter value matching any error type."""
+
+ShardKey = tuple[str, int, int]
+
+
+class BadQuery(ValueError):
+    """A query parameter the index cannot honour (unknown column, not a number)."""
+
+
+@dataclass(frozen=True)
+class RunIndex:
+    """The scalar rows of a run, and which shard state they were read from."""
+
+    run_dir: Path
+    keys: tuple[ShardKey, ...]
+    """(name, mtime_ns, size) of each shard, in write order."""
+    stored: pa.Table
+    """Every stored row: ``INDEX_COLUMNS`` + stored extras + ``_shard``, ``_row``."""
+    table: pa.Table
+    """The rows a reader sees (``read_run``'s): the latest of each ``(group_id, sample_idx)``,
+    a redone rollout superseding the earlier one, in write order; plus ``_pos``, the row's
+    position in this table."""
+    complete: frozenset[str]
+    """Stored extra columns (e.g. ``advantage``) present in every shard."""
+
+    @property
+    def extras(self) -> list[str]:
+        return [c for c in self.table.column_names if c not in INDEX_COLUMNS and not c.startswith("_")]
+
+    def shard_path(self, shard: int) -> Path:
+        return self.run_dir / SHARDS_DIR / self.keys[shard][0]
+
+    def locate(self, rollout_id: str) -> int | None:
+        """The index row of ``rollout_id`` (its first, should a retry reuse an id), or None."""
+        found = pc.index(self.table["rollout_id"], rollout_id).as_py()
+        return None if found < 0 else found
+
+
+def shard_keys(run_dir: Path) -> tuple[ShardKey, ...]:
+    keys = []
+    for path in shard_paths(run_dir):
+        st = os.stat(path)
+        keys.append((path.name, st.st_mtime_ns, st.st_size))
+    return tuple(keys)
+
+
+def build_index(run_dir: Path, previous: RunIndex | None = None) -> RunIndex:
+    """The run's index, reusing ``previous`` when the shards are unchanged or only appended to.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` does not exist.
+        CorruptShard: a shard cannot be read, or holds rows of another run than the manifest's.
+        SchemaMismatch: a shard lacks a scalar column or has a newer schema version.
+    """
+    keys = shard_keys(run_dir)
+    if previous is not None and previous.keys == keys:
+        return previous
+    parts: list[pa.Table] = []
+    complete: set[str] | None = None
+    start = 0
+    if previous is not None and previous.keys and keys[: len(previous.keys)] == previous.keys:
+        parts, complete, start = [previous.stored], set(previous.complete), len(previous.keys)
+    run_id = read_manifest(run_dir).run_id if (run_dir / MANIFEST_NAME).exists() else None
+    for shard in range(start, len(keys)):
+        table = read_scalars(run_dir / SHARDS_DIR / keys[shard][0], run_id)
+        extras = {c for c in table.column_names if c not in INDEX_COLUMNS}
+        complete = extras if complete is None else complete & extras
+        n = table.num_rows
+        table = table.append_column("_shard", pa.array(np.full(n, shard, np.int32)))
+        parts.append(table.append_column("_row", pa.array(np.arange(n, dtype=np.int32))))
+    if not parts:
+        parts = [TRACE_SCHEMA.empty_table().select(list(INDEX_COLUMNS)).append_column(
+            "_shard", pa.array([], pa.int32())).append_column("_row", pa.array([], pa.int32()))]
+    # Old shards lack columns a newer writer appended: those come back null.
+    stored = pa.concat_tables(parts, promote_options="permissive")
+    stored = stored.select([c for c in stored.column_names if not c.startswith("_")] + ["_shard", "_row"])
+    table = _latest_per_key(stored)
+    table = table.append_column("_pos", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    return RunIndex(run_dir, keys, stored, table, frozenset(complete or ()))
+
+
+def _latest_per_key(stored: pa.Table) -> pa.Table:
+    """The last stored row of each ``(group_id, sample_idx)``, in write order."""
+    numbered = pa.table({"group_id": stored["group_id"], "sample_idx": stored["sample_idx"],
+                         "row": pa.array(np.arange(stored.num_rows, dtype=np.int64))})
+    last = numbered.group_by(["group_id", "sample_idx"]).aggregate([("row", "max")])
+    if last.num_rows == stored.num_rows:
+        return stored  # nothing was redone
+    return stored.take(pa.array(np.sort(last["row_max"].to_numpy())))
+
+
+def read_scalars(path: Path, run_id: str | None = None) -> pa.Table:
+    """One shard's ``INDEX_COLUMNS`` and any stored extra scalar column (never the conversation).
+
+    Raises:
+        CorruptShard: unreadable, or rows of another run than ``run_id`` (when given).
+        SchemaMismatch: a scalar column is missing, or the schema version is newer.
+    """
+    with unreadable_is_corrupt(path):
+        shard = pq.ParquetFile(path, page_checksum_verification=True)
+    with shard:
+        schema = shard.schema_arrow
+        check_schema(schema, INDEX_COLUMNS)
+        extras = [f.name for f in schema if f.name not in TRACE_SCHEMA.names and _is_scalar(f.type)]
+        with unreadable_is_corrupt(path):
+            table = shard.read(columns=[*INDEX_COLUMNS, *extras])
+    # As read_run does: rows of two runs in one directory are refused, never mixed.
+    found = set(pc.unique(table["run_id"]).to_pylist()) if run_id is not None and table.num_rows else set()
+    if found - {run_id}:
+        raise CorruptShard(path, f"it holds rows of run {', '.join(sorted(map(str, found - {run_id})))}, "
+                                 f"not of this run ({run_id})")
+    return table
+
+
+def _is_scalar(type_: pa.DataType) -> bool:
+    t = pa.types
+    return t.is_integer(type_) or t.is_floating(type_) or t.is_boolean(type_) or t.is_string(type_)
+
+
+@contextmanager
+def unreadable_is_corrupt(path: Path) -> Iterator[None]:
+    """Turn a failure to read a shard into ``CorruptShard`` (a vanished file stays one)."""
+    try:
+        yield
+    except (FileNotFoundError, CorruptShard):
+        raise
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise CorruptShard(path, f"{type(exc).__name__}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Query:
+    """Sort and filters of the rollout table; ``None`` means no constraint."""
+
+    sort: str | None = None
+    descending: bool = False
+    reward_min: float | None = None
+    reward_max: float | None = None
+    ok: bool | None = None
+    stop: str | None = None
+    error: str | None = None
+    task: str | None = None
+    group: str | None = None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]) -> Query:
+        """Parse URL query parameters (``order=desc``, ``ok=true``, ...); empty means unset.
+
+        Raises:
+            BadQuery: a number or boolean that does not parse.
+        """
+        get = {k: v.strip() for k, v in params.items() if v.strip()}
+        return cls(
+            sort=get.get("sort"),
+            descending=get.get("order", "asc") == "desc",
+            reward_min=_number(get, "reward_min"),
+            reward_max=_number(get, "reward_max"),
+            ok=_boolean(get, "ok"),
+            stop=get.get("stop"),
+            error=get.get("error"),
+            task=get.get("task"),
+            group=get.get("group"),
+        )
+
+    def key(self) -> tuple[object, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+def _number(params: Mapping[str, str], name: str) -> float | None:
+    if name not in params:
+        return None
+    try:
+        return float(params[name])
+    except ValueError:
+        raise BadQuery(f"{name} must be a number, got {params[name]!r}") from None
+
+
+def _boolean(params: Mapping[str, str], name: str) -> bool | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    if value not in ("true", "false"):
+        raise BadQuery(f"{name} must be true or false, got {value!r}")
+    return value == "true"
+
+
+def sortable(index: RunIndex) -> list[str]:
+    return [c for c in index.table.column_names if not c.startswith("_")]
+
+
+def select(index: RunIndex, query: Query) -> pa.Array:
+    """The index rows matching ``query``, in its order (write order without a sort).
+
+    Raises:
+        BadQuery: ``query.sort`` names no column of the index.
+    """
+    table = index.table
+    if query.sort is not None and query.sort not in sortable(index):
+        raise BadQuery(f"cannot sort by {query.sort!r}; columns: {', '.join(sortable(index))}")
+    mask = _mask(table, query)
+    kept = table.select([c for c in (query.sort, "_pos") if c])
+    if mask is not None:
+        kept = kept.filter(mask)
+    if query.sort is None:
+        return kept["_pos"].combine_chunks()
+    order = "descending" if query.descending else "ascending"
+    # Ties keep write order, so paging through equal values is stable; nulls sort last.
+    positions = pc.sort_indices(kept, sort_keys=[(query.sort, order), ("_pos", "ascending")])
+    return kept["_pos"].take(positions).combine_chunks()
+
+
+def _mask(table: pa.Table, q: Query) -> pa.ChunkedArray | None:
+    conditions = []
+    if q.reward_min is not None:
+        conditions.append(pc.greater_equal(table["reward"], q.reward_min))
+    if q.reward_max is not None:
+        conditions.append(pc.less_equal(table["reward"], q.reward_max))
+    if q.ok is not None:
+        conditions.append(pc.equal(table["ok"], q.ok))
+    if q.stop is not None:
+        conditions.append(_equal_or_none(table["stop_condition"], q.stop))
+    if q.error == ANY:
+        conditions.append(pc.is_valid(table["error_type"]))
+    elif q.error is not None:
+        conditions.append(_equal_or_none(table["error_type"], q.error))
+    if q.task is not None:
+        conditions.append(_task_matches(table, q.task))
+    if q.group is not None:
+        conditions.append(pc.starts_with(table["group_id"], q.group))
+    if not conditions:
+        return None
+    mask = conditions[0]
+    for condition in conditions[1:]:
+        mask = pc.and_kleene(mask, condition)
+    return mask
+
+
+def _equal_or_none(column: pa.ChunkedArray, value: str) -> pa.ChunkedArray:
+    return pc.is_null(column) if value == NONE else pc.equal(column, value)
+
+
+def _task_matches(table: pa.Table, task: str) -> pa.ChunkedArray:
+    """A task index (all digits), else a substring of the task type or a prefix of its key."""
+    if task.isdigit():
+        return pc.equal(table["task_idx"], int(task))
+    by_type = pc.match_substring(table["task_type"], task, ignore_case=True)
+    return pc.or_kleene(by_type, pc.starts_with(table["task_key"], task))
+
+
+def page(index: RunIndex, positions: pa.Array, offset: int, limit: int) -> list[dict[str, object]]:
+    """Rows ``offset .. offset + limit`` of ``positions`` as dicts of ``ROW_COLUMNS`` + extras."""
+    chosen = positions.slice(offset, limit)
+    rows = index.table.select([*ROW_COLUMNS, *index.extras]).take(chosen).to_pylist()
+    for row in rows:  # the table shows a line of it; the detail page has all of it
+        message = row.get("error_message")
+        if message and len(message) > 300:
+            row["error_message"] = message[:300] + "…"
+    return rows
+
+
+def overview(index: RunIndex, facet_limit: int = 200) -> dict[str, object]:
+    """Counts, mean reward, and the values each filter offers (with counts)."""
+    table = index.table
+    n = table.num_rows
+    ok = int(pc.sum(table["ok"]).as_py() or 0) if n else 0
+    rewards = table["reward"]
+    return {
+        "rollouts": n,
+        "ok": ok,
+        "failed": n - ok,
+        "groups": pc.count_distinct(table["group_id"]).as_py() if n else 0,
+        "mean_reward": pc.mean(rewards).as_py() if n else None,
+        "facets": {name: _facet(table[name], facet_limit)
+                   for name in ("stop_condition", "error_type", "task_type")},
+        "columns": sortable(index),
+        "extras": index.extras,
+        "stored_advantage": "advantage" in index.complete,
+    }
+
+
+def _facet(column: pa.ChunkedArray, limit: int) -> list[tuple[str, int]]:
+    counts = pc.value_counts(column.combine_chunks()) if len(column) else pa.array([])
+    pairs = [(NONE if d["values"] is None else d["values"], d["counts"]) for d in counts.to_pylist()]
+    return sorted(pairs, key=lambda p: (-p[1], p[0]))[:limit]
