@@ -47,9 +47,12 @@ def make_rollout(
 ) -> Rollout:
     """A rollout on fakes: prompt "hi", a model answering "hello", an owned MemoryRuntime."""
     kwargs.setdefault("runtime_factory", MemoryRuntime)
+    if harness is None:
+        # Given services are what a test looks at: the harness must be served by them.
+        harness = ScriptedHarness(in_process="interception" not in kwargs and "tool_server" not in kwargs)
     return Rollout(
         task or EchoTask({"prompt": "hi"}),
-        harness or ScriptedHarness(),
+        harness,
         model=model or ScriptedModel(default="hello"),
         runtime=runtime,
         **kwargs,

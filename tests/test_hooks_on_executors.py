@@ -1,9 +1,10 @@
 """Hooks see the same Trace whichever executor runs the rollout (``_core/trace_sync``).
 
-On Ray the node's services hold a copy of the trace during a segment; these run one
-scenario on ``LocalExecutor`` and on ``RayExecutor`` and expect the same record: a trace
-``@stop`` sees the tool calls made so far, and a harness that asks (``ctx.sync()``) sees
-that the rollout stopped.
+An in-process agent is served in the rollout's own process; one that speaks HTTP, as a
+program does, is served by a proxy (on Ray: the node's services, holding a copy of the
+trace during a segment). These run one scenario on ``LocalExecutor`` and on ``RayExecutor``,
+over both transports, and expect the same record: a trace ``@stop`` sees the tool calls
+made so far, and a harness that asks (``ctx.sync()``) sees that the rollout stopped.
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ async def _run(kind: str, spec: RolloutSpec) -> Trace:
         return await executor.run(spec)
 
 
+@pytest.fixture(params=["inprocess", "http"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(params=["local", pytest.param("ray", marks=pytest.mark.ray)])
 def executor_kind(request: pytest.FixtureRequest) -> str:
     if request.param == "ray":
@@ -101,15 +107,17 @@ def executor_kind(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def test_a_trace_stop_sees_the_tool_calls_made_so_far(executor_kind: str) -> None:
-    trace = asyncio.run(_run(executor_kind, _spec(StopsAfterATool({"prompt": "2 + 3?"}), ChatHarness())))
+def test_a_trace_stop_sees_the_tool_calls_made_so_far(executor_kind: str, transport: Any) -> None:
+    harness = ChatHarness(transport=transport)
+    trace = asyncio.run(_run(executor_kind, _spec(StopsAfterATool({"prompt": "2 + 3?"}), harness)))
     assert trace.ok and trace.stop_condition == "after_a_tool"
     assert [(c.name, c.arguments, c.ok) for c in trace.tool_calls] == [("add", '{"a":2,"b":3}', True)]
     assert trace.num_turns == 1  # the second model call was refused by the stop
 
 
-def test_a_harness_that_syncs_sees_the_stop_mid_rollout(executor_kind: str) -> None:
-    spec = _spec(WithTools({"prompt": "2 + 3?"}), NotesWhetherStopped(), limits=RolloutLimits(max_turns=1))
+def test_a_harness_that_syncs_sees_the_stop_mid_rollout(executor_kind: str, transport: Any) -> None:
+    spec = _spec(WithTools({"prompt": "2 + 3?"}), NotesWhetherStopped(transport=transport),
+                 limits=RolloutLimits(max_turns=1))
     trace = asyncio.run(_run(executor_kind, spec))
     assert trace.ok and trace.stop_condition == "max_turns"
     assert trace.info["harness_saw"] == "max_turns"

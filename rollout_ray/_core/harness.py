@@ -23,6 +23,7 @@ from .interception import ChatClient
 from .runtime import ProgramResult, Runtime
 from .scoring import run_metrics, seed
 from .task import TaskData
+from .tools import LocalTools
 
 log = logging.getLogger("rollout_ray")
 
@@ -55,6 +56,8 @@ class HarnessContext:
     """The task data, with the prompt as rewritten by request interceptors."""
     client: ChatClient | None = None
     """In-process route to the model boundary, when the interception offers one."""
+    tools: LocalTools | None = None
+    """The task's tools in process (an ``in_process`` harness's); ``tool_urls`` otherwise."""
     tool_urls: dict[str, str] = field(default_factory=dict)
     tool_interception_url: str | None = None
     sync: Callable[[], Awaitable[None]] = _in_sync
@@ -69,11 +72,16 @@ class Harness:
             otherwise it is folded into the user prompt.
         supports_resume: ``resume`` can continue a conversation with new user messages.
         supports_tool_interception: the harness posts tool results for interception.
+        in_process: the agent loop runs in the rollout's own process and reaches the model
+            and the tools only through ``ctx.client`` and ``ctx.tools``: the rollout then
+            serves its session and tools in process (no proxy, no server, one owner of the
+            trace), whatever interception it was given for programs.
     """
 
     appends_system_prompt: ClassVar[bool] = True
     supports_resume: ClassVar[bool] = False
     supports_tool_interception: ClassVar[bool] = False
+    in_process: bool = False
 
     def __init__(self, id: str | None = None) -> None:
         self.id = id or type(self).__name__

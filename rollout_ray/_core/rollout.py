@@ -33,6 +33,7 @@ from .phases import Segment, finalize_and_score, harness_data, run_setup
 from .runtime import Runtime
 from .session import RolloutSession
 from .task import Task
+from .tools import LocalTools
 
 log = logging.getLogger("rollout_ray")
 
@@ -57,8 +58,10 @@ class Rollout:
             its own with ``runtime_factory(trace.id)``.
         runtime_factory: builds an owned runtime from its name (``LocalRuntime``,
             ``SandboxRuntime``, ...); required unless ``runtime`` is given.
-        interception: serves the session to the harness; default a private in-process one.
-        tool_server: serves the task's toolsets; required only when the task declares some.
+        interception: serves the session to a program's harness (default: a private in-process
+            one); an ``in_process`` harness is always served in process.
+        tool_server: serves the task's toolsets over HTTP to a program; required only when
+            the task declares some and the harness is not ``in_process``.
         limits: turn and token caps.
         timeouts: phase timeouts; unset ones fall back to the task data's ``timeout``.
         model_name / sampling: forced on every model request.
@@ -107,7 +110,10 @@ class Rollout:
         self.owns_runtime = runtime is None
         self.runtime = runtime
         self._runtime_factory = runtime_factory
-        self.interception = interception or LocalInterception()
+        # An in-process agent talks to its session directly: no proxy hop, one trace.
+        self.interception = interception if interception is not None and not harness.in_process \
+            else LocalInterception()
+        self._local_tools: LocalTools | None = None
         self._tool_server = tool_server
         self.has_user = has_user
         self.session = RolloutSession(
@@ -194,6 +200,7 @@ class Rollout:
                 secret=slot.model_secret,
                 data=data,
                 client=self.interception.client(slot),
+                tools=self._local_tools,
                 tool_urls=tool_urls,
                 tool_interception_url=self._tool_interception_url(runtime, slot.base_url),
                 sync=lambda: self.interception.sync(self.session),
@@ -204,6 +211,9 @@ class Rollout:
         self, toolsets: list[Any], runtime: Runtime, state_secret: str
     ) -> dict[str, str]:
         if not toolsets:
+            return {}
+        if self.harness.in_process:
+            self._local_tools = LocalTools(toolsets, runtime, on_call=self.trace.tool_calls.append)
             return {}
         if self._tool_server is None:
             raise ToolsetError(

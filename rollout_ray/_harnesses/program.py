@@ -26,7 +26,7 @@ from .._core.runtime import ProgramResult, Runtime
 from .._errors import HarnessError
 from .._record.messages import Message
 from .._record.trace import Trace
-from .chat import opening_messages, resumed_messages
+from .conversation import opening_messages, resumed_messages
 
 INPUT_DIR = ".rollout_ray"
 """Directory of the work dir holding per-rollout input files (removed by ``cleanup``)."""

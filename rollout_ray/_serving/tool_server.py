@@ -13,10 +13,8 @@ reported to ``on_call`` as a ``ToolCallRecord``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -26,7 +24,8 @@ import msgspec
 from aiohttp import web
 
 from .._core.runtime import Runtime
-from .._core.toolset import _NAME, DEFAULT_CALL_TIMEOUT, Toolset, _invoke, _text
+from .._core.tools import call_tool, index_toolsets, tool_specs
+from .._core.toolset import DEFAULT_CALL_TIMEOUT, Toolset
 from .._errors import SandboxError, ToolInputError, ToolsetError
 from .._record.trace import ToolCallRecord
 from .http_service import DEFAULT_READ_TIMEOUT, BodyError, Handlers, HTTPService
@@ -102,14 +101,7 @@ class ToolServer(HTTPService):
         """
         if not self.base_url:
             raise ToolsetError("ToolServer.serve before start(); await start() first")
-        by_name: dict[str, Toolset] = {}
-        for toolset in toolsets:
-            if not isinstance(toolset, Toolset):
-                raise ToolsetError(f"not a Toolset: {toolset!r}")
-            if not _NAME.match(toolset.name) or toolset.name in by_name:
-                raise ToolsetError(f"duplicate or invalid tool server name {toolset.name!r}")
-            toolset.specs()  # build the schemas now: a broken toolset fails the rollout's open
-            by_name[toolset.name] = toolset
+        by_name = index_toolsets(toolsets)
         base = runtime.host_url(self.base_url) if runtime is not None else self.base_url
         token = secrets.token_urlsafe(24)
         registration = self._registrations[token] = _Registration(by_name, runtime, state_secret, on_call)
@@ -127,11 +119,7 @@ class ToolServer(HTTPService):
         if toolset is None:
             return _error(404, f"no tool server named {request.match_info['server']!r}")
         if request.method == "GET":
-            return web.json_response({"tools": [
-                {"type": "function", "function": {"name": t.name, "description": t.description,
-                                                  "parameters": t.parameters}}
-                for t in toolset.specs()
-            ]})
+            return web.json_response({"tools": tool_specs(toolset.specs())})
         with registration.handlers.track():
             return await self._call(request, registration, toolset)
 
@@ -139,43 +127,23 @@ class ToolServer(HTTPService):
         try:
             call = _CALL.decode(await self.read_body(request))
             args = call.arguments
-            if isinstance(args, str):  # OpenAI tool calls carry their arguments as JSON text
-                args = msgspec.json.decode(args)
         except BodyError as e:
             return _error(e.status, e.message)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
             return _error(400, f"invalid tool call body: {e}")
         except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
             return _error(400, "invalid tool call body: JSON nested too deeply")
-        started, deadline = time.monotonic(), asyncio.timeout(self.call_timeout)
-        fn, status, error = None, 200, None
         try:
-            fn, kwargs = toolset._bind(call.name, args, reg.runtime)
-            async with deadline:
-                body: dict[str, Any] = {"content": _text(await _invoke(fn, kwargs))}
-        except Exception as e:
-            if fn is None and isinstance(e, ToolInputError):  # the caller's fault: 4xx
-                status, error = e.status_code or 400, str(e)
-                body = {"error": error}
-            elif isinstance(e, SandboxError) and not await _alive(reg.runtime):
-                # Not the tool's fault: the box is gone, and with it the rollout. A 503 makes
-                # the harness stop, and the rollout fail with SandboxError, not go on without it.
-                status, error = 503, f"{type(e).__name__}: {e}"
-                body = {"error": f"the rollout's runtime died: {error}"}
-            else:  # the tool's fault: the model sees it as the result
-                expired = isinstance(e, TimeoutError) and deadline.expired()
-                timed_out = f"tool {call.name!r} timed out after {self.call_timeout:g}s"
-                error = timed_out if expired else f"{type(e).__name__}: {e}"
-                body = {"content": error, "is_error": True}
-        if reg.on_call is not None:
-            arguments = msgspec.json.encode(args).decode()
-            try:
-                reg.on_call(ToolCallRecord(toolset.name, call.name, arguments, error is None, error,
-                                           time.monotonic() - started))
-            except Exception:
-                log.exception("tool server: on_call callback failed")
-        return web.json_response(body, status=status)
+            outcome = await call_tool(toolset, call.name, args, reg.runtime, timeout=self.call_timeout,
+                                      on_call=reg.on_call)
+        except ToolInputError as e:  # the caller's fault: 4xx
+            return _error(e.status_code or 400, str(e))
+        except SandboxError as e:
+            # Not the tool's fault: the box is gone, and with it the rollout. A 503 makes the
+            # harness stop, and the rollout fail with SandboxError, not go on without it.
+            return _error(503, f"the rollout's runtime died: {type(e).__name__}: {e}")
+        if outcome.error is not None:  # the tool's fault: the model sees it as the result
+            return web.json_response({"content": outcome.content, "is_error": True})
+        return web.json_response({"content": outcome.content})
 
 
-async def _alive(runtime: Runtime | None) -> bool:
-    return runtime is not None and await runtime.alive()

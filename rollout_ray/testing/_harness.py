@@ -27,6 +27,9 @@ class ScriptedHarness(Harness):
         before_segment: awaited at the start of each segment with the context (tests use it
             to block, raise, or observe).
         setup: awaited by ``Harness.setup`` with the runtime.
+        in_process: served in process by the rollout (default); ``False`` makes the rollout
+            use the interception it was given (which must offer an in-process client, as
+            ``LocalInterception`` does) and its tool server.
     """
 
     supports_resume = True
@@ -40,8 +43,10 @@ class ScriptedHarness(Harness):
         on_provider_error: Literal["exit", "swallow"] = "exit",
         before_segment: Callable[[HarnessContext], Awaitable[None]] | None = None,
         setup: Callable[[Any], Awaitable[None]] | None = None,
+        in_process: bool = True,
     ) -> None:
         super().__init__(id)
+        self.in_process = in_process
         self.tools = dict(tools or {})
         self.max_calls = max_calls
         self.on_provider_error = on_provider_error

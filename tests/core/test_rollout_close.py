@@ -89,7 +89,7 @@ def test_b41_close_order() -> None:
     interception = LocalInterception()
     r = make_rollout(
         WithTools({"prompt": "hi"}),
-        harness=OrderedHarness(),
+        harness=OrderedHarness(in_process=False),  # served by the interception and tools checked
         runtime_factory=OrderedRuntime,
         tool_server=tools,
         interception=interception,

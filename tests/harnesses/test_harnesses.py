@@ -114,16 +114,20 @@ def assert_tool_rollout(trace: Trace, model: ScriptedModel) -> None:
 # -- ChatHarness ----------------------------------------------------------------------------
 
 
-def test_chat_harness_rollout_with_a_tool() -> None:
+TRANSPORTS = pytest.mark.parametrize("transport", ["inprocess", "http"])
+
+
+@TRANSPORTS
+def test_chat_harness_rollout_with_a_tool(transport: Any) -> None:
     model = ScriptedModel([ADD, "3"])
 
     async def main() -> Trace:
         async with HTTPInterception() as proxy, ToolServer() as tools:
-            rollout = Rollout(Arith({"prompt": "1+2?", "system_prompt": "Add."}), ChatHarness(),
+            rollout = Rollout(Arith({"prompt": "1+2?", "system_prompt": "Add."}), ChatHarness(transport=transport),
                               model=model, interception=proxy, tool_server=tools.serve,
                               runtime_factory=LocalRuntime)
             trace = await rollout.run()
-            assert tools._registrations == {}  # unregistered when the rollout closed
+            assert tools._registrations == {}  # unregistered when the rollout closed (or never made)
             return trace
 
     trace = run(main)
@@ -135,13 +139,15 @@ def test_chat_harness_rollout_with_a_tool() -> None:
 
 def test_chat_harness_streaming() -> None:
     model = ScriptedModel([ADD, "3"])
-    trace = rollout_run(Arith({"prompt": "1+2?", "system_prompt": "Add."}), ChatHarness(stream=True), model)
+    trace = rollout_run(Arith({"prompt": "1+2?", "system_prompt": "Add."}), ChatHarness(stream=True, transport="http"),
+                        model)
     assert_tool_rollout(trace, model)
 
 
-def test_chat_harness_resume_with_user_turns() -> None:
+@TRANSPORTS
+def test_chat_harness_resume_with_user_turns(transport: Any) -> None:
     model = ScriptedModel(["hello", "bye"])
-    progressed, trace = interaction(ChatHarness(), model, ["hi", "more"])
+    progressed, trace = interaction(ChatHarness(transport=transport), model, ["hi", "more"])
     assert progressed == [True, True]
     assert trace.ok and trace.num_turns == 2 and trace.num_branches == 1
     conversation = [SystemMessage("Be brief."), UserMessage("hi"), AssistantMessage("hello"),
@@ -150,26 +156,30 @@ def test_chat_harness_resume_with_user_turns() -> None:
     assert [r.messages for r in model.requests] == [conversation[:2], conversation[:4]]
 
 
-def test_chat_harness_limit_stops_cleanly_and_is_scored() -> None:
+@TRANSPORTS
+def test_chat_harness_limit_stops_cleanly_and_is_scored(transport: Any) -> None:
     model = ScriptedModel(default=ADD)
-    trace = rollout_run(Arith({"prompt": "1+2?"}), ChatHarness(), model, limits=RolloutLimits(max_turns=1))
+    trace = rollout_run(Arith({"prompt": "1+2?"}), ChatHarness(transport=transport), model,
+                        limits=RolloutLimits(max_turns=1))
     assert (trace.ok, trace.stop_condition, trace.num_turns, trace.errors) == (True, "max_turns", 1, [])
     assert len(model.requests) == 1  # the second call was refused before the model
     assert trace.rewards == {"correct": Reward(0.0)}
 
 
-def test_chat_harness_retries_provider_errors() -> None:
+@TRANSPORTS
+def test_chat_harness_retries_provider_errors(transport: Any) -> None:
     model = ScriptedModel([ProviderError("busy", 503), "hello"])
-    trace = rollout_run(Chat({"prompt": "hi"}), ChatHarness(backoff=0.0), model)
+    trace = rollout_run(Chat({"prompt": "hi"}), ChatHarness(backoff=0.0, transport=transport), model)
     assert (trace.ok, trace.stop_condition, trace.num_turns, trace.errors) == (True, "agent_completed", 1, [])
     assert [(c.error.type, c.error.message, c.error.status_code) if c.error else None for c in trace.calls] == [
         ("ProviderError", "busy", 503), None]
     assert trace.last_reply == "hello"
 
 
-def test_chat_harness_gives_up_after_retries() -> None:
+@TRANSPORTS
+def test_chat_harness_gives_up_after_retries(transport: Any) -> None:
     model = ScriptedModel([ProviderError("busy", 503)] * 3)
-    trace = rollout_run(Chat({"prompt": "hi"}), ChatHarness(retries=2, backoff=0.0), model)
+    trace = rollout_run(Chat({"prompt": "hi"}), ChatHarness(retries=2, backoff=0.0, transport=transport), model)
     assert not trace.ok and len(trace.calls) == 3
     # the stashed provider error beats the harness exit (B30)
     assert [(e.type, e.message) for e in trace.errors] == [("ProviderError", "busy")]
@@ -199,7 +209,7 @@ def test_chat_harness_wire_retry_headers_and_errors() -> None:
                              endpoint=f"http://127.0.0.1:{port}/v1", secret="s3cret",
                              data=Chat({"prompt": "hi"}).data)
         try:
-            harness = ChatHarness(retries=2, backoff=0.0)
+            harness = ChatHarness(retries=2, backoff=0.0, transport="http")
             return await harness.launch(ctx), await harness.launch(ctx)
         finally:
             await runner.cleanup()
@@ -210,7 +220,8 @@ def test_chat_harness_wire_retry_headers_and_errors() -> None:
     assert seen == [("Bearer s3cret", None), ("Bearer s3cret", "1"), ("Bearer s3cret", "2"), ("Bearer s3cret", None)]
 
 
-@pytest.mark.parametrize("harness", [ChatHarness(), ProgramHarness(AGENT)], ids=["chat", "program"])
+@pytest.mark.parametrize("harness", [ChatHarness(), ChatHarness(transport="http"), ProgramHarness(AGENT)],
+                         ids=["chat", "chat-http", "program"])
 def test_tool_errors_are_shown_to_the_model(harness: Any) -> None:
     model = ScriptedModel([Reply(tool_calls=[("add", {"a": "x", "b": 1}), ("div", {"a": 1, "b": 0}),
                                              ("nope", {})]), "sorry"])

@@ -100,7 +100,8 @@ def test_a_killed_node_services_actor_is_replaced_and_its_rollouts_retried(repor
 
     async def main() -> tuple[Any, int, int, float]:
         async with RayExecutor(actors=1, capacity=8) as executor:
-            driver = Driver(_tasks(8), ChatHarness(retries=0), model, executor=executor,
+            # Over HTTP, as a program would: served by the node's services.
+            driver = Driver(_tasks(8), ChatHarness(retries=0, transport="http"), model, executor=executor,
                             config=EvalConfig(max_infra_retries=3, max_in_flight=8))
             running = asyncio.create_task(driver.arun())
             services = _services()

@@ -1,0 +1,144 @@
+"""A rollout's tools: one call, judged the same way however it arrives, and tools in process.
+
+``call_tool`` is the one place a tool call is validated, run under its timeout and judged
+(the HTTP tool server answers with it, an in-process harness calls it through
+``LocalTools``):
+
+* the caller's fault — an unknown tool, bad arguments — raises ``ToolInputError`` before
+  anything runs (``status_code`` 404 / 400);
+* the rollout's box died under the tool (a ``SandboxError`` and the runtime no longer
+  alive) raises ``SandboxError``: the rollout fails, it does not go on without its box;
+* anything else the tool raised, or its timeout, is an error *result* the model sees.
+
+Every call that reached a toolset is reported as a ``ToolCallRecord``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from .._errors import SandboxError, ToolInputError, ToolsetError
+from .._record.messages import Tool, ToolCall
+from .._record.trace import ToolCallRecord
+from .runtime import Runtime
+from .toolset import _NAME, DEFAULT_CALL_TIMEOUT, Toolset, _invoke, _text
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What the model sees of one call: ``content``; ``error`` says the tool failed."""
+
+    content: str
+    error: str | None = None
+
+
+def index_toolsets(toolsets: Sequence[Any]) -> dict[str, Toolset]:
+    """The toolsets by server name, their schemas built now (a broken one fails the open).
+
+    Raises:
+        ToolsetError: not a ``Toolset``, or a duplicate or invalid name.
+    """
+    by_name: dict[str, Toolset] = {}
+    for toolset in toolsets:
+        if not isinstance(toolset, Toolset):
+            raise ToolsetError(f"not a Toolset: {toolset!r}")
+        if not _NAME.match(toolset.name) or toolset.name in by_name:
+            raise ToolsetError(f"duplicate or invalid tool server name {toolset.name!r}")
+        toolset.specs()
+        by_name[toolset.name] = toolset
+    return by_name
+
+
+async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtime | None, *,
+                    timeout: float = DEFAULT_CALL_TIMEOUT,
+                    on_call: Callable[[ToolCallRecord], None] | None = None) -> ToolOutcome:
+    """Run tool ``name`` of ``toolset`` with ``arguments`` (a dict, or its JSON text).
+
+    Raises:
+        ToolInputError: unknown tool, or arguments that do not fit it (nothing ran).
+        SandboxError: the rollout's runtime died under the tool.
+    """
+    started, deadline = time.monotonic(), asyncio.timeout(timeout)
+    fn, outcome, failure = None, None, None
+    try:
+        if isinstance(arguments, str):  # OpenAI tool calls carry their arguments as JSON text
+            try:
+                arguments = msgspec.json.decode(arguments)
+            except (msgspec.DecodeError, RecursionError) as e:
+                raise ToolInputError(f"invalid arguments for tool {name!r}: not JSON: {e}", 400) from None
+        fn, kwargs = toolset._bind(name, arguments, runtime)
+        async with deadline:
+            outcome = ToolOutcome(_text(await _invoke(fn, kwargs)))
+    except Exception as e:
+        if fn is None and isinstance(e, ToolInputError):
+            failure = e
+        elif isinstance(e, SandboxError) and not (runtime is not None and await runtime.alive()):
+            failure = e
+        else:
+            expired = isinstance(e, TimeoutError) and deadline.expired()
+            text = f"tool {name!r} timed out after {timeout:g}s" if expired else f"{type(e).__name__}: {e}"
+            outcome = ToolOutcome(text, error=text)
+    if on_call is not None:
+        if outcome is not None:
+            error = outcome.error
+        elif isinstance(failure, ToolInputError):
+            error = str(failure)
+        else:
+            error = f"{type(failure).__name__}: {failure}"
+        on_call(ToolCallRecord(toolset.name, name, msgspec.json.encode(arguments).decode(), error is None, error,
+                               time.monotonic() - started))
+    if failure is not None:
+        raise failure
+    assert outcome is not None
+    return outcome
+
+
+class LocalTools:
+    """A rollout's toolsets served to a harness in the same process: no server, no URL.
+
+    Args:
+        toolsets: the task's toolsets.
+        runtime: the rollout's runtime (for tools that take one).
+        on_call: receives every call's record (the rollout's ``trace.tool_calls.append``).
+        timeout: seconds one call may run.
+    """
+
+    def __init__(self, toolsets: Sequence[Any], runtime: Runtime | None, *,
+                 on_call: Callable[[ToolCallRecord], None] | None = None,
+                 timeout: float = DEFAULT_CALL_TIMEOUT) -> None:
+        self._owners: dict[str, Toolset] = {}
+        self._specs: list[Tool] = []
+        for toolset in index_toolsets(toolsets).values():
+            for spec in toolset.specs():
+                if spec.name in self._owners:
+                    raise ToolsetError(f"tool {spec.name!r} is served twice (by {toolset.name!r} too)")
+                self._owners[spec.name] = toolset
+                self._specs.append(spec)
+        self._runtime, self._on_call, self._timeout = runtime, on_call, timeout
+
+    def specs(self) -> list[Tool]:
+        """Every tool, as offered to the model."""
+        return list(self._specs)
+
+    async def call(self, call: ToolCall) -> ToolOutcome:
+        """Run one tool call of the model.
+
+        Raises: as ``call_tool`` (an unknown tool is a ``ToolInputError`` too).
+        """
+        toolset = self._owners.get(call.name)
+        if toolset is None:
+            raise ToolInputError(f"unknown tool {call.name!r}", 404)
+        return await call_tool(toolset, call.name, call.arguments, self._runtime, timeout=self._timeout,
+                               on_call=self._on_call)
+
+
+def tool_specs(specs: Sequence[Tool]) -> list[Mapping[str, Any]]:
+    """OpenAI ``tools`` entries for ``specs``."""
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": t.parameters}} for t in specs]
