@@ -2,21 +2,25 @@
 
 The program reads the conversation from a file, talks to the proxy with the standard
 ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` variables, calls the tools and prints its answer.
+The harness ships it into the runtime (``files``), so it runs the same in a sandbox, which
+sees nothing of this checkout.
 
     rollout-ray eval examples/program.py
+    rollout-ray eval examples/program.py --runtime sandbox
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from rollout_ray import ProgramHarness, Runtime, Task, TaskData, Trace, metric, reward
 
 sys.path.insert(0, os.path.dirname(__file__))
 from calc_tool import Calculator  # noqa: E402
 
-AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent_program.py")
+AGENT = Path(__file__).resolve().parent / "agent_program.py"
 
 
 class ProgramData(TaskData):
@@ -47,4 +51,4 @@ def tasks(n: int = 10) -> list[ProgramTask]:
 
 
 def harness() -> ProgramHarness:
-    return ProgramHarness([sys.executable, AGENT])
+    return ProgramHarness(["python3", "agent_program.py"], files={"agent_program.py": AGENT.read_text()})

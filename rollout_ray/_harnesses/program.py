@@ -11,12 +11,17 @@ The program finds everything in its environment:
 
 The segment ends when the program exits; the session checks its exit code (B26).
 ``examples/agent_program.py`` is a stdlib-only program of this kind.
+
+A program that must be *in* the runtime (a ``SandboxRuntime`` sees nothing of the host's
+checkout) is shipped with ``files``: ``setup`` writes them into the work directory, e.g.
+``ProgramHarness(["python3", "agent.py"], files={"agent.py": source})``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -42,6 +47,11 @@ class ProgramHarness(Harness):
         timeout: seconds a segment may run; the program's whole process tree is then killed
             and the segment fails with ``HarnessError`` (unless the rollout stopped).
         max_output: bytes kept of each of stdout and stderr.
+        files: files written into the runtime's work directory by ``setup`` (relative path
+            to content, ``str`` as UTF-8), after the task's setup, before the program runs.
+
+    Raises:
+        ValueError: no command, or a file path that is absolute or climbs out with ``..``.
     """
 
     supports_resume = True
@@ -54,6 +64,7 @@ class ProgramHarness(Harness):
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         max_output: int = 1 << 20,
+        files: Mapping[str, str | bytes] | None = None,
     ) -> None:
         super().__init__(id)
         if not command:
@@ -62,6 +73,15 @@ class ProgramHarness(Harness):
         self.env = dict(env or {})
         self.timeout = timeout
         self.max_output = max_output
+        self.files = dict(files or {})
+        for path in self.files:
+            if os.path.isabs(path) or os.path.normpath(path).split(os.sep)[0] == "..":
+                raise ValueError(f"ProgramHarness files must be relative to the work directory, got {path!r}")
+
+    async def setup(self, runtime: Runtime) -> None:
+        """Write ``files`` into the runtime (provisions the harness into the box)."""
+        for path, content in self.files.items():
+            await runtime.write(path, content)
 
     async def launch(self, ctx: HarnessContext) -> ProgramResult:
         return await self._run(ctx, opening_messages(ctx))

@@ -1,6 +1,8 @@
 """Runtimes: the boxes programs run in, and the host that keeps them from outliving it.
 
-``LocalRuntime`` (a private directory on the host), ``SandboxRuntime`` (bubblewrap, cgroups,
-routed network) with its cgroup helper and in-sandbox forwarder, ``RuntimeHost`` and its
-guardian. Imports ``_core``, ``_record`` and ``_errors``.
+``LocalRuntime`` (a private directory on the host, processes tracked by cgroup),
+``SandboxRuntime`` (bubblewrap, cgroups, disk limit, routed network) with its filesystem
+layout (``layout``), disk limit (``disk``), routes (``routes``) and in-sandbox forwarder;
+what both share: the confined file I/O (``files``) and the cgroups (``cgroup``);
+``RuntimeHost`` and its guardian. Imports ``_core``, ``_record`` and ``_errors``.
 """

@@ -1,10 +1,12 @@
 """RuntimeHost: many runtimes in one process, each with a recorded owner, none outliving it.
 
 The host is what a ``RuntimeActor`` runs (the actor adds no logic). All its runtimes live
-under one root directory and all their programs carry the host's marker, so one guardian
-process (``guardian.py``) can remove every one of them — processes and files — when the
-host process dies, even by SIGKILL. Ownership is recorded: ``stop_owned_by(owner)`` stops
-what a closed, aborted or dead rollout owned.
+under one root directory, their cgroups under the host's parent cgroups (``HostCgroups``,
+listed in the root, where the machine allows it) and all their programs carry the host's
+marker, so one guardian process (``guardian.py``) can remove every one of them —
+processes, cgroups, disk-limit mounts and files — when the host process dies, even by
+SIGKILL. Ownership is recorded: ``stop_owned_by(owner)`` stops what a closed, aborted or
+dead rollout owned.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import RuntimeStopped
 from .._record.trace import RuntimeInfo
+from .cgroup import HostCgroups, tracking_controller
 from .guardian import HOST_MARKER
 from .local import LocalRuntime
 from .sandbox import SandboxRuntime
@@ -54,6 +57,8 @@ class RuntimeHost:
         self._owners: dict[str, str | None] = {}
         self._gone: set[str] = set()
         self._closed = asyncio.Event()
+        controllers = ("pids", "memory") if kind == "sandbox" else (tracking_controller(),)
+        self._cgroups = HostCgroups(f"rollout-ray-host-{self.token[:16]}", controllers, self.root)
         # The guardian reads our end of this pipe; the kernel closes it when we die.
         launcher = subprocess.Popen(
             [sys.executable, _GUARDIAN, self.root, self.token],
@@ -96,7 +101,8 @@ class RuntimeHost:
         if len(self._runtimes) >= _PRUNE_AT:
             self._forget_stopped()
         cls = SandboxRuntime if self.kind == "sandbox" else LocalRuntime
-        runtime = cls(name, root=self.root, env={**(env or {}), HOST_MARKER: self.token})
+        runtime = cls(name, root=self.root, env={**(env or {}), HOST_MARKER: self.token},
+                      cgroup_parents=self._cgroups.parents)
         self._runtimes[name] = runtime
         self._owners[name] = owner
         return runtime
@@ -191,6 +197,7 @@ class RuntimeHost:
         """Stop every runtime and let the guardian go; the host is unusable afterwards."""
         self._closed.set()
         await asyncio.gather(*(r.stop() for r in self._runtimes.values()), return_exceptions=True)
+        await asyncio.to_thread(self._cgroups.remove)
         await asyncio.to_thread(shutil.rmtree, self.root, True)
         self._guardian_pipe.close()  # the guardian finds nothing left and exits
 

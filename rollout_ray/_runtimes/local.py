@@ -3,19 +3,35 @@
 What it isolates: each runtime gets its own work directory (mode 0o700, removed at stop);
 each program runs in its own process group; every descendant inherits two marker variables
 (``ROLLOUT_RAY_RUNTIME``, ``ROLLOUT_RAY_EXEC``) that ``/proc`` scans use to find it, even
-after ``setsid`` or a double fork. A timed-out or cancelled exec kills its whole tree;
-``stop()`` kills every process the runtime ever started.
+after ``setsid`` or a double fork. Where a cgroup is writable (as root: the pids controller,
+or the v2 hierarchy), the runtime also has its own cgroup, and every program joins it before
+it starts (``cgroup.JOIN_CGROUPS``): a process that both leaves its session and clears its
+environment (``setsid env -i ...``) is still found there. A timed-out or cancelled exec kills
+its whole tree; ``stop()`` kills every process the runtime ever started — everything in its
+cgroup, until the cgroup is empty and removed (a program still being spawned then finds it
+gone and never runs), and everything the scans find — then removes the directory.
 
-What it does NOT isolate: programs see the host filesystem (absolute paths are allowed) and
-the host network; it enforces no policy (``enforces`` is empty). A process
-that replaces its environment (``env -i``) escapes the scans; only its process group is killed.
-Linux only (``/proc``).
+The environment is an allow-list: of the host's variables only ``HOST_ENV`` (``PATH``,
+``HOME``, the locale, ``TERM``, ``TZ``) and those named in ``pass_env``; then the runtime's
+``env``, the exec's ``env`` (what the harness or task declares), then the markers. Host
+credentials (``AWS_SECRET_ACCESS_KEY``, ``RAY_AUTH_TOKEN``, ...) never reach a program unless
+named.
+
+``read`` / ``write`` resolve relative paths (and absolute ones inside the work directory)
+beneath it without following links (``files.py``): a link a program planted gives an error,
+never the host file it points to.
+
+What it does NOT isolate: programs see the host filesystem (absolute paths outside the work
+directory are the host's, for programs and for ``read`` / ``write``) and the host network;
+it enforces no policy (``enforces`` is empty). Without a writable cgroup, a process that
+clears its environment after ``setsid`` escapes ``stop()``. Linux only (``/proc``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -27,15 +43,18 @@ from collections.abc import Mapping, Sequence
 
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import SandboxError
+from .cgroup import JOIN_CGROUPS, JOIN_FAILED, KILL_BUDGET, Cgroups, Parent, tracking_controller
+from .files import components, read_beneath, write_beneath
 from .guardian import pids_with_marker
 
 RUNTIME_MARKER = "ROLLOUT_RAY_RUNTIME"
 EXEC_MARKER = "ROLLOUT_RAY_EXEC"
-KILL_BUDGET = 2.0
-"""Seconds a kill keeps re-scanning ``/proc`` for survivors before giving up."""
 EXIT_GRACE = 0.5
 """Seconds exec keeps reading after the program exited, for descendants still holding its
 pipes; then it stops reading (a descendant writing to them later gets SIGPIPE)."""
+HOST_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ")
+"""The host variables every program gets (when set); ``pass_env`` names more."""
+SHELL = "/bin/sh"
 
 
 async def _kill_marked(key: str, value: str, pgid: int | None = None) -> None:
@@ -110,19 +129,26 @@ class LocalRuntime(Runtime):
         name: the runtime's name (default: generated).
         root: the directory the work directory is created in (default: the temp dir).
         env: variables added to every program's environment.
+        pass_env: names of host variables passed to every program, beyond ``HOST_ENV``.
+        cgroup_parents: parent cgroup per controller to make the runtime's cgroups in
+            (a ``RuntimeHost``'s); default: this process's own cgroups.
     """
 
     type = "local"
 
     def __init__(
         self, name: str | None = None, *, root: str | None = None,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None, pass_env: Sequence[str] = (),
+        cgroup_parents: Mapping[str, Parent] | None = None,
     ) -> None:
         super().__init__(name)
         self._root = root
         self._env = dict(env or {})
+        self._pass_env = tuple(pass_env)
+        self._cgroup_parents = dict(cgroup_parents or {})
         self._token = uuid.uuid4().hex
         self._workdir: str | None = None
+        self._cgroups: Cgroups | None = None
         self._live: dict[_Capture, asyncio.SubprocessTransport] = {}
         self._spawned = False
 
@@ -131,23 +157,47 @@ class LocalRuntime(Runtime):
         """The work directory once started, else the name."""
         return self._workdir or self.name
 
+    def _dir_prefix(self) -> str:
+        return "rollout-ray-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.name) + "-"
+
     async def _start(self) -> None:
-        prefix = "rollout-ray-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.name) + "-"
         try:
             # abspath: mkdtemp returns a relative path for a relative root (before 3.12).
-            self._workdir = os.path.abspath(tempfile.mkdtemp(prefix=prefix, dir=self._root))
+            self._workdir = os.path.abspath(tempfile.mkdtemp(prefix=self._dir_prefix(), dir=self._root))
         except OSError as e:
             raise SandboxError(f"cannot start runtime {self.name!r}: {e}") from e
+        with contextlib.suppress(SandboxError):  # tracking is best effort: the scans remain
+            self._cgroups = self._make_cgroups(self._tracking())  # one mkdir: in the loop
+
+    def _tracking(self) -> dict[str, int | None]:
+        """The cgroups of this kind: one that only tracks processes, where one is writable."""
+        controller = next((c for c in self._cgroup_parents if c in ("pids", "")), None)
+        if controller is None:
+            controller = tracking_controller()
+        return {} if controller is None else {controller: None}
+
+    def _make_cgroups(self, limits: Mapping[str, int | None]) -> Cgroups | None:
+        if not limits:
+            return None
+        return Cgroups(f"rollout-ray-{self._token[:16]}", limits, self._cgroup_parents)
 
     async def _teardown(self) -> None:
-        if self._workdir is None:
-            return
+        await self._kill_all()
+        if self._workdir is not None:
+            await asyncio.to_thread(_remove_tree, self._workdir)
+
+    async def _kill_all(self) -> None:
+        """Kill every process of the runtime: its cgroups (removed, so nothing joins them
+        later), the marker scans, and the direct children still being waited for."""
+        if self._cgroups is not None:  # finds what the scans cannot see (env -i)
+            self._cgroups.remove(budget=0)  # one pass here: enough when nothing is running
+            if self._cgroups.dirs:
+                await asyncio.to_thread(self._cgroups.remove)
         if self._spawned:  # scanning /proc costs milliseconds: only when something ran
             await _kill_marked(RUNTIME_MARKER, self._token)
         for proto, transport in list(self._live.items()):
-            transport.close()  # kills the direct child if the scan could not see it yet
+            transport.close()  # kills the direct child if the scans could not see it yet
             await asyncio.wait([proto.exited], timeout=KILL_BUDGET)
-        await asyncio.to_thread(_remove_tree, self._workdir)
 
     def _require_running(self, what: str) -> str:
         if not self.started or self.stopped or self._workdir is None:
@@ -155,23 +205,49 @@ class LocalRuntime(Runtime):
             raise SandboxError(f"{what}: runtime {self.name!r} is {state}")
         return self._workdir
 
-    def _resolve(self, path: str, what: str) -> str:
+    def _beneath(self, path: str, what: str) -> tuple[str, list[str]] | None:
+        """``(directory, components beneath it)`` of ``path``, or ``None`` for a host path
+        (absolute, outside the work directory)."""
         workdir = self._require_running(what)
-        if os.path.isabs(path):
-            return path
         full = os.path.normpath(os.path.join(workdir, path))
-        if full != workdir and not full.startswith(workdir + os.sep):
-            raise ValueError(f"path {path!r} escapes the work directory of runtime {self.name!r}")
-        return full
+        if full == workdir or full.startswith(workdir + os.sep):
+            return workdir, components(os.path.relpath(full, workdir)) or []
+        if os.path.isabs(path):
+            return None
+        raise ValueError(f"path {path!r} escapes the work directory of runtime {self.name!r}")
+
+    def _host_env(self) -> dict[str, str]:
+        names = (*HOST_ENV, *self._pass_env)
+        return {k: os.environ[k] for k in names if k in os.environ}
 
     def _program_env(self, extra: Mapping[str, str] | None, exec_token: str) -> dict[str, str]:
-        # Host credentials stay on the host (case-insensitive, so `openai_api_key` too).
-        env = {k: v for k, v in os.environ.items() if "API_KEY" not in k.upper()}
+        env = self._host_env()
         env.update(self._env)
         env.update(extra or {})
         env[RUNTIME_MARKER] = self._token
         env[EXEC_MARKER] = exec_token
         return env
+
+    def _command(self, argv: list[str], env: Mapping[str, str]) -> list[str]:
+        """What to spawn for ``argv``: the program itself, joining the runtime's cgroups
+        first when it has some."""
+        if self._cgroups is None:
+            return argv
+        self._check_program(argv[0], env)
+        return [SHELL, "-c", JOIN_CGROUPS, "sh", *self._cgroups.join_files, "--", *argv]
+
+    def _check_program(self, program: str, env: Mapping[str, str]) -> None:
+        """Raise as spawning would when ``program`` cannot be found (the cgroup-joining shell
+        would report it as an exit code)."""
+        workdir = self._require_running(f"program {program!r}")
+        if os.sep in program:
+            found = os.path.join(workdir, program)
+            found = found if os.access(found, os.X_OK) and not os.path.isdir(found) else None
+        else:
+            found = shutil.which(program, path=env.get("PATH", os.defpath))
+        if found is None:
+            raise SandboxError(f"cannot start program {program!r} in runtime {self.name!r}: "
+                               f"[Errno {errno.ENOENT}] no such executable: {program!r}")
 
     async def exec(
         self,
@@ -193,7 +269,9 @@ class LocalRuntime(Runtime):
             raise ValueError("exec needs a program to run")
         what = f"program {argv[0]!r}"
         token = uuid.uuid4().hex
-        transport, proto = await self._spawn(argv, env, token, max_output, stdin is not None, what)
+        program_env = self._program_env(env, token)
+        command = self._command(argv, program_env)
+        transport, proto = await self._spawn(command, program_env, max_output, stdin is not None, what)
         self._live[proto] = transport
         try:
             timed_out = await self._wait(transport, proto, token, timeout, stdin)
@@ -201,7 +279,7 @@ class LocalRuntime(Runtime):
             transport.close()
             del self._live[proto]
         code = transport.get_returncode()
-        if self.stopped and not timed_out and (code is None or code < 0):
+        if self.stopped and not timed_out and (code is None or code < 0 or code == JOIN_FAILED):
             # stop() ran during the exec (or its spawn) and killed the program.
             raise SandboxError(f"{what} was killed: runtime {self.name!r} stopped")
         return ProgramResult(
@@ -213,7 +291,7 @@ class LocalRuntime(Runtime):
             timed_out=timed_out,
         )
 
-    async def _spawn(self, argv: list[str], env: Mapping[str, str] | None, token: str, max_output: int,
+    async def _spawn(self, command: list[str], env: Mapping[str, str], max_output: int,
                      with_stdin: bool, what: str) -> tuple[asyncio.SubprocessTransport, _Capture]:
         """Start the program in its own session, its output captured up to ``max_output``."""
         workdir = self._require_running(what)
@@ -221,11 +299,11 @@ class LocalRuntime(Runtime):
         self._spawned = True  # before the fork: a stop during the spawn must still scan
         spawn = asyncio.ensure_future(loop.subprocess_exec(
             lambda: _Capture(max_output),
-            *argv,
+            *command,
             stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=self._program_env(env, token),
+            env=env,
             cwd=workdir,
             start_new_session=True,
         ))
@@ -236,7 +314,7 @@ class LocalRuntime(Runtime):
         except asyncio.CancelledError:
             # A cancelled spawn makes asyncio kill only the direct child, then wait forever
             # on pipes its children hold: finish the spawn, then kill the tree.
-            await asyncio.shield(self._abandon(spawn, token))
+            await asyncio.shield(self._abandon(spawn, env[EXEC_MARKER]))
             raise
 
     async def _wait(self, transport: asyncio.SubprocessTransport, proto: _Capture, token: str,
@@ -276,24 +354,35 @@ class LocalRuntime(Runtime):
         await proto.settle(exit_timeout=KILL_BUDGET)
 
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
-        """Read a file (relative paths are under the work directory; ``..`` escapes raise
-        ``ValueError``); at most ``max_bytes`` bytes when given."""
-        full = self._resolve(path, f"read {path!r}")
+        """Read a regular file (relative paths are under the work directory and never follow
+        a link; ``..`` escapes raise ``ValueError``); at most ``max_bytes`` bytes when given.
 
-        def _read() -> bytes:
-            with open(full, "rb") as f:
-                return f.read() if max_bytes is None else f.read(max_bytes)
-
-        return await asyncio.to_thread(_read)
+        Raises:
+            SandboxError: the path holds a link, or is not a regular file (a FIFO, ...).
+        """
+        what = f"read {path!r}"
+        located = self._beneath(path, what)
+        if located is None:
+            return await asyncio.to_thread(_host_read, path, max_bytes)
+        return await asyncio.to_thread(read_beneath, *located, max_bytes, f"{what} in runtime {self.name!r}")
 
     async def write(self, path: str, data: bytes | str) -> None:
-        """Write a file (``str`` as UTF-8), creating parent directories."""
-        full = self._resolve(path, f"write {path!r}")
+        """Write a regular file (``str`` as UTF-8), creating parent directories; paths as
+        for ``read``."""
+        what = f"write {path!r}"
+        located = self._beneath(path, what)
         payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        if located is None:
+            return await asyncio.to_thread(_host_write, path, payload)
+        await asyncio.to_thread(write_beneath, *located, payload, f"{what} in runtime {self.name!r}")
 
-        def _write() -> None:
-            os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
-            with open(full, "wb") as f:
-                f.write(payload)
 
-        await asyncio.to_thread(_write)
+def _host_read(path: str, max_bytes: int | None) -> bytes:
+    with open(path, "rb") as f:
+        return f.read() if max_bytes is None else f.read(max_bytes)
+
+
+def _host_write(path: str, payload: bytes) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(payload)

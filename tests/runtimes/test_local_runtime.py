@@ -61,7 +61,7 @@ def test_exec_runs_in_workdir_with_filtered_env(monkeypatch, tmp_path):
             env = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
             assert "FAKE_API_KEY" not in env and "my_api_key_lower" not in env
             assert env["CTOR_API_KEY"] == "ok"  # explicitly given: passed through
-            assert env["ROLLOUT_RAY_KEEP"] == "host"
+            assert "ROLLOUT_RAY_KEEP" not in env  # an allow-list: host variables stay unless named
             assert env["HOME"] == os.environ["HOME"]
             assert env["CALL_VAR"] == "call" and env["CTOR_VAR"] == "overridden"
             r2 = await rt.exec(["env"])

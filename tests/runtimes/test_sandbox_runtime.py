@@ -39,7 +39,12 @@ from conftest import process_alive, wait_exit
 REASON = sandbox_unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no sandbox on this machine: {REASON}")
 
-AGENT = [sys.executable, str(Path(__file__).resolve().parents[2] / "examples" / "agent_program.py")]
+AGENT_SOURCE = (Path(__file__).resolve().parents[2] / "examples" / "agent_program.py").read_text()
+
+
+def agent(**kwargs: Any) -> ProgramHarness:
+    """The example agent, shipped into the runtime: a sandbox sees nothing of the checkout."""
+    return ProgramHarness(["python3", "agent_program.py"], files={"agent_program.py": AGENT_SOURCE}, **kwargs)
 
 
 @asynccontextmanager
@@ -57,7 +62,7 @@ def run(main: Callable[[], Any]) -> Any:
 
 
 def py(code: str, *args: str) -> list[str]:
-    return [sys.executable, "-c", code, *args]
+    return ["python3", "-c", code, *args]
 
 
 def assert_all_killed(rt: SandboxRuntime) -> None:
@@ -70,8 +75,9 @@ def assert_all_killed(rt: SandboxRuntime) -> None:
 
 def test_declares_what_it_enforces_and_validates_limits(tmp_path: Path) -> None:
     assert "network" in SandboxRuntime.enforces
-    assert SandboxRuntime.enforces == {"filesystem", "pid", "network", "pids", "memory", "output"}
+    assert SandboxRuntime.enforces == {"filesystem", "pid", "network", "pids", "memory", "disk", "uid", "output"}
     assert SandboxRuntime(pids_limit=None).enforces == SandboxRuntime.enforces - {"pids"}
+    assert SandboxRuntime(disk_limit=None).enforces == SandboxRuntime.enforces - {"disk"}
     with pytest.raises(ValueError, match=r"^`memory_limit` must be >= 1 or None, got 0$"):
         SandboxRuntime(memory_limit=0)
 
@@ -305,7 +311,7 @@ def test_program_rollout_reaches_proxy_and_tools_from_the_sandbox(tmp_path: Path
     async def main() -> Trace:
         async with HTTPInterception() as proxy, ToolServer() as tools:
             return await Rollout(
-                Arith({"prompt": "1+2?"}), ProgramHarness(AGENT, timeout=60), model=model,
+                Arith({"prompt": "1+2?"}), agent(timeout=60), model=model,
                 interception=proxy, tool_server=tools.serve,
                 runtime_factory=lambda name: SandboxRuntime(name, root=str(tmp_path)),
             ).run()
@@ -352,7 +358,7 @@ def test_a_ray_rollout_actor_runs_its_rollouts_in_sandboxes(ray_cluster: Any) ->
     async def main() -> Trace:
         actor = RolloutActor.create(capacity=1, runtime="sandbox")
         try:
-            return await actor.run(RolloutSpec(Arith({"prompt": "1+2?"}), ProgramHarness(AGENT, timeout=60), model))
+            return await actor.run(RolloutSpec(Arith({"prompt": "1+2?"}), agent(timeout=60), model))
         finally:
             await actor.aclose()
 

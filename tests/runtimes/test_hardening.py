@@ -1,0 +1,430 @@
+"""Issue 10 §2–§3: what a program in a runtime must not reach or survive.
+
+The host's files, secrets and sockets (sandbox), the host's environment (both kinds), links
+and FIFOs a program plants for the host side's ``read`` / ``write`` (both kinds), the disk
+(sandbox), a dead host's cgroups and mounts, and processes that escape ``stop()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout_ray import LocalRuntime, Rollout, SandboxRuntime, Task
+from rollout_ray._errors import SandboxError
+from rollout_ray._harnesses.program import ProgramHarness
+from rollout_ray._runtimes.guardian import pids_with_marker
+from rollout_ray._runtimes.local import RUNTIME_MARKER
+from rollout_ray._runtimes.sandbox import sandbox_unavailable
+from rollout_ray._serving.proxy import HTTPInterception
+from rollout_ray.testing import ScriptedModel
+
+from conftest import process_alive, wait_exit
+
+REASON = sandbox_unavailable()
+needs_sandbox = pytest.mark.skipif(REASON is not None, reason=f"no sandbox on this machine: {REASON}")
+KINDS = [pytest.param(LocalRuntime, id="local"),
+         pytest.param(SandboxRuntime, id="sandbox", marks=needs_sandbox)]
+CHECKOUT = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+
+
+@asynccontextmanager
+async def running(rt: LocalRuntime) -> AsyncIterator[Any]:
+    await rt.start()
+    try:
+        yield rt
+    finally:
+        await rt.stop()
+
+
+def run(main: Callable[[], Any]) -> Any:
+    return asyncio.run(main())
+
+
+def mounts_under(root: str) -> list[str]:
+    """Mount points at or under ``root`` (read here, not with the guardian's helper)."""
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    return [p for p in points if p == root or p.startswith(root.rstrip("/") + "/")]
+
+
+# -- §2 the host's files, secrets and sockets ---------------------------------------------------
+
+
+PROBE = """
+import json, os, socket, sys
+files, sockets = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+def read(path):
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        return "readable"
+    except OSError as e:
+        return type(e).__name__
+def connect(path):
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        s.close()
+        return "connected"
+    except OSError as e:
+        return type(e).__name__
+print(json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "root": sorted(os.listdir("/root"))
+                  if os.path.isdir("/root") else None,
+                  "files": {p: read(p) for p in files}, "sockets": {p: connect(p) for p in sockets}}))
+"""
+
+
+@contextlib.contextmanager
+def host_secrets() -> Iterator[tuple[list[str], list[str]]]:
+    """Secret files (0600) and listening unix sockets in the host's /tmp, /var/tmp, /run and
+    /root (where writable); removed afterwards."""
+    tag = uuid.uuid4().hex[:8]
+    dirs = [d for d in ("/tmp", "/var/tmp", "/run", "/root") if os.access(d, os.W_OK)]
+    files, sockets, listeners = [], [], []
+    try:
+        for d in dirs:
+            path = os.path.join(d, f".rr-secret-{tag}")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.write(fd, b"host secret")
+            os.close(fd)
+            files.append(path)
+            listener = socket.socket(socket.AF_UNIX)
+            listener.bind(os.path.join(d, f".rr-sock-{tag}"))
+            listener.listen()
+            listeners.append(listener)
+            sockets.append(listener.getsockname())
+        yield files, sockets
+    finally:
+        for listener in listeners:
+            listener.close()
+        for path in files + sockets:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+@needs_sandbox
+def test_sandbox_hides_host_files_secrets_and_sockets(tmp_path: Path) -> None:
+    assert os.path.exists("/etc/shadow")  # the host has them: their absence is the sandbox's
+    system = ["/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/machine-id", "/etc/ssl/private",
+              "/root/.ray", "/root/.ssh", "/root/.bashrc", "/home", str(CHECKOUT / "README.md"),
+              str(tmp_path / "host-file")]
+
+    async def main(files: list[str], sockets: list[str]) -> dict[str, Any]:
+        async with running(SandboxRuntime(root=str(tmp_path / "rt"))) as rt:
+            r = await rt.exec(["python3", "-c", PROBE, json.dumps(files + system), json.dumps(sockets)],
+                              timeout=30)
+            assert r.exit_code == 0, r.stderr
+            return json.loads(r.stdout)
+
+    (tmp_path / "rt").mkdir()
+    (tmp_path / "host-file").write_text("next to the runtime's directory")
+    with host_secrets() as (files, sockets):
+        assert len(files) >= 2 and len(sockets) >= 2  # /tmp and /var/tmp at least
+        seen = asyncio.run(main(files, sockets))
+    assert seen["uid"] != 0 and seen["euid"] != 0
+    assert {p: r for p, r in seen["files"].items() if r not in ("FileNotFoundError",)} == {}
+    assert {p: r for p, r in seen["sockets"].items() if r != "FileNotFoundError"} == {}
+    # /root holds at most the path to the interpreter's base installation (pyenv here).
+    assert seen["root"] in (None, [], [p.split("/")[2] for p in [os.path.realpath(sys.base_prefix)]
+                                       if p.startswith("/root/")])
+
+
+@needs_sandbox
+def test_programs_run_as_an_unprivileged_user_with_python_on_path(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running(SandboxRuntime(root=str(tmp_path))) as rt:
+            r = await rt.exec(["sh", "-c", "id -u; id -un; echo $HOME; python3 -c 'print(7)'"], timeout=30)
+            assert r.exit_code == 0, r.stderr
+            uid, user, home, seven = r.stdout.split()
+            assert (int(uid) != 0, user, home, seven) == (True, "sandbox", rt.id, "7")
+            # The host interpreter's path still runs (the base interpreter, not the venv).
+            r = await rt.exec([sys.executable, "-c", "import sys; print(sys.version_info[:2])"], timeout=30)
+            assert (r.exit_code, r.stdout.strip()) == (0, str(sys.version_info[:2])), r.stderr
+
+    run(main)
+
+
+# -- §2 the environment: an allow-list, in both kinds -----------------------------------------
+
+
+SECRETS = {"RAY_AUTH_TOKEN": "ray-token", "AWS_SECRET_ACCESS_KEY": "aws", "HF_TOKEN": "hf",
+           "GITHUB_TOKEN": "gh", "OPENAI_API_KEY": "host-openai-key"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_environment_is_an_allow_list(kind: type[LocalRuntime], tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("RR_NAMED_BY_THE_TASK", "passed")
+
+    async def main() -> dict[str, str]:
+        rt = kind(root=str(tmp_path), env={"FROM_RUNTIME": "1"}, pass_env=["RR_NAMED_BY_THE_TASK"])
+        async with running(rt):
+            r = await rt.exec(["env"], env={"FROM_EXEC": "2", "OPENAI_API_KEY": "declared"})
+            assert r.exit_code == 0, r.stderr
+            return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+
+    env = run(main)
+    assert [k for k in SECRETS if k in env and env[k] == SECRETS[k]] == []
+    assert env["OPENAI_API_KEY"] == "declared"  # what the exec declares is passed
+    assert (env["LANG"], env["RR_NAMED_BY_THE_TASK"], env["FROM_RUNTIME"], env["FROM_EXEC"]) == (
+        "C.UTF-8", "passed", "1", "2")
+    assert "/usr/bin" in env["PATH"].split(":")
+    assert set(env) <= {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "TMPDIR", "PWD", "SHLVL",
+                        "_", "RR_NAMED_BY_THE_TASK", "FROM_RUNTIME", "FROM_EXEC", "OPENAI_API_KEY",
+                        "ROLLOUT_RAY_RUNTIME", "ROLLOUT_RAY_EXEC"}
+
+
+# -- §2 read / write never follow what a program planted ------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_read_and_write_never_follow_planted_links(kind: type[LocalRuntime], tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "dir").mkdir()
+    precious = host / "precious.txt"
+    precious.write_text("precious")
+    secret = host / "secret"
+    secret.write_text("s3cret")
+    secret.chmod(0o000)
+    plant = (f"ln -s {precious} answer.txt; ln -s {host / 'dir'} sub; ln -s {secret} secret; "
+             f"mkdir d; ln -s {host / 'dir'} d/inner; ln -s {precious} /tmp/answer.txt; "
+             f"ln -s sub/../answer.txt relative")
+
+    async def main() -> None:
+        (tmp_path / "rt").mkdir()
+        async with running(kind(root=str(tmp_path / "rt"))) as rt:
+            r = await rt.exec(["sh", "-c", plant])
+            assert r.exit_code == 0, r.stderr
+            targets = ["answer.txt", "sub/new.txt", "d/inner/new.txt", "d/../answer.txt", "relative",
+                       os.path.join(rt.id, "answer.txt")]
+            if kind is SandboxRuntime:
+                targets.append("/tmp/answer.txt")  # the sandbox's own /tmp: the same rules
+            for target in targets:
+                with pytest.raises(SandboxError, match="symbolic link"):
+                    await rt.write(target, "overwritten")
+                with pytest.raises((SandboxError, FileNotFoundError)):
+                    await rt.read(target)
+            with pytest.raises(SandboxError, match="'secret' is a symbolic link"):
+                await rt.read("secret")
+            await rt.write("plain/file.txt", "fine")  # ordinary files still work
+            assert await rt.read("plain/file.txt") == b"fine"
+
+    run(main)
+    assert precious.read_text() == "precious"
+    assert os.listdir(host / "dir") == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_planted_fifo_fails_fast(kind: type[LocalRuntime], tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running(kind(root=str(tmp_path))) as rt:
+            r = await rt.exec(["mkfifo", "pipe"])
+            assert r.exit_code == 0, r.stderr
+            pipe = os.path.join(rt.id, "pipe")
+            try:
+                async with asyncio.timeout(5):  # a blocking open would hang the runtime
+                    with pytest.raises(SandboxError, match="'pipe' is not a regular file"):
+                        await rt.read("pipe")
+                    with pytest.raises(SandboxError, match="'pipe' is not a regular file"):
+                        await rt.write("pipe", "x")
+            finally:  # release a thread still blocked in open(), whichever end it waits for
+                for flags in (os.O_WRONLY | os.O_NONBLOCK, os.O_RDONLY | os.O_NONBLOCK):
+                    with contextlib.suppress(OSError):
+                        os.close(os.open(pipe, flags))
+
+    run(main)
+
+
+# -- §2 disk ------------------------------------------------------------------------------------
+
+
+class Echo(Task):
+    pass
+
+
+@needs_sandbox
+def test_disk_limit_fails_the_exec_and_spares_the_host(tmp_path: Path) -> None:
+    limit = 16 * MiB
+
+    def host_free() -> int:
+        st = os.statvfs(tmp_path)
+        return st.f_bavail * st.f_frsize
+
+    async def main() -> None:
+        before = host_free()
+        async with running(SandboxRuntime(root=str(tmp_path), disk_limit=limit)) as rt:
+            with pytest.raises(SandboxError, match=f"disk limit of {limit} bytes reached"):
+                await rt.exec(["sh", "-c", "head -c 268435456 /dev/zero > big"], timeout=30)
+            assert os.path.getsize(os.path.join(rt.id, "big")) <= limit
+            assert host_free() > before - 64 * MiB  # 256 MiB were written: not to the host
+            with pytest.raises(SandboxError, match="disk limit"):
+                await rt.write("more.bin", b"x" * MiB)
+            assert (await rt.exec(["rm", "big"])).exit_code == 0  # room again: it runs
+            with pytest.raises(SandboxError, match="disk limit"):
+                await rt.write("huge.bin", b"x" * (2 * limit))
+            await rt.exec(["rm", "huge.bin"])
+            with pytest.raises(SandboxError, match="disk limit"):  # /tmp counts too
+                await rt.exec(["sh", "-c", "head -c 33554432 /dev/zero > /tmp/big"], timeout=30)
+            assert mounts_under(str(tmp_path)) != []
+        assert mounts_under(str(tmp_path)) == [] and os.listdir(tmp_path) == []
+
+    run(main)
+
+
+@needs_sandbox
+def test_filling_the_disk_fails_the_rollout_with_sandbox_error(tmp_path: Path) -> None:
+    async def main() -> Any:
+        async with HTTPInterception() as proxy:
+            return await Rollout(
+                Echo({"prompt": "hi"}), ProgramHarness(["sh", "-c", "head -c 67108864 /dev/zero > big"]),
+                model=ScriptedModel(default="x"), interception=proxy,
+                runtime_factory=lambda name: SandboxRuntime(name, root=str(tmp_path), disk_limit=16 * MiB),
+            ).run()
+
+    trace = run(main)
+    assert [e.type for e in trace.errors] == ["SandboxError"] and not trace.ok
+    assert "disk limit of 16777216 bytes reached" in trace.errors[0].message
+    assert os.listdir(tmp_path) == []
+
+
+# -- §2 a dead host leaves no cgroup and no mount --------------------------------------------
+
+
+HOST_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, sys, time
+    from rollout_ray._runtimes.host import RuntimeHost
+
+    async def main():
+        host = RuntimeHost(kind=sys.argv[1])
+        runtimes = []
+        for name in ("a", "b"):
+            await host.create_started(name, owner="x")
+            runtimes.append(host._runtimes[name])
+        held = [asyncio.ensure_future(host.exec(n, ["sh", "-c", "setsid env -i /bin/sleep 1000 & exec sleep 1000"]))
+                for n in ("a", "b")]
+        deadline = time.monotonic() + 10
+        count = 4 if sys.argv[1] == "sandbox" else 2  # the sleeps; in a sandbox bwrap and its init too
+        while any(len(rt._cgroups.pids()) < count for rt in runtimes):
+            assert time.monotonic() < deadline, "the programs did not start"
+            await asyncio.sleep(0.01)
+        cgroups = [d for rt in runtimes for d in rt._cgroups.dirs]
+        cgroups += list(getattr(getattr(host, "_cgroups", None), "dirs", []))
+        pids = sorted(p for rt in runtimes for p in rt._cgroups.pids())
+        print(json.dumps({"root": host.root, "guardian": host.guardian_pid(), "cgroups": cgroups,
+                          "pids": pids, "mounts": [line.split()[4] for line in open("/proc/self/mountinfo")
+                                                   if line.split()[4].startswith(host.root + "/")]}), flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("sandbox", marks=needs_sandbox)])
+def test_a_killed_host_leaves_no_process_cgroup_mount_or_file(kind: str) -> None:
+    host = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT, kind], stdout=subprocess.PIPE, text=True)
+    facts: dict[str, Any] = {}
+    try:
+        facts = json.loads(host.stdout.readline())  # type: ignore[union-attr]
+        assert facts["cgroups"] and all(os.path.isdir(d) for d in facts["cgroups"])
+        host.send_signal(signal.SIGKILL)  # by pid: the process we started
+        host.wait()
+        wait_exit(facts["guardian"], timeout=10)
+        assert [p for p in facts["pids"] if process_alive(p)] == []
+        assert [d for d in facts["cgroups"] if os.path.exists(d)] == []
+        assert mounts_under(facts["root"]) == [] and not os.path.exists(facts["root"])
+        assert len(facts["mounts"]) == (2 if kind == "sandbox" else 0)  # a disk limit per sandbox
+    finally:
+        host.kill()
+        host.wait()
+        host.stdout.close()  # type: ignore[union-attr]
+        for pid in facts.get("pids", []):  # only if the guardian failed: ours to clean
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+# -- §3 LocalRuntime.stop kills everything it started ----------------------------------------
+
+
+def test_local_stop_kills_a_process_that_left_its_session_and_cleared_its_environment(tmp_path: Path) -> None:
+    pids: list[int] = []
+
+    async def main() -> None:
+        async with running(LocalRuntime(root=str(tmp_path))) as rt:
+            script = ("setsid env -i /bin/sleep 1000 >/dev/null 2>&1 & echo $!; "
+                      "setsid sh -c 'exec env -i /bin/sleep 1000' >/dev/null 2>&1 & echo $!")
+            r = await rt.exec(["sh", "-c", script])
+            pids.extend(int(p) for p in r.stdout.split())
+            assert len(pids) == 2 and all(process_alive(p) for p in pids)
+
+    try:
+        run(main)
+        for pid in pids:
+            wait_exit(pid, timeout=5)
+    finally:
+        for pid in pids:  # only if stop failed: ours to clean
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+CYCLES = 300
+BATCH = 10
+BACKGROUND = "setsid /bin/sleep 1000 >/dev/null 2>&1 & setsid /bin/sleep 1000 >/dev/null 2>&1 &"
+
+
+@pytest.mark.slow  # ~3-6 s: 300 runtimes started, used and stopped
+def test_local_spawn_then_stop_never_leaves_a_process(tmp_path: Path) -> None:
+    """CYCLES cycles, BATCH at a time: stop right after an exec left children behind (some
+    still in execve), or while an exec is being spawned. Nothing may survive."""
+    tokens: list[str] = []
+
+    async def cycle(during_spawn: bool) -> None:
+        rt = LocalRuntime(root=str(tmp_path))
+        await rt.start()
+        tokens.append(rt._token)
+        if not during_spawn:
+            await rt.exec(["sh", "-c", BACKGROUND])
+            await rt.stop()
+            return
+        task = asyncio.ensure_future(rt.exec(["sh", "-c", BACKGROUND + " wait"]))
+        await asyncio.sleep(0)  # the exec is being spawned
+        await rt.stop()
+        async with asyncio.timeout(10):
+            with contextlib.suppress(SandboxError):
+                await task
+
+    async def main() -> None:
+        for first in range(0, CYCLES, BATCH):
+            await asyncio.gather(*(cycle(during_spawn=bool(i % 2)) for i in range(first, first + BATCH)))
+
+    left: list[int] = []
+    try:
+        run(main)
+    finally:
+        for token in tokens:
+            left += pids_with_marker(RUNTIME_MARKER, token)
+        for pid in left:  # ours: report, then clean
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert left == [] and os.listdir(tmp_path) == []
