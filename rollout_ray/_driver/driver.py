@@ -34,10 +34,11 @@ from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
 from .._errors import InfrastructureLost, ProviderError, error_class
-from .._record.arrow import RolloutRecord, records_to_table
+from .._record.arrow import RolloutRecord
 from .._record.store import read_groups, read_run
 from .._record.trace import AgentInfo, Error, Timing, Trace
-from .finalize import FinalizeConfig, finalize
+from .closer import Group, GroupCloser
+from .finalize import FinalizeConfig
 from .run_dir import RunDirectory
 
 log = logging.getLogger("rollout_ray")
@@ -67,15 +68,6 @@ class EvalConfig(BaseModel):
     model_name: str | None = None
     sampling: dict[str, Any] = Field(default_factory=dict)
     finalize: FinalizeConfig = FinalizeConfig()
-
-
-@dataclass(frozen=True)
-class Group:
-    """One finalized group: its samples (with advantages) and its one-row summary."""
-
-    group_id: str
-    samples: pa.Table
-    summary: pa.Table
 
 
 @dataclass
@@ -161,9 +153,7 @@ class Driver:
         self.reason = ""
         self._pending: dict[str, list[RolloutRecord]] = {}
         self._group_sizes: dict[str, int] = {}
-        self._buffer: list[Group] = []
-        self._memory: list[pa.Table] = []
-        self._summaries: list[pa.Table] = []
+        self._closer: GroupCloser | None = None
         self._provider_streak = 0
         self._halt = asyncio.Event()
         self._last_report = 0.0
@@ -203,8 +193,7 @@ class Driver:
         if self.run_dir is not None:
             return RunResult(self.status, self.reason, read_run(self.run_dir, conversation=False),
                              read_groups(self.run_dir), self.run_dir)
-        samples = pa.concat_tables(self._memory) if self._memory else pa.table({})
-        groups = pa.concat_tables(self._summaries) if self._summaries else pa.table({})
+        samples, groups = self._closer.tables() if self._closer is not None else (pa.table({}), pa.table({}))
         return RunResult(self.status, self.reason, samples, groups, self.run_dir)
 
     def run(self) -> RunResult:
@@ -214,26 +203,39 @@ class Driver:
     # -- the run ----------------------------------------------------------------------------
 
     async def _drive(self, queue: asyncio.Queue[Group | None]) -> None:
+        closer = None
         try:
             self._open_store()
-            slots = asyncio.Semaphore(self.config.max_in_flight)
+            closer = self._closer = GroupCloser(
+                config=self.config.finalize, judge=self.judge, store=self._store, io=self._io, emit=queue.put,
+                rows_per_write=min(self.config.rows_per_shard, 256))
             async with asyncio.TaskGroup() as tg:
-                for task, group_id, sample_idx in self._plan():
-                    await slots.acquire()
-                    if self._halt.is_set():
-                        slots.release()
-                        break
-                    self.progress.in_flight += 1
-                    tg.create_task(self._one(task, group_id, sample_idx, slots, queue))
+                tg.create_task(closer.run())
+                try:
+                    await self._rollouts()
+                finally:
+                    closer.finish()
         finally:
             # Also on cancellation: what was finalized is kept, so a resume will not redo it.
-            if self._store is not None:
-                batch, self._buffer = self._buffer, []
-                self._io.submit(self._store.write, batch).result()  # after any queued write
-                self._store.close()
+            if closer is not None:
+                await closer.flush()
             self._io.shutdown(wait=True)
+            if self._store is not None:
+                self._store.close()
             self._report(force=True)
             await queue.put(None)
+
+    async def _rollouts(self) -> None:
+        """Every planned sample, at most ``max_in_flight`` at once, until done or halted."""
+        slots = asyncio.Semaphore(self.config.max_in_flight)
+        async with asyncio.TaskGroup() as tg:
+            for task, group_id, sample_idx in self._plan():
+                await slots.acquire()
+                if self._halt.is_set():
+                    slots.release()
+                    break
+                self.progress.in_flight += 1
+                tg.create_task(self._one(task, group_id, sample_idx, slots))
 
     def _open_store(self) -> None:
         if self.run_dir is None:
@@ -258,8 +260,7 @@ class Driver:
                     continue
                 yield task, group_id, sample_idx
 
-    async def _one(self, task: Task, group_id: str, sample_idx: int, slots: asyncio.Semaphore,
-                   queue: asyncio.Queue[Group | None]) -> None:
+    async def _one(self, task: Task, group_id: str, sample_idx: int, slots: asyncio.Semaphore) -> None:
         try:
             trace, attempt = await self._attempts(task, self._earlier_errors.pop((group_id, sample_idx), []))
         finally:
@@ -270,23 +271,9 @@ class Driver:
         members.append(RolloutRecord(trace, self.run_id, group_id, sample_idx, attempt))
         if len(members) == self._group_sizes[group_id]:
             del self._pending[group_id]
-            group = self._finalize(group_id, members)
-            await self._store_group(group)
-            await queue.put(group)
+            assert self._closer is not None
+            self._closer.close(group_id, members)
         self._report()
-
-    async def _store_group(self, group: Group) -> None:
-        """Buffer a finalized group's rows; write the buffer when it is large enough."""
-        if self._store is None:
-            self._memory.append(group.samples)
-            self._summaries.append(group.summary)
-            return
-        self._buffer.append(group)
-        if sum(g.samples.num_rows for g in self._buffer) >= min(self.config.rows_per_shard, 256):
-            batch, self._buffer = self._buffer, []
-            # Off the loop (a shard write fsyncs) on the one writer thread, so writes stay
-            # in order and never overlap.
-            await asyncio.get_running_loop().run_in_executor(self._io, self._store.write, batch)
 
     async def _attempts(self, task: Task, earlier: list[Error]) -> tuple[Trace, int]:
         """Run ``task`` until it is not lost (or the retries are spent); its trace carries
@@ -328,23 +315,6 @@ class Driver:
                 self._halt.set()
         else:
             self._provider_streak = 0
-
-    def _finalize(self, group_id: str, members: list[RolloutRecord]) -> Group:
-        """The group's statistics and advantages; a judge that raises fails the judging of
-        this group (``judge_error`` on its summary), not the run."""
-        members.sort(key=lambda r: r.sample_idx)
-        table = records_to_table(members)
-        judge_error = None
-        try:
-            result = finalize(table, self.config.finalize, self.judge)
-        except Exception as e:  # noqa: BLE001 - a judge's failure is its group's
-            if self.judge is None:
-                raise
-            log.warning("group %s: judge failed: %s: %s", group_id, type(e).__name__, e)
-            judge_error = f"{type(e).__name__}: {e}"
-            result = finalize(table, self.config.finalize)
-        summary = result.groups.append_column("judge_error", pa.array([judge_error], pa.string()))
-        return Group(group_id, result.samples, summary)
 
     def _report(self, force: bool = False) -> None:
         now = time.monotonic()

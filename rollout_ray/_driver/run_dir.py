@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -100,13 +99,12 @@ class RunDirectory:
             self._lock.release()
             raise
 
-    def write(self, groups: Sequence[Any]) -> None:
-        """Store finalized groups (``Group``s): their samples' rows, then their summary rows."""
-        if not groups or self._samples is None or self._groups is None:
-            return
-        self._samples.write(pa.concat_tables([g.samples for g in groups], promote_options="permissive"))
+    def write(self, samples: pa.Table, summaries: pa.Table) -> None:
+        """Store finalized groups: their samples' rows, then their summary rows."""
+        assert self._samples is not None and self._groups is not None, "open() first"
+        self._samples.write(samples)
         self._samples.flush()
-        self._groups.write(pa.concat_tables([g.summary for g in groups], promote_options="permissive"))
+        self._groups.write(summaries)
         self._groups.flush()
 
     def close(self) -> None:

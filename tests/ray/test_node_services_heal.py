@@ -103,9 +103,10 @@ def test_a_killed_node_services_actor_is_replaced_and_its_rollouts_retried(repor
             # Over HTTP, as a program would: served by the node's services.
             driver = Driver(_tasks(8), ChatHarness(retries=0, transport="http"), model, executor=executor,
                             config=EvalConfig(max_infra_retries=3, max_in_flight=8))
-            running = asyncio.create_task(driver.arun())
             services = _services()
-            await _until(lambda: _load(services, at_least=8), 30, "8 sessions registered")
+            baseline = await services.load.remote()  # what other tests' dead owners still hold
+            running = asyncio.create_task(driver.arun())
+            await _until(lambda: _load(services, at_least=baseline + 8), 30, "8 sessions registered")
             before = await services.pid.remote()
             t0 = time.monotonic()
             os.kill(before, signal.SIGKILL)

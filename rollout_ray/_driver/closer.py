@@ -1,0 +1,159 @@
+"""GroupCloser: groups finalized many at once as their last samples close, then stored and streamed.
+
+Groups close one at a time, as their last samples finish. Finalizing each alone would build
+a table and run ``finalize`` per group — on the hot path, the largest cost of a rollout in
+the driver. The closer runs beside the rollouts: it takes every group that closed since it
+last looked, builds one table, finalizes it in one call (the statistics are vectorised
+across groups), stores the rows, and puts each group on the stream in closing order. Under
+load the batches grow by themselves; with nothing else to do, a group is handed on at once.
+
+A judge that raises fails the judging of its own group (``judge_error`` on the group's
+summary), not the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .._record.arrow import RolloutRecord, records_to_table
+from .finalize import FinalizeConfig, GroupJudge, finalize
+from .run_dir import RunDirectory
+
+log = logging.getLogger("rollout_ray")
+
+
+@dataclass(frozen=True)
+class Group:
+    """One finalized group: its samples (with advantages) and its one-row summary."""
+
+    group_id: str
+    samples: pa.Table
+    summary: pa.Table
+
+
+class GroupCloser:
+    """Finalizes closed groups in batches, stores them, and hands them to ``emit``.
+
+    Args:
+        config / judge: as ``finalize``.
+        store: the run directory (``None``: keep the tables in memory, ``tables()``).
+        io: the one thread that writes shards (writes stay in order and off the loop).
+        emit: awaited with each finalized group, in closing order (the trainer stream).
+        rows_per_write: rows buffered before they are written.
+    """
+
+    def __init__(self, *, config: FinalizeConfig, judge: GroupJudge | None, store: RunDirectory | None,
+                 io: Executor, emit: Callable[[Group], Any], rows_per_write: int) -> None:
+        self.config, self.judge, self.store, self.io, self.emit = config, judge, store, io, emit
+        self.rows_per_write = rows_per_write
+        self._closed: list[tuple[str, list[RolloutRecord]]] = []
+        self._ready = asyncio.Event()
+        self._finished = False
+        self._unwritten: list[tuple[pa.Table, pa.Table]] = []
+        self._memory: list[tuple[pa.Table, pa.Table]] = []
+
+    def close(self, group_id: str, members: list[RolloutRecord]) -> None:
+        """A group's last sample finished: finalize it soon."""
+        self._closed.append((group_id, sorted(members, key=lambda r: r.sample_idx)))
+        self._ready.set()
+
+    def finish(self) -> None:
+        """No more groups will close: ``run`` ends once it handed on what it has."""
+        self._finished = True
+        self._ready.set()
+
+    async def run(self) -> None:
+        """Until ``finish``: finalize, store and emit what closed, batch by batch."""
+        while True:
+            if not self._closed:
+                if self._finished:
+                    return
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            batch, self._closed = self._closed, []
+            for group in self._finalize(batch):
+                await self._keep(group)
+                await self.emit(group)
+
+    async def flush(self) -> None:
+        """Write what is buffered (the run ends, or is cancelled: keep what was finalized)."""
+        pending, self._unwritten = self._unwritten, []
+        if pending and self.store is not None:
+            # Shielded: a cancelled flush must still write what it took (it was finalized,
+            # and maybe already handed on to the stream).
+            await asyncio.shield(asyncio.get_running_loop().run_in_executor(self.io, self._write, pending))
+
+    def tables(self) -> tuple[pa.Table, pa.Table]:
+        """Every finalized sample and group summary kept in memory (no run directory)."""
+        if not self._memory:
+            return pa.table({}), pa.table({})
+        samples, groups = zip(*self._memory)
+        return (pa.concat_tables(samples, promote_options="permissive"),
+                pa.concat_tables(groups, promote_options="permissive"))
+
+    async def _keep(self, group: Group) -> None:
+        if self.store is None:
+            self._memory.append((group.samples, group.summary))
+            return
+        self._unwritten.append((group.samples, group.summary))
+        if sum(s.num_rows for s, _ in self._unwritten) >= self.rows_per_write:
+            await self.flush()
+
+    def _write(self, pending: list[tuple[pa.Table, pa.Table]]) -> None:
+        assert self.store is not None
+        samples = pa.concat_tables([s for s, _ in pending], promote_options="permissive")
+        summaries = pa.concat_tables([g for _, g in pending], promote_options="permissive")
+        self.store.write(samples, summaries)
+
+    # -- finalizing -------------------------------------------------------------------------
+
+    def _finalize(self, batch: list[tuple[str, list[RolloutRecord]]]) -> list[Group]:
+        """Every group of ``batch`` finalized, in order; one ``finalize`` call if nothing fails."""
+        table = records_to_table([r for _, members in batch for r in members])
+        try:
+            result = finalize(table, self.config, self.judge)
+        except Exception:  # noqa: BLE001 - find the group whose judge raised: one at a time
+            if self.judge is None:
+                raise
+            return [self._finalize_alone(group_id, members) for group_id, members in batch]
+        summaries = result.groups.append_column("judge_error", pa.nulls(result.groups.num_rows, pa.string()))
+        return _split(batch, result.samples, summaries)
+
+    def _finalize_alone(self, group_id: str, members: list[RolloutRecord]) -> Group:
+        table = records_to_table(members)
+        judge_error = None
+        try:
+            result = finalize(table, self.config, self.judge)
+        except Exception as e:  # noqa: BLE001 - a judge's failure is its group's
+            log.warning("group %s: judge failed: %s: %s", group_id, type(e).__name__, e)
+            judge_error = f"{type(e).__name__}: {e}"
+            result = finalize(table, self.config)
+        summary = result.groups.append_column("judge_error", pa.array([judge_error] * result.groups.num_rows,
+                                                                        pa.string()))
+        return Group(group_id, result.samples, summary)
+
+
+def _split(batch: list[tuple[str, list[RolloutRecord]]], samples: pa.Table, summaries: pa.Table) -> list[Group]:
+    """One ``Group`` per group of ``batch``: its contiguous rows of ``samples`` and its summary
+    row (empty tables for a group the finalize dropped)."""
+    ids = samples.column("group_id").to_numpy(zero_copy_only=False)
+    starts = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist(), len(ids)]
+    rows = {str(ids[a]): (a, b - a) for a, b in zip(starts, starts[1:]) if b > a}
+    summary_row = {g: i for i, g in enumerate(summaries.column("group_id").to_pylist())}
+    groups = []
+    for group_id, _ in batch:
+        if group_id in rows:
+            start, length = rows[group_id]
+            groups.append(Group(group_id, samples.slice(start, length), summaries.slice(summary_row[group_id], 1)))
+        else:  # dropped (FinalizeConfig.failed == "drop")
+            groups.append(Group(group_id, samples.slice(0, 0), summaries.slice(0, 0)))
+    return groups
