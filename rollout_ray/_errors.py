@@ -274,3 +274,24 @@ def boundary(error_cls: type[RolloutError], what: str) -> Iterator[None]:
         raise error_cls(f"{what} timed out") from e
     except Exception as e:
         raise error_cls(f"{what} failed: {type(e).__name__}: {e}") from e
+
+
+def _rebuild(cls: type[BaseException], args: tuple, state: dict) -> BaseException:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+def _reduce_without_init(self: BaseException) -> tuple:
+    return _rebuild, (type(self), self.args, self.__dict__)
+
+
+# Errors cross processes (Ray pickles what an actor raises). The default pickling calls
+# ``cls(*args)``, which breaks for every error whose ``__init__`` takes other arguments than
+# it passes on (``Unauthorized()`` arrives as "Failed to deserialize exception"). Rebuild
+# from ``args`` and attributes instead; subclasses (a taskset's own) inherit it.
+for _cls in list(globals().values()):
+    if isinstance(_cls, type) and issubclass(_cls, BaseException) and _cls.__module__ == __name__:
+        _cls.__reduce__ = _reduce_without_init  # type: ignore[method-assign,assignment]
+del _cls

@@ -34,7 +34,7 @@ from .._core.toolset import Toolset
 from .._core.trace_sync import Cursor, SessionDelta, SessionSpec, apply_delta
 from .._errors import InfrastructureLost
 from .._record.messages import Request
-from .._serving.node_services import NodeServices
+from .._serving.node_services import NodeServices, lost_session
 from .calls import NAMESPACE, SHUTDOWN_GRACE, call, stop_actor
 from .coalesce import Coalescer
 from .shipment import Depot, Shipper, deliver
@@ -94,7 +94,14 @@ class _NodeServiceActor(NodeServices):
         return [await _outcome(self.register(self._depot.unpack(blob, bodies))) for blob, bodies in items]
 
     async def unregister_many(self, items: list[tuple[str, Cursor]]) -> list[Any]:
-        return [await _outcome(self.unregister(secret, since)) for secret, since in items]
+        """Seal each session and answer what it added; a session not held here is lost."""
+        return [await _outcome(self._unregister_held(secret, since)) for secret, since in items]
+
+    async def _unregister_held(self, secret: str, since: Cursor) -> SessionDelta:
+        change = await self.unregister(secret, since)
+        if change is None:
+            raise lost_session()
+        return change
 
     async def register_tools_many(self, items: list[tuple[bytes, dict[str, bytes]]]) -> list[Any]:
         """Register each shipped ``(toolsets, runtime, state_secret, owner)``."""
@@ -183,7 +190,7 @@ class RayInterception(Interception):
         # Rollouts of one host start and end in bursts: their calls travel in batches.
         self._register: Coalescer[tuple[bytes, dict[str, bytes]], Slot] = Coalescer(
             lambda items: services.call("register_many", items))
-        self._unregister: Coalescer[tuple[str, Cursor], SessionDelta | None] = Coalescer(
+        self._unregister: Coalescer[tuple[str, Cursor], SessionDelta] = Coalescer(
             lambda items: services.call("unregister_many", items))
 
     @asynccontextmanager
@@ -202,8 +209,7 @@ class RayInterception(Interception):
                 change = await self._unregister((slot.model_secret, Cursor.of(session.trace)))
             finally:
                 session.release()
-            if change is not None:
-                apply_delta(session, change)
+            apply_delta(session, change)
 
     def client(self, slot: Slot) -> ChatClient | None:
         return None

@@ -29,13 +29,22 @@ from .._core.runtime import Runtime
 from .._core.session import RolloutSession
 from .._core.toolset import Toolset
 from .._core.trace_sync import Cursor, SessionDelta, SessionSpec, delta
-from .._errors import ToolsetError, Unauthorized
+from .._errors import InfrastructureLost
 from .._record.messages import Request
 from .proxy import HTTPInterception
 from .tool_server import ToolServer
 
 LEASE_SECONDS = 5.0
 """How long an owner's registrations live without a renewal."""
+
+
+def lost_session() -> InfrastructureLost:
+    """A rollout names a session these services do not hold. Rollouts name only sessions
+    they registered here, so these services lost it: they were restarted since (their process
+    died) or the owner's lease ran out. The rollout's turns held here are gone with it, so it
+    is retried, not recorded as a failure of its task or harness."""
+    return InfrastructureLost("the node's services no longer hold this rollout's session "
+                              "(restarted, or its owner's lease ran out)")
 
 
 @dataclass
@@ -94,7 +103,7 @@ class NodeServices:
     def _session(self, secret: str) -> RolloutSession:
         served = self._sessions.get(secret)
         if served is None or served.session is None:
-            raise Unauthorized()
+            raise lost_session()
         return served.session
 
     async def prepare_users(self, secret: str, request: Request) -> Request:
@@ -121,14 +130,14 @@ class NodeServices:
         Returns a key for ``unregister_tools`` and the URLs by toolset name.
 
         Raises:
-            ToolsetError: no session is registered here under ``state_secret``.
+            InfrastructureLost: no session is registered here under ``state_secret`` (see
+                ``lost_session``).
         """
         await self._started()
         self.renew(owner)
         session = self._proxy.session_of_state(state_secret)
         if session is None:
-            raise ToolsetError("tools registered for a rollout whose session this node does not "
-                               "serve; register the session first")
+            raise lost_session()
         serving = self._tools.serve(toolsets, runtime, state_secret, on_call=session.trace.tool_calls.append)
         urls = await serving.__aenter__()
         key = secrets.token_urlsafe(16)

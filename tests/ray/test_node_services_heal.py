@@ -123,6 +123,22 @@ def test_a_killed_node_services_actor_is_replaced_and_its_rollouts_retried(repor
            "replaced; 8/8 retried ok", "0 (failed as InfrastructureLost, not task errors)", seconds)
 
 
+def test_a_session_the_services_no_longer_hold_is_an_infrastructure_loss() -> None:
+    """A rollout whose services were restarted between two calls (its next call reaches the
+    new ones, which never saw its session) is retried, not failed as its harness's error."""
+    from rollout_ray import InfrastructureLost
+    from rollout_ray._core.trace_sync import Cursor
+
+    services = _services()
+    for method, args in (("sync", ("forgotten-secret", Cursor())),
+                         ("unregister_many", ([("forgotten-secret", Cursor())],)),
+                         ("register_tools", ([Adder()], None, "forgotten-state"))):
+        with pytest.raises(InfrastructureLost, match="no longer hold this rollout's session"):
+            answer = ray.get(getattr(services, method).remote(*args))
+            if isinstance(answer, list):  # a batch answers each item's exception as a value
+                raise answer[0]
+
+
 async def _load(services: Any, at_least: int = 1, owner: str | None = None) -> bool:
     return await services.load.remote(owner) >= at_least
 
