@@ -5,7 +5,8 @@ a table and run ``finalize`` per group — on the hot path, the largest cost of 
 the driver. The closer runs beside the rollouts: it takes every group that closed since it
 last looked, builds one table, finalizes it in one call (the statistics are vectorised
 across groups), stores the rows, and puts each group on the stream in closing order. Under
-load the batches grow by themselves; with nothing else to do, a group is handed on at once.
+load the batches grow by themselves (up to one shard's rows); with nothing else to do, a group
+is handed on at once.
 
 A judge that raises fails the judging of its own group (``judge_error`` on the group's
 summary), not the run.
@@ -79,10 +80,22 @@ class GroupCloser:
                 self._ready.clear()
                 await self._ready.wait()
                 continue
-            batch, self._closed = self._closed, []
+            batch = self._take()
             for group in self._finalize(batch):
                 await self._keep(group)
                 await self.emit(group)
+
+    def _take(self) -> list[tuple[str, list[RolloutRecord]]]:
+        """The oldest closed groups, up to one write's rows (at least one group): a batch is
+        one table in memory until it is written, so its size is bounded, not what piled up."""
+        rows = taken = 0
+        for _, members in self._closed:
+            taken += 1
+            rows += len(members)
+            if rows >= self.rows_per_write:
+                break
+        batch, self._closed = self._closed[:taken], self._closed[taken:]
+        return batch
 
     async def flush(self) -> None:
         """Write what is buffered (the run ends, or is cancelled: keep what was finalized)."""
