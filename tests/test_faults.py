@@ -179,7 +179,7 @@ def test_rollout_actor_killed_mid_segment(ray_cluster: Any, report: Any, how: st
 
     async def main() -> tuple[Any, list[tuple[int, str, int]], set[str], dict[str, Any], float, int]:
         gate = ray.remote(Gate).options(num_cpus=0, max_concurrency=100).remote()
-        executor = RayExecutor(actors=2, capacity=4)
+        executor = RayExecutor(actors=2, capacity=4, runtime="local")  # host pids are followed below
         try:
             async with executor:
                 watched = Watched(executor, expect=2)
@@ -282,7 +282,7 @@ def tool_call_kill(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -
     echoes = ScriptedModel([Reply(tool_calls=[("echo", {"text": "still here"})])], default="4")
 
     async def main() -> dict[str, Any]:
-        actor = RolloutActor.create(capacity=2)
+        actor = RolloutActor.create(capacity=2, runtime="local")  # the tool's pid is a host pid
         try:
             host = await host_facts(actor)
             spec = RolloutSpec(UsesBox({"prompt": "hi"}), ChatHarness(retries=0), stalls)
@@ -772,13 +772,27 @@ def _cmdline(pid: int) -> str:
 
 
 def _leftover_processes() -> list[str]:
-    """This suite's runtime programs and guardians still running."""
+    """This suite's runtime programs and guardians still running: a runtime's environment
+    is an allow-list (the suite's marker does not reach its programs), so a runtime program
+    is found by its runtime marker and its working directory in one of the suite's places."""
+    places = tuple(str(p) for p in (*HOST_ROOTS, *TEMP_AREAS))
     found = []
-    for pid in pids_with_marker(SUITE_MARKER, SUITE):
-        env = _environ(pid)
-        ours = RUNTIME_MARKER in env or HOST_MARKER in env or "_runtimes/guardian.py" in _cmdline(pid)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        env, command = _environ(pid), _cmdline(pid)
+        if env.get(SUITE_MARKER) == SUITE and "_runtimes/guardian.py" in command:
+            ours = True
+        elif RUNTIME_MARKER in env or HOST_MARKER in env:
+            try:
+                ours = os.readlink(f"/proc/{pid}/cwd").startswith(places) if places else False
+            except OSError:
+                ours = False
+        else:
+            ours = False
         if ours and process_alive(pid):
-            found.append(f"{pid}: {_cmdline(pid)[:200]}")
+            found.append(f"{pid}: {command[:200]}")
     return found
 
 

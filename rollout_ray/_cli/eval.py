@@ -20,6 +20,7 @@ from .._core.task import Task
 from .._driver.driver import Driver, EvalConfig, Progress, RunResult
 from .._driver.local_executor import LocalExecutor
 from .._errors import CorruptManifest, CorruptShard, ForeignShard, ResumeMismatch, RunInUse
+from .._runtimes.host import runtime_kind
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .._simulated.server import SimulatedModelServer
@@ -43,10 +44,11 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="run only the first N tasks")
     p.add_argument("--executor", choices=["ray", "local"], default="ray",
                    help="ray: rollout actors (default); local: this process, no Ray")
-    p.add_argument("--address", help="Ray cluster address (default: start or join a local Ray)")
-    p.add_argument("--runtime", choices=["local", "sandbox"], default="local",
-                   help="runtime of each rollout: local (a private dir) or sandbox (bubblewrap: "
-                        "read-only system, only the framework routes on the network)")
+    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a private local Ray on 127.0.0.1)")
+    p.add_argument("--runtime", choices=["auto", "local", "sandbox"], default="auto",
+                   help="runtime of each rollout: sandbox (bubblewrap: unprivileged, only the system "
+                        "and the framework routes; the default where the machine runs one), local "
+                        "(a private dir on the host, no isolation), auto (sandbox, else local)")
     p.add_argument("--actors", type=int, default=2, help="rollout actors (ray executor)")
     p.add_argument("--capacity", type=int, default=64, help="rollouts per actor at once (ray executor)")
     p.add_argument("--sim-ttft", type=float, default=0.05, help="simulated model: seconds to first token")
@@ -110,11 +112,16 @@ def _printer(stream: Any) -> Any:
 
 
 def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: int = 64,
-                  address: str | None = None, runtime: str = "local") -> Executor:
+                  address: str | None = None, runtime: str = "auto") -> Executor:
     """``"local"``: this process, no Ray; ``"ray"``: rollout actors (starts or joins Ray).
 
-    ``runtime`` is the kind of the runtimes rollouts own (``"local"`` or ``"sandbox"``).
+    ``runtime`` is the kind of the runtimes rollouts own (``"auto"``, ``"local"`` or
+    ``"sandbox"``); when ``auto`` cannot have the sandbox, one line on stderr says why.
     """
+    _, reason = runtime_kind(runtime)
+    if reason is not None:
+        print(f"rollout-ray: no sandbox on this machine ({reason}); rollouts run in LocalRuntime, "
+              "isolated neither from each other nor from the host", file=sys.stderr)
     if kind == "local":
         return LocalExecutor(runtime=runtime)
     from .._ray.executor import RayExecutor

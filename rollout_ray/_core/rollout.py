@@ -183,9 +183,10 @@ class Rollout:
         with boundary(ToolsetError, "building tool servers"):
             toolsets = self.task.toolsets(self.task.config)
         slot = await self._stack.enter_async_context(self.interception.serve(self.session))
-        endpoint = runtime.host_url(slot.base_url) + "/v1"
+        # An in-process agent is not in the box: nothing in it needs the framework's routes.
+        endpoint = slot.base_url + "/v1" if self.harness.in_process else runtime.host_url(slot.base_url) + "/v1"
         tool_urls = await self._serve_tools(toolsets, runtime, slot.state_secret)
-        await runtime.prepare_execution([endpoint, *tool_urls.values()])
+        await runtime.prepare_execution([] if self.harness.in_process else [endpoint, *tool_urls.values()])
         if self.task.data.network_policy and "network" not in runtime.enforces:
             log.warning("rollout %s: task %s asks for a network policy; a %r runtime does not "
                         "enforce one (use SandboxRuntime)", self.trace.id, self.task.data.idx, runtime.type)

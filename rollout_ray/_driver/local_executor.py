@@ -5,9 +5,10 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from .._core.executor import Executor, RolloutSpec
+from .._core.lazy_runtime import LazyRuntime
 from .._core.runtime import Runtime
 from .._record.trace import Trace
-from .._runtimes.host import RUNTIME_KINDS, RuntimeHost
+from .._runtimes.host import RuntimeHost, runtime_kind
 from .._serving.proxy import HTTPInterception
 from .._serving.tool_server import ToolServer
 
@@ -15,16 +16,17 @@ from .._serving.tool_server import ToolServer
 class LocalExecutor(Executor):
     """The lifecycle core in this event loop, behind a real HTTP proxy and tool server.
 
-    ``runtime`` is the kind of the runtimes rollouts own: ``"local"`` or ``"sandbox"``.
+    ``runtime`` is the kind of the runtimes rollouts own: ``"auto"`` (the sandbox where the
+    machine runs one, else local; ``runtime_reason`` then says why), ``"local"`` or
+    ``"sandbox"``. A runtime starts on its first use (``LazyRuntime``): a rollout that never
+    runs a program costs no directory, no cgroup.
 
     Owned runtimes live on an in-process ``RuntimeHost``, so that if this process is killed
     its guardian still removes their processes and directories.
     """
 
-    def __init__(self, *, runtime: str = "local") -> None:
-        if runtime not in RUNTIME_KINDS:
-            raise ValueError(f"runtime must be one of {RUNTIME_KINDS}, got {runtime!r}")
-        self.runtime = runtime
+    def __init__(self, *, runtime: str = "auto") -> None:
+        self.runtime, self.runtime_reason = runtime_kind(runtime)
         self._stack = AsyncExitStack()
         self._proxy: HTTPInterception | None = None
         self._tools: ToolServer | None = None
@@ -48,4 +50,4 @@ class LocalExecutor(Executor):
 
     def _new_runtime(self, name: str) -> Runtime:
         assert self._runtimes is not None
-        return self._runtimes.new_runtime(name, owner=name)
+        return LazyRuntime(self._runtimes.new_runtime(name, owner=name))

@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .._core.executor import Executor, RolloutSpec
 from .._errors import InfrastructureLost
 from .._record.trace import Trace
+from .._runtimes.host import runtime_kind
 from .calls import SHUTDOWN_GRACE, call
 from .rollout_actor import RolloutActor
 
@@ -49,14 +50,16 @@ class RayExecutor(Executor):
         replacement_options: ``.options()`` of an actor replacing a dead one. Not the dead
             actor's own: those may pin it to a node that is gone, and an actor that cannot be
             placed would hold its rollouts forever. Default: spread.
-        runtime: the kind of the runtimes rollouts own, ``"local"`` or ``"sandbox"``.
+        runtime: the kind of the runtimes rollouts own: ``"auto"`` (the sandbox where the
+            nodes run one; ``runtime_reason`` says why not, as seen from this machine),
+            ``"local"`` or ``"sandbox"``.
         probe_interval / probe_timeout: how often each actor is pinged, and how long it may
             take to answer before it counts as hung.
     """
 
     def __init__(self, *, actors: int = 2, capacity: int = 64, address: str | None = None,
                  actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-                 replacement_options: Mapping[str, Any] | None = None, runtime: str = "local",
+                 replacement_options: Mapping[str, Any] | None = None, runtime: str = "auto",
                  probe_interval: float = 2.0, probe_timeout: float = 30.0) -> None:
         if actors < 1 or capacity < 1:
             raise ValueError(f"actors and capacity must be >= 1, got {actors} and {capacity}")
@@ -70,6 +73,7 @@ class RayExecutor(Executor):
             if len(options) != actors:
                 raise ValueError(f"actor_options must hold one mapping per actor ({actors}), got {len(options)}")
         self.actors, self.capacity, self.address, self.runtime = actors, capacity, address, runtime
+        self.runtime_reason = runtime_kind(runtime)[1]
         self.probe_interval, self.probe_timeout = probe_interval, probe_timeout
         self._options = options
         self._replacement_options = dict(replacement_options or _SPREAD)

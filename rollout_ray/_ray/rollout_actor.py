@@ -24,7 +24,7 @@ from .._core.host import RolloutHost
 from .._errors import InfrastructureLost
 from .._record.messages import Message
 from .._record.trace import Trace, decode_trace
-from .._runtimes.host import RUNTIME_KINDS
+from .._runtimes.host import runtime_kind
 from .._serving.node_services import LEASE_SECONDS
 from .calls import SHUTDOWN_GRACE, call, stop_actor
 from .node_service_actor import NodeServicesRef, RayInterception, RayToolServer
@@ -42,6 +42,7 @@ class _RolloutActor:
     """What a ``RolloutActor`` runs: the host, its node's services and its runtime actor."""
 
     def __init__(self, capacity: int, runtime: str, owner: str) -> None:
+        runtime, _ = runtime_kind(runtime)  # "auto" is decided by the node that runs the boxes
         node_id = ray.get_runtime_context().get_node_id()
         self._runtime_options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
         self._runtime_kind = runtime
@@ -174,12 +175,11 @@ class RolloutActor:
                              shared=(spec.harness, spec.model))
 
     @classmethod
-    def create(cls, *, capacity: int = 1, runtime: str = "local", **options: Any) -> RolloutActor:
+    def create(cls, *, capacity: int = 1, runtime: str = "auto", **options: Any) -> RolloutActor:
         """Start the actor. ``runtime`` is the kind of the runtimes its rollouts own
-        (``"local"`` or ``"sandbox"``); ``options`` go to ``.options()`` (e.g. a scheduling
-        strategy)."""
-        if runtime not in RUNTIME_KINDS:
-            raise ValueError(f"runtime must be one of {RUNTIME_KINDS}, got {runtime!r}")
+        (``"auto"``, ``"local"`` or ``"sandbox"``); ``options`` go to ``.options()`` (e.g. a
+        scheduling strategy)."""
+        runtime_kind(runtime)  # an unknown kind fails here, not in the actor
         owner = uuid.uuid4().hex
         return cls(RolloutActorClass.options(**options).remote(capacity, runtime, owner), owner)
 

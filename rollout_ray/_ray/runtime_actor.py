@@ -22,8 +22,8 @@ class RuntimeActor:
         self._count = 0
 
     @classmethod
-    def create(cls, *, kind: str = "local", **options: Any) -> RuntimeActor:
-        """A pool of ``kind`` runtimes (``"local"`` or ``"sandbox"``)."""
+    def create(cls, *, kind: str = "auto", **options: Any) -> RuntimeActor:
+        """A pool of ``kind`` runtimes (``"auto"``, ``"local"`` or ``"sandbox"``)."""
         return cls(RuntimeActorClass.options(**options).remote(kind=kind))
 
     async def runtime(self, name: str | None = None) -> RemoteRuntime:

@@ -12,6 +12,7 @@ dead rollout owned.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import subprocess
@@ -27,7 +28,7 @@ from .._record.trace import RuntimeInfo
 from .cgroup import HostCgroups, tracking_controller
 from .guardian import HOST_MARKER
 from .local import LocalRuntime
-from .sandbox import SandboxRuntime
+from .sandbox import SandboxRuntime, sandbox_unavailable
 
 _GUARDIAN = os.path.join(os.path.dirname(__file__), "guardian.py")
 
@@ -36,7 +37,36 @@ _PRUNE_AT = 1024
 """Runtimes held before the stopped ones are forgotten."""
 
 
-RUNTIME_KINDS = ("local", "sandbox")
+RUNTIME_KINDS = ("auto", "local", "sandbox")
+"""``auto``: the sandbox where this machine can run one, else the local runtime (see
+``runtime_kind``)."""
+
+log = logging.getLogger("rollout_ray")
+_said: set[str] = set()
+
+
+def runtime_kind(kind: str) -> tuple[str, str | None]:
+    """``(the kind to use, why not the sandbox)`` for a requested kind.
+
+    ``auto`` is the sandbox where this machine supports it, since only the sandbox keeps
+    rollouts from reading each other's processes (their proxy secrets) and the host; where
+    it cannot, the local runtime, with the reason (logged once per process).
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    if kind not in RUNTIME_KINDS:
+        raise ValueError(f"runtime must be one of {RUNTIME_KINDS}, got {kind!r}")
+    if kind != "auto":
+        return kind, None
+    reason = sandbox_unavailable()
+    if reason is None:
+        return "sandbox", None
+    if reason not in _said:
+        _said.add(reason)
+        log.warning("this machine cannot run SandboxRuntime (%s): rollouts run in LocalRuntime, which "
+                    "isolates them neither from each other nor from the host", reason)
+    return "local", reason
 
 
 class RuntimeHost:
@@ -44,13 +74,11 @@ class RuntimeHost:
 
     Args:
         root: the directory under which the host's runtimes live (default: a new temp dir).
-        kind: the runtime kind it makes.
+        kind: the runtime kind it makes (``auto``: see ``runtime_kind``).
     """
 
-    def __init__(self, root: str | None = None, *, kind: str = "local") -> None:
-        if kind not in RUNTIME_KINDS:
-            raise ValueError(f"kind must be one of {RUNTIME_KINDS}, got {kind!r}")
-        self.kind = kind
+    def __init__(self, root: str | None = None, *, kind: str = "auto") -> None:
+        self.kind, _ = runtime_kind(kind)
         self.root = root or tempfile.mkdtemp(prefix="rollout-ray-host-")
         self.token = uuid.uuid4().hex
         self._runtimes: dict[str, Runtime] = {}

@@ -79,8 +79,9 @@ def _read_fifo(path: str) -> int:
 @pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])
 def test_killing_a_rollout_actor_mid_segment_removes_its_owned_runtimes(how: str) -> None:
     async def main() -> None:
-        actor = RolloutActor.create(capacity=2)
-        pool = RuntimeActor.create()
+        # Host pids are what this test follows, so the runtimes are the host-process kind.
+        actor = RolloutActor.create(capacity=2, runtime="local")
+        pool = RuntimeActor.create(kind="local")
         borrowed = await pool.runtime()
         borrowed_pid = int((await borrowed.exec(SLEEPER)).stdout)
         fifo = _fifo()

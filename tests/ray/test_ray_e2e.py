@@ -40,7 +40,7 @@ from rollout_ray._ray.runtime_actor import RuntimeActor  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
-AGENT = str(pathlib.Path(__file__).parents[2] / "examples" / "agent_program.py")
+AGENT = (pathlib.Path(__file__).parents[2] / "examples" / "agent_program.py").read_text()
 
 
 class Calculator(Toolset):
@@ -126,7 +126,8 @@ def test_borrowed_runtime_survives_the_rollout(actor: Any) -> None:
 
 
 def test_program_harness_runs_a_script_in_the_runtime(actor: Any) -> None:
-    harness = ProgramHarness([sys.executable, AGENT])
+    # Shipped as a file: a sandboxed runtime sees none of the host's checkout.
+    harness = ProgramHarness([sys.executable, "agent_program.py"], files={"agent_program.py": AGENT})
     trace = with_model(lambda model: actor.run(RolloutSpec(Arith(PROMPT), harness, model)))
     assert trace.errors == [] and trace.ok
     assert trace.num_turns == 2 and trace.reward == 1.0 and len(trace.tool_calls) == 1

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -34,6 +35,47 @@ from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray.testing import ScriptedModel
 
 from conftest import process_alive, wait_exit
+
+pytestmark = pytest.mark.security
+
+SCENARIOS = {
+    "test_sandbox_hides_host_files_secrets_and_sockets": (
+        "read /etc/shadow, /root, host /tmp files, unix sockets", "none of them exists inside", "0 read"),
+    "test_programs_run_as_an_unprivileged_user_with_python_on_path": (
+        "id -u in the sandbox", "uid 1000, no capabilities", "0 root programs"),
+    "test_environment_is_an_allow_list": (
+        "RAY_AUTH_TOKEN, AWS_SECRET_ACCESS_KEY, HF_TOKEN, GITHUB_TOKEN on the host", "allow-list only",
+        "0 secrets passed"),
+    "test_read_and_write_never_follow_planted_links": (
+        "answer.txt -> host file; link to a 0000 file", "refused: no link followed", "0 host files touched"),
+    "test_a_planted_fifo_fails_fast": ("a FIFO where a file is read", "refused at once", "0 hangs"),
+    "test_disk_limit_fails_the_exec_and_spares_the_host": (
+        "write past disk_limit", "SandboxError, disk limit reached", "0 bytes on the host"),
+    "test_filling_the_disk_fails_the_rollout_with_sandbox_error": (
+        "a program fills its disk", "the rollout fails with SandboxError", "0 host disk"),
+    "test_a_killed_host_leaves_no_process_cgroup_mount_or_file": (
+        "SIGKILL of a runtime host", "guardian cleaned up", "0 processes, cgroups, mounts, files"),
+    "test_local_stop_kills_a_process_that_left_its_session_and_cleared_its_environment": (
+        "setsid + env -i escapee", "killed by stop() (cgroup)", "0 survivors"),
+    "test_the_default_runtime_keeps_rollouts_out_of_each_others_processes": (
+        "scan /proc/*/environ for another rollout's secret", "default runtime: sandbox", "0 secrets read"),
+    "test_local_spawn_then_stop_never_leaves_a_process": (
+        "300 spawn-then-stop cycles", "every program killed", "0 survivors"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _scenario_row(request: pytest.FixtureRequest, report: Any) -> Iterator[None]:
+    """A row of the suites' table for each scenario that passed."""
+    started = time.monotonic()
+    yield
+    row = SCENARIOS.get(request.node.originalname)
+    rep = getattr(request.node, "rep_call", None)
+    if row is not None and rep is not None and rep.passed:
+        label = request.node.originalname.removeprefix("test_").replace("_", " ")
+        kind = f" [{request.node.callspec.id}]" if hasattr(request.node, "callspec") else ""
+        report(f"10§2-3 {label[:40]}{kind}", *row, time.monotonic() - started)
+
 
 REASON = sandbox_unavailable()
 needs_sandbox = pytest.mark.skipif(REASON is not None, reason=f"no sandbox on this machine: {REASON}")
@@ -362,6 +404,59 @@ def test_a_killed_host_leaves_no_process_cgroup_mount_or_file(kind: str) -> None
         for pid in facts.get("pids", []):  # only if the guardian failed: ours to clean
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+# -- §3 rollouts on one machine -----------------------------------------------------------------
+
+SCAN = ("for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null; done "
+        "| grep -c '^OPENAI_API_KEY=victim-secret' || true")
+
+
+def _hold(fifo: str) -> list[str]:
+    """A victim program: says it runs (opening ``fifo`` blocks until the test reads it), then
+    waits with its rollout's secret in its environment until its exec is cancelled."""
+    return ["sh", "-c", f"echo running > {fifo}; exec sleep 60"]
+
+
+def _secrets_seen(kind: str, root: Path) -> int:
+    """How many processes holding another rollout's proxy secret a program of a ``kind``
+    runtime finds in ``/proc`` (the victim runs beside it on the same host)."""
+    from rollout_ray._runtimes.host import RuntimeHost
+
+    async def scenario() -> int:
+        host = RuntimeHost(str(root), kind=kind)
+        try:
+            victim = await host.create_started("victim", owner="victim")
+            await host.create_started("attacker", owner="attacker")
+            fifo = os.path.join(victim.id, "running")  # the work dir: the same path inside and out
+            os.mkfifo(fifo)
+            os.chmod(fifo, 0o666)
+            held = asyncio.ensure_future(host.exec("victim", _hold(fifo), env={"OPENAI_API_KEY": "victim-secret"},
+                                                   timeout=60))
+            assert (await asyncio.to_thread(Path(fifo).read_text)).strip() == "running"
+            found = int((await host.exec("attacker", ["sh", "-c", SCAN])).stdout.strip() or 0)
+            held.cancel()
+            with contextlib.suppress(asyncio.CancelledError, SandboxError):
+                await held
+            return found
+        finally:
+            await host.shutdown()
+
+    return run(scenario)
+
+
+@needs_sandbox
+def test_the_default_runtime_keeps_rollouts_out_of_each_others_processes(tmp_path: Path) -> None:
+    from rollout_ray._runtimes.host import runtime_kind
+
+    assert runtime_kind("auto") == ("sandbox", None)  # the default, where the machine runs one
+    assert _secrets_seen("auto", tmp_path) == 0
+
+
+def test_the_local_runtime_does_not_isolate_rollouts(tmp_path: Path) -> None:
+    """Why ``local`` is not the default: its programs read a sibling's secret (and could put
+    turns on its trace). The CLI and the log say so when ``auto`` has to fall back to it."""
+    assert _secrets_seen("local", tmp_path) == 1
 
 
 # -- §3 LocalRuntime.stop kills everything it started ----------------------------------------

@@ -1,4 +1,7 @@
-"""RuntimeHost and its guardian: ownership, and nothing left behind when the host dies."""
+"""RuntimeHost and its guardian: ownership, and nothing left behind when the host dies.
+
+These follow host pids and paths, so the hosts make ``local`` runtimes; the sandbox kind has
+its own tests (test_sandbox_runtime, test_hardening)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from conftest import wait_exit as _wait_exit
 
 def test_runtimes_are_created_started_used_and_stopped_by_name() -> None:
     async def main() -> None:
-        host = RuntimeHost()
+        host = RuntimeHost(kind="local")
         try:
             info = await host.create("r1", owner="rollout-a")
             assert (info.name, info.type) == ("r1", "local")
@@ -47,7 +50,7 @@ def test_runtimes_are_created_started_used_and_stopped_by_name() -> None:
 
 def test_stop_owned_by_stops_only_that_owners_runtimes() -> None:
     async def main() -> None:
-        host = RuntimeHost()
+        host = RuntimeHost(kind="local")
         try:
             for name, owner in (("a1", "A"), ("a2", "A"), ("b1", "B")):
                 await host.create(name, owner=owner)
@@ -67,7 +70,7 @@ HOST_SCRIPT = textwrap.dedent(
     from rollout_ray._runtimes.host import RuntimeHost
 
     async def main():
-        host = RuntimeHost()
+        host = RuntimeHost(kind="local")
         await host.create("r", owner="x")
         await host.start("r")
         out = await host.exec("r", ["sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 & echo $!"])
@@ -97,7 +100,7 @@ def test_guardian_removes_processes_and_files_when_the_host_is_killed() -> None:
 
 def test_stopped_runtimes_are_forgotten() -> None:
     async def main() -> None:
-        host = RuntimeHost()
+        host = RuntimeHost(kind="local")
         try:
             for i in range(20):
                 await host.create_started(f"r{i}", owner="x")

@@ -1,0 +1,84 @@
+"""LazyRuntime: a runtime provisioned on its first use, so a rollout that never uses its box
+pays nothing for it.
+
+An in-process agent (``ChatHarness``) answering a task with no setup and no tools never
+runs a program, reads or writes a file: for it a runtime's start (a directory; for a
+sandbox also cgroups and a tmpfs) is pure cost. A ``LazyRuntime`` is "started" as far as
+the lifecycle goes (B10 holds: an owned runtime is started in ``open``), but the runtime it
+wraps starts at the first ``exec`` / ``read`` / ``write``, with the network policy it was
+given meanwhile; ``stop`` stops it only if it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+
+from .._record.trace import RuntimeInfo
+from .runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
+
+
+class LazyRuntime(Runtime):
+    """Wraps ``inner`` (created, not started) and starts it on first use."""
+
+    def __init__(self, inner: Runtime) -> None:
+        super().__init__(inner.name)
+        self.inner = inner
+        self.type = inner.type
+        self.enforces = inner.enforces
+        self._routes: Sequence[str] | None = None
+        self._provisioning: asyncio.Future[None] | None = None
+
+    @property
+    def id(self) -> str:
+        return self.inner.id
+
+    def info(self, *, borrowed: bool = False) -> RuntimeInfo:
+        return self.inner.info(borrowed=borrowed)
+
+    def host_url(self, url: str) -> str:
+        return self.inner.host_url(url)
+
+    async def _start(self) -> None:
+        """Nothing yet: the wrapped runtime starts on first use."""
+
+    async def prepare_execution(self, routes: Sequence[str] | None) -> None:
+        if self._provisioning is None:
+            self._routes = routes  # applied when the runtime starts
+        else:
+            await self._runtime()
+            await self.inner.prepare_execution(routes)
+
+    async def _runtime(self) -> Runtime:
+        if self._provisioning is None:  # concurrent first uses share one start
+            self._provisioning = asyncio.ensure_future(self._provision())
+        await asyncio.shield(self._provisioning)
+        return self.inner
+
+    async def _provision(self) -> None:
+        await self.inner.start()
+        await self.inner.prepare_setup()
+        if self._routes is not None:
+            await self.inner.prepare_execution(self._routes)
+
+    async def _teardown(self) -> None:
+        if self._provisioning is not None:
+            await asyncio.gather(self._provisioning, return_exceptions=True)
+            await self.inner.stop()
+
+    async def alive(self) -> bool:
+        if self._provisioning is None:
+            return self.started and not self.stopped  # it would start for a program
+        return await super().alive()
+
+    async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                   timeout: float | None = None, max_output: int = DEFAULT_OUTPUT_CAP,
+                   stdin: bytes | None = None) -> ProgramResult:
+        runtime = await self._runtime()
+        return await runtime.exec(argv, env=env, timeout=timeout, max_output=max_output, stdin=stdin)
+
+    async def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        return await (await self._runtime()).read(path, max_bytes)
+
+    async def write(self, path: str, data: bytes | str) -> None:
+        await (await self._runtime()).write(path, data)
