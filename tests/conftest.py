@@ -136,6 +136,14 @@ def report() -> Callable[[str, str, str, str, float], None]:
     return add
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Any:
+    """Keep each phase's report on the test item (``item.rep_call``: did the test pass?)."""
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The fault and security suites' table (``-m "faults or security"``), when they ran."""
     if not SUITE_ROWS:

@@ -27,6 +27,8 @@ ray = pytest.importorskip("ray")
 
 from rollout_ray._ray.executor import RayExecutor  # noqa: E402
 
+pytestmark = pytest.mark.security  # who can reach the cluster, and what a driver ships to it
+
 PROBE = textwrap.dedent("""
     import asyncio, json, ray
     from rollout_ray._ray.executor import RayExecutor
