@@ -105,10 +105,20 @@ def _python_args() -> list[str]:
     roots = {os.path.realpath(sys.base_prefix)}
     if not any(exe.startswith(r + "/") for r in roots):
         roots.add(os.path.dirname(os.path.dirname(exe)))
-    args = [a for r in sorted(roots) if not _visible(r) for a in ("--ro-bind", r, r)]
-    if sys.executable and os.path.abspath(sys.executable) != exe and not _visible(sys.executable):
-        args += ["--symlink", exe, os.path.abspath(sys.executable)]
-    return args
+    return [a for r in sorted(roots) if not _visible(r) for a in ("--ro-bind", r, r)]
+
+
+@functools.cache
+def _python_link_args() -> tuple[str, ...]:
+    """The link at ``sys.executable`` to the base interpreter (a virtual environment's). Made
+    after ``/tmp`` is mounted: a checkout under the host's ``/tmp`` (a CI clone) would
+    otherwise have its link hidden under the runtime's ``/tmp``; then the link lives in the
+    runtime's own ``/tmp``, like anything else a program might write there."""
+    exe, link = interpreter(), os.path.abspath(sys.executable or "")
+    # Where the link itself is (not what it resolves to): under a system dir it already exists.
+    if sys.executable and link != exe and not any(link.startswith(d + "/") for d in SYSTEM):
+        return ("--symlink", exe, link)
+    return ()
 
 
 @functools.cache
@@ -136,7 +146,7 @@ def runtime_args(base: str, workdir: str) -> list[str]:
     read-only."""
     return ["--bind", os.path.join(base, "tmp"), "/tmp", "--symlink", "/tmp", "/var/tmp",
             "--bind", workdir, workdir, "--ro-bind", os.path.join(base, "net"), RUN_DIR,
-            "--chdir", workdir, "--remount-ro", "/"]
+            *_python_link_args(), "--chdir", workdir, "--remount-ro", "/"]
 
 
 def write_run_files(directory: str, home: str) -> None:
