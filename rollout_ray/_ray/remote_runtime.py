@@ -21,9 +21,11 @@ class RemoteRuntime(Runtime):
     """A runtime hosted by a ``RuntimeActor``, driven from another process. Picklable.
 
     ``lazy=True`` defers provisioning to the first use (``exec``, ``read``, ``write``): a
-    rollout that never touches its box costs no runtime actor calls. It is still "started"
-    as far as the lifecycle goes, and is stopped at teardown if it was ever provisioned or
-    handed to another process (which may have provisioned it).
+    rollout that never touches its box costs no runtime actor calls (a sandbox's start is
+    ~6 ms of the runtime actor's CPU). It is still "started" as far as the lifecycle goes;
+    a sandbox's routes given meanwhile are applied when it is provisioned. It is stopped at
+    teardown if it was ever provisioned or handed to another process (which may have
+    provisioned it).
     """
 
     def __init__(self, actor: Any, name: str, *, owner: str | None = None, started: bool = False,
@@ -39,12 +41,14 @@ class RemoteRuntime(Runtime):
         self._provisioned = provisioned or (started and not lazy)
         self._provisioning: asyncio.Future[Any] | None = None
         self._shared = False
+        self._routes: list[str] | None = None
+        """A lazy sandbox's routes, applied when it is provisioned (by whichever copy does)."""
 
     def __reduce__(self) -> Any:
         self._shared = True  # the copy may provision it: teardown must reach the actor
         return (_rebuild_remote_runtime, (self._actor, self.name, self._owner, self.started,
                                           self.type, self._id, self.stopped, self._lazy,
-                                          self._provisioned))
+                                          self._provisioned, self._routes))
 
     @property
     def id(self) -> str:
@@ -71,11 +75,14 @@ class RemoteRuntime(Runtime):
         return sandbox_url(url) if self.type == "sandbox" else url
 
     async def prepare_execution(self, routes: Sequence[str] | None) -> None:
-        # A sandbox's network is closed until its routes are set, so it is provisioned now;
-        # a local runtime has no policy and stays lazy.
-        if self.type == "sandbox":
+        # A local runtime has no network policy. A sandbox's network is closed until its
+        # routes are set: set now if it runs, else when it is provisioned.
+        if self.type != "sandbox":
+            return
+        self._routes = list(routes) if routes is not None else None
+        if self._provisioned or self._provisioning is not None or not self._lazy:
             await self._provision()
-            await self._call("prepare_execution", self.name, list(routes) if routes is not None else None)
+            await self._call("prepare_execution", self.name, self._routes)
 
     async def refresh(self) -> None:
         """Learn whether the owner stopped this runtime."""
@@ -88,11 +95,16 @@ class RemoteRuntime(Runtime):
     async def _provision(self) -> None:
         if self._provisioned:
             return
-        if self._provisioning is None:  # concurrent first uses share one actor call
-            self._provisioning = asyncio.ensure_future(
-                self._call("create_started", self.name, owner=self._owner))
+        if self._provisioning is None:  # concurrent first uses share one start
+            self._provisioning = asyncio.ensure_future(self._provision_once())
         info = await asyncio.shield(self._provisioning)
         self.type, self._id, self._provisioned = info.type, info.id, True
+
+    async def _provision_once(self) -> Any:
+        info = await self._call("create_started", self.name, owner=self._owner)
+        if info.type == "sandbox" and self._routes is not None:
+            await self._call("prepare_execution", self.name, self._routes)
+        return info
 
     async def _teardown(self) -> None:
         if not (self._provisioned or self._shared or self._provisioning is not None):
@@ -131,8 +143,9 @@ class RemoteRuntime(Runtime):
 
 def _rebuild_remote_runtime(actor: Any, name: str, owner: str | None, started: bool,
                             runtime_type: str, runtime_id: str | None, stopped: bool, lazy: bool,
-                            provisioned: bool) -> RemoteRuntime:
+                            provisioned: bool, routes: list[str] | None = None) -> RemoteRuntime:
     runtime = RemoteRuntime(actor, name, owner=owner, started=started, runtime_type=runtime_type,
                             runtime_id=runtime_id, lazy=lazy, provisioned=provisioned)
     runtime.stopped = stopped
+    runtime._routes = routes
     return runtime
