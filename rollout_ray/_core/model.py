@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextvars import ContextVar
 from typing import Any
 
 from .._record.messages import Request, Response
+
+SESSION_ID: ContextVar[str | None] = ContextVar("rollout_ray_session_id", default=None)
+"""The trace id of the rollout whose model call runs in this context (``RolloutSession`` sets
+it around ``complete``); a model client routes and tags the call by it (``X-Session-ID``)."""
 
 
 class Model(ABC):

@@ -46,7 +46,7 @@ from .._record.trace import Error, InterceptRecord, ModelCall, TimeSpan, Trace
 from .admission import Admission
 from .hooks import Hook, call_by_type, resolve
 from .limits import RolloutLimits
-from .model import Model
+from .model import SESSION_ID, Model
 
 SAMPLING_FIELDS = frozenset({
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed",
@@ -194,12 +194,15 @@ class RolloutSession:
                 self.trace.calls.append(call)
 
     async def _complete(self, request: Request, sampling: dict[str, Any]) -> Response:
+        token = SESSION_ID.set(self.trace.id)
         try:
             return await self.model.complete(request, model=self.model_name, sampling=sampling)
         except RolloutError:
             raise
         except Exception as e:
             raise UpstreamError(f"model client failed: {type(e).__name__}: {e}") from e
+        finally:
+            SESSION_ID.reset(token)
 
     async def _guarded(self, awaitable: Any) -> Any:
         """Await a hook phase, stashing its failure (hook errors answer 502, Q11)."""

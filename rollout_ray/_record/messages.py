@@ -114,6 +114,23 @@ class Usage(msgspec.Struct):
 FinishReason = Literal["stop", "length", "tool_calls"]
 
 
+class TopLogprob(msgspec.Struct, omit_defaults=True):
+    """One of the most likely tokens at a position (OpenAI's ``top_logprobs[]``)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(msgspec.Struct, omit_defaults=True):
+    """A sampled token and its log-probability (OpenAI's ``logprobs.content[]``)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = msgspec.field(default_factory=list)
+
+
 class Request(msgspec.Struct):
     """What a harness asks the model: the whole conversation so far, and the tools."""
 
@@ -122,12 +139,28 @@ class Request(msgspec.Struct):
 
 
 class Response(msgspec.Struct):
-    """One sampled reply."""
+    """One sampled reply, and what the server said about its tokens.
+
+    The token fields are filled by a model client that captures tokens (``OpenAIModel``'s
+    ``token_capture``); a client that does not leaves them ``None``.
+    """
 
     message: AssistantMessage
     finish_reason: FinishReason | None = "stop"
     usage: Usage | None = None
     model: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    """OpenAI's ``logprobs.content`` as the harness asked for it (``logprobs: true``); ``None``
+    when it did not ask, even if the client captured log-probabilities for itself."""
+    prompt_token_ids: list[int] | None = None
+    """The prompt as the server tokenized it (its chat template applied)."""
+    token_ids: list[int] | None = None
+    """The completion's token ids, as sampled (a stop token the server kept included)."""
+    token_logprobs: list[float] | None = None
+    """The sampling log-probability of each of ``token_ids``."""
+    policy_version: int | None = None
+    """The policy version the server said produced this reply (``X-Policy-Version``, or
+    SGLang's ``weight_version``), if it said one."""
 
 
 def message_hash(message: Message) -> bytes:

@@ -22,6 +22,7 @@ from .messages import (
     Request,
     Response,
     SystemMessage,
+    TokenLogprob,
     Tool,
     ToolCall,
     ToolMessage,
@@ -82,16 +83,33 @@ class WireUsage(msgspec.Struct):
     cost: float | None = None
 
 
+class WireLogprobs(msgspec.Struct):
+    content: list[TokenLogprob] | None = None
+
+
 class WireChoice(msgspec.Struct):
     message: WireMessage
     finish_reason: str | None = None
     index: int = 0
+    logprobs: WireLogprobs | None = None
+    token_ids: list[int] | None = None
+    """vLLM and SGLang (``return_token_ids``): the completion's ids."""
+    prompt_token_ids: list[int] | None = None
+    """SGLang: the prompt's ids, per choice."""
+
+
+class WireMetadata(msgspec.Struct):
+    weight_version: str | int | None = None
 
 
 class WireResponse(msgspec.Struct):
     choices: list[WireChoice]
     model: str | None = None
     usage: WireUsage | None = None
+    prompt_token_ids: list[int] | None = None
+    """vLLM: the prompt's ids, at the top level."""
+    metadata: WireMetadata | None = None
+    """SGLang: ``weight_version``."""
 
 
 _REQUEST = msgspec.json.Decoder(WireRequest)
@@ -120,6 +138,10 @@ def parse_request(body: bytes) -> tuple[Request, dict[str, Any], bool]:
     params = {k: v for k, v in raw.items() if k not in _STRUCTURAL}
     for key, value in params.items():
         _check_integers(value, key)
+    n = params.get("n")
+    if n is not None and n != 1:
+        raise WireError(f"invalid request: `n` must be 1, got {n!r}: each model call of a rollout "
+                        "records one reply; send n requests to sample n replies", "n")
     return Request(messages, tools), params, wire.stream
 
 
@@ -165,9 +187,17 @@ def _to_tool(t: WireTool) -> Tool:
     return Tool(f.name, f.description, f.parameters, f.strict)
 
 
-def encode_request(request: Request, params: dict[str, Any], *, model: str | None, stream: bool) -> bytes:
-    """The upstream body: ``params`` with the messages, the tools and the model forced."""
+def encode_request(
+    request: Request, params: dict[str, Any], *, model: str | None, stream: bool,
+    extensions: dict[str, Any] | None = None,
+) -> bytes:
+    """The upstream body: ``params`` with the messages, the tools and the model forced.
+
+    ``extensions`` (a server's token-capture fields) override ``params``.
+    """
     body: dict[str, Any] = dict(params)
+    if extensions:
+        body.update(extensions)
     body["messages"] = [wire_message(m) for m in request.messages]
     if request.tools:
         body["tools"] = [
@@ -191,21 +221,67 @@ def wire_message(m: Message) -> WireMessage:
     return WireMessage(m.role, m.content)  # type: ignore[arg-type]
 
 
-def parse_response(body: bytes) -> Response:
+def parse_response(body: bytes, *, capture: bool = False, logprobs: bool = True) -> Response:
     """Decode an upstream ``chat.completion`` body.
 
+    Args:
+        capture: record the token ids and log-probabilities the server sent (vLLM's and
+            SGLang's shapes are both read, whichever was asked for).
+        logprobs: keep ``logprobs.content`` for the harness (it asked for it).
+
     Raises:
-        WireError: the body is not a chat completion.
+        WireError: the body is not a chat completion of one choice.
     """
     try:
         wire = _RESPONSE.decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise WireError(f"malformed completion from the model: {e}") from None
-    if not wire.choices:
-        raise WireError("malformed completion from the model: no choices")
+    if len(wire.choices) != 1:
+        raise WireError(f"malformed completion from the model: {len(wire.choices)} choices, expected 1")
     choice = wire.choices[0]
     message = _to_message(msgspec.structs.replace(choice.message, role="assistant"), 0)
-    return Response(message, _finish(choice.finish_reason), _usage(wire.usage), wire.model)  # type: ignore[arg-type]
+    response = Response(message, _finish(choice.finish_reason), _usage(wire.usage), wire.model)  # type: ignore[arg-type]
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    if logprobs:
+        response.logprobs = content
+    if capture:
+        captured(response, wire.prompt_token_ids or choice.prompt_token_ids, choice.token_ids, content)
+        response.policy_version = _version(wire.metadata.weight_version if wire.metadata else None)
+    return response
+
+
+def captured(response: Response, prompt_ids: list[int] | None, token_ids: list[int] | None,
+             content: list[TokenLogprob] | None) -> None:
+    """Set the token fields of ``response``; completion ids missing are read from ``token_id:N``
+    logprob tokens (vLLM's ``return_tokens_as_token_ids``) when every token reads so."""
+    response.prompt_token_ids = prompt_ids
+    if content is not None:
+        response.token_logprobs = [entry.logprob for entry in content]
+        if token_ids is None:
+            token_ids = _ids_of_tokens(content)
+    response.token_ids = token_ids
+
+
+def _ids_of_tokens(content: list[TokenLogprob]) -> list[int] | None:
+    ids = []
+    for entry in content:
+        if not entry.token.startswith("token_id:"):
+            return None
+        try:
+            ids.append(int(entry.token[9:]))
+        except ValueError:
+            return None
+    return ids
+
+
+def _version(value: str | int | None) -> int | None:
+    """A policy version as an integer; ``None`` when absent or not an integer."""
+    if value is None or isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        return None
 
 
 def _finish(reason: str | None) -> Any:
@@ -241,14 +317,17 @@ def _wire_usage(usage: Usage) -> dict[str, Any]:
 
 def encode_response(response: Response, *, completion_id: str | None = None) -> bytes:
     """A ``chat.completion`` body for the harness."""
+    choice: dict[str, Any] = {
+        "index": 0, "message": wire_message(response.message), "finish_reason": response.finish_reason
+    }
+    if response.logprobs is not None:
+        choice["logprobs"] = {"content": response.logprobs}
     body = {
         "id": completion_id or f"chatcmpl-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": response.model,
-        "choices": [
-            {"index": 0, "message": wire_message(response.message), "finish_reason": response.finish_reason}
-        ],
+        "choices": [choice],
     }
     if response.usage is not None:
         body["usage"] = _wire_usage(response.usage)
@@ -260,29 +339,45 @@ def sse_events(response: Response, *, include_usage: bool, completion_id: str | 
     cid = completion_id or f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None, **extra: Any) -> bytes:
         choices = [{"index": 0, "delta": delta, "finish_reason": finish}] if delta is not None else []
+        if logprobs is not None:
+            choices[0]["logprobs"] = {"content": logprobs}
         body = {"id": cid, "object": "chat.completion.chunk", "created": created,
                 "model": response.model, "choices": choices, **extra}
         return b"data: " + _ENCODER.encode(body) + b"\n\n"
 
     message = response.message
+    # The log-probabilities ride on the text chunk, or on the finish chunk of a reply without text.
+    logprobs = response.logprobs
     yield chunk({"role": "assistant", "content": ""})
     if isinstance(message.content, str) and message.content:
-        yield chunk({"content": message.content})
+        yield chunk({"content": message.content}, logprobs=logprobs)
+        logprobs = None
     for i, call in enumerate(message.tool_calls or ()):
         yield chunk({"tool_calls": [{"index": i, "id": call.id, "type": "function",
                                      "function": {"name": call.name, "arguments": call.arguments}}]})
-    yield chunk({}, response.finish_reason)
+    yield chunk({}, response.finish_reason, logprobs=logprobs)
     if include_usage and response.usage is not None:
         yield chunk(None, usage=_wire_usage(response.usage))  # type: ignore[arg-type]
     yield b"data: [DONE]\n\n"
 
 
 class StreamAssembler:
-    """Folds ``chat.completion.chunk`` events into one Response."""
+    """Folds ``chat.completion.chunk`` events into one Response.
 
-    def __init__(self) -> None:
+    Args:
+        capture: also collect the prompt and completion token ids and log-probabilities
+            (vLLM's chunk shapes).
+        logprobs: keep ``logprobs.content`` for the harness.
+    """
+
+    def __init__(self, *, capture: bool = False, logprobs: bool = False) -> None:
+        self.capture, self.keep_logprobs = capture, logprobs
+        self.tokens = capture or logprobs
+        self.prompt_ids: list[int] | None = None
+        self.token_ids: list[int] = []
+        self.logprobs: list[Any] = []
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.calls: dict[int, dict[str, Any]] = {}
@@ -303,6 +398,8 @@ class StreamAssembler:
         self.model = chunk.get("model") or self.model
         if chunk.get("usage"):
             self.usage = _usage(msgspec.convert(chunk["usage"], WireUsage))
+        if self.tokens:
+            self._feed_tokens(chunk)
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             self.content.append(delta.get("content") or "")
@@ -315,6 +412,16 @@ class StreamAssembler:
                 slot["arguments"] += function.get("arguments") or ""
             self.finish = choice.get("finish_reason") or self.finish
 
+    def _feed_tokens(self, chunk: dict[str, Any]) -> None:
+        self.prompt_ids = chunk.get("prompt_token_ids") or self.prompt_ids
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0):
+                raise WireError("malformed stream from the model: more than one choice, expected 1")
+            self.token_ids.extend(choice.get("token_ids") or ())
+            logprobs = choice.get("logprobs")
+            if isinstance(logprobs, dict):
+                self.logprobs.extend(logprobs.get("content") or ())
+
     def response(self) -> Response:
         if not self.done:
             raise WireError("malformed stream from the model: no terminal [DONE] event")
@@ -322,4 +429,14 @@ class StreamAssembler:
         message = AssistantMessage(
             "".join(self.content) or None, "".join(self.reasoning) or None, calls or None
         )
-        return Response(message, _finish(self.finish), self.usage, self.model)
+        response = Response(message, _finish(self.finish), self.usage, self.model)
+        if self.tokens:
+            try:
+                content = msgspec.convert(self.logprobs, list[TokenLogprob]) if self.logprobs else None
+            except msgspec.ValidationError as e:
+                raise WireError(f"malformed stream chunk from the model: logprobs: {e}") from None
+            if self.keep_logprobs:
+                response.logprobs = content
+            if self.capture:
+                captured(response, self.prompt_ids, self.token_ids or None, content)
+        return response

@@ -10,6 +10,29 @@ Transient failures are retried here, with exponential backoff and jitter: a tran
 An answer that came back is never retried otherwise: a 200 whose body is malformed or cut
 short, and every other error status, are final (retrying would sample the model again for
 a turn it may already have answered). Only the last attempt's failure is raised.
+
+Several servers: ``base_url`` may be a list; calls are routed per session (``affinity.py``)
+and every request carries ``X-Session-ID: <trace id>``. A retry after a failure that took
+a server out of rotation goes to another server at once, without a backoff.
+
+Token capture (``token_capture``): the request asks the server for the prompt's and the
+completion's token ids and the completion's log-probabilities, with the server's own request
+extensions, and the ``Response`` carries them (``prompt_token_ids``, ``token_ids``,
+``token_logprobs``) with the ``X-Policy-Version`` header (or SGLang's ``weight_version``):
+
+* ``"vllm"``: ``return_token_ids`` and ``logprobs``, and ``return_tokens_as_token_ids`` when
+  the harness did not ask for log-probabilities itself (so an older vLLM without
+  ``return_token_ids`` still tells the ids, as ``token_id:N`` tokens). JSON and SSE.
+* ``"sglang"``: ``return_token_ids``, ``return_prompt_token_ids`` and ``logprobs``. SGLang
+  refuses token ids on a stream, so the call is made without streaming whatever ``stream``
+  says (the harness's own stream is unaffected: the proxy synthesises it).
+* ``"auto"``: each server is asked once, before its first call: ``GET /get_model_info``
+  answering 200 is SGLang, else ``GET /version`` answering 200 is vLLM, else the server is
+  a plain OpenAI-compatible one and its calls capture nothing.
+
+The harness still gets what it asked for: ``logprobs.content`` only if it asked
+``logprobs: true`` (with its ``top_logprobs``); the capture's own fields never reach it.
+With ``token_capture=None`` nothing is added to the request or read from the answer.
 """
 
 from __future__ import annotations
@@ -19,15 +42,22 @@ import email.utils
 import math
 import random
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import aiohttp
 
-from .._core.model import Model
+from .._core.model import SESSION_ID, Model
 from .._errors import OverlongPromptError, ProviderError, WireError
 from .._record.messages import Request, Response
 from .._record.wire import StreamAssembler, encode_request, parse_response
+from .affinity import Server, ServerPool
+
+TokenCapture = Literal["vllm", "sglang", "auto"]
+POLICY_HEADER = "X-Policy-Version"
+SESSION_HEADER = "X-Session-ID"
+PROBE_TIMEOUT = 10.0
+"""Seconds for one dialect probe of ``token_capture="auto"``."""
 
 _CONTEXT_PHRASES = (
     "context length",
@@ -45,17 +75,31 @@ _jitter = random.Random()
 class _Transient(Exception):
     """An attempt failed in a way worth retrying; ``error`` is what to raise if not retried."""
 
-    def __init__(self, error: ProviderError, retry_after: float | None = None) -> None:
+    def __init__(self, error: ProviderError, retry_after: float | None = None, *,
+                 unreachable: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
         self.retry_after = retry_after
+        self.unreachable = unreachable
+
+
+def _extensions(dialect: str | None, sampling: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The request fields that ask ``dialect``'s server for token ids and log-probabilities."""
+    if dialect == "vllm":
+        if sampling.get("logprobs") is True:
+            return {"return_token_ids": True, "logprobs": True}
+        return {"return_token_ids": True, "logprobs": True, "return_tokens_as_token_ids": True}
+    if dialect == "sglang":
+        return {"return_token_ids": True, "return_prompt_token_ids": True, "logprobs": True}
+    return None
 
 
 class OpenAIModel(Model):
     """An OpenAI-compatible chat endpoint.
 
     Args:
-        base_url: the API root, e.g. ``http://127.0.0.1:8000/v1``.
+        base_url: the API root, e.g. ``http://127.0.0.1:8000/v1``, or a list of them (calls
+            are spread over the servers and kept on one per session: ``affinity.py``).
         name: the model name sent upstream (the rollout may force another).
         api_key: bearer token for the provider, if it needs one.
         timeout: seconds for one attempt of a request (connect, send, whole answer).
@@ -67,6 +111,9 @@ class OpenAIModel(Model):
             (each wait is drawn between half and all of it).
         max_backoff: cap on one wait. A ``Retry-After`` the provider sends is honoured up to
             this cap; one asking for longer ends the retries at once.
+        token_capture: ``"vllm"``, ``"sglang"``, ``"auto"`` or ``None`` (off): which server's
+            extensions ask for token ids and log-probabilities (see the module docstring).
+        cooldown: seconds a failed server stays out of rotation (several servers).
 
     A request takes at most ``(retries + 1) * timeout + retries * max_backoff`` seconds.
     """
@@ -75,7 +122,7 @@ class OpenAIModel(Model):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         name: str | None = None,
         api_key: str | None = None,
@@ -85,13 +132,19 @@ class OpenAIModel(Model):
         retries: int = 2,
         backoff: float = 0.5,
         max_backoff: float = 8.0,
+        token_capture: TokenCapture | None = None,
+        cooldown: float = 10.0,
     ) -> None:
         if retries < 0:
             raise ValueError(f"`retries` must be >= 0, got {retries}")
         if not (backoff >= 0 and max_backoff >= 0):  # also rejects NaN
             raise ValueError(f"`backoff` and `max_backoff` must be >= 0, got {backoff} and {max_backoff}")
+        if token_capture not in (None, "vllm", "sglang", "auto"):
+            raise ValueError(f"`token_capture` must be 'vllm', 'sglang', 'auto' or None, got {token_capture!r}")
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
-        self.base_url = base_url.rstrip("/")
+        self.pool = ServerPool([base_url] if isinstance(base_url, str) else list(base_url), cooldown=cooldown)
+        self.base_url = self.pool.servers[0].url
+        self.token_capture = token_capture
         self.name = name
         self.timeout = timeout
         self.stream = stream
@@ -100,10 +153,11 @@ class OpenAIModel(Model):
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._probes: dict[int, asyncio.Lock] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        # The configuration travels, a live connection pool never does: a copy opens its own.
-        return {**self.__dict__, "_session": None}
+        # The configuration travels; a live connection pool and the routing state never do.
+        return {**self.__dict__, "_session": None, "_probes": {}, "pool": self.pool.fresh()}
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -114,18 +168,62 @@ class OpenAIModel(Model):
     async def complete(
         self, request: Request, *, model: str | None, sampling: dict[str, Any]
     ) -> Response:
-        url = f"{self.base_url}/chat/completions"
-        body = encode_request(request, sampling, model=model or self.name, stream=self.stream)
+        n = sampling.get("n")
+        if n is not None and n != 1:
+            raise ProviderError(f"`n` must be 1, got {n!r}: a model call records one reply; "
+                                "send n requests for n replies", 400)
+        session = SESSION_ID.get()
+        headers = self._headers if session is None else {**self._headers, SESSION_HEADER: session}
+        auto = self.token_capture == "auto"
+        dialect = self.token_capture
+        body = b"" if auto else self._body(request, model, sampling, dialect)
         attempt = 0
         while True:
+            server = self.pool.pick(session)
             try:
-                return await self._attempt(url, body)
+                if auto:  # servers of one model may differ; each is asked once
+                    dialect = await self._detect(server)
+                    body = self._body(request, model, sampling, dialect)
+                response = await self._attempt(server, body, headers, dialect, sampling)
+                self.pool.succeeded(server)
+                return response
             except _Transient as e:
-                delay = self._delay(attempt, e.retry_after)
+                moved = self.pool.failed(server, unreachable=e.unreachable)
+                delay = 0.0 if moved else self._delay(attempt, e.retry_after)
                 if attempt >= self.retries or delay is None:
                     raise e.error from None
             attempt += 1
-            await asyncio.sleep(delay)
+            if delay:
+                await asyncio.sleep(delay)
+
+    def _body(self, request: Request, model: str | None, sampling: dict[str, Any], dialect: str | None) -> bytes:
+        return encode_request(request, sampling, model=model or self.name, stream=self._streams(dialect),
+                              extensions=_extensions(dialect, sampling))
+
+    def _streams(self, dialect: str | None) -> bool:
+        return self.stream and dialect != "sglang"  # SGLang refuses token ids on a stream
+
+    async def _detect(self, server: Server) -> str | None:
+        """The capture dialect of ``server`` (``token_capture="auto"``): what it answers to."""
+        if not server.detected:
+            lock = self._probes.setdefault(id(server), asyncio.Lock())
+            async with lock:
+                if not server.detected:
+                    server.dialect = await self._probe(server)
+        return server.dialect
+
+    async def _probe(self, server: Server) -> str | None:
+        for route, dialect in (("/get_model_info", "sglang"), ("/version", "vllm")):
+            try:
+                async with asyncio.timeout(min(self.timeout, PROBE_TIMEOUT)):
+                    async with self._client().get(server.root + route, headers=self._headers) as resp:
+                        await resp.read()
+                        if resp.status == 200:
+                            return dialect
+            except (aiohttp.ClientError, TimeoutError) as e:
+                error = ProviderError(f"cannot reach the model at {server.root}: {e or type(e).__name__}", 503)
+                raise _Transient(error, unreachable=True) from None
+        return None
 
     def _delay(self, attempt: int, retry_after: float | None) -> float | None:
         """Seconds before retry ``attempt + 1``; ``None``: the provider asks for too long."""
@@ -133,23 +231,34 @@ class OpenAIModel(Model):
             return retry_after if retry_after <= self.max_backoff else None
         return min(self.max_backoff, self.backoff * 2**attempt) * _jitter.uniform(0.5, 1.0)
 
-    async def _attempt(self, url: str, body: bytes) -> Response:
+    async def _attempt(self, server: Server, body: bytes, headers: dict[str, str], dialect: str | None,
+                       sampling: dict[str, Any]) -> Response:
         """One request; raises ``_Transient`` for a failure worth retrying."""
+        url = server.chat_url
+        server.inflight += 1
         try:
             async with asyncio.timeout(self.timeout):
                 try:
-                    resp = await self._client().post(url, data=body, headers=self._headers)
+                    resp = await self._client().post(url, data=body, headers=headers)
                 except aiohttp.ClientError as e:  # refused, reset or closed before any answer
-                    raise _Transient(ProviderError(f"cannot reach the model at {url}: {e}", 503)) from None
+                    error = ProviderError(f"cannot reach the model at {url}: {e}", 503)
+                    raise _Transient(error, unreachable=True) from None
                 async with resp:
                     if resp.status >= 400:
                         error = _provider_error(resp.status, await resp.text(errors="replace"))
                         if resp.status in TRANSIENT_STATUSES:
                             raise _Transient(error, _retry_after(resp.headers))
                         raise error
-                    if self.stream:
-                        return await _assemble(resp)
-                    return parse_response(await resp.read())
+                    capture = dialect is not None
+                    wants = sampling.get("logprobs") is True
+                    if self._streams(dialect):
+                        response = await _assemble(resp, capture, wants)
+                    else:
+                        response = parse_response(await resp.read(), capture=capture, logprobs=wants)
+                    version = resp.headers.get(POLICY_HEADER)
+                    if version is not None:
+                        response.policy_version = _int_or_none(version)
+                    return response
         except TimeoutError:
             error = ProviderError(f"model request timed out after {self.timeout:g}s", 504)
             raise _Transient(error) from None
@@ -157,11 +266,20 @@ class OpenAIModel(Model):
             raise ProviderError(f"the model's answer from {url} was cut short: {e}", 502) from None
         except WireError as e:
             raise ProviderError(str(e), 502) from None
+        finally:
+            server.inflight -= 1
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _int_or_none(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
@@ -186,8 +304,8 @@ def _provider_error(status: int, text: str) -> ProviderError:
     return ProviderError(f"provider answered {status}: {detail}", status)
 
 
-async def _assemble(resp: aiohttp.ClientResponse) -> Response:
-    assembler = StreamAssembler()
+async def _assemble(resp: aiohttp.ClientResponse, capture: bool, logprobs: bool) -> Response:
+    assembler = StreamAssembler(capture=capture, logprobs=logprobs)
     async for line in resp.content:
         line = line.strip()
         if line.startswith(b"data:"):

@@ -1,0 +1,218 @@
+"""Token capture through the real proxy and OpenAIModel, against the simulated vLLM and SGLang.
+
+What is checked: the Response carries the prompt ids (the server's template), the completion
+ids (the EOS it stopped on included), one log-probability per completion id, the finish
+reason and the policy version; the trace's sampled node keeps ids and log-probabilities;
+the harness sees only what it asked for (OpenAI-shaped logprobs if it asked, no capture
+fields ever), in JSON and in SSE; ``n > 1`` is refused with a 400 naming ``n``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+from capture_rig import QUESTION, recording_server, rig, run, sse
+
+from rollout_ray._errors import ProviderError
+from rollout_ray._record.messages import Request, UserMessage
+from rollout_ray._record.wire import parse_response
+from rollout_ray._serving.upstream import OpenAIModel
+from rollout_ray._simulated.config import SimulatedModelConfig
+from rollout_ray._simulated.template import render
+from rollout_ray._simulated.tokenizer import IM_END, encode
+
+CAPTURE_ONLY = {"token_ids", "prompt_token_ids", "prompt_logprobs", "prompt_text", "metadata", "meta_info",
+                "matched_stop", "stop_reason"}
+ANSWER_IDS = [*encode("4"), IM_END]
+
+
+def fields(body: dict[str, Any]) -> set[str]:
+    """Every key of the body, its choices and its chunks (an SSE answer's included)."""
+    parts = body.get("chunks", [body])
+    keys: set[str] = set()
+    for part in parts:
+        keys |= set(part)
+        for choice in part.get("choices", ()):
+            keys |= set(choice)
+    return keys
+
+
+def content(status: int, body: dict[str, Any]) -> str:
+    assert status == 200, body
+    return body["content"] if "chunks" in body else body["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("agent_stream", [False, True], ids=["agent-json", "agent-sse"])
+@pytest.mark.parametrize("upstream_stream", [False, True], ids=["upstream-json", "upstream-sse"])
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+def test_capture_records_ids_logprobs_finish_and_version(dialect: str, upstream_stream: bool,
+                                                          agent_stream: bool) -> None:
+    async def main() -> None:
+        config = SimulatedModelConfig(ttft=0, dialect=dialect, policy_version=3)  # type: ignore[arg-type]
+        async with rig(config, token_capture=dialect, stream=upstream_stream) as r:
+            session, slot = await r.open_session()
+            status, body = await r.post(slot, {"messages": QUESTION, "stream": agent_stream})
+            assert content(status, body) == "4"
+            assert not fields(body) & CAPTURE_ONLY and body.get("logprobs") is None
+            assert all(c.get("logprobs") is None for c in body.get("chunks", [body])[0]["choices"])
+            response = r.last_response(slot)
+            assert response.prompt_token_ids == render(QUESTION)
+            assert response.token_ids == ANSWER_IDS
+            assert response.token_logprobs is not None and len(response.token_logprobs) == len(ANSWER_IDS)
+            assert all(lp < 0 for lp in response.token_logprobs)
+            assert response.finish_reason == "stop" and response.policy_version == 3
+            assert response.logprobs is None  # the harness did not ask
+            (node,) = [n for n in session.trace.nodes if n.sampled]
+            assert node.token_ids == ANSWER_IDS and node.logprobs == response.token_logprobs
+
+    run(main)
+
+
+@pytest.mark.parametrize("agent_stream", [False, True], ids=["agent-json", "agent-sse"])
+@pytest.mark.parametrize("capture", ["vllm", "sglang", None])
+def test_harness_asking_logprobs_gets_them_in_openai_shape(capture: str | None, agent_stream: bool) -> None:
+    async def main() -> None:
+        config = SimulatedModelConfig(ttft=0, dialect=capture or "vllm")  # type: ignore[arg-type]
+        async with rig(config, token_capture=capture) as r:
+            session, slot = await r.open_session()
+            ask = {"messages": QUESTION, "logprobs": True, "top_logprobs": 2, "stream": agent_stream}
+            status, body = await r.post(slot, ask)
+            assert content(status, body) == "4"
+            got = body["logprobs"] if agent_stream else body["choices"][0]["logprobs"]["content"]
+            assert [e["token"] for e in got] == ["4", "<|im_end|>"]
+            assert all(len(e["top_logprobs"]) == 2 and e["bytes"] for e in got)
+            assert not fields(body) & CAPTURE_ONLY
+            if capture is not None:
+                (node,) = [n for n in session.trace.nodes if n.sampled]
+                assert node.logprobs == [e["logprob"] for e in got]
+
+    run(main)
+
+
+def test_multi_turn_tool_rollout_records_every_turn() -> None:
+    tools = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"expression": {"type": "string"}}}}}]
+
+    async def main() -> None:
+        async with rig(SimulatedModelConfig(ttft=0), token_capture="vllm", stream=True) as r:
+            session, slot = await r.open_session()
+            messages: list[Any] = [{"role": "user", "content": "Use the calculator: what is 17*3?"}]
+            status, body = await r.post(slot, {"messages": messages, "tools": tools})
+            assert status == 200 and body["choices"][0]["finish_reason"] == "tool_calls", body
+            first = r.last_response(slot)
+            call = body["choices"][0]["message"]["tool_calls"][0]
+            messages += [body["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": "51"}]
+            status, body = await r.post(slot, {"messages": messages, "tools": tools})
+            assert status == 200, body
+            second = r.last_response(slot)
+            assert first.prompt_token_ids and first.token_ids and second.prompt_token_ids
+            # The simulated template has the prefix property: turn 2's prompt extends turn 1's.
+            assert second.prompt_token_ids[: len(first.prompt_token_ids) + len(first.token_ids)] == \
+                first.prompt_token_ids + first.token_ids
+            sampled = [n for n in session.trace.nodes if n.sampled]
+            assert [n.token_ids for n in sampled] == [first.token_ids, second.token_ids]
+
+    run(main)
+
+
+def test_n_over_one_is_refused_with_400_before_anything_is_sampled() -> None:
+    async def main() -> None:
+        async with rig(SimulatedModelConfig(ttft=0), token_capture="vllm") as r:
+            session, slot = await r.open_session()
+            status, body = await r.post(slot, {"messages": QUESTION, "logprobs": True, "top_logprobs": 1, "n": 2})
+            assert status == 400 and body["error"]["param"] == "n"
+            assert body["error"]["message"] == (
+                "invalid request: `n` must be 1, got 2: each model call of a rollout records one reply; "
+                "send n requests to sample n replies")
+            assert r.servers[0].stats.requests == 0 and session.trace.nodes == []
+            status, body = await r.post(slot, {"messages": QUESTION, "n": 1})
+            assert status == 200
+
+    run(main)
+
+
+def test_n_over_one_in_the_rollout_sampling_is_refused_by_the_model() -> None:
+    async def main() -> None:
+        async with recording_server() as (url, seen, _):
+            model = OpenAIModel(url)
+            with pytest.raises(ProviderError, match=r"^`n` must be 1, got 3: ") as info:
+                await model.complete(Request([UserMessage("hi")]), model=None, sampling={"n": 3})
+            await model.aclose()
+            assert info.value.status_code == 400 and seen == []
+
+    run(main)
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+def test_auto_detects_the_dialect_once_per_server(dialect: str) -> None:
+    async def main() -> None:
+        async with rig(SimulatedModelConfig(ttft=0, dialect=dialect), token_capture="auto") as r:  # type: ignore[arg-type]
+            for _ in range(2):
+                _, slot = await r.open_session()
+                assert content(*await r.post(slot, {"messages": QUESTION})) == "4"
+                assert r.last_response(slot).token_ids == ANSWER_IDS
+            assert r.model.pool.servers[0].dialect == dialect
+
+    run(main)
+
+
+def test_auto_on_a_plain_server_captures_nothing_and_sends_no_extensions() -> None:
+    async def main() -> None:
+        async with recording_server() as (url, _, bodies):
+            model = OpenAIModel(url, token_capture="auto")
+            response = await model.complete(Request([UserMessage("hi")]), model=None, sampling={})
+            await model.aclose()
+            assert response.message.content == "4" and response.token_ids is None
+            assert model.pool.servers[0].dialect is None
+            assert set(msgspec.json.decode(bodies[0])) == {"messages"}
+
+    run(main)
+
+
+@pytest.mark.parametrize(("capture", "extensions"), [
+    (None, set()),
+    ("vllm", {"return_token_ids", "logprobs", "return_tokens_as_token_ids"}),
+    ("sglang", {"return_token_ids", "return_prompt_token_ids", "logprobs"}),
+])
+def test_request_extensions_per_dialect(capture: str | None, extensions: set[str]) -> None:
+    async def main() -> None:
+        async with recording_server() as (url, _, bodies):
+            model = OpenAIModel(url, token_capture=capture, stream=capture == "sglang")  # type: ignore[arg-type]
+            await model.complete(Request([UserMessage("hi")]), model=None, sampling={"temperature": 0})
+            await model.aclose()
+            assert set(msgspec.json.decode(bodies[0])) == {"messages", "temperature", *extensions}
+
+    run(main)
+
+
+def test_token_id_tokens_stand_in_for_missing_completion_ids() -> None:
+    body = {"choices": [{"message": {"role": "assistant", "content": "4"}, "finish_reason": "stop",
+                         "logprobs": {"content": [{"token": "token_id:68", "logprob": -0.5},
+                                                  {"token": "token_id:2", "logprob": -0.25}]}}],
+            "prompt_token_ids": [1, 2, 3]}
+    response = parse_response(msgspec.json.encode(body), capture=True, logprobs=False)
+    assert response.token_ids == [68, 2] and response.token_logprobs == [-0.5, -0.25]
+    assert response.prompt_token_ids == [1, 2, 3] and response.logprobs is None
+
+
+def test_a_changed_policy_version_is_recorded_per_call() -> None:
+    async def main() -> None:
+        async with rig(SimulatedModelConfig(ttft=0), token_capture="vllm", stream=True) as r:
+            _, slot = await r.open_session()
+            versions = []
+            for version in (0, 5):
+                r.servers[0].policy_version = version
+                await r.post(slot, {"messages": [{"role": "user", "content": f"v{version}: 1+1?"}]})
+                versions.append(r.last_response(slot).policy_version)
+            assert versions == [0, 5]
+
+    run(main)
+
+
+def test_sse_helper_round_trips() -> None:
+    raw = (b'data: {"choices":[{"index":0,"delta":{"content":"4"},"finish_reason":"stop"}]}\n\n'
+           b"data: [DONE]\n\n")
+    assert sse(raw)["content"] == "4"
