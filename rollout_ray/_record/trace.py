@@ -129,8 +129,12 @@ class MessageNode(msgspec.Struct):
     sampled: bool = False
     timestamp: float = 0.0
     token_ids: list[int] | None = None
+    """A sampled node's completion ids as the server sampled them (``None``: not captured)."""
     logprobs: list[float] | None = None
+    """The sampling log-probability of each of ``token_ids``."""
     advantages: list[float] | None = None
+    mask: list[bool] | None = None
+    """Per id of ``token_ids``, whether it counts in the loss; ``None``: all of them."""
 
 
 class ModelCall(msgspec.Struct):
@@ -144,6 +148,12 @@ class ModelCall(msgspec.Struct):
     usage: Usage | None = None
     time: TimeSpan = msgspec.field(default_factory=TimeSpan)
     error: Error | None = None
+    policy: int | None = None
+    """The policy version that produced the reply, when the model side stamped one."""
+    prompt_shared: int = 0
+    """Leading prompt ids equal to the previous turn's ids on the branch (``tokens.py``)."""
+    prompt_ids: list[int] | None = None
+    """The prompt ids after the ``prompt_shared`` ones (``None``: not captured)."""
 
 
 class TraceTask(msgspec.Struct):
@@ -233,6 +243,8 @@ class Trace(msgspec.Struct, kw_only=True):
     errors: list[Error] = msgspec.field(default_factory=list)
     timing: Timing = msgspec.field(default_factory=Timing)
     tool_calls: list[ToolCallRecord] = msgspec.field(default_factory=list)
+    extra_usage: list[Usage] = msgspec.field(default_factory=list)
+    """Usage off the conversation graph (a judge's)."""
 
     # -- derived views (never serialised) ---------------------------------------------------
 
@@ -358,6 +370,13 @@ class Trace(msgspec.Struct, kw_only=True):
     def usage(self) -> Usage:
         """Usage over every call that reported it, including failed and uncommitted ones."""
         return aggregate_usage([c.usage for c in self.calls if c.usage is not None])
+
+    @property
+    def token_drift(self) -> list[int]:
+        """Turns (0-based along their branch) whose prompt re-tokenized the turn before."""
+        from .tokens import token_drift  # tokens.py reads these structs
+
+        return token_drift(self)
 
     @property
     def is_truncated(self) -> bool:

@@ -73,9 +73,10 @@ def full_trace() -> Trace:
             MessageNode(3, AssistantMessage(content=[TextPart("ok ")], reasoning_content="hmm",
                                             tool_calls=[tool_call]),
                         sampled=True, timestamp=3.0, token_ids=[1, 2, 3],
-                        logprobs=[-0.5, -0.25, 0.0], advantages=[0.5, 0.5, 0.5]),
+                        logprobs=[-0.5, -0.25, 0.0], advantages=[0.5, 0.5, 0.5],
+                        mask=[True, True, False]),
             MessageNode(4, ToolMessage(tool_call_id="c1", content="found", name="grep")),
-            MessageNode(5, AssistantMessage(content="A"), sampled=True),
+            MessageNode(5, AssistantMessage(content="A"), sampled=True, token_ids=[4], logprobs=[-1.0]),
             MessageNode(5, AssistantMessage(content="B"), sampled=True),
         ],
         calls=[
@@ -86,8 +87,9 @@ def full_trace() -> Trace:
                             reasoning_tokens=1, cost=0.125),
                 time=TimeSpan(10.0, 12.5),
                 error=Error(type="ProviderError", message="slow", status_code=429, traceback="tb"),
+                policy=3, prompt_shared=0, prompt_ids=[7, 8],
             ),
-            ModelCall(node=6, usage=Usage(prompt_tokens=20, completion_tokens=5)),
+            ModelCall(node=6, usage=Usage(prompt_tokens=20, completion_tokens=5), prompt_shared=5, prompt_ids=[9]),
             ModelCall(node=7, usage=Usage(prompt_tokens=22, completion_tokens=3)),
             ModelCall(error=Error(type="ProviderError", message="down", status_code=503)),
         ],
@@ -115,6 +117,7 @@ def full_trace() -> Trace:
             ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5),
             ToolCallRecord("calc", "mul", "{}", True),
         ],
+        extra_usage=[Usage(prompt_tokens=3, completion_tokens=1)],
     )
 
 
@@ -298,6 +301,7 @@ TRACE_FIELDS_ACKNOWLEDGED = {
     "errors": "error_type, error_message, num_errors",
     "timing": "started_at and the *_s span columns",
     "tool_calls": "num_tool_calls",
+    "extra_usage": "trace blob only",
 }
 """Where each Trace field lands in the table. A new Trace field fails the guard below until
 someone decides whether it needs a scalar column (appended to TRACE_SCHEMA) and lists it here."""

@@ -58,7 +58,7 @@ def full_trace() -> Trace:
             MessageNode(None, SystemMessage("sys"), timestamp=1.5),
             MessageNode(0, user, timestamp=2.0),
             MessageNode(1, asst, sampled=True, timestamp=3.0, token_ids=[1, 2, 3],
-                        logprobs=[-0.5, -0.25, 0.0], advantages=[0.5, 0.5, 0.5]),
+                        logprobs=[-0.5, -0.25, 0.0], advantages=[0.5, 0.5, 0.5], mask=[True, True, False]),
             MessageNode(2, ToolMessage(tool_call_id="c1", content="found", name="grep"), timestamp=4.0),
             MessageNode(3, AssistantMessage(content="prompt-supplied"), timestamp=5.0),
         ],
@@ -70,6 +70,7 @@ def full_trace() -> Trace:
                             reasoning_tokens=1, cost=0.125),
                 time=TimeSpan(10.0, 12.5),
                 error=Error(type="ProviderError", message="slow", status_code=429, traceback="tb"),
+                policy=4, prompt_shared=2, prompt_ids=[9],
             )
         ],
         request_rewrites=[InterceptRecord("redact")],
@@ -90,6 +91,7 @@ def full_trace() -> Trace:
             scoring=TimeSpan(111.0, 112.0),
         ),
         tool_calls=[ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5)],
+        extra_usage=[Usage(prompt_tokens=3, completion_tokens=1)],
     )
 
 

@@ -1,0 +1,233 @@
+"""The token record: what the policy sampled, turn by turn, and the sequences a trainer reads.
+
+**Recording** (``record_tokens``, called by the session as a turn commits). A sampled node
+keeps its completion ids and their log-probabilities (``MessageNode.token_ids`` /
+``logprobs``); the call that sampled it keeps the policy version and its prompt ids
+(``ModelCall.policy`` / ``prompt_shared`` / ``prompt_ids``). A prompt is stored as a
+difference: its first ``prompt_shared`` ids are the *previous sequence* — the prompt and
+completion of the nearest earlier turn on the same branch that has ids — and the rest are
+``prompt_ids``. Without drift the whole previous sequence is shared, so a call stores only
+what came since (the tool result, the next user turn, the generation prompt) and a trace
+holds each id once, not the quadratic sum of its prompts. ``full_prompt`` rebuilds a prompt.
+
+**Sequences** (``token_sequences``). Along a branch, turn k+1's prompt should begin with
+turn k's prompt + completion (the prefix property); then the sequence grows by the new
+prompt ids (loss mask 0) and the completion (loss mask 1, or the node's ``mask``). Where it
+does not — the server's chat template re-tokenized an earlier turn, *drift* — the policy is
+to **start a new sequence**: the current one ends as it stands, and the next begins with
+turn k+1's prompt exactly as the server saw it (all loss mask 0, earlier completions
+included) and goes on from there. So every sequence is exactly what the server conditioned
+on, and every sampled id is trained once per branch, with the logprob it was sampled with.
+Splicing (keeping turn k's sampled ids and appending the new prompt's tail) was rejected:
+where the re-rendered turn ends in the new prompt cannot be told without the tokenizer,
+and turn k+1 was sampled on the re-rendered context, not on the spliced one. The price of
+a new sequence is its prompt, recomputed once more by the trainer. ``token_drift`` (and
+``Trace.token_drift``) lists the drifted turns.
+
+``logprobs`` is aligned to ``input_ids``: 0.0 on prompt ids (system, user and tool ids, the
+template's, and earlier completions that a new sequence repeats as prompt), NaN at a sampled
+id whose logprob the server did not return. A sequence
+that ends before branches fork (by drift) is emitted once, for the first of them.
+
+A trace without ids costs a ``None`` check per call here: ``has_tokens`` is False.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .trace import MessageNode, ModelCall, Trace
+
+__all__ = [
+    "TokenSequence", "full_prompt", "has_tokens", "record_tokens", "token_drift", "token_sequences",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TokenSequence:
+    """One training sequence of a trace: ids, loss mask and sampling logprobs, aligned."""
+
+    branch: int
+    """The index in ``Trace.branches`` of the (first) branch it belongs to."""
+    input_ids: list[int]
+    loss_mask: list[int]
+    """1 on ids the policy sampled (unless the node's ``mask`` says not), else 0."""
+    logprobs: list[float]
+    """The sampling logprob of each completion id (NaN: not returned); 0.0 on prompt ids."""
+    turns: tuple[int, ...]
+    """The sampled nodes whose completions it trains, in order."""
+
+
+def record_tokens(trace: Trace, call: ModelCall, response: Any, *, rewritten: bool = False) -> None:
+    """Record what ``response`` captured on ``call`` and on the node it committed.
+
+    Reads the ``Response`` fields ``policy_version``, ``token_ids``, ``token_logprobs`` and
+    ``prompt_token_ids`` (absent or ``None``: not captured). Call it after the commit and
+    before ``call`` is appended to ``trace.calls``. A reply an interceptor ``rewritten`` keeps
+    no ids: its message is not what they say (the next prompt holds it, as prompt ids).
+    """
+    policy = getattr(response, "policy_version", None)
+    if policy is not None:
+        call.policy = policy
+    completion = getattr(response, "token_ids", None)
+    if completion is None or call.node is None or rewritten:
+        return
+    node = trace.nodes[call.node]
+    node.token_ids = completion
+    node.logprobs = getattr(response, "token_logprobs", None)
+    prompt = getattr(response, "prompt_token_ids", None)
+    if prompt is None:
+        return
+    previous = _previous_sequence(trace, call.node, _turn_calls(trace))
+    shared = _common_prefix(previous, prompt)
+    call.prompt_shared, call.prompt_ids = shared, prompt[shared:]
+
+
+def has_tokens(trace: Trace) -> bool:
+    """Whether any call recorded prompt ids (else the trace has no token sequences)."""
+    for call in trace.calls:
+        if call.prompt_ids is not None:
+            return True
+    return False
+
+
+def full_prompt(trace: Trace, call: ModelCall) -> list[int] | None:
+    """The whole prompt ids of ``call`` (``None``: not captured)."""
+    if call.prompt_ids is None or call.node is None:
+        return None
+    previous = _previous_sequence(trace, call.node, _turn_calls(trace))
+    return previous[: call.prompt_shared] + call.prompt_ids
+
+
+def token_drift(trace: Trace) -> list[int]:
+    """The turns, numbered from 0 along their branch, whose prompt did not begin with the
+    previous sequence (in node order; a turn on a shared prefix is listed once)."""
+    turns = _turn_calls(trace)
+    if not turns:
+        return []
+    nodes = trace.nodes
+    nearest: list[int | None] = [None] * len(nodes)  # the nearest turn at or above each node
+    depth = [0] * len(nodes)  # the turns at or above each node
+    length: dict[int, int] = {}  # a turn's prompt + completion length
+    drift = []
+    for i, node in enumerate(nodes):
+        parent = node.parent
+        above, k = (nearest[parent], depth[parent]) if parent is not None and 0 <= parent < i else (None, 0)
+        call = turns.get(i)
+        if call is not None:
+            if call.prompt_shared < (length[above] if above is not None else 0):
+                drift.append(k)
+            length[i] = call.prompt_shared + len(call.prompt_ids or ()) + len(node.token_ids or ())
+            above, k = i, k + 1
+        nearest[i], depth[i] = above, k
+    return drift
+
+
+def token_sequences(trace: Trace) -> list[TokenSequence]:
+    """The trace's training sequences: one per branch, more where a turn drifted.
+
+    Raises:
+        ValueError: the token record is inconsistent (a call shares more ids than its branch
+            has, or a node's logprobs or mask do not match its ids).
+    """
+    if not has_tokens(trace):
+        return []
+    turns = _turn_calls(trace)
+    result: list[TokenSequence] = []
+    seen: set[tuple[int, int]] = set()
+    for b, leaf in enumerate(trace._leaves()):
+        for ids, mask, logprobs, members in _branch_sequences(trace, trace._path(leaf), turns):
+            key = (members[0], members[-1])
+            if key not in seen:
+                seen.add(key)
+                result.append(TokenSequence(b, ids, mask, logprobs, tuple(members)))
+    return result
+
+
+# -- internals --------------------------------------------------------------------------------
+
+
+def _turn_calls(trace: Trace) -> dict[int, ModelCall]:
+    """Node index → the call that sampled it, for the turns with prompt and completion ids."""
+    nodes = trace.nodes
+    turns: dict[int, ModelCall] = {}
+    for call in trace.calls:
+        i = call.node
+        if call.prompt_ids is not None and i is not None and 0 <= i < len(nodes) and nodes[i].token_ids is not None:
+            turns[i] = call
+    return turns
+
+
+def _previous_sequence(trace: Trace, node: int, turns: dict[int, ModelCall]) -> list[int]:
+    """Prompt + completion ids of the nearest turn above ``node`` (``[]``: none)."""
+    ids: list[int] = []
+    for i in trace._path(node)[:-1]:
+        call = turns.get(i)
+        if call is not None:
+            del ids[call.prompt_shared :]
+            ids += call.prompt_ids or ()
+            ids += trace.nodes[i].token_ids or ()
+    return ids
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the prefix property: one comparison in C
+        return n
+    return next(k for k in range(n) if a[k] != b[k])
+
+
+Parts = tuple[list[int], list[int], list[float], list[int]]
+
+
+def _branch_sequences(trace: Trace, path: list[int], turns: dict[int, ModelCall]) -> Iterator[Parts]:
+    ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    members: list[int] = []
+    for i in path:
+        call = turns.get(i)
+        if call is None:
+            continue
+        shared = call.prompt_shared
+        if shared > len(ids):
+            raise ValueError(
+                f"trace {trace.id}: the call of node {i} shares {shared} prompt ids, but its branch "
+                f"has {len(ids)} before it; the token record is inconsistent"
+            )
+        if shared < len(ids):  # drift: a new sequence, from the prompt the server saw
+            yield ids, mask, logprobs, members
+            ids, mask, logprobs, members = ids[:shared], [0] * shared, [0.0] * shared, []
+        prompt = call.prompt_ids or []
+        ids += prompt
+        mask += [0] * len(prompt)
+        logprobs += [0.0] * len(prompt)
+        node = trace.nodes[i]
+        completion = node.token_ids or []
+        ids += completion
+        mask += _completion_mask(trace, i, node)
+        logprobs += _completion_logprobs(trace, i, node)
+        members.append(i)
+    if members:
+        yield ids, mask, logprobs, members
+
+
+def _completion_mask(trace: Trace, i: int, node: MessageNode) -> list[int]:
+    size = len(node.token_ids or ())
+    if node.mask is None:
+        return [1] * size
+    if len(node.mask) != size:
+        raise ValueError(f"trace {trace.id}: node {i} has {len(node.mask)} mask values for {size} ids")
+    return [int(m) for m in node.mask]
+
+
+def _completion_logprobs(trace: Trace, i: int, node: MessageNode) -> list[float]:
+    size = len(node.token_ids or ())
+    if node.logprobs is None:
+        return [math.nan] * size
+    if len(node.logprobs) != size:
+        raise ValueError(f"trace {trace.id}: node {i} has {len(node.logprobs)} logprobs for {size} ids")
+    return [float(x) for x in node.logprobs]
