@@ -42,6 +42,7 @@ from .._record.messages import (
     UserMessage,
     message_hash,
 )
+from .._record.tokens import record_tokens
 from .._record.trace import Error, InterceptRecord, ModelCall, TimeSpan, Trace
 from .admission import Admission
 from .hooks import Hook, call_by_type, resolve
@@ -168,6 +169,7 @@ class RolloutSession:
             if self.trace.stopped:
                 raise TurnRefused(self.trace.stop_condition or "stopped")
             call.node = self.graph.commit(request.messages, response.message)
+            record_tokens(self.trace, call, response, rewritten=bool(records))
             self._record_tools(request)
             self._consume_prepared(request.messages)
             self.trace.response_rewrites.extend(records)
