@@ -4,55 +4,96 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import pyarrow.compute as pc
+from pydantic import ValidationError
+
 from .._core.executor import Executor
 from .._core.harness import Harness
-from .._core.limits import RolloutLimits
+from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
-from .._driver.driver import Driver, EvalConfig, Progress, RunResult
+from .._driver.driver import Driver, EvalConfig, RunResult
 from .._driver.local_executor import LocalExecutor
-from .._errors import CorruptManifest, CorruptShard, ForeignShard, ResumeMismatch, RunInUse
+from .._errors import CorruptManifest, CorruptShard, ForeignShard, ResumeMismatch, RunInUse, TasksetError
+from .._record.store import stored_outcomes
 from .._runtimes.host import runtime_kind
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .._simulated.server import SimulatedModelServer
+from .arguments import UsageError, integer, json_object, k_list, number, one_line
+from .progress import ProgressDisplay, Watched
+from .runs import RUNS_ROOT, continue_command, latest_run, served_model
 from .summary import format_summary, summarize
-from .taskset import load_taskset
+from .taskset import import_taskset, taskset_harness, taskset_tasks
+from .warmup import warm_up
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("taskset", help="a .py file or a module defining tasks() and harness()")
-    p.add_argument("--out", help="run directory for the manifest and Parquet shards (default: runs/<time>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping what is stored "
-                   "(rollouts that failed for infrastructure or provider reasons are redone)")
-    p.add_argument("--keep-failed", action="store_true",
-                   help="with --resume: keep rollouts that failed for infrastructure or provider reasons")
-    p.add_argument("--model-url", help="OpenAI-compatible base URL (default: the built-in simulated model)")
-    p.add_argument("--model", default=None, help="model name sent upstream")
-    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="variable holding the provider's key")
-    p.add_argument("--samples", type=int, help="samples per task (n)")
-    p.add_argument("--max-in-flight", type=int, help="rollouts running at once")
-    p.add_argument("--max-turns", type=int, help="turn limit per rollout")
-    p.add_argument("--limit", type=int, help="run only the first N tasks")
-    p.add_argument("--executor", choices=["ray", "local"], default="ray",
-                   help="ray: rollout actors (default); local: this process, no Ray")
-    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a private local Ray on 127.0.0.1)")
-    p.add_argument("--runtime", choices=["auto", "local", "sandbox"], default="auto",
-                   help="runtime of each rollout: sandbox (bubblewrap: unprivileged, only the system "
-                        "and the framework routes; the default where the machine runs one), local "
-                        "(a private dir on the host, no isolation), auto (sandbox, else local)")
-    p.add_argument("--actors", type=int, default=2, help="rollout actors (ray executor)")
-    p.add_argument("--capacity", type=int, default=64, help="rollouts per actor at once (ray executor)")
-    p.add_argument("--sim-ttft", type=float, default=0.05, help="simulated model: seconds to first token")
+    p.add_argument("--version", action="version", version=f"rollout-ray {_version()}")
+    run = p.add_argument_group("run")
+    run.add_argument("--out", help="run directory for the manifest and Parquet shards (default: runs/<time>)")
+    run.add_argument("--resume", action="store_true", help="continue the run in --out (default: the latest run of "
+                     "this taskset under runs/), skipping what is stored (rollouts that failed for infrastructure "
+                     "or provider reasons are redone)")
+    run.add_argument("--keep-failed", action="store_true",
+                     help="with --resume: keep rollouts that failed for infrastructure or provider reasons")
+    run.add_argument("--samples", type=integer(1), help="samples per task (n)")
+    run.add_argument("--limit", type=integer(1), help="run only the first N tasks")
+    run.add_argument("--max-in-flight", type=integer(1), help="rollouts running at once")
+    run.add_argument("--retries", type=integer(0), help="retries of a rollout lost to infrastructure (default 2)")
+    run.add_argument("--retry-failed", action="store_true",
+                     help="also retry rollouts that failed inside (task or harness errors), up to --retries")
+    run.add_argument("--pass-k", type=k_list, metavar="K,K,...", help="pass@k values stored per group (e.g. 1,4,8)")
+    model = p.add_argument_group("model")
+    model.add_argument("--model-url", help="OpenAI-compatible base URL (default: the built-in simulated model)")
+    model.add_argument("--model", default=None, help="model name sent upstream (default with --model-url: the "
+                       "server's only model, from its /v1/models)")
+    model.add_argument("--api-key-env", default="OPENAI_API_KEY", help="variable holding the provider's key")
+    model.add_argument("--temperature", type=number(minimum=0), help="sampling temperature")
+    model.add_argument("--top-p", type=number(above=0, maximum=1), help="nucleus sampling probability")
+    model.add_argument("--max-tokens", type=integer(1), help="completion tokens per model call")
+    model.add_argument("--seed", type=int, help="sampling seed sent with every request")
+    model.add_argument("--sampling", type=json_object, metavar="JSON",
+                       help="other sampling parameters as a JSON object, e.g. '{\"top_k\": 20}' (flags win)")
+    model.add_argument("--sim-ttft", type=number(minimum=0), default=0.05,
+                       help="simulated model: seconds to first token")
+    limits = p.add_argument_group("limits (per rollout)")
+    limits.add_argument("--max-turns", type=integer(0), help="model calls")
+    limits.add_argument("--max-tokens-total", type=integer(0), help="input + output tokens over all turns")
+    limits.add_argument("--max-input-tokens", type=integer(0), help="input tokens over all turns")
+    limits.add_argument("--max-output-tokens", type=integer(0), help="output tokens over all turns")
+    limits.add_argument("--timeout-setup", type=number(above=0), metavar="S", help="seconds for task and harness setup")
+    limits.add_argument("--timeout-agent", type=number(above=0), metavar="S", help="seconds for the agent, all segments")
+    where = p.add_argument_group("where rollouts run")
+    where.add_argument("--executor", choices=["ray", "local"], default="ray",
+                       help="ray: rollout actors (default); local: this process, no Ray")
+    where.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a private local Ray on "
+                       "127.0.0.1)")
+    where.add_argument("--runtime", choices=["auto", "local", "sandbox"], default="auto",
+                       help="runtime of each rollout: sandbox (bubblewrap: unprivileged, only the system "
+                            "and the framework routes; the default where the machine runs one), local "
+                            "(a private dir on the host, no isolation), auto (sandbox, else local)")
+    where.add_argument("--actors", type=integer(1), default=2, help="rollout actors (ray executor)")
+    where.add_argument("--capacity", type=integer(1), default=64, help="rollouts per actor at once (ray executor)")
     p.set_defaults(run=_eval)
+
+
+def _version() -> str:
+    from .main import version
+
+    return version()
 
 
 def eval_config(
@@ -64,10 +105,17 @@ def eval_config(
     limits: Mapping[str, int | None] | None = None,
     sampling: Mapping[str, Any] | None = None,
     finalize: Mapping[str, Any] | None = None,
+    timeouts: Mapping[str, float | None] | None = None,
+    retries: int | None = None,
+    retry_failed: bool | None = None,
 ) -> EvalConfig:
     """The taskset's ``config`` (or the defaults) with the given settings laid over it.
 
-    ``limits``, ``sampling`` and ``finalize`` override single fields of the taskset's own.
+    ``limits``, ``timeouts``, ``sampling`` and ``finalize`` override single fields of the
+    taskset's own.
+
+    Raises:
+        ValidationError: a setting out of range (``TypeError`` / ``ValueError`` of the limits).
     """
     base: EvalConfig = getattr(module, "config", None) or EvalConfig()
     update: dict[str, Any] = {}
@@ -77,38 +125,49 @@ def eval_config(
         update["max_in_flight"] = max_in_flight
     if limits:
         update["limits"] = RolloutLimits(**{**vars(base.limits), **limits})
+    if timeouts:
+        update["timeouts"] = RolloutTimeouts(**{**vars(base.timeouts), **timeouts})
     if model_name is not None:
         update["model_name"] = model_name
     if sampling:
         update["sampling"] = {**base.sampling, **sampling}
     if finalize:
         update["finalize"] = {**base.finalize.model_dump(), **finalize}
+    if retries is not None:
+        update["max_infra_retries"] = retries
+    if retry_failed:
+        update["retry_failed"] = True
     return EvalConfig.model_validate({**base.model_dump(), **update}) if update else base
 
 
+_LIMIT_FLAGS = {"max_turns": "max_turns", "max_tokens_total": "max_total_tokens",
+                "max_input_tokens": "max_input_tokens", "max_output_tokens": "max_output_tokens"}
+_SAMPLING_FLAGS = ("temperature", "top_p", "max_tokens", "seed")
+
+
 def _config(module: ModuleType, args: argparse.Namespace) -> EvalConfig:
-    limits = {"max_turns": args.max_turns} if args.max_turns is not None else None
-    return eval_config(module, samples=args.samples, max_in_flight=args.max_in_flight,
-                       model_name=args.model, limits=limits)
+    limits = {field: getattr(args, flag) for flag, field in _LIMIT_FLAGS.items() if getattr(args, flag) is not None}
+    timeouts = {phase: getattr(args, f"timeout_{phase}") for phase in ("setup", "agent")
+                if getattr(args, f"timeout_{phase}") is not None}
+    sampling = {**(args.sampling or {}), **{k: getattr(args, k) for k in _SAMPLING_FLAGS if getattr(args, k) is not None}}
+    try:
+        return eval_config(module, samples=args.samples, max_in_flight=args.max_in_flight, model_name=args.model,
+                           limits=limits, sampling=sampling, timeouts=timeouts, retries=args.retries,
+                           retry_failed=args.retry_failed,
+                           finalize={"pass_k": args.pass_k} if args.pass_k else None)
+    except ValidationError as e:
+        raise UsageError(f"invalid settings (with the taskset's config): {one_line(e)}") from None
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"invalid settings (with the taskset's config): {e}") from None
 
 
-def _printer(stream: Any) -> Any:
-    tty = stream.isatty()
-    last = [0.0]
+_RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
-    def show(p: Progress) -> None:
-        now = time.monotonic()
-        if not tty and now - last[0] < 5:
-            return
-        last[0] = now
-        total = f"/{p.total - p.skipped}" if p.total is not None else ""
-        eta = f"{p.eta:.0f}s" if p.eta is not None else "?"
-        line = (f"done {p.done}{total}  failed {p.failed}  in flight {p.in_flight}  "
-                f"{p.rate:.1f} rollouts/s  ETA {eta}")
-        stream.write(("\r" + line + "\033[K") if tty else line + "\n")
-        stream.flush()
 
-    return show
+def _quiet_default_token_auth(record: logging.LogRecord) -> bool:
+    """Drop Ray's WARNING that a new local Ray has token authentication on: it is the private
+    local default's normal state (on, and on loopback), not news on every run."""
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
 
 def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: int = 64,
@@ -125,6 +184,9 @@ def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: i
     if kind == "local":
         return LocalExecutor(runtime=runtime)
     from .._ray.executor import RayExecutor
+
+    if not (address or os.environ.get("RAY_ADDRESS")):
+        logging.getLogger(_RAY_AUTH_LOGGER).addFilter(_quiet_default_token_auth)
 
     return RayExecutor(actors=actors, capacity=capacity, address=address, runtime=runtime)
 
@@ -153,45 +215,154 @@ async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None
 async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harness, model: Model,
                 executor: Executor, config: EvalConfig, out: str, *, resume: bool, where: str,
                 manifest_config: dict[str, Any], keep_failed: bool = False) -> RunResult:
-    """One eval run into ``out``, with eval's header and progress line on stderr."""
+    """One eval run into ``out``, with eval's header and progress on stderr."""
     print(f"{label}: {len(tasks)} tasks × {config.samples_per_task} samples, "
           f"model: {where}, run dir: {out}", file=sys.stderr)
-    driver = Driver(tasks, harness, model, executor=executor, config=config, run_dir=out,
+    watched = Watched(executor)
+    display = ProgressDisplay(sys.stderr, watched)
+    driver = Driver(tasks, harness, model, executor=watched, config=config, run_dir=out,
                     resume=resume, keep_failed=keep_failed, judge=getattr(module, "judge", None),
-                    on_progress=_printer(sys.stderr), manifest_config=manifest_config)
-    result = await driver.arun()
-    print(file=sys.stderr)
-    return result
+                    on_progress=display.update, manifest_config=manifest_config)
+    try:
+        return await driver.arun()
+    finally:
+        display.close()
 
 
-async def _eval_async(args: argparse.Namespace) -> int:
-    module = load_taskset(args.taskset)
+@dataclass
+class _Plan:
+    """What an eval will run, every part of it checked before anything starts."""
+
+    module: ModuleType
+    tasks: list[Task]
+    harness: Harness
+    config: EvalConfig
+    out: str
+    model_name: str | None
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    """Raises ``UsageError`` for anything wrong: before Ray starts or a file is written."""
+    try:
+        module = import_taskset(args.taskset)
+        tasks = taskset_tasks(module, args.taskset, args.limit)
+        harness = taskset_harness(module, args.taskset)
+    except TasksetError as e:
+        raise UsageError(str(e)) from None
     config = _config(module, args)
-    tasks = list(module.tasks())
-    if args.limit is not None:
-        tasks = tasks[: args.limit]
-    out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    model_name = args.model
+    if args.model_url and not args.model and config.model_name is None:
+        model_name = served_model(args.model_url, os.environ.get(args.api_key_env))
+        config = config.model_copy(update={"model_name": model_name})
+    if args.out:
+        out = args.out
+    elif args.resume:
+        out = latest_run(args.taskset)
+        print(f"resuming {out}", file=sys.stderr)
+    else:
+        out = os.path.join(RUNS_ROOT, time.strftime("%Y%m%d-%H%M%S"))
+    return _Plan(module, tasks, harness, config, out, model_name)
+
+
+class _Signals:
+    """SIGINT and SIGTERM cancel the run (what is stored stays); a second one exits at once."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def install(self) -> None:
+        """(Again after Ray starts: ``ray.init`` sets its own SIGTERM handler.)"""
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._on_signal, signum, task)
+
+    def _on_signal(self, signum: int, task: asyncio.Task[Any]) -> None:
+        if self.received is not None:
+            os._exit(128 + self.received)  # a second signal: the user will not wait for the cleanup
+        self.received = signum
+        task.cancel()
+
+
+async def _run(args: argparse.Namespace, plan: _Plan, signals: _Signals) -> tuple[RunResult, float | None, float | None]:
+    """The run, the seconds of its warm-up (None without Ray), its rollouts/s."""
     async with AsyncExitStack() as stack:
         simulated = None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
-        model, where, record = await open_model(stack, url=args.model_url, name=args.model,
+        model, where, record = await open_model(stack, url=args.model_url, name=plan.model_name,
                                                 api_key_env=args.api_key_env, simulated=simulated)
+        started = time.monotonic()
         executor = await stack.enter_async_context(
-            make_executor(args.executor, module, actors=args.actors, capacity=args.capacity,
+            make_executor(args.executor, plan.module, actors=args.actors, capacity=args.capacity,
                           address=args.address, runtime=args.runtime))
-        result = await drive(f"eval {args.taskset}", module, tasks, module.harness(), model, executor,
-                             config, out, resume=args.resume, where=where, keep_failed=args.keep_failed,
-                             manifest_config={"taskset": args.taskset, "model": record})
-    print(format_summary(summarize(result.samples, result.groups)))
-    print(f"run dir: {out}")
+        signals.install()
+        what = await warm_up(executor)
+        warmup = None
+        if what is not None:
+            warmup = time.monotonic() - started
+            print(f"warmup {warmup:.1f}s: Ray, {what}", file=sys.stderr)
+        driving, since = time.monotonic(), time.time()
+        result = await drive(f"eval {args.taskset}", plan.module, plan.tasks, plan.harness, model, executor,
+                           plan.config, plan.out, resume=args.resume, where=where, keep_failed=args.keep_failed,
+                           manifest_config={"taskset": args.taskset, "model": record})
+        return result, warmup, _rate(result, since, time.monotonic() - driving)
+
+
+async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: _Signals) -> int:
+    signals.install()
+    started = time.monotonic()
+    try:
+        result, warmup, rate = await _run(args, plan, signals)
+    except asyncio.CancelledError:
+        if signals.received is None:
+            raise
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        return _interrupted(args, plan, signals.received)
+    summary = summarize(result.samples, result.groups, elapsed=time.monotonic() - started, warmup=warmup,
+                        rate=rate, status=result.status, reason=result.reason)
+    print(format_summary(summary))
+    print(f"run dir: {plan.out}")
     if result.status != "completed":
-        print(f"run halted: {result.reason}", file=sys.stderr)
-        return 3
+        print(f"rollout-ray eval: run halted: {result.reason}", file=sys.stderr)
+        return HALTED
+    if summary["rollouts"] and not summary["ok"]:
+        print(f"rollout-ray eval: every rollout failed ({summary['failed']} of {summary['rollouts']}); "
+              "see the error types above, or `rollout-ray view` the run", file=sys.stderr)
+        return ALL_FAILED
     return 0
 
 
-def _eval(args: argparse.Namespace) -> int:
+def _rate(result: RunResult, since: float, seconds: float) -> float | None:
+    """Rollouts per second of this session's driving: those started ``since`` (epoch seconds;
+    a resume's stored rollouts are not counted) over ``seconds``."""
+    ran = result.samples.num_rows
+    if "started_at" in result.samples.column_names and ran:
+        ran = int(pc.sum(pc.greater_equal(result.samples["started_at"], since)).as_py() or 0)
+    return ran / seconds if seconds > 0 else None
+
+
+HALTED = 3
+"""Exit code of a run the circuit breaker halted."""
+ALL_FAILED = 1
+"""Exit code of a run whose every rollout failed."""
+
+
+def _interrupted(args: argparse.Namespace, plan: _Plan, signum: int) -> int:
+    total = len(plan.tasks) * plan.config.samples_per_task
     try:
-        return asyncio.run(_eval_async(args))
+        stored = len(stored_outcomes(plan.out)) if os.path.isdir(plan.out) else 0
+    except Exception:  # noqa: BLE001 - the count is a courtesy; the line must still be printed
+        stored = 0
+    print(f"\ninterrupted: {stored} of {total} stored; continue with: {continue_command(args.argv, plan.out)}",
+          file=sys.stderr)
+    return 128 + signum
+
+
+def _eval(args: argparse.Namespace) -> int:
+    plan = _plan(args)
+    signals = _Signals()
+    try:
+        return asyncio.run(_eval_async(args, plan, signals))
     except (RunInUse, ResumeMismatch, CorruptManifest, CorruptShard, ForeignShard, FileExistsError) as e:
         print(f"rollout-ray eval: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the event loop took the signal over
+        return _interrupted(args, plan, signal.SIGINT)

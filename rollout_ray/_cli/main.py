@@ -14,10 +14,14 @@ in ``rollout_ray._cli.sweep`` and ``examples/sweep.toml``.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import os
 import sys
 from collections.abc import Sequence
 
 from pydantic import ValidationError
+
+from .arguments import OneLineParser, UsageError
 
 
 def _serve_model(args: argparse.Namespace) -> int:
@@ -50,20 +54,21 @@ def _serve_model(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rollout-ray", description="RL rollouts on Ray.")
+    p = OneLineParser(prog="rollout-ray", description="RL rollouts on Ray.")
+    p.add_argument("--version", action="version", version=f"rollout-ray {version()}")
     sub = p.add_subparsers(dest="command", required=True)
     from .eval import add_eval_arguments
     from .report import add_report_arguments
 
-    add_eval_arguments(sub.add_parser("eval", help="run a taskset and summarise it"))
-    add_report_arguments(sub.add_parser("report", help="summarise a run directory and plot it"))
+    add_eval_arguments(_command(sub, "eval", help="run a taskset and summarise it"))
+    add_report_arguments(_command(sub, "report", help="summarise a run directory and plot it"))
     from .sweep import add_sweep_arguments
 
-    add_sweep_arguments(sub.add_parser("sweep", help="eval every point of a grid and compare them"))
+    add_sweep_arguments(_command(sub, "sweep", help="eval every point of a grid and compare them"))
     from .view import add_view_arguments
 
-    add_view_arguments(sub.add_parser("view", help="browse run directories in a local web page"))
-    serve = sub.add_parser("serve-model", help="serve the built-in simulated OpenAI-compatible model")
+    add_view_arguments(_command(sub, "view", help="browse run directories in a local web page"))
+    serve = _command(sub, "serve-model", help="serve the built-in simulated OpenAI-compatible model")
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
     serve.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
     serve.add_argument("--ttft", type=float, default=0.05, help="seconds to the first token")
@@ -89,9 +94,34 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def version() -> str:
+    try:
+        return importlib.metadata.version("rollout_ray")
+    except importlib.metadata.PackageNotFoundError:
+        return "dev"
+
+
+def _command(sub: argparse._SubParsersAction, name: str, **kwargs: object) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    command = sub.add_parser(name, **kwargs)
+    command.set_defaults(command_parser=command)
+    return command
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
-    return int(args.run(args))
+    args.argv = argv
+    try:
+        code = int(args.run(args))
+        sys.stdout.flush()  # here, so a closed pipe is caught below rather than at exit
+        return code
+    except UsageError as e:
+        args.command_parser.error(str(e))
+    except BrokenPipeError:
+        # The reader left (`rollout-ray report RUN | head`): stop quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

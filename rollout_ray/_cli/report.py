@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._driver.run_dir import stored_results
+from .._errors import CorruptManifest, CorruptShard, ForeignShard
+from .._record.store import MANIFEST_NAME, shard_paths
+from .arguments import UsageError
 from .summary import format_summary, plot, summarize
 
 
@@ -16,11 +18,20 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    if not os.path.isdir(args.run_dir):
-        raise SystemExit(f"rollout-ray report: no such run directory: {args.run_dir}")
-    samples, groups = stored_results(args.run_dir)
+    from .._driver.run_dir import stored_results
+
+    path = args.run_dir
+    if not os.path.isdir(path):
+        raise UsageError(f"no such run directory: {path}")
+    if not os.path.exists(os.path.join(path, MANIFEST_NAME)) and not shard_paths(path):
+        raise UsageError(f"{path} is not a run directory (no {MANIFEST_NAME}, no shards); "
+                         "`rollout-ray eval TASKSET --out DIR` writes one")
+    try:
+        samples, groups = stored_results(path)
+    except (CorruptManifest, CorruptShard, ForeignShard) as e:
+        raise UsageError(str(e)) from None
     if not samples.num_rows:
-        raise SystemExit(f"rollout-ray report: {args.run_dir} holds no rollouts yet")
-    print(format_summary(summarize(samples, groups)))
-    print(f"plot: {plot(samples, args.plot or os.path.join(args.run_dir, 'report.png'))}")
+        raise UsageError(f"{path} holds no rollouts yet")
+    print(format_summary(summarize(samples, groups)), flush=True)
+    print(f"plot: {plot(samples, args.plot or os.path.join(path, 'report.png'))}")
     return 0

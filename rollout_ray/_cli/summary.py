@@ -9,6 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .._driver.finalize import pass_at_k
+
 SPANS = ("boot_s", "setup_s", "agent_s", "agent_model_s", "agent_harness_s", "finalize_s", "scoring_s")
 
 
@@ -19,28 +21,38 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def summarize(samples: pa.Table, groups: pa.Table) -> dict[str, Any]:
-    """The run's numbers: counts, reward, pass@k, stops, errors, span quantiles, tokens."""
+def summarize(samples: pa.Table, groups: pa.Table, *, elapsed: float | None = None, warmup: float | None = None,
+              rate: float | None = None, status: str = "completed", reason: str = "") -> dict[str, Any]:
+    """The run's numbers: counts, reward, pass@k, the task's metrics, stops, errors, span
+    quantiles, tokens, time.
+
+    ``pass_at`` holds every k the groups' sample count allows (1, 2, 4, ... and n) and any
+    stored one. ``elapsed``: seconds of this session; without it (``report``), the time is
+    read from the rollouts' own spans. ``rate``: rollouts/s as measured by eval; without it, the rollouts over ``elapsed``
+    (less ``warmup``). ``status`` / ``reason``: the driver's, a halt printed before the numbers.
+    """
     n = samples.num_rows
     ok = int(pc.sum(samples["ok"]).as_py() or 0) if n else 0
-    rewards = samples["reward"].to_pylist() if n else []
+    rewards = [r for r in samples["reward"].to_pylist() if r is not None] if n else []
     out: dict[str, Any] = {
+        "status": status,
+        "reason": reason,
         "rollouts": n,
         "ok": ok,
         "failed": n - ok,
         "groups": groups.num_rows,
-        "mean_reward": sum(rewards) / n if n else math.nan,
-        "pass_at": {},
+        "mean_reward": sum(rewards) / len(rewards) if rewards else math.nan,
+        "pass_at": _pass_at(groups),
+        "metrics": _metrics(samples),
         "stop_conditions": dict(Counter(samples["stop_condition"].to_pylist()).most_common()) if n else {},
         "error_types": dict(Counter(e for e in samples["error_type"].to_pylist() if e).most_common()) if n else {},
         "spans": {},
         "tokens": {},
+        "elapsed": elapsed if elapsed is not None else _span_of_run(samples),
+        "warmup": warmup,
     }
-    for name in groups.column_names if groups.num_rows else ():
-        if name.startswith("pass_at_"):
-            values = [v for v in groups[name].to_pylist() if v is not None]
-            if values:
-                out["pass_at"][int(name.removeprefix("pass_at_"))] = sum(values) / len(values)
+    measured = out["elapsed"] - (warmup or 0.0) if out["elapsed"] is not None else None
+    out["rate"] = rate if rate is not None else (n / measured if measured and measured > 0 and n else None)
     for span in SPANS:
         if span in samples.column_names:
             values = samples[span].to_pylist()
@@ -52,15 +64,66 @@ def summarize(samples: pa.Table, groups: pa.Table) -> dict[str, Any]:
     return out
 
 
+def _pass_at(groups: pa.Table) -> dict[int, float]:
+    """Mean unbiased pass@k over the groups, for every k their sample count allows."""
+    names = groups.column_names if groups.num_rows else []
+    stored = {int(c.removeprefix("pass_at_")) for c in names if c.startswith("pass_at_")}
+    if not {"n_valid", "n_correct"} <= set(names):
+        ks, values = sorted(stored), {k: groups[f"pass_at_{k}"].to_pylist() for k in stored}
+    else:
+        n = groups["n_valid"].to_numpy(zero_copy_only=False)
+        c = groups["n_correct"].to_numpy(zero_copy_only=False)
+        most = int(n.max(initial=0))
+        ks = sorted({k for k in stored if k <= most} | {2**i for i in range(most.bit_length()) if 2**i <= most}
+                    | ({most} if most else set()))
+        values = {k: pass_at_k(n, c, k).to_pylist() for k in ks}
+    out = {}
+    for k in ks:
+        counted = [v for v in values[k] if v is not None]
+        if counted:
+            out[k] = sum(counted) / len(counted)
+    return out
+
+
+def _metrics(samples: pa.Table) -> dict[str, tuple[float, float, float]]:
+    """Each ``@metric``'s mean, p50 and p95 over the rollouts that have it."""
+    if not samples.num_rows or "metrics" not in samples.column_names:
+        return {}
+    found: dict[str, list[float]] = {}
+    for row in samples["metrics"].to_pylist():
+        for name, value in row or ():
+            if value is not None and not math.isnan(value):
+                found.setdefault(name, []).append(value)
+    return {name: (sum(v) / len(v), _quantile(v, 0.5), _quantile(v, 0.95)) for name, v in sorted(found.items())}
+
+
+def _span_of_run(samples: pa.Table) -> float | None:
+    """Seconds from the first rollout's start to the last one's end, read from its spans."""
+    if not samples.num_rows or "started_at" not in samples.column_names:
+        return None
+    starts = samples["started_at"].to_numpy(zero_copy_only=False)
+    total = sum(samples[s].fill_null(0.0).to_numpy(zero_copy_only=False) for s in SPANS if s in samples.column_names
+                and s not in ("agent_model_s", "agent_harness_s"))
+    value = float((starts + total).max() - starts.min())
+    return value if math.isfinite(value) else None
+
+
 def format_summary(summary: dict[str, Any]) -> str:
-    """The summary as text, one fact per line."""
-    lines = [
+    """The summary as text, one fact per line; a halt's reason first."""
+    lines = []
+    if summary.get("status") == "halted":
+        lines.append(f"halted: {summary['reason']}")
+    lines += [
         f"rollouts {summary['rollouts']}  ok {summary['ok']}  failed {summary['failed']}  "
         f"groups {summary['groups']}",
         f"mean reward {summary['mean_reward']:.4f}",
     ]
     if summary["pass_at"]:
         lines.append("pass@k  " + "  ".join(f"pass@{k} {v:.4f}" for k, v in sorted(summary["pass_at"].items())))
+    if summary.get("metrics"):
+        lines.append("metrics (mean / p50 / p95)")
+        for name, (mean, p50, p95) in summary["metrics"].items():
+            lines.append(f"  {name:<22} {mean:10.4f} {p50:10.4f} {p95:10.4f}")
     lines.append("stop conditions  " + _counts(summary["stop_conditions"]))
     lines.append("error types  " + (_counts(summary["error_types"]) or "none"))
     lines.append("time per span (p50 / p95, ms)")
@@ -69,6 +132,13 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append("tokens (total / per rollout)")
     for name, (total, mean) in summary["tokens"].items():
         lines.append(f"  {name:<14} {total:>12,} {mean:12.1f}")
+    if summary.get("elapsed") is not None:
+        time_line = f"elapsed {summary['elapsed']:.1f}s"
+        if summary.get("warmup") is not None:
+            time_line += f"  (warmup {summary['warmup']:.1f}s)"
+        if summary.get("rate") is not None:
+            time_line += f"  {summary['rate']:.1f} rollouts/s"
+        lines.append(time_line)
     return "\n".join(lines)
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
 import os
 import sys
 from types import ModuleType
 
+from .._core.harness import Harness
+from .._core.task import Task
 from .._errors import TasksetError
 
 
@@ -40,3 +43,39 @@ def load_taskset(ref: str) -> ModuleType:
         return import_taskset(ref)
     except TasksetError as e:
         raise SystemExit(f"rollout-ray eval: {e}") from None
+
+
+def taskset_tasks(module: ModuleType, ref: str, limit: int | None = None) -> list[Task]:
+    """The taskset's tasks (the first ``limit``), checked before anything starts.
+
+    Raises:
+        TasksetError: ``tasks()`` raised, yielded no task, or yielded something not a ``Task``.
+    """
+    try:
+        produced = module.tasks()
+        tasks = list(produced if limit is None else itertools.islice(produced, limit))
+    except Exception as e:  # noqa: BLE001 - the user's code: its failure is one line, not a traceback
+        raise TasksetError(f"tasks() of {ref} raised {type(e).__name__}: {e}") from None
+    if not tasks:
+        raise TasksetError(f"tasks() of {ref} yielded no tasks; it must yield Task objects")
+    for i, task in enumerate(tasks):
+        if not isinstance(task, Task):
+            raise TasksetError(f"tasks() of {ref} must yield Task objects (e.g. MyTask({{...}})), "
+                               f"but item {i} is a {type(task).__name__}")
+    return tasks
+
+
+def taskset_harness(module: ModuleType, ref: str) -> Harness:
+    """The taskset's ``harness()``, checked.
+
+    Raises:
+        TasksetError: it raised, or returned something not a ``Harness``.
+    """
+    try:
+        harness = module.harness()
+    except Exception as e:  # noqa: BLE001 - the user's code: its failure is one line, not a traceback
+        raise TasksetError(f"harness() of {ref} raised {type(e).__name__}: {e}") from None
+    if not isinstance(harness, Harness):
+        raise TasksetError(f"harness() of {ref} must return a Harness (e.g. ChatHarness()), "
+                           f"got a {type(harness).__name__}")
+    return harness

@@ -1,0 +1,100 @@
+"""Command-line values: one-line errors in argparse's style, and the types of eval's flags.
+
+A bad value is one line naming the flag and what it must be (``rollout-ray eval: error:
+argument --samples: must be >= 1, got 0``), never a traceback: each flag's type checks its
+range, and what can only be checked after parsing (the taskset, the merged config) raises
+``UsageError``, which ``main`` prints the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from pydantic import ValidationError
+
+
+class UsageError(Exception):
+    """A bad command line found after parsing; printed as ``<prog>: error: <message>``, exit 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """``ArgumentParser`` whose errors are one line (no usage block): the message names the flag."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def integer(minimum: int) -> Callable[[str], int]:
+    """An int flag's type: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(*, above: float | None = None, minimum: float | None = None, maximum: float | None = None
+           ) -> Callable[[str], float]:
+    """A float flag's type: finite, ``> above``, ``>= minimum``, ``<= maximum`` (those given)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if above is not None and not value > above:
+            raise argparse.ArgumentTypeError(f"must be > {above:g}, got {text}")
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum:g}, got {text}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum:g}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def k_list(text: str) -> tuple[int, ...]:
+    """``--pass-k 1,4,8``: distinct integers >= 1, sorted."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers such as 1,4,8, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"must be integers >= 1 such as 1,4,8, got {text!r}")
+    return tuple(sorted(set(values)))
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """``--sampling '{"temperature": 0.7}'``: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r} ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object such as '{{\"temperature\": 0.7}}', got {text!r}")
+    return value
+
+
+def one_line(error: ValidationError) -> str:
+    """A pydantic error as one line: ``location: message`` for each problem."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in error.errors())
+
+
+def print_error(prog: str, message: str) -> None:
+    print(f"{prog}: error: {message}", file=sys.stderr)

@@ -1,0 +1,74 @@
+"""Where eval's run goes and how it comes back: the latest run to resume, the command that
+continues an interrupted one, and the model a server serves."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import urllib.error
+import urllib.request
+
+from .._errors import CorruptManifest
+from .._record.store import MANIFEST_NAME, read_manifest
+from .arguments import UsageError
+
+RUNS_ROOT = "runs"
+
+
+def latest_run(taskset: str, root: str = RUNS_ROOT) -> str:
+    """The run directory under ``root`` of ``taskset`` made last (for ``--resume`` without ``--out``).
+
+    Raises:
+        UsageError: there is none; the message lists the runs that are there.
+    """
+    runs = []
+    names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    for name in names:
+        path = os.path.join(root, name)
+        if not os.path.exists(os.path.join(path, MANIFEST_NAME)):
+            continue
+        try:
+            manifest = read_manifest(path)
+        except CorruptManifest:
+            continue
+        runs.append((manifest.created, name, manifest.config.get("taskset")))
+    mine = sorted((created, name) for created, name, ref in runs if ref == taskset)
+    if mine:
+        return os.path.join(root, mine[-1][1])
+    there = ", ".join(f"{name} ({ref})" for _, name, ref in sorted(runs)[-5:]) or "none"
+    raise UsageError(f"--resume without --out: no run of {taskset} under {root}/ (runs there: {there}); "
+                     "pass --out RUN_DIR")
+
+
+def continue_command(argv: list[str], out: str) -> str:
+    """The eval command line that resumes ``argv``'s run in ``out``."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--out":
+            skip = True
+        elif not (arg == "--resume" or arg.startswith("--out=")):
+            kept.append(arg)
+    return shlex.join(["rollout-ray", *kept, "--resume", "--out", out])
+
+
+def served_model(url: str, api_key: str | None, timeout: float = 10.0) -> str:
+    """The one model the server at ``url`` serves (its ``/models``), for ``--model-url`` without ``--model``.
+
+    Raises:
+        UsageError: the server cannot be asked, or serves none or several (they are listed).
+    """
+    request = urllib.request.Request(url.rstrip("/") + "/models",
+                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            ids = [m["id"] for m in json.load(response)["data"]]
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise UsageError(f"--model-url {url}: cannot list its models ({reason}); pass --model NAME") from None
+    if len(ids) != 1:
+        listed = ", ".join(ids) if ids else "none"
+        raise UsageError(f"--model-url {url} serves {len(ids)} models ({listed}); pass --model NAME")
+    return str(ids[0])
