@@ -115,7 +115,8 @@ class OpenAIModel(Model):
             extensions ask for token ids and log-probabilities (see the module docstring).
         cooldown: seconds a failed server stays out of rotation (several servers).
 
-    A request takes at most ``(retries + 1) * timeout + retries * max_backoff`` seconds.
+    A request takes at most ``(retries + 1) * timeout + retries * max_backoff`` seconds, plus
+    one ``timeout`` per server that a failure takes out of rotation (the call moves on).
     """
 
     shareable = True
@@ -188,13 +189,13 @@ class OpenAIModel(Model):
                 self.pool.succeeded(server)
                 return response
             except _Transient as e:
-                moved = self.pool.failed(server, unreachable=e.unreachable)
-                delay = 0.0 if moved else self._delay(attempt, e.retry_after)
+                if self.pool.failed(server, unreachable=e.unreachable):
+                    continue  # that server is out, another is in: move on at once, as a fresh try
+                delay = self._delay(attempt, e.retry_after)
                 if attempt >= self.retries or delay is None:
                     raise e.error from None
             attempt += 1
-            if delay:
-                await asyncio.sleep(delay)
+            await asyncio.sleep(delay)
 
     def _body(self, request: Request, model: str | None, sampling: dict[str, Any], dialect: str | None) -> bytes:
         return encode_request(request, sampling, model=model or self.name, stream=self._streams(dialect),

@@ -1,0 +1,160 @@
+"""Session affinity: X-Session-ID upstream, least-in-flight then sticky routing, failover.
+
+Real proxy, real simulated servers on 127.0.0.1; the pool's clock is a fake, so cooldowns
+pass when the test says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+from capture_rig import QUESTION, Rig, recording_server, rig, run
+
+from rollout_ray import RolloutSession, Trace, TraceTask
+from rollout_ray._core.interception import Slot
+from rollout_ray._serving.affinity import ServerPool
+from rollout_ray._serving.proxy import HTTPInterception
+from rollout_ray._serving.upstream import OpenAIModel
+from rollout_ray._simulated.config import SimulatedModelConfig
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def turn(r: Rig, slot: Slot, conversation: list[Any], text: str) -> int:
+    """Send the next user turn of ``conversation``; returns the index of the server that answered."""
+    before = [s.stats.requests for s in r.servers]
+    conversation.append({"role": "user", "content": text})
+    status, body = await r.post(slot, {"messages": conversation})
+    assert status == 200, body
+    conversation.append(body["choices"][0]["message"])
+    grew = [i for i, s in enumerate(r.servers) if s.stats.requests > before[i]]
+    return grew[-1]
+
+
+def three(**config: Any) -> list[SimulatedModelConfig]:
+    return [SimulatedModelConfig(ttft=0, **config) for _ in range(3)]
+
+
+def test_upstream_requests_carry_the_trace_id_as_x_session_id() -> None:
+    async def main() -> None:
+        async with recording_server() as (url, seen, _), HTTPInterception() as proxy, \
+                aiohttp.ClientSession() as client:
+            model = OpenAIModel(url)
+            sessions = [RolloutSession(Trace(task=TraceTask(type="T")), model) for _ in range(2)]
+            for session in sessions:
+                async with proxy.serve(session) as slot:
+                    auth = {"Authorization": f"Bearer {slot.model_secret}"}
+                    async with client.post(f"{slot.base_url}/v1/chat/completions", json={"messages": QUESTION},
+                                           headers=auth) as resp:
+                        assert resp.status == 200
+            await model.aclose()
+            assert [r.headers["X-Session-ID"] for r in seen] == [s.trace.id for s in sessions]
+
+    run(main)
+
+
+def test_first_calls_spread_over_the_servers_then_each_session_sticks() -> None:
+    async def main() -> None:
+        async with rig(*three(), backoff=0) as r:
+            opened = [await r.open_session() for _ in range(6)]
+            conversations: list[list[Any]] = [[] for _ in opened]
+            first = [await turn(r, slot, c, "What is 2+2?") for (_, slot), c in zip(opened, conversations)]
+            assert sorted(first) == [0, 0, 1, 1, 2, 2]
+            for k in (3, 4):
+                later = [await turn(r, slot, c, f"What is {k}+{k}?") for (_, slot), c in zip(opened, conversations)]
+                assert later == first
+
+    run(main)
+
+
+def test_a_killed_server_is_taken_out_its_sessions_move_and_it_returns_after_the_cooldown() -> None:
+    async def main() -> None:
+        clock = Clock()
+        async with rig(*three(), backoff=0, retries=0, cooldown=30.0) as r:
+            r.model.pool.clock = clock
+            opened = [await r.open_session() for _ in range(6)]
+            conversations: list[list[Any]] = [[] for _ in opened]
+            first = [await turn(r, slot, c, "What is 2+2?") for (_, slot), c in zip(opened, conversations)]
+            killed = first[0]
+            port = int(r.servers[killed].base_url.rsplit(":", 1)[1].split("/")[0])  # type: ignore[union-attr]
+            await r.servers[killed].stop()
+            second = [await turn(r, slot, c, "What is 3+3?") for (_, slot), c in zip(opened, conversations)]
+            for before, after in zip(first, second):
+                assert after == before if before != killed else after != killed
+            assert r.model.pool.servers[killed].down_until == clock.now + 30.0
+            third = [await turn(r, slot, c, "What is 4+4?") for (_, slot), c in zip(opened, conversations)]
+            assert third == second  # moved sessions stay where they went
+            assert all(len(c) == 6 for c in conversations)
+            # Back on its port; once the cooldown is over it takes new sessions again.
+            await r.servers[killed].start(port=port)
+            clock.now += 30.0
+            fresh = [await r.open_session() for _ in range(3)]
+            landed = [await turn(r, slot, [], "What is 5+5?") for _, slot in fresh]
+            assert killed in landed
+
+    run(main)
+
+
+def test_a_server_failing_with_5xx_is_taken_out_after_max_failures_and_the_call_moves_on() -> None:
+    async def main() -> None:
+        configs = [SimulatedModelConfig(ttft=0, rate_5xx=1.0), *three()[:2]]
+        async with rig(*configs, backoff=0, retries=2) as r:
+            r.model.pool.clock = Clock()
+            opened = [await r.open_session() for _ in range(3)]
+            landed = [await turn(r, slot, [], "What is 2+2?") for _, slot in opened]
+            assert 0 not in landed
+            assert r.servers[0].stats.requests == 3 and set(r.servers[0].stats.by_status) <= {500, 502, 503}
+            assert r.model.pool.servers[0].down_until > 0
+
+    run(main)
+
+
+def test_every_server_down_still_tries_the_one_back_soonest() -> None:
+    clock = Clock()
+    pool = ServerPool(["http://a/v1", "http://b/v1"], cooldown=10.0, clock=clock)
+    a, b = pool.servers
+    assert pool.failed(a, unreachable=True) is True
+    clock.now += 1
+    assert pool.failed(b, unreachable=True) is False  # nobody left to move to
+    assert pool.pick("s") is a
+
+
+def test_least_in_flight_picks_the_idlest_server_for_a_new_session() -> None:
+    pool = ServerPool(["http://a/v1", "http://b/v1", "http://c/v1"])
+    for server, load in zip(pool.servers, (2, 0, 1)):
+        server.inflight = load
+    assert pool.pick("new").url == "http://b/v1"
+    pool.servers[1].inflight = 5
+    assert pool.pick("new").url == "http://b/v1"  # sticky, whatever the load now
+    assert pool.pick(None).url == "http://c/v1"  # no session: no affinity
+
+
+def test_the_sticky_table_is_bounded() -> None:
+    pool = ServerPool(["http://a/v1", "http://b/v1"], max_sessions=2)
+    for s in ("s1", "s2", "s3"):
+        pool.pick(s)
+    assert pool.session_server("s1") is None and pool.session_server("s3") is not None
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"cooldown": -1.0}, r"^`cooldown` must be >= 0, got -1.0$"),
+    ({"max_failures": 0}, r"^`max_failures` must be >= 1, got 0$"),
+])
+def test_pool_settings_are_checked(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ServerPool(["http://a/v1"], **kwargs)
+
+
+def test_base_url_needs_a_server_and_token_capture_a_known_dialect() -> None:
+    with pytest.raises(ValueError, match=r"^`base_url` must name at least one server$"):
+        OpenAIModel([])
+    with pytest.raises(ValueError, match=r"^`token_capture` must be 'vllm', 'sglang', 'auto' or None, got 'tgi'$"):
+        OpenAIModel("http://a/v1", token_capture="tgi")  # type: ignore[arg-type]
