@@ -16,6 +16,7 @@ import os
 from collections import Counter
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -100,9 +101,11 @@ class RunDirectory:
             raise
 
     def write(self, samples: pa.Table, summaries: pa.Table) -> None:
-        """Store finalized groups: their samples' rows, then their summary rows."""
+        """Store finalized groups: their samples' rows (with ``filter_columns``), then their
+        summary rows."""
         assert self._samples is not None and self._groups is not None, "open() first"
-        self._samples.write(samples)
+        sampling = self.config.get("eval", {}).get("sampling") or {}
+        self._samples.write(with_filter_columns(samples, sampling))
         self._samples.flush()
         self._groups.write(summaries)
         self._groups.flush()
@@ -139,6 +142,64 @@ class RunDirectory:
                 self.earlier_errors[key] = list(record.trace.errors)
             else:
                 self.pending.setdefault(record.group_id, []).append(record)
+
+
+class _Agent(msgspec.Struct):
+    harness: str = ""
+    model: str | None = None
+
+
+class _Task(msgspec.Struct):
+    data: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class _Described(msgspec.Struct):
+    """The part of a stored ``Trace`` the filter columns come from (the rest is skipped)."""
+
+    task: _Task = msgspec.field(default_factory=_Task)
+    agent: _Agent = msgspec.field(default_factory=_Agent)
+
+
+_DESCRIBED = msgspec.msgpack.Decoder(_Described)
+
+DATA_PREFIX = "data_"
+"""The filter columns of a task's data fields are named ``data_<field>``."""
+
+
+def with_filter_columns(samples: pa.Table, sampling: dict[str, Any]) -> pa.Table:
+    """``samples`` plus the columns users filter on: ``model``, ``harness``, ``sampling`` (the
+    run's, JSON) and each of the task's data fields as ``data_<field>`` (its value where every
+    row's is a scalar of one type, JSON otherwise). ``trace`` stays the lossless record."""
+    if not samples.num_rows or "trace" not in samples.column_names or "harness" in samples.column_names:
+        return samples
+    described = [_DESCRIBED.decode(blob) for blob in samples.column("trace").to_pylist()]
+    columns: dict[str, pa.Array] = {
+        "model": pa.array([d.agent.model for d in described], pa.string()),
+        "harness": pa.array([d.agent.harness for d in described], pa.string()),
+        "sampling": pa.array([_JSON.encode(sampling).decode()] * len(described), pa.string()),
+    }
+    names = dict.fromkeys(k for d in described for k in d.task.data)
+    for name in names:
+        columns[DATA_PREFIX + name] = _data_column([d.task.data.get(name) for d in described])
+    for name, column in columns.items():
+        if name not in samples.column_names:
+            samples = samples.append_column(name, column)
+    return samples
+
+
+_JSON = msgspec.json.Encoder()
+_SCALARS = {bool: pa.bool_(), int: pa.int64(), float: pa.float64(), str: pa.string()}
+
+
+def _data_column(values: list[Any]) -> pa.Array:
+    kinds = {type(v) for v in values if v is not None}
+    if kinds == {int, float}:
+        kinds = {float}
+    if not kinds:
+        return pa.nulls(len(values))  # null-typed: it takes the type of another shard's values
+    if len(kinds) == 1 and (kind := next(iter(kinds))) in _SCALARS:
+        return pa.array(values, _SCALARS[kind])
+    return pa.array([None if v is None else _JSON.encode(v).decode() for v in values], pa.string())
 
 
 def _lost(error_type: str | None) -> bool:

@@ -42,6 +42,8 @@ import pyarrow.parquet as pq
 from .._errors import CorruptManifest, CorruptShard, ForeignShard, RunInUse
 from .arrow import ARROW_SCHEMA_VERSION, CONVERSATION_COLUMNS, TRACE_SCHEMA, check_schema
 
+_SCHEMA_NAMES = frozenset(TRACE_SCHEMA.names)
+
 MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
 GROUPS_DIR = "groups"
@@ -311,7 +313,7 @@ def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = No
     if not tables:
         names = TRACE_SCHEMA.names if columns is None else list(columns)
         return TRACE_SCHEMA.empty_table().select(names)
-    table = _latest_per_key(pa.concat_tables(tables, promote_options="permissive"))
+    table = _latest_per_key(_concat(tables))
     if columns is None:
         return table
     check_schema(table, columns)  # a column no shard has
@@ -376,6 +378,31 @@ def _stored_columns(run_dir: str | os.PathLike[str]) -> list[str]:
         with _unreadable_is_corrupt(path):
             names.update(dict.fromkeys(pq.read_schema(path).names))
     return list(names)
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    """One table of the shards'; a column beyond ``TRACE_SCHEMA`` typed differently by two
+    shards (a task data field, int in one and text in another) becomes text in all."""
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        types: dict[str, set[pa.DataType]] = {}
+        for table in tables:
+            for field in table.schema:
+                if field.name not in _SCHEMA_NAMES and not pa.types.is_null(field.type):
+                    types.setdefault(field.name, set()).add(field.type)
+        mixed = {name for name, found in types.items() if len(found) > 1}
+        if not mixed:
+            raise
+        tables = [_as_text(table, mixed) for table in tables]
+        return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _as_text(table: pa.Table, names: set[str]) -> pa.Table:
+    for name in names & set(table.column_names):
+        i = table.column_names.index(name)
+        table = table.set_column(i, name, table.column(name).cast(pa.string()))
+    return table
 
 
 def _latest_per_key(table: pa.Table) -> pa.Table:
