@@ -5,27 +5,39 @@ durations) are what reports, the env finalize and resume read; the *conversation
 (``messages`` as JSON and ``trace`` as the msgpack of the whole Trace, the lossless copy) are
 large and a reader skips them by selecting columns. ``table_to_traces`` decodes the ``trace``
 column only, so every Trace field survives the table whatever the scalar columns hold.
+
+The *token* columns (schema version 2) are the trace's training sequences
+(``tokens.token_sequences``), one list per sequence in each row: ``input_ids``
+(list<list<int32>>), ``loss_mask`` (list<list<int8>>), ``logprobs`` (list<list<float32>>),
+``token_branch`` (the branch of each sequence) and ``token_drift`` (the drifted turns). A row
+stays one rollout, so the table keeps its key; a rollout with one branch and no drift has one
+sequence. A rollout without token ids has nulls there. They count among the conversation
+columns, the large ones a reader of outcomes leaves out. A table of version 1 lacks them and
+is still read whole.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 
 from .._errors import SchemaMismatch
+from .tokens import TokenSequence, has_tokens, token_drift, token_sequences
 from .trace import Trace
 from .wire import wire_message
 
 # WARNING: the schema evolves by appending columns at the end of TRACE_SCHEMA, never by
 # retyping, renaming or reordering one. Bump only for an incompatible change: a reader refuses
 # a table whose version is newer than the one it knows.
-ARROW_SCHEMA_VERSION = 1
+ARROW_SCHEMA_VERSION = 2
 
 VERSION_KEY = b"rollout_ray.schema_version"
 """The schema-metadata key holding ``ARROW_SCHEMA_VERSION`` (ASCII digits)."""
@@ -66,9 +78,17 @@ _SCALAR_FIELDS = [
     pa.field("finalize_s", pa.float64()),
     pa.field("scoring_s", pa.float64()),
 ]
+_TOKEN_FIELDS = [
+    pa.field("input_ids", pa.list_(pa.list_(pa.int32()))),
+    pa.field("loss_mask", pa.list_(pa.list_(pa.int8()))),
+    pa.field("logprobs", pa.list_(pa.list_(pa.float32()))),
+    pa.field("token_branch", pa.list_(pa.int32())),
+    pa.field("token_drift", pa.list_(pa.int32())),
+]
 _CONVERSATION_FIELDS = [
     pa.field("messages", pa.string()),
     pa.field("trace", pa.binary()),
+    *_TOKEN_FIELDS,
 ]
 
 TRACE_SCHEMA: pa.Schema = pa.schema(
@@ -81,13 +101,21 @@ SCALAR_COLUMNS: tuple[str, ...] = tuple(f.name for f in _SCALAR_FIELDS)
 """The small columns: everything but the conversation."""
 
 CONVERSATION_COLUMNS: tuple[str, ...] = tuple(f.name for f in _CONVERSATION_FIELDS)
-"""The large columns: the last branch's messages (JSON) and the whole trace (msgpack)."""
+"""The large columns: the last branch's messages (JSON), the whole trace (msgpack), the tokens."""
+
+TOKEN_COLUMNS: tuple[str, ...] = tuple(f.name for f in _TOKEN_FIELDS)
+"""The training sequences of each rollout (null: it has no token ids)."""
+
+_ADDED_IN = dict.fromkeys(TOKEN_COLUMNS, 2)
+"""Columns appended after version 1, by the version that added them."""
 
 _SCHEMA_NAMES = frozenset(TRACE_SCHEMA.names)
 
 _ENCODER = msgspec.msgpack.Encoder()
 _JSON_ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Trace)
+
+log = logging.getLogger("rollout_ray")
 
 
 @dataclass(frozen=True)
@@ -170,9 +198,49 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
         "scoring_s": [tm.scoring.duration for tm in timings],
         "messages": [_JSON_ENCODER.encode([wire_message(m) for m in t.messages]) for t in traces],
         "trace": [_ENCODER.encode(t) for t in traces],
+        **_token_columns(traces),
     }
     arrays = [_to_array(columns[f.name], f.type) for f in TRACE_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=TRACE_SCHEMA)
+
+
+def _token_columns(traces: Sequence[Trace]) -> dict[str, pa.Array]:
+    """The token columns; all null, at the cost of a check per call, when no trace has ids."""
+    rows = [_sequences(t) if has_tokens(t) else None for t in traces]
+    if all(r is None for r in rows):
+        return {f.name: pa.nulls(len(traces), f.type) for f in _TOKEN_FIELDS}
+    null = pa.array([r is None for r in rows])
+    outer = _offsets(len(r or ()) for r in rows)
+    sequences = [s for r in rows for s in r or ()]
+    inner = _offsets(len(s.input_ids) for s in sequences)
+
+    def nested(values: list[Any], type_: pa.DataType) -> pa.Array:
+        lists = pa.ListArray.from_arrays(inner, pa.array(values, type_))
+        return pa.ListArray.from_arrays(outer, lists, mask=null)
+
+    return {
+        "input_ids": nested([i for s in sequences for i in s.input_ids], pa.int32()),
+        "loss_mask": nested([m for s in sequences for m in s.loss_mask], pa.int8()),
+        "logprobs": nested([x for s in sequences for x in s.logprobs], pa.float32()),
+        "token_branch": pa.ListArray.from_arrays(outer, pa.array([s.branch for s in sequences], pa.int32()),
+                                                 mask=null),
+        "token_drift": pa.array([token_drift(t) if r is not None else None for t, r in zip(traces, rows)],
+                                pa.list_(pa.int32())),
+    }
+
+
+def _sequences(trace: Trace) -> list[TokenSequence] | None:
+    try:
+        return token_sequences(trace)
+    except ValueError as e:  # one bad record must not cost the batch its table
+        log.warning("rollout=%s token columns left null: %s", trace.id, e)
+        return None
+
+
+def _offsets(sizes: Iterable[int]) -> pa.Array:
+    offsets = np.zeros(1, np.int32)
+    counts = np.fromiter(sizes, np.int64)
+    return pa.array(np.concatenate([offsets, np.cumsum(counts)]).astype(np.int32))
 
 
 def _to_array(values: pa.Array | list[Any], type_: pa.DataType) -> pa.Array:
@@ -242,7 +310,9 @@ def check_schema(
     """Check that a table (or schema) is a trace table this code can read.
 
     A table without the version metadata is accepted when its columns match. Columns beyond
-    ``TRACE_SCHEMA`` are allowed (appended by a newer writer of the same version).
+    ``TRACE_SCHEMA`` are allowed (appended by a newer writer of the same version). When the
+    whole schema is checked, a column added after the table's version (or in any version, for
+    a table without one) may be absent: an older shard is read as it was written.
 
     Args:
         table_or_schema: the table, record batch or schema to check.
@@ -254,11 +324,13 @@ def check_schema(
             ``ARROW_SCHEMA_VERSION`` (or not an integer).
     """
     schema = table_or_schema if isinstance(table_or_schema, pa.Schema) else table_or_schema.schema
-    _check_version(schema.metadata or {})
+    version = _check_version(schema.metadata or {})
     names = TRACE_SCHEMA.names if columns is None else columns
     for name in names:
         expected = TRACE_SCHEMA.field(name).type if name in _SCHEMA_NAMES else None
         index = schema.get_field_index(name)
+        if index < 0 and columns is None and (version or 0) < _ADDED_IN.get(name, 0):
+            continue
         if index < 0:
             wanted = str(expected) if expected is not None else "any type"
             raise SchemaMismatch(
@@ -277,10 +349,11 @@ def check_schema(
             )
 
 
-def _check_version(metadata: dict[bytes, bytes]) -> None:
+def _check_version(metadata: dict[bytes, bytes]) -> int | None:
+    """The table's schema version (``None``: not recorded), if this code can read it."""
     raw = metadata.get(VERSION_KEY)
     if raw is None:
-        return
+        return None
     try:
         version = int(raw)
     except ValueError:
@@ -296,3 +369,4 @@ def _check_version(metadata: dict[bytes, bytes]) -> None:
             expected=str(ARROW_SCHEMA_VERSION),
             found=str(version),
         )
+    return version

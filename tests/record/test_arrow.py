@@ -38,6 +38,7 @@ from rollout_ray._record.arrow import (
     ARROW_SCHEMA_VERSION,
     CONVERSATION_COLUMNS,
     SCALAR_COLUMNS,
+    TOKEN_COLUMNS,
     TRACE_SCHEMA,
     RolloutRecord,
     SchemaMismatch,
@@ -266,12 +267,16 @@ V1_COLUMNS = (
 """Version 1's columns in order: the schema may only append after these."""
 
 
+V2_COLUMNS = V1_COLUMNS + ("input_ids", "loss_mask", "logprobs", "token_branch", "token_drift")
+"""Version 2 appended the token columns."""
+
+
 def test_schema_is_versioned_and_only_appends() -> None:
-    assert ARROW_SCHEMA_VERSION == 1
-    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"1"}
-    assert tuple(TRACE_SCHEMA.names[: len(V1_COLUMNS)]) == V1_COLUMNS
+    assert ARROW_SCHEMA_VERSION == 2
+    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"2"}
+    assert tuple(TRACE_SCHEMA.names) == V2_COLUMNS
     assert SCALAR_COLUMNS + CONVERSATION_COLUMNS == tuple(TRACE_SCHEMA.names)
-    assert CONVERSATION_COLUMNS == ("messages", "trace")
+    assert CONVERSATION_COLUMNS == ("messages", "trace", *TOKEN_COLUMNS)
     assert records_to_table([full_record()]).schema.metadata == TRACE_SCHEMA.metadata
 
 
@@ -334,13 +339,13 @@ def test_a_mistyped_column_is_a_schema_mismatch() -> None:
 
 def test_a_newer_schema_version_is_refused() -> None:
     table = records_to_table([full_record()])
-    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"2"})
+    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"3"})
     with pytest.raises(
         SchemaMismatch,
-        match=r"^trace table has schema version 2, newer than version 1 known here; "
+        match=r"^trace table has schema version 3, newer than version 2 known here; "
         r"upgrade rollout_ray to read it$",
     ):
         check_schema(newer)
-    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 2"):
+    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 3"):
         table_to_traces(newer)
     check_schema(table.replace_schema_metadata({b"rollout_ray.schema_version": b"1"}))

@@ -14,6 +14,7 @@ import pytest
 
 from rollout_ray import Trace, TraceTask
 from rollout_ray._record.arrow import (
+    ARROW_SCHEMA_VERSION,
     TRACE_SCHEMA,
     RolloutRecord,
     SchemaMismatch,
@@ -160,7 +161,7 @@ def test_manifest_round_trips(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "run") == ["manifest.json"]
     assert read_manifest(tmp_path / "run") == manifest
     assert json.loads(path.read_text())["config"] == {"model": "m", "n": [1, 2]}
-    assert (manifest.schema_version, manifest.version) == (1, 1)
+    assert (manifest.schema_version, manifest.version) == (ARROW_SCHEMA_VERSION, 1)
 
 
 def test_manifest_records_versions_without_importing_ray() -> None:
