@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._record.arrow import RolloutRecord, records_to_table
+from .batch import batch_arrays
 from .finalize import FinalizeConfig, GroupJudge, finalize
 from .run_dir import RunDirectory
 
@@ -38,6 +39,15 @@ class Group:
     group_id: str
     samples: pa.Table
     summary: pa.Table
+
+    def batch(self, pad_to: int | None = None, pad_id: int = 0) -> dict[str, np.ndarray]:
+        """The group as padded training arrays: ``input_ids``, ``attention_mask``, ``loss_mask``,
+        ``old_logprobs``, ``advantages`` (one row per sequence of each sample; ``_driver/batch.py``).
+
+        Raises:
+            ValueError: a sequence is longer than ``pad_to``, or the samples have no token columns.
+        """
+        return batch_arrays(self.samples, pad_to=pad_to, pad_id=pad_id)
 
 
 class GroupCloser:

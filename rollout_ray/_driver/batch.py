@@ -1,0 +1,93 @@
+"""A finalized group as the padded numpy arrays a trainer's step takes (``Group.batch``).
+
+One row per training sequence of each sample, in sample order: a sample has one sequence
+per branch, and one more for each turn whose chat template drifted (``_record/tokens.py``);
+``sample_idx`` and ``branch`` map the rows back. A sample is left out when it has no token
+ids, or its advantage is null (a failed sample ``FinalizeConfig.failed="mask"`` did not
+count). Rows are padded on the right, to ``pad_to`` or to the longest sequence.
+
+=================  ===============  =======================================================
+array              dtype, shape     value
+=================  ===============  =======================================================
+``input_ids``      int64 [R, T]     the ids, then ``pad_id``
+``attention_mask`` int64 [R, T]     1 on ids, 0 on padding
+``loss_mask``      float32 [R, T]   1.0 on ids the policy sampled, else 0.0
+``old_logprobs``   float32 [R, T]   the sampling logprob of each sampled id, else 0.0
+                                    (NaN: the server returned none for that id)
+``advantages``     float32 [R, T]   the sample's advantage where ``loss_mask`` is 1, else 0.0
+``sample_idx``     int64 [R]        the row's sample in the group
+``branch``         int64 [R]        the row's branch in that sample's trace
+=================  ===============  =======================================================
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .._record.arrow import TOKEN_COLUMNS
+
+__all__ = ["batch_arrays"]
+
+
+def batch_arrays(samples: pa.Table, *, pad_to: int | None = None, pad_id: int = 0) -> dict[str, np.ndarray]:
+    """The training arrays of a group's ``samples`` (a finalized trace table); see the module.
+
+    Raises:
+        ValueError: ``pad_to`` is below 1, a sequence is longer than ``pad_to``, or
+            ``samples`` lacks the token or ``advantage`` columns.
+    """
+    if pad_to is not None and pad_to < 1:
+        raise ValueError(f"`pad_to` must be >= 1 or None, got {pad_to}")
+    missing = [c for c in ("sample_idx", "advantage", *TOKEN_COLUMNS[:3], "token_branch")
+               if c not in samples.column_names]
+    if missing:
+        raise ValueError(f"samples lack the column(s) {', '.join(missing)}: pass a finalized group's "
+                         "samples, written with token columns (schema version 2)")
+    kept = samples.filter(pc.and_(pc.is_valid(samples["advantage"]), pc.is_valid(samples["input_ids"])))
+    per_sample = _numpy(pc.list_value_length(kept["input_ids"]), np.int64)
+    ids, starts, lengths = _flat(kept["input_ids"])
+    rows = len(lengths)
+    sample_idx = np.repeat(_numpy(kept["sample_idx"], np.int64), per_sample)
+    branch = _numpy(pc.list_flatten(kept["token_branch"]), np.int64)
+    width = pad_to if pad_to is not None else int(lengths.max(initial=0))
+    too_long = np.flatnonzero(lengths > width)
+    if too_long.size:
+        r = int(too_long[0])
+        raise ValueError(f"sample {sample_idx[r]} (branch {branch[r]}) has a sequence of {lengths[r]} ids, "
+                         f"more than pad_to={width}: raise pad_to, or leave it None to pad to the longest")
+    at = (np.repeat(np.arange(rows), lengths), np.arange(ids.size) - np.repeat(starts, lengths))
+
+    def padded(values: np.ndarray, dtype: type, fill: float = 0) -> np.ndarray:
+        out = np.full((rows, width), fill, dtype)
+        out[at] = values
+        return out
+
+    loss_mask = padded(_flat(kept["loss_mask"])[0], np.float32)
+    advantage = np.repeat(_numpy(kept["advantage"], np.float32), per_sample)
+    return {
+        "input_ids": padded(ids, np.int64, pad_id),
+        "attention_mask": padded(np.ones(ids.size, np.int64), np.int64),
+        "loss_mask": loss_mask,
+        "old_logprobs": padded(_flat(kept["logprobs"])[0], np.float32),
+        "advantages": loss_mask * advantage[:, None],
+        "sample_idx": sample_idx,
+        "branch": branch,
+    }
+
+
+def _numpy(values: pa.Array | pa.ChunkedArray, dtype: type) -> np.ndarray:
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ids of every sequence of every row, laid end to end; each sequence's start and length."""
+    sequences = pc.list_flatten(column)  # list<list<x>> → one list per sequence
+    lengths = _numpy(pc.list_value_length(sequences), np.int64)
+    starts = np.cumsum(lengths) - lengths
+    return _numpy(pc.list_flatten(sequences), np.float64 if _is_float(column) else np.int64), starts, lengths
+
+
+def _is_float(column: pa.ChunkedArray) -> bool:
+    return pa.types.is_floating(column.type.value_type.value_type)

@@ -1,0 +1,109 @@
+"""Group.batch: a finalized group as padded training arrays, checked against a hand-built example."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from rollout_ray import AssistantMessage, Trace, TraceTask, UserMessage
+from rollout_ray._driver.closer import Group
+from rollout_ray._driver.finalize import FinalizeConfig, finalize
+from rollout_ray._record.arrow import TOKEN_COLUMNS, RolloutRecord, records_to_table
+from rollout_ray._record.trace import MessageNode, ModelCall
+
+
+def sample(reward: float, *, ok: bool = True) -> Trace:
+    trace = Trace(task=TraceTask("T"), ok=ok)
+    trace.record_reward("r", reward)
+    return trace
+
+
+def two_turns() -> Trace:
+    """prompt [1 2 3], sampled [10 11]; then [4] added, sampled [12]."""
+    trace = sample(1.0)
+    trace.nodes = [
+        MessageNode(None, UserMessage("q")),
+        MessageNode(0, AssistantMessage("a"), sampled=True, token_ids=[10, 11], logprobs=[-0.5, -0.25]),
+        MessageNode(1, UserMessage("more")),
+        MessageNode(2, AssistantMessage("b"), sampled=True, token_ids=[12], logprobs=[-1.0]),
+    ]
+    trace.calls = [ModelCall(node=1, prompt_ids=[1, 2, 3]), ModelCall(node=3, prompt_shared=5, prompt_ids=[4])]
+    return trace
+
+
+def two_branches(reward: float = 0.0, *, ok: bool = True) -> Trace:
+    """prompt [1 2], sampled [20] on one branch and [21 22] on another."""
+    trace = sample(reward, ok=ok)
+    trace.nodes = [
+        MessageNode(None, UserMessage("q")),
+        MessageNode(0, AssistantMessage("A"), sampled=True, token_ids=[20], logprobs=[-2.0]),
+        MessageNode(0, AssistantMessage("B"), sampled=True, token_ids=[21, 22], logprobs=[-0.125, -0.25]),
+    ]
+    trace.calls = [ModelCall(node=1, prompt_ids=[1, 2]), ModelCall(node=2, prompt_ids=[1, 2])]
+    return trace
+
+
+def group() -> Group:
+    """Four samples: two turns (reward 1), two branches (reward 0), a failed one (masked: null
+    advantage) and one without token ids (reward 0.5). Advantages r - mean: 0.5, -0.5, -, 0."""
+    traces = [two_turns(), two_branches(), two_branches(1.0, ok=False), sample(0.5)]
+    table = records_to_table([RolloutRecord(t, "run", "g", i) for i, t in enumerate(traces)])
+    samples = finalize(table, FinalizeConfig(normalize_std=False)).samples
+    return Group("g", samples, samples.slice(0, 0))
+
+
+def test_a_group_batches_one_row_per_sequence_padded_to_the_longest() -> None:
+    batch = group().batch()
+    expected = {
+        "input_ids": [[1, 2, 3, 10, 11, 4, 12], [1, 2, 20, 0, 0, 0, 0], [1, 2, 21, 22, 0, 0, 0]],
+        "attention_mask": [[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0]],
+        "loss_mask": [[0, 0, 0, 1, 1, 0, 1], [0, 0, 1, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0, 0]],
+        "old_logprobs": [[0, 0, 0, -0.5, -0.25, 0, -1.0], [0, 0, -2.0, 0, 0, 0, 0], [0, 0, -0.125, -0.25, 0, 0, 0]],
+        "advantages": [[0, 0, 0, 0.5, 0.5, 0, 0.5], [0, 0, -0.5, 0, 0, 0, 0], [0, 0, -0.5, -0.5, 0, 0, 0]],
+        "sample_idx": [0, 1, 1],
+        "branch": [0, 0, 1],
+    }
+    assert set(batch) == set(expected)
+    for name, values in expected.items():
+        np.testing.assert_array_equal(batch[name], np.array(values), err_msg=name)
+    dtypes = {name: array.dtype for name, array in batch.items()}
+    assert dtypes == {"input_ids": np.int64, "attention_mask": np.int64, "loss_mask": np.float32,
+                      "old_logprobs": np.float32, "advantages": np.float32, "sample_idx": np.int64,
+                      "branch": np.int64}
+
+
+def test_pad_to_and_pad_id_set_the_width_and_the_padding() -> None:
+    batch = group().batch(pad_to=9, pad_id=-1)
+    assert batch["input_ids"].shape == (3, 9)
+    np.testing.assert_array_equal(batch["input_ids"][1], [1, 2, 20, -1, -1, -1, -1, -1, -1])
+    assert batch["attention_mask"].sum() == 7 + 3 + 4
+
+
+def test_a_sequence_longer_than_pad_to_is_an_error_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"^sample 0 \(branch 0\) has a sequence of 7 ids, more than pad_to=6"):
+        group().batch(pad_to=6)
+    with pytest.raises(ValueError, match=r"^`pad_to` must be >= 1 or None, got 0$"):
+        group().batch(pad_to=0)
+
+
+def test_a_group_without_token_ids_batches_to_empty_arrays() -> None:
+    table = records_to_table([RolloutRecord(sample(r), "run", "g", i) for i, r in enumerate((0.0, 1.0))])
+    samples = finalize(table, FinalizeConfig()).samples
+    batch = Group("g", samples, samples.slice(0, 0)).batch(pad_to=4)
+    assert {name: array.shape for name, array in batch.items()} == {
+        "input_ids": (0, 4), "attention_mask": (0, 4), "loss_mask": (0, 4), "old_logprobs": (0, 4),
+        "advantages": (0, 4), "sample_idx": (0,), "branch": (0,)}
+
+
+def test_samples_without_token_columns_are_refused() -> None:
+    samples = group().samples.drop_columns(list(TOKEN_COLUMNS))
+    with pytest.raises(ValueError, match=r"^samples lack the column\(s\) input_ids, loss_mask, logprobs, token_branch"):
+        Group("g", samples, pa.table({})).batch()
+
+
+def test_rows_split_across_chunks_batch_alike() -> None:
+    samples = group().samples
+    chunked = pa.concat_tables([samples.slice(0, 1), samples.slice(1)])
+    for name, array in Group("g", chunked, samples.slice(0, 0)).batch().items():
+        np.testing.assert_array_equal(array, group().batch()[name], err_msg=name)
