@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -83,15 +83,26 @@ class WireUsage(msgspec.Struct):
     cost: float | None = None
 
 
-class WireLogprobs(msgspec.Struct):
-    content: list[TokenLogprob] | None = None
+class _Logprob(msgspec.Struct):
+    """What the capture reads of a ``logprobs.content`` entry the harness did not ask for
+    (decoding skips its bytes and alternatives)."""
+
+    logprob: float
+    token: str = ""
 
 
-class WireChoice(msgspec.Struct):
+L = TypeVar("L", TokenLogprob, _Logprob)
+
+
+class WireLogprobs(msgspec.Struct, Generic[L]):
+    content: list[L] | None = None
+
+
+class WireChoice(msgspec.Struct, Generic[L]):
     message: WireMessage
     finish_reason: str | None = None
     index: int = 0
-    logprobs: WireLogprobs | None = None
+    logprobs: WireLogprobs[L] | None = None
     token_ids: list[int] | None = None
     """vLLM and SGLang (``return_token_ids``): the completion's ids."""
     prompt_token_ids: list[int] | None = None
@@ -102,8 +113,8 @@ class WireMetadata(msgspec.Struct):
     weight_version: str | int | None = None
 
 
-class WireResponse(msgspec.Struct):
-    choices: list[WireChoice]
+class WireResponse(msgspec.Struct, Generic[L]):
+    choices: list[WireChoice[L]]
     model: str | None = None
     usage: WireUsage | None = None
     prompt_token_ids: list[int] | None = None
@@ -113,7 +124,8 @@ class WireResponse(msgspec.Struct):
 
 
 _REQUEST = msgspec.json.Decoder(WireRequest)
-_RESPONSE = msgspec.json.Decoder(WireResponse)
+_RESPONSE = msgspec.json.Decoder(WireResponse[TokenLogprob])
+_RESPONSE_SLIM = msgspec.json.Decoder(WireResponse[_Logprob])
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -233,7 +245,7 @@ def parse_response(body: bytes, *, capture: bool = False, logprobs: bool = True)
         WireError: the body is not a chat completion of one choice.
     """
     try:
-        wire = _RESPONSE.decode(body)
+        wire = (_RESPONSE if logprobs else _RESPONSE_SLIM).decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise WireError(f"malformed completion from the model: {e}") from None
     if len(wire.choices) != 1:
@@ -243,7 +255,7 @@ def parse_response(body: bytes, *, capture: bool = False, logprobs: bool = True)
     response = Response(message, _finish(choice.finish_reason), _usage(wire.usage), wire.model)  # type: ignore[arg-type]
     content = choice.logprobs.content if choice.logprobs is not None else None
     if logprobs:
-        response.logprobs = content
+        response.logprobs = content  # type: ignore[assignment]  # TokenLogprob when logprobs
     if capture:
         captured(response, wire.prompt_token_ids or choice.prompt_token_ids, choice.token_ids, content)
         response.policy_version = _version(wire.metadata.weight_version if wire.metadata else None)
@@ -251,7 +263,7 @@ def parse_response(body: bytes, *, capture: bool = False, logprobs: bool = True)
 
 
 def captured(response: Response, prompt_ids: list[int] | None, token_ids: list[int] | None,
-             content: list[TokenLogprob] | None) -> None:
+             content: list[TokenLogprob] | list[_Logprob] | None) -> None:
     """Set the token fields of ``response``; completion ids missing are read from ``token_id:N``
     logprob tokens (vLLM's ``return_tokens_as_token_ids``) when every token reads so."""
     response.prompt_token_ids = prompt_ids
@@ -262,7 +274,7 @@ def captured(response: Response, prompt_ids: list[int] | None, token_ids: list[i
     response.token_ids = token_ids
 
 
-def _ids_of_tokens(content: list[TokenLogprob]) -> list[int] | None:
+def _ids_of_tokens(content: list[TokenLogprob] | list[_Logprob]) -> list[int] | None:
     ids = []
     for entry in content:
         if not entry.token.startswith("token_id:"):
@@ -375,6 +387,7 @@ class StreamAssembler:
     def __init__(self, *, capture: bool = False, logprobs: bool = False) -> None:
         self.capture, self.keep_logprobs = capture, logprobs
         self.tokens = capture or logprobs
+        self._chunks = _CHUNK if logprobs else _CHUNK_SLIM
         self.prompt_ids: list[int] | None = None
         self.token_ids: list[int] = []
         self.logprobs: list[Any] = []
@@ -391,6 +404,9 @@ class StreamAssembler:
         if data.strip() == b"[DONE]":
             self.done = True
             return
+        if self.tokens:
+            self._feed_typed(data)
+            return
         try:
             chunk = msgspec.json.decode(data)
         except msgspec.DecodeError as e:
@@ -398,29 +414,49 @@ class StreamAssembler:
         self.model = chunk.get("model") or self.model
         if chunk.get("usage"):
             self.usage = _usage(msgspec.convert(chunk["usage"], WireUsage))
-        if self.tokens:
-            self._feed_tokens(chunk)
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             self.content.append(delta.get("content") or "")
             self.reasoning.append(delta.get("reasoning_content") or "")
-            for call in delta.get("tool_calls") or ():
-                slot = self.calls.setdefault(call.get("index", 0), {"id": "", "name": "", "arguments": ""})
-                function = call.get("function") or {}
-                slot["id"] = call.get("id") or slot["id"]
-                slot["name"] += function.get("name") or ""
-                slot["arguments"] += function.get("arguments") or ""
+            self._merge_calls(delta.get("tool_calls"))
             self.finish = choice.get("finish_reason") or self.finish
 
-    def _feed_tokens(self, chunk: dict[str, Any]) -> None:
-        self.prompt_ids = chunk.get("prompt_token_ids") or self.prompt_ids
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0):
+    def _merge_calls(self, calls: list[dict[str, Any]] | None) -> None:
+        for call in calls or ():
+            slot = self.calls.setdefault(call.get("index", 0), {"id": "", "name": "", "arguments": ""})
+            function = call.get("function") or {}
+            slot["id"] = call.get("id") or slot["id"]
+            slot["name"] += function.get("name") or ""
+            slot["arguments"] += function.get("arguments") or ""
+
+    def _feed_typed(self, data: bytes) -> None:
+        """``feed`` with token details: one chunk per token, so decoded into structs (faster
+        than dicts, and a logprob entry's unread fields are skipped)."""
+        try:
+            chunk = self._chunks.decode(data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as e:
+            raise WireError(f"malformed stream chunk from the model: {e}") from None
+        self.model = chunk.model or self.model
+        if chunk.usage is not None:
+            self.usage = _usage(chunk.usage)
+        if chunk.prompt_token_ids:
+            self.prompt_ids = chunk.prompt_token_ids
+        for choice in chunk.choices or ():
+            if choice.index:
                 raise WireError("malformed stream from the model: more than one choice, expected 1")
-            self.token_ids.extend(choice.get("token_ids") or ())
-            logprobs = choice.get("logprobs")
-            if isinstance(logprobs, dict):
-                self.logprobs.extend(logprobs.get("content") or ())
+            delta = choice.delta
+            if delta is not None:
+                if delta.content:
+                    self.content.append(delta.content)
+                if delta.reasoning_content:
+                    self.reasoning.append(delta.reasoning_content)
+                if delta.tool_calls:
+                    self._merge_calls(delta.tool_calls)
+            if choice.token_ids:
+                self.token_ids += choice.token_ids
+            if choice.logprobs is not None and choice.logprobs.content:
+                self.logprobs += choice.logprobs.content
+            self.finish = choice.finish_reason or self.finish
 
     def response(self) -> Response:
         if not self.done:
@@ -431,12 +467,35 @@ class StreamAssembler:
         )
         response = Response(message, _finish(self.finish), self.usage, self.model)
         if self.tokens:
-            try:
-                content = msgspec.convert(self.logprobs, list[TokenLogprob]) if self.logprobs else None
-            except msgspec.ValidationError as e:
-                raise WireError(f"malformed stream chunk from the model: logprobs: {e}") from None
+            content = self.logprobs or None
             if self.keep_logprobs:
                 response.logprobs = content
             if self.capture:
                 captured(response, self.prompt_ids, self.token_ids or None, content)
         return response
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class _ChunkChoice(msgspec.Struct, Generic[L]):
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+    index: int = 0
+    token_ids: list[int] | None = None
+    logprobs: WireLogprobs[L] | None = None
+
+
+class _Chunk(msgspec.Struct, Generic[L]):
+    choices: list[_ChunkChoice[L]] | None = None
+    model: str | None = None
+    usage: WireUsage | None = None
+    prompt_token_ids: list[int] | None = None
+    """vLLM: in the first chunk."""
+
+
+_CHUNK = msgspec.json.Decoder(_Chunk[TokenLogprob])
+_CHUNK_SLIM = msgspec.json.Decoder(_Chunk[_Logprob])

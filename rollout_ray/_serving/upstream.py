@@ -307,10 +307,44 @@ def _provider_error(status: int, text: str) -> ProviderError:
 
 async def _assemble(resp: aiohttp.ClientResponse, capture: bool, logprobs: bool) -> Response:
     assembler = StreamAssembler(capture=capture, logprobs=logprobs)
-    async for line in resp.content:
-        line = line.strip()
-        if line.startswith(b"data:"):
-            assembler.feed(line[5:].strip())
-            if assembler.done:
-                break
+    lines = LineSplitter()
+    async for block in resp.content.iter_any():
+        for line in lines.feed(block):
+            if _feed_line(assembler, line):
+                return assembler.response()
+    for line in lines.end():
+        _feed_line(assembler, line)
     return assembler.response()
+
+
+def _feed_line(assembler: StreamAssembler, line: bytes) -> bool:
+    """Feed one SSE line; returns whether the stream is over."""
+    line = line.strip()
+    if line.startswith(b"data:"):
+        assembler.feed(line[5:].strip())
+    return assembler.done
+
+
+class LineSplitter:
+    """Cuts network reads into lines. A stream has a line per token and two per event; one
+    await per line (``async for line in resp.content``) cost more than the rest of the
+    assembly, so what has arrived is split here. Linear in the bytes, however they arrive."""
+
+    def __init__(self) -> None:
+        self._pending: list[bytes] = []
+
+    def feed(self, block: bytes) -> list[bytes]:
+        """The lines ``block`` completes (without their ``\\n``)."""
+        head, newline, tail = block.rpartition(b"\n")
+        if not newline:
+            self._pending.append(block)
+            return []
+        self._pending.append(head)
+        lines = b"".join(self._pending).split(b"\n")
+        self._pending = [tail] if tail else []
+        return lines
+
+    def end(self) -> list[bytes]:
+        """The last line, if the stream did not end with a newline."""
+        rest, self._pending = b"".join(self._pending), []
+        return [rest] if rest else []
