@@ -214,14 +214,15 @@ def _token_columns(traces: Sequence[Trace]) -> dict[str, pa.Array]:
     sequences = [s for r in rows for s in r or ()]
     inner = _offsets(len(s.input_ids) for s in sequences)
 
-    def nested(values: list[Any], type_: pa.DataType) -> pa.Array:
-        lists = pa.ListArray.from_arrays(inner, pa.array(values, type_))
-        return pa.ListArray.from_arrays(outer, lists, mask=null)
+    def nested(name: str, dtype: type) -> pa.Array:
+        parts = [np.asarray(getattr(s, name), dtype) for s in sequences]
+        values = np.concatenate(parts) if parts else np.empty(0, dtype)
+        return pa.ListArray.from_arrays(outer, pa.ListArray.from_arrays(inner, pa.array(values)), mask=null)
 
     return {
-        "input_ids": nested([i for s in sequences for i in s.input_ids], pa.int32()),
-        "loss_mask": nested([m for s in sequences for m in s.loss_mask], pa.int8()),
-        "logprobs": nested([x for s in sequences for x in s.logprobs], pa.float32()),
+        "input_ids": nested("input_ids", np.int32),
+        "loss_mask": nested("loss_mask", np.int8),
+        "logprobs": nested("logprobs", np.float32),
         "token_branch": pa.ListArray.from_arrays(outer, pa.array([s.branch for s in sequences], pa.int32()),
                                                  mask=null),
         "token_drift": pa.array([token_drift(t) if r is not None else None for t, r in zip(traces, rows)],

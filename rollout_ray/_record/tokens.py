@@ -230,4 +230,4 @@ def _completion_logprobs(trace: Trace, i: int, node: MessageNode) -> list[float]
         return [math.nan] * size
     if len(node.logprobs) != size:
         raise ValueError(f"trace {trace.id}: node {i} has {len(node.logprobs)} logprobs for {size} ids")
-    return [float(x) for x in node.logprobs]
+    return node.logprobs
