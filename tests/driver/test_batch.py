@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from rollout_ray import AssistantMessage, Trace, TraceTask, UserMessage
+from rollout_ray import AssistantMessage, ChatHarness, Request, Response, Trace, TraceTask, UserMessage
+from rollout_ray._core.model import Model
 from rollout_ray._driver.closer import Group
+from rollout_ray._driver.driver import Driver, EvalConfig
 from rollout_ray._driver.finalize import FinalizeConfig, finalize
+from rollout_ray._driver.local_executor import LocalExecutor
 from rollout_ray._record.arrow import TOKEN_COLUMNS, RolloutRecord, records_to_table
 from rollout_ray._record.trace import MessageNode, ModelCall
+from rollout_ray._record.wire import wire_message
+from rollout_ray._simulated.template import render
+from rollout_ray._simulated.tokenizer import IM_END, encode
+
+from conftest import tasks
 
 
 def sample(reward: float, *, ok: bool = True) -> Trace:
@@ -107,3 +119,39 @@ def test_rows_split_across_chunks_batch_alike() -> None:
     chunked = pa.concat_tables([samples.slice(0, 1), samples.slice(1)])
     for name, array in Group("g", chunked, samples.slice(0, 0)).batch().items():
         np.testing.assert_array_equal(array, group().batch()[name], err_msg=name)
+
+
+class CapturingModel(Model):
+    """Says "4" or "5" in turn, with the simulated server's template ids and made-up logprobs."""
+
+    name = "capturing"
+    shareable = True
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def complete(self, request: Request, *, model: str | None, sampling: dict[str, Any]) -> Response:
+        self.count += 1
+        answer = "4" if self.count % 2 else "5"
+        prompt = render([msgspec.to_builtins(wire_message(m)) for m in request.messages])
+        ids = [*encode(answer), IM_END]
+        return Response(AssistantMessage(answer), prompt_token_ids=prompt, token_ids=ids,
+                        token_logprobs=[-0.5] * len(ids), policy_version=1)
+
+
+def test_the_driver_stream_hands_on_groups_that_batch() -> None:
+    async def main() -> list[dict[str, np.ndarray]]:
+        async with LocalExecutor() as executor:
+            driver = Driver(tasks(2), ChatHarness(retries=0), CapturingModel(), executor=executor,
+                            config=EvalConfig(samples_per_task=4, max_in_flight=1))
+            return [group.batch(pad_to=64) async for group in driver.groups()]
+
+    batches = asyncio.run(main())
+    assert len(batches) == 2
+    for batch in batches:
+        assert batch["input_ids"].shape == (4, 64)
+        assert batch["loss_mask"].sum(axis=1).tolist() == [2.0] * 4  # the answer and <|im_end|>
+        said = batch["input_ids"][batch["loss_mask"] == 1].reshape(4, 2)[:, 0]
+        signs = np.sign(batch["advantages"].sum(axis=1))
+        assert (signs == np.where(said == encode("4")[0], 1, -1)).all()  # "4" is rewarded
+        np.testing.assert_array_equal(batch["old_logprobs"][batch["loss_mask"] == 1], -0.5)
