@@ -26,6 +26,7 @@ from .._record.messages import Message
 from .._record.trace import Trace, decode_trace
 from .._runtimes.host import runtime_kind
 from .._serving.node_services import LEASE_SECONDS
+from .batched_runs import Result, RunBoard, RunSender
 from .calls import SHUTDOWN_GRACE, call, stop_actor
 from .node_service_actor import NodeServicesRef, RayInterception, RayToolServer
 from .remote_runtime import RemoteRuntime
@@ -60,6 +61,7 @@ class _RolloutActor:
             tool_server=RayToolServer(services, owner).serve,
         )
         self._depot = Depot()
+        self._board = RunBoard(self.host.run)
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -134,9 +136,15 @@ class _RolloutActor:
     async def abort(self, rollout_id: str) -> None:
         await self.host.abort(rollout_id)
 
-    async def run(self, blob: bytes, bodies: dict[str, bytes]) -> bytes:
+    async def submit(self, items: list[tuple[int, bytes]], bodies: dict[str, bytes]) -> list[tuple[int, Exception]]:
         self._watch()
-        return await self.host.run(self._depot.unpack(blob, bodies))
+        return self._board.submit(items, bodies)
+
+    async def collect(self) -> list[Result]:
+        return await self._board.collect()
+
+    async def cancel(self, sids: list[int]) -> None:
+        self._board.cancel(sids)
 
     async def trace(self, rollout_id: str) -> bytes:
         return await self.host.trace(rollout_id)
@@ -151,6 +159,11 @@ class _RolloutActor:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _shared(spec: RolloutSpec) -> tuple[Any, ...]:
+    """What a spec shares with its neighbours, shipped once per actor."""
+    return (spec.harness, spec.model)
 
 
 RolloutActorClass = ray.remote(num_cpus=0, max_concurrency=10_000)(_RolloutActor)
@@ -169,10 +182,11 @@ class RolloutActor:
         self.actor = actor
         self.owner = owner
         self._shipper = Shipper()
+        self._runs = RunSender(actor, _shared)
 
     async def _ship(self, method: Any, spec: RolloutSpec) -> Any:
         return await deliver(self._shipper, spec, lambda blob, bodies: call(method.remote(blob, bodies)),
-                             shared=(spec.harness, spec.model))
+                             shared=_shared(spec))
 
     @classmethod
     def create(cls, *, capacity: int = 1, runtime: str = "auto", **options: Any) -> RolloutActor:
@@ -196,7 +210,13 @@ class RolloutActor:
         await call(self.actor.abort.remote(rollout_id))
 
     async def run(self, spec: RolloutSpec) -> Trace:
-        return decode_trace(await self._ship(self.actor.run, spec))
+        """Open, run and close a rollout; batched with the others in flight (``batched_runs``)."""
+        return decode_trace(await self._runs.run(spec))
+
+    @property
+    def runs(self) -> RunSender:
+        """The batched channel ``run`` uses (its ``submits`` / ``collects`` count calls)."""
+        return self._runs
 
     async def trace(self, rollout_id: str) -> Trace:
         return decode_trace(await call(self.actor.trace.remote(rollout_id)))

@@ -1,0 +1,236 @@
+"""Batched runs: many rollouts per actor call in each direction.
+
+One actor call per rollout costs, per rollout, a ``.remote()`` and a reply on the driver and a
+task receipt and a reply in the rollout actor: on Ray the largest share of a short rollout's
+CPU. Here the driver's side (``RunSender``) keeps at most one ``submit`` in flight per actor
+and sends every spec queued meanwhile with it; the actor's side (``RunBoard``) starts them and
+answers at once; one long-polling ``collect`` per actor brings back every trace finished since
+the last one. Under load both batches grow by themselves; an idle system sends a batch of one
+at once, so light load pays no extra latency.
+
+Each spec is pickled on its own (an unpicklable task fails its rollout only, never its
+batch), and each result comes back as that rollout's trace bytes or its exception. A driver
+that stops waiting for a rollout (cancellation) has it cancelled in the actor. If the actor
+dies, every rollout it held raises the ``RayActorError`` at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import pickle
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any
+
+from ray.exceptions import RayActorError
+
+from .calls import call
+from .shipment import Depot, MissingShipment, Shipper
+
+MAX_BATCH = 512
+"""The most specs sent in one ``submit``."""
+
+Result = tuple[int, "bytes | BaseException | None"]
+"""One finished rollout: its id and its trace bytes, its exception, or ``None`` (cancelled)."""
+
+
+class RunSender:
+    """The driver's side for one rollout actor: ``await sender.run(spec)`` → trace bytes.
+
+    Args:
+        actor: the actor handle (with ``submit``, ``collect`` and ``cancel`` methods).
+        shared: the objects of a spec to ship once per actor (harness, model).
+    """
+
+    def __init__(self, actor: Any, shared: Callable[[Any], Iterable[Any]]) -> None:
+        self._actor = actor
+        self._shared = shared
+        self._shipper = Shipper()
+        self._ids = itertools.count()
+        self._pending: dict[int, asyncio.Future[bytes]] = {}
+        self._outbox: list[tuple[int, Any]] = []
+        self._awaiting: set[int] = set()
+        """Accepted by the actor, not yet collected: what keeps the collector polling."""
+        self._sender: asyncio.Task[None] | None = None
+        self._collector: asyncio.Task[None] | None = None
+        self._dead: RayActorError | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.submits = 0
+        self.collects = 0
+
+    async def run(self, spec: Any) -> bytes:
+        if self._dead is not None:
+            raise self._dead
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a handle used from a new event loop (asyncio.run again)
+            self._loop, self._sender, self._collector = loop, None, None
+            self._pending.clear()
+            self._outbox.clear()
+            self._awaiting.clear()
+        sid = next(self._ids)
+        future: asyncio.Future[bytes] = loop.create_future()
+        self._pending[sid] = future
+        self._outbox.append((sid, spec))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send())
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._pending.pop(sid, None) is not None and sid in self._awaiting:
+                asyncio.create_task(self._cancel([sid]))
+            raise
+
+    async def _send(self) -> None:
+        while self._outbox:
+            batch, self._outbox = self._outbox[:MAX_BATCH], self._outbox[MAX_BATCH:]
+            items, keys = self._pack([(sid, spec) for sid, spec in batch if sid in self._pending])
+            if not items:
+                continue
+            try:
+                failed = await self._submit(items, self._shipper.bodies(keys))
+                missing = [sid for sid, e in failed if isinstance(e, MissingShipment)]
+                if missing:  # the actor lacks a body (a later batch overtook the first)
+                    again = [item for item in items if item[0] in set(missing)]
+                    failed = [f for f in failed if not isinstance(f[1], MissingShipment)]
+                    failed += await self._submit(again, self._shipper.bodies(keys, resend=True))
+            except RayActorError as e:
+                self._die(e)
+                return
+            except Exception as e:  # noqa: BLE001 - the batch's rollouts fail with it, not the sender
+                for sid, _ in items:
+                    self._fail(sid, e)
+                continue
+            for sid, error in failed:
+                self._awaiting.discard(sid)
+                self._fail(sid, error)
+
+    def _pack(self, batch: list[tuple[int, Any]]) -> tuple[list[tuple[int, bytes]], set[str]]:
+        items: list[tuple[int, bytes]] = []
+        keys: set[str] = set()
+        for sid, spec in batch:
+            try:
+                blob, spec_keys = self._shipper.pack(spec, self._shared(spec))
+            except Exception as e:  # noqa: BLE001 - e.g. a task that cannot be pickled
+                self._fail(sid, e)
+                continue
+            items.append((sid, blob))
+            keys |= spec_keys
+        return items, keys
+
+    async def _submit(self, items: list[tuple[int, bytes]], bodies: dict[str, bytes]) -> list[tuple[int, Exception]]:
+        self.submits += 1
+        # Awaited before the call leaves: a result may come back before the call's reply.
+        self._awaiting.update(sid for sid, _ in items)
+        if self._collector is None or self._collector.done():
+            self._collector = asyncio.create_task(self._collect())
+        return await call(self._actor.submit.remote(items, bodies))
+
+    async def _collect(self) -> None:
+        while self._awaiting:
+            try:
+                results = await call(self._actor.collect.remote())
+            except RayActorError as e:
+                self._die(e)
+                return
+            self.collects += 1
+            for sid, result in results:
+                self._awaiting.discard(sid)
+                future = self._pending.pop(sid, None)
+                if future is None or future.done():
+                    continue  # cancelled here meanwhile
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                elif result is None:
+                    future.set_exception(RuntimeError("rollout cancelled in the actor"))
+                else:
+                    future.set_result(result)
+
+    async def _cancel(self, sids: list[int]) -> None:
+        try:
+            await call(self._actor.cancel.remote(sids))
+        except Exception:  # noqa: BLE001 - a dead actor has nothing left to cancel
+            pass
+
+    def _fail(self, sid: int, error: BaseException) -> None:
+        future = self._pending.pop(sid, None)
+        if future is not None and not future.done():
+            future.set_exception(error)
+
+    def _die(self, error: RayActorError) -> None:
+        self._dead = error
+        self._awaiting.clear()
+        self._outbox.clear()
+        for sid in list(self._pending):
+            self._fail(sid, error)
+
+    async def settled(self) -> None:
+        """Return once the actor has reported every rollout it accepted (cancelled ones too)."""
+        while self._collector is not None and not self._collector.done():
+            await asyncio.shield(self._collector)
+
+
+class RunBoard:
+    """The actor's side: starts submitted rollouts and hands back the finished ones.
+
+    Args:
+        run: runs one spec to its trace bytes (``RolloutHost.run``).
+    """
+
+    def __init__(self, run: Callable[[Any], Any]) -> None:
+        self._run = run
+        self._depot = Depot()
+        self._running: dict[int, asyncio.Task[bytes]] = {}
+        self._done: list[Result] = []
+        self._ready = asyncio.Event()
+
+    def submit(self, items: list[tuple[int, bytes]], bodies: dict[str, bytes]) -> list[tuple[int, Exception]]:
+        """Start each item; returns the items that could not be unpacked, with why."""
+        failed: list[tuple[int, Exception]] = []
+        for sid, blob in items:
+            try:
+                spec = self._depot.unpack(blob, bodies)
+            except Exception as e:  # noqa: BLE001 - that rollout fails (MissingShipment: sent again)
+                failed.append((sid, _portable(e)))
+                continue
+            task = asyncio.ensure_future(self._run(spec))
+            self._running[sid] = task
+            task.add_done_callback(partial(self._finished, sid))
+        return failed
+
+    def _finished(self, sid: int, task: asyncio.Task[bytes]) -> None:
+        self._running.pop(sid, None)
+        if task.cancelled():
+            result: bytes | BaseException | None = None
+        else:
+            error = task.exception()
+            result = task.result() if error is None else _portable(error)
+        self._done.append((sid, result))
+        self._ready.set()
+
+    async def collect(self) -> list[Result]:
+        """Every result since the last call; waits for one while rollouts run."""
+        while not self._done and self._running:
+            self._ready.clear()
+            await self._ready.wait()
+        done, self._done = self._done, []
+        return done
+
+    def cancel(self, sids: Iterable[int]) -> None:
+        for sid in sids:
+            task = self._running.get(sid)
+            if task is not None:
+                task.cancel()
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+
+def _portable(error: BaseException) -> Exception:
+    """``error`` if it survives pickling (our errors do), else a ``RuntimeError`` naming it:
+    one unpicklable exception must not lose the whole batch of results it travels with."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error if isinstance(error, Exception) else RuntimeError(f"{type(error).__name__}: {error}")
