@@ -101,7 +101,7 @@ class ProgressDisplay:
 
         if self._bar is None:
             self._bar = tqdm(total=f["total"], file=self.stream, unit="rollout", dynamic_ncols=True,
-                             bar_format="{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {postfix}",
+                             bar_format="{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}{postfix}",
                              mininterval=0)
         self._bar.n = f["done"]
         self._bar.set_postfix_str(_postfix(f), refresh=False)
