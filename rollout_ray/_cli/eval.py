@@ -43,50 +43,50 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("taskset", help="a .py file or a module defining tasks() and harness()")
     p.add_argument("--version", action="version", version=f"rollout-ray {_version()}")
     run = p.add_argument_group("run")
-    run.add_argument("--out", help="run directory for the manifest and Parquet shards (default: runs/<time>)")
+    run.add_argument("--out", metavar="DIR", help="run directory for the manifest and Parquet shards (default: runs/<time>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out (default: the latest run of "
                      "this taskset under runs/), skipping what is stored (rollouts that failed for infrastructure "
                      "or provider reasons are redone)")
     run.add_argument("--keep-failed", action="store_true",
                      help="with --resume: keep rollouts that failed for infrastructure or provider reasons")
-    run.add_argument("--samples", type=integer(1), help="samples per task (n)")
-    run.add_argument("--limit", type=integer(1), help="run only the first N tasks")
-    run.add_argument("--max-in-flight", type=integer(1), help="rollouts running at once")
-    run.add_argument("--retries", type=integer(0), help="retries of a rollout lost to infrastructure (default 2)")
+    run.add_argument("--samples", metavar="N", type=integer(1), help="samples per task (n)")
+    run.add_argument("--limit", metavar="N", type=integer(1), help="run only the first N tasks")
+    run.add_argument("--max-in-flight", metavar="N", type=integer(1), help="rollouts running at once")
+    run.add_argument("--retries", metavar="N", type=integer(0), help="retries of a rollout lost to infrastructure (default 2)")
     run.add_argument("--retry-failed", action="store_true",
                      help="also retry rollouts that failed inside (task or harness errors), up to --retries")
     run.add_argument("--pass-k", type=k_list, metavar="K,K,...", help="pass@k values stored per group (e.g. 1,4,8)")
     model = p.add_argument_group("model")
-    model.add_argument("--model-url", help="OpenAI-compatible base URL (default: the built-in simulated model)")
-    model.add_argument("--model", default=None, help="model name sent upstream (default with --model-url: the "
+    model.add_argument("--model-url", metavar="URL", help="OpenAI-compatible base URL (default: the built-in simulated model)")
+    model.add_argument("--model", metavar="NAME", default=None, help="model name sent upstream (default with --model-url: the "
                        "server's only model, from its /v1/models)")
-    model.add_argument("--api-key-env", default="OPENAI_API_KEY", help="variable holding the provider's key")
-    model.add_argument("--temperature", type=number(minimum=0), help="sampling temperature")
-    model.add_argument("--top-p", type=number(above=0, maximum=1), help="nucleus sampling probability")
-    model.add_argument("--max-tokens", type=integer(1), help="completion tokens per model call")
-    model.add_argument("--seed", type=int, help="sampling seed sent with every request")
+    model.add_argument("--api-key-env", metavar="VAR", default="OPENAI_API_KEY", help="variable holding the provider's key")
+    model.add_argument("--temperature", metavar="T", type=number(minimum=0), help="sampling temperature")
+    model.add_argument("--top-p", metavar="P", type=number(above=0, maximum=1), help="nucleus sampling probability")
+    model.add_argument("--max-tokens", metavar="N", type=integer(1), help="completion tokens per model call")
+    model.add_argument("--seed", metavar="N", type=int, help="sampling seed sent with every request")
     model.add_argument("--sampling", type=json_object, metavar="JSON",
                        help="other sampling parameters as a JSON object, e.g. '{\"top_k\": 20}' (flags win)")
-    model.add_argument("--sim-ttft", type=number(minimum=0), default=0.05,
+    model.add_argument("--sim-ttft", metavar="S", type=number(minimum=0), default=0.05,
                        help="simulated model: seconds to first token")
     limits = p.add_argument_group("limits (per rollout)")
-    limits.add_argument("--max-turns", type=integer(0), help="model calls")
-    limits.add_argument("--max-tokens-total", type=integer(0), help="input + output tokens over all turns")
-    limits.add_argument("--max-input-tokens", type=integer(0), help="input tokens over all turns")
-    limits.add_argument("--max-output-tokens", type=integer(0), help="output tokens over all turns")
+    limits.add_argument("--max-turns", metavar="N", type=integer(0), help="model calls")
+    limits.add_argument("--max-tokens-total", metavar="N", type=integer(0), help="input + output tokens over all turns")
+    limits.add_argument("--max-input-tokens", metavar="N", type=integer(0), help="input tokens over all turns")
+    limits.add_argument("--max-output-tokens", metavar="N", type=integer(0), help="output tokens over all turns")
     limits.add_argument("--timeout-setup", type=number(above=0), metavar="S", help="seconds for task and harness setup")
     limits.add_argument("--timeout-agent", type=number(above=0), metavar="S", help="seconds for the agent, all segments")
     where = p.add_argument_group("where rollouts run")
     where.add_argument("--executor", choices=["ray", "local"], default="ray",
                        help="ray: rollout actors (default); local: this process, no Ray")
-    where.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a private local Ray on "
+    where.add_argument("--address", metavar="ADDR", help="Ray cluster address (default: RAY_ADDRESS, else a private local Ray on "
                        "127.0.0.1)")
     where.add_argument("--runtime", choices=["auto", "local", "sandbox"], default="auto",
                        help="runtime of each rollout: sandbox (bubblewrap: unprivileged, only the system "
                             "and the framework routes; the default where the machine runs one), local "
                             "(a private dir on the host, no isolation), auto (sandbox, else local)")
-    where.add_argument("--actors", type=integer(1), default=2, help="rollout actors (ray executor)")
-    where.add_argument("--capacity", type=integer(1), default=64, help="rollouts per actor at once (ray executor)")
+    where.add_argument("--actors", metavar="N", type=integer(1), default=2, help="rollout actors (ray executor)")
+    where.add_argument("--capacity", metavar="K", type=integer(1), default=64, help="rollouts per actor at once (ray executor)")
     p.set_defaults(run=_eval)
 
 

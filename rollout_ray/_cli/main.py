@@ -3,7 +3,11 @@
     rollout-ray eval TASKSET [--out DIR] [--resume] [--model-url URL] [--samples N] ...
     rollout-ray report RUN_DIR [--plot PNG]
     rollout-ray sweep GRID.toml [--out DIR] [--resume] [--executor ray|local]
+    rollout-ray view [RUN_DIR ...] [--port P]
     rollout-ray serve-model [--host H] [--port P] [--ttft S] ...
+    rollout-ray --version
+
+A bad command line is one line, ``rollout-ray <command>: error: <what>``, exit 2 (``arguments``).
 
 A TASKSET is a ``.py`` file or an importable module defining ``tasks()`` (an iterable of
 ``Task``) and ``harness()`` (a ``Harness``); optionally ``config`` (an ``EvalConfig`` with the

@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -54,6 +55,7 @@ from .grid import (
     SweepConfigError,
     load_sweep,
 )
+from .warmup import warm_up
 
 
 def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
@@ -146,9 +148,14 @@ async def run_sweep(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBas
                 status, reason = "stored", ""
             else:
                 if executor is None:  # once per sweep, and not at all when every point is done
+                    started = time.monotonic()
                     executor = await stack.enter_async_context(make_executor(
                         base.executor, sweep.module, actors=base.actors, capacity=base.capacity,
                         address=base.address))
+                    # Before the first point: its setup spans are not charged with the cold start.
+                    what = await warm_up(executor)
+                    if what is not None:
+                        print(f"warmup {time.monotonic() - started:.1f}s: Ray, {what}", file=sys.stderr)
                 result = await _run_point(sweep, point, config, executor, run_dir, label,
                                           resume=plan[point.name] == "resume")
                 samples, groups, status, reason = result.samples, result.groups, result.status, result.reason
