@@ -21,6 +21,10 @@ async def gather_all(awaitables: Iterable[Awaitable[Any]]) -> list[Any]:
     Unlike ``asyncio.gather``, nothing keeps running after this returns or raises, and the
     error is the original exception rather than an ``ExceptionGroup``.
     """
+    if not isinstance(awaitables, list):
+        awaitables = list(awaitables)
+    if len(awaitables) <= 1:  # nothing to run beside it: no task group (a task per call)
+        return [await aw for aw in awaitables]
 
     async def run(aw: Awaitable[Any]) -> Any:
         return await aw

@@ -116,6 +116,10 @@ _BOUNDARY_TYPES: dict[str, type] = {"Request": Request, "Response": Response, "T
 
 
 def _parameter_types(fn: Callable[..., Any]) -> dict[str, Any]:
+    return _cached(_TYPES, fn, _compute_parameter_types)
+
+
+def _compute_parameter_types(fn: Callable[..., Any]) -> dict[str, Any]:
     target = inspect.unwrap(getattr(fn, "__func__", fn))
     try:
         hints = typing.get_type_hints(target)
@@ -153,17 +157,44 @@ def call_by_type(fn: Callable[..., Any], values: Mapping[type, Any]) -> Any:
 
 def requires(fn: Callable[..., Any], name: str) -> bool:
     """True when ``fn`` has a parameter ``name`` without a default."""
-    param = inspect.signature(fn).parameters.get(name)
+    param = _parameters(fn).get(name)
     return param is not None and param.default is inspect.Parameter.empty
 
 
 async def call_by_name(fn: Callable[..., Any], available: Mapping[str, Any]) -> Any:
     """Call ``fn`` with the ``available`` values its parameters name; await if async."""
-    params = inspect.signature(fn).parameters
+    params = _parameters(fn)
     result = fn(**{k: v for k, v in available.items() if k in params})
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+# Hooks are called on every rollout, several times; their signatures never change, and
+# ``inspect.signature`` / ``get_type_hints`` cost more than the hooks themselves. A bound
+# method is keyed by its function (the instance does not change the parameters).
+_SIGNATURES: dict[Any, Mapping[str, inspect.Parameter]] = {}
+_TYPES: dict[Any, dict[str, Any]] = {}
+_CACHE_LIMIT = 4096
+T_ = TypeVar("T_")
+
+
+def _parameters(fn: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
+    return _cached(_SIGNATURES, fn, lambda f: inspect.signature(f).parameters)
+
+
+def _cached(cache: dict[Any, T_], fn: Callable[..., Any], compute: Callable[[Callable[..., Any]], T_]) -> T_:
+    func = getattr(fn, "__func__", None)
+    key = (func, True) if func is not None and getattr(fn, "__self__", None) is not None else (fn, False)
+    try:
+        return cache[key]
+    except KeyError:
+        value = compute(fn)
+        if len(cache) < _CACHE_LIMIT:
+            cache[key] = value
+        return value
+    except TypeError:  # an unhashable callable
+        return compute(fn)
 
 
 async def resolve(result: Any) -> Any:
