@@ -216,3 +216,26 @@ def test_sse_helper_round_trips() -> None:
     raw = (b'data: {"choices":[{"index":0,"delta":{"content":"4"},"finish_reason":"stop"}]}\n\n'
            b"data: [DONE]\n\n")
     assert sse(raw)["content"] == "4"
+
+
+def test_sglang_weight_version_stands_for_the_policy_version_without_a_header() -> None:
+    body = {"choices": [{"message": {"role": "assistant", "content": "4"}, "finish_reason": "stop",
+                         "prompt_token_ids": [1, 2], "token_ids": [68, 2],
+                         "logprobs": {"content": [{"token": "4", "logprob": -0.5, "bytes": [52], "top_logprobs": []},
+                                                  {"token": "<|im_end|>", "logprob": -0.1, "top_logprobs": []}]}}],
+            "metadata": {"weight_version": "7"}}
+    response = parse_response(msgspec.json.encode(body), capture=True, logprobs=False)
+    assert (response.prompt_token_ids, response.token_ids) == ([1, 2], [68, 2])
+    assert response.token_logprobs == [-0.5, -0.1] and response.policy_version == 7
+
+
+def test_capture_asked_of_a_server_that_ignores_it_records_no_ids() -> None:
+    async def main() -> None:
+        async with recording_server() as (url, _, _):
+            model = OpenAIModel(url, token_capture="vllm")
+            response = await model.complete(Request([UserMessage("hi")]), model=None, sampling={})
+            await model.aclose()
+        assert response.message.content == "4"
+        assert (response.prompt_token_ids, response.token_ids, response.token_logprobs) == (None, None, None)
+
+    run(main)
