@@ -133,19 +133,25 @@ def test_a_breaker_halt_has_its_own_code_and_its_reason_first(tmp_path: pathlib.
     assert first.startswith("halted: circuit breaker: 10 consecutive provider failures"), result.stdout
 
 
-def test_resume_without_out_takes_the_latest_run_of_the_taskset(tmp_path: pathlib.Path) -> None:
-    first = _run("eval", ARITH, "--executor", "local", "--limit", "2", "--sim-ttft", "0", cwd=str(tmp_path))
-    assert first.returncode == 0, first.stderr[-2000:]
+def test_resume_without_out_takes_the_latest_run_of_the_taskset(tmp_path: pathlib.Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from rollout_ray._cli import main as cli
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["eval", ARITH, "--executor", "local", "--limit", "2", "--sim-ttft", "0"]
+    assert cli.main(argv) == 0
     (run,) = os.listdir(tmp_path / "runs")
-    again = _run("eval", ARITH, "--executor", "local", "--limit", "2", "--sim-ttft", "0", "--resume",
-                 cwd=str(tmp_path))
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert f"resuming runs/{run}" in again.stderr.splitlines()
-    assert "rollouts 8  ok 8" in again.stdout and "done 0/0" in again.stderr  # nothing rerun
-    other = _run("eval", FAILING, "--executor", "local", "--resume", cwd=str(tmp_path))
-    assert other.returncode == 2
-    assert other.stderr == (f"rollout-ray eval: error: --resume without --out: no run of {FAILING} under runs/ "
-                            f"(runs there: {run} ({ARITH})); pass --out RUN_DIR\n")
+    capsys.readouterr()
+    assert cli.main([*argv, "--resume"]) == 0
+    again = capsys.readouterr()
+    assert f"resuming runs/{run}" in again.err.splitlines()
+    assert "rollouts 8  ok 8" in again.out and "done 0/0" in again.err  # nothing rerun
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["eval", FAILING, "--executor", "local", "--resume"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (f"rollout-ray eval: error: --resume without --out: no run of {FAILING} "
+                                       f"under runs/ (runs there: {run} ({ARITH})); pass --out RUN_DIR\n")
 
 
 def test_report_on_a_directory_that_is_not_a_run(tmp_path: pathlib.Path) -> None:
@@ -153,13 +159,22 @@ def test_report_on_a_directory_that_is_not_a_run(tmp_path: pathlib.Path) -> None
     assert result.returncode == 2
     assert result.stderr == (f"rollout-ray report: error: {tmp_path} is not a run directory (no manifest.json, "
                              "no shards); `rollout-ray eval TASKSET --out DIR` writes one\n")
-    missing = _run("report", str(tmp_path / "nope"))
-    assert missing.stderr == f"rollout-ray report: error: no such run directory: {tmp_path / 'nope'}\n"
+
+
+def test_report_on_a_missing_directory(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rollout_ray._cli import main as cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["report", str(tmp_path / "nope")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"rollout-ray report: error: no such run directory: {tmp_path / 'nope'}\n"
 
 
 def test_report_into_a_closed_pipe_is_quiet(tmp_path: pathlib.Path) -> None:
+    from rollout_ray._cli import main as cli
+
     out = str(tmp_path / "run")
-    assert _run("eval", ARITH, "--executor", "local", "--limit", "1", "--out", out).returncode == 0
+    assert cli.main(["eval", ARITH, "--executor", "local", "--limit", "1", "--sim-ttft", "0", "--out", out]) == 0
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before a line is written: `report | head` at its worst
     try:
