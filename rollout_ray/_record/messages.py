@@ -114,7 +114,7 @@ class Usage(msgspec.Struct):
 FinishReason = Literal["stop", "length", "tool_calls"]
 
 
-class TopLogprob(msgspec.Struct, omit_defaults=True):
+class TopLogprob(msgspec.Struct):
     """One of the most likely tokens at a position (OpenAI's ``top_logprobs[]``)."""
 
     token: str
@@ -122,7 +122,7 @@ class TopLogprob(msgspec.Struct, omit_defaults=True):
     bytes: list[int] | None = None
 
 
-class TokenLogprob(msgspec.Struct, omit_defaults=True):
+class TokenLogprob(msgspec.Struct):
     """A sampled token and its log-probability (OpenAI's ``logprobs.content[]``)."""
 
     token: str

@@ -77,16 +77,17 @@ def test_harness_asking_logprobs_gets_them_in_openai_shape(capture: str | None, 
         config = SimulatedModelConfig(ttft=0, dialect=capture or "vllm")  # type: ignore[arg-type]
         async with rig(config, token_capture=capture) as r:
             session, slot = await r.open_session()
-            ask = {"messages": QUESTION, "logprobs": True, "top_logprobs": 2, "stream": agent_stream}
-            status, body = await r.post(slot, ask)
-            assert content(status, body) == "4"
-            got = body["logprobs"] if agent_stream else body["choices"][0]["logprobs"]["content"]
-            assert [e["token"] for e in got] == ["4", "<|im_end|>"]
-            assert all(len(e["top_logprobs"]) == 2 and e["bytes"] for e in got)
-            assert not fields(body) & CAPTURE_ONLY
-            if capture is not None:
-                (node,) = [n for n in session.trace.nodes if n.sampled]
-                assert node.logprobs == [e["logprob"] for e in got]
+            for top in (2, 0):
+                ask = {"messages": QUESTION, "logprobs": True, "top_logprobs": top, "stream": agent_stream}
+                status, body = await r.post(slot, ask)
+                assert content(status, body) == "4"
+                got = body["logprobs"] if agent_stream else body["choices"][0]["logprobs"]["content"]
+                assert [e["token"] for e in got] == ["4", "<|im_end|>"]
+                assert all(len(e["top_logprobs"]) == top and e["bytes"] for e in got)
+                assert not fields(body) & CAPTURE_ONLY
+                if capture is not None:
+                    node = [n for n in session.trace.nodes if n.sampled][-1]
+                    assert node.logprobs == [e["logprob"] for e in got]
 
     run(main)
 
