@@ -65,6 +65,10 @@ class LazyRuntime(Runtime):
         if self._provisioning is not None:
             await asyncio.gather(self._provisioning, return_exceptions=True)
             await self.inner.stop()
+        else:
+            # Never started: nothing to tear down, but it must count as stopped, or the host
+            # that made it keeps it (one per rollout, scanned on every creation).
+            self.inner.stopped = True
 
     async def alive(self) -> bool:
         if self._provisioning is None:

@@ -69,6 +69,7 @@ class GroupCloser:
         self._ready = asyncio.Event()
         self._finished = False
         self._unwritten: list[tuple[pa.Table, pa.Table]] = []
+        self._unwritten_rows = 0
         self._memory: list[tuple[pa.Table, pa.Table]] = []
 
     def close(self, group_id: str, members: list[RolloutRecord]) -> None:
@@ -109,7 +110,7 @@ class GroupCloser:
 
     async def flush(self) -> None:
         """Write what is buffered (the run ends, or is cancelled: keep what was finalized)."""
-        pending, self._unwritten = self._unwritten, []
+        pending, self._unwritten, self._unwritten_rows = self._unwritten, [], 0
         if pending and self.store is not None:
             # Shielded: a cancelled flush must still write what it took (it was finalized,
             # and maybe already handed on to the stream).
@@ -128,7 +129,8 @@ class GroupCloser:
             self._memory.append((group.samples, group.summary))
             return
         self._unwritten.append((group.samples, group.summary))
-        if sum(s.num_rows for s, _ in self._unwritten) >= self.rows_per_write:
+        self._unwritten_rows += group.samples.num_rows
+        if self._unwritten_rows >= self.rows_per_write:
             await self.flush()
 
     def _write(self, pending: list[tuple[pa.Table, pa.Table]]) -> None:

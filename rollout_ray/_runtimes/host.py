@@ -84,6 +84,7 @@ class RuntimeHost:
         self._runtimes: dict[str, Runtime] = {}
         self._owners: dict[str, str | None] = {}
         self._gone: set[str] = set()
+        self._prune_at = _PRUNE_AT
         self._closed = asyncio.Event()
         controllers = ("pids", "memory") if kind == "sandbox" else (tracking_controller(),)
         self._cgroups = HostCgroups(f"rollout-ray-host-{self.token[:16]}", controllers, self.root)
@@ -126,8 +127,10 @@ class RuntimeHost:
         """
         if name in self._runtimes or name in self._gone:
             raise ValueError(f"runtime {name!r} already exists on this host")
-        if len(self._runtimes) >= _PRUNE_AT:
+        if len(self._runtimes) >= self._prune_at:
             self._forget_stopped()
+            # Amortised: with many runtimes live, the next scan waits until as many more exist.
+            self._prune_at = max(_PRUNE_AT, 2 * len(self._runtimes))
         cls = SandboxRuntime if self.kind == "sandbox" else LocalRuntime
         runtime = cls(name, root=self.root, env={**(env or {}), HOST_MARKER: self.token},
                       cgroup_parents=self._cgroups.parents)
