@@ -287,6 +287,8 @@ class RolloutSession:
 
     async def _intercept(self, request: Request) -> tuple[Request, list[InterceptRecord]]:
         records: list[InterceptRecord] = []
+        if not self.request_interceptors:
+            return request, records
         _, matched = self.graph.resolve(request.messages)
         if not any(self._rewritable(m) for m in request.messages[matched:]):
             # Nothing new to rewrite (e.g. prompt turns already rewritten at open): the
