@@ -12,6 +12,8 @@ additions per rollout, so the display costs nothing that grows with the rollouts
 
 from __future__ import annotations
 
+import io
+import os
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -100,12 +102,21 @@ class ProgressDisplay:
         from tqdm import tqdm
 
         if self._bar is None:
-            self._bar = tqdm(total=f["total"], file=self.stream, unit="rollout", dynamic_ncols=True,
+            # A terminal that reports no size (some ptys) would get no bar: assume 100 x 24.
+            width = {} if _columns(self.stream) else {"ncols": 100, "nrows": 24}
+            self._bar = tqdm(total=f["total"], file=self.stream, unit="rollout", dynamic_ncols=not width, **width,
                              bar_format="{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}{postfix}",
                              mininterval=0)
         self._bar.n = f["done"]
         self._bar.set_postfix_str(_postfix(f), refresh=False)
         self._bar.refresh()
+
+
+def _columns(stream: TextIO) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return 0
 
 
 def _duration(seconds: float) -> str:

@@ -65,6 +65,7 @@ def test_a_signal_stops_with_one_line_that_says_how_to_continue(tmp_path: pathli
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_sigterm_on_ray_is_the_same_line_with_no_stack_dump_and_a_quiet_start(tmp_path: pathlib.Path) -> None:
     """Starts its own private Ray: no token-auth WARNING, a warmup line, then SIGTERM."""
     out = str(tmp_path / "run")

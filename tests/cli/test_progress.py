@@ -114,3 +114,37 @@ def test_the_display_costs_nothing_per_rollout() -> None:
     bare = run(many(_Rewarding([1.0] * n), n))
     wrapped = run(many(Watched(_Rewarding([1.0] * n)), n))
     assert (wrapped - bare) / n < 20e-6  # under 20 µs of CPU per rollout (measured: ~1 µs)
+
+
+@pytest.mark.slow
+def test_a_real_terminal_gets_the_bar_and_a_pipe_the_plain_lines(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The CLI with its stderr on a pseudo-terminal (which reports no size, as some do)."""
+    import os
+    import pathlib
+    import pty
+    import subprocess
+    import sys
+
+    arith = str(pathlib.Path(__file__).parents[2] / "examples" / "arith.py")
+    argv = [sys.executable, "-m", "rollout_ray", "eval", arith, "--executor", "local", "--limit", "2",
+            "--samples", "2", "--sim-ttft", "0"]
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*argv, "--out", str(tmp_path / "tty")], stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    seen = b""
+    while True:  # until the process closes its end of the terminal
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: no writer left
+            break
+        if not chunk:
+            break
+        seen += chunk
+    proc.communicate(timeout=60)
+    os.close(master)
+    assert proc.returncode == 0
+    frames = seen.decode(errors="replace").replace("\r\n", "\n").split("\r")
+    assert any("100%|" in f and "4/4, failed 0  reward 1.000" in f for f in frames), seen[-2000:]
+    piped = subprocess.run([*argv, "--out", str(tmp_path / "pipe")], capture_output=True, text=True, timeout=60)
+    assert "%|" not in piped.stderr
+    assert piped.stderr.splitlines()[-1].startswith("done 4/4  failed 0  in flight 0  reward 1.000")
