@@ -88,3 +88,8 @@ class Executor(ABC):
 
     def statistics(self) -> dict[str, Any]:
         return {}
+
+    @property
+    def max_in_flight(self) -> int | None:
+        """Rollouts this executor runs at once, at most; ``None``: no bound of its own."""
+        return None

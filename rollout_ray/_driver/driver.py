@@ -228,6 +228,10 @@ class Driver:
     async def _rollouts(self) -> None:
         """Every planned sample, at most ``max_in_flight`` at once, until done or halted."""
         slots = asyncio.Semaphore(self.config.max_in_flight)
+        bound = self.executor.max_in_flight
+        if bound is not None and bound < self.config.max_in_flight:
+            log.warning("the executor runs at most %d rollouts at once, below max_in_flight=%d: "
+                        "the rest wait for room in it", bound, self.config.max_in_flight)
         async with asyncio.TaskGroup() as tg:
             for task, group_id, sample_idx in self._plan():
                 await slots.acquire()

@@ -24,6 +24,8 @@ from .calls import SHUTDOWN_GRACE, call
 from .rollout_actor import RolloutActor
 
 _SPREAD = {"scheduling_strategy": "SPREAD"}
+UNCAPPED = 1_000_000
+"""An actor's capacity when the executor sets none: the caller's bound is the only one."""
 
 
 class RayExecutor(Executor):
@@ -42,7 +44,10 @@ class RayExecutor(Executor):
 
     Args:
         actors: number of rollout actors (spread over the cluster's nodes).
-        capacity: rollouts per actor at once (K).
+        capacity: rollouts per actor at once (K); ``None``: no cap per actor, the caller's own
+            bound (the driver's ``max_in_flight``) is the only one, spread evenly over the
+            actors. A cap below the driver's makes rollouts wait in the actors, so the
+            driver warns.
         address: Ray address to connect to; ``None``: ``RAY_ADDRESS``, else a private local Ray.
         actor_options: ``.options()`` of the pool's actors (e.g. custom resources or a
             scheduling strategy): one mapping for all, or one per actor. Default: round-robin
@@ -57,11 +62,11 @@ class RayExecutor(Executor):
             take to answer before it counts as hung.
     """
 
-    def __init__(self, *, actors: int = 2, capacity: int = 64, address: str | None = None,
+    def __init__(self, *, actors: int = 2, capacity: int | None = None, address: str | None = None,
                  actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
                  replacement_options: Mapping[str, Any] | None = None, runtime: str = "auto",
                  probe_interval: float = 2.0, probe_timeout: float = 30.0) -> None:
-        if actors < 1 or capacity < 1:
+        if actors < 1 or (capacity is not None and capacity < 1):
             raise ValueError(f"actors and capacity must be >= 1, got {actors} and {capacity}")
         options: list[dict[str, Any]] | None
         if actor_options is None:
@@ -93,7 +98,7 @@ class RayExecutor(Executor):
         self._load = [0] * self.actors
 
     def _new_actor(self, options: Mapping[str, Any]) -> RolloutActor:
-        actor = RolloutActor.create(capacity=self.capacity, runtime=self.runtime, **options)
+        actor = RolloutActor.create(capacity=self.capacity or UNCAPPED, runtime=self.runtime, **options)
         probe = asyncio.get_running_loop().create_task(self._probe(actor))
         self._probes.add(probe)
         probe.add_done_callback(self._probes.discard)
@@ -161,6 +166,11 @@ class RayExecutor(Executor):
 
     def statistics(self) -> dict[str, Any]:
         return {"actors": len(self._pool), "replaced": self.replaced, "in_flight": sum(self._load)}
+
+    @property
+    def max_in_flight(self) -> int | None:
+        """Rollouts this executor runs at once, at most (``None``: no bound of its own)."""
+        return None if self.capacity is None else self.actors * self.capacity
 
 
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
