@@ -121,6 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except UsageError as e:
         args.command_parser.error(str(e))
+    except KeyboardInterrupt:  # a command without its own handling (eval has it): one line, no traceback
+        print(f"\nrollout-ray {args.command}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader left (`rollout-ray report RUN | head`): stop quietly, as Unix tools do.
         devnull = os.open(os.devnull, os.O_WRONLY)
