@@ -240,3 +240,17 @@ def test_capture_asked_of_a_server_that_ignores_it_records_no_ids() -> None:
         assert (response.prompt_token_ids, response.token_ids, response.token_logprobs) == (None, None, None)
 
     run(main)
+
+
+def test_auto_over_servers_of_both_dialects_asks_each_in_its_own() -> None:
+    async def main() -> None:
+        configs = [SimulatedModelConfig(ttft=0, dialect=d) for d in ("vllm", "sglang")]  # type: ignore[arg-type]
+        async with rig(*configs, token_capture="auto", stream=True) as r:
+            for _ in range(2):  # the first call of each session goes to the idler server: one each
+                _, slot = await r.open_session()
+                assert content(*await r.post(slot, {"messages": QUESTION})) == "4"
+                assert r.last_response(slot).token_ids == ANSWER_IDS
+            assert [s.dialect for s in r.model.pool.servers] == ["vllm", "sglang"]
+            assert [s.stats.requests for s in r.servers] == [1, 1]
+
+    run(main)
