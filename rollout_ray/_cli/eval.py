@@ -214,10 +214,11 @@ async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None
 
 async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harness, model: Model,
                 executor: Executor, config: EvalConfig, out: str, *, resume: bool, where: str,
-                manifest_config: dict[str, Any], keep_failed: bool = False) -> RunResult:
-    """One eval run into ``out``, with eval's header and progress on stderr."""
-    print(f"{label}: {len(tasks)} tasks × {config.samples_per_task} samples, "
-          f"model: {where}, run dir: {out}", file=sys.stderr)
+                manifest_config: dict[str, Any], keep_failed: bool = False, announce: bool = True) -> RunResult:
+    """One eval run into ``out``, with eval's header (unless ``announce`` is off: the caller
+    printed it) and progress on stderr."""
+    if announce:
+        print(header(label, tasks, config, where, out), file=sys.stderr)
     watched = Watched(executor)
     display = ProgressDisplay(sys.stderr, watched)
     driver = Driver(tasks, harness, model, executor=watched, config=config, run_dir=out,
@@ -227,6 +228,11 @@ async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harn
         return await driver.arun()
     finally:
         display.close()
+
+
+def header(label: str, tasks: list[Task], config: EvalConfig, where: str, out: str) -> str:
+    return (f"{label}: {len(tasks)} tasks × {config.samples_per_task} samples, model: {where}, "
+            f"run dir: {out}")
 
 
 @dataclass
@@ -289,6 +295,8 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: _Signals) -> tupl
         simulated = None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
         model, where, record = await open_model(stack, url=args.model_url, name=plan.model_name,
                                                 api_key_env=args.api_key_env, simulated=simulated)
+        label = f"eval {args.taskset}"
+        print(header(label, plan.tasks, plan.config, where, plan.out), file=sys.stderr)  # before Ray's wait
         started = time.monotonic()
         executor = await stack.enter_async_context(
             make_executor(args.executor, plan.module, actors=args.actors, capacity=args.capacity,
@@ -300,9 +308,9 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: _Signals) -> tupl
             warmup = time.monotonic() - started
             print(f"warmup {warmup:.1f}s: Ray, {what}", file=sys.stderr)
         driving, since = time.monotonic(), time.time()
-        result = await drive(f"eval {args.taskset}", plan.module, plan.tasks, plan.harness, model, executor,
+        result = await drive(label, plan.module, plan.tasks, plan.harness, model, executor,
                            plan.config, plan.out, resume=args.resume, where=where, keep_failed=args.keep_failed,
-                           manifest_config={"taskset": args.taskset, "model": record})
+                           manifest_config={"taskset": args.taskset, "model": record}, announce=False)
         return result, warmup, _rate(result, since, time.monotonic() - driving)
 
 
