@@ -32,6 +32,7 @@ from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .._simulated.server import SimulatedModelServer
 from .arguments import UsageError, integer, json_object, k_list, number, one_line
+from .interrupt import Signals
 from .progress import ProgressDisplay, Watched
 from .runs import RUNS_ROOT, continue_command, latest_run, served_model
 from .summary import format_summary, summarize
@@ -270,26 +271,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     return _Plan(module, tasks, harness, config, out, model_name)
 
 
-class _Signals:
-    """SIGINT and SIGTERM cancel the run (what is stored stays); a second one exits at once."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-
-    def install(self) -> None:
-        """(Again after Ray starts: ``ray.init`` sets its own SIGTERM handler.)"""
-        loop, task = asyncio.get_running_loop(), asyncio.current_task()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, self._on_signal, signum, task)
-
-    def _on_signal(self, signum: int, task: asyncio.Task[Any]) -> None:
-        if self.received is not None:
-            os._exit(128 + self.received)  # a second signal: the user will not wait for the cleanup
-        self.received = signum
-        task.cancel()
-
-
-async def _run(args: argparse.Namespace, plan: _Plan, signals: _Signals) -> tuple[RunResult, float | None, float | None]:
+async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals) -> tuple[RunResult, float | None, float | None]:
     """The run, the seconds of its warm-up (None without Ray), its rollouts/s."""
     async with AsyncExitStack() as stack:
         simulated = None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
@@ -314,7 +296,7 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: _Signals) -> tupl
         return result, warmup, _rate(result, since, time.monotonic() - driving)
 
 
-async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: _Signals) -> int:
+async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: Signals) -> int:
     signals.install()
     started = time.monotonic()
     try:
@@ -366,7 +348,7 @@ def _interrupted(args: argparse.Namespace, plan: _Plan, signum: int) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     plan = _plan(args)
-    signals = _Signals()
+    signals = Signals()
     try:
         return asyncio.run(_eval_async(args, plan, signals))
     except (RunInUse, ResumeMismatch, CorruptManifest, CorruptShard, ForeignShard, FileExistsError) as e:
