@@ -87,7 +87,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                             "and the framework routes; the default where the machine runs one), local "
                             "(a private dir on the host, no isolation), auto (sandbox, else local)")
     where.add_argument("--actors", metavar="N", type=integer(1), default=2, help="rollout actors (ray executor)")
-    where.add_argument("--capacity", metavar="K", type=integer(1), default=64, help="rollouts per actor at once (ray executor)")
+    where.add_argument("--capacity", metavar="K", type=integer(1), default=None,
+                       help="rollouts per actor at once (ray executor; default: no cap, --max-in-flight bounds the run)")
     p.set_defaults(run=_eval)
 
 
@@ -171,7 +172,7 @@ def _quiet_default_token_auth(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
 
-def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: int = 64,
+def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: int | None = None,
                   address: str | None = None, runtime: str = "auto") -> Executor:
     """``"local"``: this process, no Ray; ``"ray"``: rollout actors (starts or joins Ray).
 

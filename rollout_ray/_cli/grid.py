@@ -88,8 +88,8 @@ class SweepBase(BaseModel):
     """Ray cluster address (default: start or join a local Ray)."""
     actors: int = Field(2, ge=1)
     """Rollout actors (ray executor)."""
-    capacity: int = Field(64, ge=1)
-    """Rollouts per actor at once (ray executor)."""
+    capacity: int | None = Field(None, ge=1)
+    """Rollouts per actor at once (ray executor; none: no cap, ``max_in_flight`` bounds the run)."""
 
 
 # Keys checked against the names the rest of the package uses, so the two never drift apart.
