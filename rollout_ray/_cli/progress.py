@@ -27,7 +27,8 @@ PLAIN_EVERY = 5.0
 
 
 class Watched(Executor):
-    """``inner``, counting the reward of every trace it hands back (for the running mean)."""
+    """``inner``, counting the reward of every trace it hands back (for the running mean);
+    everything else is ``inner``'s."""
 
     def __init__(self, inner: Executor) -> None:
         self.inner = inner
@@ -39,6 +40,13 @@ class Watched(Executor):
         self.traces += 1
         self.reward_sum += trace.reward or 0.0
         return trace
+
+    @property
+    def max_in_flight(self) -> int | None:
+        return self.inner.max_in_flight
+
+    def statistics(self) -> dict[str, Any]:
+        return self.inner.statistics()
 
     @property
     def mean_reward(self) -> float | None:
