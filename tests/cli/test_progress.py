@@ -78,10 +78,11 @@ def test_the_running_mean_reward_comes_from_the_traces_handed_back() -> None:
     assert watched.mean_reward == pytest.approx(0.5)
     display = ProgressDisplay(io.StringIO(), watched, clock=Clock(), tty=False)
     assert display.fields(Progress(total=3, done=3))["mean_reward"] == pytest.approx(0.5)
-    from rollout_ray import LocalExecutor
 
-    inner = LocalExecutor(runtime="local")
-    assert Watched(inner).max_in_flight == inner.max_in_flight  # the driver's bound check sees the real one
+    class Bounded(_Rewarding):
+        max_in_flight = 3
+
+    assert Watched(Bounded([])).max_in_flight == 3  # the driver's bound check sees the real one
 
 
 def test_in_a_terminal_a_live_bar_with_failures_reward_and_eta() -> None:
