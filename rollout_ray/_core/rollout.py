@@ -15,6 +15,7 @@ Deliberate differences from upstream, each keeping the observable outcome:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -204,7 +205,7 @@ class Rollout:
                 tools=self._local_tools,
                 tool_urls=tool_urls,
                 tool_interception_url=self._tool_interception_url(runtime, slot.base_url),
-                sync=lambda: self.interception.sync(self.session),
+                sync=functools.partial(self.interception.sync, self.session),  # no cycle back to self
             )
             self.harness_session = self.harness.session(ctx)
 

@@ -18,6 +18,7 @@ runs; concurrent requests of one rollout interleave only at ``await`` points.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,7 +112,10 @@ class RolloutSession:
         self.error: RolloutError | None = None
         """The latest model, tool or hook failure, stashed for the rollout (B30, B31)."""
         self.released = False
-        self.admission = Admission(self.limits, lambda: self.trace.num_turns, self._check_open)
+        # Through a weak proxy: a session and its admission in a reference cycle would outlive
+        # the rollout until a full garbage collection (the largest GC cost per rollout).
+        me = weakref.proxy(self)
+        self.admission = Admission(self.limits, lambda: me.trace.num_turns, lambda: me._check_open())
         """Requests in flight count against the limits (see ``_core/admission``)."""
         self.prepared: set[bytes] = set()
         """Hashes of user turns already rewritten by ``prepare_users`` (not intercepted again)."""

@@ -130,7 +130,9 @@ class Task:
 
     def trace_task(self) -> TraceTask:
         """The task as a trace records it."""
-        return TraceTask(type=type(self).__name__, key=self.key, hash=self.hash, idx=self.data.idx,
+        digest = self.hash
+        key = digest if type(self).key is Task.key else self.key  # one hash per rollout, not two
+        return TraceTask(type=type(self).__name__, key=key, hash=digest, idx=self.data.idx,
                          data=self.data.model_dump(mode="json"))
 
     async def setup(self, trace: Trace, runtime: Any) -> None:

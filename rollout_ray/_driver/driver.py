@@ -34,6 +34,7 @@ from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
 from .._errors import InfrastructureLost, ProviderError, error_class
+from .._gc import tuned_for_rollouts
 from .._record.arrow import RolloutRecord
 from .._record.store import read_groups, read_run
 from .._record.trace import AgentInfo, Error, Timing, Trace
@@ -209,12 +210,13 @@ class Driver:
             closer = self._closer = GroupCloser(
                 config=self.config.finalize, judge=self.judge, store=self._store, io=self._io, emit=queue.put,
                 rows_per_write=min(self.config.rows_per_shard, 256))
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(closer.run())
-                try:
-                    await self._rollouts()
-                finally:
-                    closer.finish()
+            with tuned_for_rollouts():
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(closer.run())
+                    try:
+                        await self._rollouts()
+                    finally:
+                        closer.finish()
         finally:
             # Also on cancellation: what was finalized is kept, so a resume will not redo it.
             if closer is not None:

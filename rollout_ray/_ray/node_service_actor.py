@@ -33,6 +33,7 @@ from .._core.session import RolloutSession
 from .._core.toolset import Toolset
 from .._core.trace_sync import Cursor, SessionDelta, SessionSpec, apply_delta
 from .._errors import InfrastructureLost
+from .._gc import tune_for_rollouts
 from .._record.messages import Request
 from .._serving.node_services import NodeServices, lost_session
 from .calls import NAMESPACE, SHUTDOWN_GRACE, call, stop_actor
@@ -64,6 +65,7 @@ class _NodeServiceActor(NodeServices):
         super().__init__(**_service_hosts())
         self._depot = Depot()
         self._reaper: asyncio.Task[None] | None = None
+        tune_for_rollouts()
 
     def _reaping(self) -> None:
         if self._reaper is None or self._reaper.done():

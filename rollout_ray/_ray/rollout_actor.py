@@ -22,6 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .._core.executor import RolloutSpec
 from .._core.host import RolloutHost
 from .._errors import InfrastructureLost
+from .._gc import tune_for_rollouts
 from .._record.messages import Message
 from .._record.trace import Trace, decode_trace
 from .._runtimes.host import runtime_kind
@@ -62,6 +63,7 @@ class _RolloutActor:
         )
         self._depot = Depot()
         self._board = RunBoard(self.host.run)
+        tune_for_rollouts()
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()

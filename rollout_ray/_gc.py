@@ -1,0 +1,41 @@
+"""Garbage collection for a process that runs many rollouts at once.
+
+CPython's cyclic collector, at its default thresholds, runs a young collection every 700 net
+allocations and a full one every hundred of those; each full collection walks every live
+object: the driver's tasks, modules, Arrow buffers, an actor's hundreds of open rollouts. At a
+few thousand rollouts a second that was 0.4-0.6 CPU-ms per rollout (a third of the driver's
+cost). Rollouts make no cyclic garbage of their own (``Rollout`` and ``RolloutSession`` break
+their cycles), so collections can be rarer, and what lives for the whole run — everything
+that exists when it starts — is frozen out of them (``gc.freeze``).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+THRESHOLDS = (7000, 10, 10)
+"""Young collections every 7,000 net allocations (default 700); older ones as before."""
+
+
+def tune_for_rollouts() -> None:
+    """For a process that exists to host rollouts (a rollout actor): for its whole life."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*THRESHOLDS)
+
+
+@contextmanager
+def tuned_for_rollouts() -> Iterator[None]:
+    """For the length of a run in a process that is someone else's (the driver's): the
+    previous thresholds are restored after it, and what was frozen is collectable again."""
+    before = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
