@@ -41,6 +41,7 @@ import asyncio
 import email.utils
 import math
 import random
+import resource
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -70,6 +71,16 @@ _CONTEXT_PHRASES = (
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 """Provider statuses retried: rate limited, or the server (or a gateway) failed for now."""
 _jitter = random.Random()
+
+
+def _raise_open_files_limit() -> None:
+    """One connection per call in flight: 10,000 calls need more than the usual 1,024 files."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass  # not allowed here: the soft limit stands, and a call beyond it fails as 503
 
 
 class _Transient(Exception):
@@ -105,7 +116,9 @@ class OpenAIModel(Model):
         timeout: seconds for one attempt of a request (connect, send, whole answer).
         stream: ask the provider to stream and assemble the chunks (lower time-to-first-byte
             on the provider side; the recorded turn is identical).
-        max_connections: size of the keep-alive pool.
+        max_connections: size of the keep-alive pool; ``None`` (default): no bound of its own,
+            the calls in flight (the driver's ``max_in_flight``) are the bound. The process's
+            open-files limit is raised to its hard limit, as Ray does for its workers.
         retries: extra attempts after a transient failure (see the module docstring).
         backoff: seconds before the first retry, doubled for each further one, with jitter
             (each wait is drawn between half and all of it).
@@ -129,7 +142,7 @@ class OpenAIModel(Model):
         api_key: str | None = None,
         timeout: float = 600.0,
         stream: bool = False,
-        max_connections: int = 1024,
+        max_connections: int | None = None,
         retries: int = 2,
         backoff: float = 0.5,
         max_backoff: float = 8.0,
@@ -162,7 +175,9 @@ class OpenAIModel(Model):
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=60)
+            if self._max_connections is None:
+                _raise_open_files_limit()
+            connector = aiohttp.TCPConnector(limit=self._max_connections or 0, keepalive_timeout=60)
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
