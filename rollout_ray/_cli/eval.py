@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -163,15 +162,6 @@ def _config(module: ModuleType, args: argparse.Namespace) -> EvalConfig:
         raise UsageError(f"invalid settings (with the taskset's config): {e}") from None
 
 
-_RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
-
-
-def _quiet_default_token_auth(record: logging.LogRecord) -> bool:
-    """Drop Ray's WARNING that a new local Ray has token authentication on: it is the private
-    local default's normal state (on, and on loopback), not news on every run."""
-    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
-
-
 def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: int | None = None,
                   address: str | None = None, runtime: str = "auto") -> Executor:
     """``"local"``: this process, no Ray; ``"ray"``: rollout actors (starts or joins Ray).
@@ -186,9 +176,6 @@ def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: i
     if kind == "local":
         return LocalExecutor(runtime=runtime)
     from .._ray.executor import RayExecutor
-
-    if not (address or os.environ.get("RAY_ADDRESS")):
-        logging.getLogger(_RAY_AUTH_LOGGER).addFilter(_quiet_default_token_auth)
 
     return RayExecutor(actors=actors, capacity=capacity, address=address, runtime=runtime)
 

@@ -9,9 +9,6 @@ all of them here makes it one ``warmup`` line of the run instead.
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 from .._core.executor import Executor
 
 WARMUP_TIMEOUT = 300.0
@@ -28,18 +25,4 @@ async def warm_up(executor: Executor, timeout: float = WARMUP_TIMEOUT) -> str | 
 
     if not isinstance(executor, RayExecutor):
         return None
-    from .._ray.calls import call
-    from .._ray.node_service_actor import node_service_actor
-
-    actors = [a for a in executor._pool if a is not None]
-
-    async def ready(actor: Any) -> str:
-        node = await call(actor.actor.node_id.remote(), timeout=timeout)
-        runtimes = await call(actor.actor.runtime_actor.remote(), timeout=timeout)
-        await call(runtimes.pid.remote(), timeout=timeout)
-        return str(node)
-
-    nodes = set(await asyncio.gather(*(ready(a) for a in actors)))
-    await asyncio.gather(*(call(node_service_actor(n).ping.remote(), timeout=timeout) for n in nodes))
-    return (f"{len(actors)} rollout actor{'s' if len(actors) != 1 else ''} with their runtime actors, "
-            f"the services of {len(nodes)} node{'s' if len(nodes) != 1 else ''}")
+    return await executor.ready(timeout)

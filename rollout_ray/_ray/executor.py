@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import site
 import sys
@@ -21,6 +22,7 @@ from .._errors import InfrastructureLost
 from .._record.trace import Trace
 from .._runtimes.host import runtime_kind
 from .calls import SHUTDOWN_GRACE, call
+from .node_service_actor import node_service_actor
 from .rollout_actor import RolloutActor
 
 _SPREAD = {"scheduling_strategy": "SPREAD"}
@@ -121,6 +123,28 @@ class RayExecutor(Executor):
             except RayActorError:
                 return  # dead: ``run`` sees it
 
+    async def ready(self, timeout: float | None = None) -> str:
+        """Wait until every actor a rollout needs answers: each rollout actor, its runtime
+        actor, and the services actor of each of their nodes. Actors start asynchronously;
+        without this the first rollouts' ``setup`` would carry the wait. Returns what was
+        waited for, in words.
+
+        Raises:
+            TimeoutError: one did not answer within ``timeout`` seconds.
+        """
+        actors = [a for a in self._pool if a is not None]
+
+        async def answering(actor: RolloutActor) -> str:
+            node = await call(actor.actor.node_id.remote(), timeout=timeout)
+            runtimes = await call(actor.actor.runtime_actor.remote(), timeout=timeout)
+            await call(runtimes.pid.remote(), timeout=timeout)
+            return str(node)
+
+        nodes = set(await asyncio.gather(*(answering(a) for a in actors)))
+        await asyncio.gather(*(call(node_service_actor(n).ping.remote(), timeout=timeout) for n in nodes))
+        return (f"{len(actors)} rollout actor{'s' if len(actors) != 1 else ''} with their runtime actors, "
+                f"the services of {len(nodes)} node{'s' if len(nodes) != 1 else ''}")
+
     def _pick(self) -> int:
         # Least loaded; ties broken round-robin so an idle pool fills evenly.
         start = next(self._turn) % len(self._pool)
@@ -195,7 +219,17 @@ def init_ray(address: str | None) -> None:
     # process) and, through the environment, by every process Ray starts.
     os.environ[LOOPBACK_ONLY] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+    logging.getLogger(_RAY_AUTH_LOGGER).addFilter(_quiet_default_token_auth)
     ray.init(address="local", include_dashboard=False, log_to_driver=False)
+
+
+_RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _quiet_default_token_auth(record: logging.LogRecord) -> bool:
+    """Drop Ray's WARNING that a new local Ray has token authentication on: it is the private
+    local default's normal state (on, and on loopback), not news on every run."""
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
 
 def modules_to_ship(cls: type) -> list[ModuleType]:
