@@ -82,24 +82,8 @@ from ._core.toolset import tool as tool
 from ._serving.tool_server import ToolServer as ToolServer
 from ._simulated.config import SimulatedModelConfig as SimulatedModelConfig
 
-# The driver, Arrow and the env-level finalize
-from ._driver.driver import Driver as Driver
-from ._driver.driver import EvalConfig as EvalConfig
-from ._driver.driver import Group as Group
-from ._driver.driver import Progress as Progress
-from ._driver.driver import RunResult as RunResult
+# The driver, Arrow and the env-level finalize: loaded on first access (below).
 from ._core.executor import Executor as Executor
-from ._driver.local_executor import LocalExecutor as LocalExecutor
-from ._record.arrow import TRACE_SCHEMA as TRACE_SCHEMA
-from ._record.arrow import RolloutRecord as RolloutRecord
-from ._record.arrow import records_to_table as records_to_table
-from ._record.arrow import table_to_traces as table_to_traces
-from ._record.store import ShardWriter as ShardWriter
-from ._record.store import read_run as read_run
-from ._driver.finalize import FinalizeConfig as FinalizeConfig
-from ._driver.finalize import Finalized as Finalized
-from ._driver.finalize import finalize as finalize
-from ._simulated.server import SimulatedModelServer as SimulatedModelServer
 
 # Errors
 from ._errors import CorruptManifest as CorruptManifest
@@ -126,8 +110,26 @@ from ._errors import boundary as boundary
 
 logging.getLogger("rollout_ray").addHandler(logging.NullHandler())
 
-# The Ray layer, imported on first access so that the core never pays for (or needs) ray.
+# Imported on first access: the Ray layer, so that the core never pays for (or needs) ray;
+# the driver's side (Arrow, numpy, finalize), so that a process hosting rollouts (a Ray
+# worker: one per actor) does not import it — 1-2 s of each actor's start.
 _LAZY = {
+    "Driver": "._driver.driver",
+    "EvalConfig": "._driver.driver",
+    "Group": "._driver.driver",
+    "Progress": "._driver.driver",
+    "RunResult": "._driver.driver",
+    "LocalExecutor": "._driver.local_executor",
+    "TRACE_SCHEMA": "._record.arrow",
+    "RolloutRecord": "._record.arrow",
+    "records_to_table": "._record.arrow",
+    "table_to_traces": "._record.arrow",
+    "ShardWriter": "._record.store",
+    "read_run": "._record.store",
+    "FinalizeConfig": "._driver.finalize",
+    "Finalized": "._driver.finalize",
+    "finalize": "._driver.finalize",
+    "SimulatedModelServer": "._simulated.server",
     "RolloutActor": "._ray.rollout_actor",
     "RuntimeActor": "._ray.runtime_actor",
     "RemoteRuntime": "._ray.remote_runtime",
