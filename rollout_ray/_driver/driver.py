@@ -28,13 +28,13 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._core.collector import tuned_for_rollouts
 from .._core.executor import Executor, RolloutSpec
 from .._core.harness import Harness
 from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
 from .._errors import InfrastructureLost, ProviderError, error_class
-from .._gc import tuned_for_rollouts
 from .._record.arrow import RolloutRecord
 from .._record.store import read_groups, read_run
 from .._record.trace import AgentInfo, Error, Timing, Trace

@@ -27,13 +27,13 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .._core.collector import tune_for_rollouts
 from .._core.interception import ChatClient, Interception, Slot
 from .._core.runtime import Runtime
 from .._core.session import RolloutSession
 from .._core.toolset import Toolset
 from .._core.trace_sync import Cursor, SessionDelta, SessionSpec, apply_delta
 from .._errors import InfrastructureLost
-from .._gc import tune_for_rollouts
 from .._record.messages import Request
 from .._serving.node_services import NodeServices, lost_session
 from .calls import NAMESPACE, SHUTDOWN_GRACE, call, stop_actor

@@ -19,10 +19,10 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .._core.collector import tune_for_rollouts
 from .._core.executor import RolloutSpec
 from .._core.host import RolloutHost
 from .._errors import InfrastructureLost
-from .._gc import tune_for_rollouts
 from .._record.messages import Message
 from .._record.trace import Trace, decode_trace
 from .._runtimes.host import runtime_kind
