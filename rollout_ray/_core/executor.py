@@ -19,6 +19,7 @@ from .harness import Harness
 from .interception import Interception
 from .limits import RolloutLimits, RolloutTimeouts
 from .model import Model
+from .policy import PolicyControl, process_policy
 from .rollout import Rollout, ToolServerFactory
 from .runtime import Runtime
 from .task import Task
@@ -43,8 +44,9 @@ class RolloutSpec:
     runtime: Runtime | None = None
 
     def rollout(self, *, interception: Interception, runtime_factory: Callable[[str], Runtime],
-                tool_server: ToolServerFactory | None) -> Rollout:
-        """The ``Rollout`` this spec describes, served by the given services."""
+                tool_server: ToolServerFactory | None, policy: PolicyControl | None = None) -> Rollout:
+        """The ``Rollout`` this spec describes, served by the given services, under ``policy``
+        (default: the process's)."""
         return Rollout(
             self.task,
             self.harness,
@@ -58,8 +60,8 @@ class RolloutSpec:
             model_name=self.model_name,
             sampling=self.sampling,
             has_user=self.has_user,
+            policy=policy,
         )
-
 
 
 class Executor(ABC):
@@ -85,6 +87,15 @@ class Executor(ABC):
         Raises:
             InfrastructureLost: the host of the rollout died.
         """
+
+    async def set_policy(self, version: int | None, paused: bool) -> None:
+        """Make every rollout it runs see policy ``version`` and the pause (``_core/policy``):
+        while paused, their model calls wait before going upstream and their agent clocks
+        stand still. Returns once every place where its rollouts make model calls knows.
+
+        This one sets the control of the process (rollouts built without one of their own).
+        """
+        process_policy().set(version, paused)
 
     def statistics(self) -> dict[str, Any]:
         return {}

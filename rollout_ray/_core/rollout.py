@@ -14,7 +14,6 @@ Deliberate differences from upstream, each keeping the observable outcome:
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
@@ -31,6 +30,7 @@ from .interception import Interception, LocalInterception
 from .limits import RolloutLimits, RolloutTimeouts
 from .model import Model
 from .phases import Segment, finalize_and_score, harness_data, run_setup
+from .policy import PolicyControl, SegmentClock, process_policy
 from .runtime import Runtime
 from .session import RolloutSession
 from .task import Task
@@ -68,6 +68,8 @@ class Rollout:
         model_name / sampling: forced on every model request.
         has_user: a caller feeds user turns (an interaction), so a prompt-less task is valid.
         on_trace: called with the trace as soon as it is minted.
+        policy: the policy version and pause its model calls and agent clock obey
+            (``_core/policy``; default: the process's).
 
     Raises:
         TypeError: a ``@stop`` or ``@intercept`` hook has the wrong parameter shape (B5), or
@@ -90,6 +92,7 @@ class Rollout:
         sampling: dict[str, Any] | None = None,
         has_user: bool = False,
         on_trace: Callable[[Trace], None] | None = None,
+        policy: PolicyControl | None = None,
     ) -> None:
         if runtime is None and runtime_factory is None:
             raise TypeError("Rollout needs runtime= (a live runtime to borrow) or runtime_factory= "
@@ -106,8 +109,8 @@ class Rollout:
         self.timeouts = (timeouts or RolloutTimeouts()).merged(task.data.timeout)
         self.remaining_agent_budget: float | None = self.timeouts.agent
         """Agent seconds left; charged only while a segment runs (B2, B24)."""
-        self.deadline_at: float | None = None
-        """Loop-time deadline of the running segment, ``None`` between segments (B23)."""
+        self.policy = policy or process_policy()
+        self._clock: SegmentClock | None = None
         self.owns_runtime = runtime is None
         self.runtime = runtime
         self._runtime_factory = runtime_factory
@@ -119,7 +122,7 @@ class Rollout:
         self.has_user = has_user
         self.session = RolloutSession(
             self.trace, model, limits=limits, model_name=model_name, sampling=sampling,
-            **classify(task),
+            policy=self.policy, **classify(task),
         )
         self.harness_session: HarnessSession | None = None
         self._stack = AsyncExitStack()
@@ -281,22 +284,25 @@ class Rollout:
         if not self._opened or self._closed or not self.ok or self.harness_session is None:
             return None
         segment = Segment(self.trace.num_turns)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        budget = self.remaining_agent_budget
-        self.deadline_at = None if budget is None else started + max(0.0, budget)
+        # Paused time (a weight update) is not charged: the clock stands still (_core/policy).
+        clock = self._clock = SegmentClock(self.policy, self.remaining_agent_budget)
         try:
-            async with asyncio.timeout_at(self.deadline_at):
+            async with clock:
                 await self._segment(messages)
         except Exception as e:
             segment.raised = e
-            segment.expired = self.deadline_at is not None and loop.time() >= self.deadline_at
+            segment.expired = clock.expired()
         finally:
             if self.remaining_agent_budget is not None:
-                spent = loop.time() - started
-                self.remaining_agent_budget = max(0.0, self.remaining_agent_budget - spent)
-            self.deadline_at = None
+                self.remaining_agent_budget = max(0.0, self.remaining_agent_budget - clock.spent())
+            self._clock = None
         return segment
+
+    @property
+    def deadline_at(self) -> float | None:
+        """Loop-time deadline of the running segment, ``None`` between segments (B23); a
+        pause of the policy moves it out by its length."""
+        return None if self._clock is None else self._clock.deadline
 
     def _settle(self, segment: Segment) -> bool:
         """Record how a segment ended, once the trace holds what its proxy committed."""

@@ -3,7 +3,7 @@
 Every model request of a rollout goes through ``chat``:
 
     released? stopped? → admission → limits → trace @stops → request @intercepts → request @stops
-    → model call → response @intercepts → response @stops → commit the turn with its usage
+    → policy gate (waits while paused) → model call → response @intercepts → response @stops → commit the turn with its usage
 
 A refusal raises ``TurnRefused`` (HTTP 400 ``rollout stopped: <name>``) and stops the trace;
 a released session raises ``SessionConcluded`` (409) and never commits a late turn. Failures
@@ -49,6 +49,7 @@ from .admission import Admission
 from .hooks import Hook, call_by_type, resolve
 from .limits import RolloutLimits
 from .model import SESSION_ID, Model
+from .policy import PolicyControl, process_policy
 
 SAMPLING_FIELDS = frozenset({
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed",
@@ -82,6 +83,8 @@ class RolloutSession:
         request_interceptors / response_interceptors: ``@intercept`` hooks of each side.
         model_name: the model name forced on every request.
         sampling: sampling settings overlaid on every request.
+        policy: the policy version each call records and the pause it waits out
+            (``_core/policy``; default: the process's).
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class RolloutSession:
         response_interceptors: Sequence[Hook] = (),
         model_name: str | None = None,
         sampling: dict[str, Any] | None = None,
+        policy: PolicyControl | None = None,
     ) -> None:
         self.trace = trace
         self.model = model
@@ -108,6 +112,7 @@ class RolloutSession:
         self.response_interceptors = list(response_interceptors)
         self.model_name = model_name or model.name
         self.sampling = dict(sampling or {})
+        self.policy = policy or process_policy()
         self.graph = ConversationGraph(trace)
         self.error: RolloutError | None = None
         """The latest model, tool or hook failure, stashed for the rollout (B30, B31)."""
@@ -156,6 +161,10 @@ class RolloutSession:
             return await self._sample(request, {**(params or {}), **self.sampling})
 
     async def _sample(self, request: Request, sampling: dict[str, Any]) -> Response:
+        policy = self.policy
+        if policy.paused:  # a weight update: wait before anything goes upstream
+            await policy.wait()
+            self._check_open()
         self.error = None
         recorded = {k: v for k, v in sampling.items() if k in SAMPLING_FIELDS}
         call = ModelCall(
@@ -163,6 +172,7 @@ class RolloutSession:
             sampling=recorded or None,
             endpoint="/chat/completions",
             time=TimeSpan(start=time.time()),
+            policy=policy.version,  # the server's own stamp, if any, replaces it (record_tokens)
         )
         try:
             response = await self._complete(request, sampling)

@@ -6,6 +6,7 @@ from contextlib import AsyncExitStack
 
 from .._core.executor import Executor, RolloutSpec
 from .._core.lazy_runtime import LazyRuntime
+from .._core.policy import PolicyControl
 from .._core.runtime import Runtime
 from .._record.trace import Trace
 from .._runtimes.host import RuntimeHost, runtime_kind
@@ -23,6 +24,9 @@ class LocalExecutor(Executor):
 
     Owned runtimes live on an in-process ``RuntimeHost``, so that if this process is killed
     its guardian still removes their processes and directories.
+
+    Its rollouts obey its own ``policy`` (not the process's): two executors in one process
+    pause and version apart.
     """
 
     def __init__(self, *, runtime: str = "auto") -> None:
@@ -31,6 +35,7 @@ class LocalExecutor(Executor):
         self._proxy: HTTPInterception | None = None
         self._tools: ToolServer | None = None
         self._runtimes: RuntimeHost | None = None
+        self.policy = PolicyControl()
 
     async def start(self) -> None:
         self._proxy = await self._stack.enter_async_context(HTTPInterception())
@@ -45,8 +50,11 @@ class LocalExecutor(Executor):
         if self._proxy is None or self._tools is None:
             raise RuntimeError("LocalExecutor.run before start(); use 'async with LocalExecutor()'")
         rollout = spec.rollout(interception=self._proxy, runtime_factory=self._new_runtime,
-                               tool_server=self._tools.serve)
+                               tool_server=self._tools.serve, policy=self.policy)
         return await rollout.run()
+
+    async def set_policy(self, version: int | None, paused: bool) -> None:
+        self.policy.set(version, paused)
 
     def _new_runtime(self, name: str) -> Runtime:
         assert self._runtimes is not None

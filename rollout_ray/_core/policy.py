@@ -1,0 +1,154 @@
+"""Policy control: the policy version and the weight-update pause, as one process sees them.
+
+A trainer bumps the *policy version* after each weight update and *pauses* the model boundary
+while the weights change. The driver owns both; each process where model calls are made or
+agent time is charged holds one ``PolicyControl`` that the driver's executor keeps current
+(``Executor.set_policy``): the driver's own process for a ``LocalExecutor`` (one per
+executor), each rollout actor and, per rollout actor, its node's services on Ray.
+
+* **The gate.** ``RolloutSession`` reads ``paused`` before every model call; while it is set
+  the call waits here, *before* anything is sent upstream, and carries the version current
+  when it leaves (``ModelCall.policy``, unless the server stamps its own). Calls already sent
+  finish as they would. Not paused, a call costs two attribute reads: no await, no
+  allocation.
+* **The agent clock.** Paused time is not charged to a rollout's agent budget (B2, B24):
+  every running segment's deadline (``SegmentClock``) stands still from the pause to the
+  resume and then moves out by the pause's length, and the segment is charged its wall time
+  less the time paused. This is the process's pause, not each call's wait: a program's calls
+  wait in another process (its node's proxy) than the one charging its segment, and both see
+  the same pause. A segment doing only tool work during a pause is not charged for it either.
+
+A pause has no bound of its own: the driver that paused resumes (``Driver.paused``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import TracebackType
+
+
+def _now() -> float:
+    """Loop time (virtual under ``run_virtual``), like the deadlines it is compared with."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
+
+class PolicyControl:
+    """The current policy version, the pause, and the clocks that stand still during one."""
+
+    __slots__ = ("version", "paused", "_gate", "_paused_since", "_paused_total", "_clocks")
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        """The version a model call records when its server stamps none (``None``: unset)."""
+        self.paused = False
+        """Whether model calls wait before going upstream."""
+        self._gate: asyncio.Event | None = None
+        self._paused_since = 0.0
+        self._paused_total = 0.0
+        self._clocks: set[SegmentClock] = set()
+
+    def state(self) -> tuple[int | None, bool]:
+        """``(version, paused)``, as ``set`` takes them (what crosses to another process)."""
+        return self.version, self.paused
+
+    def set(self, version: int | None, paused: bool) -> None:
+        """Make ``version`` current and pause or resume; idempotent."""
+        self.version = version
+        if paused and not self.paused:
+            self.paused = True
+            self._paused_since = _now()
+            for clock in self._clocks:
+                clock.suspend()
+        elif not paused and self.paused:
+            self._paused_total += _now() - self._paused_since
+            self.paused = False
+            gate, self._gate = self._gate, None
+            if gate is not None:
+                gate.set()
+            for clock in self._clocks:
+                clock.restart()
+
+    async def wait(self) -> None:
+        """Return once not paused (at once if not paused)."""
+        while self.paused:
+            if self._gate is None:
+                self._gate = asyncio.Event()  # made in the waiter's loop, dropped on resume
+            await self._gate.wait()
+
+    def paused_seconds(self) -> float:
+        """Seconds this control has been paused so far, the running pause included."""
+        if self.paused:
+            return self._paused_total + (_now() - self._paused_since)
+        return self._paused_total
+
+
+_PROCESS_POLICY = PolicyControl()
+
+
+def process_policy() -> PolicyControl:
+    """The control of rollouts built without one (a rollout actor's: one per process)."""
+    return _PROCESS_POLICY
+
+
+class SegmentClock:
+    """A segment's agent deadline that stands still while ``policy`` is paused.
+
+    ``async with clock:`` bounds the segment like ``asyncio.timeout_at(deadline)``, except
+    that the deadline moves out by every pause that overlaps the segment.
+
+    Args:
+        policy: whose pauses are not charged.
+        budget: agent seconds left (``None``: no deadline; the clock still measures).
+    """
+
+    __slots__ = ("policy", "started", "_base", "_paused_before", "_timeout")
+
+    def __init__(self, policy: PolicyControl, budget: float | None) -> None:
+        self.policy = policy
+        self.started = _now()
+        self._base = None if budget is None else self.started + max(0.0, budget)
+        self._paused_before = policy.paused_seconds()
+        self._timeout: asyncio.Timeout | None = None
+
+    def paused(self) -> float:
+        """Seconds paused since the segment started."""
+        return self.policy.paused_seconds() - self._paused_before
+
+    @property
+    def deadline(self) -> float | None:
+        """The loop-time deadline: the budget's, moved out by the pauses so far."""
+        return None if self._base is None else self._base + self.paused()
+
+    def spent(self) -> float:
+        """Agent seconds the segment is charged: its wall time less the time paused."""
+        return max(0.0, _now() - self.started - self.paused())
+
+    def expired(self) -> bool:
+        deadline = self.deadline
+        return deadline is not None and _now() >= deadline
+
+    def suspend(self) -> None:
+        if self._timeout is not None:
+            self._timeout.reschedule(None)
+
+    def restart(self) -> None:
+        if self._timeout is not None:
+            self._timeout.reschedule(self.deadline)
+
+    async def __aenter__(self) -> SegmentClock:
+        self._timeout = asyncio.timeout_at(None if self.policy.paused else self._base)
+        await self._timeout.__aenter__()
+        if self._base is not None:
+            self.policy._clocks.add(self)
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
+        self.policy._clocks.discard(self)
+        timeout, self._timeout = self._timeout, None
+        assert timeout is not None
+        return await timeout.__aexit__(kind, error, tb)
