@@ -12,6 +12,11 @@ Records stream into Parquet shards when a run directory is given (and a rerun wi
 ``resume=True`` skips every (group, sample) already stored); each group is finalized (group
 statistics, advantages, best-of-n, pass@k) the moment its last sample closes, and handed to
 the consumer of ``groups()`` through a bounded queue.
+
+For asynchronous RL the driver owns the policy version and the weight-update pause
+(``pause`` / ``resume`` / ``paused``, carried to wherever model calls are made by
+``Executor.set_policy``; see ``_core/policy``), and with ``max_staleness`` drops and re-runs
+a finished rollout too old for the current version when its group closes (``staleness``).
 """
 
 from __future__ import annotations
@@ -40,7 +45,9 @@ from .._record.store import read_groups, read_run
 from .._record.trace import AgentInfo, Error, Timing, Trace
 from .closer import Group, GroupCloser
 from .finalize import FinalizeConfig
+from .policy import PolicyOwner
 from .run_dir import RunDirectory
+from .staleness import split_stale
 
 log = logging.getLogger("rollout_ray")
 
@@ -69,6 +76,9 @@ class EvalConfig(BaseModel):
     model_name: str | None = None
     sampling: dict[str, Any] = Field(default_factory=dict)
     finalize: FinalizeConfig = FinalizeConfig()
+    max_staleness: int | None = Field(None, ge=0)
+    """Versions a rollout's oldest turn may lag the current policy version when its group
+    closes; an older one is dropped and re-run (0: synchronous on-policy). ``None``: all kept."""
 
 
 @dataclass
@@ -81,6 +91,8 @@ class Progress:
     in_flight: int = 0
     retried: int = 0
     skipped: int = 0
+    stale: int = 0
+    """Rollouts dropped as too old for the policy version (``max_staleness``) and re-run."""
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -102,6 +114,8 @@ class RunResult:
     samples: pa.Table
     groups: pa.Table
     run_dir: str | None
+    stale: int = 0
+    """Rollouts dropped as stale and re-run."""
 
 
 def group_id_of(task: Task) -> str:
@@ -109,7 +123,7 @@ def group_id_of(task: Task) -> str:
     return f"{task.data.idx}-{task.key[:16]}"
 
 
-class Driver:
+class Driver(PolicyOwner):
     """Runs ``tasks`` × ``config.samples_per_task`` rollouts on ``executor`` (once).
 
     Args:
@@ -124,6 +138,7 @@ class Driver:
             their earlier errors kept) unless ``keep_failed``; see ``RunDirectory``.
         judge: cross-trace hook for ``finalize`` (called once per group's table).
         on_progress: called with ``Progress`` at most every ``progress_every`` seconds.
+        policy_version: the policy version the run starts at (``set_policy_version``).
     """
 
     def __init__(
@@ -141,10 +156,11 @@ class Driver:
         on_progress: Callable[[Progress], None] | None = None,
         progress_every: float = 0.5,
         manifest_config: dict[str, Any] | None = None,
+        policy_version: int = 0,
     ) -> None:
         self.tasks, self.harness, self.model, self.executor = tasks, harness, model, executor
         self.config = config or EvalConfig()
-        self.run_dir, self.resume, self.keep_failed, self.judge = run_dir, resume, keep_failed, judge
+        self.run_dir, self.resume_run, self.keep_failed, self.judge = run_dir, resume, keep_failed, judge
         self._on_progress, self._progress_every = on_progress, progress_every
         self._manifest_config = manifest_config or {}
         total = len(tasks) * self.config.samples_per_task if hasattr(tasks, "__len__") else None  # type: ignore[arg-type]
@@ -162,6 +178,8 @@ class Driver:
         self._earlier_errors: dict[tuple[str, int], list[Error]] = {}
         self._store: RunDirectory | None = None
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ray-shards")
+        self._init_policy(policy_version)
+        self._tg: asyncio.TaskGroup | None = None
 
     # -- public API -------------------------------------------------------------------------
 
@@ -193,9 +211,9 @@ class Driver:
             pass
         if self.run_dir is not None:
             return RunResult(self.status, self.reason, read_run(self.run_dir, conversation=False),
-                             read_groups(self.run_dir), self.run_dir)
+                             read_groups(self.run_dir), self.run_dir, self.progress.stale)
         samples, groups = self._closer.tables() if self._closer is not None else (pa.table({}), pa.table({}))
-        return RunResult(self.status, self.reason, samples, groups, self.run_dir)
+        return RunResult(self.status, self.reason, samples, groups, self.run_dir, self.progress.stale)
 
     def run(self) -> RunResult:
         """``arun`` for callers without an event loop (blocks until the run ends)."""
@@ -207,6 +225,7 @@ class Driver:
         closer = None
         try:
             self._open_store()
+            await self._announce_policy()
             closer = self._closer = GroupCloser(
                 config=self.config.finalize, judge=self.judge, store=self._store, io=self._io, emit=queue.put,
                 rows_per_write=min(self.config.rows_per_shard, 256))
@@ -224,6 +243,9 @@ class Driver:
             self._io.shutdown(wait=True)
             if self._store is not None:
                 self._store.close()
+            if self.progress.stale:
+                log.info("staleness: %d rollouts dropped as older than max_staleness=%s versions "
+                         "and re-run", self.progress.stale, self.config.max_staleness)
             self._report(force=True)
             await queue.put(None)
 
@@ -235,6 +257,7 @@ class Driver:
             log.warning("the executor runs at most %d rollouts at once, below max_in_flight=%d: "
                         "the rest wait for room in it", bound, self.config.max_in_flight)
         async with asyncio.TaskGroup() as tg:
+            self._tg = tg
             for task, group_id, sample_idx in self._plan():
                 await slots.acquire()
                 if self._halt.is_set():
@@ -247,7 +270,7 @@ class Driver:
         if self.run_dir is None:
             return
         config = {**self._manifest_config, "eval": self.config.model_dump(mode="json")}
-        self._store = RunDirectory(self.run_dir, run_id=self.run_id, config=config, resume=self.resume,
+        self._store = RunDirectory(self.run_dir, run_id=self.run_id, config=config, resume=self.resume_run,
                                    keep_failed=self.keep_failed, samples_per_task=self.config.samples_per_task,
                                    rows_per_shard=self.config.rows_per_shard)
         self._store.open()
@@ -275,11 +298,38 @@ class Driver:
         self._count(trace)
         members = self._pending.setdefault(group_id, [])
         members.append(RolloutRecord(trace, self.run_id, group_id, sample_idx, attempt))
-        if len(members) == self._group_sizes[group_id]:
+        if len(members) == self._group_sizes[group_id] and not self._dropped_stale(task, group_id, members, slots):
             del self._pending[group_id]
             assert self._closer is not None
             self._closer.close(group_id, members)
         self._report()
+
+    def _dropped_stale(self, task: Task, group_id: str, members: list[RolloutRecord],
+                       slots: asyncio.Semaphore) -> bool:
+        """Drop the members too old for the current policy and run their samples again; the
+        group stays pending until they are back. Returns whether any was dropped."""
+        if self.config.max_staleness is None:
+            return False
+        fresh, stale = split_stale(members, self._policy_version, self.config.max_staleness)
+        if not stale:
+            return False
+        self._pending[group_id] = fresh
+        for record in stale:
+            self.progress.stale += 1
+            self.progress.done -= 1
+            self.progress.failed -= not record.trace.ok
+            assert self._tg is not None
+            self._tg.create_task(self._again(task, group_id, record.sample_idx, slots))
+        return True
+
+    async def _again(self, task: Task, group_id: str, sample_idx: int, slots: asyncio.Semaphore) -> None:
+        """A stale sample's new run, when there is room (a halted run leaves its group incomplete)."""
+        await slots.acquire()
+        if self._halt.is_set():
+            slots.release()
+            return
+        self.progress.in_flight += 1
+        await self._one(task, group_id, sample_idx, slots)
 
     async def _attempts(self, task: Task, earlier: list[Error]) -> tuple[Trace, int]:
         """Run ``task`` until it is not lost (or the retries are spent); its trace carries

@@ -1,0 +1,85 @@
+"""The driver's side of the policy: its version and the weight-update pause (asynchronous RL).
+
+The driver owns the current policy version and the pause; ``Executor.set_policy`` carries
+both to every process where its rollouts make model calls or are charged agent time
+(``_core/policy``). Versions only go up. ``Driver`` inherits this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from .._core.executor import Executor
+
+
+class PolicyOwner:
+    """The policy API of ``Driver``: ``policy_version``, ``pause``, ``resume``, ``paused``."""
+
+    executor: Executor
+
+    def _init_policy(self, version: int) -> None:
+        self._policy_version, self._paused = version, False
+        self._policy_lock = asyncio.Lock()
+
+    @property
+    def policy_version(self) -> int:
+        """The current policy version: what a model call records when its server stamps none."""
+        return self._policy_version
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    async def set_policy_version(self, version: int) -> None:
+        """Make ``version`` current: the next model calls carry it.
+
+        Raises:
+            ValueError: ``version`` is below the current one (versions only go up).
+        """
+        await self._set_policy(version, self._paused)
+
+    async def pause(self) -> None:
+        """Hold every new model call before it goes upstream (e.g. for a weight update).
+
+        Calls already sent finish; held calls count toward no limit or timeout, and paused
+        time is not charged to any rollout's agent budget. Returns once every process where
+        the rollouts make model calls is paused.
+        """
+        await self._set_policy(self._policy_version, True)
+
+    async def resume(self, version: int | None = None) -> None:
+        """Let model calls go upstream again, carrying ``version`` if given (else the current one).
+
+        Raises:
+            ValueError: ``version`` is below the current one.
+        """
+        await self._set_policy(self._policy_version if version is None else version, False)
+
+    @asynccontextmanager
+    async def paused(self, version: int | None = None) -> AsyncIterator[None]:
+        """``pause()`` for the block, then ``resume(version)``: the trainer's weight sync.
+
+        If the block raises, the run resumes at the version it had (the update failed).
+        """
+        await self.pause()
+        try:
+            yield
+        except BaseException:
+            await self.resume()
+            raise
+        await self.resume(version)
+
+    async def _set_policy(self, version: int, paused: bool) -> None:
+        if version < self._policy_version:
+            raise ValueError(f"policy version must not go back: {version} is below the current "
+                             f"{self._policy_version}")
+        async with self._policy_lock:
+            self._policy_version, self._paused = version, paused
+            await self.executor.set_policy(version, paused)
+
+    async def _announce_policy(self) -> None:
+        """Tell the executor the policy as it stands (it may have served another driver)."""
+        async with self._policy_lock:
+            await self.executor.set_policy(self._policy_version, self._paused)
