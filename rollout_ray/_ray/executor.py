@@ -25,6 +25,8 @@ from .calls import SHUTDOWN_GRACE, call
 from .node_service_actor import node_service_actor
 from .rollout_actor import RolloutActor
 
+log = logging.getLogger("rollout_ray")
+
 _SPREAD = {"scheduling_strategy": "SPREAD"}
 UNCAPPED = 1_000_000
 """An actor's capacity when the executor sets none: the caller's bound is the only one."""
@@ -100,7 +102,8 @@ class RayExecutor(Executor):
         self._load = [0] * self.actors
 
     def _new_actor(self, options: Mapping[str, Any]) -> RolloutActor:
-        actor = RolloutActor.create(capacity=self.capacity or UNCAPPED, runtime=self.runtime, **options)
+        actor = RolloutActor.create(capacity=self.capacity or UNCAPPED, runtime=self.runtime,
+                                    policy=self._policy_state, **options)
         probe = asyncio.get_running_loop().create_task(self._probe(actor))
         self._probes.add(probe)
         probe.add_done_callback(self._probes.discard)
@@ -187,6 +190,27 @@ class RayExecutor(Executor):
         # cluster, so they stay; a Ray started here goes, and takes them with it.
         if self._started_ray:
             ray.shutdown()
+
+    _policy_state: tuple[int | None, bool] | None = None
+    """The last ``set_policy``: an actor created later (a replacement) starts with it."""
+
+    async def set_policy(self, version: int | None, paused: bool) -> None:
+        """Every actor of the pool, and through each its node's services, sees ``version``
+        and the pause; returns once they all answered. An actor that died is skipped (its
+        replacement starts with them); one that does not answer within ``probe_timeout`` is
+        logged, and the probe kills it as hung."""
+        if self._policy_state == (version, paused):
+            return
+        self._policy_state = (version, paused)
+        actors = [a for a in self._pool if a is not None]
+        outcomes = await asyncio.gather(*(a.set_policy(version, paused, timeout=self.probe_timeout) for a in actors),
+                                        return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, TimeoutError):
+                log.warning("a rollout actor did not take policy version=%s paused=%s within %gs",
+                            version, paused, self.probe_timeout)
+            elif isinstance(outcome, BaseException) and not isinstance(outcome, RayActorError):
+                raise outcome
 
     def statistics(self) -> dict[str, Any]:
         return {"actors": len(self._pool), "replaced": self.replaced, "in_flight": sum(self._load)}

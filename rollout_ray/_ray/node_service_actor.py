@@ -12,6 +12,11 @@ what an owner whose lease ran out left behind. A call to a services actor that d
 not answer within ``SERVICE_CALL_TIMEOUT`` raises ``InfrastructureLost`` (the rollouts it
 broke are retried, not recorded as failures of their task) and the next call goes to its
 replacement.
+
+Policy (``_core/policy``): the rollouts of different rollout actors on a node may belong to
+different drivers, so the node's services keep one ``PolicyControl`` per owner. A rollout
+actor forwards every ``set_policy`` it gets under its owner id, and each batch of
+registrations carries its state too, so services that were replaced learn it again.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._core.collector import tune_for_rollouts
 from .._core.interception import ChatClient, Interception, Slot
+from .._core.policy import PolicyControl, process_policy
 from .._core.runtime import Runtime
 from .._core.session import RolloutSession
 from .._core.toolset import Toolset
@@ -65,6 +71,7 @@ class _NodeServiceActor(NodeServices):
         super().__init__(**_service_hosts())
         self._depot = Depot()
         self._reaper: asyncio.Task[None] | None = None
+        self._policies: dict[str, PolicyControl] = {}
         tune_for_rollouts()
 
     def _reaping(self) -> None:
@@ -91,8 +98,48 @@ class _NodeServiceActor(NodeServices):
             self._reaper.cancel()
         await super().shutdown()
 
-    async def register_many(self, items: list[tuple[bytes, dict[str, bytes]]]) -> list[Slot | Exception]:
-        """Register each shipped ``SessionSpec``; an item that fails answers its exception."""
+    # -- policy, per owner ------------------------------------------------------------------
+
+    def _policy(self, owner: str | None) -> PolicyControl:
+        if owner is None:
+            return process_policy()
+        control = self._policies.get(owner)
+        if control is None:
+            control = self._policies[owner] = PolicyControl()
+        return control
+
+    def set_policy(self, owner: str | None, version: int | None, paused: bool) -> None:
+        """The policy of ``owner``'s sessions (``Executor.set_policy``, through its actor)."""
+        self._policy(owner).set(version, paused)
+
+    def policy(self, owner: str | None) -> tuple[int | None, bool]:
+        """``(version, paused)`` of ``owner``'s sessions."""
+        return self._policy(owner).state()
+
+    async def register(self, spec: SessionSpec) -> Slot:
+        slot = await super().register(spec)
+        session = self._sessions[slot.model_secret].session
+        if session is not None:
+            session.policy = self._policy(spec.owner)
+        return slot
+
+    async def drop_owner(self, owner: str) -> int:
+        dropped = await super().drop_owner(owner)
+        control = self._policies.pop(owner, None)
+        if control is not None:
+            control.set(control.version, False)  # calls held for a dead owner end (sealed: 409)
+        return dropped
+
+    # -- batches ----------------------------------------------------------------------------
+
+    async def register_many(self, items: list[tuple[bytes, dict[str, bytes]]],
+                            policy: tuple[str, int | None, bool] | None = None) -> list[Slot | Exception]:
+        """Register each shipped ``SessionSpec``; an item that fails answers its exception.
+
+        ``policy`` is the registering owner's ``(owner, version, paused)``, applied first.
+        """
+        if policy is not None:
+            self.set_policy(*policy)
         return [await _outcome(self.register(self._depot.unpack(blob, bodies))) for blob, bodies in items]
 
     async def unregister_many(self, items: list[tuple[str, Cursor]]) -> list[Any]:
@@ -182,16 +229,23 @@ class NodeServicesRef:
 
 
 class RayInterception(Interception):
-    """Serves sessions through the node's services actor; pulls their turns after each segment."""
+    """Serves sessions through the node's services actor; pulls their turns after each segment.
 
-    def __init__(self, services: NodeServicesRef, owner: str | None = None) -> None:
+    Each batch of registrations carries ``policy``'s state (default: the process's) under
+    ``owner``, so the sessions obey the policy of the rollouts they serve.
+    """
+
+    def __init__(self, services: NodeServicesRef, owner: str | None = None,
+                 policy: PolicyControl | None = None) -> None:
         self._services = services
         self._owner = owner
         self._secrets: dict[int, str] = {}
         self._shipper = Shipper()
+        control = policy or process_policy()
         # Rollouts of one host start and end in bursts: their calls travel in batches.
         self._register: Coalescer[tuple[bytes, dict[str, bytes]], Slot] = Coalescer(
-            lambda items: services.call("register_many", items))
+            lambda items: services.call("register_many", items,
+                                        None if owner is None else (owner, *control.state())))
         self._unregister: Coalescer[tuple[str, Cursor], SessionDelta] = Coalescer(
             lambda items: services.call("unregister_many", items))
 

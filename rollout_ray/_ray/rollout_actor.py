@@ -5,6 +5,9 @@ the runtimes its rollouts own, so by Ray's ownership rules that actor — and, t
 guardian, every process of every runtime in it — dies with it. Its rollouts' sessions and
 tools are served by the node's services actor (``node_service_actor``) under its owner id,
 which it renews every few seconds: what a dead rollout actor left there is reaped.
+
+Its process's ``PolicyControl`` (``_core/policy``) is its rollouts' policy: ``set_policy``
+sets it, then forwards it to the node's services for the sessions of its programs.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .._core.collector import tune_for_rollouts
 from .._core.executor import RolloutSpec
 from .._core.host import RolloutHost
+from .._core.policy import process_policy
 from .._errors import InfrastructureLost
 from .._record.messages import Message
 from .._record.trace import Trace, decode_trace
@@ -43,7 +47,10 @@ counts as hung."""
 class _RolloutActor:
     """What a ``RolloutActor`` runs: the host, its node's services and its runtime actor."""
 
-    def __init__(self, capacity: int, runtime: str, owner: str) -> None:
+    def __init__(self, capacity: int, runtime: str, owner: str,
+                 policy: tuple[int | None, bool] | None = None) -> None:
+        if policy is not None:
+            process_policy().set(*policy)
         runtime, _ = runtime_kind(runtime)  # "auto" is decided by the node that runs the boxes
         node_id = ray.get_runtime_context().get_node_id()
         self._runtime_options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
@@ -76,6 +83,22 @@ class _RolloutActor:
 
     def ping(self) -> None:
         """Answers at once unless the actor's event loop is stuck (``RayExecutor`` probes it)."""
+
+    async def set_policy(self, version: int | None, paused: bool) -> None:
+        """This actor's rollouts, and its sessions at the node's services, see ``version`` and
+        the pause. Paused here first and resumed here last, so no agent clock runs while the
+        node's proxy holds calls."""
+        if paused:
+            process_policy().set(version, paused)
+        try:
+            await self._services.call("set_policy", self._owner, version, paused)
+        except InfrastructureLost:
+            pass  # replaced services learn it with the next registrations
+        process_policy().set(version, paused)
+
+    def policy(self) -> tuple[int | None, bool]:
+        """``(version, paused)`` as this actor's rollouts see it."""
+        return process_policy().state()
 
     def _watch(self) -> None:
         if self._watcher is None or self._watcher.done():
@@ -191,13 +214,21 @@ class RolloutActor:
                              shared=_shared(spec))
 
     @classmethod
-    def create(cls, *, capacity: int = 1, runtime: str = "auto", **options: Any) -> RolloutActor:
+    def create(cls, *, capacity: int = 1, runtime: str = "auto", policy: tuple[int | None, bool] | None = None,
+               **options: Any) -> RolloutActor:
         """Start the actor. ``runtime`` is the kind of the runtimes its rollouts own
-        (``"auto"``, ``"local"`` or ``"sandbox"``); ``options`` go to ``.options()`` (e.g. a
-        scheduling strategy)."""
+        (``"auto"``, ``"local"`` or ``"sandbox"``); ``policy`` is the ``(version, paused)`` it
+        starts with; ``options`` go to ``.options()`` (e.g. a scheduling strategy)."""
         runtime_kind(runtime)  # an unknown kind fails here, not in the actor
         owner = uuid.uuid4().hex
-        return cls(RolloutActorClass.options(**options).remote(capacity, runtime, owner), owner)
+        return cls(RolloutActorClass.options(**options).remote(capacity, runtime, owner, policy), owner)
+
+    async def set_policy(self, version: int | None, paused: bool, timeout: float | None = None) -> None:
+        """``_RolloutActor.set_policy``, bounded by ``timeout`` seconds."""
+        await call(self.actor.set_policy.remote(version, paused), timeout=timeout)
+
+    async def policy(self) -> tuple[int | None, bool]:
+        return tuple(await call(self.actor.policy.remote()))  # type: ignore[return-value]
 
     async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
         return await self._ship(self.actor.open, spec)
