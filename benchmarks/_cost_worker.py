@@ -279,6 +279,9 @@ async def with_driver(spec: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         warm = await drive(module, model, executor, config, spec["warmup"], group, report=False)
         extra.update(warm_wall=time.perf_counter() - t0, warm_failed=warm["failed"])
+        ready = getattr(executor, "ready", None)
+        if ready is not None:  # every actor answering a call, as eval's warm-up waits for
+            await ready()
         if spec["executor"] == "ray":
             try:
                 pids = await asyncio.gather(*(a.actor.pid.remote() for a in executor._pool if a is not None))

@@ -140,7 +140,9 @@ class RayExecutor(Executor):
         async def answering(actor: RolloutActor) -> str:
             node = await call(actor.actor.node_id.remote(), timeout=timeout)
             runtimes = await call(actor.actor.runtime_actor.remote(), timeout=timeout)
-            await call(runtimes.pid.remote(), timeout=timeout)
+            # With an argument: an actor's first call with one builds Ray's serialization
+            # context (importing pyarrow: ~1 s of CPU), which would land on a rollout.
+            await call(runtimes.alive.remote("warm-up"), timeout=timeout)
             return str(node)
 
         nodes = set(await asyncio.gather(*(answering(a) for a in actors)))
