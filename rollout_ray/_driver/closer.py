@@ -10,6 +10,13 @@ is handed on at once.
 
 A judge that raises fails the judging of its own group (``judge_error`` on the group's
 summary), not the run.
+
+``keep`` (the driver's staleness control) sees each group just before it is finalized,
+stored and streamed: a group it sends back (some members were too old for the current
+policy version and run again) is closed again later, and ``run`` does not end while one is
+out, unless it is ``abandon``-ed. With ``keep``, a group is taken only when the consumer
+asks for one (a unit of ``demand``): a group finalized ahead would wait in the stream,
+growing older, so the check holds at the moment the trainer receives the group.
 """
 
 from __future__ import annotations
@@ -59,12 +66,20 @@ class GroupCloser:
         io: the one thread that writes shards (writes stay in order and off the loop).
         emit: awaited with each finalized group, in closing order (the trainer stream).
         rows_per_write: rows buffered before they are written.
+        keep: asked of each group before it is finalized; ``False`` sends it back (it will
+            be closed again).
+        demand: with ``keep``, released by the consumer once per group it asks for.
     """
 
     def __init__(self, *, config: FinalizeConfig, judge: GroupJudge | None, store: RunDirectory | None,
-                 io: Executor, emit: Callable[[Group], Any], rows_per_write: int) -> None:
+                 io: Executor, emit: Callable[[Group], Any], rows_per_write: int,
+                 keep: Callable[[str, list[RolloutRecord]], bool] | None = None,
+                 demand: asyncio.Semaphore | None = None) -> None:
+        if (keep is None) != (demand is None):
+            raise ValueError("keep and demand go together: pass both or neither")
         self.config, self.judge, self.store, self.io, self.emit = config, judge, store, io, emit
-        self.rows_per_write = rows_per_write
+        self.rows_per_write, self.keep, self.demand = rows_per_write, keep, demand
+        self._out: set[str] = set()
         self._closed: list[tuple[str, list[RolloutRecord]]] = []
         self._ready = asyncio.Event()
         self._finished = False
@@ -74,7 +89,13 @@ class GroupCloser:
 
     def close(self, group_id: str, members: list[RolloutRecord]) -> None:
         """A group's last sample finished: finalize it soon."""
+        self._out.discard(group_id)
         self._closed.append((group_id, sorted(members, key=lambda r: r.sample_idx)))
+        self._ready.set()
+
+    def abandon(self, group_id: str) -> None:
+        """A group sent back by ``keep`` will not be closed again (the run halted)."""
+        self._out.discard(group_id)
         self._ready.set()
 
     def finish(self) -> None:
@@ -83,18 +104,29 @@ class GroupCloser:
         self._ready.set()
 
     async def run(self) -> None:
-        """Until ``finish``: finalize, store and emit what closed, batch by batch."""
+        """Until ``finish`` (and no group is out): finalize, store and emit what closed, batch by batch."""
         while True:
             if not self._closed:
-                if self._finished:
+                if self._finished and not self._out:
                     return
                 self._ready.clear()
                 await self._ready.wait()
                 continue
-            batch = self._take()
+            batch = self._take() if self.keep is None else await self._asked_for()
             for group in self._finalize(batch):
                 await self._keep(group)
                 await self.emit(group)
+
+    async def _asked_for(self) -> list[tuple[str, list[RolloutRecord]]]:
+        """The oldest closed group once the consumer asks for one, if ``keep`` keeps it."""
+        assert self.keep is not None and self.demand is not None
+        await self.demand.acquire()
+        group_id, members = self._closed.pop(0)
+        if self.keep(group_id, members):
+            return [(group_id, members)]
+        self._out.add(group_id)
+        self.demand.release()  # still asked for: the next group answers it
+        return []
 
     def _take(self) -> list[tuple[str, list[RolloutRecord]]]:
         """The oldest closed groups, up to one write's rows (at least one group): a batch is
@@ -143,6 +175,8 @@ class GroupCloser:
 
     def _finalize(self, batch: list[tuple[str, list[RolloutRecord]]]) -> list[Group]:
         """Every group of ``batch`` finalized, in order; one ``finalize`` call if nothing fails."""
+        if not batch:
+            return []
         table = records_to_table([r for _, members in batch for r in members])
         try:
             result = finalize(table, self.config, self.judge)

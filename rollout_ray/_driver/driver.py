@@ -16,7 +16,7 @@ the consumer of ``groups()`` through a bounded queue.
 For asynchronous RL the driver owns the policy version and the weight-update pause
 (``pause`` / ``resume`` / ``paused``, carried to wherever model calls are made by
 ``Executor.set_policy``; see ``_core/policy``), and with ``max_staleness`` drops and re-runs
-a finished rollout too old for the current version when its group closes (``staleness``).
+a finished rollout too old for the current version when its group is handed on (``staleness``).
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ class EvalConfig(BaseModel):
     sampling: dict[str, Any] = Field(default_factory=dict)
     finalize: FinalizeConfig = FinalizeConfig()
     max_staleness: int | None = Field(None, ge=0)
-    """Versions a rollout's oldest turn may lag the current policy version when its group
-    closes; an older one is dropped and re-run (0: synchronous on-policy). ``None``: all kept."""
+    """Versions a rollout's oldest turn may lag the current policy version when its group is
+    handed to the consumer; an older one is dropped and re-run (0: synchronous on-policy;
+    see ``_driver/staleness``). ``None``: all kept."""
 
 
 @dataclass
@@ -180,6 +181,9 @@ class Driver(PolicyOwner):
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ray-shards")
         self._init_policy(policy_version)
         self._tg: asyncio.TaskGroup | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._group_tasks: dict[str, Task] = {}
+        """With ``max_staleness``: the task of each group closed and not yet finalized."""
 
     # -- public API -------------------------------------------------------------------------
 
@@ -190,9 +194,13 @@ class Driver(PolicyOwner):
         cancels the rollouts in flight at once and keeps what completed (a resume skips it).
         """
         queue: asyncio.Queue[Group | None] = asyncio.Queue(self.config.stream_buffer)
-        producer = asyncio.create_task(self._drive(queue))
+        demand = asyncio.Semaphore(0)  # with max_staleness, a group is finalized when asked for
+        producer = asyncio.create_task(self._drive(queue, demand))
         try:
-            while (group := await queue.get()) is not None:
+            while True:
+                demand.release()
+                if (group := await queue.get()) is None:
+                    break
                 yield group
             await producer  # re-raise a driver failure
         finally:
@@ -221,16 +229,18 @@ class Driver(PolicyOwner):
 
     # -- the run ----------------------------------------------------------------------------
 
-    async def _drive(self, queue: asyncio.Queue[Group | None]) -> None:
+    async def _drive(self, queue: asyncio.Queue[Group | None], demand: asyncio.Semaphore) -> None:
         closer = None
         try:
             self._open_store()
             await self._announce_policy()
             closer = self._closer = GroupCloser(
                 config=self.config.finalize, judge=self.judge, store=self._store, io=self._io, emit=queue.put,
-                rows_per_write=min(self.config.rows_per_shard, 256))
+                rows_per_write=min(self.config.rows_per_shard, 256),
+                **({} if self.config.max_staleness is None else {"keep": self._fresh_or_rerun, "demand": demand}))
             with tuned_for_rollouts():
                 async with asyncio.TaskGroup() as tg:
+                    self._tg = tg  # where stale samples run again, while the closer runs
                     tg.create_task(closer.run())
                     try:
                         await self._rollouts()
@@ -251,13 +261,12 @@ class Driver(PolicyOwner):
 
     async def _rollouts(self) -> None:
         """Every planned sample, at most ``max_in_flight`` at once, until done or halted."""
-        slots = asyncio.Semaphore(self.config.max_in_flight)
+        slots = self._slots = asyncio.Semaphore(self.config.max_in_flight)
         bound = self.executor.max_in_flight
         if bound is not None and bound < self.config.max_in_flight:
             log.warning("the executor runs at most %d rollouts at once, below max_in_flight=%d: "
                         "the rest wait for room in it", bound, self.config.max_in_flight)
         async with asyncio.TaskGroup() as tg:
-            self._tg = tg
             for task, group_id, sample_idx in self._plan():
                 await slots.acquire()
                 if self._halt.is_set():
@@ -298,38 +307,41 @@ class Driver(PolicyOwner):
         self._count(trace)
         members = self._pending.setdefault(group_id, [])
         members.append(RolloutRecord(trace, self.run_id, group_id, sample_idx, attempt))
-        if len(members) == self._group_sizes[group_id] and not self._dropped_stale(task, group_id, members, slots):
+        if len(members) == self._group_sizes[group_id]:
             del self._pending[group_id]
+            if self.config.max_staleness is not None:
+                self._group_tasks[group_id] = task
             assert self._closer is not None
             self._closer.close(group_id, members)
         self._report()
 
-    def _dropped_stale(self, task: Task, group_id: str, members: list[RolloutRecord],
-                       slots: asyncio.Semaphore) -> bool:
-        """Drop the members too old for the current policy and run their samples again; the
-        group stays pending until they are back. Returns whether any was dropped."""
-        if self.config.max_staleness is None:
-            return False
+    def _fresh_or_rerun(self, group_id: str, members: list[RolloutRecord]) -> bool:
+        """As the closer finalizes a group (``max_staleness``): keep it if no member is too old
+        for the current policy; else drop those, run their samples again and keep the group
+        pending until they are back (``staleness``)."""
+        task = self._group_tasks.pop(group_id)
+        assert self.config.max_staleness is not None and self._tg is not None
         fresh, stale = split_stale(members, self._policy_version, self.config.max_staleness)
         if not stale:
-            return False
+            return True
         self._pending[group_id] = fresh
         for record in stale:
             self.progress.stale += 1
             self.progress.done -= 1
             self.progress.failed -= not record.trace.ok
-            assert self._tg is not None
-            self._tg.create_task(self._again(task, group_id, record.sample_idx, slots))
-        return True
+            self._tg.create_task(self._again(task, group_id, record.sample_idx))
+        return False
 
-    async def _again(self, task: Task, group_id: str, sample_idx: int, slots: asyncio.Semaphore) -> None:
+    async def _again(self, task: Task, group_id: str, sample_idx: int) -> None:
         """A stale sample's new run, when there is room (a halted run leaves its group incomplete)."""
-        await slots.acquire()
+        assert self._slots is not None and self._closer is not None
+        await self._slots.acquire()
         if self._halt.is_set():
-            slots.release()
+            self._slots.release()
+            self._closer.abandon(group_id)
             return
         self.progress.in_flight += 1
-        await self._one(task, group_id, sample_idx, slots)
+        await self._one(task, group_id, sample_idx, self._slots)
 
     async def _attempts(self, task: Task, earlier: list[Error]) -> tuple[Trace, int]:
         """Run ``task`` until it is not lost (or the retries are spent); its trace carries

@@ -2,12 +2,17 @@
 
 In asynchronous RL the trainer updates the weights while rollouts run, so a rollout may have
 been sampled, in part or in whole, by older versions of the policy. Each model call records
-the version that produced it (``ModelCall.policy``). When a group's last sample closes, a
-sample whose *oldest* call is more than ``max_staleness`` versions behind the driver's
-current version is stale: it is dropped (never stored, never streamed) and its
-``(task, sample)`` is run again, in the manner of AReaL's staleness control.
-``max_staleness=0`` is synchronous on-policy RL: only rollouts sampled entirely by the current
-version are kept. A rollout that made no versioned call is never stale.
+the version that produced it (``ModelCall.policy``). When a group is about to be finalized,
+stored and streamed, a sample whose *oldest* call is more than ``max_staleness`` versions
+behind the driver's current version is stale: it is dropped (never stored, never streamed)
+and its ``(task, sample)`` is run again, in the manner of AReaL's staleness control. The
+group is finalized when the trainer asks for the next group (not ahead, where it would wait
+in the stream and grow older), so every group a trainer receives holds the bound at that
+moment. ``max_staleness=0`` is synchronous on-policy RL: only rollouts sampled entirely by
+the current version are kept. A rollout that made no versioned call is never stale.
+
+Rollouts are not held back to spare re-runs: a trainer slower than its rollouts pays for
+those finished too early with re-runs (their count is ``Progress.stale``).
 """
 
 from __future__ import annotations

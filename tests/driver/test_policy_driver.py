@@ -146,3 +146,38 @@ def test_a_local_executor_keeps_its_policy_apart_from_the_process() -> None:
 
     ours, process = asyncio.run(main())
     assert ours == (5, True) and process == before
+
+
+def test_the_closer_waits_for_a_group_sent_back_and_ends_once_it_is_abandoned() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rollout_ray._driver.closer import GroupCloser
+    from rollout_ray._driver.finalize import FinalizeConfig
+    from rollout_ray._record.arrow import RolloutRecord
+    from rollout_ray._record.trace import Trace, TraceTask
+
+    async def main() -> tuple[list[str], bool]:
+        emitted: list[str] = []
+        demand, sent_back = asyncio.Semaphore(0), asyncio.Event()
+
+        def keep(group_id: str, members: Any) -> bool:
+            if group_id == "b":
+                sent_back.set()
+            return group_id != "b"
+
+        closer = GroupCloser(config=FinalizeConfig(), judge=None, store=None, io=ThreadPoolExecutor(1),
+                             emit=lambda g: asyncio.sleep(0, emitted.append(g.group_id)), rows_per_write=256,
+                             keep=keep, demand=demand)
+        running = asyncio.create_task(closer.run())
+        for group_id in ("a", "b"):
+            closer.close(group_id, [RolloutRecord(Trace(task=TraceTask(type="T")), "run", group_id, 0)])
+        closer.finish()
+        demand.release()
+        demand.release()
+        await sent_back.wait()  # "a" was emitted, "b" is out for a re-run
+        waiting = not running.done()
+        closer.abandon("b")
+        await asyncio.wait_for(running, 5)
+        return emitted, waiting
+
+    assert asyncio.run(main()) == (["a"], True)
