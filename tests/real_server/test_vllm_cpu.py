@@ -87,8 +87,8 @@ def _vllm_python() -> Path:
     found = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('vllm') is not None)"],
                            capture_output=True, text=True, timeout=60)
     if found.stdout.strip() != "True":
-        pytest.skip(f"no vLLM in {python}: {(found.stdout + found.stderr).strip()[-500:]} "
-                    "(run scripts/vllm_cpu/install.sh)")
+        why = found.stderr.strip()[-500:] or "the module `vllm` is not installed"
+        pytest.skip(f"no vLLM in {python}: {why} (run scripts/vllm_cpu/install.sh)")
     return python
 
 
