@@ -18,7 +18,7 @@ import aiohttp
 from .._core.harness import HarnessContext
 from .._core.runtime import ProgramResult
 from .._errors import WireError
-from .._record.wire import StreamAssembler
+from .._record.wire_stream import StreamAssembler
 from .conversation import wire_messages
 
 if TYPE_CHECKING:

@@ -40,7 +40,8 @@ from .._core.interception import ChatClient, Interception, Slot
 from .._core.session import RolloutSession
 from .._errors import Refusal, RolloutError, UpstreamError, WireError
 from .._record.messages import Response
-from .._record.wire import encode_response, parse_request, sse_events
+from .._record.wire import encode_response, parse_request
+from .._record.wire_stream import sse_events
 from .http_service import DEFAULT_READ_TIMEOUT, BodyError, Handlers, HTTPService
 
 log = logging.getLogger("rollout_ray")

@@ -51,7 +51,8 @@ import aiohttp
 from .._core.model import SESSION_ID, Model
 from .._errors import OverlongPromptError, ProviderError, WireError
 from .._record.messages import Request, Response
-from .._record.wire import StreamAssembler, encode_request, parse_response
+from .._record.wire import encode_request, parse_response
+from .._record.wire_stream import StreamAssembler
 from .affinity import Server, ServerPool
 
 TokenCapture = Literal["vllm", "sglang", "auto"]
