@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from types import TracebackType
 
 
 def _now() -> float:
@@ -97,8 +96,9 @@ def process_policy() -> PolicyControl:
 class SegmentClock:
     """A segment's agent deadline that stands still while ``policy`` is paused.
 
-    ``async with clock:`` bounds the segment like ``asyncio.timeout_at(deadline)``, except
-    that the deadline moves out by every pause that overlaps the segment.
+    ``async with clock.timeout():`` bounds the segment like ``asyncio.timeout_at(deadline)``,
+    except that the deadline moves out by every pause that overlaps the segment; ``close()``
+    after it (in a ``finally``) lets the policy forget the clock.
 
     Args:
         policy: whose pauses are not charged.
@@ -131,6 +131,19 @@ class SegmentClock:
         deadline = self.deadline
         return deadline is not None and _now() >= deadline
 
+    def timeout(self) -> asyncio.Timeout:
+        """The segment's timeout (enter it at once), rescheduled by the policy's pauses."""
+        self._timeout = asyncio.timeout_at(None if self.policy.paused else self._base)
+        if self._base is not None:
+            self.policy._clocks.add(self)
+        return self._timeout
+
+    def close(self) -> None:
+        """The segment ended: its timeout is no longer rescheduled."""
+        if self._timeout is not None:
+            self.policy._clocks.discard(self)
+            self._timeout = None
+
     def suspend(self) -> None:
         if self._timeout is not None:
             self._timeout.reschedule(None)
@@ -138,17 +151,3 @@ class SegmentClock:
     def restart(self) -> None:
         if self._timeout is not None:
             self._timeout.reschedule(self.deadline)
-
-    async def __aenter__(self) -> SegmentClock:
-        self._timeout = asyncio.timeout_at(None if self.policy.paused else self._base)
-        await self._timeout.__aenter__()
-        if self._base is not None:
-            self.policy._clocks.add(self)
-        return self
-
-    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                        tb: TracebackType | None) -> bool | None:
-        self.policy._clocks.discard(self)
-        timeout, self._timeout = self._timeout, None
-        assert timeout is not None
-        return await timeout.__aexit__(kind, error, tb)

@@ -287,12 +287,13 @@ class Rollout:
         # Paused time (a weight update) is not charged: the clock stands still (_core/policy).
         clock = self._clock = SegmentClock(self.policy, self.remaining_agent_budget)
         try:
-            async with clock:
+            async with clock.timeout():
                 await self._segment(messages)
         except Exception as e:
             segment.raised = e
             segment.expired = clock.expired()
         finally:
+            clock.close()
             if self.remaining_agent_budget is not None:
                 self.remaining_agent_budget = max(0.0, self.remaining_agent_budget - clock.spent())
             self._clock = None

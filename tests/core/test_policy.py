@@ -141,7 +141,7 @@ def test_two_pauses_in_one_segment_are_both_credited() -> None:
 
     async def main() -> tuple[float, float | None]:
         clock = SegmentClock(policy, 10)
-        async with clock:
+        async with clock.timeout():
             await asyncio.sleep(1)
             policy.set(0, True)
             await asyncio.sleep(30)
@@ -151,6 +151,8 @@ def test_two_pauses_in_one_segment_are_both_credited() -> None:
             await asyncio.sleep(40)
             policy.set(2, False)
             await asyncio.sleep(1)
+        clock.close()
+        assert policy._clocks == set()
         return clock.spent(), clock.deadline
 
     spent, deadline = run(main())
