@@ -109,7 +109,11 @@ class _NodeServiceActor(NodeServices):
         return control
 
     def set_policy(self, owner: str | None, version: int | None, paused: bool) -> None:
-        """The policy of ``owner``'s sessions (``Executor.set_policy``, through its actor)."""
+        """The policy of ``owner``'s sessions (``Executor.set_policy``, through its actor).
+
+        It renews ``owner``'s lease: an owner that dies before it registers anything leaves
+        no policy behind for good (a live one's next registration brings it back)."""
+        self.renew(owner)
         self._policy(owner).set(version, paused)
 
     def policy(self, owner: str | None) -> tuple[int | None, bool]:

@@ -181,3 +181,21 @@ def test_the_closer_waits_for_a_group_sent_back_and_ends_once_it_is_abandoned() 
         return emitted, waiting
 
     assert asyncio.run(main()) == (["a"], True)
+
+
+def test_a_program_behind_the_local_proxy_records_the_executors_version() -> None:
+    import pathlib
+    import sys
+
+    from rollout_ray import ProgramHarness
+
+    agent = (pathlib.Path(__file__).parents[2] / "examples" / "agent_program.py").read_text()
+    harness = ProgramHarness([sys.executable, "agent_program.py"], files={"agent_program.py": agent})
+
+    async def main() -> Any:
+        async with LocalExecutor(runtime="local") as executor:
+            driver = Driver(tasks(1), harness, ScriptedModel(default="4"), executor=executor, policy_version=6)
+            return await driver.arun()
+
+    result = asyncio.run(main())
+    assert versions(result.samples) == [[6]] and result.samples["reward"].to_pylist() == [1.0]
