@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from rollout_ray import ChatHarness, ProgramHarness, Request, Task, Trace, reward
+from rollout_ray import ChatHarness, ProgramHarness, Request, RolloutTimeouts, Task, Trace, reward
 from rollout_ray._driver.driver import Driver, EvalConfig
 from rollout_ray._record.store import read_run
 from rollout_ray.testing import ScriptedModel
@@ -99,11 +99,12 @@ def test_a_pause_reaches_every_actor_and_held_calls_carry_the_version_of_the_res
     async def main() -> Any:
         async with asyncio.timeout(60), RayExecutor(actors=2, runtime="local") as executor:
             driver = Driver(tasks(1), Says(fifo), ScriptedModel(default="4"), executor=executor,
-                            policy_version=2)
+                            policy_version=2, config=EvalConfig(timeouts=RolloutTimeouts(agent=1.5)))
             await driver.pause()
             paused = await states(executor)
             running = asyncio.create_task(driver.arun())
             assert await asyncio.to_thread(_read, fifo) == "launched"  # it runs, paused
+            await asyncio.sleep(2.0)  # the weight update outlasts the agent's 1.5 s: not charged
             await driver.resume(version=3)
             result = await running
             return paused, await states(executor), result
@@ -112,6 +113,7 @@ def test_a_pause_reaches_every_actor_and_held_calls_carry_the_version_of_the_res
     assert paused == ([(2, True)] * 2, [(2, True)] * 2)
     assert resumed == ([(3, False)] * 2, [(3, False)] * 2)
     assert versions(result.samples) == [[3]] and result.samples["reward"].to_pylist() == [1.0]
+    assert result.samples["ok"].to_pylist() == [True]
 
 
 def test_a_program_served_by_the_node_proxy_records_its_owners_version() -> None:
