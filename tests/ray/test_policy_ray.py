@@ -127,11 +127,19 @@ def test_a_program_served_by_the_node_proxy_records_its_owners_version() -> None
             (actor,) = executor._pool
             node = await actor.node_id()  # type: ignore[union-attr]
             other = tuple(await call(node_service_actor(node).policy.remote("some-other-owner"), timeout=30))
-            return result, other
+            await driver.pause()
+            replacement = executor._new_actor({})  # as for an actor that died
+            try:
+                replaced = await replacement.policy()
+            finally:
+                await replacement.aclose()
+            await driver.resume()
+            return result, other, replaced
 
-    result, other = asyncio.run(main())
+    result, other, replaced = asyncio.run(main())
     assert versions(result.samples) == [[5]] and result.samples["reward"].to_pylist() == [1.0]
     assert other == (None, False)  # another driver's rollouts on the node are not touched
+    assert replaced == (5, True)  # a replacement starts paused like the rest
 
 
 def test_a_stale_rollout_is_dropped_and_run_again_on_ray(tmp_path: Any) -> None:
