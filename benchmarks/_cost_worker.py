@@ -234,6 +234,16 @@ async def drive(module: Any, model: Any, executor: Any, config: Any, n: int, gro
                            "failed": getattr(progress, "failed", -1), "done": getattr(progress, "done", -1),
                            "driver_peak_in_flight": peak[0], "status": getattr(result, "status", "?"),
                            "reason": getattr(result, "reason", "")}
+    try:  # why rollouts failed, most common first: a failed row must say why
+        kinds: dict[str, int] = {}
+        for kind, message in zip(result.samples.column("error_type").to_pylist(),
+                                 result.samples.column("error_message").to_pylist()):
+            if kind is not None:
+                key = f"{kind}: {(message or '')[:160]}"
+                kinds[key] = kinds.get(key, 0) + 1
+        out["errors"] = sorted(kinds.items(), key=lambda kv: -kv[1])[:2]
+    except Exception:
+        pass
     try:
         rewards = result.samples.column("reward").to_pylist()
         out["reward"] = sum(r or 0.0 for r in rewards) / max(1, len(rewards))
@@ -278,7 +288,7 @@ async def with_driver(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         t0 = time.perf_counter()
         warm = await drive(module, model, executor, config, spec["warmup"], group, report=False)
-        extra.update(warm_wall=time.perf_counter() - t0, warm_failed=warm["failed"])
+        extra.update(warm_wall=time.perf_counter() - t0, warm_failed=warm["failed"], warm_errors=warm.get("errors"))
         ready = getattr(executor, "ready", None)
         if ready is not None:  # every actor answering a call, as eval's warm-up waits for
             await ready()

@@ -608,6 +608,11 @@ def run_row(tracker: Tracker, model: ModelServer, row: Row, argv: list[str], rol
         row.pool = result.get("pool", row.pool)
         if result.get("warm_failed"):
             row.notes.append(f"warm-up: {result['warm_failed']} failed")
+            for error, count in result.get("warm_errors") or []:
+                row.notes.append(f"{count}x {error}")
+        if result.get("failed"):
+            for error, count in result.get("errors") or []:
+                row.notes.append(f"run: {count}x {error}")
         if result.get("status") not in (None, "completed"):
             row.notes.append(f"run {result.get('status')}: {result.get('reason')}")
         if result.get("n") and result["n"] != row.n:
