@@ -19,7 +19,7 @@ from .harness import Harness
 from .interception import Interception
 from .limits import RolloutLimits, RolloutTimeouts
 from .model import Model
-from .policy import PolicyControl, process_policy
+from .policy import PolicyControl
 from .rollout import Rollout, ToolServerFactory
 from .runtime import Runtime
 from .task import Task
@@ -93,9 +93,10 @@ class Executor(ABC):
         while paused, their model calls wait before going upstream and their agent clocks
         stand still. Returns once every place where its rollouts make model calls knows.
 
-        This one sets the control of the process (rollouts built without one of their own).
+        This one does nothing: a rollout built without a policy of its own obeys the
+        process's (``process_policy()``), which an executor sharing it may set. An executor
+        wrapping another forwards the call to it.
         """
-        process_policy().set(version, paused)
 
     def statistics(self) -> dict[str, Any]:
         return {}

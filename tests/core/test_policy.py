@@ -50,10 +50,10 @@ def test_every_call_records_the_current_version_unless_the_server_stamps_one() -
     assert [c.policy for c in run(stamped.run()).calls] == [9]
 
 
-def test_without_a_version_calls_record_none_and_the_process_policy_is_the_default() -> None:
+def test_the_process_policy_is_the_default_and_unset_records_none() -> None:
     r = make_rollout()
     assert r.policy is process_policy() and r.session.policy is process_policy()
-    assert [c.policy for c in run(r.run()).calls] == [None]
+    assert [c.policy for c in run(make_rollout(policy=PolicyControl()).run()).calls] == [None]
 
 
 def test_not_paused_the_gate_costs_no_event() -> None:
