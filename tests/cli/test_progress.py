@@ -84,6 +84,16 @@ def test_the_running_mean_reward_comes_from_the_traces_handed_back() -> None:
 
     assert Watched(Bounded([])).max_in_flight == 3  # the driver's bound check sees the real one
 
+    class Policed(_Rewarding):
+        policy: tuple[int | None, bool] | None = None
+
+        async def set_policy(self, version: int | None, paused: bool) -> None:
+            self.policy = (version, paused)
+
+    inner = Policed([])
+    run(Watched(inner).set_policy(3, True))
+    assert inner.policy == (3, True)  # a pause from the driver reaches the real executor
+
 
 def test_in_a_terminal_a_live_bar_with_failures_reward_and_eta() -> None:
     clock, stream = Clock(), io.StringIO()
