@@ -90,14 +90,6 @@ def test_example_tasksets_run(example: str, tmp_path) -> None:  # type: ignore[n
     assert "mean reward 1.0000" in result.stdout
 
 
-def test_trainer_loop_example_consumes_every_group() -> None:
-    result = subprocess.run([sys.executable, "examples/trainer_loop.py"], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    steps = [line for line in result.stdout.splitlines() if line.startswith("step")]
-    assert len(steps) == 12 and all("advantages [" in s for s in steps)
-
-
 def test_a_taskset_file_ships_the_plain_modules_beside_it_that_it_imports() -> None:
     """examples/program.py imports calc_tool from its own folder: Ray workers can import
     neither, so both go by value (this once failed `rollout-ray eval examples/program.py`)."""
