@@ -130,12 +130,19 @@ class Parked(ChatHarness):
         return await super().launch(ctx)
 
 
-class Watched:
+class Watched(Executor):
     """Wraps an executor; ``lost`` is set once ``expect`` rollouts raised ``InfrastructureLost``."""
 
     def __init__(self, inner: Executor, expect: int) -> None:
         self.inner, self.expect, self.count = inner, expect, 0
         self.lost = asyncio.Event()
+
+    async def set_policy(self, version: int | None, paused: bool) -> None:
+        await self.inner.set_policy(version, paused)
+
+    @property
+    def max_in_flight(self) -> int | None:
+        return self.inner.max_in_flight
 
     async def run(self, spec: RolloutSpec) -> Trace:
         try:
