@@ -119,9 +119,19 @@ class Task:
 
     @property
     def hash(self) -> str:
-        """sha256 of the row's JSON with sorted keys and ``None`` values dropped."""
+        """sha256 of the row's JSON with sorted keys and ``None`` values dropped.
+
+        Computed once per data object (the driver names the group by it, the rollout records
+        it, and a copy sent to an actor carries it): a task's data is not edited in place once
+        the task is in use; assign a new ``data`` instead.
+        """
+        cached = self.__dict__.get("_hash")
+        if cached is not None and cached[0] is self.data:
+            return cached[1]
         row = self.data.model_dump(mode="json", exclude_none=True)
-        return hashlib.sha256(json.dumps(row, sort_keys=True).encode()).hexdigest()
+        digest = hashlib.sha256(json.dumps(row, sort_keys=True).encode()).hexdigest()
+        self.__dict__["_hash"] = (self.data, digest)
+        return digest
 
     @property
     def key(self) -> str:
