@@ -56,6 +56,7 @@ class RunSender:
         self._collector: asyncio.Task[None] | None = None
         self._dead: RayActorError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._cancels: set[asyncio.Task[None]] = set()
         self.submits = 0
         self.collects = 0
 
@@ -78,7 +79,9 @@ class RunSender:
             return await future
         except asyncio.CancelledError:
             if self._pending.pop(sid, None) is not None and sid in self._awaiting:
-                asyncio.create_task(self._cancel([sid]))
+                cancelling = asyncio.create_task(self._cancel([sid]))
+                self._cancels.add(cancelling)  # the loop holds tasks weakly
+                cancelling.add_done_callback(self._cancels.discard)
             raise
 
     async def _send(self) -> None:
