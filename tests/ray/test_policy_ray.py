@@ -92,6 +92,7 @@ async def states(executor: RayExecutor) -> tuple[list[Any], list[Any]]:
     return ours, services
 
 
+@pytest.mark.slow
 def test_a_pause_reaches_every_actor_and_held_calls_carry_the_version_of_the_resume(tmp_path: Any) -> None:
     fifo = str(tmp_path / "launched")
     os.mkfifo(fifo)
@@ -116,6 +117,7 @@ def test_a_pause_reaches_every_actor_and_held_calls_carry_the_version_of_the_res
     assert result.samples["ok"].to_pylist() == [True]
 
 
+@pytest.mark.slow
 def test_a_program_served_by_the_node_proxy_records_its_owners_version() -> None:
     harness = ProgramHarness([sys.executable, "agent_program.py"], files={"agent_program.py": AGENT})
 
