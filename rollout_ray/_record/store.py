@@ -22,78 +22,34 @@ One writer per run directory at a time: ``RunLock`` makes it so across processes
 
 from __future__ import annotations
 
-import fcntl
-import importlib.metadata
 import os
-import platform
 import re
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
-import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._errors import CorruptManifest, CorruptShard, ForeignShard, RunInUse
-from .arrow import ARROW_SCHEMA_VERSION, CONVERSATION_COLUMNS, TRACE_SCHEMA, check_schema
+from .._errors import CorruptShard, ForeignShard
+from .arrow import CONVERSATION_COLUMNS, TRACE_SCHEMA, check_schema
+from .manifest import MANIFEST_NAME as MANIFEST_NAME
+from .manifest import MANIFEST_VERSION as MANIFEST_VERSION
+from .manifest import Manifest as Manifest
+from .manifest import RunLock as RunLock
+from .manifest import fsync_path
+from .manifest import read_manifest as read_manifest
+from .manifest import runtime_versions as runtime_versions
+from .manifest import write_manifest as write_manifest
 
 _SCHEMA_NAMES = frozenset(TRACE_SCHEMA.names)
 
-MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
 GROUPS_DIR = "groups"
 _SHARD_RE = re.compile(r"^part-(\d+)\.parquet$")
-
-# WARNING: the manifest evolves by appending fields with defaults at the end of Manifest,
-# never by retyping or reordering. Bump only for an incompatible change.
-MANIFEST_VERSION = 1
-
-
-def runtime_versions() -> dict[str, str]:
-    """Versions of rollout_ray, Python, pyarrow, msgspec and (if installed) ray.
-
-    ray's version comes from its distribution metadata, which never imports ray.
-    """
-    versions = {
-        "rollout_ray": _dist_version("rollout_ray") or "dev",
-        "python": platform.python_version(),
-        "pyarrow": pa.__version__,
-        "msgspec": msgspec.__version__,
-    }
-    ray_version = _dist_version("ray")
-    if ray_version is not None:
-        versions["ray"] = ray_version
-    return versions
-
-
-def _dist_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-class Manifest(msgspec.Struct, kw_only=True):
-    """What a run was: its id, when it started, its config and the software that ran it."""
-
-    run_id: str
-    """The run's id, also in every row's ``run_id`` column."""
-    created: float = msgspec.field(default_factory=time.time)
-    """Epoch seconds when the manifest was made."""
-    schema_version: int = ARROW_SCHEMA_VERSION
-    """The ``ARROW_SCHEMA_VERSION`` of the shards."""
-    config: dict[str, Any] = msgspec.field(default_factory=dict)
-    """Whatever configuration the caller records (JSON-encodable)."""
-    versions: dict[str, str] = msgspec.field(default_factory=runtime_versions)
-    """Package versions, from ``runtime_versions()``."""
-    version: int = MANIFEST_VERSION
-    """The manifest format's own version."""
-
 
 @dataclass(frozen=True)
 class ShardWriterStatistics:
@@ -107,65 +63,6 @@ class ShardWriterStatistics:
     """Bytes of the shards written."""
     buffered_rows: int
     """Rows waiting for the next shard."""
-
-
-def write_manifest(run_dir: str | os.PathLike[str], manifest: Manifest) -> Path:
-    """Atomically write ``<run_dir>/manifest.json`` (creating ``run_dir``); return its path."""
-    directory = Path(run_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / MANIFEST_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(msgspec.json.format(msgspec.json.encode(manifest), indent=2) + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync(directory)
-    return path
-
-
-def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
-    """Read ``<run_dir>/manifest.json``.
-
-    Raises:
-        FileNotFoundError: the run has no manifest.
-        CorruptManifest: the manifest is not valid JSON or not a manifest.
-    """
-    path = Path(run_dir) / MANIFEST_NAME
-    try:
-        return msgspec.json.decode(path.read_bytes(), type=Manifest)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise CorruptManifest(path, str(e)) from None
-
-
-class RunLock:
-    """An exclusive lock on a run directory, held by the one process writing it.
-
-    ``flock`` on ``<run_dir>/.lock``: the kernel releases it when the holder exits, however
-    it exits, so a crashed writer never leaves the run locked.
-    """
-
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.path = Path(run_dir) / ".lock"
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        """Raises ``RunInUse`` at once if another writer holds it."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise RunInUse(str(self.path.parent), f"pid {holder}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor releases the lock
-            self._fd = None
 
 
 class ShardWriter:
@@ -252,9 +149,9 @@ class ShardWriter:
         # Row groups of 1,000: reading one rollout's trace (the viewer) decodes 1,000 rows, not
         # the shard's 10,000.
         pq.write_table(table, tmp, compression="zstd", write_page_checksum=True, row_group_size=1000)
-        _fsync(tmp)
+        fsync_path(tmp)
         os.replace(tmp, path)
-        _fsync(self._dir)
+        fsync_path(self._dir)
         self._next_index += 1
         self._shards += 1
         self._rows += table.num_rows
@@ -451,12 +348,3 @@ def _shard_index(path: Path) -> int:
     match = _SHARD_RE.match(path.name)
     assert match is not None, path
     return int(match.group(1))
-
-
-def _fsync(path: Path) -> None:
-    """fsync a file, or a directory: a rename is durable only once its entry is on disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
