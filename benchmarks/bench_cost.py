@@ -16,7 +16,7 @@ flight. Per kind and group size, one row per executor, each in its own process
   started by the worker (ray.init timed alone);
 - eval: ``rollout-ray eval <taskset> --samples g --limit N/g --model-url URL --max-in-flight C
   --out TMP`` as a subprocess with the CLI's own defaults for everything else (its rollout
-  actors: ``--actors 2 --capacity 64``, i.e. at most 128 in flight, unless --eval-pool). The
+  actors: ``--actors 2`` and no cap per actor, unless --eval-pool). The
   taskset is examples/arith.py (examples/calc_tool.py for the tool kind) copied into a
   temporary directory with ``tasks()`` defaulting to N/g tasks (the examples make 50).
 
@@ -71,7 +71,7 @@ EXAMPLES = {"single": ROOT / "examples" / "arith.py", "tool": ROOT / "examples" 
 CALLS = {"single": 1, "tool": 2}
 GROUPS = ["driver", "model server", "rollout actors", "node services actor", "runtime actors",
           "raylet+gcs+other ray", "other", "not sampled"]
-EVAL_DEFAULT_POOL = "2 x 64"  # rollout-ray eval's --actors / --capacity defaults today
+EVAL_DEFAULT_POOL = "2 x no cap"  # rollout-ray eval's --actors / --capacity defaults today
 NOT_SAMPLED = "not sampled"
 DEBUG = bool(os.environ.get("BENCH_COST_DEBUG"))
 
@@ -819,7 +819,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=None, help="warm-up rollouts before each measured run "
                    "(floor, local, ray; default 300)")
     p.add_argument("--eval-pool", default=None, help="e.g. '2x128': pass --actors/--capacity to rollout-ray eval "
-                   "(default: the CLI's own defaults, 2 x 64)")
+                   "(default: the CLI's own defaults, 2 actors, no cap per actor)")
     p.add_argument("--sample-interval", type=float, default=0.25, help="seconds between /proc samples")
     p.add_argument("--row-timeout", type=float, default=None, help="seconds before a row is killed")
     p.add_argument("--quick", action="store_true", help="N=300, C=64")
