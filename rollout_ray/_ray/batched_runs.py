@@ -57,6 +57,8 @@ class RunSender:
         self._dead: RayActorError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._cancels: set[asyncio.Task[None]] = set()
+        self.answered = False
+        """The actor answered a call of this channel: it was placed and started."""
         self.submits = 0
         self.collects = 0
 
@@ -127,7 +129,9 @@ class RunSender:
         self._awaiting.update(sid for sid, _ in items)
         if self._collector is None or self._collector.done():
             self._collector = asyncio.create_task(self._collect())
-        return await call(self._actor.submit.remote(items, bodies))
+        failed = await call(self._actor.submit.remote(items, bodies))
+        self.answered = True
+        return failed
 
     async def _collect(self) -> None:
         while self._awaiting:

@@ -111,10 +111,19 @@ class RayExecutor(Executor):
 
     async def _probe(self, actor: RolloutActor) -> None:
         """Ping ``actor`` while it is in the pool; kill it if it stops answering."""
+        # The first ping is unbounded: being placed and started is not hanging. But an actor
+        # that answered anything else meanwhile has started, and may hang before the ping's
+        # answer arrives: from then on the pings are bounded.
+        first = asyncio.ensure_future(call(actor.actor.ping.remote()))
         try:
-            await call(actor.actor.ping.remote())  # unbounded: being placed and started is not hanging
+            while not first.done() and not actor.runs.answered:
+                await asyncio.wait({first}, timeout=self.probe_interval)
+            if first.done():
+                first.result()
         except RayActorError:
             return
+        finally:
+            first.cancel()
         while actor in self._pool:
             await asyncio.sleep(self.probe_interval)
             try:
