@@ -279,8 +279,11 @@ class LocalRuntime(Runtime):
             transport.close()
             del self._live[proto]
         code = transport.get_returncode()
-        if self.stopped and not timed_out and (code is None or code < 0 or code == JOIN_FAILED):
-            # stop() ran during the exec (or its spawn) and killed the program.
+        killed = code is None or code < 0 or code in (JOIN_FAILED, 128 + signal.SIGKILL)
+        if self.stopped and not timed_out and killed:
+            # stop() ran during the exec (or its spawn) and killed the program: itself (a
+            # negative code), or a child it waited for first, when it exits 128 + SIGKILL (a
+            # shell's `wait` can see its child killed before it is killed itself).
             raise SandboxError(f"{what} was killed: runtime {self.name!r} stopped")
         return ProgramResult(
             exit_code=-signal.SIGKILL if timed_out or code is None else code,
