@@ -30,14 +30,27 @@ from rollout_ray._ray.executor import RayExecutor  # noqa: E402
 pytestmark = pytest.mark.security  # who can reach the cluster, and what a driver ships to it
 
 PROBE = textwrap.dedent("""
-    import asyncio, json, ray
+    import asyncio, json, os, ray
     from rollout_ray._ray.executor import RayExecutor
+
+    def ray_processes():
+        # The commands of this Ray's processes (their command lines name its temp dir).
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = open(f"/proc/{pid}/cmdline").read().split(chr(0))
+            except OSError:
+                continue
+            if any(os.environ["RAY_TMPDIR"] in a for a in argv):
+                found.append(" ".join(argv)[:300])
+        return found
 
     async def main():
         async with RayExecutor(actors=1, capacity=1):
             nodes = ray.nodes()
             print(json.dumps({"gcs": ray.get_runtime_context().gcs_address,
-                              "node": nodes[0]["NodeManagerAddress"], "nodes": len(nodes)}))
+                              "node": nodes[0]["NodeManagerAddress"], "nodes": len(nodes),
+                              "processes": ray_processes()}))
 
     asyncio.run(main())
 """)
@@ -45,7 +58,8 @@ PROBE = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_without_an_address_a_private_ray_on_loopback_is_started(report: Any) -> None:
-    """Another cluster named in the machine's ray_current_cluster file is never joined."""
+    """Another cluster named in the machine's ray_current_cluster file is never joined; the
+    monitor, log monitor and dashboard API server are not started (``LEAN_SKIPS``)."""
     temp = tempfile.mkdtemp(prefix="rr", dir="/tmp")  # short: Ray's socket paths are bounded
     os.makedirs(os.path.join(temp, "ray"))
     with open(os.path.join(temp, "ray", "ray_current_cluster"), "w") as f:
@@ -58,6 +72,11 @@ def test_without_an_address_a_private_ray_on_loopback_is_started(report: Any) ->
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert facts["gcs"].startswith("127.0.0.1:") and facts["gcs"] != "127.0.0.1:1"
     assert facts["node"] == "127.0.0.1" and facts["nodes"] == 1
+    # Lean: the pieces a private local Ray never uses are not started (the core ones are).
+    processes = facts["processes"]
+    assert any("gcs_server" in p for p in processes) and any("raylet" in p for p in processes), processes
+    for unused in ("autoscaler/_private/monitor.py", "log_monitor.py", "dashboard/dashboard.py"):
+        assert not any(unused in p for p in processes), (unused, processes)
     report("10§7 no address", "a cluster named in ray_current_cluster", "private Ray on 127.0.0.1 started",
            "not joined", time.monotonic() - t0)
 
