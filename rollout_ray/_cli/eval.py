@@ -272,7 +272,7 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals) -> tuple
             make_executor(args.executor, plan.module, actors=args.actors, capacity=args.capacity,
                           address=args.address, runtime=args.runtime))
         signals.install()
-        what = await warm_up(executor)
+        what = await warm_up(executor, programs=not plan.harness.in_process)
         warmup = None
         if what is not None:
             warmup = time.monotonic() - started

@@ -23,7 +23,6 @@ from .._errors import InfrastructureLost
 from .._record.trace import Trace
 from .._runtimes.host import runtime_kind
 from .calls import SHUTDOWN_GRACE, call
-from .node_service_actor import node_service_actor
 from .rollout_actor import RolloutActor
 
 log = logging.getLogger("rollout_ray")
@@ -136,11 +135,15 @@ class RayExecutor(Executor):
             except RayActorError:
                 return  # dead: ``run`` sees it
 
-    async def ready(self, timeout: float | None = None) -> str:
-        """Wait until every actor a rollout needs answers: each rollout actor, its runtime
-        actor, and the services actor of each of their nodes. Actors start asynchronously;
-        without this the first rollouts' ``setup`` would carry the wait. Returns what was
-        waited for, in words.
+    async def ready(self, timeout: float | None = None, *, programs: bool = True) -> str:
+        """Wait until every actor a rollout needs answers: each rollout actor and, with
+        ``programs``, its runtime actor and the services actor of its node (the proxy and tool
+        servers of programs run in a runtime). Actors start asynchronously; without this the
+        first rollouts' ``setup`` would carry the wait. Returns what was waited for, in words.
+
+        ``programs=False`` suits an in-process harness: its rollouts need neither unless a task
+        uses a box, and then the first such rollout of each actor starts the runtime actor (its
+        ``setup`` carries that, ~1-2 s).
 
         Raises:
             TimeoutError: one did not answer within ``timeout`` seconds.
@@ -149,15 +152,19 @@ class RayExecutor(Executor):
 
         async def answering(actor: RolloutActor) -> str:
             node = await call(actor.actor.node_id.remote(), timeout=timeout)
-            runtimes = await call(actor.actor.runtime_actor.remote(), timeout=timeout)
             # With an argument: an actor's first call with one builds Ray's serialization
             # context (importing pyarrow: ~1 s of CPU), which would land on a rollout.
-            await call(runtimes.alive.remote("warm-up"), timeout=timeout)
+            await call(actor.actor.warm.remote("warm-up"), timeout=timeout)
+            if programs:
+                runtimes = await call(actor.actor.start_services.remote(), timeout=timeout)
+                await call(runtimes.alive.remote("warm-up"), timeout=timeout)
             return str(node)
 
         nodes = set(await asyncio.gather(*(answering(a) for a in actors)))
-        await asyncio.gather(*(call(node_service_actor(n).ping.remote(), timeout=timeout) for n in nodes))
-        return (f"{len(actors)} rollout actor{'s' if len(actors) != 1 else ''} with their runtime actors, "
+        plural = "s" if len(actors) != 1 else ""
+        if not programs:
+            return f"{len(actors)} rollout actor{plural} (runtime actors and node services: when first needed)"
+        return (f"{len(actors)} rollout actor{plural} with their runtime actors, "
                 f"the services of {len(nodes)} node{'s' if len(nodes) != 1 else ''}")
 
     def _pick(self) -> int:

@@ -201,8 +201,25 @@ class NodeServicesRef:
 
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
-        self.actor = node_service_actor(node_id)
+        self._actor: Any = None
         self._recovery: asyncio.Future[None] | None = None
+
+    @property
+    def actor(self) -> Any:
+        """The node's services actor, looked up (created if need be) on first use: the rollouts
+        of an in-process harness never need it, and its process is ~1.3 CPU-s to start."""
+        if self._actor is None:
+            self._actor = node_service_actor(self.node_id)
+        return self._actor
+
+    @actor.setter
+    def actor(self, actor: Any) -> None:
+        self._actor = actor
+
+    @property
+    def used(self) -> bool:
+        """Whether anything was asked of the node's services through this handle."""
+        return self._actor is not None
 
     async def call(self, method: str, *args: Any) -> Any:
         """``method(*args)`` on the node's services.

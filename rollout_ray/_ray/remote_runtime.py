@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ray.exceptions import RayActorError
@@ -30,9 +30,12 @@ class RemoteRuntime(Runtime):
 
     def __init__(self, actor: Any, name: str, *, owner: str | None = None, started: bool = False,
                  runtime_type: str = "local", runtime_id: str | None = None, lazy: bool = False,
-                 provisioned: bool = False) -> None:
+                 provisioned: bool = False, actor_on_demand: Callable[[], Any] | None = None) -> None:
         super().__init__(name)
-        self._actor = actor
+        self.__actor = actor
+        self._actor_on_demand = actor_on_demand
+        """Instead of ``actor``: called on the first call to make (and pin) it. A rollout actor
+        starts its runtime actor only when one of its rollouts first needs a box."""
         self._owner = owner
         self.started = started
         self.type = runtime_type
@@ -43,6 +46,12 @@ class RemoteRuntime(Runtime):
         self._shared = False
         self._routes: list[str] | None = None
         """A lazy sandbox's routes, applied when it is provisioned (by whichever copy does)."""
+
+    @property
+    def _actor(self) -> Any:
+        if self.__actor is None:
+            self.__actor = self._actor_on_demand()  # type: ignore[misc]
+        return self.__actor
 
     def __reduce__(self) -> Any:
         self._shared = True  # the copy may provision it: teardown must reach the actor

@@ -55,7 +55,7 @@ class _RolloutActor:
         node_id = ray.get_runtime_context().get_node_id()
         self._runtime_options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
         self._runtime_kind = runtime
-        self._runtimes = RuntimeActorClass.options(**self._runtime_options).remote(kind=runtime)
+        self._runtimes: Any = None  # started on first use: ``_runtime_actor``
         self._watcher: asyncio.Task[None] | None = None
         self.replaced_runtime_actors = 0
         self._owner = owner
@@ -64,8 +64,8 @@ class _RolloutActor:
         self.host = RolloutHost(
             capacity,
             interception=RayInterception(services, owner),
-            runtime_factory=lambda name: RemoteRuntime(self._runtimes, name, owner=name, lazy=True,
-                                                       runtime_type=runtime),
+            runtime_factory=lambda name: RemoteRuntime(None, name, owner=name, lazy=True, runtime_type=runtime,
+                                                       actor_on_demand=self._runtime_actor),
             tool_server=RayToolServer(services, owner).serve,
         )
         self._depot = Depot()
@@ -78,7 +78,34 @@ class _RolloutActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def runtime_actor(self) -> Any:
+    async def runtime_actor(self) -> Any:
+        """This actor's runtime actor, started now if no rollout needed a box yet."""
+        return self._runtime_actor()
+
+    async def start_services(self) -> Any:
+        """Start what programs need (the runtime actor, the node's services, reached through
+        this actor's own handle so that policy changes are forwarded there from now on) and
+        return the runtime actor."""
+        await self._services.call("ping")
+        return self._runtime_actor()
+
+    def started_services(self) -> dict[str, bool]:
+        """Whether this actor started its runtime actor, and used its node's services, yet."""
+        return {"runtime_actor": self._runtimes is not None, "node_services": self._services.used}
+
+    def warm(self, argument: Any = None) -> None:
+        """Nothing, called with an argument: an actor's first call with one builds Ray's
+        serialization context (~1 s of CPU on 2 cores), which would otherwise land on the
+        first rollouts (``RayExecutor.ready``)."""
+
+    def _runtime_actor(self) -> Any:
+        """Started when first needed: most rollouts of an in-process harness never touch a box,
+        and its process (~1.3 CPU-s to start) would be the slowest part of a cold start.
+        ``RayExecutor.ready(programs=True)`` starts it ahead for harnesses that need one."""
+        if self._runtimes is None:
+            self._runtimes = RuntimeActorClass.options(**self._runtime_options).remote(kind=self._runtime_kind)
+            if self._watcher is None or self._watcher.done():
+                self._watcher = asyncio.create_task(self._replace_dead_runtime_actor())
         return self._runtimes
 
     def ping(self) -> None:
@@ -91,7 +118,8 @@ class _RolloutActor:
         if paused:
             process_policy().set(version, paused)
         try:
-            await self._services.call("set_policy", self._owner, version, paused)
+            if self._services.used:  # else the first registrations there carry it
+                await self._services.call("set_policy", self._owner, version, paused)
         except InfrastructureLost:
             pass  # replaced services learn it with the next registrations
         process_policy().set(version, paused)
@@ -101,8 +129,6 @@ class _RolloutActor:
         return process_policy().state()
 
     def _watch(self) -> None:
-        if self._watcher is None or self._watcher.done():
-            self._watcher = asyncio.create_task(self._replace_dead_runtime_actor())
         if self._heartbeat is None or self._heartbeat.done():
             self._heartbeat = asyncio.create_task(self._renew_lease())
 
@@ -110,7 +136,8 @@ class _RolloutActor:
         """Keep this actor's registrations at the node's services alive while it lives."""
         while True:
             try:
-                await self._services.call("renew", self._owner)
+                if self._services.used:  # nothing of this actor's is held there otherwise
+                    await self._services.call("renew", self._owner)
             except InfrastructureLost:
                 pass  # the services were replaced; the next renewal goes to the new ones
             await asyncio.sleep(LEASE_SECONDS / 3)
@@ -179,7 +206,8 @@ class _RolloutActor:
 
     async def shutdown(self) -> None:
         await self.host.shutdown()
-        await self._runtimes.shutdown.remote()
+        if self._runtimes is not None:
+            await self._runtimes.shutdown.remote()
         tasks = [t for t in (self._watcher, self._heartbeat) if t is not None]
         for task in tasks:
             task.cancel()

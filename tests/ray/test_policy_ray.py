@@ -99,6 +99,7 @@ def test_a_pause_reaches_every_actor_and_held_calls_carry_the_version_of_the_res
 
     async def main() -> Any:
         async with asyncio.timeout(60), RayExecutor(actors=2, runtime="local") as executor:
+            await executor.ready(programs=True)  # the node's services in use: the pause reaches them
             driver = Driver(tasks(1), Says(fifo), ScriptedModel(default="4"), executor=executor,
                             policy_version=2, config=EvalConfig(timeouts=RolloutTimeouts(agent=1.5)))
             await driver.pause()

@@ -133,6 +133,33 @@ def test_program_harness_runs_a_script_in_the_runtime(actor: Any) -> None:
     assert trace.num_turns == 2 and trace.reward == 1.0 and len(trace.tool_calls) == 1
 
 
+def test_runtime_actor_and_node_services_start_when_a_rollout_first_needs_them() -> None:
+    """A cold start pays only for what its rollouts use: in-process chat needs neither, a tool
+    that runs in the box needs the runtime actor, a program also the node's proxy."""
+    from rollout_ray._ray.calls import call
+
+    async def body(model: OpenAIModel) -> list[Any]:
+        fresh = RolloutActor.create(capacity=4)
+        seen = []
+        try:
+            program = ProgramHarness([sys.executable, "agent_program.py"], files={"agent_program.py": AGENT})
+            for spec in (None, RolloutSpec(NoTools(PROMPT), ChatHarness(), model),
+                         RolloutSpec(Arith(PROMPT), ChatHarness(), model), RolloutSpec(Arith(PROMPT), program, model)):
+                trace = None if spec is None else await fresh.run(spec)
+                seen.append((trace is None or (trace.ok and trace.reward == 1.0),
+                             await call(fresh.actor.started_services.remote())))
+        finally:
+            await fresh.aclose()
+        return seen
+
+    assert with_model(body) == [
+        (True, {"runtime_actor": False, "node_services": False}),  # created: nothing yet
+        (True, {"runtime_actor": False, "node_services": False}),  # in-process chat
+        (True, {"runtime_actor": True, "node_services": False}),   # its tool ran in the box
+        (True, {"runtime_actor": True, "node_services": True}),    # a program: the node's proxy
+    ]
+
+
 def test_limit_reached_over_http_stops_with_its_name(actor: Any) -> None:
     spec = lambda model: RolloutSpec(Arith(PROMPT), ChatHarness(), model, limits=RolloutLimits(max_turns=1))  # noqa: E731
     trace = with_model(lambda model: actor.run(spec(model)))
