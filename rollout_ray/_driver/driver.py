@@ -40,7 +40,7 @@ from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
 from .._errors import InfrastructureLost, ProviderError, error_class
-from .._record.arrow import RolloutRecord
+from .._record.arrow import RolloutRecord, warm_arrow
 from .._record.store import read_groups, read_run
 from .._record.trace import AgentInfo, Error, Timing, Trace
 from .closer import Group, GroupCloser
@@ -231,6 +231,7 @@ class Driver(PolicyOwner):
 
     async def _drive(self, queue: asyncio.Queue[Group | None], demand: asyncio.Semaphore) -> None:
         closer = None
+        warm_arrow()  # if the caller did not while Ray started
         try:
             self._open_store()
             await self._announce_policy()

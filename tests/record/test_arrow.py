@@ -349,3 +349,24 @@ def test_a_newer_schema_version_is_refused() -> None:
     with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 3"):
         table_to_traces(newer)
     check_schema(table.replace_schema_metadata({b"rollout_ray.schema_version": b"1"}))
+
+
+def test_warm_arrow_does_pyarrows_lazy_pandas_import_in_a_thread_once() -> None:
+    """In a fresh process: the import that pyarrow's first conversion would do lands in the
+    warming thread, and a second call starts no other thread."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("pandas")
+    probe = (
+        "import sys, threading\n"
+        "import rollout_ray._record.arrow as arrow\n"
+        "assert 'pandas' not in sys.modules\n"
+        "arrow.warm_arrow(); first = arrow._warming; arrow.warm_arrow()\n"
+        "assert arrow._warming is first and first.name == 'rollout-ray-warm-arrow'\n"
+        "first.join(30)\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "True"
