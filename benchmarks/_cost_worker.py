@@ -291,7 +291,10 @@ async def with_driver(spec: dict[str, Any]) -> dict[str, Any]:
         extra.update(warm_wall=time.perf_counter() - t0, warm_failed=warm["failed"], warm_errors=warm.get("errors"))
         ready = getattr(executor, "ready", None)
         if ready is not None:  # every actor answering a call, as eval's warm-up waits for
-            await ready()
+            try:
+                await ready(programs=False)  # an in-process harness, as eval warms for it
+            except TypeError:  # a tree from before ready(programs=)
+                await ready()
         if spec["executor"] == "ray":
             try:
                 pids = await asyncio.gather(*(a.actor.pid.remote() for a in executor._pool if a is not None))
