@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -50,21 +51,37 @@ class _Pickler(cloudpickle.CloudPickler):
 
 
 class Shipper:
-    """The sending side, for one receiver: remembers which bodies it has already sent."""
+    """The sending side, for one receiver: remembers which bodies it has already sent.
+
+    It remembers the last ``REMEMBERED`` objects and bodies, so a caller that makes a new
+    shared object per message (budgets built per spec) costs a pickle each, never memory
+    that grows with the messages. The bound is above the keys one batch of messages refers
+    to (``batched_runs.MAX_BATCH`` specs of a few keys each) before its bodies are taken.
+    """
+
+    REMEMBERED = 4096
 
     def __init__(self) -> None:
-        # id -> (object, key, body); the object is held so its id is never reused.
-        self._bodies: dict[int, tuple[Any, str, bytes]] = {}
-        self._by_key: dict[str, bytes] = {}
+        # id -> (object, key, body); the object is held so its id is not reused while here.
+        self._bodies: OrderedDict[int, tuple[Any, str, bytes]] = OrderedDict()
+        self._by_key: OrderedDict[str, bytes] = OrderedDict()
         self._sent: set[str] = set()
 
     def key_of(self, obj: Any) -> str:
         entry = self._bodies.get(id(obj))
-        if entry is None:
+        if entry is not None:  # in use: the last to be forgotten
+            self._bodies.move_to_end(id(obj))
+            self._by_key.move_to_end(entry[1])
+        else:
             body = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
             entry = (obj, hashlib.blake2b(body, digest_size=16).hexdigest(), body)
             self._bodies[id(obj)] = entry
             self._by_key[entry[1]] = body
+            self._by_key.move_to_end(entry[1])
+            if len(self._bodies) > self.REMEMBERED:
+                self._bodies.popitem(last=False)
+            if len(self._by_key) > self.REMEMBERED:
+                self._sent.discard(self._by_key.popitem(last=False)[0])
         return entry[1]
 
     def pack(self, message: Any, shared: Iterable[Any] = ()) -> tuple[bytes, set[str]]:
@@ -96,27 +113,35 @@ async def deliver(shipper: Shipper, message: Any, send: Callable[[bytes, dict[st
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, objects: dict[str, Any]) -> None:
+    def __init__(self, file: io.BytesIO, objects: OrderedDict[str, Any]) -> None:
         super().__init__(file)
         self._objects = objects
 
     def persistent_load(self, key: Any) -> Any:
         try:
+            self._objects.move_to_end(key)  # in use: the last to be forgotten
             return self._objects[key]
         except KeyError:
             raise MissingShipment(key) from None
 
 
 class Depot:
-    """The receiving side: the bodies received so far, and unpacking with them."""
+    """The receiving side: the bodies received so far, and unpacking with them.
 
-    def __init__(self) -> None:
-        self._objects: dict[str, Any] = {}
+    It keeps the ``remembered`` most recently used; a message that refers to one it forgot
+    raises ``MissingShipment`` and is sent again with its bodies (``deliver``).
+    """
+
+    def __init__(self, remembered: int = Shipper.REMEMBERED) -> None:
+        self._objects: OrderedDict[str, Any] = OrderedDict()
+        self._remembered = remembered
 
     def unpack(self, blob: bytes, bodies: dict[str, bytes]) -> Any:
         for key, body in bodies.items():
             if key not in self._objects:
                 self._objects[key] = pickle.loads(body)
+                if len(self._objects) > self._remembered:
+                    self._objects.popitem(last=False)
         return _Unpickler(io.BytesIO(blob), self._objects).load()
 
     def __len__(self) -> int:

@@ -96,3 +96,40 @@ def test_keys_are_content_hashes_shared_by_every_sender(taskset) -> None:
     a, b = Shipper(), Shipper()
     assert a.key_of(taskset.Row) == b.key_of(taskset.Row)
     assert a.key_of(taskset.Row) != a.key_of(taskset.Harness)
+
+
+def test_a_new_shared_object_per_message_costs_no_memory_that_grows() -> None:
+    """Budgets built per spec: each is shipped, none is held once it is old."""
+    from rollout_ray._core.limits import RolloutLimits
+
+    shipper, depot = Shipper(), Depot()
+    count = Shipper.REMEMBERED + 500
+    for turns in range(1, count + 1):
+        limits = RolloutLimits(max_turns=turns)
+        blob, keys = shipper.pack({"limits": limits}, shared=(limits,))
+        assert depot.unpack(blob, shipper.bodies(keys)) == {"limits": limits}
+    assert len(shipper._bodies) == len(shipper._by_key) == len(depot) == Shipper.REMEMBERED
+
+
+def test_a_receiver_that_forgot_a_body_is_sent_it_again() -> None:
+    """The depot keeps the most recently used bodies; one it forgot is asked for again."""
+    from rollout_ray._core.limits import RolloutLimits
+
+    shipper, depot = Shipper(), Depot(remembered=2)
+    first = RolloutLimits(max_turns=1)
+    calls: list[bool] = []
+
+    async def send(blob: bytes, bodies: dict[str, bytes]) -> object:
+        calls.append(bool(bodies))
+        return depot.unpack(blob, bodies)
+
+    async def main() -> None:
+        assert await deliver(shipper, first, send, shared=(first,)) == first
+        for turns in (2, 3):  # push ``first`` out of the depot (the shipper still has it)
+            other = RolloutLimits(max_turns=turns)
+            await deliver(shipper, other, send, shared=(other,))
+        calls.clear()
+        assert await deliver(shipper, first, send, shared=(first,)) == first
+
+    asyncio.run(main())
+    assert calls == [False, True]  # refused without the body, then sent with it
