@@ -115,8 +115,17 @@ class RemoteRuntime(Runtime):
             await self._call("prepare_execution", self.name, self._routes)
         return info
 
+    async def stop(self) -> None:
+        if not self._reached_actor():
+            self.stopped = True  # never provisioned nor handed on: nothing to tear down, no task
+            return
+        await super().stop()
+
+    def _reached_actor(self) -> bool:
+        return self._provisioned or self._shared or self._provisioning is not None
+
     async def _teardown(self) -> None:
-        if not (self._provisioned or self._shared or self._provisioning is not None):
+        if not self._reached_actor():
             return
         try:
             await getattr(self._actor, "stop").remote(self.name)
