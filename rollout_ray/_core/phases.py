@@ -24,7 +24,7 @@ from .._record.messages import Message, Request, SystemMessage, UserMessage
 from .._record.trace import Trace
 from .aio import gather_all
 from .harness import Harness
-from .hooks import call_by_name
+from .hooks import call_by_name, discover
 from .interception import Interception
 from .limits import RolloutTimeouts
 from .session import RolloutSession
@@ -34,8 +34,9 @@ from .task import Task, TaskData
 
 
 def _does_nothing(obj: Any, name: str, base: type) -> bool:
-    """``obj``'s ``name`` is ``base``'s own, which does nothing: calling it under a deadline
-    (a timer, a boundary, a call by name) would cost ~10 us per rollout for nothing."""
+    """``obj``'s ``name`` is ``base``'s own, which does nothing (for ``Harness.score``: when
+    the harness has no ``@metric``): calling it under a deadline (a timer, a boundary, a call
+    by name, a task) would cost ~10 us per rollout for nothing."""
     return getattr(type(obj), name) is getattr(base, name) and name not in getattr(obj, "__dict__", ())
 
 
@@ -137,7 +138,10 @@ async def finalize_and_score(task: Task, harness: Harness, trace: Trace, runtime
             async with asyncio.timeout(timeouts.finalize):
                 await call_by_name(task.finalize, {"trace": trace, "runtime": runtime})
     timing.finalize.end = timing.scoring.start = time.time()
+    scoring = [task.score(trace, runtime)]
+    if not (_does_nothing(harness, "score", Harness) and not discover(harness, "metric")):
+        scoring.append(harness.score(trace, runtime, task.data))  # else one: run inline, no tasks
     with boundary(TaskError, "scoring"):
         async with asyncio.timeout(timeouts.scoring):
-            await gather_all([task.score(trace, runtime), harness.score(trace, runtime, task.data)])
+            await gather_all(scoring)
     timing.scoring.end = time.time()
