@@ -1,10 +1,11 @@
 """The rollout actor: a ``RolloutHost`` wired to its node's services and its own runtime actor.
 
 It hosts up to K rollouts and adds no lifecycle logic. It creates its own runtime actor for
-the runtimes its rollouts own, so by Ray's ownership rules that actor — and, through its
-guardian, every process of every runtime in it — dies with it. Its rollouts' sessions and
-tools are served by the node's services actor (``node_service_actor``) under its owner id,
-which it renews every few seconds: what a dead rollout actor left there is reaped.
+the runtimes its rollouts own (when a rollout first needs a box), so by Ray's ownership rules
+that actor — and, through its guardian, every process of every runtime in it — dies with it.
+Its programs' sessions and tools are served by the node's services actor
+(``node_service_actor``, reached on first use) under its owner id, which it renews every few
+seconds once it used them: what a dead rollout actor left there is reaped.
 
 Its process's ``PolicyControl`` (``_core/policy``) is its rollouts' policy: ``set_policy``
 sets it, then forwards it to the node's services for the sessions of its programs.
