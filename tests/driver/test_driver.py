@@ -7,6 +7,7 @@ import sys
 import time
 from collections import Counter
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -169,19 +170,9 @@ class HangsOnce(ChatHarness):
         import os
 
         if not os.path.exists(self.marker):
-            await asyncio.to_thread(_write_text, self.fifo, "started")
+            await asyncio.to_thread(Path(self.fifo).write_text, "started")
             await asyncio.Event().wait()
         return await super().launch(ctx)
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
-def _read_text(path: str) -> str:
-    with open(path) as f:
-        return f.read()
 
 
 @pytest.mark.ray
@@ -204,8 +195,8 @@ def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any,
             driver = Driver(tasks(1), HangsOnce(fifo, marker), ScriptedModel(default="4"), executor=executor,
                             config=EvalConfig(samples_per_task=1, max_infra_retries=1))
             running = asyncio.create_task(driver.arun())
-            assert await asyncio.to_thread(_read_text, fifo) == "started"
-            _write_text(marker, "")
+            assert await asyncio.to_thread(Path(fifo).read_text) == "started"
+            Path(marker).write_text("")
             dead, executor_owner = executor._pool[0].actor, executor._pool[0].owner
             ray_cluster.kill(dead, no_restart=True)
             async with asyncio.timeout(30):  # never a hang: the lost rollout is retried

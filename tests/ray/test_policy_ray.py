@@ -40,7 +40,7 @@ class Says(ChatHarness):
         self.fifo = fifo
 
     async def launch(self, ctx: Any) -> Any:
-        await asyncio.to_thread(_write, self.fifo, "launched")
+        await asyncio.to_thread(pathlib.Path(self.fifo).write_text, "launched")
         return await super().launch(ctx)
 
 
@@ -55,7 +55,7 @@ class StampsZeroOnce(ScriptedModel):
     async def complete(self, request: Request, *, model: str | None, sampling: dict[str, Any]) -> Any:
         response = await super().complete(request, model=model, sampling=sampling)
         if not os.path.exists(self.marker):
-            _write(self.marker, "")
+            pathlib.Path(self.marker).write_text("")
             response = msgspec.structs.replace(response, policy_version=0)
         return response
 
@@ -64,16 +64,6 @@ class Answers42(Task):
     @reward
     def correct(self, trace: Trace) -> float:
         return float(trace.last_reply == "42")
-
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
-def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
 
 
 def versions(samples: Any) -> list[list[int | None]]:
@@ -105,7 +95,7 @@ def test_a_pause_reaches_every_actor_and_held_calls_carry_the_version_of_the_res
             await driver.pause()
             paused = await states(executor)
             running = asyncio.create_task(driver.arun())
-            assert await asyncio.to_thread(_read, fifo) == "launched"  # it runs, paused
+            assert await asyncio.to_thread(pathlib.Path(fifo).read_text) == "launched"  # it runs, paused
             await asyncio.sleep(2.0)  # the weight update outlasts the agent's 1.5 s: not charged
             await driver.resume(version=3)
             result = await running
