@@ -37,7 +37,7 @@ from rollout_ray._core.harness import Harness  # noqa: E402
 from rollout_ray._core.runtime import ProgramResult, Runtime  # noqa: E402
 from rollout_ray._core.task import TaskData  # noqa: E402
 from rollout_ray._ray.calls import call  # noqa: E402
-from rollout_ray._ray.executor import init_ray, lean_head  # noqa: E402
+from rollout_ray._ray.head import init_ray, lean_head  # noqa: E402
 from rollout_ray._ray.rollout_actor import RolloutActor  # noqa: E402
 from rollout_ray.testing import ScriptedModel  # noqa: E402
 

@@ -90,7 +90,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 def ray_cluster() -> Iterator[Any]:
     """The one local Ray instance of the test session (2 CPUs, no dashboard)."""
     ray = pytest.importorskip("ray")
-    from rollout_ray._ray.executor import lean_head
+    from rollout_ray._ray.head import lean_head
 
     with lean_head():  # as init_ray starts a private Ray: the suite runs on what users get
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)

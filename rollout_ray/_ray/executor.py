@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
 import site
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
 import ray
-import ray._private.ray_constants as ray_constants
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -23,6 +21,7 @@ from .._errors import InfrastructureLost
 from .._record.trace import Trace
 from .._runtimes.host import runtime_kind
 from .calls import SHUTDOWN_GRACE, call
+from .head import init_ray
 from .rollout_actor import RolloutActor
 
 log = logging.getLogger("rollout_ray")
@@ -238,79 +237,6 @@ class RayExecutor(Executor):
     def max_in_flight(self) -> int | None:
         """Rollouts this executor runs at once, at most (``None``: no bound of its own)."""
         return None if self.capacity is None else self.actors * self.capacity
-
-
-LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-"""Ray's own switch for single-machine platforms: "0" keeps every service on 127.0.0.1."""
-
-
-def init_ray(address: str | None, **options: Any) -> None:
-    """Connect to ``address`` (or ``RAY_ADDRESS``); without one, start a private local Ray.
-
-    Private: ``address="local"`` never joins a cluster that happens to run on the machine
-    (``ray.init()`` would join whatever ``/tmp/ray/ray_current_cluster`` names, another
-    user's included). On loopback: the local default's services listen on 127.0.0.1 only;
-    to let other machines in, start a cluster with ``ray start`` (see ``cluster/``) and pass
-    its address. Lean: see ``lean_head``. ``options`` go to ``ray.init`` (e.g. ``num_cpus``).
-    """
-    address = address or os.environ.get("RAY_ADDRESS")
-    options = {"include_dashboard": False, "log_to_driver": False, **options}
-    if address:
-        ray.init(address=address, **options)
-        return
-    # ray.init turns a loopback node address into the machine's reachable one; Ray keeps
-    # everything on loopback only where it runs without clusters, a switch read here (this
-    # process) and, through the environment, by every process Ray starts.
-    os.environ[LOOPBACK_ONLY] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    logging.getLogger(_RAY_AUTH_LOGGER).addFilter(_quiet_default_token_auth)
-    with lean_head():
-        ray.init(address="local", **options)
-
-
-LEAN_SKIPS = ("start_monitor", "start_log_monitor", "start_api_server")
-"""What a private local Ray does not start: the autoscaler's monitor (one machine, fixed
-resources), the log monitor (it only streams worker logs to a driver, and ``log_to_driver``
-is off) and the dashboard's API server (job submission and the state API, which nothing here
-uses; with ``include_dashboard=False`` Ray still starts it). Each is a Python process that
-imports Ray: together ~3 CPU-s, and ``ray.init`` waits for the API server, so on 2 cores
-``ray.init`` takes ~1.5 s less (benchmarks/README.md, cold start). A full Ray (``ray start``)
-passed as ``address`` is joined as it is."""
-
-
-@contextlib.contextmanager
-def lean_head() -> Iterator[None]:
-    """While ``ray.init`` starts the head node, its ``LEAN_SKIPS`` start nothing.
-
-    Ray has no public switch for them (``RayParams.no_monitor`` exists but ``ray.init`` does
-    not pass it), so the ``Node`` methods that start them are stood in for, for the duration
-    of the call only. A Ray without one of these methods is started as it is."""
-    from ray._private.node import Node
-
-    saved = {name: Node.__dict__[name] for name in LEAN_SKIPS if name in Node.__dict__}
-    if len(saved) != len(LEAN_SKIPS):
-        yield
-        return
-    for name in LEAN_SKIPS:
-        setattr(Node, name, _start_nothing)
-    try:
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(Node, name, method)
-
-
-def _start_nothing(self: Any, *args: Any, **kwargs: Any) -> None:
-    return None
-
-
-_RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
-
-
-def _quiet_default_token_auth(record: logging.LogRecord) -> bool:
-    """Drop Ray's WARNING that a new local Ray has token authentication on: it is the private
-    local default's normal state (on, and on loopback), not news on every run."""
-    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
 
 def modules_to_ship(cls: type) -> list[ModuleType]:

@@ -81,6 +81,29 @@ def test_without_an_address_a_private_ray_on_loopback_is_started(report: Any) ->
            "not joined", time.monotonic() - t0)
 
 
+
+def test_the_registration_wait_returns_once_the_gcs_lists_the_node(ray_cluster: Any) -> None:
+    """lean_head's wait for the new node polls the GCS (Ray's own looks once a second) and
+    then leaves the answer to Ray's call; for a node that never registers it gives up at its
+    timeout and Ray's call decides. Outside ``ray.init`` Ray's function is Ray's again."""
+    from ray._private import services
+
+    from rollout_ray._ray.head import _after_registration, lean_head
+
+    gcs = ray._private.worker.global_worker.node.gcs_address
+    node = ray.get_runtime_context().get_node_id()
+    asked: list[tuple[str, str]] = []
+    wait = _after_registration(lambda address, node_id: asked.append((address, node_id)) or "node info")
+    assert wait(gcs, node) == "node info" and asked == [(gcs, node)]
+    t0 = time.monotonic()
+    never = _after_registration(lambda address, node_id: "Ray decides", timeout=0.3)
+    assert never(gcs, "ff" * 28) == "Ray decides"
+    assert 0.3 <= time.monotonic() - t0 < 5
+    original = services.get_node
+    with lean_head():
+        assert services.get_node is not original
+    assert services.get_node is original
+
 class Said4(Task):
     @reward
     def four(self, trace: Trace) -> float:

@@ -1,0 +1,116 @@
+"""Starting or joining Ray for a driver: by default a private local Ray, on loopback only and
+lean (what a local eval does not use is not started, and the driver does not sleep through
+Ray's once-a-second polls while the node registers)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import ray
+import ray._private.ray_constants as ray_constants
+
+LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's own switch for single-machine platforms: "0" keeps every service on 127.0.0.1."""
+
+
+def init_ray(address: str | None, **options: Any) -> None:
+    """Connect to ``address`` (or ``RAY_ADDRESS``); without one, start a private local Ray.
+
+    Private: ``address="local"`` never joins a cluster that happens to run on the machine
+    (``ray.init()`` would join whatever ``/tmp/ray/ray_current_cluster`` names, another
+    user's included). On loopback: the local default's services listen on 127.0.0.1 only;
+    to let other machines in, start a cluster with ``ray start`` (see ``cluster/``) and pass
+    its address. Lean: see ``lean_head``. ``options`` go to ``ray.init`` (e.g. ``num_cpus``).
+    """
+    address = address or os.environ.get("RAY_ADDRESS")
+    options = {"include_dashboard": False, "log_to_driver": False, **options}
+    if address:
+        ray.init(address=address, **options)
+        return
+    # ray.init turns a loopback node address into the machine's reachable one; Ray keeps
+    # everything on loopback only where it runs without clusters, a switch read here (this
+    # process) and, through the environment, by every process Ray starts.
+    os.environ[LOOPBACK_ONLY] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    logging.getLogger(_RAY_AUTH_LOGGER).addFilter(_quiet_default_token_auth)
+    with lean_head():
+        ray.init(address="local", **options)
+
+
+LEAN_SKIPS = ("start_monitor", "start_log_monitor", "start_api_server")
+"""What a private local Ray does not start: the autoscaler's monitor (one machine, fixed
+resources), the log monitor (it only streams worker logs to a driver, and ``log_to_driver``
+is off) and the dashboard's API server (job submission and the state API, which nothing here
+uses; with ``include_dashboard=False`` Ray still starts it). Each is a Python process that
+imports Ray: together ~3 CPU-s, and ``ray.init`` waits for the API server, so on 2 cores
+``ray.init`` takes ~1.5 s less (benchmarks/README.md, cold start). A full Ray (``ray start``)
+passed as ``address`` is joined as it is."""
+
+REGISTRATION_POLL = 0.05
+"""Seconds between the driver's looks for its new node in the GCS while ``ray.init`` waits.
+Ray's own wait (``services.get_node``) looks once a second, and the raylet registers ~0.9-1.2 s
+after it starts (it waits for its agents), so half of all starts slept ~0.9 s past it."""
+
+
+@contextlib.contextmanager
+def lean_head() -> Iterator[None]:
+    """While ``ray.init`` starts the head node, its ``LEAN_SKIPS`` start nothing and the wait
+    for the node's registration polls every ``REGISTRATION_POLL`` seconds.
+
+    Ray has no public switch for either (``RayParams.no_monitor`` exists but ``ray.init`` does
+    not pass it), so the ``Node`` methods and the ``services`` function are stood in for, for
+    the duration of the call only. A Ray without one of them is started as it is."""
+    from ray._private import services
+    from ray._private.node import Node
+
+    saved = {name: Node.__dict__[name] for name in LEAN_SKIPS if name in Node.__dict__}
+    get_node = getattr(services, "get_node", None)
+    if len(saved) != len(LEAN_SKIPS) or get_node is None:
+        yield
+        return
+    for name in LEAN_SKIPS:
+        setattr(Node, name, _start_nothing)
+    services.get_node = _after_registration(get_node)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(Node, name, method)
+        services.get_node = get_node
+
+
+def _start_nothing(self: Any, *args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _after_registration(get_node: Callable[[str, str], Any], timeout: float = 30.0) -> Callable[[str, str], Any]:
+    """``get_node``, called once the GCS lists the node (or on any doubt: Ray's own wait,
+    with its own timeout and errors, then decides)."""
+
+    def get_registered_node(gcs_address: str, node_id: str) -> Any:
+        with contextlib.suppress(Exception):  # ours is only a faster wait: Ray's call decides
+            from ray._raylet import GcsClient
+
+            client = GcsClient(address=gcs_address)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if any(known.hex() == node_id for known in client.get_all_node_info(timeout=timeout)):
+                    break
+                time.sleep(REGISTRATION_POLL)
+        return get_node(gcs_address, node_id)
+
+    return get_registered_node
+
+
+_RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _quiet_default_token_auth(record: logging.LogRecord) -> bool:
+    """Drop Ray's WARNING that a new local Ray has token authentication on: it is the private
+    local default's normal state (on, and on loopback), not news on every run."""
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
