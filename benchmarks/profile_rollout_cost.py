@@ -9,7 +9,7 @@ the quick loop behind each lever measured in README.md's bench_cost section.
 examples/arith.py tasks, ChatHarness, the simulated model at 0.09 s in a child process, 256 in
 flight; a warm-up run of 300, then N measured. Prints CPU-ms per rollout of the driver, the
 model and each Ray process of this run (found by name under /proc, so run it alone), and, with
---local, the time spent in garbage collection (gc.callbacks). With a process name, py-spy
+--local, the time spent in garbage collection (gc.callbacks), by generation. With a process name, py-spy
 (installed separately) records it to /tmp/<name>.txt in raw format.
 """
 
@@ -66,12 +66,17 @@ async def main(n: int, profile: str | None, local: bool) -> None:
             before = {k: sum(cpu_of(p) for p in v) for k, v in pids.items()}
             collecting = [0.0]
             started: list[float] = []
+            by_generation: dict[int, list[float]] = {}  # generation: [collections, seconds]
 
             def on_gc(phase: str, info: dict) -> None:
                 if phase == "start":
                     started.append(time.perf_counter())
                 elif started:
-                    collecting[0] += time.perf_counter() - started.pop()
+                    took = time.perf_counter() - started.pop()
+                    collecting[0] += took
+                    seen = by_generation.setdefault(info["generation"], [0, 0.0])
+                    seen[0] += 1
+                    seen[1] += took
 
             gc.callbacks.append(on_gc)
             spy = None
@@ -94,6 +99,8 @@ async def main(n: int, profile: str | None, local: bool) -> None:
             print(f"  {name:16s} {1000 * (after[name] - before[name]) / n:.2f} CPU-ms/rollout")
         print(f"  {'total':16s} {1000 * sum(after[k] - before[k] for k in pids) / n:.2f}")
         print(f"  driver GC       {1000 * collecting[0] / n:.3f} ms/rollout")
+        for generation, (count, seconds) in sorted(by_generation.items()):
+            print(f"    generation {generation}: {count} collections, {1000 * seconds / max(1, count):.1f} ms each")
     finally:
         server.terminate()
         server.wait()

@@ -15,8 +15,13 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-THRESHOLDS = (7000, 10, 10)
-"""Young collections every 7,000 net allocations (default 700); older ones as before."""
+THRESHOLDS = (50_000, 10, 10)
+"""Young collections every 50,000 net allocations (default 700). A rollout lives ~0.1-0.4 s,
+so the objects of every rollout in flight are young, and each young collection walks all of
+them: at 7,000, a LocalExecutor run of 256 in flight made ~15 young collections a second of
+~8 ms each, 0.21 CPU-ms per rollout in GC; at 50,000, 0.05-0.06
+(benchmarks/profile_rollout_cost.py --local, GC by generation). Cyclic garbage waits longer
+to be found; rollouts make next to none."""
 
 
 def tune_for_rollouts() -> None:
