@@ -37,6 +37,12 @@ from .run_dir import RunDirectory
 
 log = logging.getLogger("rollout_ray")
 
+WRITE_WITHIN = 2.0
+"""Seconds a finalized group waits in memory, at most, before it is written (so a crash of
+a slow run loses little); a fast run writes whole shards, ``rows_per_write`` rows at once."""
+WRITE_BYTES = 64 << 20
+"""Bytes of finalized tables buffered before they are written, at most (large traces)."""
+
 
 class Group:
     """One finalized group: its samples (with advantages) and its one-row summary.
@@ -91,7 +97,8 @@ class GroupCloser:
         store: the run directory (``None``: keep the tables in memory, ``tables()``).
         io: the one thread that writes shards (writes stay in order and off the loop).
         emit: awaited with each finalized group, in closing order (the trainer stream).
-        rows_per_write: rows buffered before they are written.
+        rows_per_write: rows buffered before they are written (or ``write_within`` seconds
+            after the first of them was, or ``WRITE_BYTES`` of them: whichever comes first).
         keep: asked of each group before it is finalized; ``False`` sends it back (it will
             be closed again).
         demand: with ``keep``, released by the consumer once per group it asks for.
@@ -100,17 +107,19 @@ class GroupCloser:
     def __init__(self, *, config: FinalizeConfig, judge: GroupJudge | None, store: RunDirectory | None,
                  io: Executor, emit: Callable[[Group], Any], rows_per_write: int,
                  keep: Callable[[str, list[RolloutRecord]], bool] | None = None,
-                 demand: asyncio.Semaphore | None = None) -> None:
+                 demand: asyncio.Semaphore | None = None, write_within: float = WRITE_WITHIN) -> None:
         if (keep is None) != (demand is None):
             raise ValueError("keep and demand go together: pass both or neither")
         self.config, self.judge, self.store, self.io, self.emit = config, judge, store, io, emit
         self.rows_per_write, self.keep, self.demand = rows_per_write, keep, demand
+        self.write_within = write_within
         self._out: set[str] = set()
         self._closed: list[tuple[str, list[RolloutRecord]]] = []
         self._ready = asyncio.Event()
         self._finished = False
         self._unwritten: list[tuple[pa.Table, pa.Table]] = []
-        self._unwritten_rows = 0
+        self._unwritten_rows = self._unwritten_bytes = 0
+        self._write_due = 0.0  # loop time by which what is unwritten is written
         self._memory: list[tuple[pa.Table, pa.Table]] = []
 
     def close(self, group_id: str, members: list[RolloutRecord]) -> None:
@@ -136,7 +145,13 @@ class GroupCloser:
                 if self._finished and not self._out:
                     return
                 self._ready.clear()
-                await self._ready.wait()
+                if not self._unwritten:
+                    await self._ready.wait()
+                    continue
+                try:  # idle, with rows unwritten: write them when they are due
+                    await asyncio.wait_for(self._ready.wait(), self._write_due - asyncio.get_running_loop().time())
+                except TimeoutError:
+                    await self.flush()
                 continue
             batch = self._take() if self.keep is None else await self._asked_for()
             groups, tables = self._finalize(batch)
@@ -170,7 +185,7 @@ class GroupCloser:
 
     async def flush(self) -> None:
         """Write what is buffered (the run ends, or is cancelled: keep what was finalized)."""
-        pending, self._unwritten, self._unwritten_rows = self._unwritten, [], 0
+        pending, self._unwritten, self._unwritten_rows, self._unwritten_bytes = self._unwritten, [], 0, 0
         if pending and self.store is not None:
             # Shielded: a cancelled flush must still write what it took (it was finalized,
             # and maybe already handed on to the stream).
@@ -188,9 +203,14 @@ class GroupCloser:
         if self.store is None:
             self._memory.append((samples, summaries))
             return
+        now = asyncio.get_running_loop().time()
+        if not self._unwritten:
+            self._write_due = now + self.write_within
         self._unwritten.append((samples, summaries))
         self._unwritten_rows += samples.num_rows
-        if self._unwritten_rows >= self.rows_per_write:
+        self._unwritten_bytes += samples.nbytes + summaries.nbytes
+        if (self._unwritten_rows >= self.rows_per_write or self._unwritten_bytes >= WRITE_BYTES
+                or now >= self._write_due):
             await self.flush()
 
     def _write(self, pending: list[tuple[pa.Table, pa.Table]]) -> None:

@@ -68,7 +68,8 @@ class EvalConfig(BaseModel):
     breaker: int = Field(10, ge=1)
     """Consecutive provider failures that halt the run."""
     rows_per_shard: int = Field(1000, ge=1)
-    """Rows per Parquet shard."""
+    """Rows per Parquet shard, at most: finalized groups are written when this many are
+    buffered, or 2 s after the first of them was (``closer.WRITE_WITHIN``), or 64 MiB of them."""
     stream_buffer: int = Field(64, ge=1)
     """Finalized groups waiting for the consumer before the driver waits too."""
     limits: RolloutLimits = RolloutLimits()
@@ -237,7 +238,7 @@ class Driver(PolicyOwner):
             await self._announce_policy()
             closer = self._closer = GroupCloser(
                 config=self.config.finalize, judge=self.judge, store=self._store, io=self._io, emit=queue.put,
-                rows_per_write=min(self.config.rows_per_shard, 256),
+                rows_per_write=self.config.rows_per_shard,
                 **({} if self.config.max_staleness is None else {"keep": self._fresh_or_rerun, "demand": demand}))
             with tuned_for_rollouts():
                 async with asyncio.TaskGroup() as tg:
