@@ -40,8 +40,8 @@ def batch_arrays(samples: pa.Table, *, pad_to: int | None = None, pad_id: int = 
     """
     if pad_to is not None and pad_to < 1:
         raise ValueError(f"`pad_to` must be >= 1 or None, got {pad_to}")
-    missing = [c for c in ("sample_idx", "advantage", *TOKEN_COLUMNS[:3], "token_branch")
-               if c not in samples.column_names]
+    present = set(samples.column_names)
+    missing = [c for c in ("sample_idx", "advantage", *TOKEN_COLUMNS[:3], "token_branch") if c not in present]
     if missing:
         raise ValueError(f"samples lack the column(s) {', '.join(missing)}: pass a finalized group's "
                          "samples, written with token columns (schema version 2)")

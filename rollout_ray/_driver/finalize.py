@@ -214,10 +214,11 @@ def _group_stats(gidx: np.ndarray, groups: int, eff: pa.Array, correct: pa.Array
 
 
 def _check_input(table: pa.Table, added: list[str]) -> None:
-    missing = [c for c in _REQUIRED if c not in table.column_names]
+    names = set(table.column_names)  # a new list of every name on each access
+    missing = [c for c in _REQUIRED if c not in names]
     if missing:
         raise ValueError(f"finalize: table lacks required column(s) {missing}")
-    clash = [c for c in added if c in table.column_names]
+    clash = [c for c in added if c in names]
     if clash:
         raise ValueError(f"finalize: table already has output column(s) {clash}")
     if table["group_id"].null_count:

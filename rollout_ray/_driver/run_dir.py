@@ -181,8 +181,9 @@ def with_filter_columns(samples: pa.Table, sampling: dict[str, Any]) -> pa.Table
     names = dict.fromkeys(k for d in described for k in d.task.data)
     for name in names:
         columns[DATA_PREFIX + name] = _data_column([d.task.data.get(name) for d in described])
+    present = set(samples.column_names)
     for name, column in columns.items():
-        if name not in samples.column_names:
+        if name not in present:
             samples = samples.append_column(name, column)
     return samples
 

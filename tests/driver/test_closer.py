@@ -65,3 +65,34 @@ def test_groups_are_written_when_due_or_a_write_is_full_and_the_rest_at_the_end(
     t0 = run(main())
     assert [rows for rows, _ in writes] == [1, 3, 2]
     assert writes[2][1] == pytest.approx(t0 + 2.6, abs=0.05)  # not 2 s after "e": at the end
+
+
+def test_while_groups_keep_closing_finalizes_are_gather_seconds_apart() -> None:
+    """One group closing every 10 ms for a second: ~10 finalizes (a tenth of a second apart,
+    each taking the groups that closed meanwhile), not 100; the first is at once."""
+
+    async def main() -> tuple[list[float], list[str]]:
+        emitted: list[str] = []
+        at: list[float] = []
+
+        def emit(group: Any) -> Any:
+            emitted.append(group.group_id)
+            at.append(asyncio.get_running_loop().time())
+            return asyncio.sleep(0)
+
+        closer = GroupCloser(config=FinalizeConfig(), judge=None, store=None, io=Inline(), emit=emit,
+                             rows_per_write=1000, gather=0.1)
+        running = asyncio.create_task(closer.run())
+        t0 = asyncio.get_running_loop().time()
+        for i in range(100):
+            closer.close(f"g{i}", member(f"g{i}"))
+            await asyncio.sleep(0.01)
+        closer.finish()
+        await running
+        return [round(t - t0, 3) for t in at], emitted
+
+    at, emitted = run(main())
+    assert emitted == [f"g{i}" for i in range(100)]  # every group, in closing order
+    finalizes = sorted(set(at))
+    assert finalizes[0] == 0.0 and 9 <= len(finalizes) <= 12, finalizes
+    assert all(b - a >= 0.1 - 1e-6 for a, b in zip(finalizes, finalizes[1:])), finalizes
