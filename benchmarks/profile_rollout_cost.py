@@ -5,12 +5,14 @@ the quick loop behind each lever measured in README.md's bench_cost section.
     python benchmarks/profile_rollout_cost.py 3000                 # ray, 1 actor
     ACTORS=2 python benchmarks/profile_rollout_cost.py 3000 driver  # + py-spy of the driver
     python benchmarks/profile_rollout_cost.py 3000 --local          # LocalExecutor, GC time too
+    python benchmarks/profile_rollout_cost.py 3000 --tool           # calc_tool.py: one tool call
 
-examples/arith.py tasks, ChatHarness, the simulated model at 0.09 s in a child process, 256 in
-flight; a warm-up run of 300, then N measured. Prints CPU-ms per rollout of the driver, the
+examples/arith.py tasks (--tool: examples/calc_tool.py, a calculator call then the answer),
+ChatHarness, the simulated model at 0.09 s in a child process, 256 in flight; a warm-up run of
+300, then N measured. Prints CPU-ms per rollout of the driver, the
 model and each Ray process of this run (found by name under /proc, so run it alone), and, with
---local, the time spent in garbage collection (gc.callbacks), by generation. With a process name, py-spy
-(installed separately) records it to /tmp/<name>.txt in raw format.
+--local, the time spent in garbage collection (gc.callbacks), by generation. With a process
+name, py-spy (installed separately) records it to /tmp/<name>.txt in raw format.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ async def main(n: int, profile: str | None, local: bool) -> None:
                               stdout=subprocess.PIPE, text=True)
     url = server.stdout.readline().split()[-1]  # type: ignore[union-attr]
     try:
-        tasks = load_taskset(str(ROOT / "examples" / "arith.py")).tasks(n + 300)
+        example = "calc_tool.py" if "--tool" in sys.argv else "arith.py"
+        tasks = load_taskset(str(ROOT / "examples" / example)).tasks(n + 300)
         model = OpenAIModel(url, name="simulated")
         executor = LocalExecutor() if local else RayExecutor(actors=int(os.environ.get("ACTORS", "1")))
         async with executor:
