@@ -25,7 +25,6 @@ from .._core.task import Task
 from .._driver.driver import Driver, EvalConfig, RunResult
 from .._driver.local_executor import LocalExecutor
 from .._errors import CorruptManifest, CorruptShard, ForeignShard, ResumeMismatch, RunInUse, TasksetError
-from .._record.arrow import warm_arrow
 from .._record.store import stored_outcomes
 from .._runtimes.host import runtime_kind
 from .._serving.upstream import OpenAIModel
@@ -178,7 +177,6 @@ def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: i
         return LocalExecutor(runtime=runtime)
     from .._ray.executor import RayExecutor
 
-    warm_arrow()  # while Ray and the actors start, not on the driver's loop mid-run
     return RayExecutor(actors=actors, capacity=capacity, address=address, runtime=runtime)
 
 

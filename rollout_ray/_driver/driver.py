@@ -232,7 +232,7 @@ class Driver(PolicyOwner):
 
     async def _drive(self, queue: asyncio.Queue[Group | None], demand: asyncio.Semaphore) -> None:
         closer = None
-        warm_arrow()  # if the caller did not while Ray started
+        warm_arrow()  # in a thread, beside the first rollouts: not on the loop at the first group
         try:
             self._open_store()
             await self._announce_policy()
