@@ -37,8 +37,8 @@ def tuned_for_rollouts() -> Iterator[None]:
     previous thresholds are restored after it, and what was frozen is collectable again.
 
     Only the young generations are collected before the freeze: a full collection walks the
-    whole heap, 60-130 ms in a driver that imported Ray and Arrow (0.06-0.13 ms per rollout of
-    a 1,000-rollout run). Garbage already old stays frozen until the run ends, and is
+    whole heap, ~130 ms in a driver that imported Ray and Arrow (profile_rollout_cost.py
+    --local: ~0.13 ms per rollout of a 1,000-rollout run). Garbage already old stays frozen until the run ends, and is
     collectable again from then on."""
     before = gc.get_threshold()
     gc.collect(1)

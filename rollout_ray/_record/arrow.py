@@ -163,7 +163,7 @@ def warm_arrow() -> None:
     at the first closing group, with every rollout in flight waiting on it. The driver calls
     this as its run starts, so the import overlaps the first rollouts' model calls; called
     while Ray started, it competed with Ray's processes for the cores (cold start of an eval
-    ~0.15 s longer, ``ray.init`` 0.3-1.4 s longer).
+    ~0.15 s longer: bench_cost.py --executors eval).
     """
     global _warming
     if _warming is None:
