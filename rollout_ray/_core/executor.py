@@ -53,7 +53,7 @@ class RolloutSpec:
             model=self.model,
             runtime=self.runtime,
             runtime_factory=runtime_factory,
-            interception=interception,
+            interception=None if self.harness.in_process else interception,  # the host's, whatever the harness
             tool_server=tool_server,
             limits=self.limits,
             timeouts=self.timeouts,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Self
 
 from .._record.messages import Request, Response
 
@@ -18,6 +18,7 @@ class Model(ABC):
 
     ``complete`` raises ``ProviderError`` (with the provider's status) for every failure of
     the provider, and ``OverlongPromptError`` when the prompt exceeds the context window.
+    ``async with model:`` closes its connections at the end (``aclose``).
     """
 
     name: str | None = None
@@ -31,4 +32,10 @@ class Model(ABC):
         """Sample one reply to ``request``."""
 
     async def aclose(self) -> None:
-        """Release connections held by the client."""
+        """Release connections held by the client (a later call opens new ones)."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

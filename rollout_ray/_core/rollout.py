@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack, suppress
 from typing import Any
@@ -60,7 +61,8 @@ class Rollout:
         runtime_factory: builds an owned runtime from its name (``LocalRuntime``,
             ``SandboxRuntime``, ...); required unless ``runtime`` is given.
         interception: serves the session to a program's harness (default: a private in-process
-            one); an ``in_process`` harness is always served in process.
+            one); an ``in_process`` harness is always served in process (one given is
+            not used: a warning says so).
         tool_server: serves the task's toolsets over HTTP to a program; required only when
             the task declares some and the harness is not ``in_process``.
         limits: turn and token caps.
@@ -115,6 +117,9 @@ class Rollout:
         self.runtime = runtime
         self._runtime_factory = runtime_factory
         # An in-process agent talks to its session directly: no proxy hop, one trace.
+        if interception is not None and harness.in_process:
+            warnings.warn(f"Rollout: interception= is not used: the harness {harness.id!r} runs in process and "
+                          "talks to its session directly", stacklevel=2)
         self.interception = interception if interception is not None and not harness.in_process \
             else LocalInterception()
         self._local_tools: LocalTools | None = None

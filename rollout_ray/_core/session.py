@@ -50,13 +50,7 @@ from .hooks import Hook, call_by_type, resolve
 from .limits import RolloutLimits
 from .model import SESSION_ID, Model
 from .policy import PolicyControl, process_policy
-
-SAMPLING_FIELDS = frozenset({
-    "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed",
-    "stop", "n", "frequency_penalty", "presence_penalty", "repetition_penalty", "logprobs",
-    "top_logprobs", "reasoning_effort",
-})  # fmt: skip
-"""Request fields recorded as ``ModelCall.sampling``; every field still goes upstream."""
+from .sampling import SAMPLING_FIELDS
 
 _CODEC_ENCODER = msgspec.msgpack.Encoder()
 _REQUEST_DECODER = msgspec.msgpack.Decoder(Request)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .._errors import TaskError, boundary
 from .._record.trace import Trace, TraceTask
@@ -39,7 +39,8 @@ class TaskData(BaseModel):
     name: str | None = None
     """Optional human-readable name."""
     prompt: str | list[dict[str, Any]] | None = None
-    """The opening user turn(s); ``None`` means a user opens the exchange."""
+    """The opening user turn(s); ``None`` means a user opens the exchange. Never empty: an
+    empty user turn on purpose is ``[{"role": "user", "content": ""}]``."""
     system_prompt: str | None = None
     """System prompt given to the harness."""
     timeout: RolloutTimeouts | None = None
@@ -50,6 +51,15 @@ class TaskData(BaseModel):
     whose ``enforces`` holds ``"network"``; others log a warning (B6)."""
     network_block: list[str] | None = None
     """Hosts the agent must not reach; ``None`` blocks nothing."""
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, prompt: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+        # An empty prompt reaches the model as an empty message, which is never what a row meant.
+        if prompt is not None and not (prompt.strip() if isinstance(prompt, str) else prompt):
+            raise ValueError("the prompt is empty; give the opening user turn, or prompt=None when a user "
+                             "opens the conversation")
+        return prompt
 
     @property
     def network_policy(self) -> bool:
