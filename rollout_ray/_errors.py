@@ -16,7 +16,8 @@ A lifecycle bug of the caller (a borrowed runtime its owner already stopped) rai
 ``ValueError`` to the caller and is not recorded on any trace (B8, B20).
 
 Outside a rollout, each boundary of the system has its own error, also here: the driver's
-executor lost a rollout's host (``InfrastructureLost``), a run directory holds a corrupt shard
+executor lost a rollout's host (``InfrastructureLost``) or cannot reach Ray
+(``RayUnreachable``), a run directory holds a corrupt shard
 (``CorruptShard``) or a table of another schema (``SchemaMismatch``), a request body is not
 the wire format (``WireError``), a command line names a bad taskset or grid
 (``TasksetError``, ``SweepConfigError``).
@@ -134,6 +135,14 @@ class Unauthorized(Refusal):
 
 class InfrastructureLost(Exception):
     """The rollout's host died (actor, worker or node): the rollout's outcome is unknown."""
+
+
+class RayUnreachable(ConnectionError):
+    """Nothing answers at a Ray cluster's address; ``address`` and ``reason`` say where and why."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(f"cannot reach Ray at {address} ({reason})")
+        self.address, self.reason = address, reason
 
 
 class UnknownRollout(KeyError):

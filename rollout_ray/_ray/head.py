@@ -7,12 +7,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray
 import ray._private.ray_constants as ray_constants
+
+from .._errors import RayUnreachable
 
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray's own switch for single-machine platforms: "0" keeps every service on 127.0.0.1."""
@@ -26,10 +29,14 @@ def init_ray(address: str | None, **options: Any) -> None:
     user's included). On loopback: the local default's services listen on 127.0.0.1 only;
     to let other machines in, start a cluster with ``ray start`` (see ``cluster/``) and pass
     its address. Lean: see ``lean_head``. ``options`` go to ``ray.init`` (e.g. ``num_cpus``).
+
+    Raises:
+        RayUnreachable: nothing listens at ``address`` (``check_reachable``).
     """
     address = address or os.environ.get("RAY_ADDRESS")
     options = {"include_dashboard": False, "log_to_driver": False, **options}
     if address:
+        check_reachable(address)
         ray.init(address=address, **options)
         return
     # ray.init turns a loopback node address into the machine's reachable one; Ray keeps
@@ -40,6 +47,29 @@ def init_ray(address: str | None, **options: Any) -> None:
     logging.getLogger(_RAY_AUTH_LOGGER).addFilter(_quiet_default_token_auth)
     with lean_head():
         ray.init(address="local", **options)
+
+
+REACH_TIMEOUT = 5.0
+"""Seconds to wait for a cluster's port to accept a connection: a dropped first SYN is resent
+after 1 s, then 3 s; a cluster that takes longer to accept one is not usable anyway."""
+
+
+def check_reachable(address: str, timeout: float = REACH_TIMEOUT) -> None:
+    """Raise ``RayUnreachable`` unless something accepts a TCP connection at ``address``
+    (``host:port`` or ``ray://host:port``; ``auto`` and ``local`` are Ray's to resolve).
+
+    ``ray.init`` on a dead address retries for ~40 s, printing C++ warnings about the
+    machine's own address where the user typed 127.0.0.1; this says it in one line at once.
+    """
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except TimeoutError:
+        raise RayUnreachable(address, f"no answer within {timeout:g}s") from None
+    except OSError as e:
+        raise RayUnreachable(address, e.strerror or type(e).__name__) from None
 
 
 LEAN_SKIPS = ("start_monitor", "start_log_monitor", "start_api_server")
