@@ -16,8 +16,8 @@ flight. Per kind and group size, one row per executor, each in its own process
   started by the worker (ray.init timed alone);
 - eval: ``rollout-ray eval <taskset> --samples g --limit N/g --model-url URL --max-in-flight C
   --out TMP`` as a subprocess with the CLI's own defaults for everything else (its rollout
-  actors: ``--actors 2`` and no cap per actor, unless --eval-pool). The
-  taskset is examples/arith.py (examples/calc_tool.py for the tool kind) copied into a
+  actors: one per CPU, 2 on the 2-core machine measured, and no cap per actor, unless
+  --eval-pool). The taskset is examples/arith.py (examples/calc_tool.py for the tool kind) copied into a
   temporary directory with ``tasks()`` defaulting to N/g tasks (the examples make 50).
 
 floor, local and ray run a warm-up of --warmup rollouts first in the same process (not
@@ -819,7 +819,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=None, help="warm-up rollouts before each measured run "
                    "(floor, local, ray; default 300)")
     p.add_argument("--eval-pool", default=None, help="e.g. '2x128': pass --actors/--capacity to rollout-ray eval "
-                   "(default: the CLI's own defaults, 2 actors, no cap per actor)")
+                   "(default: the CLI's own defaults, an actor per CPU, no cap per actor)")
     p.add_argument("--sample-interval", type=float, default=0.25, help="seconds between /proc samples")
     p.add_argument("--row-timeout", type=float, default=None, help="seconds before a row is killed")
     p.add_argument("--quick", action="store_true", help="N=300, C=64")

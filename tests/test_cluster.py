@@ -105,6 +105,8 @@ def test_eval_on_local_three_node_cluster(tmp_path: Path) -> None:
         lap("eval")
         assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
         assert "rollouts 8  ok 8  failed 0" in evaluated.stdout, evaluated.stdout
+        (warmup,) = [s for s in evaluated.stderr.splitlines() if s.startswith("warmup ")]
+        assert ": Ray, 3 rollout actors " in warmup, warmup  # by default one per CPU: 3 nodes of 1
 
         from rollout_ray._record.store import read_run
 

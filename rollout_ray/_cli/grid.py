@@ -24,7 +24,7 @@ from pydantic import (
 
 from .._core.harness import Harness
 from .._core.limits import LIMIT_FIELDS
-from .._core.session import SAMPLING_FIELDS
+from .._core.sampling import SAMPLING_FIELDS
 from .._core.task import Task
 from .._errors import SweepConfigError, TasksetError
 from .._simulated.config import SimulatedModelConfig
@@ -86,8 +86,8 @@ class SweepBase(BaseModel):
     """ray: rollout actors, Ray started once for the sweep; local: this process, no Ray."""
     address: str | None = None
     """Ray cluster address (default: start or join a local Ray)."""
-    actors: int = Field(2, ge=1)
-    """Rollout actors (ray executor)."""
+    actors: int | None = Field(None, ge=1)
+    """Rollout actors (ray executor; default: one per CPU of the cluster)."""
     capacity: int | None = Field(None, ge=1)
     """Rollouts per actor at once (ray executor; none: no cap, ``max_in_flight`` bounds the run)."""
 

@@ -46,7 +46,9 @@ class RayExecutor(Executor):
     plain modules beside them that they imported.
 
     Args:
-        actors: number of rollout actors (spread over the cluster's nodes).
+        actors: number of rollout actors (spread over the cluster's nodes); ``None``: one per
+            CPU of the cluster, at most ``DEFAULT_ACTORS_CAP`` (a private local Ray has the
+            machine's CPUs).
         capacity: rollouts per actor at once (K); ``None``: no cap per actor, the caller's own
             bound (the driver's ``max_in_flight``) is the only one, spread evenly over the
             actors. A cap below the driver's makes rollouts wait in the actors, so the
@@ -65,20 +67,22 @@ class RayExecutor(Executor):
             take to answer before it counts as hung.
     """
 
-    def __init__(self, *, actors: int = 2, capacity: int | None = None, address: str | None = None,
+    def __init__(self, *, actors: int | None = None, capacity: int | None = None, address: str | None = None,
                  actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
                  replacement_options: Mapping[str, Any] | None = None, runtime: str = "auto",
                  probe_interval: float = 2.0, probe_timeout: float = 30.0) -> None:
-        if actors < 1 or (capacity is not None and capacity < 1):
+        if (actors is not None and actors < 1) or (capacity is not None and capacity < 1):
             raise ValueError(f"actors and capacity must be >= 1, got {actors} and {capacity}")
-        options: list[dict[str, Any]] | None
+        options: list[dict[str, Any]] | dict[str, Any] | None
         if actor_options is None:
             options = None  # round-robin over the nodes alive at start
         elif isinstance(actor_options, Mapping):
-            options = [dict(actor_options)] * actors
+            options = dict(actor_options)  # one for each actor, however many there will be
         else:
             options = [dict(o) for o in actor_options]
-            if len(options) != actors:
+            if actors is None:
+                actors = len(options)
+            elif len(options) != actors:
                 raise ValueError(f"actor_options must hold one mapping per actor ({actors}), got {len(options)}")
         self.actors, self.capacity, self.address, self.runtime = actors, capacity, address, runtime
         self.runtime_reason = runtime_kind(runtime)[1]
@@ -97,7 +101,12 @@ class RayExecutor(Executor):
         if not ray.is_initialized():
             init_ray(self.address)
             self._started_ray = True
-        self._pool = [self._new_actor(o) for o in self._options or _round_robin(self.actors)]
+        if self.actors is None:
+            self.actors = default_actors()
+        options = self._options
+        if isinstance(options, dict):
+            options = [options] * self.actors
+        self._pool = [self._new_actor(o) for o in options or _round_robin(self.actors)]
         self._load = [0] * self.actors
 
     def _new_actor(self, options: Mapping[str, Any]) -> RolloutActor:
@@ -236,7 +245,20 @@ class RayExecutor(Executor):
     @property
     def max_in_flight(self) -> int | None:
         """Rollouts this executor runs at once, at most (``None``: no bound of its own)."""
-        return None if self.capacity is None else self.actors * self.capacity
+        return None if self.capacity is None or self.actors is None else self.actors * self.capacity
+
+
+DEFAULT_ACTORS_CAP = 32
+"""Most rollout actors ``actors=None`` makes, however many CPUs: each is a Python process
+(0.5-0.9 CPU-s to start, and its memory), and rollouts are mostly waits on the model, so
+beyond this a large cluster gains little from more of them."""
+
+
+def default_actors() -> int:
+    """One rollout actor per CPU of the connected cluster, at least 1, at most
+    ``DEFAULT_ACTORS_CAP``."""
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    return max(1, min(cpus, DEFAULT_ACTORS_CAP))
 
 
 def modules_to_ship(cls: type) -> list[ModuleType]:
