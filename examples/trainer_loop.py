@@ -80,8 +80,8 @@ async def main(tasks: int = 16, samples: int = 4, update_every: int = 2, max_sta
     report = Report()
     async with SimulatedModelServer(SimulatedModelConfig(ttft=0.005, error_rate=0.3)) as server:
         assert server.base_url is not None
-        model = OpenAIModel(server.base_url, name="simulated", token_capture="vllm")
-        async with LocalExecutor(runtime="local") as executor:
+        async with (OpenAIModel(server.base_url, name="simulated", token_capture="vllm") as model,
+                    LocalExecutor(runtime="local") as executor):
             driver = Driver(arith.tasks(tasks), arith.harness(), model, executor=executor, config=config)
             async for group in driver.groups():
                 batch = group.batch(pad_id=0)

@@ -138,6 +138,8 @@ class Driver(PolicyOwner):
         resume: continue the run in ``run_dir``: skip every (group, sample) already stored,
             except those that failed for infrastructure or provider reasons (redone, with
             their earlier errors kept) unless ``keep_failed``; see ``RunDirectory``.
+        overwrite: replace the run stored in ``run_dir`` (only a run directory: one with a
+            manifest; never through a symbolic link).
         judge: cross-trace hook for ``finalize`` (called once per group's table).
         on_progress: called with ``Progress`` at most every ``progress_every`` seconds.
         policy_version: the policy version the run starts at (``set_policy_version``).
@@ -153,6 +155,7 @@ class Driver(PolicyOwner):
         config: EvalConfig | None = None,
         run_dir: str | None = None,
         resume: bool = False,
+        overwrite: bool = False,
         keep_failed: bool = False,
         judge: Callable[[pa.Table], Any] | None = None,
         on_progress: Callable[[Progress], None] | None = None,
@@ -162,7 +165,10 @@ class Driver(PolicyOwner):
     ) -> None:
         self.tasks, self.harness, self.model, self.executor = tasks, harness, model, executor
         self.config = config or EvalConfig()
+        if resume and overwrite:
+            raise ValueError("resume and overwrite exclude each other: continue the run, or replace it")
         self.run_dir, self.resume_run, self.keep_failed, self.judge = run_dir, resume, keep_failed, judge
+        self.overwrite = overwrite
         self._on_progress, self._progress_every = on_progress, progress_every
         self._manifest_config = manifest_config or {}
         total = len(tasks) * self.config.samples_per_task if hasattr(tasks, "__len__") else None  # type: ignore[arg-type]
@@ -225,8 +231,28 @@ class Driver(PolicyOwner):
         return RunResult(self.status, self.reason, samples, groups, self.run_dir, self.progress.stale)
 
     def run(self) -> RunResult:
-        """``arun`` for callers without an event loop (blocks until the run ends)."""
-        return asyncio.run(self.arun())
+        """The run on an event loop of its own, for callers without one (blocks until it ends).
+
+        What is bound to that loop ends with it: the executor is started and stopped around
+        the run (pass one not started), and the model's connections are released
+        (``model.aclose()``; a later call opens new ones). ``arun`` does neither: the
+        caller's loop, executor and model live on.
+
+        Raises:
+            RuntimeError: called inside async code (a running event loop): ``await driver.arun()``.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self._run_on_own_loop())
+        raise RuntimeError("Driver.run() cannot be called from a running event loop; use 'await driver.arun()'")
+
+    async def _run_on_own_loop(self) -> RunResult:
+        try:
+            async with self.executor:
+                return await self.arun()
+        finally:
+            await self.model.aclose()
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -282,7 +308,8 @@ class Driver(PolicyOwner):
             return
         config = {**self._manifest_config, "eval": self.config.model_dump(mode="json")}
         self._store = RunDirectory(self.run_dir, run_id=self.run_id, config=config, resume=self.resume_run,
-                                   keep_failed=self.keep_failed, samples_per_task=self.config.samples_per_task,
+                                   overwrite=self.overwrite, keep_failed=self.keep_failed,
+                                   samples_per_task=self.config.samples_per_task,
                                    rows_per_shard=self.config.rows_per_shard)
         self._store.open()
         self.run_id = self._store.run_id

@@ -1,8 +1,9 @@
 """RunDirectory: a run directory as one driver writes it — new, or resumed without mixing.
 
 Opening one takes its lock (a second writer gets ``RunInUse``), then either writes a new
-manifest or, to resume, checks that the settings that decide what a rollout is (samples,
-limits, timeouts, model, sampling, finalize, taskset) are those it was run with
+manifest (after clearing the run stored there, to overwrite it) or, to resume, checks that the
+settings that decide what a rollout is (samples, limits, timeouts, model, sampling, finalize,
+taskset) are those it was run with
 (``ResumeMismatch`` names the ones that differ; how many run at once may change). A resume
 knows which ``(group_id, sample_idx)`` are done; a stored rollout that failed because the
 infrastructure or the model provider failed is *redone* unless ``keep_failed``, and the
@@ -13,6 +14,7 @@ incomplete are reloaded, so those groups finalize with their new samples.
 from __future__ import annotations
 
 import os
+import shutil
 from collections import Counter
 from typing import Any
 
@@ -50,7 +52,9 @@ class RunDirectory:
         path: the run directory.
         run_id: the id of a new run (a resumed one keeps its own).
         config: what the manifest records; its ``eval`` entry is the driver's ``EvalConfig``.
-        resume: continue the run stored there (else it must hold none).
+        resume: continue the run stored there (else it must hold none, unless ``overwrite``).
+        overwrite: replace the run stored there: everything in the directory goes. Only a
+            run directory (one with a manifest) is cleared, never through a symbolic link.
         keep_failed: on resume, keep rollouts that failed for infrastructure or provider
             reasons instead of redoing them.
         samples_per_task: n, to know which stored groups are incomplete.
@@ -58,9 +62,9 @@ class RunDirectory:
     """
 
     def __init__(self, path: str, *, run_id: str, config: dict[str, Any], resume: bool, keep_failed: bool,
-                 samples_per_task: int, rows_per_shard: int) -> None:
+                 samples_per_task: int, rows_per_shard: int, overwrite: bool = False) -> None:
         self.path, self.run_id, self.config = path, run_id, config
-        self.resume, self.keep_failed = resume, keep_failed
+        self.resume, self.keep_failed, self.overwrite = resume, keep_failed, overwrite
         self.samples_per_task, self.rows_per_shard = samples_per_task, rows_per_shard
         self.done: set[Key] = set()
         """Samples stored and not to be redone."""
@@ -77,18 +81,24 @@ class RunDirectory:
 
         Raises:
             RunInUse: another process writes this run.
-            FileExistsError: it holds a run and ``resume`` is off.
+            FileExistsError: it holds a run and neither ``resume`` nor ``overwrite`` is on.
+            ValueError: ``overwrite`` of a symbolic link.
             ResumeMismatch: resuming with other settings than the run was made with.
             CorruptManifest / CorruptShard / ForeignShard: what is stored cannot be trusted.
         """
+        if self.overwrite and os.path.islink(os.path.normpath(self.path)):
+            raise ValueError(f"{self.path} is a symbolic link; overwrite replaces only a run directory itself")
         os.makedirs(self.path, exist_ok=True)
         self._lock.acquire()
         try:
-            if not os.path.exists(os.path.join(self.path, MANIFEST_NAME)):
+            holds_run = os.path.exists(os.path.join(self.path, MANIFEST_NAME))
+            if holds_run and self.overwrite:
+                clear_run(self.path)
+            if not holds_run or self.overwrite:
                 write_manifest(self.path, Manifest(run_id=self.run_id, config=self.config))
             elif not self.resume:
-                raise FileExistsError(f"{self.path} already holds a run; pass resume=True (--resume) "
-                                      "or another directory")
+                raise FileExistsError(f"{self.path} already holds a run; pass resume=True to continue it, "
+                                      "overwrite=True to replace it, or another directory")
             else:
                 stored = read_manifest(self.path)
                 self._check_settings(stored.config)
@@ -142,6 +152,19 @@ class RunDirectory:
                 self.earlier_errors[key] = list(record.trace.errors)
             else:
                 self.pending.setdefault(record.group_id, []).append(record)
+
+
+def clear_run(path: str) -> None:
+    """Remove everything in the run directory ``path`` but its lock (held by the caller).
+
+    Links inside are removed, never followed. The manifest goes last: a clear that is cut
+    short leaves a run directory, which a second overwrite clears."""
+    entries = [e for e in os.scandir(path) if e.name != RunLock.FILE_NAME]
+    for entry in sorted(entries, key=lambda e: e.name == MANIFEST_NAME):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
 
 
 class _Agent(msgspec.Struct):

@@ -101,8 +101,10 @@ class RunLock:
     it exits, so a crashed writer never leaves the run locked.
     """
 
+    FILE_NAME = ".lock"
+
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.path = Path(run_dir) / ".lock"
+        self.path = Path(run_dir) / self.FILE_NAME
         self._fd: int | None = None
 
     def acquire(self) -> None:
