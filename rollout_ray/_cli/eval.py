@@ -24,19 +24,30 @@ from .._core.model import Model
 from .._core.task import Task
 from .._driver.driver import Driver, EvalConfig, RunResult
 from .._driver.local_executor import LocalExecutor
-from .._errors import CorruptManifest, CorruptShard, ForeignShard, ResumeMismatch, RunInUse, TasksetError
+from .._errors import (
+    CorruptManifest,
+    CorruptShard,
+    ForeignShard,
+    RayUnreachable,
+    ResumeMismatch,
+    RunInUse,
+    TasksetError,
+)
 from .._record.store import stored_outcomes
 from .._runtimes.host import runtime_kind
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .._simulated.server import SimulatedModelServer
 from .arguments import UsageError, integer, json_object, k_list, number, one_line
+from .checks import check_address, check_api_key, check_out, check_pass_k, check_sampling
 from .interrupt import Signals
 from .progress import ProgressDisplay, Watched
 from .runs import RUNS_ROOT, continue_command, latest_run, served_model
 from .summary import format_summary, summarize
 from .taskset import import_taskset, taskset_harness, taskset_tasks
 from .warmup import warm_up
+
+DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,6 +58,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     run.add_argument("--resume", action="store_true", help="continue the run in --out (default: the latest run of "
                      "this taskset under runs/), skipping what is stored (rollouts that failed for infrastructure "
                      "or provider reasons are redone)")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace the run stored in --out (only a run directory: one with a manifest.json)")
     run.add_argument("--keep-failed", action="store_true",
                      help="with --resume: keep rollouts that failed for infrastructure or provider reasons")
     run.add_argument("--samples", metavar="N", type=integer(1), help="samples per task (n)")
@@ -60,7 +73,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--model-url", metavar="URL", help="OpenAI-compatible base URL (default: the built-in simulated model)")
     model.add_argument("--model", metavar="NAME", default=None, help="model name sent upstream (default with --model-url: the "
                        "server's only model, from its /v1/models)")
-    model.add_argument("--api-key-env", metavar="VAR", default="OPENAI_API_KEY", help="variable holding the provider's key")
+    model.add_argument("--api-key-env", metavar="VAR", help="variable holding the provider's key (default: "
+                       f"{DEFAULT_API_KEY_ENV}, if set; a variable named here must be set)")
     model.add_argument("--temperature", metavar="T", type=number(minimum=0), help="sampling temperature")
     model.add_argument("--top-p", metavar="P", type=number(above=0, maximum=1), help="nucleus sampling probability")
     model.add_argument("--max-tokens", metavar="N", type=integer(1), help="completion tokens per model call")
@@ -85,7 +99,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                        help="runtime of each rollout: sandbox (bubblewrap: unprivileged, only the system "
                             "and the framework routes; the default where the machine runs one), local "
                             "(a private dir on the host, no isolation), auto (sandbox, else local)")
-    where.add_argument("--actors", metavar="N", type=integer(1), default=2, help="rollout actors (ray executor)")
+    where.add_argument("--actors", metavar="N", type=integer(1), default=None,
+                       help="rollout actors (ray executor; default: one per CPU of the cluster, at most 32; "
+                            "for the private local Ray, of this machine)")
     where.add_argument("--capacity", metavar="K", type=integer(1), default=None,
                        help="rollouts per actor at once (ray executor; default: no cap, --max-in-flight bounds the run)")
     p.set_defaults(run=_eval)
@@ -162,9 +178,10 @@ def _config(module: ModuleType, args: argparse.Namespace) -> EvalConfig:
         raise UsageError(f"invalid settings (with the taskset's config): {e}") from None
 
 
-def make_executor(kind: str, module: ModuleType, *, actors: int = 2, capacity: int | None = None,
+def make_executor(kind: str, module: ModuleType, *, actors: int | None = None, capacity: int | None = None,
                   address: str | None = None, runtime: str = "auto") -> Executor:
-    """``"local"``: this process, no Ray; ``"ray"``: rollout actors (starts or joins Ray).
+    """``"local"``: this process, no Ray; ``"ray"``: rollout actors (starts or joins Ray;
+    ``actors=None``: one per CPU of the cluster).
 
     ``runtime`` is the kind of the runtimes rollouts own (``"auto"``, ``"local"`` or
     ``"sandbox"``); when ``auto`` cannot have the sandbox, one line on stderr says why.
@@ -203,7 +220,8 @@ async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None
 
 async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harness, model: Model,
                 executor: Executor, config: EvalConfig, out: str, *, resume: bool, where: str,
-                manifest_config: dict[str, Any], keep_failed: bool = False, announce: bool = True) -> RunResult:
+                manifest_config: dict[str, Any], keep_failed: bool = False, announce: bool = True,
+                overwrite: bool = False) -> RunResult:
     """One eval run into ``out``, with eval's header (unless ``announce`` is off: the caller
     printed it) and progress on stderr."""
     if announce:
@@ -211,7 +229,7 @@ async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harn
     watched = Watched(executor)
     display = ProgressDisplay(sys.stderr, watched)
     driver = Driver(tasks, harness, model, executor=watched, config=config, run_dir=out,
-                    resume=resume, keep_failed=keep_failed, judge=getattr(module, "judge", None),
+                    resume=resume, overwrite=overwrite, keep_failed=keep_failed, judge=getattr(module, "judge", None),
                     on_progress=display.update, manifest_config=manifest_config)
     try:
         return await driver.arun()
@@ -244,11 +262,10 @@ def _plan(args: argparse.Namespace) -> _Plan:
         harness = taskset_harness(module, args.taskset)
     except TasksetError as e:
         raise UsageError(str(e)) from None
+    check_sampling(args.sampling)
     config = _config(module, args)
-    model_name = args.model
-    if args.model_url and not args.model and config.model_name is None:
-        model_name = served_model(args.model_url, os.environ.get(args.api_key_env))
-        config = config.model_copy(update={"model_name": model_name})
+    check_pass_k(config, given=args.pass_k is not None)
+    check_api_key(args.api_key_env, model_url=args.model_url)
     if args.out:
         out = args.out
     elif args.resume:
@@ -256,7 +273,17 @@ def _plan(args: argparse.Namespace) -> _Plan:
         print(f"resuming {out}", file=sys.stderr)
     else:
         out = os.path.join(RUNS_ROOT, time.strftime("%Y%m%d-%H%M%S"))
+    check_out(out, resume=args.resume, overwrite=args.overwrite)
+    model_name = args.model
+    if args.model_url and not args.model and config.model_name is None:
+        model_name = served_model(args.model_url, os.environ.get(_api_key_env(args)))
+        config = config.model_copy(update={"model_name": model_name})
+    check_address(args.executor, args.address)
     return _Plan(module, tasks, harness, config, out, model_name)
+
+
+def _api_key_env(args: argparse.Namespace) -> str:
+    return args.api_key_env or DEFAULT_API_KEY_ENV
 
 
 async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals) -> tuple[RunResult, float | None, float | None]:
@@ -264,7 +291,7 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals) -> tuple
     async with AsyncExitStack() as stack:
         simulated = None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
         model, where, record = await open_model(stack, url=args.model_url, name=plan.model_name,
-                                                api_key_env=args.api_key_env, simulated=simulated)
+                                                api_key_env=_api_key_env(args), simulated=simulated)
         label = f"eval {args.taskset}"
         print(header(label, plan.tasks, plan.config, where, plan.out), file=sys.stderr)  # before Ray's wait
         started = time.monotonic()
@@ -279,7 +306,8 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals) -> tuple
             print(f"warmup {warmup:.1f}s: Ray, {what}", file=sys.stderr)
         driving, since = time.monotonic(), time.time()
         result = await drive(label, plan.module, plan.tasks, plan.harness, model, executor,
-                           plan.config, plan.out, resume=args.resume, where=where, keep_failed=args.keep_failed,
+                           plan.config, plan.out, resume=args.resume, overwrite=args.overwrite, where=where,
+                           keep_failed=args.keep_failed,
                            manifest_config={"taskset": args.taskset, "model": record}, announce=False)
         return result, warmup, _rate(result, since, time.monotonic() - driving)
 
@@ -299,7 +327,8 @@ async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: Signals) -
     print(format_summary(summary))
     print(f"run dir: {plan.out}")
     if result.status != "completed":
-        print(f"rollout-ray eval: run halted: {result.reason}", file=sys.stderr)
+        print(f"rollout-ray eval: run halted: {result.reason}; continue with: "
+              f"{continue_command(args.argv, plan.out)}", file=sys.stderr)
         return HALTED
     if summary["rollouts"] and not summary["ok"]:
         print(f"rollout-ray eval: every rollout failed ({summary['failed']} of {summary['rollouts']}); "
@@ -335,11 +364,16 @@ def _interrupted(args: argparse.Namespace, plan: _Plan, signum: int) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    plan = _plan(args)
+    try:
+        plan = _plan(args)
+    except RayUnreachable as e:
+        print(f"rollout-ray eval: {e}; check {'--address' if args.address else 'RAY_ADDRESS'}", file=sys.stderr)
+        return 2
     signals = Signals()
     try:
         return asyncio.run(_eval_async(args, plan, signals))
-    except (RunInUse, ResumeMismatch, CorruptManifest, CorruptShard, ForeignShard, FileExistsError) as e:
+    except (RunInUse, ResumeMismatch, CorruptManifest, CorruptShard, ForeignShard, FileExistsError,
+            RayUnreachable) as e:
         print(f"rollout-ray eval: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before the event loop took the signal over

@@ -42,14 +42,14 @@ def latest_run(taskset: str, root: str = RUNS_ROOT) -> str:
 
 
 def continue_command(argv: list[str], out: str) -> str:
-    """The eval command line that resumes ``argv``'s run in ``out``."""
+    """The command line (eval's or sweep's) that resumes ``argv``'s run in ``out``."""
     kept, skip = [], False
     for arg in argv:
         if skip:
             skip = False
         elif arg == "--out":
             skip = True
-        elif not (arg == "--resume" or arg.startswith("--out=")):
+        elif not (arg in ("--resume", "--overwrite") or arg.startswith("--out=")):
             kept.append(arg)
     return shlex.join(["rollout-ray", *kept, "--resume", "--out", out])
 

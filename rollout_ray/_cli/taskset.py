@@ -6,35 +6,85 @@ import importlib
 import importlib.util
 import itertools
 import os
+import site
 import sys
+import traceback
 from types import ModuleType
+
+from pydantic import ValidationError
 
 from .._core.harness import Harness
 from .._core.task import Task
 from .._errors import TasksetError
+from .arguments import one_line
 
 
 def import_taskset(ref: str) -> ModuleType:
     """Import a taskset from a file path or a module name.
 
     Raises:
-        TasksetError: no such file, or ``tasks`` / ``harness`` is not a function of it.
+        TasksetError: no such file, importing it raised (the message names the user's line),
+            or ``tasks`` / ``harness`` is not a function of it.
     """
-    if ref.endswith(".py") or os.path.sep in ref:
-        if not os.path.exists(ref):
-            raise TasksetError(f"no such file: {ref}")
-        name = "taskset_" + os.path.splitext(os.path.basename(ref))[0]
-        spec = importlib.util.spec_from_file_location(name, ref)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(ref)
+    if (ref.endswith(".py") or os.path.sep in ref) and not os.path.exists(ref):
+        raise TasksetError(f"no such file: {ref}")
+    try:
+        module = _import(ref)
+    except Exception as e:  # noqa: BLE001 - the user's code: its failure is one line, not a traceback
+        raise TasksetError(f"importing {ref} raised {import_failure(e)}") from None
     for needed in ("tasks", "harness"):
         if not callable(getattr(module, needed, None)):
             raise TasksetError(f"{ref} must define {needed}() (see `rollout-ray eval --help`)")
     return module
+
+
+def _import(ref: str) -> ModuleType:
+    if not (ref.endswith(".py") or os.path.sep in ref):
+        return importlib.import_module(ref)
+    name = "taskset_" + os.path.splitext(os.path.basename(ref))[0]
+    spec = importlib.util.spec_from_file_location(name, ref)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def import_failure(error: BaseException) -> str:
+    """``error`` as one line that points at the user's code: ``NameError: name 'x' is not
+    defined (at tasks.py:3: y = x)``. The line is a syntax error's own, or the last of the
+    traceback that is neither importlib's, this package's nor the standard library's or an
+    installed package's."""
+    where: tuple[str, int | None, str] | None = None
+    if isinstance(error, SyntaxError) and error.filename:
+        where = (error.filename, error.lineno, error.text or "")
+        message = error.msg
+    else:
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if _users(f.filename)]
+        if frames:
+            where = (frames[-1].filename, frames[-1].lineno, frames[-1].line or "")
+        message = str(error)
+    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    if where is None:
+        return text
+    filename, line, code = where
+    relative = os.path.relpath(filename)
+    return f"{text} (at {filename if relative.startswith('..') else relative}:{line}: {code.strip()})"
+
+
+def _users(filename: str) -> bool:
+    """Whether ``filename`` is the user's code: not frozen (importlib), not this package, not
+    the standard library or an installed package."""
+    if filename.startswith("<"):
+        return False
+    path = os.path.realpath(filename)
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *site.getsitepackages())}
+    return not any(path.startswith(root + os.sep) for root in (package, *installed))
 
 
 def load_taskset(ref: str) -> ModuleType:
@@ -54,6 +104,8 @@ def taskset_tasks(module: ModuleType, ref: str, limit: int | None = None) -> lis
     try:
         produced = module.tasks()
         tasks = list(produced if limit is None else itertools.islice(produced, limit))
+    except ValidationError as e:  # a task's data (e.g. an empty prompt), on one line
+        raise TasksetError(f"tasks() of {ref} raised ValidationError: {e.title}: {one_line(e)}") from None
     except Exception as e:  # noqa: BLE001 - the user's code: its failure is one line, not a traceback
         raise TasksetError(f"tasks() of {ref} raised {type(e).__name__}: {e}") from None
     if not tasks:

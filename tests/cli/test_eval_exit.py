@@ -90,6 +90,9 @@ def test_the_continue_command_keeps_the_flags_and_drops_the_old_out() -> None:
 
     argv = ["eval", "a b.py", "--out=old", "--samples", "2", "--resume", "--out", "older"]
     assert continue_command(argv, "new dir") == "rollout-ray eval 'a b.py' --samples 2 --resume --out 'new dir'"
+    # A run started with --overwrite continues with --resume only (the two exclude each other).
+    started = ["eval", "t.py", "--overwrite", "--out", "r"]
+    assert continue_command(started, "r") == "rollout-ray eval t.py --resume --out r"
 
 
 def test_every_rollout_failed_is_a_failure(tmp_path: pathlib.Path) -> None:
@@ -127,11 +130,17 @@ def refusing_model() -> Iterator[str]:
 
 
 def test_a_breaker_halt_has_its_own_code_and_its_reason_first(tmp_path: pathlib.Path, refusing_model: str) -> None:
-    result = _run("eval", ARITH, "--executor", "local", "--limit", "3", "--samples", "4", "--model-url",
-                  refusing_model, "--model", "m", "--out", str(tmp_path / "run"))
+    out = str(tmp_path / "run")
+    argv = ["eval", ARITH, "--executor", "local", "--limit", "3", "--samples", "4", "--model-url", refusing_model,
+            "--model", "m", "--out", out]
+    result = _run(*argv)
     assert result.returncode == 3, result.stderr[-2000:]
     first = result.stdout.splitlines()[0]
     assert first.startswith("halted: circuit breaker: 10 consecutive provider failures"), result.stdout
+    last = result.stderr.splitlines()[-1]  # as after Ctrl-C: the command that continues the run
+    halted, command = last.split("; continue with: ")
+    assert halted.startswith("rollout-ray eval: run halted: circuit breaker: 10 consecutive provider failures")
+    assert shlex.split(command) == ["rollout-ray", *argv[:-2], "--resume", "--out", out]
 
 
 def test_resume_without_out_takes_the_latest_run_of_the_taskset(tmp_path: pathlib.Path,
