@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from contextlib import AsyncExitStack
@@ -55,6 +56,8 @@ from .grid import (
     SweepConfigError,
     load_sweep,
 )
+from .interrupt import Signals
+from .runs import continue_command
 from .warmup import warm_up
 
 
@@ -82,10 +85,48 @@ def _sweep(args: argparse.Namespace) -> int:
     copy = os.path.join(out, "grid.toml")
     if not (os.path.exists(copy) and os.path.samefile(args.grid, copy)):  # resumed from its own copy
         shutil.copyfile(args.grid, copy)
-    table = asyncio.run(run_sweep(sweep, out, plan, base))
+    signals = Signals()
+    try:
+        table = asyncio.run(_run_until_signalled(sweep, out, plan, base, signals))
+    except KeyboardInterrupt:  # before the event loop took the signal over
+        return _interrupted(args, sweep, out, signal.SIGINT)
+    if table is None:
+        assert signals.received is not None
+        return _interrupted(args, sweep, out, signals.received)
     print(format_comparison(table))
     print(f"comparison: {out}/comparison.parquet, {out}/comparison.csv, plot: {out}/comparison.png")
     return 3 if "halted" in table["status"].to_pylist() else 0
+
+
+async def _run_until_signalled(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBase,
+                               signals: Signals) -> pa.Table | None:
+    """``run_sweep``, or ``None`` once SIGINT or SIGTERM stopped it (what is stored stays)."""
+    signals.install()  # also when SIGINT was ignored at start (a background job): kill -INT stops it
+    try:
+        return await run_sweep(sweep, out, plan, base, signals=signals)
+    except asyncio.CancelledError:
+        if signals.received is None:
+            raise
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        return None
+
+
+def _interrupted(args: argparse.Namespace, sweep: Sweep, out: str, signum: int) -> int:
+    try:
+        stored = sum(_complete(sweep, point, os.path.join(out, point.name)) for point in sweep.points)
+    except Exception:  # noqa: BLE001 - the count is a courtesy; the line must still be printed
+        stored = 0
+    print(f"\ninterrupted: {stored} of {len(sweep.points)} points stored; continue with: "
+          f"{continue_command(args.argv, out)}", file=sys.stderr)
+    return 128 + signum
+
+
+def _complete(sweep: Sweep, point: Point, run_dir: str) -> bool:
+    """Whether every rollout of ``point`` is stored in ``run_dir``."""
+    if not os.path.exists(os.path.join(run_dir, "manifest.json")):
+        return False
+    samples = point_config(sweep, point).samples_per_task
+    return {(group_id_of(t), s) for t in sweep.tasks for s in range(samples)} <= done_keys(run_dir)
 
 
 def point_config(sweep: Sweep, point: Point) -> EvalConfig:
@@ -125,16 +166,17 @@ def preflight(sweep: Sweep, out: str, *, resume: bool) -> dict[str, str]:
         if changed:
             problems.append((point.name, f"was run with other settings ({', '.join(changed)}); resume "
                                          "with the grid it was run with, or choose another --out"))
-        planned = {(group_id_of(t), s) for t in sweep.tasks for s in range(config.samples_per_task)}
-        plan[point.name] = "skip" if planned <= done_keys(run_dir) else "resume"
+        plan[point.name] = "skip" if _complete(sweep, point, run_dir) else "resume"
     if problems:
         raise SweepConfigError(out, problems)
     os.makedirs(out, exist_ok=True)
     return plan
 
 
-async def run_sweep(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBase) -> pa.Table:
-    """Run (or skip, or resume) every point on one executor; write and return the comparison."""
+async def run_sweep(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBase, *,
+                    signals: Signals | None = None) -> pa.Table:
+    """Run (or skip, or resume) every point on one executor; write and return the comparison.
+    ``signals`` are installed again once Ray started (``ray.init`` sets its own handlers)."""
     rows = []
     async with AsyncExitStack() as stack:
         executor: Executor | None = None
@@ -152,6 +194,8 @@ async def run_sweep(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBas
                     executor = await stack.enter_async_context(make_executor(
                         base.executor, sweep.module, actors=base.actors, capacity=base.capacity,
                         address=base.address))
+                    if signals is not None:
+                        signals.install()
                     # Before the first point: its setup spans are not charged with the cold start.
                     what = await warm_up(executor)
                     if what is not None:
