@@ -75,7 +75,8 @@ def rollout_run(task: Task, harness: Any, model: ScriptedModel, **kwargs: Any) -
         async with HTTPInterception() as proxy, ToolServer() as tools:
             kwargs.setdefault("tool_server", tools.serve)
             kwargs.setdefault("runtime_factory", LocalRuntime)
-            return await Rollout(task, harness, model=model, interception=proxy, **kwargs).run()
+            interception = None if harness.in_process else proxy  # an in-process harness takes none
+            return await Rollout(task, harness, model=model, interception=interception, **kwargs).run()
 
     return run(main)
 
@@ -86,7 +87,8 @@ def interaction(harness: Any, model: ScriptedModel, turns: list[str]) -> tuple[l
     async def main() -> tuple[list[bool], Trace]:
         async with HTTPInterception() as proxy:
             rollout = Rollout(Chat({"system_prompt": "Be brief."}), harness, model=model,
-                              interception=proxy, has_user=True, runtime_factory=LocalRuntime)
+                              interception=None if harness.in_process else proxy, has_user=True,
+                              runtime_factory=LocalRuntime)
             assert await rollout.open()
             progressed = [await rollout.step([UserMessage(text)]) for text in turns]
             return progressed, await rollout.close()
@@ -124,7 +126,8 @@ def test_chat_harness_rollout_with_a_tool(transport: Any) -> None:
     async def main() -> Trace:
         async with HTTPInterception() as proxy, ToolServer() as tools:
             rollout = Rollout(Arith({"prompt": "1+2?", "system_prompt": "Add."}), ChatHarness(transport=transport),
-                              model=model, interception=proxy, tool_server=tools.serve,
+                              model=model, interception=None if transport == "inprocess" else proxy,
+                              tool_server=tools.serve,
                               runtime_factory=LocalRuntime)
             trace = await rollout.run()
             assert tools._registrations == {}  # unregistered when the rollout closed (or never made)
