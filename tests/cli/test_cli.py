@@ -73,14 +73,6 @@ def test_eval_explains_a_bad_taskset() -> None:
     assert result.returncode != 0 and "must define tasks()" in result.stderr
 
 
-@pytest.mark.slow
-def test_main_job_runs_on_local_ray(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The README's first command (limited to a few tasks): local Ray, the simulated model."""
-    result = _rollout_ray("eval", "examples/arith.py", "--limit", "4", "--out", str(tmp_path / "run"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "rollouts 16  ok 16  failed 0  groups 4" in result.stdout
-
-
 @pytest.mark.parametrize("example", ["calc_tool", "program"])
 def test_example_tasksets_run(example: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     result = _rollout_ray("eval", f"examples/{example}.py", "--executor", "local", "--limit", "2",
