@@ -50,6 +50,7 @@ def _rollout_ray(*args: str, timeout: float = 300) -> subprocess.CompletedProces
                           text=True, timeout=timeout)
 
 
+@pytest.mark.timeout(300)  # three CLI processes: 39 s with the machine's two cores busy twice over
 def test_eval_then_report_on_a_run_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
     run_dir = str(tmp_path / "run")
     result = _rollout_ray("eval", "examples/arith.py", "--executor", "local", "--limit", "5",

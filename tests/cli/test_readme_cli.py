@@ -80,6 +80,7 @@ def _bash(script: str, cwd: pathlib.Path, env: dict[str, str]) -> subprocess.Com
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # 27-35 s under load; its commands are bounded at 300 s each
 def test_the_quickstart_runs_from_a_bare_shell(tmp_path: pathlib.Path) -> None:
     """The README's first command, as written after its install steps (see ``_bare_shell``):
     activate, then the main job on a private local Ray against the simulated model."""
@@ -99,6 +100,7 @@ def _pass_at(summary: str) -> dict[int, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # 27-35 s under load; its commands are bounded at 300 s each
 def test_the_command_line_showcase_runs_from_a_bare_shell(tmp_path: pathlib.Path) -> None:
     """The three commands under "The command line" and the dataframe lines, in a new shell
     after ``source .venv/bin/activate``. ``eval`` gets ``--executor local`` (the Ray path is
