@@ -28,6 +28,7 @@ def test_tour_snippet_runs_and_prints_what_it_claims(capsys) -> None:  # type: i
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # 39 s with the machine's two cores busy twice over
 def test_on_ray_snippet_runs_in_a_fresh_process() -> None:
     """Starts its own Ray (about 10 s): the snippet is what a newcomer copies."""
 

@@ -1,6 +1,6 @@
 """Group finalize: advantages, best-of-n and pass@k across the n samples of one task.
 
-This goes beyond upstream semantics (spec §4, Q33). Upstream, the n rollouts of a task are
+This goes beyond upstream semantics (docs/lifecycle.md §4, Q33). Upstream, the n rollouts of a task are
 independent episodes that never meet, and the only cross-trace step is ``Env.finalize`` over
 the traces of one episode. Comparing samples across rollouts by ``group_id`` is our own
 addition, so it lives in this explicitly named stage and does not hide inside per-rollout

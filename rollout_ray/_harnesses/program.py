@@ -14,7 +14,10 @@ The segment ends when the program exits; the session checks its exit code (B26).
 
 A program that must be *in* the runtime (a ``SandboxRuntime`` sees nothing of the host's
 checkout) is shipped with ``files``: ``setup`` writes them into the work directory, e.g.
-``ProgramHarness(["python3", "agent.py"], files={"agent.py": source})``.
+``ProgramHarness(["python3", "agent.py"], files={"agent.py": source})``. Its imports come
+from the Python environment running rollout-ray: a sandbox shows that environment's
+packages read-only, with ``python3`` and ``sys.executable`` running it, so ``pip install
+openai`` there is what an agent importing ``openai`` needs.
 """
 
 from __future__ import annotations

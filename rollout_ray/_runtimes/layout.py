@@ -16,10 +16,16 @@ Every ``SandboxRuntime`` exec gets a new, empty root (read-only once built) hold
   (read-write; ``/var/tmp`` links to it), both kept across execs;
 * the interpreter that runs ``forwarder.py``: the base installation of the running Python
   (``sys.base_prefix``) read-only at its host path when it is not under ``/usr`` — only that
-  subtree, e.g. ``/root/.pyenv/versions/3.11.7``, never its home — and, when the running
-  Python is a virtual environment (``sys.executable`` a link into the checkout), a link at
-  ``sys.executable`` to the base interpreter, so ``[sys.executable, ...]`` commands still run
-  (without the environment's packages: programs bring their own, or use ``python3``).
+  subtree, e.g. ``/root/.pyenv/versions/3.11.7``, never its home — and a link at
+  ``sys.executable`` to it, so ``[sys.executable, ...]`` commands run;
+* when the running Python is a virtual environment (``sys.prefix``, e.g. the checkout's
+  ``.venv``), that environment as a program needs it and nothing else of it: its
+  ``pyvenv.cfg`` and site-packages read-only at their host paths, and ``python``,
+  ``python3``, ``python3.X`` in its ``bin`` (first on ``PATH``) linking to the interpreter.
+  So a program run with ``python3`` or ``sys.executable`` imports what the environment has
+  installed, as it would on the host with the environment activated; the environment's other
+  files (scripts, ``pip.conf``, anything put next to it) and the checkout around it are not
+  there. A package installed in editable mode points into the checkout and does not import.
 
 Nothing of ``/root``, ``/home``, the checkout, the host's ``/tmp``, ``/run`` or ``/var``: their
 files, credentials and unix sockets do not exist inside. Programs run as ``SANDBOX_UID``
@@ -44,13 +50,15 @@ import os
 import shutil
 import stat
 import sys
+import sysconfig
 import tempfile
 
 SANDBOX_UID = 1000
 SANDBOX_USER = "sandbox"
 HOSTNAME = "rollout-ray"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-"""The ``PATH`` of every sandboxed program (the host's names host directories)."""
+"""The system part of every sandboxed program's ``PATH`` (the host's names host directories);
+``program_path`` puts a virtual environment's ``bin`` before it."""
 RUN_DIR = "/run/rollout-ray"
 """Where the runtime's ``net`` directory is mounted inside: route sockets, ``forwarder.py``,
 ``passwd``, ``group``, ``hosts``."""
@@ -89,10 +97,23 @@ def _expose(path: str) -> list[str]:
     return []
 
 
+REPLACED = ("/etc", "/proc")
+"""Host directories a sandbox replaces with its own: a runtime's directory cannot live there."""
+
+
+def replaced_parent(root: str) -> str | None:
+    """The directory of ``REPLACED`` that holds ``root`` (resolved), or ``None``."""
+    real = os.path.realpath(root)
+    return next((d for d in REPLACED if _within(real, (d,))), None)
+
+
+def _within(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
 def _visible(path: str) -> bool:
     """Whether ``path`` (resolved) is inside the system directories a sandbox sees."""
-    real = os.path.realpath(path)
-    return any(real == d or real.startswith(d + "/") for d in map(os.path.realpath, SYSTEM))
+    return _within(os.path.realpath(path), tuple(map(os.path.realpath, SYSTEM)))
 
 
 def interpreter() -> str:
@@ -100,25 +121,59 @@ def interpreter() -> str:
     return os.path.realpath(sys.executable)
 
 
+def _base_prefix() -> str:
+    return os.path.realpath(sys.base_prefix)
+
+
 def _python_args() -> list[str]:
-    exe = interpreter()
-    roots = {os.path.realpath(sys.base_prefix)}
-    if not any(exe.startswith(r + "/") for r in roots):
+    exe, roots = interpreter(), {_base_prefix()}
+    # An interpreter outside its base installation brings its own tree, unless it was copied
+    # into a virtual environment (then only the file is bound, by _environment_args).
+    if not _within(exe, (*roots, os.path.abspath(sys.prefix))):
         roots.add(os.path.dirname(os.path.dirname(exe)))
     return [a for r in sorted(roots) if not _visible(r) for a in ("--ro-bind", r, r)]
 
 
+def _venv() -> str | None:
+    """The virtual environment running this process, unless a sandbox sees it anyway."""
+    if sys.prefix == sys.base_prefix:
+        return None
+    venv = os.path.abspath(sys.prefix)
+    return None if _visible(venv) or _within(os.path.realpath(venv), (_base_prefix(),)) else venv
+
+
+def _site_packages(venv: str) -> list[str]:
+    paths = sysconfig.get_paths()
+    found = {os.path.abspath(paths[k]) for k in ("purelib", "platlib")}
+    return sorted(p for p in found if _within(p, (venv,)) and os.path.isdir(p))
+
+
+def program_path() -> str:
+    """The ``PATH`` of sandboxed programs: the virtual environment's ``bin`` first, if any."""
+    venv = _venv()
+    return PATH if venv is None else f"{os.path.join(venv, 'bin')}:{PATH}"
+
+
 @functools.cache
-def _python_link_args() -> tuple[str, ...]:
-    """The link at ``sys.executable`` to the base interpreter (a virtual environment's). Made
+def _environment_args() -> tuple[str, ...]:
+    """The running Python's links and its virtual environment (see the module docstring). Made
     after ``/tmp`` is mounted: a checkout under the host's ``/tmp`` (a CI clone) would
-    otherwise have its link hidden under the runtime's ``/tmp``; then the link lives in the
+    otherwise be hidden under the runtime's ``/tmp``; then these mount points live in the
     runtime's own ``/tmp``, like anything else a program might write there."""
-    exe, link = interpreter(), os.path.abspath(sys.executable or "")
-    # Where the link itself is (not what it resolves to): under a system dir it already exists.
-    if sys.executable and link != exe and not any(link.startswith(d + "/") for d in SYSTEM):
-        return ("--symlink", exe, link)
-    return ()
+    exe, venv = interpreter(), _venv()
+    names = {os.path.abspath(sys.executable)} if sys.executable else set()
+    args: list[str] = []
+    if venv is not None:
+        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        names |= {os.path.join(venv, "bin", n) for n in ("python", "python3", version)}
+        if _within(exe, (venv,)):  # an interpreter copied into the environment (--copies)
+            args += ["--ro-bind", exe, exe]
+        for path in [os.path.join(venv, "pyvenv.cfg"), *_site_packages(venv)]:
+            args += ["--ro-bind", path, path]
+    # Where a link itself is (not what it resolves to): under a system dir it already exists.
+    for name in sorted(n for n in names if n != exe and not _within(n, SYSTEM + (_base_prefix(),))):
+        args += ["--symlink", exe, name]
+    return tuple(args)
 
 
 @functools.cache
@@ -143,10 +198,12 @@ def prepare() -> None:
 
 def runtime_args(base: str, workdir: str) -> list[str]:
     """The runtime's part: ``/tmp``, work directory, ``RUN_DIR``; then the root is made
-    read-only."""
-    return ["--bind", os.path.join(base, "tmp"), "/tmp", "--symlink", "/tmp", "/var/tmp",
+    read-only. ``/var/tmp`` is a relative link (``../tmp``): bwrap builds the root under a
+    prefix, where an absolute ``/tmp`` would point out of it and a work directory under
+    ``/var/tmp`` could not be made."""
+    return ["--bind", os.path.join(base, "tmp"), "/tmp", "--symlink", "../tmp", "/var/tmp",
             "--bind", workdir, workdir, "--ro-bind", os.path.join(base, "net"), RUN_DIR,
-            *_python_link_args(), "--chdir", workdir, "--remount-ro", "/"]
+            *_environment_args(), "--chdir", workdir, "--remount-ro", "/"]
 
 
 def write_run_files(directory: str, home: str) -> None:

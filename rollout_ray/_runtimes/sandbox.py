@@ -5,14 +5,18 @@ package, else ``bwrap`` on PATH) with new user, mount, PID, network, IPC, UTS an
 namespaces, as an unprivileged uid with no capabilities:
 
 * filesystem: only what programs need (``layout.py``): the system read-only, a minimal
-  ``/etc``, the work directory (same path inside and out) and a private ``/tmp`` writable
-  and kept across execs; nothing of ``/root``, ``/home``, the checkout, the host's ``/tmp``,
-  ``/run`` or ``/var`` — their files, secrets and unix sockets are not there;
+  ``/etc``, the packages of the Python environment running rollout-ray read-only (so
+  ``python3`` and ``sys.executable`` import what it has installed), the work directory
+  (same path inside and out) and a private ``/tmp`` writable and kept across execs; nothing
+  of ``/root``, ``/home``, the checkout, the host's ``/tmp``, ``/run`` or ``/var`` — their
+  files, secrets and unix sockets are not there. Any ``root`` works but ``/etc`` and
+  ``/proc`` (the sandbox's own);
 * disk: the work directory and ``/tmp`` live on the runtime's own tmpfs of ``disk_limit``
   bytes (``disk.py``); an exec that fills it, or a ``write`` that does not fit, raises
   ``SandboxError`` and the host's filesystem never fills;
 * environment: the allow-list of ``LocalRuntime`` (``HOST_ENV`` and ``pass_env``), with a
-  fixed standard ``PATH``, ``HOME`` the work directory and ``TMPDIR=/tmp``;
+  standard ``PATH`` (a virtual environment's ``bin`` first), ``HOME`` the work directory and
+  ``TMPDIR=/tmp``;
 * files: ``read`` / ``write`` reach only the work directory and ``/tmp``, without following
   any link a program planted (``files.py``);
 * PID: the program sees only its own sandbox; when the program exits, or its exec times out
@@ -50,12 +54,13 @@ from .files import components
 from .guardian import unmount
 from .layout import (
     FORWARDER_INSIDE,
-    PATH,
     RUN_DIR,
     SUBDIRS,
     interpreter,
     namespace_args,
     prepare,
+    program_path,
+    replaced_parent,
     runtime_args,
     system_args,
     write_run_files,
@@ -115,7 +120,8 @@ class SandboxRuntime(LocalRuntime):
         cgroup_parents: as for ``LocalRuntime`` (a ``RuntimeHost``'s parent cgroups).
 
     Raises:
-        ValueError: a limit is below 1.
+        ValueError: a limit is below 1, or ``root`` is under ``/etc`` or ``/proc`` (the
+            sandbox's own there; any other directory works).
     """
 
     type = "sandbox"
@@ -131,6 +137,9 @@ class SandboxRuntime(LocalRuntime):
         disk_limit: int | None = 1 << 30, cgroup_parents: Mapping[str, Parent] | None = None,
     ) -> None:
         super().__init__(name, root=root, env=env, pass_env=pass_env, cgroup_parents=cgroup_parents)
+        if root is not None and (parent := replaced_parent(root)) is not None:
+            raise ValueError(f"`root` {root!r} is under {parent}, which a sandbox replaces with its own; "
+                             f"pass a directory elsewhere (e.g. /var/tmp, /tmp or a home directory)")
         limits = {"pids": pids_limit, "memory": memory_limit, "disk": disk_limit}
         for field, value in limits.items():
             if value is not None and value < 1:
@@ -194,7 +203,7 @@ class SandboxRuntime(LocalRuntime):
 
     def _host_env(self) -> dict[str, str]:
         env = super()._host_env()
-        env.update(PATH=PATH, HOME=self._workdir or "", TMPDIR="/tmp")
+        env.update(PATH=program_path(), HOME=self._workdir or "", TMPDIR="/tmp")
         for name in self._pass_env:  # named explicitly: passed as is
             if name in os.environ:
                 env[name] = os.environ[name]

@@ -9,8 +9,10 @@ Draws (blake2b throughout; ``key`` and ``digest`` come from the server, ``server
   attempt's ``digest`` (so a retry samples afresh); choice ``i`` draws its error and seeds
   its log-probabilities from ``blake2b(key, source, i)``.
 
-An arithmetic answer is wrong with probability ``1 - (1 - error_rate) * exp(-temperature_error
-* T)``: ``error_rate`` at T = 0, growing towards 1 with T.
+An integer answer (the model's own arithmetic, or a tool's result it reports) is wrong with
+probability ``1 - (1 - error_rate) * exp(-temperature_error * T)``: ``error_rate`` at T = 0
+(0 by default), growing towards 1 with T. So a tool-calling rollout, too, fails more often
+the hotter it samples (a pass@k curve), and is always right at T = 0 by default.
 
 Without token capture a choice costs what the policy's estimate says (``policy.py``). With
 it, its ids are ``encode(body) + [<|im_end|>]`` (the body as the chat template renders an
@@ -63,7 +65,7 @@ def _unit(data: bytes) -> float:
 
 
 def error_probability(config: SimulatedModelConfig, temperature: float) -> float:
-    """The chance of a wrong arithmetic answer at ``temperature``."""
+    """The chance of a wrong integer answer at ``temperature``."""
     return 1 - (1 - config.error_rate) * math.exp(-config.temperature_error * temperature)
 
 

@@ -18,7 +18,8 @@ class SimulatedModelConfig(BaseModel):
     per_token: float = Field(0.0, ge=0)
     """Seconds per completion token."""
     error_rate: float = Field(0.0, ge=0, le=1)
-    """Probability that an arithmetic answer is wrong (one too high)."""
+    """Probability that an integer answer (computed, or a tool's result reported) is wrong
+    (one too high) at temperature 0."""
     rate_429: float = Field(0.0, ge=0, le=1)
     """Probability of a 429 rate-limit error."""
     rate_5xx: float = Field(0.0, ge=0, le=1)
@@ -36,7 +37,7 @@ class SimulatedModelConfig(BaseModel):
     max_completion_tokens: int = Field(256, ge=1)
     """Cap on completion tokens; a capped text answer finishes with ``"length"``."""
     temperature_error: float = Field(0.5, ge=0)
-    """How fast wrong answers grow with the request's temperature T: an arithmetic answer is
+    """How fast wrong answers grow with the request's temperature T: an integer answer is
     wrong with probability ``1 - (1 - error_rate) * exp(-temperature_error * T)``."""
     dialect: Literal["vllm", "sglang"] = "vllm"
     """Token-capture response shapes for requests whose fields do not decide (see

@@ -3,8 +3,8 @@
 A request asks for token details with a dialect's request extensions (below); without any,
 the server answers in its plain OpenAI shape (``server.py``) and none of this applies.
 
-vLLM (shapes recorded from a live vLLM 0.32.0: ``../shared/recipes/vllm-cpu/README.md`` §4,
-§6 pitfall 5):
+vLLM (shapes recorded from a live vLLM 0.32.0 serving the tiny model of ``scripts/vllm_cpu/``;
+``tests/real_server`` checks the real server against them):
 
 - request: ``return_token_ids``, ``logprobs: true`` + ``top_logprobs: k`` (k > 0 needs
   ``logprobs``), ``return_tokens_as_token_ids`` (the server flag

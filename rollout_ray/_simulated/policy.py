@@ -2,7 +2,8 @@
 
 Pure functions, no I/O. The policy answers integer arithmetic (``+ - *``, unary minus,
 parentheses) found in the last user message, calls a calculator tool when one is offered,
-reports a tool's result once it is back, and otherwise says ``"I don't know."``. The token
+reports a tool's result once it is back, and otherwise says ``"I don't know."``. Its
+answers are wrong (one too high) with the probability ``completion.py`` draws against. The token
 counts here are the estimate used when no token capture is asked for (four characters a
 token); with token capture, ``completion.py`` counts the tokenizer's ids instead.
 """
@@ -25,6 +26,7 @@ MAX_EXPRESSION_CHARS = 200
 MAX_MAGNITUDE = 10**64
 
 _CANDIDATE = re.compile(r"[0-9 \t()+\-*]+")
+_INTEGER = re.compile(r"-?[0-9]{1,64}")
 _BINOPS: dict[type[ast.operator], Any] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -128,16 +130,21 @@ def respond(
 
     A tool message after the last user message is answered with its content, stripped. Else
     arithmetic in the last user message gets a tool call (``id`` ``call_<n>``, ``n`` = tool
-    calls so far) if a calculator tool is offered, or its value as text, plus one when
-    ``rng_value < error_rate`` (default ``config.error_rate``). Anything else gets
-    ``"I don't know."``.
+    calls so far) if a calculator tool is offered, or its value as text. An integer answer,
+    its own or a tool's, is one too high when ``rng_value < error_rate`` (default
+    ``config.error_rate``): the model misreads a result as it miscomputes one. Anything else
+    gets ``"I don't know."``.
     """
+    wrong = rng_value < (config.error_rate if error_rate is None else error_rate)
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
     if last_user is None:
         return {"role": "assistant", "content": UNKNOWN}
     results = [m for m in messages[last_user + 1 :] if m.get("role") == "tool"]
     if results:
-        return {"role": "assistant", "content": text_of(results[-1].get("content")).strip()}
+        result = text_of(results[-1].get("content")).strip()
+        if wrong and _INTEGER.fullmatch(result):
+            result = str(int(result) + 1)
+        return {"role": "assistant", "content": result}
     found = find_expression(text_of(messages[last_user].get("content")))
     if found is None:
         return {"role": "assistant", "content": UNKNOWN}
@@ -151,9 +158,7 @@ def respond(
             "function": {"name": fn["name"], "arguments": _arguments(fn, expression)},
         }
         return {"role": "assistant", "content": None, "tool_calls": [call]}
-    if rng_value < (config.error_rate if error_rate is None else error_rate):
-        value += 1
-    return {"role": "assistant", "content": str(value)}
+    return {"role": "assistant", "content": str(value + 1 if wrong else value)}
 
 
 def estimate_tokens(text: str) -> int:

@@ -1,7 +1,7 @@
 """The simulated model's chat template: messages and tools to prompt token ids.
 
 The text is ChatML with Hermes tool calls, as the vLLM CPU recipe's tiny model renders it
-(``CHAT_TEMPLATE`` in ``../shared/recipes/vllm-cpu/README.md`` §7)::
+(``CHAT_TEMPLATE`` in ``scripts/vllm_cpu/make_tiny_model.py``)::
 
     <|im_start|>system\\n{system}\\n\\n# Tools\\n...<tools>\\n{tool JSON}...\\n</tools>\\n...<|im_end|>\\n
     <|im_start|>user\\n{content}<|im_end|>\\n

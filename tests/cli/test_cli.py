@@ -50,6 +50,7 @@ def _rollout_ray(*args: str, timeout: float = 300) -> subprocess.CompletedProces
                           text=True, timeout=timeout)
 
 
+@pytest.mark.timeout(300)  # three CLI processes: 39 s with the machine's two cores busy twice over
 def test_eval_then_report_on_a_run_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
     run_dir = str(tmp_path / "run")
     result = _rollout_ray("eval", "examples/arith.py", "--executor", "local", "--limit", "5",
@@ -71,14 +72,6 @@ def test_eval_then_report_on_a_run_directory(tmp_path) -> None:  # type: ignore[
 def test_eval_explains_a_bad_taskset() -> None:
     result = _rollout_ray("eval", "examples/agent_program.py", "--executor", "local")
     assert result.returncode != 0 and "must define tasks()" in result.stderr
-
-
-@pytest.mark.slow
-def test_main_job_runs_on_local_ray(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The README's first command (limited to a few tasks): local Ray, the simulated model."""
-    result = _rollout_ray("eval", "examples/arith.py", "--limit", "4", "--out", str(tmp_path / "run"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "rollouts 16  ok 16  failed 0  groups 4" in result.stdout
 
 
 @pytest.mark.parametrize("example", ["calc_tool", "program"])

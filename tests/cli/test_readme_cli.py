@@ -1,14 +1,22 @@
-"""The README's command-line section stays true: its table names every eval flag, and its
-pandas / polars / duckdb lines run over a real run directory."""
+"""The README's command-line section stays true: its table names every eval flag, its
+pandas / polars / duckdb lines run over a real run directory, and its commands run from a
+shell with nothing set up but what the quickstart does."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
 
 import pytest
 
 from rollout_ray._cli import main as cli
+from rollout_ray._record.store import read_run
 
 ROOT = pathlib.Path(__file__).parents[2]
 README = (ROOT / "README.md").read_text()
@@ -39,3 +47,96 @@ def test_the_dataframe_lines_run_over_a_run_directory(tmp_path: pathlib.Path,
     assert polars_.columns == ["rollout_id", "advantage", "messages"] and len(polars_) > 0
     assert (polars_["advantage"] > 0).all()
     assert len(duckdb_) == 3 and all(len(row) == 3 for row in duckdb_)
+
+
+# -- the README's commands, from a shell with nothing set up ----------------------------------
+
+
+def _bare_shell(tmp_path: pathlib.Path) -> tuple[pathlib.Path, dict[str, str]]:
+    """A directory as a fresh clone has it after the install step, and the environment of a
+    new login with nothing activated: ``env -i`` plus a system ``PATH`` and an empty home.
+
+    The install steps themselves (``python3 -m venv .venv``, ``pip install -e .``) are not
+    rerun: they take minutes and would reinstall the package into the venv running this
+    suite. ``.venv`` is a link to that venv, which holds what they install; what runs for
+    real is everything after them, found by name once the venv is activated."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the suite does not run in a virtual environment: no .venv to activate")
+    clone = tmp_path / "clone"
+    shutil.copytree(ROOT / "examples", clone / "examples")
+    (clone / ".venv").symlink_to(sys.prefix)
+    (tmp_path / "home").mkdir()
+    return clone, {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home")}
+
+
+def _steps(line: str) -> list[str]:
+    return [step.strip() for step in line.split("#")[0].split("&&")]
+
+
+def _bash(script: str, cwd: pathlib.Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    bare = "if command -v rollout-ray; then echo 'not a bare shell' >&2; exit 99; fi\n"
+    return subprocess.run(["/bin/bash", "-c", bare + script], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # 27-35 s under load; its commands are bounded at 300 s each
+def test_the_quickstart_runs_from_a_bare_shell(tmp_path: pathlib.Path) -> None:
+    """The README's first command, as written after its install steps (see ``_bare_shell``):
+    activate, then the main job on a private local Ray against the simulated model."""
+    first = re.search(r"```bash\n(.*?)```", README, re.S).group(1).splitlines()[0]  # type: ignore[union-attr]
+    steps = _steps(first)
+    assert steps[:3] == ["python3 -m venv .venv", "source .venv/bin/activate", "pip install -e ."]
+    clone, env = _bare_shell(tmp_path)
+    result = _bash(" && ".join(steps[1:2] + steps[3:]), clone, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (clone / "runs").iterdir()
+    rows = read_run(str(run_dir), ["ok"]).column("ok").to_pylist()
+    assert len(rows) == 200 and all(rows)  # 50 tasks × 4 samples, every one stored ok
+
+
+def _pass_at(summary: str) -> dict[int, float]:
+    return {int(k): float(v) for k, v in re.findall(r"pass@(\d+) ([0-9.]+)", summary)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # 27-35 s under load; its commands are bounded at 300 s each
+def test_the_command_line_showcase_runs_from_a_bare_shell(tmp_path: pathlib.Path) -> None:
+    """The three commands under "The command line" and the dataframe lines, in a new shell
+    after ``source .venv/bin/activate``. ``eval`` gets ``--executor local`` (the Ray path is
+    the quickstart's, above: a second private Ray would cost its start again) and ``view``
+    ``--port 0``. At temperature 0.7 the simulated model misreads the calculator now and
+    then: pass@k rises with k, and the polars filter finds rollouts above their group's mean."""
+    section = README[README.index("## The command line"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
+    evaluate, report, view = (_steps(line)[0] for line in block.strip().splitlines())
+    assert (evaluate.split()[:3], report, view) == (["rollout-ray", "eval", "examples/calc_tool.py"],
+                                                     "rollout-ray report runs/calc", "rollout-ray view runs/")
+    clone, env = _bare_shell(tmp_path)
+    lines = re.search(r"```py\n(.*?)```", README, re.S).group(1).splitlines()  # type: ignore[union-attr]
+    (clone / "frames.py").write_text("\n".join(lines[:3] + [f"print(len({line.split('  #')[0]}))"
+                                                            for line in lines[3:6]]))
+    script = f"source .venv/bin/activate && {evaluate} --executor local && {report} && python frames.py"
+    result = _bash(script, clone, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (clone / "runs" / "calc" / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pass_at = _pass_at(result.stdout.split("rollouts 400")[-1])  # the report's summary
+    assert sorted(pass_at) == [1, 2, 4, 8] and pass_at[1] < 0.9 and pass_at[1] < pass_at[4] <= pass_at[8]
+    groups, above_mean, answers = map(int, result.stdout.strip().splitlines()[-3:])
+    assert groups == 50 and 0 < above_mean < 400 and 0 < answers <= 50  # two tasks may share an answer
+    proc = subprocess.Popen(["/bin/bash", "-c", f"source .venv/bin/activate && exec {view} --port 0"], cwd=clone,
+                            env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("viewing 1 run(s) at http://127.0.0.1:"), line + proc.stderr.read()  # type: ignore[union-attr]
+        with urllib.request.urlopen(line.split(" at ", 1)[1].split()[0] + "api/runs", timeout=30) as response:
+            assert json.load(response)["runs"][0]["rollouts"] == 400
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]

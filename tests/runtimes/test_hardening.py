@@ -132,12 +132,18 @@ print(json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "root": sorted(os.li
 """
 
 
+VENV = sys.prefix if sys.prefix != sys.base_prefix else None
+"""The virtual environment running the tests: a sandbox sees its site-packages, nothing else."""
+
+
 @contextlib.contextmanager
 def host_secrets() -> Iterator[tuple[list[str], list[str]]]:
     """Secret files (0600) and listening unix sockets in the host's /tmp, /var/tmp, /run and
-    /root (where writable); removed afterwards."""
+    /root, and in the virtual environment's root, ``bin`` and ``lib`` (where writable);
+    removed afterwards."""
     tag = uuid.uuid4().hex[:8]
-    dirs = [d for d in ("/tmp", "/var/tmp", "/run", "/root") if os.access(d, os.W_OK)]
+    venv_dirs = [os.path.join(VENV, d) for d in ("", "bin", "lib")] if VENV else []
+    dirs = [d for d in ("/tmp", "/var/tmp", "/run", "/root", *venv_dirs) if os.access(d, os.W_OK)]
     files, sockets, listeners = [], [], []
     try:
         for d in dirs:
@@ -146,6 +152,8 @@ def host_secrets() -> Iterator[tuple[list[str], list[str]]]:
             os.write(fd, b"host secret")
             os.close(fd)
             files.append(path)
+            if len(os.path.join(d, f".rr-sock-{tag}")) > 100:  # beyond a unix socket's path
+                continue
             listener = socket.socket(socket.AF_UNIX)
             listener.bind(os.path.join(d, f".rr-sock-{tag}"))
             listener.listen()
@@ -166,6 +174,8 @@ def test_sandbox_hides_host_files_secrets_and_sockets(tmp_path: Path) -> None:
     system = ["/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/machine-id", "/etc/ssl/private",
               "/root/.ray", "/root/.ssh", "/root/.bashrc", "/home", str(CHECKOUT / "README.md"),
               str(tmp_path / "host-file")]
+    if VENV:  # its scripts and pip's configuration are not what a program needs to import
+        system += [os.path.join(VENV, "bin", "activate"), os.path.join(VENV, "bin", "pip")]
 
     async def main(files: list[str], sockets: list[str]) -> dict[str, Any]:
         async with running(SandboxRuntime(root=str(tmp_path / "rt"))) as rt:
@@ -182,9 +192,10 @@ def test_sandbox_hides_host_files_secrets_and_sockets(tmp_path: Path) -> None:
     assert seen["uid"] != 0 and seen["euid"] != 0
     assert {p: r for p, r in seen["files"].items() if r not in ("FileNotFoundError",)} == {}
     assert {p: r for p, r in seen["sockets"].items() if r != "FileNotFoundError"} == {}
-    # /root holds at most the path to the interpreter's base installation (pyenv here).
-    assert seen["root"] in (None, [], [p.split("/")[2] for p in [os.path.realpath(sys.base_prefix)]
-                                       if p.startswith("/root/")])
+    # /root holds at most the paths to the interpreter's base installation (pyenv here) and to
+    # the virtual environment.
+    shown = {p.split("/")[2] for p in (os.path.realpath(sys.base_prefix), VENV or "") if p.startswith("/root/")}
+    assert seen["root"] in (None, sorted(shown))
 
 
 @needs_sandbox
@@ -195,7 +206,7 @@ def test_programs_run_as_an_unprivileged_user_with_python_on_path(tmp_path: Path
             assert r.exit_code == 0, r.stderr
             uid, user, home, seven = r.stdout.split()
             assert (int(uid) != 0, user, home, seven) == (True, "sandbox", rt.id, "7")
-            # The host interpreter's path still runs (the base interpreter, not the venv).
+            # The host interpreter's path still runs (the base interpreter, with the venv's packages).
             r = await rt.exec([sys.executable, "-c", "import sys; print(sys.version_info[:2])"], timeout=30)
             assert (r.exit_code, r.stdout.strip()) == (0, str(sys.version_info[:2])), r.stderr
 

@@ -6,7 +6,9 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -322,6 +324,83 @@ def test_program_rollout_reaches_proxy_and_tools_from_the_sandbox(tmp_path: Path
     assert trace.agent.runtime is not None and trace.agent.runtime.type == "sandbox"
     assert trace.rewards == {"correct": Reward(1.0)}
     assert os.listdir(tmp_path) == []
+
+
+class Three(Task):
+    @reward
+    def correct(self, trace: Trace) -> float:
+        return float(trace.last_reply == "3")
+
+
+AIOHTTP_AGENT = """
+import asyncio, json, os
+import aiohttp, msgspec  # in the environment running rollout-ray, not in the base Python
+
+async def main():
+    with open(os.environ["ROLLOUT_RAY_INPUT"]) as f:
+        messages = json.load(f)["messages"]
+    headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(os.environ["OPENAI_BASE_URL"] + "/chat/completions", headers=headers,
+                             data=msgspec.json.encode({"messages": messages})) as resp:
+            print(msgspec.json.decode(await resp.read())["choices"][0]["message"]["content"])
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("python", ["python3", sys.executable], ids=["python3", "sys.executable"])
+def test_an_agent_imports_the_packages_of_the_environment_running_rollout_ray(tmp_path: Path, python: str) -> None:
+    """A ``ProgramHarness`` agent importing packages installed only in the virtual environment
+    (aiohttp, msgspec) runs in the sandbox: the environment's site-packages are there,
+    read-only, at their host path."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("not running in a virtual environment")
+    base = subprocess.run([os.path.realpath(sys.executable), "-I", "-c", "import aiohttp, msgspec"],
+                          capture_output=True, timeout=60)
+    assert base.returncode != 0  # the base installation does not have them: only the venv does
+    harness = ProgramHarness([python, "agent.py"], files={"agent.py": AIOHTTP_AGENT}, timeout=60)
+
+    async def main() -> Trace:
+        async with HTTPInterception() as proxy:
+            return await Rollout(
+                Three({"prompt": "1+2?"}), harness, model=ScriptedModel(["3"]), interception=proxy,
+                runtime_factory=lambda name: SandboxRuntime(name, root=str(tmp_path)),
+            ).run()
+
+    trace = run(main)
+    assert trace.errors == []
+    assert (trace.ok, trace.rewards) == (True, {"correct": Reward(1.0)})
+
+    async def site_packages() -> str:
+        async with sandbox(tmp_path) as rt:
+            r = await rt.exec([python, "-c", "import msgspec; print(msgspec.__file__)"], timeout=30)
+            assert r.exit_code == 0, r.stderr
+            probe = await rt.exec(["sh", "-c", f"touch {os.path.dirname(r.stdout.strip())}/x || echo read-only"])
+            assert probe.stdout.strip() == "read-only"
+            return r.stdout.strip()
+
+    assert run(site_packages) == sys.modules["msgspec"].__file__
+
+
+def test_any_root_works_var_tmp_included(tmp_path: Path) -> None:
+    """/var/tmp is a link to /tmp inside: a runtime whose directory is under the host's
+    /var/tmp still starts its programs; under /etc or /proc (the sandbox's own) it is refused."""
+    var_tmp = tempfile.mkdtemp(prefix="rr-test-", dir="/var/tmp")
+    try:
+        for root in (var_tmp, str(tmp_path)):
+            async def main(root: str = root) -> None:
+                async with sandbox(Path(root)) as rt:
+                    r = await rt.exec(["sh", "-c", "pwd; echo kept > /var/tmp/x; cat /tmp/x"])
+                    assert (r.exit_code, r.stderr, r.stdout) == (0, "", f"{rt.id}\nkept\n")
+
+            run(main)
+            assert os.listdir(root) == []
+    finally:
+        os.rmdir(var_tmp)
+    for root in ("/etc/rollout-ray", "/proc/self"):
+        with pytest.raises(ValueError, match=rf"^`root` '{root}' is under /(etc|proc), which a sandbox replaces"):
+            SandboxRuntime(root=root)
 
 
 @pytest.mark.ray

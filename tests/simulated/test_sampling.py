@@ -92,6 +92,35 @@ def test_wrong_answers_grow_with_temperature() -> None:
     assert abs(warm / 150 - error_probability(SimulatedModelConfig(), 0.7)) < 0.12
 
 
+def test_a_tool_result_is_misreported_more_often_the_hotter_it_samples() -> None:
+    """The answer after a calculator's result is wrong (one too high) with the same
+    probability as a computed one: a tool-calling taskset shows a pass@k curve too, and is
+    always right at temperature 0."""
+    def conversation(a: int) -> list[dict[str, Any]]:
+        call = {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+        return [*user(f"What is {a} + 1000?"), {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_0", "content": f" {a + 1000}\n"}]
+
+    async def body(server: SimulatedModelServer, post: Client) -> list[int]:
+        async def wrong(a: int, temperature: float | None) -> bool:
+            extra = {} if temperature is None else {"temperature": temperature}
+            _, raw = await post({"messages": conversation(a), **extra})
+            answer = json.loads(raw)["choices"][0]["message"]["content"]
+            assert answer in (str(a + 1000), str(a + 1001))
+            return answer != str(a + 1000)
+
+        return [sum(await asyncio.gather(*(wrong(a, t) for a in range(150)))) for t in (None, 0.0, 0.7, 2.0)]
+
+    none, zero, warm, hot = serve(body)
+    assert none == zero == 0
+    assert 0 < warm < hot
+    assert abs(warm / 150 - error_probability(SimulatedModelConfig(), 0.7)) < 0.12
+    for weather in (f"sunny, {n} C" for n in range(20)):  # only integer results are misread
+        _, data = ask({"messages": [*conversation(1)[:2], {"role": "tool", "tool_call_id": "call_0",
+                                                            "content": weather}], "temperature": 2.0})
+        assert data["choices"][0]["message"]["content"] == weather
+
+
 def test_a_seed_fixes_the_sample_and_without_one_a_retry_resamples() -> None:
     async def body(server: SimulatedModelServer, post: Client) -> None:
         async def sample(**extra: Any) -> Any:

@@ -1,10 +1,11 @@
 """A tiny Chrome DevTools Protocol client: start headless Chromium, drive one page, take pictures.
 
 Only what the viewer's browser test needs: ``Browser.launch`` starts the binary with its own
-profile and ``--remote-debugging-port=0`` and reads the port it chose from
-``<user-data-dir>/DevToolsActivePort``; ``Page`` sends commands over aiohttp's websocket
+profile and ``--remote-debugging-port=0`` and reads the port it chose from its
+``DevTools listening on ws://...`` line; ``Page`` sends commands over aiohttp's websocket
 client and waits on DOM conditions inside the page (a ``MutationObserver`` with a deadline),
-never by sleeping. ``close`` ends the browser it started, by PID (its process group last).
+never by sleeping. ``close`` ends the browser it started, by PID (its process group last),
+and returns once every process of that group has exited.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +60,12 @@ class Browser:
             start_new_session=True,  # its helpers share its process group, so close() reaches them all
         )
         try:
-            # Chromium writes DevToolsActivePort, then says so on stderr: wait for the line.
+            # The port is read off the stderr line, not DevToolsActivePort: under load the line
+            # can come while that file is still empty.
             banner = await asyncio.wait_for(cls._devtools_banner(proc), timeout)
-            port_file = user_data_dir / "DevToolsActivePort"
-            port = int(port_file.read_text().split()[0]) if port_file.exists() else int(banner.split(":")[2].split("/")[0])
+            port = urllib.parse.urlsplit(banner).port
+            if port is None:
+                raise CDPError(f"no port in chromium's DevTools line: {banner!r}")
         except BaseException:
             await _end(proc)
             raise
@@ -99,19 +103,59 @@ class Browser:
         await self._drain
 
 
+def _stat(pid: int) -> tuple[str, int] | None:
+    """``(state, process group)`` of ``pid``, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[2])
+
+
 def group_members(pgid: int) -> list[int]:
     """The live processes of process group ``pgid`` (from /proc)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
+    stats = {int(e): _stat(int(e)) for e in os.listdir("/proc") if e.isdigit()}
+    return [pid for pid, st in stats.items() if st is not None and st[1] == pgid and st[0] != "Z"]
+
+
+async def _exited(pidfd: int) -> None:
+    """Until the process behind ``pidfd`` has exited (the fd turns readable)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
+    try:
+        await done
+    finally:
+        loop.remove_reader(pidfd)
+
+
+async def wait_group_gone(pgid: int, timeout: float = 20) -> None:
+    """Until process group ``pgid`` has no live member: each one's exit is awaited on its
+    pidfd. A SIGKILLed helper is still listed while the kernel tears it down (under load, for
+    a while), so asserting right after the signal would count the dying.
+
+    Raises:
+        TimeoutError: members are still alive after ``timeout`` seconds (they are named).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while members := group_members(pgid):
+        for pid in members:
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
                 continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                members.append(int(entry))
-    return members
+            try:
+                if (_stat(pid) or ("", -1))[1] != pgid:  # gone, and the pid taken by another
+                    continue
+                async with asyncio.timeout_at(deadline):
+                    await _exited(pidfd)
+            except TimeoutError:
+                raise TimeoutError(f"process group {pgid} still has {group_members(pgid)} "
+                                   f"{timeout}s after SIGKILL") from None
+            finally:
+                os.close(pidfd)
 
 
 async def _end(proc: asyncio.subprocess.Process) -> None:
@@ -130,6 +174,7 @@ async def _end(proc: asyncio.subprocess.Process) -> None:
         except ProcessLookupError:
             pass
     await proc.wait()
+    await wait_group_gone(proc.pid)
 
 
 class Page:

@@ -1,0 +1,85 @@
+"""The project carries its own docs: every link and path the docs and comments name is inside
+the repository and exists, and every rule number the code and tests cite is in
+docs/lifecycle.md."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SKIP_DIRS = {".git", ".venv", "runs", "__pycache__", ".pytest_cache", ".ruff_cache", "build", "dist"}
+TEXT = {".py", ".md", ".toml", ".sh", ".yaml", ".yml", ".txt", ".cfg", ".html", ".js", ".css"}
+TOP = tuple(f"{p.name}/" for p in ROOT.iterdir() if p.is_dir() and p.name not in SKIP_DIRS)
+LIFECYCLE = (ROOT / "docs" / "lifecycle.md").read_text()
+
+# A markdown link or image target, and a path in a code span that climbs with ``../``.
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+CLIMB = re.compile(r"`+(\.\./[^`\s]*)")
+CODE_PATH = re.compile(r"`([\w.\-/]+)`")
+
+
+def _files() -> list[pathlib.Path]:
+    found = []
+    for parent, dirs, names in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+        found += [pathlib.Path(parent, n) for n in names
+                  if pathlib.Path(n).suffix in TEXT or n in ("Dockerfile", "run")]
+    return found
+
+
+def _inside(target: pathlib.Path) -> bool:
+    return target.resolve().is_relative_to(ROOT)
+
+
+def _anchors(doc: pathlib.Path) -> set[str]:
+    text = doc.read_text()
+    ids = set(re.findall(r'<a id="([^"]+)"></a>', text))
+    for heading in re.findall(r"^#+ (.+)$", text, re.M):
+        ids.add(re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-"))
+    return ids
+
+
+def test_docs_link_only_inside_the_repository_and_every_link_resolves() -> None:
+    docs = [p for p in _files() if p.suffix == ".md"]
+    assert {ROOT / "README.md", ROOT / "docs" / "lifecycle.md", ROOT / "docs" / "architecture.md"} <= set(docs)
+    problems = []
+    for doc in docs:
+        for target in LINK.findall(doc.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:: not a file
+            path, _, anchor = target.partition("#")
+            resolved = (doc.parent / path) if path else doc
+            if not _inside(resolved) or not resolved.exists():
+                problems.append(f"{doc.relative_to(ROOT)}: {target} is not a file of the repository")
+            elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+                problems.append(f"{doc.relative_to(ROOT)}: {target} names no anchor of {path or doc.name}")
+        for span in CODE_PATH.findall(doc.read_text()):
+            if span.startswith(TOP) and "*" not in span and not (ROOT / span.rstrip("/")).exists():
+                problems.append(f"{doc.relative_to(ROOT)}: `{span}` does not exist")
+    assert problems == []
+
+
+def test_no_file_names_a_path_outside_the_repository() -> None:
+    problems = []
+    for path in _files():
+        text = path.read_text(errors="replace")
+        for climb in CLIMB.findall(text):
+            if not _inside(path.parent / climb):
+                problems.append(f"{path.relative_to(ROOT)}: {climb}")
+        if "../shared" in text and path != pathlib.Path(__file__).resolve():
+            problems.append(f"{path.relative_to(ROOT)}: ../shared")
+    assert problems == []
+
+
+def test_every_rule_the_code_cites_is_anchored_in_docs_lifecycle() -> None:
+    anchors = _anchors(ROOT / "docs" / "lifecycle.md")
+    assert {f"b{n}" for n in range(1, 56)} <= anchors
+    cited = set()
+    for path in _files():
+        if path.suffix in (".py", ".md") and path.name != "lifecycle.md":
+            cited |= {m.lower() for m in re.findall(r"\b([BQ][1-9][0-9]?)\b", path.read_text(errors="replace"))}
+    assert sorted(cited - anchors) == []
+    for section in ("2.1", "2.4", "2.10", "3.", "4.", "5.1", "5.2", "5.3", "5.4", "5.5"):
+        assert re.search(rf"^#+ {re.escape(section)} ", LIFECYCLE, re.M), section
