@@ -125,7 +125,7 @@ def preflight(sweep: Sweep, out: str, *, resume: bool) -> dict[str, str]:
         if changed:
             problems.append((point.name, f"was run with other settings ({', '.join(changed)}); resume "
                                          "with the grid it was run with, or choose another --out"))
-        planned = {(group_id_of(t), s) for t in sweep.tasks for s in range(config.samples_per_task)}
+        planned = {(group_id_of(i, t), s) for i, t in enumerate(sweep.tasks) for s in range(config.samples_per_task)}
         plan[point.name] = "skip" if planned <= done_keys(run_dir) else "resume"
     if problems:
         raise SweepConfigError(out, problems)

@@ -71,8 +71,13 @@ def test_lost_rollouts_are_retried_with_every_attempt_recorded() -> None:
     flaky = Flaky(lambda idx, call: idx == 1 and call <= 2)  # the first two runs of task 1 die
     _, result = drive(2, executor=flaky, config=EvalConfig(samples_per_task=1, max_infra_retries=2))
     rows = {r["task_idx"]: r for r in result.samples.to_pylist()}
-    assert rows[1]["ok"] and rows[1]["attempt"] == 2 and rows[1]["num_errors"] == 2
-    assert rows[0]["attempt"] == 0 and flaky.calls == {0: 1, 1: 3}
+    # The error columns are the stored attempt's (none); every attempt's errors are its history.
+    assert rows[1]["ok"] and rows[1]["attempt"] == 2 and rows[1]["num_errors"] == 0
+    assert rows[1]["error_type"] is None and rows[1]["error_message"] is None
+    assert [(a["attempt"], [e["type"] for e in a["errors"]]) for a in rows[1]["attempts"]] == [
+        (0, ["InfrastructureLost"]), (1, ["InfrastructureLost"]), (2, [])]
+    assert rows[0]["attempt"] == 0 and rows[0]["attempts"] == [{"attempt": 0, "errors": []}]
+    assert flaky.calls == {0: 1, 1: 3}
 
 
 def test_a_rollout_lost_for_good_fails_and_never_blocks_its_group() -> None:
@@ -88,7 +93,8 @@ def test_a_rollout_lost_for_good_fails_and_never_blocks_its_group() -> None:
     assert len(groups) == 2
     lost = next(g for g in groups if g.group_id.startswith("0-"))
     rows = lost.samples.to_pylist()
-    assert [(r["ok"], r["error_type"], r["num_errors"]) for r in rows] == [(False, "InfrastructureLost", 2)] * 2
+    assert [(r["ok"], r["error_type"], r["num_errors"], len(r["attempts"])) for r in rows] == [
+        (False, "InfrastructureLost", 1, 2)] * 2
     assert lost.summary["n_failed"].to_pylist() == [2]
 
 
@@ -215,5 +221,6 @@ def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any,
 
     result, replaced = asyncio.run(main())
     (row,) = result.samples.to_pylist()
-    assert row["ok"] and row["attempt"] == 1 and row["num_errors"] == 1 and replaced == 1
+    assert row["ok"] and row["attempt"] == 1 and row["num_errors"] == 0 and replaced == 1
+    assert [len(a["errors"]) for a in row["attempts"]] == [1, 0]
     assert result.samples["reward"].to_pylist() == [1.0]
