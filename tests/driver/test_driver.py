@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rollout_ray import ChatHarness, ProviderError, Trace
+from rollout_ray import ChatHarness, ProviderError, ResumeMismatch, Trace
 from rollout_ray._core.executor import Executor, RolloutSpec
 from rollout_ray._driver.driver import Driver, EvalConfig
 from rollout_ray._driver.local_executor import LocalExecutor
@@ -20,7 +20,7 @@ from rollout_ray._errors import InfrastructureLost
 from rollout_ray._record.store import read_run
 from rollout_ray.testing import ScriptedModel
 
-from conftest import tasks
+from conftest import Echo, tasks
 
 
 class Flaky(Executor):
@@ -224,3 +224,25 @@ def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any,
     assert row["ok"] and row["attempt"] == 1 and row["num_errors"] == 0 and replaced == 1
     assert [len(a["errors"]) for a in row["attempts"]] == [1, 0]
     assert result.samples["reward"].to_pylist() == [1.0]
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["list", "generator"])
+def test_a_resume_over_a_changed_taskset_is_refused(tmp_path: Path, lazy: bool) -> None:
+    """A group is its task's position and key: another task at a stored position is refused,
+    whether the taskset is checked before anything runs (a list) or as it is planned."""
+    out = str(tmp_path / "run")
+
+    def run(prompts: list[str], resume: bool) -> None:
+        taskset = [Echo({"prompt": p}) for p in prompts]
+        async def main() -> None:
+            async with LocalExecutor() as executor:
+                await Driver(iter(taskset) if lazy else taskset, ChatHarness(retries=0), ScriptedModel(default="4"),
+                             executor=executor, config=EvalConfig(samples_per_task=2), run_dir=out,
+                             resume=resume).arun()
+        asyncio.run(main())
+
+    run(["a", "a", "b"], resume=False)
+    run(["a", "a", "b", "c"], resume=True)  # a task appended: the stored ones are where they were
+    with pytest.raises(ResumeMismatch, match=r"task 1 is not the task stored at that position \(group 1-"):
+        run(["a", "x", "b", "c"], resume=True)
+    assert read_run(out, ["reward"]).num_rows == 8
