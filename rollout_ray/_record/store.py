@@ -226,7 +226,11 @@ def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = No
 
 
 def read_groups(run_dir: str | os.PathLike[str]) -> pa.Table:
-    """The run's finalized groups, one row each (the latest of a group finalized again).
+    """The run's finalized groups, one row each (the latest of a group finalized again):
+    ``group_id``, ``n`` samples, ``n_valid`` counted (every sample: a failed one counts as
+    reward 0), ``n_failed``, ``n_correct``, reward ``mean`` / ``std`` / ``min`` / ``max``,
+    ``best_reward``, ``pass_at_<k>`` and ``judge_error`` (the judge's failure on the group, if
+    it failed). ``read_run`` has the per-sample side of the same numbers.
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
