@@ -218,7 +218,7 @@ def test_each_time_figure_says_what_it_counts_and_none_disagrees(
     assert match, last
     wall, start, rollouts, rate, over = map(float, match.groups())
     assert start + rollouts <= wall + 0.1 and over == rollouts
-    assert rate == pytest.approx(6 / rollouts, rel=0.1, abs=0.5)
+    assert 6 / (rollouts + 0.05) <= rate <= 6 / max(rollouts - 0.05, 1e-3)  # 6 rollouts over it (printed to 0.1 s)
     # The progress line's wall is the same clock: it never runs ahead of the summary's.
     progress = [s for s in stderr.splitlines() if s.startswith("done 6/6")][-1]
     assert int(re.search(r"  wall (\d+)s  ", progress).group(1)) <= wall  # type: ignore[union-attr]
