@@ -21,6 +21,7 @@ from rollout_ray import read_groups, read_run
 
 ROOT = pathlib.Path(__file__).parents[2]
 TASKSETS = ROOT / "tests" / "cli" / "tasksets"
+ARITH = ROOT / "examples" / "arith.py"
 CLI = [sys.executable, "-m", "rollout_ray"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # each test runs two to four CLI processes
@@ -175,11 +176,11 @@ def test_after_a_resume_errors_are_the_stored_outcomes_and_attempts_count_on(
     flags = ("--executor", "local", "--samples", "2", "--model-url", url, "--model", "m", "--retry-failed",
              "--retries", "1", "--out", out)
     down.set()
-    first = _run("eval", TASKSETS / "duplicates.py", *flags)
+    first = _run("eval", ARITH, "--limit", "3", *flags)
     assert first.returncode == 1, first.stderr[-2000:]  # every rollout failed
     assert "error types  ProviderError=6" in first.stdout
     down.clear()
-    again = _run("eval", TASKSETS / "duplicates.py", *flags, "--resume")
+    again = _run("eval", ARITH, "--limit", "3", *flags, "--resume")
     assert again.returncode == 0, again.stderr[-2000:]
     assert "rollouts 6  ok 6  failed 0  groups 3" in again.stdout
     assert "error types  none" in again.stdout  # the stored outcomes, not the earlier attempts'
