@@ -29,13 +29,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._core.aio import unwrapped
 from .._core.collector import tuned_for_rollouts
 from .._core.executor import Executor, RolloutSpec
 from .._core.harness import Harness
@@ -244,7 +244,8 @@ class Driver(PolicyOwner):
                 config=self.config.finalize, judge=self.judge, store=self._store, io=self._io, emit=queue.put,
                 rows_per_write=self.config.rows_per_shard,
                 **({} if self.config.max_staleness is None else {"keep": self._fresh_or_rerun, "demand": demand}))
-            with tuned_for_rollouts(), _unwrapped(ResumeMismatch):
+            # A lazy taskset is checked as it is planned, while rollouts run.
+            with tuned_for_rollouts(), unwrapped(ResumeMismatch):
                 async with asyncio.TaskGroup() as tg:
                     self._tg = tg  # where stale samples run again, while the closer runs
                     tg.create_task(closer.run())
@@ -414,25 +415,6 @@ class Driver(PolicyOwner):
 def _is_provider_failure(type_name: str) -> bool:
     cls = error_class(type_name)
     return cls is not None and issubclass(cls, ProviderError)
-
-
-@contextmanager
-def _unwrapped(kind: type[Exception]) -> Iterator[None]:
-    """Raise a ``kind`` that the task groups wrapped, alone, as itself: a lazy taskset's
-    ``ResumeMismatch`` is found as it is planned, while rollouts run."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        leaves = _leaves(group)
-        if leaves and all(isinstance(e, kind) for e in leaves):
-            raise leaves[0] from None
-        raise
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
 
 
 def _lost_trace(task: Task, harness: Harness, error: Exception) -> Trace:
