@@ -78,6 +78,7 @@ def _runs_under(directory: Path, depth: int) -> list[Path]:
 
 
 _KEYS_CACHE: dict[tuple[str, int, int], pa.Table] = {}
+_ROWS_CACHE: dict[tuple[tuple[str, int, int], ...], int] = {}
 
 
 def describe(entry: RunEntry) -> dict[str, object]:
@@ -94,17 +95,23 @@ def describe(entry: RunEntry) -> dict[str, object]:
     out |= {"run_id": manifest.run_id, "created": manifest.created,
             "taskset": config.get("taskset"), "model": config.get("model")}
     shards = shard_paths(entry.path)
-    keys = pa.concat_tables([_NO_KEYS, *(_shard_keys(path) for path in shards)], promote_options="permissive")
-    rows = keys.group_by(["group_id", "sample_idx"]).aggregate([]).num_rows
-    out |= {"rollouts": rows, "shards": len(shards)}
+    ids = tuple(_shard_id(path) for path in shards)
+    if ids not in _ROWS_CACHE:
+        keys = pa.concat_tables([_NO_KEYS, *map(_shard_keys, ids)], promote_options="permissive")
+        _ROWS_CACHE[ids] = keys.group_by(["group_id", "sample_idx"]).aggregate([]).num_rows
+    out |= {"rollouts": _ROWS_CACHE[ids], "shards": len(shards)}
     return out
 
 
-def _shard_keys(path: Path) -> pa.Table:
-    """The shard's ``(group_id, sample_idx)`` rows, read once: shards are never rewritten, so
-    (name, mtime, size) identifies one."""
+def _shard_id(path: Path) -> tuple[str, int, int]:
+    # Shards are never rewritten, so (name, mtime, size) identifies one.
     st = os.stat(path)
-    key = (str(path), st.st_mtime_ns, st.st_size)
+    return str(path), st.st_mtime_ns, st.st_size
+
+
+def _shard_keys(key: tuple[str, int, int]) -> pa.Table:
+    """The shard's ``(group_id, sample_idx)`` rows, read once."""
+    path = key[0]
     if key not in _KEYS_CACHE:
         try:
             _KEYS_CACHE[key] = pq.read_table(path, columns=["group_id", "sample_idx"])
