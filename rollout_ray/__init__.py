@@ -126,6 +126,7 @@ _LAZY = {
     "table_to_traces": "._record.arrow",
     "ShardWriter": "._record.store",
     "read_run": "._record.store",
+    "read_groups": "._record.store",
     "FinalizeConfig": "._driver.finalize",
     "Finalized": "._driver.finalize",
     "finalize": "._driver.finalize",
@@ -167,7 +168,7 @@ __all__ = [
     # the driver, Arrow and the env-level finalize
     "Driver", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",
     "LocalExecutor", "TRACE_SCHEMA", "RolloutRecord", "records_to_table", "table_to_traces",
-    "CorruptShard", "ShardWriter", "read_run", "FinalizeConfig", "Finalized", "finalize",
+    "CorruptShard", "ShardWriter", "read_run", "read_groups", "FinalizeConfig", "Finalized", "finalize",
     # the Ray layer (lazy)
     "RolloutActor", "RuntimeActor", "RemoteRuntime", "RayExecutor", "shutdown_node_services",
     # errors

@@ -214,10 +214,18 @@ class RunInUse(RuntimeError):
 class ResumeMismatch(ValueError):
     """A resume asked for other settings than the run was made with; ``settings`` names them."""
 
-    def __init__(self, run_dir: str, settings: list[str]) -> None:
-        super().__init__(f"{run_dir} was run with other settings ({', '.join(settings)}); resume with "
-                         "the settings it was run with, or start a new run in another directory")
+    def __init__(self, run_dir: str, settings: list[str], message: str | None = None) -> None:
+        super().__init__(message or f"{run_dir} was run with other settings ({', '.join(settings)}); resume "
+                         "with the settings it was run with, or start a new run in another directory")
         self.run_dir, self.settings = run_dir, settings
+
+    @classmethod
+    def taskset(cls, run_dir: str, position: int, stored: str, planned: str) -> ResumeMismatch:
+        """The task at ``position`` is not the one the run stored there (group ids differ)."""
+        return cls(run_dir, ["taskset"],
+                   f"{run_dir} was run with another taskset: task {position} is not the task stored at that "
+                   f"position (group {stored}, now {planned}); resume with the tasks it was run with, in "
+                   "the same order, or start a new run in another directory")
 
 
 class TasksetError(ValueError):

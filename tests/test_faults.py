@@ -226,7 +226,9 @@ def test_rollout_actor_killed_mid_segment(ray_cluster: Any, report: Any, how: st
     lost = [r for rid, r in rows.items() if rid not in siblings]
     assert len(lost) == 2 and not victims & rows.keys()  # the lost attempts are not rows
     if retries:
-        assert [(r["ok"], r["attempt"], r["num_errors"]) for r in lost] == [(True, 1, 1)] * 2
+        # The error columns are the stored attempt's; the lost one's error is its history.
+        assert [(r["ok"], r["attempt"], r["num_errors"], r["error_type"]) for r in lost] == [(True, 1, 0, None)] * 2
+        assert [[len(a["errors"]) for a in r["attempts"]] for r in lost] == [[1, 0]] * 2
         assert replaced == 1
     else:
         assert [(r["ok"], r["attempt"], r["error_type"]) for r in lost] == [(False, 0, "InfrastructureLost")] * 2
@@ -365,7 +367,9 @@ def test_worker_node_removed_mid_run(report: Any, tmp_path: Path) -> None:
     assert all(rows[rid]["ok"] and rows[rid]["attempt"] == 0 for rid in on_a)  # node A: unaffected
     assert not set(on_b) & rows.keys()  # node B's attempts were lost...
     retried = [r for r in rows.values() if r["attempt"] == 1]  # ...and retried (max_infra_retries=1)
-    assert [(r["ok"], r["num_errors"], r["error_type"]) for r in retried] == [(True, 1, "InfrastructureLost")] * 3
+    assert [(r["ok"], r["num_errors"], r["error_type"]) for r in retried] == [(True, 0, None)] * 3
+    assert [[[e["type"] for e in a["errors"]] for a in r["attempts"]] for r in retried] == [
+        [["InfrastructureLost"], []]] * 3
     assert facts["replaced"] == 1 and facts["detected"] < 5 and facts["elapsed"] < 30
     assert facts["leftover"] == [] and list(area.iterdir()) == []  # cluster.shutdown() took everything
     report("3 worker node removed", "remove_node, 3 of 6 rollouts on it", "3 node-A ok; 3 retried ok",

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from .grid import Point
-from .summary import SPANS, summarize
+from .summary import SPANS, counted_rewards, summarize
 
 
 def comparison_row(point: Point, samples: pa.Table, groups: pa.Table, status: str, reason: str,
@@ -20,7 +20,7 @@ def comparison_row(point: Point, samples: pa.Table, groups: pa.Table, status: st
     ``--resume`` skipped because every rollout of it is stored.
     """
     s = summarize(samples, groups)
-    rewards = samples["reward"].to_pylist() if samples.num_rows else []
+    rewards = counted_rewards(samples)  # as the mean counts them: a failure is 0
     sem = math.nan
     if len(rewards) > 1:
         var = sum((r - s["mean_reward"]) ** 2 for r in rewards) / (len(rewards) - 1)

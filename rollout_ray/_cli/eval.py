@@ -221,13 +221,14 @@ async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None
 async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harness, model: Model,
                 executor: Executor, config: EvalConfig, out: str, *, resume: bool, where: str,
                 manifest_config: dict[str, Any], keep_failed: bool = False, announce: bool = True,
-                overwrite: bool = False) -> RunResult:
+                overwrite: bool = False, started: float | None = None) -> RunResult:
     """One eval run into ``out``, with eval's header (unless ``announce`` is off: the caller
-    printed it) and progress on stderr."""
+    printed it) and progress on stderr, its wall clock counted from ``started`` (monotonic;
+    default: now)."""
     if announce:
         print(header(label, tasks, config, where, out), file=sys.stderr)
     watched = Watched(executor)
-    display = ProgressDisplay(sys.stderr, watched)
+    display = ProgressDisplay(sys.stderr, watched, started=started)
     driver = Driver(tasks, harness, model, executor=watched, config=config, run_dir=out,
                     resume=resume, overwrite=overwrite, keep_failed=keep_failed, judge=getattr(module, "judge", None),
                     on_progress=display.update, manifest_config=manifest_config)
@@ -286,44 +287,46 @@ def _api_key_env(args: argparse.Namespace) -> str:
     return args.api_key_env or DEFAULT_API_KEY_ENV
 
 
-async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals) -> tuple[RunResult, float | None, float | None]:
-    """The run, the seconds of its warm-up (None without Ray), its rollouts/s."""
+async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
+               started: float) -> tuple[RunResult, dict[str, float | None]]:
+    """The run, and its clock since ``started``: ``start`` (the model, Ray and the actors, up
+    to the driver's start), ``rollouts`` (the driver's run) and ``rate`` (rollouts run in this
+    session per second of ``rollouts``)."""
     async with AsyncExitStack() as stack:
         simulated = None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
         model, where, record = await open_model(stack, url=args.model_url, name=plan.model_name,
                                                 api_key_env=_api_key_env(args), simulated=simulated)
         label = f"eval {args.taskset}"
         print(header(label, plan.tasks, plan.config, where, plan.out), file=sys.stderr)  # before Ray's wait
-        started = time.monotonic()
         executor = await stack.enter_async_context(
             make_executor(args.executor, plan.module, actors=args.actors, capacity=args.capacity,
                           address=args.address, runtime=args.runtime))
         signals.install()
         what = await warm_up(executor, programs=not plan.harness.in_process)
-        warmup = None
         if what is not None:
-            warmup = time.monotonic() - started
-            print(f"warmup {warmup:.1f}s: Ray, {what}", file=sys.stderr)
+            print(f"warmup {time.monotonic() - started:.1f}s: Ray, {what}", file=sys.stderr)
         driving, since = time.monotonic(), time.time()
         result = await drive(label, plan.module, plan.tasks, plan.harness, model, executor,
                            plan.config, plan.out, resume=args.resume, overwrite=args.overwrite, where=where,
                            keep_failed=args.keep_failed,
-                           manifest_config={"taskset": args.taskset, "model": record}, announce=False)
-        return result, warmup, _rate(result, since, time.monotonic() - driving)
+                           manifest_config={"taskset": args.taskset, "model": record}, announce=False,
+                           started=started)
+        rollouts = time.monotonic() - driving
+        return result, {"start": driving - started, "rollouts": rollouts, "rate": _rate(result, since, rollouts)}
 
 
 async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: Signals) -> int:
     signals.install()
     started = time.monotonic()
     try:
-        result, warmup, rate = await _run(args, plan, signals)
+        result, timing = await _run(args, plan, signals, started)
     except asyncio.CancelledError:
         if signals.received is None:
             raise
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
         return _interrupted(args, plan, signals.received)
-    summary = summarize(result.samples, result.groups, elapsed=time.monotonic() - started, warmup=warmup,
-                        rate=rate, status=result.status, reason=result.reason)
+    summary = summarize(result.samples, result.groups, timing={**timing, "wall": time.monotonic() - started},
+                        status=result.status, reason=result.reason)
     print(format_summary(summary))
     print(f"run dir: {plan.out}")
     if result.status != "completed":
@@ -334,6 +337,12 @@ async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: Signals) -
         print(f"rollout-ray eval: every rollout failed ({summary['failed']} of {summary['rollouts']}); "
               "see the error types above, or `rollout-ray view` the run", file=sys.stderr)
         return ALL_FAILED
+    judged, first = summary["judge_failures"]
+    if judged:
+        print(f"rollout-ray eval: the judge failed on {judged} of {summary['groups']} groups ({first}); the "
+              "rollouts are stored: fix the judge, then apply it with finalize(read_run(DIR), judge=...)",
+              file=sys.stderr)
+        return JUDGE_FAILED
     return 0
 
 
@@ -350,6 +359,8 @@ HALTED = 3
 """Exit code of a run the circuit breaker halted."""
 ALL_FAILED = 1
 """Exit code of a run whose every rollout failed."""
+JUDGE_FAILED = 4
+"""Exit code of a run whose judge failed on a group (the rollouts are stored, its columns not)."""
 
 
 def _interrupted(args: argparse.Namespace, plan: _Plan, signum: int) -> int:

@@ -1,10 +1,12 @@
 """eval's progress: a live bar in a terminal (tqdm), a plain line every few seconds otherwise.
 
-Rate and ETA count from the first finished rollout, not from the start: what comes before
-it (Ray, actors, the first model answer) is warm-up, and charging it to the rate made the
-first ETA of a 6 s run read 697 s. Until a second rollout has finished after that, the ETA
-reads "warming up". The running mean reward and failures come from the traces as they
-come back (``Watched`` wraps the executor).
+``wall`` is the command's clock, the one eval's summary ends with (``started``): not the
+driver's, which starts after Ray. Rate and ETA count from the first finished rollout, not
+from the start: what comes before it (Ray, actors, the first model answer) is warm-up, and
+charging it to the rate made the first ETA of a 6 s run read 697 s. Until a second rollout
+has finished after that, the ETA reads "warming up". The running mean reward and failures
+come from the traces as they come back (``Watched`` wraps the executor); a failed rollout
+counts as reward 0, as in the summary.
 
 Cost: the driver calls the display at most every 0.5 s, and the executor wrapper adds two
 additions per rollout, so the display costs nothing that grows with the rollouts.
@@ -38,7 +40,8 @@ class Watched(Executor):
     async def run(self, spec: RolloutSpec) -> Trace:
         trace = await self.inner.run(spec)
         self.traces += 1
-        self.reward_sum += trace.reward or 0.0
+        reward = trace.reward if trace.ok else 0.0
+        self.reward_sum += reward if reward == reward else 0.0  # NaN: a failure, recorded as one
         return trace
 
     @property
@@ -64,13 +67,15 @@ class ProgressDisplay:
         watched: where the running mean reward comes from (optional).
         clock: seconds, monotonic (a test passes a fake one).
         tty: a live bar; default: ``stream.isatty()``.
+        started: where ``wall`` counts from, on ``clock`` (default: now).
     """
 
     def __init__(self, stream: TextIO, watched: Watched | None = None, *,
-                 clock: Callable[[], float] = time.monotonic, tty: bool | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, tty: bool | None = None,
+                 started: float | None = None) -> None:
         self.stream, self.watched, self.clock = stream, watched, clock
         self.tty = stream.isatty() if tty is None else tty
-        self.started = clock()
+        self.started = clock() if started is None else started
         self._first: tuple[float, int] | None = None  # (when, done) at the first finished rollout
         self._last_line = -PLAIN_EVERY
         self._bar: Any = None
@@ -84,7 +89,7 @@ class ProgressDisplay:
         return (done - at) / elapsed if done > at and elapsed > 0 else None
 
     def fields(self, p: Progress) -> dict[str, Any]:
-        """What a line shows: counts, the running mean reward, elapsed, rate and ETA."""
+        """What a line shows: counts, the running mean reward, the wall clock, rate and ETA."""
         now = self.clock()
         if self._first is None and p.done > 0:
             self._first = (now, p.done)
@@ -93,14 +98,14 @@ class ProgressDisplay:
         eta = None if total is None or not rate else max(total - p.done, 0) / rate
         mean = self.watched.mean_reward if self.watched is not None else None
         return {"done": p.done, "total": total, "failed": p.failed, "in_flight": p.in_flight,
-                "mean_reward": mean, "elapsed": now - self.started, "rate": rate, "eta": eta}
+                "mean_reward": mean, "wall": now - self.started, "rate": rate, "eta": eta}
 
     def update(self, p: Progress) -> None:
         f = self.fields(p)
         if self.tty:
             self._show_bar(f)
-        elif f["elapsed"] - self._last_line >= PLAIN_EVERY or (f["total"] is not None and f["done"] >= f["total"]):
-            self._last_line = f["elapsed"]
+        elif f["wall"] - self._last_line >= PLAIN_EVERY or (f["total"] is not None and f["done"] >= f["total"]):
+            self._last_line = f["wall"]
             self.stream.write(plain_line(f) + "\n")
             self.stream.flush()
 
@@ -138,7 +143,7 @@ def _duration(seconds: float) -> str:
 def _postfix(f: dict[str, Any]) -> str:
     mean = "-" if f["mean_reward"] is None else f"{f['mean_reward']:.3f}"
     rate = "warming up" if f["rate"] is None else f"{f['rate']:.1f}/s ETA {_duration(f['eta'] or 0)}"
-    return f"failed {f['failed']}  reward {mean}  [{_duration(f['elapsed'])}, {rate}]"
+    return f"failed {f['failed']}  reward {mean}  [wall {_duration(f['wall'])}, {rate}]"
 
 
 def plain_line(f: dict[str, Any]) -> str:
@@ -147,4 +152,4 @@ def plain_line(f: dict[str, Any]) -> str:
     mean = "-" if f["mean_reward"] is None else f"{f['mean_reward']:.3f}"
     rate = "warming up" if f["rate"] is None else f"{f['rate']:.1f} rollouts/s  ETA {_duration(f['eta'] or 0)}"
     return (f"done {f['done']}{total}  failed {f['failed']}  in flight {f['in_flight']}  reward {mean}  "
-            f"elapsed {_duration(f['elapsed'])}  {rate}")
+            f"wall {_duration(f['wall'])}  {rate}")

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._driver.finalize import pass_at_k
+from .._driver.finalize import counted_reward, pass_at_k
 
 SPANS = ("boot_s", "setup_s", "agent_s", "agent_model_s", "agent_harness_s", "finalize_s", "scoring_s")
 
@@ -21,19 +21,28 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def summarize(samples: pa.Table, groups: pa.Table, *, elapsed: float | None = None, warmup: float | None = None,
-              rate: float | None = None, status: str = "completed", reason: str = "") -> dict[str, Any]:
-    """The run's numbers: counts, reward, pass@k, the task's metrics, stops, errors, span
-    quantiles, tokens, time.
+FAILED_RULE = "failed rollouts count as reward 0 and not passing"
+"""How every figure of the summary (and the group statistics, ``finalize``) counts a failure."""
 
+MESSAGE_CHARS = 160
+"""Characters of an error's first message the summary shows (its first line, cut here)."""
+
+
+def summarize(samples: pa.Table, groups: pa.Table, *, timing: dict[str, float | None] | None = None,
+              status: str = "completed", reason: str = "") -> dict[str, Any]:
+    """The run's numbers: counts, reward, pass@k, the task's metrics, stops, errors (each
+    type's count and first message), the judge's failures, span quantiles, tokens, time.
+
+    A failed rollout counts as reward 0 and not passing (``FAILED_RULE``), as in ``finalize``.
     ``pass_at`` holds every k the groups' sample count allows (1, 2, 4, ... and n) and any
-    stored one. ``elapsed``: seconds of this session; without it (``report``), the time is
-    read from the rollouts' own spans. ``rate``: rollouts/s as measured by eval; without it, the rollouts over ``elapsed``
-    (less ``warmup``). ``status`` / ``reason``: the driver's, a halt printed before the numbers.
+    stored one. ``timing``: eval's clock (``wall``, ``start``, ``rollouts`` seconds and
+    ``rate`` over ``rollouts``); without it (``report``), the rollouts' span and rate are read
+    from their stored spans. ``status`` / ``reason``: the driver's, a halt printed first.
     """
     n = samples.num_rows
     ok = int(pc.sum(samples["ok"]).as_py() or 0) if n else 0
-    rewards = [r for r in samples["reward"].to_pylist() if r is not None] if n else []
+    rewards = counted_rewards(samples)
+    errors = samples["error_type"].to_pylist() if n else []
     out: dict[str, Any] = {
         "status": status,
         "reason": reason,
@@ -45,14 +54,14 @@ def summarize(samples: pa.Table, groups: pa.Table, *, elapsed: float | None = No
         "pass_at": _pass_at(groups),
         "metrics": _metrics(samples),
         "stop_conditions": dict(Counter(samples["stop_condition"].to_pylist()).most_common()) if n else {},
-        "error_types": dict(Counter(e for e in samples["error_type"].to_pylist() if e).most_common()) if n else {},
+        "error_types": dict(Counter(e for e in errors if e).most_common()),
+        "first_errors": _first_messages(errors, samples["error_message"].to_pylist()
+                                        if "error_message" in samples.column_names else [None] * n),
+        "judge_failures": _judge_failures(groups),
         "spans": {},
         "tokens": {},
-        "elapsed": elapsed if elapsed is not None else _span_of_run(samples),
-        "warmup": warmup,
+        "time": dict(timing) if timing is not None else _span_of_run(samples),
     }
-    measured = out["elapsed"] - (warmup or 0.0) if out["elapsed"] is not None else None
-    out["rate"] = rate if rate is not None else (n / measured if measured and measured > 0 and n else None)
     for span in SPANS:
         if span in samples.column_names:
             values = samples[span].to_pylist()
@@ -62,6 +71,39 @@ def summarize(samples: pa.Table, groups: pa.Table, *, elapsed: float | None = No
             total = int(pc.sum(samples[column]).as_py() or 0)
             out["tokens"][column.removeprefix("num_")] = (total, total / n)
     return out
+
+
+def counted_rewards(samples: pa.Table) -> list[float]:
+    """Each rollout's reward as every figure counts it: 0.0 where the rollout failed."""
+    return counted_reward(samples).to_pylist() if samples.num_rows else []
+
+
+def _first_messages(types: list[str | None], messages: list[str | None]) -> dict[str, str]:
+    """The first message of each error type, as one line of at most ``MESSAGE_CHARS``."""
+    first: dict[str, str] = {}
+    for kind, message in zip(types, messages):
+        if kind and kind not in first:
+            first[kind] = first_line(message or "")
+    return first
+
+
+def first_line(message: str, limit: int = MESSAGE_CHARS) -> str:
+    """``message``'s first non-empty line, cut to ``limit`` characters; an ellipsis marks a cut
+    or lines left out."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if len(lines[0]) > limit:
+        return lines[0][: limit - 1].rstrip() + "…"
+    return lines[0] + (" …" if len(lines) > 1 else "")
+
+
+def _judge_failures(groups: pa.Table) -> tuple[int, str | None]:
+    """How many groups the judge failed on, and its first message."""
+    if not groups.num_rows or "judge_error" not in groups.column_names:
+        return 0, None
+    failures = [e for e in groups["judge_error"].to_pylist() if e]
+    return len(failures), (first_line(failures[0]) if failures else None)
 
 
 def _pass_at(groups: pa.Table) -> dict[int, float]:
@@ -97,15 +139,18 @@ def _metrics(samples: pa.Table) -> dict[str, tuple[float, float, float]]:
     return {name: (sum(v) / len(v), _quantile(v, 0.5), _quantile(v, 0.95)) for name, v in sorted(found.items())}
 
 
-def _span_of_run(samples: pa.Table) -> float | None:
-    """Seconds from the first rollout's start to the last one's end, read from its spans."""
+def _span_of_run(samples: pa.Table) -> dict[str, float | None]:
+    """What the stored spans tell of the run's time: from the first rollout's start to the
+    last one's end (``span``; a resumed run's includes the pause), and the rollouts over it."""
     if not samples.num_rows or "started_at" not in samples.column_names:
-        return None
+        return {}
     starts = samples["started_at"].to_numpy(zero_copy_only=False)
     total = sum(samples[s].fill_null(0.0).to_numpy(zero_copy_only=False) for s in SPANS if s in samples.column_names
                 and s not in ("agent_model_s", "agent_harness_s"))
     value = float((starts + total).max() - starts.min())
-    return value if math.isfinite(value) else None
+    if not math.isfinite(value):
+        return {}
+    return {"span": value, "rate": samples.num_rows / value if value > 0 else None}
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -116,7 +161,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines += [
         f"rollouts {summary['rollouts']}  ok {summary['ok']}  failed {summary['failed']}  "
         f"groups {summary['groups']}",
-        f"mean reward {summary['mean_reward']:.4f}",
+        f"mean reward {summary['mean_reward']:.4f}  ({FAILED_RULE}, here and in pass@k)",
     ]
     if summary["pass_at"]:
         lines.append("pass@k  " + "  ".join(f"pass@{k} {v:.4f}" for k, v in sorted(summary["pass_at"].items())))
@@ -126,20 +171,35 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append(f"  {name:<22} {mean:10.4f} {p50:10.4f} {p95:10.4f}")
     lines.append("stop conditions  " + _counts(summary["stop_conditions"]))
     lines.append("error types  " + (_counts(summary["error_types"]) or "none"))
+    width = max((len(k) for k in summary.get("first_errors", {})), default=0)
+    for kind, message in summary.get("first_errors", {}).items():
+        lines.append(f"  {kind:<{width}}  first: {message}")
+    judged, first = summary.get("judge_failures", (0, None))
+    if judged:
+        lines.append(f"judge failed on {judged} of {summary['groups']} groups  first: {first}")
     lines.append("time per span (p50 / p95, ms)")
     for span, (p50, p95) in summary["spans"].items():
         lines.append(f"  {span:<14} {p50 * 1000:9.1f} {p95 * 1000:9.1f}")
     lines.append("tokens (total / per rollout)")
     for name, (total, mean) in summary["tokens"].items():
         lines.append(f"  {name:<14} {total:>12,} {mean:12.1f}")
-    if summary.get("elapsed") is not None:
-        time_line = f"elapsed {summary['elapsed']:.1f}s"
-        if summary.get("warmup") is not None:
-            time_line += f"  (warmup {summary['warmup']:.1f}s)"
-        if summary.get("rate") is not None:
-            time_line += f"  {summary['rate']:.1f} rollouts/s"
+    time_line = _time_line(summary.get("time") or {})
+    if time_line:
         lines.append(time_line)
     return "\n".join(lines)
+
+
+def _time_line(time: dict[str, float | None]) -> str:
+    """Eval's clock (``wall``: the command; ``start``: before the first rollout could run;
+    ``rollouts``: the driver's run) or, from stored spans, the rollouts' ``span``."""
+    rate = time.get("rate")
+    if time.get("wall") is not None:
+        line = f"wall {time['wall']:.1f}s (start {time.get('start') or 0.0:.1f}s, rollouts {time['rollouts']:.1f}s)"
+        return line + (f"  {rate:.1f} rollouts/s over the rollouts' {time['rollouts']:.1f}s" if rate else "")
+    if time.get("span") is not None:
+        line = f"rollouts' span {time['span']:.1f}s (first start to last end, from the stored spans)"
+        return line + (f"  {rate:.1f} rollouts/s over it" if rate else "")
+    return ""
 
 
 def _counts(counts: dict[Any, int]) -> str:

@@ -126,7 +126,7 @@ def _complete(sweep: Sweep, point: Point, run_dir: str) -> bool:
     if not os.path.exists(os.path.join(run_dir, "manifest.json")):
         return False
     samples = point_config(sweep, point).samples_per_task
-    return {(group_id_of(t), s) for t in sweep.tasks for s in range(samples)} <= done_keys(run_dir)
+    return {(group_id_of(i, t), s) for i, t in enumerate(sweep.tasks) for s in range(samples)} <= done_keys(run_dir)
 
 
 def point_config(sweep: Sweep, point: Point) -> EvalConfig:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -13,6 +14,24 @@ def first_error(group: BaseExceptionGroup) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
+
+
+@contextmanager
+def unwrapped(kind: type[Exception]) -> Iterator[None]:
+    """Raise a ``kind`` that task groups wrapped, when it is all they raise, as itself."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if leaves and all(isinstance(e, kind) for e in leaves):
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
 
 
 async def gather_all(awaitables: Iterable[Awaitable[Any]]) -> list[Any]:

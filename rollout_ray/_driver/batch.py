@@ -3,8 +3,10 @@
 One row per training sequence of each sample, in sample order: a sample has one sequence
 per branch, and one more for each turn whose chat template drifted (``_record/tokens.py``);
 ``sample_idx`` and ``branch`` map the rows back. A sample is left out when it has no token
-ids, or its advantage is null (a failed sample ``FinalizeConfig.failed="mask"`` did not
-count). Rows are padded on the right, to ``pad_to`` or to the longest sequence.
+ids, no advantage, or it failed: a failed sample counts as reward 0 in its siblings'
+advantages (``finalize``), but what it sampled before failing is not trained on (the failure
+may be the provider's or the machine's, not the policy's). Rows are padded on the right, to
+``pad_to`` or to the longest sequence.
 
 =================  ===============  =======================================================
 array              dtype, shape     value
@@ -41,11 +43,12 @@ def batch_arrays(samples: pa.Table, *, pad_to: int | None = None, pad_id: int = 
     if pad_to is not None and pad_to < 1:
         raise ValueError(f"`pad_to` must be >= 1 or None, got {pad_to}")
     present = set(samples.column_names)
-    missing = [c for c in ("sample_idx", "advantage", *TOKEN_COLUMNS[:3], "token_branch") if c not in present]
+    missing = [c for c in ("sample_idx", "ok", "advantage", *TOKEN_COLUMNS[:3], "token_branch") if c not in present]
     if missing:
         raise ValueError(f"samples lack the column(s) {', '.join(missing)}: pass a finalized group's "
                          "samples, written with token columns (schema version 2)")
-    kept = samples.filter(pc.and_(pc.is_valid(samples["advantage"]), pc.is_valid(samples["input_ids"])))
+    kept = samples.filter(pc.and_(pc.and_(pc.fill_null(samples["ok"], False), pc.is_valid(samples["advantage"])),
+                                  pc.is_valid(samples["input_ids"])))
     per_sample = _numpy(pc.list_value_length(kept["input_ids"]), np.int64)
     ids, starts, lengths = _flat(kept["input_ids"])
     rows = len(lengths)

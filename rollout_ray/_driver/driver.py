@@ -1,9 +1,11 @@
 """The driver: tasks × samples rollouts, bounded in flight, into Arrow and finalized groups.
 
 Each (task, sample) is scheduled once; at most ``max_in_flight`` run at a time, so memory
-stays flat however many tasks there are. Every scheduled sample ends as exactly one record:
-a rollout lost to infrastructure is retried up to ``max_infra_retries`` times (each attempt's
-error kept on the final trace, oldest first) and then recorded as failed — so a group always
+stays flat however many tasks there are. A task's identity in a run is its position in the
+taskset (``group_id_of``): two identical tasks are two groups. Every scheduled sample ends as
+exactly one record: a rollout lost to infrastructure is retried up to ``max_infra_retries``
+times (each attempt's errors kept on the final trace, oldest first, and numbered in the
+record's ``attempts``) and then recorded as failed — so a group always
 completes and is never blocked by one bad sample. Task and harness failures are data and are
 not retried unless ``retry_failed``. ``breaker`` consecutive provider failures halt the run:
 nothing new is scheduled and the status says why.
@@ -33,16 +35,17 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._core.aio import unwrapped
 from .._core.collector import tuned_for_rollouts
 from .._core.executor import Executor, RolloutSpec
 from .._core.harness import Harness
 from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
-from .._errors import InfrastructureLost, ProviderError, error_class
+from .._errors import InfrastructureLost, ProviderError, ResumeMismatch, error_class
 from .._record.arrow import RolloutRecord, warm_arrow
 from .._record.store import read_groups, read_run
-from .._record.trace import AgentInfo, Error, Timing, Trace
+from .._record.trace import AgentInfo, Timing, Trace
 from .closer import Group, GroupCloser
 from .finalize import FinalizeConfig
 from .policy import PolicyOwner
@@ -120,9 +123,10 @@ class RunResult:
     """Rollouts dropped as stale and re-run."""
 
 
-def group_id_of(task: Task) -> str:
-    """Stable across reruns of the same taskset: the task's position and key."""
-    return f"{task.data.idx}-{task.key[:16]}"
+def group_id_of(position: int, task: Task) -> str:
+    """The group of the task at ``position`` in its taskset: the position (identical tasks are
+    distinct groups) and the task's key (a resume over a changed taskset is refused)."""
+    return f"{position}-{task.key[:16]}"
 
 
 class Driver(PolicyOwner):
@@ -183,13 +187,13 @@ class Driver(PolicyOwner):
         self._halt = asyncio.Event()
         self._last_report = 0.0
         self._done: set[tuple[str, int]] = set()
-        self._earlier_errors: dict[tuple[str, int], list[Error]] = {}
+        self._redo: dict[tuple[str, int], RolloutRecord] = {}
         self._store: RunDirectory | None = None
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ray-shards")
         self._init_policy(policy_version)
         self._tg: asyncio.TaskGroup | None = None
         self._slots: asyncio.Semaphore | None = None
-        self._group_tasks: dict[str, Task] = {}
+        self._group_tasks: dict[str, tuple[int, Task]] = {}
         """With ``max_staleness``: the task of each group closed and not yet finalized."""
 
     # -- public API -------------------------------------------------------------------------
@@ -266,7 +270,8 @@ class Driver(PolicyOwner):
                 config=self.config.finalize, judge=self.judge, store=self._store, io=self._io, emit=queue.put,
                 rows_per_write=self.config.rows_per_shard,
                 **({} if self.config.max_staleness is None else {"keep": self._fresh_or_rerun, "demand": demand}))
-            with tuned_for_rollouts():
+            # A lazy taskset is checked as it is planned, while rollouts run.
+            with tuned_for_rollouts(), unwrapped(ResumeMismatch):
                 async with asyncio.TaskGroup() as tg:
                     self._tg = tg  # where stale samples run again, while the closer runs
                     tg.create_task(closer.run())
@@ -295,13 +300,13 @@ class Driver(PolicyOwner):
             log.warning("the executor runs at most %d rollouts at once, below max_in_flight=%d: "
                         "the rest wait for room in it", bound, self.config.max_in_flight)
         async with asyncio.TaskGroup() as tg:
-            for task, group_id, sample_idx in self._plan():
+            for position, task, group_id, sample_idx in self._plan():
                 await slots.acquire()
                 if self._halt.is_set():
                     slots.release()
                     break
                 self.progress.in_flight += 1
-                tg.create_task(self._one(task, group_id, sample_idx, slots))
+                tg.create_task(self._one(position, task, group_id, sample_idx, slots))
 
     def _open_store(self) -> None:
         if self.run_dir is None:
@@ -313,33 +318,40 @@ class Driver(PolicyOwner):
                                    rows_per_shard=self.config.rows_per_shard)
         self._store.open()
         self.run_id = self._store.run_id
-        self._done, self._earlier_errors = self._store.done, self._store.earlier_errors
+        self._done, self._redo = self._store.done, self._store.redo
         self._pending.update(self._store.pending)
+        if self._store.groups_at and hasattr(self.tasks, "__len__"):
+            # A taskset in memory is checked whole before anything runs; a lazy one as planned.
+            for position, task in enumerate(self.tasks):
+                self._store.check_task(position, group_id_of(position, task))
 
-    def _plan(self) -> Iterator[tuple[Task, str, int]]:
+    def _plan(self) -> Iterator[tuple[int, Task, str, int]]:
         done = self._done
-        for task in self.tasks:
-            group_id = group_id_of(task)
+        for position, task in enumerate(self.tasks):
+            group_id = group_id_of(position, task)
+            if self._store is not None:
+                self._store.check_task(position, group_id)
             self._group_sizes[group_id] = self.config.samples_per_task
             for sample_idx in range(self.config.samples_per_task):
                 if (group_id, sample_idx) in done:
                     self.progress.skipped += 1
                     continue
-                yield task, group_id, sample_idx
+                yield position, task, group_id, sample_idx
 
-    async def _one(self, task: Task, group_id: str, sample_idx: int, slots: asyncio.Semaphore) -> None:
+    async def _one(self, position: int, task: Task, group_id: str, sample_idx: int,
+                   slots: asyncio.Semaphore) -> None:
         try:
-            trace, attempt = await self._attempts(task, self._earlier_errors.pop((group_id, sample_idx), []))
+            trace, attempt, attempts = await self._attempts(task, self._redo.pop((group_id, sample_idx), None))
         finally:
             slots.release()
             self.progress.in_flight -= 1
         self._count(trace)
         members = self._pending.setdefault(group_id, [])
-        members.append(RolloutRecord(trace, self.run_id, group_id, sample_idx, attempt))
+        members.append(RolloutRecord(trace, self.run_id, group_id, sample_idx, attempt, position, attempts))
         if len(members) == self._group_sizes[group_id]:
             del self._pending[group_id]
             if self.config.max_staleness is not None:
-                self._group_tasks[group_id] = task
+                self._group_tasks[group_id] = (position, task)
             assert self._closer is not None
             self._closer.close(group_id, members)
         self._report()
@@ -348,7 +360,7 @@ class Driver(PolicyOwner):
         """As the closer finalizes a group (``max_staleness``): keep it if no member is too old
         for the current policy; else drop those, run their samples again and keep the group
         pending until they are back (``staleness``)."""
-        task = self._group_tasks.pop(group_id)
+        position, task = self._group_tasks.pop(group_id)
         assert self.config.max_staleness is not None and self._tg is not None
         fresh, stale = split_stale(members, self._policy_version, self.config.max_staleness)
         if not stale:
@@ -358,10 +370,10 @@ class Driver(PolicyOwner):
             self.progress.stale += 1
             self.progress.done -= 1
             self.progress.failed -= not record.trace.ok
-            self._tg.create_task(self._again(task, group_id, record.sample_idx))
+            self._tg.create_task(self._again(position, task, group_id, record.sample_idx))
         return False
 
-    async def _again(self, task: Task, group_id: str, sample_idx: int) -> None:
+    async def _again(self, position: int, task: Task, group_id: str, sample_idx: int) -> None:
         """A stale sample's new run, when there is room (a halted run leaves its group incomplete)."""
         assert self._slots is not None and self._closer is not None
         await self._slots.acquire()
@@ -370,13 +382,18 @@ class Driver(PolicyOwner):
             self._closer.abandon(group_id)
             return
         self.progress.in_flight += 1
-        await self._one(task, group_id, sample_idx, self._slots)
+        await self._one(position, task, group_id, sample_idx, self._slots)
 
-    async def _attempts(self, task: Task, earlier: list[Error]) -> tuple[Trace, int]:
-        """Run ``task`` until it is not lost (or the retries are spent); its trace carries
-        the errors of every earlier attempt first, ``earlier`` (a resumed run's) before them."""
-        errors: list[Error] = list(earlier)
-        attempt = 0
+    async def _attempts(self, task: Task, earlier: RolloutRecord | None) -> tuple[Trace, int, tuple[int, ...]]:
+        """Run ``task`` until it is not lost (or the retries are spent). Returns its trace,
+        carrying the errors of every earlier attempt first (``earlier``: a resumed run's
+        stored record, whose attempts come first and are numbered on from), the trace's
+        attempt number and how many errors each attempt left (``RolloutRecord.attempts``)."""
+        history = earlier.attempt_errors() if earlier is not None else []
+        errors = [e for attempt_errors in history for e in attempt_errors]
+        counts = [len(attempt_errors) for attempt_errors in history]
+        attempt = earlier.attempt + 1 if earlier is not None else 0
+        retries = 0
         while True:
             spec = RolloutSpec(task, self.harness, self.model, limits=self.config.limits,
                                timeouts=self.config.timeouts, model_name=self.config.model_name,
@@ -391,11 +408,13 @@ class Driver(PolicyOwner):
                 retryable = False
             else:
                 retryable = self.config.retry_failed and not trace.ok
-            if not retryable or attempt >= self.config.max_infra_retries:
+            counts.append(len(trace.errors))
+            if not retryable or retries >= self.config.max_infra_retries:
                 trace.errors[:0] = errors  # earlier attempts first (B52)
-                return trace, attempt
+                return trace, attempt, tuple(counts)
             errors.extend(trace.errors)
             attempt += 1
+            retries += 1
             self.progress.retried += 1
 
     def _count(self, trace: Trace) -> None:

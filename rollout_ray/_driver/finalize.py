@@ -7,23 +7,30 @@ addition, so it lives in this explicitly named stage and does not hide inside pe
 scoring. It runs on the finished Arrow table after every runtime is gone, because it needs
 only rows.
 
-A sample is *failed* when ``ok`` is not true or its ``reward`` is null or NaN. ``failed``
-decides how failed samples enter the group statistics. With ``"zero"`` they count as reward
-0.0, as upstream's ``trace.reward`` does (Q26).
+A sample is *failed* when ``ok`` is not true or its ``reward`` is null or NaN. A failed
+sample counts as reward 0.0 and not correct, everywhere: group statistics, advantages,
+best-of-n, pass@k (in ``n``, never in ``c``), and the summaries' mean reward. Upstream has no
+group statistics, but its best-of-n finalize reads ``trace.reward``, which is 0 for a failed
+trace (Q26); one rule means no two numbers of a run disagree on what a failure counts for.
+
+A table that was finalized before (``read_run`` of a stored run) is finalized again: its
+group columns are replaced, as are the judge columns the new judge returns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["FinalizeConfig", "Finalized", "GroupJudge", "finalize", "pass_at_k"]
+from .._record.arrow import TRACE_SCHEMA
+
+__all__ = ["FinalizeConfig", "Finalized", "GroupJudge", "counted_reward", "finalize", "pass_at_k"]
 
 GroupJudge = Callable[[pa.Table], "Mapping[str, Sequence[float | None]] | None"]
 """The cross-trace hook over one group's table (``Judge`` is the per-trace grader of a task)."""
@@ -32,6 +39,8 @@ _REQUIRED = ("group_id", "ok", "reward")
 _SAMPLE_STATS = (
     "group_size", "group_valid", "group_mean", "group_std", "group_min", "group_max"
 )
+_TRACE_COLUMNS = frozenset(TRACE_SCHEMA.names)
+_GROUP_COLUMNS = frozenset((*_SAMPLE_STATS, "advantage", "best"))
 _JUDGE_PREFIXES = ("reward_", "metric_")
 _F64 = pa.float64()
 
@@ -47,14 +56,10 @@ class FinalizeConfig(BaseModel):
     """Added to the group std before dividing."""
     std_ddof: int = Field(0, ge=0)
     """Delta degrees of freedom of the group std (0: population std, 1: sample std)."""
-    failed: Literal["mask", "drop", "zero"] = "mask"
-    """Failed samples: ``mask`` leaves them out of the statistics and gives them null
-    advantage, best and pass; ``drop`` removes every group that has one; ``zero`` counts
-    them with reward 0.0."""
     pass_k: tuple[int, ...] = (1,)
     """The k values to report pass@k for: distinct, each >= 1."""
     correct_threshold: float = Field(1.0, allow_inf_nan=False)
-    """A counted sample is correct when its reward is >= this."""
+    """A sample is correct when it did not fail and its reward is >= this."""
 
     @field_validator("pass_k")
     @classmethod
@@ -99,19 +104,14 @@ def finalize(
     ``judge`` is called once per group, with that group's rows of ``samples`` in input
     order. It may return ``None`` or a mapping of new ``reward_*`` / ``metric_*`` column
     names to one value per row. Those columns are appended to ``samples``, null for groups
-    that returned nothing. Raises ValueError on a bad input table or a bad judge result.
+    that returned nothing. Group columns ``table`` already has (a stored run's) are replaced.
+    Raises ValueError on a bad input table or a bad judge result.
     """
-    pass_names = [f"pass_at_{k}" for k in config.pass_k]
-    _check_input(table, [*_SAMPLE_STATS, "advantage", "best", *pass_names])
+    _check_input(table)
+    table = table.drop_columns([c for c in table.column_names if _is_group_column(c)])
     failed = _failed(table)
-    if config.failed == "drop":
-        gidx, _ = _encode(table["group_id"])
-        keep = ~(np.bincount(gidx, weights=failed, minlength=1) > 0)[gidx]
-        table, failed = table.filter(pa.array(keep)), failed[keep]
     gidx, group_ids = _encode(table["group_id"])
-    reward = table["reward"].cast(_F64).combine_chunks()
-    # The reward each sample enters the statistics with: null when masked out.
-    eff = pc.if_else(pa.array(failed), 0.0 if config.failed == "zero" else pa.scalar(None, _F64), reward)
+    eff = counted_reward(table, failed)
     groups = _group_summary(gidx, group_ids, eff, failed, config)
     samples = _with_group_columns(table, gidx, eff, groups, config)
     if judge is not None:
@@ -119,10 +119,16 @@ def finalize(
     return Finalized(samples=samples, groups=groups)
 
 
+def counted_reward(table: pa.Table, failed: np.ndarray | None = None) -> pa.Array:
+    """The reward each row counts for: its ``reward``, 0.0 where the sample failed."""
+    failed = _failed(table) if failed is None else failed
+    return pc.if_else(pa.array(failed), 0.0, table["reward"].cast(_F64).combine_chunks())
+
+
 def _group_summary(gidx: np.ndarray, group_ids: pa.Array, eff: pa.Array, failed: np.ndarray,
                    config: FinalizeConfig) -> pa.Table:
     """One row per group: counts, reward statistics, pass@k."""
-    correct = pc.greater_equal(eff, config.correct_threshold).cast(pa.int32())
+    correct = pc.and_(pc.invert(pa.array(failed)), pc.greater_equal(eff, config.correct_threshold)).cast(pa.int32())
     stats = _group_stats(gidx, len(group_ids), eff, correct, failed, config.std_ddof)
     g_min, g_max, g_std = stats["min"], stats["max"], stats["std"]
     flat = pc.equal(g_min, g_max)
@@ -152,14 +158,13 @@ def _with_group_columns(table: pa.Table, gidx: np.ndarray, eff: pa.Array, groups
     """``table`` plus each sample's group statistics, advantage, best and pass@k."""
     rows = pa.array(gidx, type=pa.int32())
     r_mean, r_std, r_min, r_max = (groups[name].take(rows) for name in ("mean", "std", "min", "max"))
-    counted = pc.is_valid(eff)
-    advantage = pc.subtract(eff, r_mean)  # null for masked rows, and so is all that follows
+    advantage = pc.subtract(eff, r_mean)
     if config.normalize_std:
         # Null where the std is undefined (n_valid <= std_ddof), except for the line below.
         advantage = pc.divide(advantage, pc.add(r_std, config.eps))
     # No spread means no signal: an exact 0, not (r - mean) noise over eps, nor null for a
     # lone sample with std_ddof=1.
-    advantage = pc.if_else(pc.and_(counted, pc.equal(r_min, r_max)), 0.0, advantage)
+    advantage = pc.if_else(pc.equal(r_min, r_max), 0.0, advantage)
     new_cols = {
         "group_size": groups["n"].take(rows),
         "group_valid": groups["n_valid"].take(rows),
@@ -169,10 +174,7 @@ def _with_group_columns(table: pa.Table, gidx: np.ndarray, eff: pa.Array, groups
         "group_max": r_max,
         "advantage": advantage,
         "best": pc.equal(eff, r_max),
-        **{
-            f"pass_at_{k}": pc.if_else(counted, groups[f"pass_at_{k}"].take(rows), pa.scalar(None, _F64))
-            for k in config.pass_k
-        },
+        **{f"pass_at_{k}": groups[f"pass_at_{k}"].take(rows) for k in config.pass_k},
     }
     for name, col in new_cols.items():
         table = table.append_column(name, col)
@@ -213,14 +215,16 @@ def _group_stats(gidx: np.ndarray, groups: int, eff: pa.Array, correct: pa.Array
     }
 
 
-def _check_input(table: pa.Table, added: list[str]) -> None:
+def _is_group_column(name: str) -> bool:
+    """A column ``finalize`` adds (whatever the k of a ``pass_at_k``)."""
+    return name in _GROUP_COLUMNS or (name.startswith("pass_at_") and name[len("pass_at_"):].isdigit())
+
+
+def _check_input(table: pa.Table) -> None:
     names = set(table.column_names)  # a new list of every name on each access
     missing = [c for c in _REQUIRED if c not in names]
     if missing:
         raise ValueError(f"finalize: table lacks required column(s) {missing}")
-    clash = [c for c in added if c in names]
-    if clash:
-        raise ValueError(f"finalize: table already has output column(s) {clash}")
     if table["group_id"].null_count:
         raise ValueError("finalize: group_id has nulls; every row needs a group")
 
@@ -261,24 +265,23 @@ def _apply_judge(
                 f"got {type(out).__name__}"
             )
         for name, col in out.items():
-            arr = _judge_column(where, name, col, hi - lo, samples.column_names)
+            arr = _judge_column(where, name, col, hi - lo)
             if name not in values:
                 values[name] = np.full(len(samples), np.nan)
                 valid[name] = np.zeros(len(samples), dtype=bool)
             values[name][order[lo:hi]] = arr.to_numpy(zero_copy_only=False)
             valid[name][order[lo:hi]] = arr.is_valid().to_numpy(zero_copy_only=False)
-    for name, column in values.items():
+    for name, column in values.items():  # replacing a judge's column of a stored run
+        samples = samples.drop_columns([name] if name in samples.column_names else [])
         samples = samples.append_column(name, pa.array(column, type=_F64, mask=~valid[name]))
     return samples
 
 
-def _judge_column(
-    where: str, name: object, col: object, size: int, existing: list[str]
-) -> pa.Array:
+def _judge_column(where: str, name: object, col: object, size: int) -> pa.Array:
     if not isinstance(name, str) or not name.startswith(_JUDGE_PREFIXES) or name in _JUDGE_PREFIXES:
         raise ValueError(f"{where}: column name {name!r} must start with 'reward_' or 'metric_'")
-    if name in existing:
-        raise ValueError(f"{where}: column {name!r} already exists in the table")
+    if name in _TRACE_COLUMNS:
+        raise ValueError(f"{where}: column {name!r} is a column of every trace table; name yours otherwise")
     if isinstance(col, (str, bytes)) or not hasattr(col, "__len__"):
         kind = type(col).__name__
         raise ValueError(f"{where}: column {name!r} must be a sequence of floats, got {kind}")

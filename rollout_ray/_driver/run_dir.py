@@ -7,8 +7,10 @@ taskset) are those it was run with
 (``ResumeMismatch`` names the ones that differ; how many run at once may change). A resume
 knows which ``(group_id, sample_idx)`` are done; a stored rollout that failed because the
 infrastructure or the model provider failed is *redone* unless ``keep_failed``, and the
-errors of its earlier attempts go onto its new trace. Stored samples of groups left
-incomplete are reloaded, so those groups finalize with their new samples.
+errors of its earlier attempts go onto its new trace (its attempts numbered on from them).
+Stored samples of groups left incomplete are reloaded, so those groups finalize with their
+new samples. A group id starts with its task's position in the taskset (``group_id_of``):
+``check_task`` refuses a resume whose task at a stored position is another one.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from .._record.store import (
     stored_outcomes,
     write_manifest,
 )
-from .._record.trace import Error
 from .finalize import FinalizeConfig, GroupJudge, finalize
 
 RESULT_SETTINGS = ("samples_per_task", "limits", "timeouts", "model_name", "sampling", "finalize")
@@ -68,8 +69,10 @@ class RunDirectory:
         self.samples_per_task, self.rows_per_shard = samples_per_task, rows_per_shard
         self.done: set[Key] = set()
         """Samples stored and not to be redone."""
-        self.earlier_errors: dict[Key, list[Error]] = {}
-        """The errors of each sample to redo, oldest first (they go on its new trace)."""
+        self.redo: dict[Key, RolloutRecord] = {}
+        """The stored record of each sample to redo (its errors and attempts go on the new one)."""
+        self.groups_at: dict[int, set[str]] = {}
+        """The stored group ids at each task position."""
         self.pending: dict[str, list[RolloutRecord]] = {}
         """Stored samples of groups left incomplete."""
         self._samples: ShardWriter | None = None
@@ -120,6 +123,16 @@ class RunDirectory:
         self._groups.write(summaries)
         self._groups.flush()
 
+    def check_task(self, position: int, group_id: str) -> None:
+        """Refuse to resume with another task at ``position`` than the one stored there.
+
+        Raises:
+            ResumeMismatch: the run stored another group at that position.
+        """
+        stored = self.groups_at.get(position)
+        if stored and stored != {group_id}:
+            raise ResumeMismatch.taskset(self.path, position, min(stored - {group_id}), group_id)
+
     def close(self) -> None:
         for writer in (self._samples, self._groups):
             if writer is not None:
@@ -138,6 +151,10 @@ class RunDirectory:
 
     def _restore(self) -> None:
         outcomes = stored_outcomes(self.path)
+        for group_id, _ in outcomes:
+            position = _position(group_id)
+            if position is not None:
+                self.groups_at.setdefault(position, set()).add(group_id)
         redo = set() if self.keep_failed else {k for k, (ok, error) in outcomes.items() if not ok and _lost(error)}
         self.done = set(outcomes) - redo
         counts = Counter(group for group, _ in self.done)
@@ -149,7 +166,7 @@ class RunDirectory:
         for record in table_to_records(table):
             key = (record.group_id, record.sample_idx)
             if key in redo:
-                self.earlier_errors[key] = list(record.trace.errors)
+                self.redo[key] = record
             else:
                 self.pending.setdefault(record.group_id, []).append(record)
 
@@ -224,6 +241,12 @@ def _data_column(values: list[Any]) -> pa.Array:
     if len(kinds) == 1 and (kind := next(iter(kinds))) in _SCALARS:
         return pa.array(values, _SCALARS[kind])
     return pa.array([None if v is None else _JSON.encode(v).decode() for v in values], pa.string())
+
+
+def _position(group_id: str) -> int | None:
+    """The task position a group id starts with (``<position>-<key>``), if it does."""
+    head, sep, _ = group_id.partition("-")
+    return int(head) if sep and head.isdigit() else None
 
 
 def _lost(error_type: str | None) -> bool:

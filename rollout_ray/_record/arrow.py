@@ -14,6 +14,12 @@ stays one rollout, so the table keeps its key; a rollout with one branch and no 
 sequence. A rollout without token ids has nulls there. They count among the conversation
 columns, the large ones a reader of outcomes leaves out. A table of version 1 lacks them and
 is still read whole.
+
+Schema version 3 appended ``attempts``: every attempt of the rollout's sample, oldest first,
+each with its number and its errors (list<struct<attempt, errors: list<struct<type,
+message>>>>), the last being the stored one. The trace keeps every attempt's errors, oldest
+first (B52); the error columns (``error_type``, ``error_message``, ``num_errors``) describe
+the stored attempt only, so a rollout that succeeded on a retry has none.
 """
 
 from __future__ import annotations
@@ -32,13 +38,13 @@ import pyarrow as pa
 
 from .._errors import SchemaMismatch
 from .tokens import TokenSequence, has_tokens, token_drift, token_sequences
-from .trace import Trace
+from .trace import Error, Trace
 from .wire import wire_message
 
 # WARNING: the schema evolves by appending columns at the end of TRACE_SCHEMA, never by
 # retyping, renaming or reordering one. Bump only for an incompatible change: a reader refuses
 # a table whose version is newer than the one it knows.
-ARROW_SCHEMA_VERSION = 2
+ARROW_SCHEMA_VERSION = 3
 
 VERSION_KEY = b"rollout_ray.schema_version"
 """The schema-metadata key holding ``ARROW_SCHEMA_VERSION`` (ASCII digits)."""
@@ -91,12 +97,15 @@ _CONVERSATION_FIELDS = [
     pa.field("trace", pa.binary()),
     *_TOKEN_FIELDS,
 ]
+_ERROR = pa.struct([pa.field("type", pa.string()), pa.field("message", pa.string())])
+_ATTEMPT = pa.struct([pa.field("attempt", pa.int32()), pa.field("errors", pa.list_(_ERROR))])
+_HISTORY_FIELDS = [pa.field("attempts", pa.list_(_ATTEMPT))]
 
 TRACE_SCHEMA: pa.Schema = pa.schema(
-    _SCALAR_FIELDS + _CONVERSATION_FIELDS,
+    _SCALAR_FIELDS + _CONVERSATION_FIELDS + _HISTORY_FIELDS,
     metadata={VERSION_KEY: str(ARROW_SCHEMA_VERSION).encode()},
 )
-"""One row per rollout; see the module docstring for the two column sets."""
+"""One row per rollout; see the module docstring for the column sets."""
 
 SCALAR_COLUMNS: tuple[str, ...] = tuple(f.name for f in _SCALAR_FIELDS)
 """The small columns: everything but the conversation."""
@@ -107,7 +116,10 @@ CONVERSATION_COLUMNS: tuple[str, ...] = tuple(f.name for f in _CONVERSATION_FIEL
 TOKEN_COLUMNS: tuple[str, ...] = tuple(f.name for f in _TOKEN_FIELDS)
 """The training sequences of each rollout (null: it has no token ids)."""
 
-_ADDED_IN = dict.fromkeys(TOKEN_COLUMNS, 2)
+HISTORY_COLUMNS: tuple[str, ...] = tuple(f.name for f in _HISTORY_FIELDS)
+"""Every attempt of the sample and its errors (small, but nested: not a scalar)."""
+
+_ADDED_IN = {**dict.fromkeys(TOKEN_COLUMNS, 2), **dict.fromkeys(HISTORY_COLUMNS, 3)}
 """Columns appended after version 1, by the version that added them."""
 
 _SCHEMA_NAMES = frozenset(TRACE_SCHEMA.names)
@@ -132,7 +144,21 @@ class RolloutRecord:
     sample_idx: int
     """The sample's index within its group; ``(group_id, sample_idx)`` keys resume."""
     attempt: int = 0
-    """0 for the first try; a retry of the same sample counts up."""
+    """0 for the first try; a retry of the same sample counts up, across resumes."""
+    task_idx: int | None = None
+    """The task's position in its taskset (``None``: the trace's ``task.idx`` stands in)."""
+    attempts: tuple[int, ...] = ()
+    """How many of ``trace.errors`` each attempt left, oldest first, the last being this
+    record's (``()``: unknown; every error counts as this attempt's)."""
+
+    def attempt_errors(self) -> list[list[Error]]:
+        """The trace's errors split by attempt, oldest first; the last list is the stored
+        attempt's (see ``attempts``)."""
+        errors = self.trace.errors
+        if not self.attempts or sum(self.attempts) != len(errors):
+            return [list(errors)]
+        bounds = np.cumsum((0, *self.attempts))
+        return [errors[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def _score_map(maps: Iterable[dict[str, Any]]) -> pa.MapArray:
@@ -175,7 +201,8 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
     """Convert many records at once, column by column, into a ``TRACE_SCHEMA`` table."""
     traces = [r.trace for r in records]
     counts = [t.counts() for t in traces]
-    last_errors = [t.errors[-1] if t.errors else None for t in traces]
+    history = [r.attempt_errors() for r in records]
+    last_errors = [h[-1][-1] if h[-1] else None for h in history]
     timings = [t.timing for t in traces]
     columns: dict[str, Any] = {
         "run_id": [r.run_id for r in records],
@@ -186,13 +213,13 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
         "task_type": [t.task.type for t in traces],
         "task_key": [t.task.key for t in traces],
         "task_hash": [t.task.hash for t in traces],
-        "task_idx": [t.task.idx for t in traces],
+        "task_idx": [t.task.idx if r.task_idx is None else r.task_idx for r, t in zip(records, traces)],
         "ok": [t.ok for t in traces],
         "is_completed": [t.is_completed for t in traces],
         "stop_condition": [t.stop_condition for t in traces],
         "error_type": [e.type if e is not None else None for e in last_errors],
         "error_message": [e.message if e is not None else None for e in last_errors],
-        "num_errors": [len(t.errors) for t in traces],
+        "num_errors": [len(h[-1]) for h in history],
         "reward": [t.reward for t in traces],
         "rewards": _score_map(
             {k: (r.score if r is not None else None) for k, r in t.rewards.items()}
@@ -219,9 +246,17 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
         "messages": [_JSON_ENCODER.encode([wire_message(m) for m in t.messages]) for t in traces],
         "trace": [_ENCODER.encode(t) for t in traces],
         **_token_columns(traces),
+        "attempts": [_attempts_row(r.attempt, h) for r, h in zip(records, history)],
     }
     arrays = [_to_array(columns[f.name], f.type) for f in TRACE_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=TRACE_SCHEMA)
+
+
+def _attempts_row(attempt: int, history: list[list[Error]]) -> list[dict[str, Any]]:
+    """Each attempt's number and errors; numbered so that the last is ``attempt``."""
+    first = attempt - len(history) + 1
+    return [{"attempt": first + i, "errors": [{"type": e.type, "message": e.message} for e in errors]}
+            for i, errors in enumerate(history)]
 
 
 def _token_columns(traces: Sequence[Trace]) -> dict[str, pa.Array]:
@@ -306,7 +341,8 @@ _RECORD_COLUMNS = ("run_id", "group_id", "sample_idx", "attempt", "trace")
 
 
 def table_to_records(table: pa.Table) -> list[RolloutRecord]:
-    """Rebuild the records of a trace table.
+    """Rebuild the records of a trace table. ``task_idx`` equal to the trace's own
+    ``task.idx``, and a history of one attempt, come back as the defaults that mean them.
 
     Raises:
         SchemaMismatch: a column a record needs is missing or mistyped.
@@ -316,10 +352,15 @@ def table_to_records(table: pa.Table) -> list[RolloutRecord]:
     run_ids, group_ids, sample_idxs, attempts = (
         table.column(name).to_pylist() for name in _RECORD_COLUMNS[:-1]
     )
+    names = set(table.column_names)
+    positions = table.column("task_idx").to_pylist() if "task_idx" in names else [None] * len(traces)
+    histories = table.column("attempts").to_pylist() if "attempts" in names else [None] * len(traces)
     return [
-        RolloutRecord(trace, run_id, group_id, sample_idx, attempt)
-        for trace, run_id, group_id, sample_idx, attempt in zip(
-            traces, run_ids, group_ids, sample_idxs, attempts
+        RolloutRecord(trace, run_id, group_id, sample_idx, attempt,
+                      task_idx=None if position == trace.task.idx else position,
+                      attempts=tuple(len(a["errors"]) for a in history) if history and len(history) > 1 else ())
+        for trace, run_id, group_id, sample_idx, attempt, position, history in zip(
+            traces, run_ids, group_ids, sample_idxs, attempts, positions, histories
         )
     ]
 
@@ -368,6 +409,13 @@ def check_schema(
                 expected=str(expected),
                 found=str(found),
             )
+
+
+def newer_columns(schema: pa.Schema) -> frozenset[str]:
+    """The columns appended to ``TRACE_SCHEMA`` after ``schema``'s version: a table of that
+    version lacks them, and a reader gives nulls there."""
+    version = _check_version(schema.metadata or {}) or 0
+    return frozenset(name for name, added in _ADDED_IN.items() if version < added)
 
 
 def _check_version(metadata: dict[bytes, bytes]) -> int | None:

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._errors import CorruptShard, ForeignShard
-from .arrow import CONVERSATION_COLUMNS, TRACE_SCHEMA, check_schema
+from .arrow import CONVERSATION_COLUMNS, TRACE_SCHEMA, check_schema, newer_columns
 from .manifest import MANIFEST_NAME as MANIFEST_NAME
 from .manifest import MANIFEST_VERSION as MANIFEST_VERSION
 from .manifest import Manifest as Manifest
@@ -217,12 +217,20 @@ def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = No
     table = _latest_per_key(_concat(tables))
     if columns is None:
         return table
+    for name in columns:  # appended to the schema after every shard was written (else checked above)
+        if name not in table.column_names and name in _SCHEMA_NAMES:
+            field = TRACE_SCHEMA.field(name)
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
     check_schema(table, columns)  # a column no shard has
     return table.select(list(columns))
 
 
 def read_groups(run_dir: str | os.PathLike[str]) -> pa.Table:
-    """The run's finalized groups, one row each (the latest of a group finalized again).
+    """The run's finalized groups, one row each (the latest of a group finalized again):
+    ``group_id``, ``n`` samples, ``n_valid`` counted (every sample: a failed one counts as
+    reward 0), ``n_failed``, ``n_correct``, reward ``mean`` / ``std`` / ``min`` / ``max``,
+    ``best_reward``, ``pass_at_<k>`` and ``judge_error`` (the judge's failure on the group, if
+    it failed). ``read_run`` has the per-sample side of the same numbers.
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
@@ -322,8 +330,11 @@ def _read_shard(path: Path, columns: Sequence[str] | None) -> pa.Table:
         with _unreadable_is_corrupt(path):
             schema = shard.schema_arrow
         # Checked before reading, so a missing column is a SchemaMismatch, not a CorruptShard.
-        # Columns beyond TRACE_SCHEMA (group and judge columns) may be absent from a shard.
-        check_schema(schema, None if columns is None else [c for c in columns if c in TRACE_SCHEMA.names])
+        # Columns beyond TRACE_SCHEMA (group and judge columns) may be absent from a shard,
+        # and so may one appended to TRACE_SCHEMA after the shard's version.
+        newer = newer_columns(schema)
+        check_schema(schema, None if columns is None else
+                     [c for c in columns if c in _SCHEMA_NAMES and c not in newer])
         present = None if columns is None else [c for c in columns if c in schema.names]
         with _unreadable_is_corrupt(path):
             return shard.read(columns=present)

@@ -77,11 +77,14 @@ def _runs_under(directory: Path, depth: int) -> list[Path]:
     return found
 
 
-_ROWS_CACHE: dict[tuple[str, int, int], int] = {}
+_KEYS_CACHE: dict[tuple[str, int, int], pa.Table] = {}
+_ROWS_CACHE: dict[tuple[tuple[str, int, int], ...], int] = {}
 
 
 def describe(entry: RunEntry) -> dict[str, object]:
-    """What the runs list shows of a run: manifest facts and row counts from shard footers only."""
+    """What the runs list shows of a run: manifest facts, and its rollouts as ``read_run``
+    counts them (the latest row of each ``(group_id, sample_idx)``: a rollout redone on resume
+    is one)."""
     out: dict[str, object] = {"id": entry.id, "path": str(entry.path)}
     try:
         manifest = read_manifest(entry.path)
@@ -91,21 +94,30 @@ def describe(entry: RunEntry) -> dict[str, object]:
     config = manifest.config
     out |= {"run_id": manifest.run_id, "created": manifest.created,
             "taskset": config.get("taskset"), "model": config.get("model")}
-    rows, shards = 0, shard_paths(entry.path)
-    for path in shards:
-        rows += _footer_rows(path)
-    out |= {"rollouts": rows, "shards": len(shards)}
+    shards = shard_paths(entry.path)
+    ids = tuple(_shard_id(path) for path in shards)
+    if ids not in _ROWS_CACHE:
+        keys = pa.concat_tables([_NO_KEYS, *map(_shard_keys, ids)], promote_options="permissive")
+        _ROWS_CACHE[ids] = keys.group_by(["group_id", "sample_idx"]).aggregate([]).num_rows
+    out |= {"rollouts": _ROWS_CACHE[ids], "shards": len(shards)}
     return out
 
 
-def _footer_rows(path: Path) -> int:
-    # Shards are never rewritten, so (name, mtime, size) identifies one; the footer is all
-    # that is read, and only once.
+def _shard_id(path: Path) -> tuple[str, int, int]:
+    # Shards are never rewritten, so (name, mtime, size) identifies one.
     st = os.stat(path)
-    key = (str(path), st.st_mtime_ns, st.st_size)
-    if key not in _ROWS_CACHE:
+    return str(path), st.st_mtime_ns, st.st_size
+
+
+def _shard_keys(key: tuple[str, int, int]) -> pa.Table:
+    """The shard's ``(group_id, sample_idx)`` rows, read once."""
+    path = key[0]
+    if key not in _KEYS_CACHE:
         try:
-            _ROWS_CACHE[key] = pq.read_metadata(path).num_rows
+            _KEYS_CACHE[key] = pq.read_table(path, columns=["group_id", "sample_idx"])
         except (pa.ArrowException, OSError, ValueError):
-            _ROWS_CACHE[key] = 0  # a damaged shard: opening the run says why
-    return _ROWS_CACHE[key]
+            _KEYS_CACHE[key] = _NO_KEYS  # a damaged shard: opening the run says why
+    return _KEYS_CACHE[key]
+
+
+_NO_KEYS = pa.table({"group_id": pa.array([], pa.string()), "sample_idx": pa.array([], pa.int32())})

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .._driver.finalize import counted_reward
 from .._errors import CorruptShard
 from .._record.arrow import SCALAR_COLUMNS, TRACE_SCHEMA, check_schema
 from .._record.store import MANIFEST_NAME, SHARDS_DIR, read_manifest, shard_paths
@@ -308,13 +309,13 @@ def overview(index: RunIndex, facet_limit: int = 200) -> dict[str, object]:
     table = index.table
     n = table.num_rows
     ok = int(pc.sum(table["ok"]).as_py() or 0) if n else 0
-    rewards = table["reward"]
     return {
         "rollouts": n,
         "ok": ok,
         "failed": n - ok,
         "groups": pc.count_distinct(table["group_id"]).as_py() if n else 0,
-        "mean_reward": pc.mean(rewards).as_py() if n else None,
+        # As the summary counts it: a failed rollout is reward 0 (finalize's rule).
+        "mean_reward": pc.mean(counted_reward(table)).as_py() if n else None,
         "facets": {name: _facet(table[name], facet_limit)
                    for name in ("stop_condition", "error_type", "task_type")},
         "columns": sortable(index),

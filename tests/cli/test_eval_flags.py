@@ -85,7 +85,7 @@ def test_the_summary_has_every_pass_at_k_the_metrics_time_and_rate(capsys: pytes
     assert lines[2] == "pass@k  pass@1 1.0000  pass@2 1.0000  pass@4 1.0000"
     assert lines[3] == "metrics (mean / p50 / p95)"
     assert lines[4].split() == ["tool_calls", "1.0000", "1.0000", "1.0000"]
-    assert lines[-2].startswith("elapsed ") and lines[-2].endswith(" rollouts/s")
+    assert lines[-2].startswith("wall ") and "rollouts/s over the rollouts' " in lines[-2]
 
 
 def test_the_summary_puts_a_halt_first() -> None:
@@ -94,6 +94,7 @@ def test_the_summary_puts_a_halt_first() -> None:
     from rollout_ray._cli.summary import format_summary, summarize
 
     samples = pa.table({"ok": [False], "reward": [0.0], "stop_condition": [None], "error_type": ["ProviderError"],
+                        "error_message": ["503 from the provider"],
                         "metrics": pa.array([[("m", 2.0)]], pa.map_(pa.string(), pa.float64()))})
     groups = pa.table({"group_id": ["g"], "n_valid": [8], "n_correct": [3]})
     s = summarize(samples, groups, status="halted", reason="circuit breaker: 10 consecutive provider failures")

@@ -28,7 +28,7 @@ class _Rewarding(Executor):
         self.rewards = iter(rewards)
 
     async def run(self, spec: RolloutSpec) -> Trace:
-        trace = Trace(task=TraceTask(type="T"))
+        trace = Trace(task=TraceTask(type="T"), ok=True)
         trace.rewards["r"] = Reward(next(self.rewards))
         return trace
 
@@ -45,7 +45,7 @@ def test_rate_and_eta_count_from_the_first_finished_rollout_not_from_the_start()
     f = display.fields(p)
     assert f["rate"] == pytest.approx(10.0)  # 20 in 2 s, not 21 in 32 s
     assert f["eta"] == pytest.approx(7.9)
-    assert f["elapsed"] == pytest.approx(32.0)
+    assert f["wall"] == pytest.approx(32.0)
 
 
 def test_skipped_samples_of_a_resume_are_not_in_the_total() -> None:
@@ -67,7 +67,7 @@ def test_a_plain_line_every_few_seconds_and_at_the_end() -> None:
     display.update(p)
     lines = stream.getvalue().splitlines()
     assert len(lines) == 3  # the first, one after PLAIN_EVERY, the last
-    assert lines[0] == "done 1/4  failed 0  in flight 0  reward -  elapsed 0s  warming up"
+    assert lines[0] == "done 1/4  failed 0  in flight 0  reward -  wall 0s  warming up"
     assert lines[-1].startswith("done 4/4  failed 0") and "rollouts/s  ETA 0s" in lines[-1]
 
 
@@ -111,7 +111,7 @@ def test_in_a_terminal_a_live_bar_with_failures_reward_and_eta() -> None:
     first = next(f for f in frames if "1/10" in f)
     assert "warming up" in first
     assert "60%" in frames[-1]
-    assert "6/10, failed 1  reward 0.500  [1:05, 0.1/s ETA 52s]" in frames[-1]  # 5 in the 65 s after the first
+    assert "6/10, failed 1  reward 0.500  [wall 1:05, 0.1/s ETA 52s]" in frames[-1]  # 5 in the 65 s after the first
 
 
 def test_the_display_costs_nothing_per_rollout() -> None:
@@ -163,3 +163,25 @@ def test_a_real_terminal_gets_the_bar_and_a_pipe_the_plain_lines(tmp_path) -> No
     piped = subprocess.run([*argv, "--out", str(tmp_path / "pipe")], capture_output=True, text=True, timeout=60)
     assert "%|" not in piped.stderr
     assert piped.stderr.splitlines()[-1].startswith("done 4/4  failed 0  in flight 0  reward 1.000")
+
+
+def test_the_wall_clock_is_the_commands_not_the_drivers() -> None:
+    """eval hands over when it started (before Ray): the line's wall is the summary's."""
+    clock, stream = Clock(), io.StringIO()
+    display = ProgressDisplay(stream, clock=clock, tty=False, started=clock.now - 3.5)  # Ray took 3.5 s
+    display.update(Progress(total=4, done=1))
+    assert "  wall 3s  " in stream.getvalue()
+
+
+class _Failing(Executor):
+    async def run(self, spec: RolloutSpec) -> Trace:
+        trace = Trace(task=TraceTask(type="T"))
+        trace.rewards["r"] = Reward(1.0)  # scored, then failed: it counts as 0
+        trace.record_error(RuntimeError("late"))
+        return trace
+
+
+def test_a_failed_rollout_counts_as_reward_zero_in_the_running_mean() -> None:
+    watched = Watched(_Failing())
+    run(watched.run(None))  # type: ignore[arg-type]
+    assert watched.mean_reward == 0.0

@@ -57,8 +57,9 @@ def two_branches(reward: float = 0.0, *, ok: bool = True) -> Trace:
 
 
 def group() -> Group:
-    """Four samples: two turns (reward 1), two branches (reward 0), a failed one (masked: null
-    advantage) and one without token ids (reward 0.5). Advantages r - mean: 0.5, -0.5, -, 0."""
+    """Four samples: two turns (reward 1), two branches (reward 0), a failed one (counted as 0,
+    not batched) and one without token ids (reward 0.5). Advantages r - mean: 0.625, -0.375,
+    -0.375 (not batched), 0.125."""
     traces = [two_turns(), two_branches(), two_branches(1.0, ok=False), sample(0.5)]
     table = records_to_table([RolloutRecord(t, "run", "g", i) for i, t in enumerate(traces)])
     samples = finalize(table, FinalizeConfig(normalize_std=False)).samples
@@ -72,7 +73,8 @@ def test_a_group_batches_one_row_per_sequence_padded_to_the_longest() -> None:
         "attention_mask": [[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0]],
         "loss_mask": [[0, 0, 0, 1, 1, 0, 1], [0, 0, 1, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0, 0]],
         "old_logprobs": [[0, 0, 0, -0.5, -0.25, 0, -1.0], [0, 0, -2.0, 0, 0, 0, 0], [0, 0, -0.125, -0.25, 0, 0, 0]],
-        "advantages": [[0, 0, 0, 0.5, 0.5, 0, 0.5], [0, 0, -0.5, 0, 0, 0, 0], [0, 0, -0.5, -0.5, 0, 0, 0]],
+        "advantages": [[0, 0, 0, 0.625, 0.625, 0, 0.625], [0, 0, -0.375, 0, 0, 0, 0],
+                       [0, 0, -0.375, -0.375, 0, 0, 0]],
         "sample_idx": [0, 1, 1],
         "branch": [0, 0, 1],
     }

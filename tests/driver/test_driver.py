@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rollout_ray import ChatHarness, ProviderError, Trace
+from rollout_ray import ChatHarness, ProviderError, ResumeMismatch, Trace
 from rollout_ray._core.executor import Executor, RolloutSpec
 from rollout_ray._driver.driver import Driver, EvalConfig
 from rollout_ray._driver.local_executor import LocalExecutor
@@ -20,7 +20,7 @@ from rollout_ray._errors import InfrastructureLost
 from rollout_ray._record.store import read_run
 from rollout_ray.testing import ScriptedModel
 
-from conftest import tasks
+from conftest import Echo, tasks
 
 
 class Flaky(Executor):
@@ -71,8 +71,13 @@ def test_lost_rollouts_are_retried_with_every_attempt_recorded() -> None:
     flaky = Flaky(lambda idx, call: idx == 1 and call <= 2)  # the first two runs of task 1 die
     _, result = drive(2, executor=flaky, config=EvalConfig(samples_per_task=1, max_infra_retries=2))
     rows = {r["task_idx"]: r for r in result.samples.to_pylist()}
-    assert rows[1]["ok"] and rows[1]["attempt"] == 2 and rows[1]["num_errors"] == 2
-    assert rows[0]["attempt"] == 0 and flaky.calls == {0: 1, 1: 3}
+    # The error columns are the stored attempt's (none); every attempt's errors are its history.
+    assert rows[1]["ok"] and rows[1]["attempt"] == 2 and rows[1]["num_errors"] == 0
+    assert rows[1]["error_type"] is None and rows[1]["error_message"] is None
+    assert [(a["attempt"], [e["type"] for e in a["errors"]]) for a in rows[1]["attempts"]] == [
+        (0, ["InfrastructureLost"]), (1, ["InfrastructureLost"]), (2, [])]
+    assert rows[0]["attempt"] == 0 and rows[0]["attempts"] == [{"attempt": 0, "errors": []}]
+    assert flaky.calls == {0: 1, 1: 3}
 
 
 def test_a_rollout_lost_for_good_fails_and_never_blocks_its_group() -> None:
@@ -88,7 +93,8 @@ def test_a_rollout_lost_for_good_fails_and_never_blocks_its_group() -> None:
     assert len(groups) == 2
     lost = next(g for g in groups if g.group_id.startswith("0-"))
     rows = lost.samples.to_pylist()
-    assert [(r["ok"], r["error_type"], r["num_errors"]) for r in rows] == [(False, "InfrastructureLost", 2)] * 2
+    assert [(r["ok"], r["error_type"], r["num_errors"], len(r["attempts"])) for r in rows] == [
+        (False, "InfrastructureLost", 1, 2)] * 2
     assert lost.summary["n_failed"].to_pylist() == [2]
 
 
@@ -215,5 +221,28 @@ def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any,
 
     result, replaced = asyncio.run(main())
     (row,) = result.samples.to_pylist()
-    assert row["ok"] and row["attempt"] == 1 and row["num_errors"] == 1 and replaced == 1
+    assert row["ok"] and row["attempt"] == 1 and row["num_errors"] == 0 and replaced == 1
+    assert [len(a["errors"]) for a in row["attempts"]] == [1, 0]
     assert result.samples["reward"].to_pylist() == [1.0]
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["list", "generator"])
+def test_a_resume_over_a_changed_taskset_is_refused(tmp_path: Path, lazy: bool) -> None:
+    """A group is its task's position and key: another task at a stored position is refused,
+    whether the taskset is checked before anything runs (a list) or as it is planned."""
+    out = str(tmp_path / "run")
+
+    def run(prompts: list[str], resume: bool) -> None:
+        taskset = [Echo({"prompt": p}) for p in prompts]
+        async def main() -> None:
+            async with LocalExecutor() as executor:
+                await Driver(iter(taskset) if lazy else taskset, ChatHarness(retries=0), ScriptedModel(default="4"),
+                             executor=executor, config=EvalConfig(samples_per_task=2), run_dir=out,
+                             resume=resume).arun()
+        asyncio.run(main())
+
+    run(["a", "a", "b"], resume=False)
+    run(["a", "a", "b", "c"], resume=True)  # a task appended: the stored ones are where they were
+    with pytest.raises(ResumeMismatch, match=r"task 1 is not the task stored at that position \(group 1-"):
+        run(["a", "x", "b", "c"], resume=True)
+    assert read_run(out, ["reward"]).num_rows == 8

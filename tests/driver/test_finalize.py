@@ -1,4 +1,4 @@
-"""Group finalize over Arrow: stats, advantages, best, pass@k, failure policies, judge hook."""
+"""Group finalize over Arrow: stats, advantages, best, pass@k, failed samples, judge hook."""
 
 from __future__ import annotations
 
@@ -144,36 +144,9 @@ WITH_FAILED = make_table(
 )
 
 
-def test_failed_mask() -> None:
-    out = finalize(WITH_FAILED, FinalizeConfig(failed="mask", pass_k=(1, 3, 4)))
-    s = out.samples
-    assert s.num_rows == 8
-    sb = math.sqrt(1 / 6)  # b counted = [0, 0.5, 1]: mean 0.5, var (0.25 + 0 + 0.25) / 3
-    assert col(s, "group_valid") == [4] * 4 + [3] * 4
-    assert col(s, "group_std")[4:] == approx([sb] * 4)
-    assert col(s, "advantage")[4:] == approx([-0.5 / (sb + EPS), 0.0, 0.5 / (sb + EPS), None])
-    assert col(s, "best")[4:] == [False, False, True, None]
-    assert col(s, "pass_at_1")[4:] == approx([1 / 3] * 3 + [None])
-    assert col(s, "pass_at_3")[4:] == [1.0, 1.0, 1.0, None]
-    assert col(s, "pass_at_4")[4:] == [None] * 4  # k > n_valid
-    assert col(s, "reward")[7] == 0.8  # input untouched
-    g = out.groups.to_pydict()
-    assert (g["n"], g["n_valid"], g["n_failed"], g["n_correct"]) == ([4, 4], [4, 3], [0, 1], [2, 1])
-    assert g["mean"] == [0.5, 0.5]
-    assert g["pass_at_4"] == [1.0, None]
-
-
-def test_failed_drop() -> None:
-    out = finalize(WITH_FAILED, FinalizeConfig(failed="drop"))
-    assert col(out.samples, "group_id") == ["a"] * 4
-    assert col(out.samples, "rollout_id") == ["r0", "r1", "r2", "r3"]
-    assert col(out.samples, "advantage") == approx([0.5 / (0.5 + EPS), -0.5 / (0.5 + EPS)] * 2)
-    assert out.groups.num_rows == 1
-    assert col(out.groups, "group_id") == ["a"]
-
-
-def test_failed_zero() -> None:
-    out = finalize(WITH_FAILED, FinalizeConfig(failed="zero", normalize_std=False))
+def test_a_failed_sample_counts_as_reward_zero_and_not_correct() -> None:
+    """One rule (issue 19): a failed sample is in n at reward 0, never in c."""
+    out = finalize(WITH_FAILED, FinalizeConfig(normalize_std=False, pass_k=(1, 4)))
     s = out.samples
     # b counted as [0, 0.5, 1, 0]: mean 0.375, var (0.140625 + 0.015625 + 0.390625 + 0.140625) / 4
     assert col(s, "group_valid")[4:] == [4] * 4
@@ -182,29 +155,37 @@ def test_failed_zero() -> None:
     assert col(s, "advantage")[4:] == [-0.375, 0.125, 0.625, -0.375]
     assert col(s, "best")[4:] == [False, False, True, False]
     assert col(s, "pass_at_1")[4:] == [0.25] * 4
+    assert col(s, "reward")[7] == 0.8  # input untouched
     g = out.groups.to_pydict()
-    assert (g["n_valid"], g["n_failed"]) == ([4, 4], [0, 1])
+    assert (g["n"], g["n_valid"], g["n_failed"], g["n_correct"]) == ([4, 4], [4, 4], [0, 1], [2, 1])
+    assert g["pass_at_4"] == [1.0, 1.0]
 
 
-def test_failed_zero_can_mark_a_failed_sample_best() -> None:
+def test_a_failed_sample_is_not_correct_even_at_a_threshold_its_zero_meets() -> None:
+    out = finalize(WITH_FAILED, FinalizeConfig(correct_threshold=0.0))
+    assert col(out.groups, "n_correct") == [4, 3]
+
+
+def test_failed_samples_can_be_marked_best() -> None:
     # Upstream quirk Q26: failed traces count as 0, so an all-zero group marks all best.
     table = make_table(["g", "g"], [0.0, None], ok=[True, False])
-    out = finalize(table, FinalizeConfig(failed="zero"))
+    out = finalize(table)
     assert col(out.samples, "best") == [True, True]
 
 
 def test_null_or_nan_reward_counts_as_failed() -> None:
     out = finalize(make_table(["g"] * 3, [1.0, None, float("nan")]))
     assert col(out.groups, "n_failed") == [2]
-    assert col(out.samples, "best") == [True, None, None]
+    assert col(out.groups, "n_correct") == [1]
+    assert col(out.samples, "best") == [True, False, False]
 
 
-def test_all_failed_group_under_mask_has_null_stats() -> None:
+def test_an_all_failed_group_is_all_zero() -> None:
     out = finalize(make_table(["g", "g"], [1.0, 1.0], ok=[False, False]))
     g = out.groups.to_pydict()
-    assert (g["n"], g["n_valid"], g["n_correct"]) == ([2], [0], [0])
-    assert g["mean"] == g["std"] == g["best_reward"] == g["pass_at_1"] == [None]
-    assert col(out.samples, "advantage") == [None, None]
+    assert (g["n"], g["n_valid"], g["n_correct"]) == ([2], [2], [0])
+    assert g["mean"] == g["std"] == g["best_reward"] == g["pass_at_1"] == [0.0]
+    assert col(out.samples, "advantage") == [0.0, 0.0]
 
 
 # (n, c) with 1 <= n <= 12 and 0 <= c <= n
@@ -290,18 +271,29 @@ def test_judge_bad_result_raises(result: object, match: str) -> None:
     assert "group 'a'" in str(info.value)
 
 
-def test_judge_column_may_not_overwrite_an_input_column() -> None:
+def test_a_judge_replaces_its_column_but_never_a_trace_tables() -> None:
     table = TWO_GROUPS.append_column("metric_x", pa.array([0.0] * 8))
-    with pytest.raises(ValueError, match="'metric_x' already exists"):
-        finalize(table, judge=lambda group: {"metric_x": [1.0] * group.num_rows})
+    out = finalize(table, judge=lambda group: {"metric_x": [1.0] * group.num_rows})
+    assert out.samples.column_names.count("metric_x") == 1 and col(out.samples, "metric_x") == [1.0] * 8
+    with pytest.raises(ValueError, match="'reward_weights' is a column of every trace table"):
+        finalize(TWO_GROUPS, judge=lambda group: {"reward_weights": [1.0] * group.num_rows})
+
+
+def test_a_finalized_table_is_finalized_again_with_its_group_columns_replaced() -> None:
+    """``finalize(read_run(dir))``: another pass@k or judge on a stored run (issue 19)."""
+    done = finalize(TWO_GROUPS, FinalizeConfig(pass_k=(1, 2))).samples
+    again = finalize(done, FinalizeConfig(pass_k=(4,), normalize_std=False),
+                     judge=lambda group: {"metric_j": [2.0] * group.num_rows})
+    fresh = finalize(TWO_GROUPS, FinalizeConfig(pass_k=(4,), normalize_std=False)).samples
+    assert again.samples.column_names == [*fresh.column_names, "metric_j"]
+    assert again.samples.drop_columns(["metric_j"]).equals(fresh)
+    kept = finalize(again.samples).samples  # without a judge, the stored judge columns stay
+    assert sorted(kept.column_names) == sorted([*finalize(TWO_GROUPS).samples.column_names, "metric_j"])
 
 
 def test_input_validation() -> None:
     with pytest.raises(ValueError, match=r"lacks required column\(s\) \['reward'\]"):
         finalize(TWO_GROUPS.drop_columns(["reward"]))
-    done = finalize(TWO_GROUPS).samples
-    with pytest.raises(ValueError, match="already has output column"):
-        finalize(done)
     with pytest.raises(ValueError, match="group_id has nulls"):
         finalize(make_table(["a", None], [1.0, 0.0]))  # type: ignore[list-item]
 
@@ -310,7 +302,7 @@ def test_config_is_frozen_and_validated() -> None:
     config = FinalizeConfig()
     with pytest.raises(pydantic.ValidationError):
         config.eps = 0.1  # type: ignore[misc]
-    bads = [{"pass_k": (0,)}, {"pass_k": (2, 2)}, {"failed": "skip"}, {"eps": -1.0}]
+    bads = [{"pass_k": (0,)}, {"pass_k": (2, 2)}, {"failed": "mask"}, {"eps": -1.0}]  # one rule for failures
     for bad in [*bads, {"std_ddof": -1}, {"bogus": 1}]:
         with pytest.raises(pydantic.ValidationError):
             FinalizeConfig(**bad)

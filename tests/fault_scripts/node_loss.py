@@ -121,7 +121,7 @@ async def run(cluster: Cluster, worker: Any, n_tasks: int, samples: int) -> dict
         elapsed = time.monotonic() - t0
         hosts += await host_facts(executor)  # the replacement's host too
     rows = result.samples.select(["rollout_id", "group_id", "sample_idx", "ok", "attempt", "num_errors",
-                                  "error_type"]).to_pylist()
+                                  "error_type", "attempts"]).to_pylist()
     return {"node_a": node_a, "node_b": node_b, "arrived": arrived, "rows": rows, "status": result.status,
             "detected": detected, "elapsed": elapsed, "replaced": executor.replaced, "hosts": hosts}
 

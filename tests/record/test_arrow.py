@@ -37,6 +37,7 @@ from rollout_ray import (
 from rollout_ray._record.arrow import (
     ARROW_SCHEMA_VERSION,
     CONVERSATION_COLUMNS,
+    HISTORY_COLUMNS,
     SCALAR_COLUMNS,
     TOKEN_COLUMNS,
     TRACE_SCHEMA,
@@ -270,12 +271,15 @@ V1_COLUMNS = (
 V2_COLUMNS = V1_COLUMNS + ("input_ids", "loss_mask", "logprobs", "token_branch", "token_drift")
 """Version 2 appended the token columns."""
 
+V3_COLUMNS = V2_COLUMNS + ("attempts",)
+"""Version 3 appended every attempt's errors."""
+
 
 def test_schema_is_versioned_and_only_appends() -> None:
-    assert ARROW_SCHEMA_VERSION == 2
-    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"2"}
-    assert tuple(TRACE_SCHEMA.names) == V2_COLUMNS
-    assert SCALAR_COLUMNS + CONVERSATION_COLUMNS == tuple(TRACE_SCHEMA.names)
+    assert ARROW_SCHEMA_VERSION == 3
+    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"3"}
+    assert tuple(TRACE_SCHEMA.names) == V3_COLUMNS
+    assert SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS == tuple(TRACE_SCHEMA.names)
     assert CONVERSATION_COLUMNS == ("messages", "trace", *TOKEN_COLUMNS)
     assert records_to_table([full_record()]).schema.metadata == TRACE_SCHEMA.metadata
 
@@ -284,7 +288,7 @@ def test_every_scalar_column_is_derived_from_the_record() -> None:
     """Each scalar column has a non-null value for a full record: none is left unfilled."""
     [row] = records_to_table([full_record()]).to_pylist()
     assert [name for name in SCALAR_COLUMNS if row[name] is None] == []
-    assert set(row) == set(SCALAR_COLUMNS) | set(CONVERSATION_COLUMNS)
+    assert set(row) == set(SCALAR_COLUMNS) | set(CONVERSATION_COLUMNS) | set(HISTORY_COLUMNS)
 
 
 TRACE_FIELDS_ACKNOWLEDGED = {
@@ -303,7 +307,7 @@ TRACE_FIELDS_ACKNOWLEDGED = {
     "is_completed": "is_completed",
     "ok": "ok",
     "stop_condition": "stop_condition",
-    "errors": "error_type, error_message, num_errors",
+    "errors": "error_type, error_message, num_errors (the stored attempt's), attempts (every attempt's)",
     "timing": "started_at and the *_s span columns",
     "tool_calls": "num_tool_calls",
     "extra_usage": "trace blob only",
@@ -339,14 +343,14 @@ def test_a_mistyped_column_is_a_schema_mismatch() -> None:
 
 def test_a_newer_schema_version_is_refused() -> None:
     table = records_to_table([full_record()])
-    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"3"})
+    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"4"})
     with pytest.raises(
         SchemaMismatch,
-        match=r"^trace table has schema version 3, newer than version 2 known here; "
+        match=r"^trace table has schema version 4, newer than version 3 known here; "
         r"upgrade rollout_ray to read it$",
     ):
         check_schema(newer)
-    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 3"):
+    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 4"):
         table_to_traces(newer)
     check_schema(table.replace_schema_metadata({b"rollout_ray.schema_version": b"1"}))
 

@@ -272,6 +272,17 @@ def test_a_redone_rollout_supersedes_its_earlier_row_as_read_run_says(tmp_path: 
     assert [s["rollout_id"] for s in get(viewer, "/api/siblings", run="redo", id=redo.id)["rows"]] == [
         rollout_id(i) for i in (0, 1, 2, 100)]
     assert get(viewer, "/api/rollout", run="redo", id=redo.id)["attempt"] == 1
+    assert get(viewer, "/api/runs")["runs"][0]["rollouts"] == len(expected) == 8  # the runs list counts the same
+
+
+def test_the_mean_reward_counts_a_failed_rollout_as_zero_as_the_summary_does(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "scored", 2, rows_per_shard=8)  # rollouts 0 and 1: ok, rewarded 0.1 and 1.1
+    late = make_trace(5)  # scored, then failed: its reward map stays, it counts for 0
+    late.ok = False
+    with ShardWriter(run) as writer:
+        writer.write(records_to_table([RolloutRecord(late, "run-test", "g00001", 0)]))
+    overview = get(Viewer([run]), "/api/run", run="scored")
+    assert late.reward > 0 and (overview["rollouts"], overview["mean_reward"]) == (3, pytest.approx(1.2 / 3))
 
 
 def test_a_shard_of_another_run_is_refused_not_mixed_in(tmp_path: Path) -> None:
