@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from aiohttp import web
 from capture_rig import QUESTION, recording_server, rig, run, sse
 
 from rollout_ray._errors import ProviderError
@@ -252,5 +253,50 @@ def test_auto_over_servers_of_both_dialects_asks_each_in_its_own() -> None:
                 assert r.last_response(slot).token_ids == ANSWER_IDS
             assert [s.dialect for s in r.model.pool.servers] == ["vllm", "sglang"]
             assert [s.stats.requests for s in r.servers] == [1, 1]
+
+    run(main)
+
+
+def test_auto_takes_no_web_page_for_an_info_route_and_asks_each_server_once() -> None:
+    """A server answering 200 to every GET (a catch-all web page) offers no token ids: auto
+    sends its calls no extension, and asks it twice (one GET per info route), not per call."""
+    gets: list[str] = []
+
+    async def page(request: web.Request) -> web.Response:
+        gets.append(request.path)
+        return web.Response(text="<html>welcome</html>", content_type="text/html")
+
+    async def main() -> None:
+        async with recording_server(extra_routes=[web.get("/{tail:.*}", page)]) as (url, _, bodies):
+            model = OpenAIModel(url, token_capture="auto")
+            for _ in range(3):
+                response = await model.complete(Request([UserMessage("hi")]), model=None, sampling={})
+                assert response.token_ids is None
+            assert await model.capture_dialect() is None
+            await model.aclose()
+        assert gets == ["/get_model_info", "/version"]
+        assert [set(msgspec.json.decode(b)) for b in bodies] == [{"messages"}] * 3
+
+    run(main)
+
+
+@pytest.mark.parametrize(("capture", "dialect"), [("auto", "vllm"), ("sglang", "sglang"), (None, None)])
+def test_capture_dialect_names_what_the_calls_ask_in(capture: str | None, dialect: str | None) -> None:
+    async def main() -> None:
+        async with rig(SimulatedModelConfig(ttft=0), token_capture=capture) as r:
+            assert await r.model.capture_dialect() == dialect
+
+    run(main)
+
+
+def test_capture_dialect_of_an_unreachable_server_is_a_provider_error() -> None:
+    async def main() -> None:
+        async with recording_server() as (url, _, _):
+            pass  # closed: nothing listens there any more
+        model = OpenAIModel(url, token_capture="auto")
+        with pytest.raises(ProviderError, match=r"^cannot reach the model at ") as info:
+            await model.capture_dialect()
+        await model.aclose()
+        assert info.value.status_code == 503
 
     run(main)
