@@ -79,6 +79,7 @@ def test_main_job_runs_on_local_ray(tmp_path) -> None:  # type: ignore[no-untype
     result = _rollout_ray("eval", "examples/arith.py", "--limit", "4", "--out", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rollouts 16  ok 16  failed 0  groups 4" in result.stdout
+    assert "token data: stored for 16 of 16 rollouts (vllm)" in result.stdout  # asked in the actors' processes
 
 
 @pytest.mark.parametrize("example", ["calc_tool", "program"])
