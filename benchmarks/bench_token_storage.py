@@ -7,7 +7,8 @@ that answers like vLLM with token capture: a 200-token first prompt, 1,000-token
 (the user message and the generation prompt), one float32 logprob per completion id (vLLM
 computes them in float32). The same rollouts are written without token data too (capture
 off). Each set is written as the run store writes it (``ShardWriter``: zstd, 1,000-row row
-groups) and measured per row: the shard's bytes and each column's compressed bytes.
+groups) and measured per row: the shard's bytes, each column's compressed bytes, and the
+CPU time to read the shard back into traces (``pq.read_table`` + ``table_to_traces``, best of 5).
 
     python benchmarks/bench_token_storage.py            # 200 rollouts per row
     python benchmarks/bench_token_storage.py --rows 50
@@ -19,6 +20,7 @@ import argparse
 import random
 import struct
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +94,14 @@ def measure(traces: list[Trace], out: Path) -> dict[str, float]:
                 sizes[name] += chunk.total_compressed_size
     rows = len(traces)
     assert table_to_traces(pq.read_table(shard)) == traces  # the store stays lossless
-    return {"row": shard.stat().st_size / rows, **{k: v / rows for k, v in sizes.items()}}
+    read = min(_seconds(lambda: table_to_traces(pq.read_table(shard))) for _ in range(5))
+    return {"row": shard.stat().st_size / rows, **{k: v / rows for k, v in sizes.items()}, "read_us": 1e6 * read / rows}
+
+
+def _seconds(fn: Any) -> float:
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
 
 
 def main() -> None:
@@ -101,7 +110,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"schema version {ARROW_SCHEMA_VERSION}; {args.rows} rollouts per row; bytes per stored rollout "
           f"(zstd); {COMPLETION}-token completions")
-    header = f"{'turns':>5}  {'capture':7}  {'row B':>8}  " + "  ".join(f"{c + ' B':>11}" for c in COLUMNS)
+    header = (f"{'turns':>5}  {'capture':7}  {'row B':>8}  " + "  ".join(f"{c + ' B':>11}" for c in COLUMNS)
+              + f"  {'read CPU µs':>8}")
     print(header)
     print("-" * len(header))
     with tempfile.TemporaryDirectory() as tmp:
@@ -111,7 +121,7 @@ def main() -> None:
                 traces = [rollout(seed, turns, capture) for seed in range(args.rows)]
                 measured[capture] = m = measure(traces, Path(tmp) / f"{turns}-{capture}")
                 print(f"{turns:>5}  {'on' if capture else 'off':7}  {m['row']:8.0f}  "
-                      + "  ".join(f"{m[c]:11.0f}" for c in COLUMNS))
+                      + "  ".join(f"{m[c]:11.0f}" for c in COLUMNS) + f"  {m['read_us']:8.0f}")
             more = (measured[True]["row"] - measured[False]["row"]) / turns
             print(f"{'':>5}  capture adds {more:,.0f} B per turn")
 

@@ -14,6 +14,10 @@ stays one rollout, so the table keeps its key; a rollout with one branch and no 
 sequence. A rollout without token ids has nulls there. They count among the conversation
 columns, the large ones a reader of outcomes leaves out. A table of version 1 lacks them and
 is still read whole.
+
+The ids are stored once (schema version 3): a row's ``trace`` blob leaves out the ids and
+logprobs its token columns hold, and ``table_to_traces`` puts them back from those columns
+(``token_store.py``). Blobs of versions 1 and 2 hold their ids and are read as they are.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._errors import SchemaMismatch
+from .token_store import has_stored_ids, restore_rows, without_ids
 from .tokens import TokenSequence, has_tokens, token_drift, token_sequences
 from .trace import Trace
 from .wire import wire_message
@@ -38,7 +43,7 @@ from .wire import wire_message
 # WARNING: the schema evolves by appending columns at the end of TRACE_SCHEMA, never by
 # retyping, renaming or reordering one. Bump only for an incompatible change: a reader refuses
 # a table whose version is newer than the one it knows.
-ARROW_SCHEMA_VERSION = 2
+ARROW_SCHEMA_VERSION = 3
 
 VERSION_KEY = b"rollout_ray.schema_version"
 """The schema-metadata key holding ``ARROW_SCHEMA_VERSION`` (ASCII digits)."""
@@ -174,6 +179,7 @@ def warm_arrow() -> None:
 def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
     """Convert many records at once, column by column, into a ``TRACE_SCHEMA`` table."""
     traces = [r.trace for r in records]
+    sequences = [_sequences(t) if has_tokens(t) else None for t in traces]
     counts = [t.counts() for t in traces]
     last_errors = [t.errors[-1] if t.errors else None for t in traces]
     timings = [t.timing for t in traces]
@@ -217,16 +223,15 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
         "finalize_s": [tm.finalize.duration for tm in timings],
         "scoring_s": [tm.scoring.duration for tm in timings],
         "messages": [_JSON_ENCODER.encode([wire_message(m) for m in t.messages]) for t in traces],
-        "trace": [_ENCODER.encode(t) for t in traces],
-        **_token_columns(traces),
+        "trace": [_ENCODER.encode(t if r is None else without_ids(t)) for t, r in zip(traces, sequences)],
+        **_token_columns(traces, sequences),
     }
     arrays = [_to_array(columns[f.name], f.type) for f in TRACE_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=TRACE_SCHEMA)
 
 
-def _token_columns(traces: Sequence[Trace]) -> dict[str, pa.Array]:
-    """The token columns; all null, at the cost of a check per call, when no trace has ids."""
-    rows = [_sequences(t) if has_tokens(t) else None for t in traces]
+def _token_columns(traces: Sequence[Trace], rows: list[list[TokenSequence] | None]) -> dict[str, pa.Array]:
+    """The token columns of ``traces``' sequences (``None``: the row's are null)."""
     if all(r is None for r in rows):
         return {f.name: pa.nulls(len(traces), f.type) for f in _TOKEN_FIELDS}
     null = pa.array([r is None for r in rows])
@@ -269,10 +274,12 @@ def _to_array(values: pa.Array | list[Any], type_: pa.DataType) -> pa.Array:
 
 
 def table_to_traces(table: pa.Table) -> list[Trace]:
-    """Decode the ``trace`` column back into Traces (lossless).
+    """Decode the ``trace`` column back into Traces (lossless), with the token ids the rows
+    keep in their ``input_ids`` and ``logprobs`` columns put back.
 
     Raises:
-        SchemaMismatch: the table has no readable ``trace`` column.
+        SchemaMismatch: the table has no readable ``trace`` column, or a row's blob left its
+            ids to token columns the table lacks.
     """
     check_schema(table, columns=("trace",))
     blobs = table.column("trace").to_pylist()
@@ -285,7 +292,22 @@ def table_to_traces(table: pa.Table) -> list[Trace]:
         )
     decode = _DECODER.decode
     with _gc_paused():
-        return [decode(blob) for blob in blobs]
+        traces = [decode(blob) for blob in blobs]
+        if any(has_stored_ids(t) for t in traces):
+            _restore_ids(table, traces)
+    return traces
+
+
+def _restore_ids(table: pa.Table, traces: list[Trace]) -> None:
+    if not {"input_ids", "logprobs"} <= set(table.column_names):
+        raise SchemaMismatch("the traces keep their token ids in the token columns: read 'input_ids' and "
+                             "'logprobs' with 'trace'", column="input_ids", expected="present", found="missing")
+    check_schema(table, columns=("input_ids", "logprobs"))
+    try:
+        restore_rows(traces, table.column("input_ids"), table.column("logprobs"))
+    except ValueError as e:
+        raise SchemaMismatch(str(e), column="input_ids", expected="the sequences the trace counts",
+                             found="other sequences") from None
 
 
 @contextmanager

@@ -17,6 +17,7 @@ import pytest
 
 from rollout_ray import Group, read_run, table_to_traces
 from rollout_ray._record.tokens import token_sequences
+from rollout_ray._record.trace import decode_trace
 
 ARITH = str(Path(__file__).parents[2] / "examples" / "arith.py")
 
@@ -43,6 +44,8 @@ def test_eval_on_the_simulated_model_stores_token_data_a_trainer_batches(tmp_pat
     table = read_run(tmp_path / "run")
     for name in ("input_ids", "loss_mask", "logprobs", "token_branch", "token_drift"):
         assert table.column(name).null_count == 0, name
+    for blob in table.column("trace").to_pylist():  # stored once: in the columns, not in the blob
+        assert all(n.token_ids is None and n.logprobs is None for n in decode_trace(blob).nodes)
     for trace, ids, mask, logprobs in zip(table_to_traces(table), *(table.column(n).to_pylist()
                                                                     for n in ("input_ids", "loss_mask", "logprobs"))):
         (sequence,) = token_sequences(trace)  # the trace read back keeps its ids

@@ -92,7 +92,8 @@ def full_trace() -> Trace:
             ),
             ModelCall(node=6, usage=Usage(prompt_tokens=20, completion_tokens=5), prompt_shared=5, prompt_ids=[9]),
             ModelCall(node=7, usage=Usage(prompt_tokens=22, completion_tokens=3)),
-            ModelCall(error=Error(type="ProviderError", message="down", status_code=503)),
+            # stored_ids is a blob's own: kept as it is on a call that sampled no node
+            ModelCall(error=Error(type="ProviderError", message="down", status_code=503), stored_ids=(1, 2)),
         ],
         request_rewrites=[InterceptRecord("redact")],
         response_rewrites=[InterceptRecord("censor")],
@@ -272,8 +273,8 @@ V2_COLUMNS = V1_COLUMNS + ("input_ids", "loss_mask", "logprobs", "token_branch",
 
 
 def test_schema_is_versioned_and_only_appends() -> None:
-    assert ARROW_SCHEMA_VERSION == 2
-    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"2"}
+    assert ARROW_SCHEMA_VERSION == 3  # 3: the trace blob leaves its token ids to the token columns
+    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"3"}
     assert tuple(TRACE_SCHEMA.names) == V2_COLUMNS
     assert SCALAR_COLUMNS + CONVERSATION_COLUMNS == tuple(TRACE_SCHEMA.names)
     assert CONVERSATION_COLUMNS == ("messages", "trace", *TOKEN_COLUMNS)
@@ -339,14 +340,14 @@ def test_a_mistyped_column_is_a_schema_mismatch() -> None:
 
 def test_a_newer_schema_version_is_refused() -> None:
     table = records_to_table([full_record()])
-    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"3"})
+    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"4"})
     with pytest.raises(
         SchemaMismatch,
-        match=r"^trace table has schema version 3, newer than version 2 known here; "
+        match=r"^trace table has schema version 4, newer than version 3 known here; "
         r"upgrade rollout_ray to read it$",
     ):
         check_schema(newer)
-    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 3"):
+    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 4"):
         table_to_traces(newer)
     check_schema(table.replace_schema_metadata({b"rollout_ray.schema_version": b"1"}))
 
