@@ -31,7 +31,9 @@ extensions, and the ``Response`` carries them (``prompt_token_ids``, ``token_ids
   answering 200 with a JSON object naming ``version`` is vLLM, else the server is a plain
   OpenAI-compatible one and its calls capture nothing (no field is added to them). The
   bodies are checked so that a server answering every path (a web page) is not taken for
-  one that reads the extensions. Two GETs per server and process, never one per call.
+  one that reads the extensions. Two GETs per server and process, never one per call; and
+  should a server so found refuse a call with 400 naming a capture field (a gateway whose
+  ``/version`` is its own), the call is sent again without them, as are all later ones.
 
 The harness still gets what it asked for: ``logprobs.content`` only if it asked
 ``logprobs: true`` (with its ``top_logprobs``); the capture's own fields never reach it.
@@ -216,6 +218,11 @@ class OpenAIModel(Model):
                 delay = self._delay(attempt, e.retry_after)
                 if attempt >= self.retries or delay is None:
                     raise e.error from None
+            except ProviderError as e:
+                if not (auto and dialect is not None and _refuses_extensions(e)):
+                    raise
+                server.dialect = None  # its info route misled: it reads no capture field, ask none again
+                continue
             attempt += 1
             await asyncio.sleep(delay)
 
@@ -318,6 +325,14 @@ def _int_or_none(text: str) -> int | None:
         return int(text)
     except ValueError:
         return None
+
+
+_EXTENSION_FIELDS = ("return_token_ids", "return_prompt_token_ids", "return_tokens_as_token_ids")
+
+
+def _refuses_extensions(error: ProviderError) -> bool:
+    """Whether the provider refused a call for a token-capture field it does not know."""
+    return error.status_code == 400 and any(name in str(error) for name in _EXTENSION_FIELDS)
 
 
 def _names(body: bytes, key: str) -> bool:

@@ -269,11 +269,13 @@ def test_auto_takes_no_web_page_for_an_info_route_and_asks_each_server_once() ->
     async def main() -> None:
         async with recording_server(extra_routes=[web.get("/{tail:.*}", page)]) as (url, _, bodies):
             model = OpenAIModel(url, token_capture="auto")
-            for _ in range(3):
-                response = await model.complete(Request([UserMessage("hi")]), model=None, sampling={})
-                assert response.token_ids is None
-            assert await model.capture_dialect() is None
-            await model.aclose()
+            try:
+                for _ in range(3):
+                    response = await model.complete(Request([UserMessage("hi")]), model=None, sampling={})
+                    assert response.token_ids is None
+                assert await model.capture_dialect() is None
+            finally:
+                await model.aclose()
         assert gets == ["/get_model_info", "/version"]
         assert [set(msgspec.json.decode(b)) for b in bodies] == [{"messages"}] * 3
 
@@ -298,5 +300,54 @@ def test_capture_dialect_of_an_unreachable_server_is_a_provider_error() -> None:
             await model.capture_dialect()
         await model.aclose()
         assert info.value.status_code == 503
+
+    run(main)
+
+
+def test_auto_misled_by_an_info_route_drops_the_fields_the_server_refuses_after_one_call() -> None:
+    """A gateway answering ``/version`` itself, in front of a provider that refuses unknown
+    fields (OpenAI's 400): one call is sent again without the capture fields, the later ones
+    carry none; every call succeeds."""
+
+    async def version(request: web.Request) -> web.Response:
+        return web.json_response({"version": "1.2.3"})
+
+    async def refuse_extensions(request: web.Request) -> web.StreamResponse:
+        body = msgspec.json.decode(await request.read())
+        if "return_token_ids" in body:
+            return web.json_response({"error": {"message": "Unrecognized request argument supplied: "
+                                                "return_token_ids", "type": "invalid_request_error"}}, status=400)
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": "4"},
+                                               "finish_reason": "stop"}]})
+
+    async def main() -> None:
+        async with recording_server(refuse_extensions, [web.get("/version", version)]) as (url, _, bodies):
+            model = OpenAIModel(url, token_capture="auto")
+            try:
+                for _ in range(3):
+                    response = await model.complete(Request([UserMessage("hi")]), model=None, sampling={})
+                    assert response.message.content == "4" and response.token_ids is None
+                assert await model.capture_dialect() is None
+            finally:
+                await model.aclose()
+        assert ["return_token_ids" in msgspec.json.decode(b) for b in bodies] == [True, False, False, False]
+
+    run(main)
+
+
+def test_a_400_naming_a_capture_field_is_final_when_the_capture_was_asked_for() -> None:
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "Unrecognized request argument supplied: "
+                                            "return_token_ids"}}, status=400)
+
+    async def main() -> None:
+        async with recording_server(refuse) as (url, _, bodies):
+            model = OpenAIModel(url, token_capture="vllm")
+            try:
+                with pytest.raises(ProviderError, match=r"^provider answered 400: .*return_token_ids"):
+                    await model.complete(Request([UserMessage("hi")]), model=None, sampling={})
+            finally:
+                await model.aclose()
+        assert len(bodies) == 1  # "vllm" was the user's word: the refusal is theirs to see
 
     run(main)
