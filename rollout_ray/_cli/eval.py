@@ -28,6 +28,7 @@ from .._errors import (
     CorruptManifest,
     CorruptShard,
     ForeignShard,
+    ProviderError,
     RayUnreachable,
     ResumeMismatch,
     RunInUse,
@@ -43,7 +44,7 @@ from .checks import check_address, check_api_key, check_out, check_pass_k, check
 from .interrupt import Signals
 from .progress import ProgressDisplay, Watched
 from .runs import RUNS_ROOT, continue_command, latest_run, served_model
-from .summary import format_summary, summarize
+from .summary import format_summary, stored_token_rows, summarize
 from .taskset import import_taskset, taskset_harness, taskset_tasks
 from .warmup import warm_up
 
@@ -83,6 +84,11 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                        help="other sampling parameters as a JSON object, e.g. '{\"top_k\": 20}' (flags win)")
     model.add_argument("--sim-ttft", metavar="S", type=number(minimum=0), default=0.05,
                        help="simulated model: seconds to first token")
+    model.add_argument("--token-capture", choices=TOKEN_CAPTURES, default="auto",
+                       help="store the prompt and completion token ids and logprobs (input_ids, loss_mask, "
+                            "logprobs columns), asked in vLLM's or SGLang's request fields; auto (default): "
+                            "the server's own, found once per server by its info route (GET /version: vLLM, "
+                            "GET /get_model_info: SGLang; neither: nothing is asked or stored); off: never")
     limits = p.add_argument_group("limits (per rollout)")
     limits.add_argument("--max-turns", metavar="N", type=integer(0), help="model calls")
     limits.add_argument("--max-tokens-total", metavar="N", type=integer(0), help="input + output tokens over all turns")
@@ -105,6 +111,10 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     where.add_argument("--capacity", metavar="K", type=integer(1), default=None,
                        help="rollouts per actor at once (ray executor; default: no cap, --max-in-flight bounds the run)")
     p.set_defaults(run=_eval)
+
+
+TOKEN_CAPTURES = ("auto", "vllm", "sglang", "off")
+"""``--token-capture``: ``OpenAIModel``'s ``token_capture``, ``off`` for ``None``."""
 
 
 def _version() -> str:
@@ -198,20 +208,23 @@ def make_executor(kind: str, module: ModuleType, *, actors: int | None = None, c
 
 
 async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None, api_key_env: str,
-                     simulated: SimulatedModelConfig | None = None) -> tuple[OpenAIModel, str, dict[str, Any]]:
+                     simulated: SimulatedModelConfig | None = None, token_capture: str = "auto",
+                     ) -> tuple[OpenAIModel, str, dict[str, Any]]:
     """The upstream model, where it is (for people), and what it is (for the manifest: the
     same for every run of the same model, so a resume can check it); closed with ``stack``.
 
     Without ``url``, a built-in simulated model server is started on ``stack`` with the
-    ``simulated`` settings (default: ``SimulatedModelConfig()``).
+    ``simulated`` settings (default: ``SimulatedModelConfig()``: vLLM's info route and shapes).
+    ``token_capture`` is one of ``TOKEN_CAPTURES``.
     """
+    capture: Any = None if token_capture == "off" else token_capture
     if url:
-        model = OpenAIModel(url, name=name, api_key=os.environ.get(api_key_env))
+        model = OpenAIModel(url, name=name, api_key=os.environ.get(api_key_env), token_capture=capture)
         where, record = url, {"url": url, "name": name}
     else:
         simulated = simulated or SimulatedModelConfig()
         server = await stack.enter_async_context(SimulatedModelServer(simulated))
-        model = OpenAIModel(server.base_url, name=simulated.model_name)  # type: ignore[arg-type]
+        model = OpenAIModel(server.base_url, name=simulated.model_name, token_capture=capture)  # type: ignore[arg-type]
         where = f"built-in simulated model at {server.base_url}"
         record = {"simulated": simulated.model_dump(mode="json")}
     stack.push_async_callback(model.aclose)
@@ -288,14 +301,18 @@ def _api_key_env(args: argparse.Namespace) -> str:
 
 
 async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
-               started: float) -> tuple[RunResult, dict[str, float | None]]:
-    """The run, and its clock since ``started``: ``start`` (the model, Ray and the actors, up
-    to the driver's start), ``rollouts`` (the driver's run) and ``rate`` (rollouts run in this
-    session per second of ``rollouts``)."""
+               started: float) -> tuple[RunResult, dict[str, float | None], dict[str, str | None]]:
+    """The run, its clock since ``started``: ``start`` (the model, Ray and the actors, up to
+    the driver's start), ``rollouts`` (the driver's run) and ``rate`` (rollouts run in this
+    session per second of ``rollouts``), and how its tokens were captured (the summary's
+    ``token_capture``)."""
     async with AsyncExitStack() as stack:
         simulated = None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
         model, where, record = await open_model(stack, url=args.model_url, name=plan.model_name,
-                                                api_key_env=_api_key_env(args), simulated=simulated)
+                                                api_key_env=_api_key_env(args), simulated=simulated,
+                                                token_capture=args.token_capture)
+        probing = asyncio.create_task(_capture_dialect(model))  # asked while Ray starts
+        stack.callback(probing.cancel)
         label = f"eval {args.taskset}"
         print(header(label, plan.tasks, plan.config, where, plan.out), file=sys.stderr)  # before Ray's wait
         executor = await stack.enter_async_context(
@@ -312,14 +329,24 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
                            manifest_config={"taskset": args.taskset, "model": record}, announce=False,
                            started=started)
         rollouts = time.monotonic() - driving
-        return result, {"start": driving - started, "rollouts": rollouts, "rate": _rate(result, since, rollouts)}
+        capture = {"capture": args.token_capture, "dialect": await probing}
+        timing = {"start": driving - started, "rollouts": rollouts, "rate": _rate(result, since, rollouts)}
+        return result, timing, capture
+
+
+async def _capture_dialect(model: OpenAIModel) -> str | None:
+    """The dialect the model's calls capture tokens in; ``"unknown"``: it could not be asked."""
+    try:
+        return await model.capture_dialect()
+    except ProviderError:
+        return "unknown"
 
 
 async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: Signals) -> int:
     signals.install()
     started = time.monotonic()
     try:
-        result, timing = await _run(args, plan, signals, started)
+        result, timing, capture = await _run(args, plan, signals, started)
     except asyncio.CancelledError:
         if signals.received is None:
             raise
@@ -327,6 +354,7 @@ async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: Signals) -
         return _interrupted(args, plan, signals.received)
     summary = summarize(result.samples, result.groups, timing={**timing, "wall": time.monotonic() - started},
                         status=result.status, reason=result.reason)
+    summary.update(token_rows=stored_token_rows(plan.out), token_capture=capture)
     print(format_summary(summary))
     print(f"run dir: {plan.out}")
     if result.status != "completed":

@@ -8,7 +8,7 @@ import os
 from .._errors import CorruptManifest, CorruptShard, ForeignShard
 from .._record.store import MANIFEST_NAME, shard_paths
 from .arguments import UsageError
-from .summary import format_summary, plot, summarize
+from .summary import format_summary, plot, stored_token_rows, summarize
 
 
 def add_report_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,6 +32,8 @@ def _report(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if not samples.num_rows:
         raise UsageError(f"{path} holds no rollouts yet")
-    print(format_summary(summarize(samples, groups)), flush=True)
+    summary = summarize(samples, groups)
+    summary["token_rows"] = stored_token_rows(path)
+    print(format_summary(summary), flush=True)
     print(f"plot: {plot(samples, args.plot or os.path.join(path, 'report.png'))}")
     return 0

@@ -10,6 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._driver.finalize import counted_reward, pass_at_k
+from .._errors import SchemaMismatch
+from .._record.store import read_run
 
 SPANS = ("boot_s", "setup_s", "agent_s", "agent_model_s", "agent_harness_s", "finalize_s", "scoring_s")
 
@@ -183,6 +185,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append("tokens (total / per rollout)")
     for name, (total, mean) in summary["tokens"].items():
         lines.append(f"  {name:<14} {total:>12,} {mean:12.1f}")
+    if "token_rows" in summary:
+        lines.append(token_data(summary))
     time_line = _time_line(summary.get("time") or {})
     if time_line:
         lines.append(time_line)
@@ -200,6 +204,40 @@ def _time_line(time: dict[str, float | None]) -> str:
         line = f"rollouts' span {time['span']:.1f}s (first start to last end, from the stored spans)"
         return line + (f"  {rate:.1f} rollouts/s over it" if rate else "")
     return ""
+
+
+def stored_token_rows(run_dir: str) -> int:
+    """The run's rollouts that stored token ids: a non-null ``token_drift``, the one small
+    token column (the ids are not read). A run with a shard older than the token columns
+    counts none."""
+    try:
+        table = read_run(run_dir, columns=["token_drift"])
+    except SchemaMismatch:
+        return 0
+    return table.num_rows - table.column("token_drift").null_count
+
+
+def token_data(summary: dict[str, Any]) -> str:
+    """One line: how many rollouts stored token data, and how it was captured, or why not.
+
+    Reads ``token_rows`` (``stored_token_rows``) and, from eval, ``token_capture``:
+    ``{"capture": --token-capture, "dialect": what the server speaks (None: no token ids;
+    "unknown": it could not be asked)}``.
+    """
+    stored, total, how = summary["token_rows"], summary["rollouts"], summary.get("token_capture")
+    if how is None:  # report: the run directory does not say how
+        return f"token data: stored for {stored} of {total} rollouts" if stored else "token data: none"
+    if stored:
+        named = how["dialect"] if how["dialect"] not in (None, "unknown") else how["capture"]
+        return f"token data: stored for {stored} of {total} rollouts ({named})"
+    if how["capture"] == "off":
+        return "token data: none (--token-capture off)"
+    if how["dialect"] is None:
+        return ("token data: none (the server offers no token ids: it answers neither vLLM's GET /version "
+                "nor SGLang's GET /get_model_info)")
+    if how["dialect"] == "unknown":
+        return "token data: none (--token-capture auto could not ask the server which it is)"
+    return f"token data: none (asked in {how['dialect']}'s request fields; no rollout recorded token ids)"
 
 
 def _counts(counts: dict[Any, int]) -> str:

@@ -20,6 +20,10 @@ each with its number and its errors (list<struct<attempt, errors: list<struct<ty
 message>>>>), the last being the stored one. The trace keeps every attempt's errors, oldest
 first (B52); the error columns (``error_type``, ``error_message``, ``num_errors``) describe
 the stored attempt only, so a rollout that succeeded on a retry has none.
+
+In the same version the ids are stored once: a row's ``trace`` blob leaves out the ids and
+logprobs its token columns hold, and ``table_to_traces`` puts them back from those columns
+(``token_store.py``). Blobs of versions 1 and 2 hold their ids and are read as they are.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._errors import SchemaMismatch
+from .token_store import has_stored_ids, restore_rows, without_ids
 from .tokens import TokenSequence, has_tokens, token_drift, token_sequences
 from .trace import Error, Trace
 from .wire import wire_message
@@ -200,6 +205,7 @@ def warm_arrow() -> None:
 def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
     """Convert many records at once, column by column, into a ``TRACE_SCHEMA`` table."""
     traces = [r.trace for r in records]
+    sequences = [_sequences(t) if has_tokens(t) else None for t in traces]
     counts = [t.counts() for t in traces]
     history = [r.attempt_errors() for r in records]
     last_errors = [h[-1][-1] if h[-1] else None for h in history]
@@ -244,8 +250,8 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
         "finalize_s": [tm.finalize.duration for tm in timings],
         "scoring_s": [tm.scoring.duration for tm in timings],
         "messages": [_JSON_ENCODER.encode([wire_message(m) for m in t.messages]) for t in traces],
-        "trace": [_ENCODER.encode(t) for t in traces],
-        **_token_columns(traces),
+        "trace": [_ENCODER.encode(t if r is None else without_ids(t)) for t, r in zip(traces, sequences)],
+        **_token_columns(traces, sequences),
         "attempts": [_attempts_row(r.attempt, h) for r, h in zip(records, history)],
     }
     arrays = [_to_array(columns[f.name], f.type) for f in TRACE_SCHEMA]
@@ -259,9 +265,8 @@ def _attempts_row(attempt: int, history: list[list[Error]]) -> list[dict[str, An
             for i, errors in enumerate(history)]
 
 
-def _token_columns(traces: Sequence[Trace]) -> dict[str, pa.Array]:
-    """The token columns; all null, at the cost of a check per call, when no trace has ids."""
-    rows = [_sequences(t) if has_tokens(t) else None for t in traces]
+def _token_columns(traces: Sequence[Trace], rows: list[list[TokenSequence] | None]) -> dict[str, pa.Array]:
+    """The token columns of ``traces``' sequences (``None``: the row's are null)."""
     if all(r is None for r in rows):
         return {f.name: pa.nulls(len(traces), f.type) for f in _TOKEN_FIELDS}
     null = pa.array([r is None for r in rows])
@@ -304,10 +309,12 @@ def _to_array(values: pa.Array | list[Any], type_: pa.DataType) -> pa.Array:
 
 
 def table_to_traces(table: pa.Table) -> list[Trace]:
-    """Decode the ``trace`` column back into Traces (lossless).
+    """Decode the ``trace`` column back into Traces (lossless), with the token ids the rows
+    keep in their ``input_ids`` and ``logprobs`` columns put back.
 
     Raises:
-        SchemaMismatch: the table has no readable ``trace`` column.
+        SchemaMismatch: the table has no readable ``trace`` column, or a row's blob left its
+            ids to token columns the table lacks.
     """
     check_schema(table, columns=("trace",))
     blobs = table.column("trace").to_pylist()
@@ -320,7 +327,22 @@ def table_to_traces(table: pa.Table) -> list[Trace]:
         )
     decode = _DECODER.decode
     with _gc_paused():
-        return [decode(blob) for blob in blobs]
+        traces = [decode(blob) for blob in blobs]
+        if any(has_stored_ids(t) for t in traces):
+            _restore_ids(table, traces)
+    return traces
+
+
+def _restore_ids(table: pa.Table, traces: list[Trace]) -> None:
+    if not {"input_ids", "logprobs"} <= set(table.column_names):
+        raise SchemaMismatch("the traces keep their token ids in the token columns: read 'input_ids' and "
+                             "'logprobs' with 'trace'", column="input_ids", expected="present", found="missing")
+    check_schema(table, columns=("input_ids", "logprobs"))
+    try:
+        restore_rows(traces, table.column("input_ids"), table.column("logprobs"))
+    except ValueError as e:
+        raise SchemaMismatch(str(e), column="input_ids", expected="the sequences the trace counts",
+                             found="other sequences") from None
 
 
 @contextmanager

@@ -42,7 +42,8 @@ from typing import Any
 from .trace import MessageNode, ModelCall, Trace
 
 __all__ = [
-    "TokenSequence", "full_prompt", "has_tokens", "record_tokens", "token_drift", "token_sequences",
+    "Lengths", "TokenSequence", "full_prompt", "has_tokens", "record_tokens", "sequence_turns", "token_drift",
+    "token_sequences",
 ]  # fmt: skip
 
 
@@ -137,14 +138,36 @@ def token_sequences(trace: Trace) -> list[TokenSequence]:
         return []
     turns = _turn_calls(trace)
     result: list[TokenSequence] = []
+    ids: list[int] = []
+    path = -1
+    for b, members, new in sequence_turns(trace, turns, _own_lengths(trace, turns)):
+        if b != path:  # a path's first sequence begins at its root
+            ids, path = [], b
+        ids, mask, logprobs = _assemble(trace, ids, members, turns)
+        if new:
+            result.append(TokenSequence(b, ids, mask, logprobs, tuple(members)))
+    return result
+
+
+Lengths = dict[int, tuple[int, int]]
+"""Node → the counts of its call's prompt ids and of its completion ids."""
+
+
+def sequence_turns(trace: Trace, turns: dict[int, ModelCall], lengths: Lengths) -> Iterator[tuple[int, list[int], bool]]:
+    """Each sequence's branch and turns, path by path (leaves in node order), and whether it is
+    new: a sequence on a prefix that branches share is new on the first. ``token_sequences``
+    keeps the new ones, in this order. Only ``lengths`` and ``prompt_shared`` decide where a
+    sequence ends, so a trace whose ids are stored elsewhere is walked the same way.
+
+    Raises:
+        ValueError: a call shares more prompt ids than its branch has before it.
+    """
     seen: set[tuple[int, int]] = set()
     for b, leaf in enumerate(trace._leaves()):
-        for ids, mask, logprobs, members in _branch_sequences(trace, trace._path(leaf), turns):
+        for members in _branch_runs(trace, trace._path(leaf), turns, lengths):
             key = (members[0], members[-1])
-            if key not in seen:
-                seen.add(key)
-                result.append(TokenSequence(b, ids, mask, logprobs, tuple(members)))
-    return result
+            yield b, members, key not in seen
+            seen.add(key)
 
 
 # -- internals --------------------------------------------------------------------------------
@@ -180,39 +203,50 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return next(k for k in range(n) if a[k] != b[k])
 
 
-Parts = tuple[list[int], list[int], list[float], list[int]]
+def _own_lengths(trace: Trace, turns: dict[int, ModelCall]) -> Lengths:
+    return {i: (len(call.prompt_ids or ()), len(trace.nodes[i].token_ids or ())) for i, call in turns.items()}
 
 
-def _branch_sequences(trace: Trace, path: list[int], turns: dict[int, ModelCall]) -> Iterator[Parts]:
-    ids: list[int] = []
-    mask: list[int] = []
-    logprobs: list[float] = []
+def _branch_runs(trace: Trace, path: list[int], turns: dict[int, ModelCall], lengths: Lengths) -> Iterator[list[int]]:
+    """The turns of each sequence along ``path``: a new one where a turn drifted."""
+    length = 0  # of the current sequence
     members: list[int] = []
     for i in path:
         call = turns.get(i)
         if call is None:
             continue
         shared = call.prompt_shared
-        if shared > len(ids):
+        if shared > length:
             raise ValueError(
                 f"trace {trace.id}: the call of node {i} shares {shared} prompt ids, but its branch "
-                f"has {len(ids)} before it; the token record is inconsistent"
+                f"has {length} before it; the token record is inconsistent"
             )
-        if shared < len(ids):  # drift: a new sequence, from the prompt the server saw
-            yield ids, mask, logprobs, members
-            ids, mask, logprobs, members = ids[:shared], [0] * shared, [0.0] * shared, []
-        prompt = call.prompt_ids or []
+        if shared < length:  # drift: a new sequence, from the prompt the server saw
+            yield members
+            members = []
+        prompt, completion = lengths[i]
+        length = shared + prompt + completion
+        members.append(i)
+    if members:
+        yield members
+
+
+def _assemble(trace: Trace, previous: list[int], members: list[int],
+              turns: dict[int, ModelCall]) -> tuple[list[int], list[int], list[float]]:
+    """A sequence's ids, loss mask and logprobs: the ids it shares with the ``previous`` one on
+    its path (prompt: mask 0, logprob 0.0), then each turn's new prompt ids and completion."""
+    shared = turns[members[0]].prompt_shared
+    ids, mask, logprobs = previous[:shared], [0] * shared, [0.0] * shared
+    for i in members:
+        prompt = turns[i].prompt_ids or []
         ids += prompt
         mask += [0] * len(prompt)
         logprobs += [0.0] * len(prompt)
         node = trace.nodes[i]
-        completion = node.token_ids or []
-        ids += completion
+        ids += node.token_ids or []
         mask += _completion_mask(trace, i, node)
         logprobs += _completion_logprobs(trace, i, node)
-        members.append(i)
-    if members:
-        yield ids, mask, logprobs, members
+    return ids, mask, logprobs
 
 
 def _completion_mask(trace: Trace, i: int, node: MessageNode) -> list[int]:

@@ -154,6 +154,10 @@ class ModelCall(msgspec.Struct):
     """Leading prompt ids equal to the previous turn's ids on the branch (``tokens.py``)."""
     prompt_ids: list[int] | None = None
     """The prompt ids after the ``prompt_shared`` ones (``None``: not captured)."""
+    stored_ids: tuple[int, int] | None = None
+    """Only in a run table's ``trace`` blob (schema version 3): this turn's ``prompt_ids`` and
+    its node's ``token_ids`` (and ``logprobs``, when float32 holds them) are kept once, in the
+    table's token columns, and this counts them; the reader puts them back (``token_store.py``)."""
 
 
 class TraceTask(msgspec.Struct):

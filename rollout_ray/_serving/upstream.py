@@ -27,8 +27,13 @@ extensions, and the ``Response`` carries them (``prompt_token_ids``, ``token_ids
   refuses token ids on a stream, so the call is made without streaming whatever ``stream``
   says (the harness's own stream is unaffected: the proxy synthesises it).
 * ``"auto"``: each server is asked once, before its first call: ``GET /get_model_info``
-  answering 200 is SGLang, else ``GET /version`` answering 200 is vLLM, else the server is
-  a plain OpenAI-compatible one and its calls capture nothing.
+  answering 200 with a JSON object naming ``model_path`` is SGLang, else ``GET /version``
+  answering 200 with a JSON object naming ``version`` is vLLM, else the server is a plain
+  OpenAI-compatible one and its calls capture nothing (no field is added to them). The
+  bodies are checked so that a server answering every path (a web page) is not taken for
+  one that reads the extensions. Two GETs per server and process, never one per call; and
+  should a server so found refuse a call with 400 naming a capture field (a gateway whose
+  ``/version`` is its own), the call is sent again without them, as are all later ones.
 
 The harness still gets what it asked for: ``logprobs.content`` only if it asked
 ``logprobs: true`` (with its ``top_logprobs``); the capture's own fields never reach it.
@@ -47,6 +52,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import aiohttp
+import msgspec
 
 from .._core.model import SESSION_ID, Model
 from .._errors import OverlongPromptError, ProviderError, WireError
@@ -60,6 +66,8 @@ POLICY_HEADER = "X-Policy-Version"
 SESSION_HEADER = "X-Session-ID"
 PROBE_TIMEOUT = 10.0
 """Seconds for one dialect probe of ``token_capture="auto"``."""
+_PROBES = (("/get_model_info", "sglang", "model_path"), ("/version", "vllm", "version"))
+"""``token_capture="auto"``: the info route of each dialect, and a key its JSON answer holds."""
 
 _CONTEXT_PHRASES = (
     "context length",
@@ -210,6 +218,11 @@ class OpenAIModel(Model):
                 delay = self._delay(attempt, e.retry_after)
                 if attempt >= self.retries or delay is None:
                     raise e.error from None
+            except ProviderError as e:
+                if not (auto and dialect is not None and _refuses_extensions(e)):
+                    raise
+                server.dialect = None  # its info route misled: it reads no capture field, ask none again
+                continue
             attempt += 1
             await asyncio.sleep(delay)
 
@@ -230,17 +243,32 @@ class OpenAIModel(Model):
         return server.dialect
 
     async def _probe(self, server: Server) -> str | None:
-        for route, dialect in (("/get_model_info", "sglang"), ("/version", "vllm")):
+        for route, dialect, key in _PROBES:
             try:
                 async with asyncio.timeout(min(self.timeout, PROBE_TIMEOUT)):
                     async with self._client().get(server.root + route, headers=self._headers) as resp:
-                        await resp.read()
-                        if resp.status == 200:
-                            return dialect
+                        body = await resp.read()
             except (aiohttp.ClientError, TimeoutError) as e:
                 error = ProviderError(f"cannot reach the model at {server.root}: {e or type(e).__name__}", 503)
                 raise _Transient(error, unreachable=True) from None
+            if resp.status == 200 and _names(body, key):
+                return dialect
         return None
+
+    async def capture_dialect(self) -> str | None:
+        """The dialect whose extensions the calls to the first server carry: ``token_capture``
+        itself, or for ``"auto"`` what that server answered (asked once, as its first call
+        asks); ``None``: nothing is captured.
+
+        Raises:
+            ProviderError: ``"auto"``, and the server could not be asked (503).
+        """
+        if self.token_capture != "auto":
+            return self.token_capture
+        try:
+            return await self._detect(self.pool.servers[0])
+        except _Transient as e:
+            raise e.error from None
 
     def _delay(self, attempt: int, retry_after: float | None) -> float | None:
         """Seconds before retry ``attempt + 1``; ``None``: the provider asks for too long."""
@@ -297,6 +325,23 @@ def _int_or_none(text: str) -> int | None:
         return int(text)
     except ValueError:
         return None
+
+
+_EXTENSION_FIELDS = ("return_token_ids", "return_prompt_token_ids", "return_tokens_as_token_ids")
+
+
+def _refuses_extensions(error: ProviderError) -> bool:
+    """Whether the provider refused a call for a token-capture field it does not know."""
+    return error.status_code == 400 and any(name in str(error) for name in _EXTENSION_FIELDS)
+
+
+def _names(body: bytes, key: str) -> bool:
+    """Whether ``body`` is a JSON object holding ``key``: an info route's answer."""
+    try:
+        value = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return False
+    return isinstance(value, dict) and key in value
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:

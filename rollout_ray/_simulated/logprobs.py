@@ -8,13 +8,15 @@ decreasing logits, the first ``-(1 + 4u)``, each next ``0.25 + 2.5u`` lower; and
 ``-(1.5 + 3u)`` standing for the rest of the vocabulary. Each ``u`` is a byte of
 ``blake2b(material, position, sampled id, top id) / 255``. Log-probabilities are the
 log-softmax over all of these, so each is below 0, the most likely token ranks first, and a
-token's log-probability does not depend on how many alternatives a request asks to see.
+token's log-probability does not depend on how many alternatives a request asks to see. Each
+is a float32 number, as vLLM's and SGLang's are (their logprobs are float32 tensors).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import struct
 from dataclasses import dataclass
 
 from .tokenizer import encode
@@ -61,8 +63,12 @@ def _position(material: bytes, j: int, sampled: int, top: int) -> Scored:
         logits[_alternative(c1, c2, set(logits))] = z
     rest = -(1.5 + 3.0 * d[1] / 255)
     norm = math.log(sum(math.exp(v) for v in logits.values()) + math.exp(rest))
-    ranked = tuple(sorted(((t, v - norm) for t, v in logits.items()), key=lambda tv: -tv[1]))
-    return Scored(sampled, logits[sampled] - norm, ranked)
+    ranked = tuple(sorted(((t, _float32(v - norm)) for t, v in logits.items()), key=lambda tv: -tv[1]))
+    return Scored(sampled, _float32(logits[sampled] - norm), ranked)
+
+
+def _float32(value: float) -> float:
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def score(sampled: list[int], greedy: list[int], material: bytes) -> list[Scored]:

@@ -93,6 +93,7 @@ def test_the_quickstart_runs_from_a_bare_shell(tmp_path: pathlib.Path) -> None:
     (run_dir,) = (clone / "runs").iterdir()
     rows = read_run(str(run_dir), ["ok"]).column("ok").to_pylist()
     assert len(rows) == 200 and all(rows)  # 50 tasks × 4 samples, every one stored ok
+    assert "token data: stored for 200 of 200 rollouts (vllm)" in result.stdout  # asked in the actors' processes
 
 
 def _pass_at(summary: str) -> dict[int, float]:

@@ -492,3 +492,28 @@ def test_the_driver_streams_groups_that_batch_the_servers_ids(vllm: Server) -> N
             prompt = check_turn(trace, call, vllm)
             (sequence,) = token_sequences(trace)
             assert sequence.input_ids[: len(prompt)] == prompt and prompt[0] == 1  # <|im_start|>
+
+
+def test_rollout_ray_eval_stores_the_servers_ids_once_by_default(vllm: Server, tmp_path: Path) -> None:
+    """The command line, as a user runs it against vLLM: no flag asks for token data, the
+    summary says it was stored (vLLM found by its GET /version), the run directory's token
+    columns are the server's ids, and the trace blobs hold them no more (read back whole)."""
+    from rollout_ray import read_run
+    from rollout_ray._record.trace import decode_trace
+
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "rollout_ray", "eval", str(REPO / "examples" / "arith.py"), "--executor", "local",
+         "--model-url", vllm.base_url, "--limit", "2", "--samples", "2", "--max-tokens", str(MAX_TOKENS),
+         "--temperature", "1.0", "--seed", "7", "--out", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "token data: stored for 4 of 4 rollouts (vllm)" in result.stdout, result.stdout
+    table = read_run(out)
+    assert table.column("input_ids").null_count == 0
+    for blob in table.column("trace").to_pylist():  # float32 logprobs, as vLLM's are: out of the blob too
+        assert all(n.token_ids is None and n.logprobs is None for n in decode_trace(blob).nodes)
+    for trace, ids in zip(table_to_traces(table), table.column("input_ids").to_pylist()):
+        (call,) = trace.calls
+        prompt = check_turn(trace, call, vllm)
+        assert ids == [prompt + trace.nodes[call.node].token_ids]  # type: ignore[index, operator]

@@ -93,7 +93,8 @@ def full_trace() -> Trace:
             ),
             ModelCall(node=6, usage=Usage(prompt_tokens=20, completion_tokens=5), prompt_shared=5, prompt_ids=[9]),
             ModelCall(node=7, usage=Usage(prompt_tokens=22, completion_tokens=3)),
-            ModelCall(error=Error(type="ProviderError", message="down", status_code=503)),
+            # stored_ids is a blob's own: kept as it is on a call that sampled no node
+            ModelCall(error=Error(type="ProviderError", message="down", status_code=503), stored_ids=(1, 2)),
         ],
         request_rewrites=[InterceptRecord("redact")],
         response_rewrites=[InterceptRecord("censor")],
@@ -276,7 +277,7 @@ V3_COLUMNS = V2_COLUMNS + ("attempts",)
 
 
 def test_schema_is_versioned_and_only_appends() -> None:
-    assert ARROW_SCHEMA_VERSION == 3
+    assert ARROW_SCHEMA_VERSION == 3  # 3: attempts; the trace blob leaves its token ids to the token columns
     assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"3"}
     assert tuple(TRACE_SCHEMA.names) == V3_COLUMNS
     assert SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS == tuple(TRACE_SCHEMA.names)

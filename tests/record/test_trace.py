@@ -70,7 +70,7 @@ def full_trace() -> Trace:
                             reasoning_tokens=1, cost=0.125),
                 time=TimeSpan(10.0, 12.5),
                 error=Error(type="ProviderError", message="slow", status_code=429, traceback="tb"),
-                policy=4, prompt_shared=2, prompt_ids=[9],
+                policy=4, prompt_shared=2, prompt_ids=[9], stored_ids=(1, 3),
             )
         ],
         request_rewrites=[InterceptRecord("redact")],

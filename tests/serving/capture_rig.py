@@ -87,9 +87,10 @@ async def rig(*configs: SimulatedModelConfig, **model: Any) -> AsyncIterator[Rig
 
 @asynccontextmanager
 async def recording_server(answer: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None,
+                           extra_routes: list[web.RouteDef] = (),  # type: ignore[assignment]
                            ) -> AsyncIterator[tuple[str, list[web.Request], list[bytes]]]:
-    """A plain OpenAI-compatible server (no info routes) answering "4"; records each chat
-    request and its body."""
+    """A plain OpenAI-compatible server (no info routes, unless ``extra_routes``) answering
+    "4"; records each chat request and its body."""
     seen: list[web.Request] = []
     bodies: list[bytes] = []
 
@@ -103,6 +104,7 @@ async def recording_server(answer: Callable[[web.Request], Awaitable[web.StreamR
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_routes(extra_routes)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

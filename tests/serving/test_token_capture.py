@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from aiohttp import web
 from capture_rig import QUESTION, recording_server, rig, run, sse
 
 from rollout_ray._errors import ProviderError
@@ -252,5 +253,101 @@ def test_auto_over_servers_of_both_dialects_asks_each_in_its_own() -> None:
                 assert r.last_response(slot).token_ids == ANSWER_IDS
             assert [s.dialect for s in r.model.pool.servers] == ["vllm", "sglang"]
             assert [s.stats.requests for s in r.servers] == [1, 1]
+
+    run(main)
+
+
+def test_auto_takes_no_web_page_for_an_info_route_and_asks_each_server_once() -> None:
+    """A server answering 200 to every GET (a catch-all web page) offers no token ids: auto
+    sends its calls no extension, and asks it twice (one GET per info route), not per call."""
+    gets: list[str] = []
+
+    async def page(request: web.Request) -> web.Response:
+        gets.append(request.path)
+        return web.Response(text="<html>welcome</html>", content_type="text/html")
+
+    async def main() -> None:
+        async with recording_server(extra_routes=[web.get("/{tail:.*}", page)]) as (url, _, bodies):
+            model = OpenAIModel(url, token_capture="auto")
+            try:
+                for _ in range(3):
+                    response = await model.complete(Request([UserMessage("hi")]), model=None, sampling={})
+                    assert response.token_ids is None
+                assert await model.capture_dialect() is None
+            finally:
+                await model.aclose()
+        assert gets == ["/get_model_info", "/version"]
+        assert [set(msgspec.json.decode(b)) for b in bodies] == [{"messages"}] * 3
+
+    run(main)
+
+
+@pytest.mark.parametrize(("capture", "dialect"), [("auto", "vllm"), ("sglang", "sglang"), (None, None)])
+def test_capture_dialect_names_what_the_calls_ask_in(capture: str | None, dialect: str | None) -> None:
+    async def main() -> None:
+        async with rig(SimulatedModelConfig(ttft=0), token_capture=capture) as r:
+            assert await r.model.capture_dialect() == dialect
+
+    run(main)
+
+
+def test_capture_dialect_of_an_unreachable_server_is_a_provider_error() -> None:
+    async def main() -> None:
+        async with recording_server() as (url, _, _):
+            pass  # closed: nothing listens there any more
+        model = OpenAIModel(url, token_capture="auto")
+        with pytest.raises(ProviderError, match=r"^cannot reach the model at ") as info:
+            await model.capture_dialect()
+        await model.aclose()
+        assert info.value.status_code == 503
+
+    run(main)
+
+
+def test_auto_misled_by_an_info_route_drops_the_fields_the_server_refuses_after_one_call() -> None:
+    """A gateway answering ``/version`` itself, in front of a provider that refuses unknown
+    fields (OpenAI's 400): one call is sent again without the capture fields, the later ones
+    carry none; every call succeeds."""
+
+    async def version(request: web.Request) -> web.Response:
+        return web.json_response({"version": "1.2.3"})
+
+    async def refuse_extensions(request: web.Request) -> web.StreamResponse:
+        body = msgspec.json.decode(await request.read())
+        if "return_token_ids" in body:
+            return web.json_response({"error": {"message": "Unrecognized request argument supplied: "
+                                                "return_token_ids", "type": "invalid_request_error"}}, status=400)
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": "4"},
+                                               "finish_reason": "stop"}]})
+
+    async def main() -> None:
+        async with recording_server(refuse_extensions, [web.get("/version", version)]) as (url, _, bodies):
+            model = OpenAIModel(url, token_capture="auto")
+            try:
+                for _ in range(3):
+                    response = await model.complete(Request([UserMessage("hi")]), model=None, sampling={})
+                    assert response.message.content == "4" and response.token_ids is None
+                assert await model.capture_dialect() is None
+            finally:
+                await model.aclose()
+        assert ["return_token_ids" in msgspec.json.decode(b) for b in bodies] == [True, False, False, False]
+
+    run(main)
+
+
+def test_a_400_naming_a_capture_field_is_final_when_the_capture_was_asked_for() -> None:
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "Unrecognized request argument supplied: "
+                                            "return_token_ids"}}, status=400)
+
+    async def main() -> None:
+        async with recording_server(refuse) as (url, _, bodies):
+            model = OpenAIModel(url, token_capture="vllm")
+            try:
+                with pytest.raises(ProviderError, match=r"^provider answered 400: .*return_token_ids"):
+                    await model.complete(Request([UserMessage("hi")]), model=None, sampling={})
+            finally:
+                await model.aclose()
+        assert len(bodies) == 1  # "vllm" was the user's word: the refusal is theirs to see
 
     run(main)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from typing import Any
 
 import pytest
@@ -27,6 +28,8 @@ def check_entry(entry: dict[str, Any], k: int) -> None:
     assert len(top) == k and all(set(t) == {"token", "logprob", "bytes"} for t in top)
     assert (top[0]["token"], top[0]["logprob"]) == (entry["token"], entry["logprob"])
     assert all(t["logprob"] <= 0 for t in top) and entry["logprob"] <= 0
+    values = [entry["logprob"], *(t["logprob"] for t in top)]
+    assert values == [struct.unpack("f", struct.pack("f", v))[0] for v in values]  # float32, as vLLM's
     rest = [t["logprob"] for t in top[1:]]
     assert rest == sorted(rest, reverse=True)
     assert entry["token"] not in [t["token"] for t in top[1:]]
