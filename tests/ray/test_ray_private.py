@@ -98,7 +98,7 @@ def test_the_registration_wait_returns_once_the_gcs_lists_the_node(ray_cluster: 
     t0 = time.monotonic()
     never = _after_registration(lambda address, node_id: "Ray decides", timeout=0.3)
     assert never(gcs, "ff" * 28) == "Ray decides"
-    assert 0.3 <= time.monotonic() - t0 < 5
+    assert 0.3 <= time.monotonic() - t0 < 30  # its timeout, then no hang
     original = services.get_node
     with lean_head():
         assert services.get_node is not original

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,19 +17,23 @@ from rollout_ray._errors import RayUnreachable  # noqa: E402
 from rollout_ray._ray.head import check_reachable, init_ray  # noqa: E402
 
 
-def _closed_port() -> int:
+@contextlib.contextmanager
+def _refused_port() -> Iterator[int]:
+    """A port that refuses connections while the block runs: bound, not listening, so no other
+    process's server can take it meanwhile (as it could take a port closed and handed on)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # nothing listens once it is closed
+        yield int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize("scheme", ["", "ray://"])
 def test_an_address_nothing_listens_at_is_refused_before_ray_init(scheme: str) -> None:
-    address = f"{scheme}127.0.0.1:{_closed_port()}"
-    started = time.monotonic()
-    with pytest.raises(RayUnreachable, match=rf"^cannot reach Ray at {address} \(Connection refused\)$") as info:
-        init_ray(address)
-    assert time.monotonic() - started < 5
+    with _refused_port() as port:
+        address = f"{scheme}127.0.0.1:{port}"
+        started = time.monotonic()
+        with pytest.raises(RayUnreachable, match=rf"^cannot reach Ray at {address} \(Connection refused\)$") as info:
+            init_ray(address)
+    assert time.monotonic() - started < 30  # a hang guard: Ray's own retries would take ~40 s
     assert info.value.address == address
 
 

@@ -221,7 +221,7 @@ def test_server_lists_and_calls_tools() -> None:
              "unable to parse string as an integer"),
             ("math_tools", "nope", "{}", False, "unknown tool 'nope' in tool server 'math_tools'"),
         ]
-        assert all(0 <= r.duration < 1 for r in records)
+        assert all(0 <= r.duration < 10 for r in records)  # measured, not a hang
 
     run(main)
 

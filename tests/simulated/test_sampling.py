@@ -187,4 +187,4 @@ def test_token_capture_streams_in_real_time() -> None:
 
     elapsed, chunks = asyncio.run(main())
     assert chunks == 1 + 5 + 1  # role, one per token, [DONE]
-    assert 0.07 <= elapsed < 5.0
+    assert 0.07 <= elapsed < 30  # paced by the latency; the upper bound only guards a hang
