@@ -19,11 +19,12 @@ def _view(args: argparse.Namespace) -> int:
     # Imported here, so the other commands start without the viewer's server.
     from .._viewer.catalog import NotARunDirectory
     from .._viewer.server import Viewer, start
+    from .extras import installed
     from .interrupt import Stop, serve_until_signal
     from .summary import plot
 
     try:
-        viewer = Viewer(args.run_dirs, plot=plot)
+        viewer = Viewer(args.run_dirs, plot=plot if installed("matplotlib") else None)
     except NotARunDirectory as exc:
         print(f"rollout-ray view: {exc}", file=sys.stderr)
         return 2
