@@ -83,3 +83,26 @@ def test_every_rule_the_code_cites_is_anchored_in_docs_lifecycle() -> None:
     assert sorted(cited - anchors) == []
     for section in ("2.1", "2.4", "2.10", "3.", "4.", "5.1", "5.2", "5.3", "5.4", "5.5"):
         assert re.search(rf"^#+ {re.escape(section)} ", LIFECYCLE, re.M), section
+
+
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def _benchmark_numbers_missing(quoted: str, benchmarks: str) -> list[str]:
+    """The numbers of ``quoted`` that no number of ``benchmarks`` equals to within 3 % (the
+    README rounds: ~220 for 216–224, ~290 for 291)."""
+    measured = [float(n.replace(",", "")) for n in NUMBER.findall(benchmarks)]
+    return [n for n in NUMBER.findall(quoted)
+            if not any(abs(m - float(n.replace(",", ""))) <= 0.03 * float(n.replace(",", "")) for m in measured)]
+
+
+def test_every_number_the_readme_quotes_from_the_benchmarks_is_in_their_readme() -> None:
+    readme = (ROOT / "README.md").read_text()
+    quoted = readme[readme.index("## Performance"):readme.index("## Layout")]
+    quoted += readme[readme.index("Cost at 1,000-token completions"):readme.index("## Failures and hostile")]
+    assert _benchmark_numbers_missing(quoted, (ROOT / "benchmarks" / "README.md").read_text()) == []
+
+
+def test_the_benchmark_number_check_finds_a_number_no_table_holds() -> None:
+    tables = "| ray | 1.69 (1.46–2.17) | 849 | 216–224 µs |"
+    assert _benchmark_numbers_missing("1.69 CPU-ms at 849/s, ~220 µs, 2.70 at 588/s", tables) == ["2.70", "588"]

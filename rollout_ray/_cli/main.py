@@ -29,8 +29,11 @@ from .arguments import OneLineParser, UsageError
 
 
 def _serve_model(args: argparse.Namespace) -> int:
+    import asyncio
+
     from .._simulated.config import SimulatedModelConfig
-    from .._simulated.server import serve_forever
+    from .._simulated.server import SimulatedModelServer
+    from .interrupt import Stop, serve_until_signal
 
     try:
         config = SimulatedModelConfig(
@@ -53,7 +56,12 @@ def _serve_model(args: argparse.Namespace) -> int:
     except ValidationError as e:
         print(f"rollout-ray serve-model: invalid settings:\n{e}", file=sys.stderr)
         return 2
-    serve_forever(config, args.host, args.port)
+
+    async def start() -> tuple[str, Stop]:
+        server = SimulatedModelServer(config)
+        return await server.start(args.host, args.port), server.stop
+
+    asyncio.run(serve_until_signal(start, lambda url: print(f"simulated model serving at {url}", flush=True)))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""eval's progress: a live bar in a terminal (tqdm), a plain line every few seconds otherwise.
+"""eval's progress: a live bar in a terminal (tqdm), a plain line every few seconds otherwise
+(and in a terminal too when tqdm, of the ``[cli]`` extra, is not installed).
 
 ``wall`` is the command's clock, the one eval's summary ends with (``started``): not the
 driver's, which starts after Ray. Rate and ETA count from the first finished rollout, not
@@ -23,6 +24,7 @@ from typing import Any, TextIO
 from .._core.executor import Executor, RolloutSpec
 from .._driver.driver import Progress
 from .._record.trace import Trace
+from .extras import installed
 
 PLAIN_EVERY = 5.0
 """Seconds between plain progress lines (not a terminal)."""
@@ -66,7 +68,7 @@ class ProgressDisplay:
         stream: where to write (a terminal gets a live bar).
         watched: where the running mean reward comes from (optional).
         clock: seconds, monotonic (a test passes a fake one).
-        tty: a live bar; default: ``stream.isatty()``.
+        tty: a live bar (if tqdm is installed); default: ``stream.isatty()``.
         started: where ``wall`` counts from, on ``clock`` (default: now).
     """
 
@@ -74,7 +76,7 @@ class ProgressDisplay:
                  clock: Callable[[], float] = time.monotonic, tty: bool | None = None,
                  started: float | None = None) -> None:
         self.stream, self.watched, self.clock = stream, watched, clock
-        self.tty = stream.isatty() if tty is None else tty
+        self.tty = (stream.isatty() if tty is None else tty) and installed("tqdm")
         self.started = clock() if started is None else started
         self._first: tuple[float, int] | None = None  # (when, done) at the first finished rollout
         self._last_line = -PLAIN_EVERY

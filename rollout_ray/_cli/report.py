@@ -8,6 +8,7 @@ import os
 from .._errors import CorruptManifest, CorruptShard, ForeignShard
 from .._record.store import MANIFEST_NAME, shard_paths
 from .arguments import UsageError
+from .extras import NO_PLOT, installed
 from .summary import format_summary, plot, stored_token_rows, summarize
 
 
@@ -35,5 +36,6 @@ def _report(args: argparse.Namespace) -> int:
     summary = summarize(samples, groups)
     summary["token_rows"] = stored_token_rows(path)
     print(format_summary(summary), flush=True)
-    print(f"plot: {plot(samples, args.plot or os.path.join(path, 'report.png'))}")
+    drawn = plot(samples, args.plot or os.path.join(path, "report.png")) if installed("matplotlib") else NO_PLOT
+    print(f"plot: {drawn}")
     return 0

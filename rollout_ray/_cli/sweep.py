@@ -49,6 +49,7 @@ from .eval import (
     make_executor,
     open_model,
 )
+from .extras import NO_PLOT, installed
 from .grid import (
     Point,
     Sweep,
@@ -94,7 +95,8 @@ def _sweep(args: argparse.Namespace) -> int:
         assert signals.received is not None
         return _interrupted(args, sweep, out, signals.received)
     print(format_comparison(table))
-    print(f"comparison: {out}/comparison.parquet, {out}/comparison.csv, plot: {out}/comparison.png")
+    drawn = f"{out}/comparison.png" if installed("matplotlib") else NO_PLOT
+    print(f"comparison: {out}/comparison.parquet, {out}/comparison.csv, plot: {drawn}")
     return 3 if "halted" in table["status"].to_pylist() else 0
 
 
@@ -211,7 +213,8 @@ async def run_sweep(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBas
     table = comparison_table(rows)
     pq.write_table(table, os.path.join(out, "comparison.parquet"))
     pyarrow.csv.write_csv(table, os.path.join(out, "comparison.csv"))
-    plot_comparison(table, os.path.join(out, "comparison.png"))
+    if installed("matplotlib"):
+        plot_comparison(table, os.path.join(out, "comparison.png"))
     return table
 
 

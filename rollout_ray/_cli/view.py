@@ -18,11 +18,13 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
 def _view(args: argparse.Namespace) -> int:
     # Imported here, so the other commands start without the viewer's server.
     from .._viewer.catalog import NotARunDirectory
-    from .._viewer.server import Viewer, serve
+    from .._viewer.server import Viewer, start
+    from .extras import installed
+    from .interrupt import Stop, serve_until_signal
     from .summary import plot
 
     try:
-        viewer = Viewer(args.run_dirs, plot=plot)
+        viewer = Viewer(args.run_dirs, plot=plot if installed("matplotlib") else None)
     except NotARunDirectory as exc:
         print(f"rollout-ray view: {exc}", file=sys.stderr)
         return 2
@@ -33,8 +35,12 @@ def _view(args: argparse.Namespace) -> int:
     def announce(url: str) -> None:
         print(f"viewing {len(viewer.runs)} run(s) at {url}  (Ctrl-C stops)", flush=True)
 
+    async def serving() -> tuple[str, Stop]:
+        runner, url = await start(viewer, args.host, args.port)
+        return url, runner.cleanup
+
     try:
-        asyncio.run(serve(viewer, args.host, args.port, announce))
+        asyncio.run(serve_until_signal(serving, announce))
     except OSError as exc:  # the port is taken, or the host is not ours
         print(f"rollout-ray view: cannot serve on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 2

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from .policy import prompt_tokens
 from .request import ChatCall, Invalid, parse
 from .template import render
 
-__all__ = ["SimulatedModelConfig", "SimulatedModelServer", "SimulatedModelStats", "serve_forever"]
+__all__ = ["SimulatedModelConfig", "SimulatedModelServer", "SimulatedModelStats"]
 
 FAULTS = ("429", "5xx", "timeout", "malformed")
 SERVER_ERRORS = (500, 502, 503)
@@ -349,27 +348,3 @@ class SimulatedModelServer:
             pass  # The client went away (e.g. it timed out); nothing is left to tell it.
         return response
 
-
-async def _serve(config: SimulatedModelConfig, host: str, port: int) -> None:
-    loop = asyncio.get_running_loop()
-    done = asyncio.Event()
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in previous:
-        loop.add_signal_handler(sig, done.set)
-    try:
-        server = SimulatedModelServer(config)
-        url = await server.start(host, port)
-        try:
-            print(f"simulated model serving at {url}", flush=True)
-            await done.wait()
-        finally:
-            await server.stop()
-    finally:
-        for sig, handler in previous.items():
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, handler)
-
-
-def serve_forever(config: SimulatedModelConfig, host: str, port: int) -> None:
-    """Serve until SIGINT or SIGTERM, after printing ``simulated model serving at URL``."""
-    asyncio.run(_serve(config, host, port))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import tempfile
 import threading
 from collections import OrderedDict
@@ -245,22 +244,3 @@ async def start(viewer: Viewer, host: str = "127.0.0.1", port: int = 0) -> tuple
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
     return runner, f"http://{shown}:{bound[1]}/"
 
-
-async def serve(viewer: Viewer, host: str, port: int, announce: Callable[[str], None] = print) -> None:
-    """Serve until SIGINT or SIGTERM, after announcing the URL."""
-    loop = asyncio.get_running_loop()
-    done = asyncio.Event()
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in previous:
-        loop.add_signal_handler(sig, done.set)
-    try:
-        runner, url = await start(viewer, host, port)
-        try:
-            announce(url)
-            await done.wait()
-        finally:
-            await runner.cleanup()
-    finally:
-        for sig, handler in previous.items():
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, handler)

@@ -56,7 +56,7 @@ def _bare_shell(tmp_path: pathlib.Path) -> tuple[pathlib.Path, dict[str, str]]:
     """A directory as a fresh clone has it after the install step, and the environment of a
     new login with nothing activated: ``env -i`` plus a system ``PATH`` and an empty home.
 
-    The install steps themselves (``python3 -m venv .venv``, ``pip install -e .``) are not
+    The install steps themselves (``python3 -m venv .venv``, ``pip install -e '.[cli]'``) are not
     rerun: they take minutes and would reinstall the package into the venv running this
     suite. ``.venv`` is a link to that venv, which holds what they install; what runs for
     real is everything after them, found by name once the venv is activated."""
@@ -86,7 +86,7 @@ def test_the_quickstart_runs_from_a_bare_shell(tmp_path: pathlib.Path) -> None:
     activate, then the main job on a private local Ray against the simulated model."""
     first = re.search(r"```bash\n(.*?)```", README, re.S).group(1).splitlines()[0]  # type: ignore[union-attr]
     steps = _steps(first)
-    assert steps[:3] == ["python3 -m venv .venv", "source .venv/bin/activate", "pip install -e ."]
+    assert steps[:3] == ["python3 -m venv .venv", "source .venv/bin/activate", "pip install -e '.[cli]'"]
     clone, env = _bare_shell(tmp_path)
     result = _bash(" && ".join(steps[1:2] + steps[3:]), clone, env)
     assert result.returncode == 0, result.stderr[-3000:]

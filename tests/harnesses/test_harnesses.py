@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 from aiohttp import web
+from calc_taskset import ArithWithDiv
 
 from rollout_ray import (
     AssistantMessage,
@@ -25,12 +26,9 @@ from rollout_ray import (
     ToolCall,
     ToolMessage,
     ToolServer,
-    Toolset,
     Trace,
     TraceTask,
     UserMessage,
-    reward,
-    tool,
 )
 from rollout_ray._harnesses.chat import ChatHarness
 from rollout_ray._harnesses.program import ProgramHarness
@@ -39,27 +37,6 @@ from rollout_ray.testing import Reply, ScriptedModel
 
 AGENT = [sys.executable, str(Path(__file__).resolve().parents[2] / "examples" / "agent_program.py")]
 ADD = Reply(tool_calls=[("add", {"a": 1, "b": 2})])
-
-
-class Calc(Toolset):
-    @tool
-    def add(self, a: int, b: int) -> int:
-        """Add two integers."""
-        return a + b
-
-    @tool
-    def div(self, a: int, b: int) -> float:
-        return a / b
-
-
-class Arith(Task):
-    @classmethod
-    def toolsets(cls, config: Any) -> list[Any]:
-        return [Calc()]
-
-    @reward
-    def correct(self, trace: Trace) -> float:
-        return float(trace.last_reply == "3")
 
 
 class Chat(Task):
@@ -125,8 +102,9 @@ def test_chat_harness_rollout_with_a_tool(transport: Any) -> None:
 
     async def main() -> Trace:
         async with HTTPInterception() as proxy, ToolServer() as tools:
-            rollout = Rollout(Arith({"prompt": "1+2?", "system_prompt": "Add."}), ChatHarness(transport=transport),
-                              model=model, interception=None if transport == "inprocess" else proxy,
+            rollout = Rollout(ArithWithDiv({"prompt": "1+2?", "system_prompt": "Add."}),
+                              ChatHarness(transport=transport), model=model,
+                              interception=None if transport == "inprocess" else proxy,
                               tool_server=tools.serve,
                               runtime_factory=LocalRuntime)
             trace = await rollout.run()
@@ -142,8 +120,8 @@ def test_chat_harness_rollout_with_a_tool(transport: Any) -> None:
 
 def test_chat_harness_streaming() -> None:
     model = ScriptedModel([ADD, "3"])
-    trace = rollout_run(Arith({"prompt": "1+2?", "system_prompt": "Add."}), ChatHarness(stream=True, transport="http"),
-                        model)
+    trace = rollout_run(ArithWithDiv({"prompt": "1+2?", "system_prompt": "Add."}),
+                        ChatHarness(stream=True, transport="http"), model)
     assert_tool_rollout(trace, model)
 
 
@@ -162,7 +140,7 @@ def test_chat_harness_resume_with_user_turns(transport: Any) -> None:
 @TRANSPORTS
 def test_chat_harness_limit_stops_cleanly_and_is_scored(transport: Any) -> None:
     model = ScriptedModel(default=ADD)
-    trace = rollout_run(Arith({"prompt": "1+2?"}), ChatHarness(transport=transport), model,
+    trace = rollout_run(ArithWithDiv({"prompt": "1+2?"}), ChatHarness(transport=transport), model,
                         limits=RolloutLimits(max_turns=1))
     assert (trace.ok, trace.stop_condition, trace.num_turns, trace.errors) == (True, "max_turns", 1, [])
     assert len(model.requests) == 1  # the second call was refused before the model
@@ -228,7 +206,7 @@ def test_chat_harness_wire_retry_headers_and_errors() -> None:
 def test_tool_errors_are_shown_to_the_model(harness: Any) -> None:
     model = ScriptedModel([Reply(tool_calls=[("add", {"a": "x", "b": 1}), ("div", {"a": 1, "b": 0}),
                                              ("nope", {})]), "sorry"])
-    trace = rollout_run(Arith({"prompt": "1+2?"}), harness, model)
+    trace = rollout_run(ArithWithDiv({"prompt": "1+2?"}), harness, model)
     assert (trace.ok, trace.num_turns, trace.errors) == (True, 2, [])
     assert [(m.name, m.content) for m in trace.tool_messages] == [
         ("add", "error: invalid arguments for tool 'add': a: Input should be a valid integer, "
@@ -243,7 +221,7 @@ def test_tool_errors_are_shown_to_the_model(harness: Any) -> None:
 
 def test_program_harness_runs_the_agent_program_with_tools() -> None:
     model = ScriptedModel([ADD, "3"])
-    trace = rollout_run(Arith({"prompt": "1+2?", "system_prompt": "Add."}), ProgramHarness(AGENT), model)
+    trace = rollout_run(ArithWithDiv({"prompt": "1+2?", "system_prompt": "Add."}), ProgramHarness(AGENT), model)
     assert_tool_rollout(trace, model)
 
 
@@ -264,7 +242,8 @@ def test_program_harness_timeout() -> None:
 
 def test_program_harness_limit_stops_cleanly() -> None:
     model = ScriptedModel(default=ADD)
-    trace = rollout_run(Arith({"prompt": "1+2?"}), ProgramHarness(AGENT), model, limits=RolloutLimits(max_turns=1))
+    trace = rollout_run(ArithWithDiv({"prompt": "1+2?"}), ProgramHarness(AGENT), model,
+                        limits=RolloutLimits(max_turns=1))
     assert (trace.ok, trace.stop_condition, trace.num_turns, trace.errors) == (True, "max_turns", 1, [])
     assert trace.rewards == {"correct": Reward(0.0)}
 
@@ -295,7 +274,7 @@ def test_program_harness_environment_and_input_file() -> None:
             seen.extend([result.stdout, ctx.endpoint, ctx.secret, msgspec.json.encode(ctx.tool_urls).decode()])
             return result
 
-    trace = rollout_run(Arith({"prompt": "1+2?"}), Spy([sys.executable, "-c", script], env={"EXTRA": "1"}),
+    trace = rollout_run(ArithWithDiv({"prompt": "1+2?"}), Spy([sys.executable, "-c", script], env={"EXTRA": "1"}),
                         ScriptedModel(default="x"))
     assert trace.errors == []
     stdout, endpoint, secret, tools = seen

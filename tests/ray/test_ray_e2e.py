@@ -19,52 +19,28 @@ from rollout_ray import (
     Request,
     RolloutLimits,
     RolloutSpec,
-    Runtime,
     SimulatedModelConfig,
     SimulatedModelServer,
     Task,
-    Toolset,
     Trace,
     UserMessage,
     intercept,
-    metric,
     reward,
-    tool,
 )
 
 ray = pytest.importorskip("ray")
+
+import calc_taskset  # noqa: E402
+from calc_taskset import ShellArith  # noqa: E402
 
 from rollout_ray._ray.rollout_actor import RolloutActor
 from rollout_ray._ray.runtime_actor import RuntimeActor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+ray.cloudpickle.register_pickle_by_value(calc_taskset)
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
 AGENT = (pathlib.Path(__file__).parents[2] / "examples" / "agent_program.py").read_text()
-
-
-class Calculator(Toolset):
-    name = "calc"
-
-    @tool
-    async def add(self, a: int, b: int, runtime: Runtime) -> str:
-        """Add two integers (computed by a shell in the rollout's runtime)."""
-        result = await runtime.exec(["sh", "-c", f"echo $(({a} + {b}))"])
-        return result.stdout.strip()
-
-
-class Arith(Task):
-    @classmethod
-    def toolsets(cls, config: Any) -> list[Any]:
-        return [Calculator()]
-
-    @reward
-    def correct(self, trace: Trace) -> float:
-        return float(trace.last_reply == "42")
-
-    @metric
-    def tool_calls(self, trace: Trace) -> float:
-        return len(trace.tool_calls)
 
 
 class NoTools(Task):
@@ -101,7 +77,7 @@ def with_model(body: Callable[[OpenAIModel], Awaitable[Any]]) -> Any:
 
 
 def test_owned_runtime_chat_rollout_with_tools_is_scored(actor: Any) -> None:
-    trace = with_model(lambda model: actor.run(RolloutSpec(Arith(PROMPT), ChatHarness(), model)))
+    trace = with_model(lambda model: actor.run(RolloutSpec(ShellArith(PROMPT), ChatHarness(), model)))
     assert trace.errors == [] and trace.ok and trace.stop_condition == "agent_completed"
     assert trace.num_turns == 2 and trace.last_reply == "42"
     assert [(c.server, c.name, c.ok) for c in trace.tool_calls] == [("calc", "add", True)]
@@ -115,7 +91,7 @@ def test_borrowed_runtime_survives_the_rollout(actor: Any) -> None:
     async def body(model: OpenAIModel) -> tuple[Trace, bool]:
         pool = RuntimeActor.create()
         runtime = await pool.runtime()
-        trace = await actor.run(RolloutSpec(Arith(PROMPT), ChatHarness(), model, runtime=runtime))
+        trace = await actor.run(RolloutSpec(ShellArith(PROMPT), ChatHarness(), model, runtime=runtime))
         alive = await runtime.alive()
         await pool.aclose()
         return trace, alive
@@ -128,7 +104,7 @@ def test_borrowed_runtime_survives_the_rollout(actor: Any) -> None:
 def test_program_harness_runs_a_script_in_the_runtime(actor: Any) -> None:
     # Shipped as a file: a sandboxed runtime sees none of the host's checkout.
     harness = ProgramHarness([sys.executable, "agent_program.py"], files={"agent_program.py": AGENT})
-    trace = with_model(lambda model: actor.run(RolloutSpec(Arith(PROMPT), harness, model)))
+    trace = with_model(lambda model: actor.run(RolloutSpec(ShellArith(PROMPT), harness, model)))
     assert trace.errors == [] and trace.ok
     assert trace.num_turns == 2 and trace.reward == 1.0 and len(trace.tool_calls) == 1
 
@@ -144,7 +120,8 @@ def test_runtime_actor_and_node_services_start_when_a_rollout_first_needs_them()
         try:
             program = ProgramHarness([sys.executable, "agent_program.py"], files={"agent_program.py": AGENT})
             for spec in (None, RolloutSpec(NoTools(PROMPT), ChatHarness(), model),
-                         RolloutSpec(Arith(PROMPT), ChatHarness(), model), RolloutSpec(Arith(PROMPT), program, model)):
+                         RolloutSpec(ShellArith(PROMPT), ChatHarness(), model),
+                         RolloutSpec(ShellArith(PROMPT), program, model)):
                 trace = None if spec is None else await fresh.run(spec)
                 seen.append((trace is None or (trace.ok and trace.reward == 1.0),
                              await call(fresh.actor.started_services.remote())))
@@ -161,7 +138,8 @@ def test_runtime_actor_and_node_services_start_when_a_rollout_first_needs_them()
 
 
 def test_limit_reached_over_http_stops_with_its_name(actor: Any) -> None:
-    spec = lambda model: RolloutSpec(Arith(PROMPT), ChatHarness(), model, limits=RolloutLimits(max_turns=1))  # noqa: E731
+    limits = RolloutLimits(max_turns=1)
+    spec = lambda model: RolloutSpec(ShellArith(PROMPT), ChatHarness(), model, limits=limits)  # noqa: E731
     trace = with_model(lambda model: actor.run(spec(model)))
     assert (trace.stop_condition, trace.num_turns, trace.ok) == ("max_turns", 1, True)
     assert trace.rewards["correct"].score == 0.0  # type: ignore[union-attr]  # stopped runs are scored
@@ -199,7 +177,7 @@ def test_traces_cross_the_wire_as_msgpack(actor: Any) -> None:
 def test_owned_runtimes_are_provisioned_on_first_use_and_always_stopped(actor: Any) -> None:
     async def body(model: OpenAIModel) -> tuple[Trace, Trace, list[str]]:
         untouched = await actor.run(RolloutSpec(NoTools(PROMPT), ChatHarness(), model))
-        used = await actor.run(RolloutSpec(Arith(PROMPT), ChatHarness(), model))  # a tool execs in it
+        used = await actor.run(RolloutSpec(ShellArith(PROMPT), ChatHarness(), model))  # a tool execs in it
         runtimes = await actor.actor.runtime_actor.remote()
         return untouched, used, await runtimes.names.remote()
 

@@ -41,6 +41,7 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
+from calc_taskset import Arith
 
 from rollout_ray import (
     ChatHarness,
@@ -54,13 +55,11 @@ from rollout_ray import (
     Rollout,
     RolloutSession,
     Task,
-    Toolset,
     Trace,
     TraceTask,
     UserMessage,
     reward,
     table_to_traces,
-    tool,
 )
 from rollout_ray._record.tokens import full_prompt, token_sequences
 from rollout_ray._record.wire import encode_request
@@ -372,19 +371,6 @@ def test_a_multi_turn_rollout_keeps_every_turns_ids_and_the_trainers_sequences(v
     trace = asyncio.run(main())
     assert trace.ok and trace.errors == [] and len(trace.calls) == 3
     check_turns(trace, vllm)
-
-
-class Calc(Toolset):
-    @tool
-    def add(self, a: int, b: int) -> int:
-        """Add two integers."""
-        return a + b
-
-
-class Arith(Ask):
-    @classmethod
-    def toolsets(cls, config: Any) -> list[Any]:
-        return [Calc()]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])

@@ -14,7 +14,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import calc_taskset
 import pytest
+from calc_taskset import Arith
 
 from rollout_ray import (
     Reward,
@@ -23,10 +25,8 @@ from rollout_ray import (
     SandboxRuntime,
     Task,
     ToolServer,
-    Toolset,
     Trace,
     reward,
-    tool,
 )
 from rollout_ray._errors import SandboxError
 from rollout_ray._harnesses.program import ProgramHarness
@@ -290,23 +290,6 @@ def test_stop_kills_everything_and_removes_its_dirs(tmp_path: Path) -> None:
     run(main)
 
 
-class Calc(Toolset):
-    @tool
-    def add(self, a: int, b: int) -> int:
-        """Add two integers."""
-        return a + b
-
-
-class Arith(Task):
-    @classmethod
-    def toolsets(cls, config: Any) -> list[Any]:
-        return [Calc()]
-
-    @reward
-    def correct(self, trace: Trace) -> float:
-        return float(trace.last_reply == "3")
-
-
 def test_program_rollout_reaches_proxy_and_tools_from_the_sandbox(tmp_path: Path) -> None:
     model = ScriptedModel([Reply(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
 
@@ -432,6 +415,7 @@ def test_a_ray_rollout_actor_runs_its_rollouts_in_sandboxes(ray_cluster: Any) ->
     from rollout_ray._ray.rollout_actor import RolloutActor
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray_cluster.cloudpickle.register_pickle_by_value(calc_taskset)
     model = ScriptedModel([Reply(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
 
     async def main() -> Trace:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import signal
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -17,10 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sim_client import Client, assemble, events, serve, user
 
-from rollout_ray._simulated import server as _simulated_model
 from rollout_ray._simulated.config import SimulatedModelConfig
 from rollout_ray._simulated.policy import cap_completion, evaluate, prompt_tokens, respond
-from rollout_ray._simulated.server import SimulatedModelServer, serve_forever
+from rollout_ray._simulated.server import SimulatedModelServer
 
 CFG = SimulatedModelConfig()
 ADD_TOOL = {
@@ -459,24 +455,3 @@ def test_latency_is_ttft_plus_per_token(stream: bool) -> None:
             return loop.time() - start
 
     assert 0.05 <= asyncio.run(main()) < 5.0
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_serve_forever_prints_its_url_and_stops_on_signal(
-    sig: signal.Signals, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    lines: list[str] = []
-
-    def fake_print(line: str, **kwargs: Any) -> None:
-        lines.append(line)
-        signal.raise_signal(sig)  # as if the operator pressed Ctrl-C / the pod was stopped
-
-    monkeypatch.setattr(_simulated_model, "print", fake_print, raising=False)
-    before = signal.getsignal(sig)
-    serve_forever(SimulatedModelConfig(), "127.0.0.1", 0)
-    assert signal.getsignal(sig) is before
-    (line,) = lines
-    match = re.fullmatch(r"simulated model serving at http://127\.0\.0\.1:(\d+)/v1", line)
-    assert match is not None
-    with socket.socket() as sock, pytest.raises(ConnectionRefusedError):
-        sock.connect(("127.0.0.1", int(match.group(1))))
