@@ -120,7 +120,7 @@ class _DirFiles(_Files):
         self.root = root
 
     def _path(self, name: str) -> str:
-        return os.path.join(self.root, *relative_parts(name, "image"))
+        return os.path.join(self.root, *relative_parts(name, "image file"))
 
     def open(self, name: str) -> contextlib.AbstractContextManager[IO[bytes]]:
         return open(self._path(name), "rb")
@@ -133,15 +133,15 @@ class _TarFiles(_Files):
     def __init__(self, tar: tarfile.TarFile) -> None:
         self.tar = tar
         members = tar.getmembers()
-        self.members = {"/".join(relative_parts(m.name, "image")): m for m in members if m.isfile()}
+        self.members = {name: m for m in members if m.isfile() and (name := _inside(m.name))}
         for link in (m for m in members if m.issym()):  # docker save links a repeated layer.tar
-            target = "/".join(relative_parts(os.path.join(os.path.dirname(link.name), link.linkname), "image"))
-            if target in self.members:
-                self.members["/".join(relative_parts(link.name, "image"))] = self.members[target]
+            target = _inside(os.path.join(os.path.dirname(link.name), link.linkname))
+            if target in self.members and (name := _inside(link.name)):
+                self.members[name] = self.members[target]
 
     @contextlib.contextmanager
     def open(self, name: str) -> Iterator[IO[bytes]]:
-        member = self.members.get("/".join(relative_parts(name, "image")))
+        member = self.members.get("/".join(relative_parts(name, "image file")))
         if member is None:
             raise KeyError(f"{name} is not in the archive")
         f = self.tar.extractfile(member)
@@ -150,7 +150,15 @@ class _TarFiles(_Files):
             yield f
 
     def exists(self, name: str) -> bool:
-        return "/".join(relative_parts(name, "image")) in self.members
+        return "/".join(relative_parts(name, "image file")) in self.members
+
+
+def _inside(name: str) -> str | None:
+    """A member's name in an archive (``None`` for one climbing out: never an image file)."""
+    try:
+        return "/".join(relative_parts(name, "image file"))
+    except SandboxError:
+        return None
 
 
 @contextlib.contextmanager

@@ -65,6 +65,8 @@ class ImageLease:
         self.rootfs = rootfs
         self.config = config
         self.bytes = size
+        self.unpacked = False
+        """Whether this lease's call unpacked the image (else it was in the cache)."""
         self._fd: int | None = fd
 
     def release(self) -> None:
@@ -150,6 +152,8 @@ class ImageCache:
                 if lease is None:
                     self._build(image, hex_key)
                     lease = self._try_lease(hex_key, deadline)
+                    if lease is not None:
+                        lease.unpacked = True
             if lease is not None:
                 self.evict(keep={hex_key})
                 return lease

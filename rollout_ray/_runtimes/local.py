@@ -161,6 +161,12 @@ class LocalRuntime(Runtime):
         """The work directory once started, else the name."""
         return self._workdir or self.name
 
+    @property
+    def workdir(self) -> str | None:
+        """The work directory as programs see it, once started: where they start, where
+        relative ``read`` / ``write`` paths lead."""
+        return self._workdir
+
     def _dir_prefix(self) -> str:
         return "rollout-ray-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.name) + "-"
 

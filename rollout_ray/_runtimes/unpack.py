@@ -58,7 +58,7 @@ def relative_parts(name: str, what: str) -> list[str]:
         elif parts:
             parts.pop()
         else:
-            raise SandboxError(f"{what}: member {name!r} climbs out of the image; refusing the image")
+            raise SandboxError(f"{what} {name!r} climbs out of the image; refusing the image")
     return parts
 
 
@@ -131,7 +131,7 @@ class Unpacker:
         """Apply every member of ``tar`` (read as a stream, in order)."""
         created: set[tuple[str, ...]] = set()
         for member in tar:
-            parts = relative_parts(member.name, self.what)
+            parts = relative_parts(member.name, f"{self.what}: member")
             if not parts:
                 continue  # the root itself: its mode is ours
             name = parts[-1]
@@ -191,7 +191,7 @@ class Unpacker:
             os.fchmod(out.fileno(), member.mode & 0o777)  # no setuid, setgid or sticky
 
     def _hard_link(self, member: tarfile.TarInfo, path: str) -> None:
-        parts = relative_parts(member.linkname, self.what)
+        parts = relative_parts(member.linkname, f"{self.what}: hard link {member.name!r} ->")
         parent = self.resolve(parts[:-1], create=False) if parts else None
         source = None if parent is None else self._path([*parent, parts[-1]])
         st = None if source is None else _lstat(source)
