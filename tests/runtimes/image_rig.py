@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from rollout_ray import SandboxRuntime
+from rollout_ray import LocalRuntime, SandboxRuntime
 from rollout_ray._runtimes.disk import mount_unavailable
 from rollout_ray._runtimes.image_cache import ImageCache
 from rollout_ray._runtimes.sandbox import sandbox_unavailable
@@ -121,9 +121,21 @@ def python_image() -> str:
     return str(path)
 
 
-def image_sandbox(**kwargs: Any) -> SandboxRuntime:
+def image_sandbox(name: str | None = None, **kwargs: Any) -> SandboxRuntime:
     """A ``SandboxRuntime`` over the Python image (in the tests' cache)."""
-    return SandboxRuntime(image=python_image(), image_cache=shared_cache(), **kwargs)
+    return SandboxRuntime(name, image=python_image(), image_cache=shared_cache(), **kwargs)
+
+
+BOXES = [pytest.param(SandboxRuntime, id="host"), pytest.param(image_sandbox, id="image", marks=needs_image)]
+"""The sandboxes the isolation tests run against: over the host's system, and over an image."""
+
+
+def host_path(rt: LocalRuntime, relative: str) -> str:
+    """Where ``relative`` (in the runtime's work directory) is on the host."""
+    assert rt.workdir is not None
+    if getattr(rt, "image", None) is None:
+        return os.path.join(rt.workdir, relative)
+    return os.path.join(rt.id, "root", rt.workdir.lstrip("/"), relative)
 
 
 # -- packing ------------------------------------------------------------------------------------------
