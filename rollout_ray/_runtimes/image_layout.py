@@ -26,6 +26,7 @@ Setting all this up is a few mounts at start (root or ``CAP_SYS_ADMIN``, as for 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -34,6 +35,7 @@ import sys
 
 from .._errors import SandboxError
 from .files import components, read_beneath, replace_beneath
+from .guardian import unmount
 from .image import ImageConfig
 from .layout import HOSTNAME, PATH, SANDBOX_UID, SANDBOX_USER, interpreter
 from .unpack import Unpacker
@@ -94,33 +96,49 @@ def host_kit() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     return tuple(binds), (inside(loader), "--library-path", library_path, inside(exe))
 
 
-def mount_root(base: str, lowerdir: str) -> None:
-    """The overlay and the pinned mount points of the module docstring, under ``base``."""
+def mount_root(base: str, lowerdir: str) -> list[str]:
+    """The overlay and the pinned mount points of the module docstring, under ``base``.
+
+    Returns the mount points made, to ``unmount_all`` at stop; none are left when it raises.
+    """
     for part in (lowerdir, base):
         if any(c in part for c in ",:\\"):
             raise SandboxError(f"path {part!r} holds ',', ':' or '\\', which an overlay mount cannot take; "
                                f"move the image cache (ROLLOUT_RAY_IMAGE_CACHE) or the runtime's root")
     net, root = os.path.join(base, "net"), os.path.join(base, "root")
-    os.mkdir(os.path.join(net, KIT), 0o755)
-    binds, _ = host_kit()
-    for host, name in binds:
-        os.mkdir(os.path.join(net, KIT, name), 0o755)
-        _bind(host, os.path.join(net, KIT, name), read_only=True)
-    options = (f"lowerdir={lowerdir},upperdir={os.path.join(base, 'upper')},"
-               f"workdir={os.path.join(base, 'overlay-work')},index=off,metacopy=off")
-    _mount("overlay", root, "overlay", MS_NOSUID | MS_NODEV, options)
-    # Before any program ran, the tree is the image: only its own links can be there, and
-    # these names are top-level, so no link is followed on the way to them.
-    for name in ("proc", "dev", RUN_DIR.lstrip("/")):
-        point = os.path.join(root, name)
-        st = _lstat(point)
-        if st is not None and not stat.S_ISDIR(st.st_mode):
-            os.unlink(point)
-        if st is None or not stat.S_ISDIR(st.st_mode):
-            os.mkdir(point, 0o755)
-    _bind(os.path.join(root, "proc"), os.path.join(root, "proc"), read_only=False)
-    _bind(os.path.join(root, "dev"), os.path.join(root, "dev"), read_only=False)
-    _bind(net, os.path.join(root, RUN_DIR.lstrip("/")), read_only=True)
+    mounted: list[str] = []
+    try:
+        os.mkdir(os.path.join(net, KIT), 0o755)
+        for host, name in host_kit()[0]:
+            os.mkdir(os.path.join(net, KIT, name), 0o755)
+            _bind(host, os.path.join(net, KIT, name), read_only=True)
+            mounted.append(os.path.join(net, KIT, name))
+        options = (f"lowerdir={lowerdir},upperdir={os.path.join(base, 'upper')},"
+                   f"workdir={os.path.join(base, 'overlay-work')},index=off,metacopy=off")
+        _mount("overlay", root, "overlay", MS_NOSUID | MS_NODEV, options)
+        mounted.append(root)
+        # Before any program ran, the tree is the image: only its own links can be there, and
+        # these names are top-level, so no link is followed on the way to them.
+        for name, source in (("proc", None), ("dev", None), (RUN_DIR.lstrip("/"), net)):
+            point = os.path.join(root, name)
+            st = _lstat(point)
+            if st is not None and not stat.S_ISDIR(st.st_mode):
+                os.unlink(point)
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                os.mkdir(point, 0o755)
+            _bind(source or point, point, read_only=source is not None)  # itself: pinned, for each exec's own
+            mounted.append(point)
+    except BaseException:
+        unmount_all(mounted)
+        raise
+    return mounted
+
+
+def unmount_all(points: list[str]) -> None:
+    """Detach ``points``, the last made first (what is mounted on each goes with it)."""
+    for point in reversed(points):
+        with contextlib.suppress(OSError):
+            unmount(point)
 
 
 def _lstat(path: str) -> os.stat_result | None:

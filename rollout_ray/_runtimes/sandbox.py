@@ -57,11 +57,10 @@ from .._errors import SandboxError
 from .cgroup import Parent, cgroup_parent
 from .disk import full, mount_tmpfs, mount_unavailable
 from .files import components
-from .guardian import unmount_under
 from .image_cache import ImageCache, ImageLease, default_image_cache
 from .image_layout import RUN_DIR as IMAGE_RUN_DIR
 from .image_layout import SUBDIRS as IMAGE_SUBDIRS
-from .image_layout import host_kit, image_args, image_env, mount_root, prepare_root
+from .image_layout import host_kit, image_args, image_env, mount_root, prepare_root, unmount_all
 from .layout import (
     FORWARDER_INSIDE,
     RUN_DIR,
@@ -169,6 +168,7 @@ class SandboxRuntime(LocalRuntime):
         self.image = image
         self._image_cache = image_cache
         self._lease: ImageLease | None = None
+        self._image_mounts: list[str] = []
 
     @property
     def id(self) -> str:
@@ -208,7 +208,7 @@ class SandboxRuntime(LocalRuntime):
             prepare()  # builds the /etc snapshot once per process: here, off the event loop
             return
         try:
-            mount_root(self._base, self._lease.rootfs)
+            self._image_mounts = mount_root(self._base, self._lease.rootfs)
         except OSError as e:
             raise SandboxError(f"cannot mount image {self.image!r} for runtime {self.name!r}: {e}; an image "
                                f"sandbox needs the right to mount (root or CAP_SYS_ADMIN)") from e
@@ -225,7 +225,8 @@ class SandboxRuntime(LocalRuntime):
         """Unmount the image's root and the disk limit (its files go with it), remove what
         is left, then let the image go."""
         if self._base is not None:
-            await asyncio.to_thread(unmount_under, self._base)
+            mounts, self._image_mounts = self._image_mounts, []
+            await asyncio.to_thread(unmount_all, [self._base, *mounts] if self._mounted else mounts)
             self._mounted = False
             await asyncio.to_thread(_remove_tree, self._base)
         if self._lease is not None:

@@ -196,7 +196,8 @@ def test_network_is_only_the_framework_routes(tmp_path: Path, box: Callable[...,
     run(main)
 
 
-def test_remote_routes_are_served_on_loopback_and_bad_routes_refused(tmp_path: Path, box: Callable[..., SandboxRuntime]) -> None:
+def test_remote_routes_are_served_on_loopback_and_bad_routes_refused(tmp_path: Path,
+                                                                     box: Callable[..., SandboxRuntime]) -> None:
     async def main() -> None:
         async with sandbox(tmp_path, box) as rt:
             url = rt.host_url("http://10.1.2.3:8080/v1")
