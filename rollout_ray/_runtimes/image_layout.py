@@ -7,9 +7,9 @@ At start, on the host (``mount_root``), in the runtime's base directory (its dis
   their writes land in ``upper``, within the disk limit, seen by no other sandbox, kept
   across execs, gone at stop. ``upper`` is the whole of what the runtime's programs changed:
   frozen, it is a snapshot a later sandbox can start from (as another lower layer).
-* ``root/proc`` and ``root/dev``: mount points, each pinned by a bind of itself so no program
-  can replace it; every exec mounts its own ``/proc`` and ``/dev`` there.
-* ``root/.rollout-ray`` (``RUN_DIR``): the runtime's ``net`` directory, read-only — route
+* ``root/proc`` and ``root/dev``: directories, where every exec mounts its own ``/proc`` and
+  ``/dev``;
+* ``root/.rollout-ray`` (``RUN_DIR``): the runtime's ``net`` directory, bound read-only — route
   sockets and ``forwarder.py`` — and in ``host/``, read-only, the base installation of the
   Python running rollout-ray and the directories of its C library. The forwarder runs with
   them through the host's dynamic loader, whatever the image holds (busybox has no Python).
@@ -17,9 +17,12 @@ At start, on the host (``mount_root``), in the runtime's base directory (its dis
   runtime's; the work directory (the image's ``WorkingDir``, else ``/work``) and ``/tmp``
   (1777) made when missing.
 
-Each exec binds ``root`` as its ``/`` (submounts included) and mounts ``/proc`` and ``/dev`` on
-the pinned points, so bwrap makes no mount point in a directory a program can write: a link a
-program planted there cannot steer a mount or a ``mkdir`` onto the host. The image's
+Each exec binds ``root`` as its ``/`` (submounts included) and mounts ``/proc`` and ``/dev``, so
+bwrap makes no mount point in a directory a program can write: a link a program planted
+cannot steer a mount or a ``mkdir`` onto the host (at setup, before its root is pivoted,
+bwrap resolves ``../oldroot/...`` to the host's). The three mount points cannot be replaced:
+a program cannot remove or rename a mount point of its own namespace (``EBUSY``), and every
+exec has its own ``/proc`` and ``/dev`` and the ``RUN_DIR`` bind mounted on them. The image's
 ``/usr``, ``/lib`` and ``/etc`` are what programs see; nothing of the host's but ``RUN_DIR``.
 Setting all this up is a few mounts at start (root or ``CAP_SYS_ADMIN``, as for the disk limit).
 """
@@ -119,15 +122,15 @@ def mount_root(base: str, lowerdir: str) -> list[str]:
         mounted.append(root)
         # Before any program ran, the tree is the image: only its own links can be there, and
         # these names are top-level, so no link is followed on the way to them.
-        for name, source in (("proc", None), ("dev", None), (RUN_DIR.lstrip("/"), net)):
+        for name in ("proc", "dev", RUN_DIR.lstrip("/")):
             point = os.path.join(root, name)
             st = _lstat(point)
             if st is not None and not stat.S_ISDIR(st.st_mode):
                 os.unlink(point)
             if st is None or not stat.S_ISDIR(st.st_mode):
                 os.mkdir(point, 0o755)
-            _bind(source or point, point, read_only=source is not None)  # itself: pinned, for each exec's own
-            mounted.append(point)
+        _bind(net, os.path.join(root, RUN_DIR.lstrip("/")), read_only=True)
+        mounted.append(os.path.join(root, RUN_DIR.lstrip("/")))
     except BaseException:
         unmount_all(mounted)
         raise
