@@ -440,7 +440,7 @@ def test_a_killed_host_leaves_no_process_cgroup_mount_or_file(kind: str, tmp_pat
         assert [p for p in facts["pids"] if process_alive(p)] == []
         assert [d for d in facts["cgroups"] if os.path.exists(d)] == []
         assert mounts_under(facts["root"]) == [] and not os.path.exists(facts["root"])
-        if kind == "image":  # the disk limit, the overlay, its pinned points, the run dir and the host's Python
+        if kind == "image":  # the disk limit, the overlay, the run dir and the host's Python
             assert len(facts["mounts"]) >= 2 * 6
             assert ImageCache(cache.root, max_bytes=1).evict() != []
         else:
