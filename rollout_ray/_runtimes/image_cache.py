@@ -155,7 +155,9 @@ class ImageCache:
                     if lease is not None:
                         lease.unpacked = True
             if lease is not None:
-                self.evict(keep={hex_key})
+                if lease.unpacked:
+                    with contextlib.suppress(OSError):  # best effort: the lease stands either way
+                        self.evict(keep={hex_key})
                 return lease
         raise SandboxError(f"image {spec!r} was evicted as soon as it was unpacked, three times; "
                            f"raise the image cache's bound (ROLLOUT_RAY_IMAGE_CACHE_BYTES)")

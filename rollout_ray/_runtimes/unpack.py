@@ -32,6 +32,7 @@ import os
 import shutil
 import stat
 import tarfile
+import zlib
 from typing import IO, Any
 
 from .._errors import SandboxError
@@ -287,7 +288,7 @@ def apply_layer(blob: IO[bytes], unpacker: Unpacker, *, layered: bool, what: str
         with tarfile.open(fileobj=plain, mode="r|") as tar:  # type: ignore[call-overload]
             unpacker.apply(tar, layered=layered)
         got = {"diff_id": plain.drain(), "digest": raw.drain()}
-    except (tarfile.TarError, OSError, EOFError, lzma.LZMAError) as e:
+    except (tarfile.TarError, OSError, EOFError, lzma.LZMAError, zlib.error) as e:
         if isinstance(e, OSError) and e.errno is not None:  # the disk, not the data
             raise
         raise SandboxError(f"{what} is not a readable tar layer: {e}") from None
