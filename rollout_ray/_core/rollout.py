@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack, suppress
 from typing import Any
 
-from .._errors import HarnessError, InfrastructureLost, RolloutError, TaskError, ToolsetError, boundary
+from .._errors import HarnessError, InfrastructureLost, RolloutError, SandboxError, TaskError, ToolsetError, boundary
 from .._record.messages import Message, Request
 from .._record.trace import AgentInfo, Timing, Trace
 from .harness import Harness, HarnessContext, HarnessSession
@@ -59,7 +59,8 @@ class Rollout:
         runtime: a live runtime to *borrow*; ``None`` makes the rollout build, start and stop
             its own with ``runtime_factory(trace.id)``.
         runtime_factory: builds an owned runtime from its name (``LocalRuntime``,
-            ``SandboxRuntime``, ...); required unless ``runtime`` is given.
+            ``SandboxRuntime``, ...), and ``image=`` when the task has an image
+            (``TaskData.image``); required unless ``runtime`` is given.
         interception: serves the session to a program's harness (default: a private in-process
             one); an ``in_process`` harness is always served in process (one given is
             not used: a warning says so).
@@ -156,8 +157,11 @@ class Rollout:
         self._opened = True
         self.trace.timing.boot.start = _now()
         if self.runtime is None:
-            assert self._runtime_factory is not None  # checked at construction
-            self.runtime = self._runtime_factory(self.trace.id)
+            try:
+                self.runtime = self._own_runtime()
+            except SandboxError as e:  # the runtime kind cannot run the task's image
+                self.fail(e)
+                return False
         elif self.runtime.stopped:
             raise ValueError(
                 f"borrowed runtime {self.runtime.name!r} was already torn down by its owner; "
@@ -177,6 +181,14 @@ class Rollout:
             raise
         self.trace.timing.setup.end = self.trace.timing.agent.start = _now()
         return not self.session.stopped
+
+    def _own_runtime(self) -> Runtime:
+        """The runtime factory's, given the task's image when it has one."""
+        assert self._runtime_factory is not None  # checked at construction
+        image = self.task.data.image
+        if image is None:
+            return self._runtime_factory(self.trace.id)
+        return self._runtime_factory(self.trace.id, image=image)  # type: ignore[call-arg]
 
     async def _open(self, runtime: Runtime) -> None:
         if self.task.data.prompt is None and not self.has_user:

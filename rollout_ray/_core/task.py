@@ -51,6 +51,12 @@ class TaskData(BaseModel):
     whose ``enforces`` holds ``"network"``; others log a warning (B6)."""
     network_block: list[str] | None = None
     """Hosts the agent must not reach; ``None`` blocks nothing."""
+    image: str | None = None
+    """The image the task's programs run over, read-only under a private writable layer: an
+    OCI image layout, a ``docker save`` archive or a rootfs tarball (an absolute path on the
+    node that runs the rollout), or an image name in that node's podman or docker store.
+    Needs a sandbox runtime (any other fails the rollout with ``SandboxError``); ``None``: the
+    host's system."""
 
     @field_validator("prompt")
     @classmethod

@@ -56,6 +56,6 @@ class LocalExecutor(Executor):
     async def set_policy(self, version: int | None, paused: bool) -> None:
         self.policy.set(version, paused)
 
-    def _new_runtime(self, name: str) -> Runtime:
+    def _new_runtime(self, name: str, image: str | None = None) -> Runtime:
         assert self._runtimes is not None
-        return LazyRuntime(self._runtimes.new_runtime(name, owner=name))
+        return LazyRuntime(self._runtimes.new_runtime(name, owner=name, image=image))

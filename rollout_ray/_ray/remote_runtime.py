@@ -15,6 +15,8 @@ from .calls import call
 
 CALL_TIMEOUT = 60.0
 """Seconds a call to the runtime actor may take (beyond an exec's own timeout)."""
+IMAGE_START_TIMEOUT = 3600.0
+"""Seconds starting a runtime over an image may take: its node may have to unpack it first."""
 
 
 class RemoteRuntime(Runtime):
@@ -30,8 +32,11 @@ class RemoteRuntime(Runtime):
 
     def __init__(self, actor: Any, name: str, *, owner: str | None = None, started: bool = False,
                  runtime_type: str = "local", runtime_id: str | None = None, lazy: bool = False,
-                 provisioned: bool = False, actor_on_demand: Callable[[], Any] | None = None) -> None:
+                 provisioned: bool = False, actor_on_demand: Callable[[], Any] | None = None,
+                 image: str | None = None) -> None:
         super().__init__(name)
+        self.image = image
+        """The image it runs over (``TaskData.image``), on the runtime actor's node."""
         self.__actor = actor
         self._actor_on_demand = actor_on_demand
         """Instead of ``actor``: called on the first call to make (and pin) it. A rollout actor
@@ -57,7 +62,7 @@ class RemoteRuntime(Runtime):
         self._shared = True  # the copy may provision it: teardown must reach the actor
         return (_rebuild_remote_runtime, (self._actor, self.name, self._owner, self.started,
                                           self.type, self._id, self.stopped, self._lazy,
-                                          self._provisioned, self._routes))
+                                          self._provisioned, self._routes, self.image))
 
     @property
     def id(self) -> str:
@@ -110,7 +115,8 @@ class RemoteRuntime(Runtime):
         self.type, self._id, self._provisioned = info.type, info.id, True
 
     async def _provision_once(self) -> Any:
-        info = await self._call("create_started", self.name, owner=self._owner)
+        info = await self._call("create_started", self.name, owner=self._owner, image=self.image,
+                                wait=CALL_TIMEOUT if self.image is None else IMAGE_START_TIMEOUT)
         if info.type == "sandbox" and self._routes is not None:
             await self._call("prepare_execution", self.name, self._routes)
         return info
@@ -161,9 +167,10 @@ class RemoteRuntime(Runtime):
 
 def _rebuild_remote_runtime(actor: Any, name: str, owner: str | None, started: bool,
                             runtime_type: str, runtime_id: str | None, stopped: bool, lazy: bool,
-                            provisioned: bool, routes: list[str] | None = None) -> RemoteRuntime:
+                            provisioned: bool, routes: list[str] | None = None,
+                            image: str | None = None) -> RemoteRuntime:
     runtime = RemoteRuntime(actor, name, owner=owner, started=started, runtime_type=runtime_type,
-                            runtime_id=runtime_id, lazy=lazy, provisioned=provisioned)
+                            runtime_id=runtime_id, lazy=lazy, provisioned=provisioned, image=image)
     runtime.stopped = stopped
     runtime._routes = routes
     return runtime

@@ -65,8 +65,9 @@ class _RolloutActor:
         self.host = RolloutHost(
             capacity,
             interception=RayInterception(services, owner),
-            runtime_factory=lambda name: RemoteRuntime(None, name, owner=name, lazy=True, runtime_type=runtime,
-                                                       actor_on_demand=self._runtime_actor),
+            runtime_factory=lambda name, image=None: RemoteRuntime(
+                None, name, owner=name, lazy=True, runtime_type=runtime, actor_on_demand=self._runtime_actor,
+                image=image),
             tool_server=RayToolServer(services, owner).serve,
         )
         self._depot = Depot()

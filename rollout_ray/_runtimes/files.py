@@ -99,3 +99,20 @@ def write_beneath(base: str, parts: list[str], data: bytes, what: str) -> None:
     with os.fdopen(fd, "wb") as f:
         f.truncate(0)  # after the checks: O_TRUNC would have truncated whatever was there
         f.write(data)
+
+
+def make_dir_beneath(base: str, parts: list[str], mode: int | None, what: str) -> None:
+    """Make directory ``parts`` under ``base`` with its parents, never through a link; give it
+    ``mode`` (when not ``None``)."""
+    with _parent(base, [*parts, ""], what, create=True) as dir_fd:
+        if mode is not None:
+            os.fchmod(dir_fd, mode)
+
+
+def replace_beneath(base: str, parts: list[str], data: bytes, what: str) -> None:
+    """``write_beneath``, replacing a link or other non-directory at ``parts`` rather than
+    refusing it."""
+    with _parent(base, parts, what, create=True) as dir_fd:
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.unlink(parts[-1], dir_fd=dir_fd)
+    write_beneath(base, parts, data, what)

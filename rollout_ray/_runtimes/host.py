@@ -116,14 +116,20 @@ class RuntimeHost:
     def owner(self, name: str) -> str | None:
         return self._owners.get(name)
 
-    async def create(self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None) -> RuntimeInfo:
-        """Create (not start) a runtime named ``name``, owned by rollout ``owner``."""
-        return self.new_runtime(name, owner=owner, env=env).info()
+    async def create(self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None,
+                     image: str | None = None) -> RuntimeInfo:
+        """Create (not start) a runtime named ``name``, owned by rollout ``owner``, over
+        ``image`` when given (a sandbox's; see ``SandboxRuntime``)."""
+        return self.new_runtime(name, owner=owner, env=env, image=image).info()
 
-    def new_runtime(self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None) -> Runtime:
+    def new_runtime(self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None,
+                    image: str | None = None) -> Runtime:
         """``create``, returning the runtime itself, for a caller in this process to drive.
 
         It is the guardian's to clean up if this process dies; its caller starts and stops it.
+
+        Raises:
+            SandboxError: an ``image`` for a host of local runtimes.
         """
         if name in self._runtimes or name in self._gone:
             raise ValueError(f"runtime {name!r} already exists on this host")
@@ -133,7 +139,7 @@ class RuntimeHost:
             self._prune_at = max(_PRUNE_AT, 2 * len(self._runtimes))
         cls = SandboxRuntime if self.kind == "sandbox" else LocalRuntime
         runtime = cls(name, root=self.root, env={**(env or {}), HOST_MARKER: self.token},
-                      cgroup_parents=self._cgroups.parents)
+                      cgroup_parents=self._cgroups.parents, image=image)
         self._runtimes[name] = runtime
         self._owners[name] = owner
         return runtime
@@ -151,7 +157,7 @@ class RuntimeHost:
             raise RuntimeStopped(f"runtime {name!r} is stopped or unknown on this host")
         return runtime
 
-    async def create_started(self, name: str, *, owner: str | None = None) -> RuntimeInfo:
+    async def create_started(self, name: str, *, owner: str | None = None, image: str | None = None) -> RuntimeInfo:
         """``create`` then ``start`` in one call; idempotent for a runtime already running.
 
         Raises:
@@ -160,7 +166,7 @@ class RuntimeHost:
         if name in self._gone:
             raise RuntimeStopped(f"runtime {name!r} is stopped or unknown on this host")
         if name not in self._runtimes:
-            await self.create(name, owner=owner)
+            await self.create(name, owner=owner, image=image)
         return await self.start(name)
 
     async def start(self, name: str) -> RuntimeInfo:

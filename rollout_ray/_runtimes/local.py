@@ -132,6 +132,7 @@ class LocalRuntime(Runtime):
         pass_env: names of host variables passed to every program, beyond ``HOST_ENV``.
         cgroup_parents: parent cgroup per controller to make the runtime's cgroups in
             (a ``RuntimeHost``'s); default: this process's own cgroups.
+        image: refused (``SandboxError``): only a ``SandboxRuntime`` runs over an image.
     """
 
     type = "local"
@@ -139,9 +140,12 @@ class LocalRuntime(Runtime):
     def __init__(
         self, name: str | None = None, *, root: str | None = None,
         env: Mapping[str, str] | None = None, pass_env: Sequence[str] = (),
-        cgroup_parents: Mapping[str, Parent] | None = None,
+        cgroup_parents: Mapping[str, Parent] | None = None, image: str | None = None,
     ) -> None:
         super().__init__(name)
+        if image is not None:
+            raise SandboxError(f"runtime {self.name!r}: image {image!r} needs a SandboxRuntime, and this runtime "
+                               f"is local (use runtime='sandbox' on a machine that runs sandboxes)")
         self._root = root
         self._env = dict(env or {})
         self._pass_env = tuple(pass_env)
@@ -156,6 +160,12 @@ class LocalRuntime(Runtime):
     def id(self) -> str:
         """The work directory once started, else the name."""
         return self._workdir or self.name
+
+    @property
+    def workdir(self) -> str | None:
+        """The work directory as programs see it, once started: where they start, where
+        relative ``read`` / ``write`` paths lead."""
+        return self._workdir
 
     def _dir_prefix(self) -> str:
         return "rollout-ray-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.name) + "-"
@@ -204,6 +214,10 @@ class LocalRuntime(Runtime):
             state = "stopped" if self.stopped else "not started"
             raise SandboxError(f"{what}: runtime {self.name!r} is {state}")
         return self._workdir
+
+    def _spawn_dir(self, what: str) -> str:
+        """The host directory programs are spawned in."""
+        return self._require_running(what)
 
     def _beneath(self, path: str, what: str) -> tuple[str, list[str]] | None:
         """``(directory, components beneath it)`` of ``path``, or ``None`` for a host path
@@ -297,7 +311,7 @@ class LocalRuntime(Runtime):
     async def _spawn(self, command: list[str], env: Mapping[str, str], max_output: int,
                      with_stdin: bool, what: str) -> tuple[asyncio.SubprocessTransport, _Capture]:
         """Start the program in its own session, its output captured up to ``max_output``."""
-        workdir = self._require_running(what)
+        workdir = self._spawn_dir(what)
         loop = asyncio.get_running_loop()
         self._spawned = True  # before the fork: a stop during the spawn must still scan
         spawn = asyncio.ensure_future(loop.subprocess_exec(

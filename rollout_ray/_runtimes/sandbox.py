@@ -27,7 +27,14 @@ namespaces, as an unprivileged uid with no capabilities:
   runtime, which connects to the real route (``routes.py``). Setup execs get the same
   policy: no network but the routes in force (none before the first ``prepare_execution``);
 * limits: a pids and a memory cgroup per runtime (cgroup v1, or v2 with the controllers
-  delegated), holding every process of every exec; output caps as ``LocalRuntime``.
+  delegated), holding every process of every exec; output caps as ``LocalRuntime``;
+* an image (``image=``): instead of the host's system, the image, unpacked once per node
+  into the image cache (``image_cache.py``), under a private writable layer
+  (``image_layout.py``): programs see the image's ``/usr``, ``/etc``, ..., write anywhere
+  (within the disk limit) and start in its ``WorkingDir`` (else ``/work``), which is the
+  runtime's work directory; ``read`` / ``write`` reach the whole of that filesystem, never
+  following links. The environment is the image's ``Env`` under the allow-list above. Every
+  other property holds as listed. Needs the right to mount (root or ``CAP_SYS_ADMIN``).
 
 A program killed by signal N exits ``128 + N`` (the sandbox reports it like a shell does).
 Linux only; ``sandbox_unavailable()`` says why a machine cannot run it.
@@ -36,7 +43,6 @@ Linux only; ``sandbox_unavailable()`` says why a machine cannot run it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import functools
 import os
@@ -51,7 +57,10 @@ from .._errors import SandboxError
 from .cgroup import Parent, cgroup_parent
 from .disk import full, mount_tmpfs, mount_unavailable
 from .files import components
-from .guardian import unmount
+from .image_cache import ImageCache, ImageLease, default_image_cache
+from .image_layout import RUN_DIR as IMAGE_RUN_DIR
+from .image_layout import SUBDIRS as IMAGE_SUBDIRS
+from .image_layout import host_kit, image_args, image_env, mount_root, prepare_root, unmount_all
 from .layout import (
     FORWARDER_INSIDE,
     RUN_DIR,
@@ -118,6 +127,10 @@ class SandboxRuntime(LocalRuntime):
         disk_limit: bytes the work directory and ``/tmp`` may hold together (``None``: no
             limit, a plain directory on the host); needs the right to mount a tmpfs.
         cgroup_parents: as for ``LocalRuntime`` (a ``RuntimeHost``'s parent cgroups).
+        image: the image programs run over (``TaskData.image``: an OCI layout, a ``docker
+            save`` archive, a rootfs tarball, or a name in podman's or docker's local store;
+            see ``image.py``); ``None``: the host's system, read-only.
+        image_cache: where the image is unpacked (default: ``default_image_cache()``).
 
     Raises:
         ValueError: a limit is below 1, or ``root`` is under ``/etc`` or ``/proc`` (the
@@ -135,6 +148,7 @@ class SandboxRuntime(LocalRuntime):
         env: Mapping[str, str] | None = None, pass_env: Sequence[str] = (),
         pids_limit: int | None = 512, memory_limit: int | None = 4 << 30,
         disk_limit: int | None = 1 << 30, cgroup_parents: Mapping[str, Parent] | None = None,
+        image: str | None = None, image_cache: ImageCache | None = None,
     ) -> None:
         super().__init__(name, root=root, env=env, pass_env=pass_env, cgroup_parents=cgroup_parents)
         if root is not None and (parent := replaced_parent(root)) is not None:
@@ -151,10 +165,21 @@ class SandboxRuntime(LocalRuntime):
         self._mounted = False
         self._routes: dict[int, Route] = {}
         self._remote: dict[int, tuple[str, int]] = {}
+        self.image = image
+        self._image_cache = image_cache
+        self._lease: ImageLease | None = None
+        self._image_mounts: list[str] = []
+
+    @property
+    def id(self) -> str:
+        """The work directory once started (an image's: the runtime's directory), else the name."""
+        return self._base if self._lease is not None and self._base is not None else super().id
 
     async def _start(self) -> None:
         try:
             self._bwrap = bwrap_path()
+            if self.image is not None:
+                self._lease = await (self._image_cache or default_image_cache()).acquire(self.image)
             self._base = os.path.abspath(tempfile.mkdtemp(prefix=self._dir_prefix(), dir=self._root))
             await asyncio.to_thread(self._make_dirs)
             limits: dict[str, int | None] = {**self._limits} or self._tracking()
@@ -164,7 +189,8 @@ class SandboxRuntime(LocalRuntime):
             if isinstance(e, OSError):
                 raise SandboxError(f"cannot start runtime {self.name!r}: {e}") from e
             raise
-        self._workdir = os.path.join(self._base, "work")
+        if self._lease is None:
+            self._workdir = os.path.join(self._base, "work")
 
     def _make_dirs(self) -> None:
         assert self._base is not None
@@ -175,10 +201,18 @@ class SandboxRuntime(LocalRuntime):
                 raise SandboxError(f"cannot mount the disk limit of runtime {self.name!r}: {e}; "
                                    f"pass disk_limit=None to run without one") from e
             self._mounted = True
-        for sub in SUBDIRS:
-            os.mkdir(os.path.join(self._base, sub), 0o700)
+        for sub in SUBDIRS if self._lease is None else IMAGE_SUBDIRS:
+            os.mkdir(os.path.join(self._base, sub), 0o700 if self._lease is None else 0o755)
         write_run_files(os.path.join(self._base, "net"), home=os.path.join(self._base, "work"))
-        prepare()  # builds the /etc snapshot once per process: here, off the event loop
+        if self._lease is None:
+            prepare()  # builds the /etc snapshot once per process: here, off the event loop
+            return
+        try:
+            self._image_mounts = mount_root(self._base, self._lease.rootfs)
+        except OSError as e:
+            raise SandboxError(f"cannot mount image {self.image!r} for runtime {self.name!r}: {e}; an image "
+                               f"sandbox needs the right to mount (root or CAP_SYS_ADMIN)") from e
+        self._workdir = prepare_root(self._path("root"), self._lease.config)
 
     async def _teardown(self) -> None:
         for route in self._routes.values():
@@ -188,22 +222,28 @@ class SandboxRuntime(LocalRuntime):
         await self._remove_base()
 
     async def _remove_base(self) -> None:
-        """Unmount the disk limit (its files go with it), then remove what is left."""
-        if self._base is None:
-            return
-        if self._mounted:
-            with contextlib.suppress(OSError):
-                await asyncio.to_thread(unmount, self._base)
+        """Unmount the image's root and the disk limit (its files go with it), remove what
+        is left, then let the image go."""
+        if self._base is not None:
+            mounts, self._image_mounts = self._image_mounts, []
+            await asyncio.to_thread(unmount_all, [self._base, *mounts] if self._mounted else mounts)
             self._mounted = False
-        await asyncio.to_thread(_remove_tree, self._base)
+            await asyncio.to_thread(_remove_tree, self._base)
+        if self._lease is not None:
+            self._lease.release()
 
     def _path(self, sub: str) -> str:
         assert self._base is not None
         return os.path.join(self._base, sub)
 
+    def _spawn_dir(self, what: str) -> str:
+        workdir = self._require_running(what)
+        return self._base if self._lease is not None and self._base is not None else workdir
+
     def _host_env(self) -> dict[str, str]:
         env = super()._host_env()
-        env.update(PATH=program_path(), HOME=self._workdir or "", TMPDIR="/tmp")
+        env.update(image_env(self._lease.config) if self._lease is not None else {"PATH": program_path()})
+        env.update(HOME=self._workdir or "", TMPDIR="/tmp")
         for name in self._pass_env:  # named explicitly: passed as is
             if name in os.environ:
                 env[name] = os.environ[name]
@@ -211,6 +251,9 @@ class SandboxRuntime(LocalRuntime):
 
     def _beneath(self, path: str, what: str) -> tuple[str, list[str]]:
         workdir = self._require_running(what)
+        if self._lease is not None:  # the whole filesystem is the sandbox's own
+            inside = os.path.normpath(os.path.join(workdir, path))
+            return self._path("root"), components(os.path.relpath(inside, "/")) or []
         full_path = os.path.normpath(os.path.join(workdir, path))
         if full_path == workdir or full_path.startswith(workdir + os.sep):
             return workdir, components(os.path.relpath(full_path, workdir)) or []
@@ -226,11 +269,17 @@ class SandboxRuntime(LocalRuntime):
         ``argv``; itself run by ``LocalRuntime`` (so joining the runtime's cgroups)."""
         workdir = self._require_running(f"program {argv[0]!r}")
         assert self._base is not None
-        command = [self._bwrap, *namespace_args(), *system_args(), *runtime_args(self._base, workdir), "--"]
+        if self._lease is None:
+            layout, run_dir = [*system_args(), *runtime_args(self._base, workdir)], RUN_DIR
+            forwarder = [interpreter(), "-I", "-S", FORWARDER_INSIDE]
+        else:
+            layout, run_dir = image_args(self._base, workdir), IMAGE_RUN_DIR
+            forwarder = [*host_kit()[1], "-I", "-S", f"{IMAGE_RUN_DIR}/forwarder.py"]
+        command = [self._bwrap, *namespace_args(), *layout, "--"]
         if self._routes:
-            command += [interpreter(), "-I", "-S", FORWARDER_INSIDE]
+            command += forwarder
             for port in self._routes:
-                command += ["--route", f"{port}={RUN_DIR}/{port}.sock"]
+                command += ["--route", f"{port}={run_dir}/{port}.sock"]
             command.append("--")
         return super()._command(command + argv, env)
 
@@ -253,7 +302,7 @@ class SandboxRuntime(LocalRuntime):
                 program ran (``disk_limit`` reached).
         """
         result = await super().exec(argv, env=env, timeout=timeout, max_output=max_output, stdin=stdin)
-        if self._mounted and await asyncio.to_thread(full, self._path("work")):
+        if self._mounted and await asyncio.to_thread(full, self._base or ""):
             raise SandboxError(f"runtime {self.name!r} is full after program {argv[0]!r}: "
                                f"disk limit of {self._disk_limit} bytes reached")
         return result

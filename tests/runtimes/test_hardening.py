@@ -24,6 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from image_rig import (
+    BOXES,
+    busybox_rootfs,
+    host_path,
+    image_sandbox,
+    needs_image,
+    python_image,
+    rootfs_tarball,
+    shared_cache,
+)
 
 from rollout_ray import LocalRuntime, Rollout, SandboxRuntime, Task
 from rollout_ray._errors import SandboxError
@@ -59,6 +69,8 @@ SCENARIOS = {
         "setsid + env -i escapee", "killed by stop() (cgroup)", "0 survivors"),
     "test_the_default_runtime_keeps_rollouts_out_of_each_others_processes": (
         "scan /proc/*/environ for another rollout's secret", "default runtime: sandbox", "0 secrets read"),
+    "test_image_sandboxes_keep_rollouts_out_of_each_others_processes": (
+        "scan /proc/*/environ for another rollout's secret", "image sandboxes", "0 secrets read"),
     "test_local_spawn_then_stop_never_leaves_a_process": (
         "300 spawn-then-stop cycles", "every program killed", "0 survivors"),
 }
@@ -80,7 +92,8 @@ def _scenario_row(request: pytest.FixtureRequest, report: Any) -> Iterator[None]
 REASON = sandbox_unavailable()
 needs_sandbox = pytest.mark.skipif(REASON is not None, reason=f"no sandbox on this machine: {REASON}")
 KINDS = [pytest.param(LocalRuntime, id="local"),
-         pytest.param(SandboxRuntime, id="sandbox", marks=needs_sandbox)]
+         pytest.param(SandboxRuntime, id="sandbox", marks=needs_sandbox),
+         pytest.param(image_sandbox, id="image", marks=needs_image)]
 CHECKOUT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
@@ -168,8 +181,9 @@ def host_secrets() -> Iterator[tuple[list[str], list[str]]]:
                 os.unlink(path)
 
 
+@pytest.mark.parametrize("box", BOXES)
 @needs_sandbox
-def test_sandbox_hides_host_files_secrets_and_sockets(tmp_path: Path) -> None:
+def test_sandbox_hides_host_files_secrets_and_sockets(box: Callable[..., SandboxRuntime], tmp_path: Path) -> None:
     assert os.path.exists("/etc/shadow")  # the host has them: their absence is the sandbox's
     system = ["/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/machine-id", "/etc/ssl/private",
               "/root/.ray", "/root/.ssh", "/root/.bashrc", "/home", str(CHECKOUT / "README.md"),
@@ -178,7 +192,7 @@ def test_sandbox_hides_host_files_secrets_and_sockets(tmp_path: Path) -> None:
         system += [os.path.join(VENV, "bin", "activate"), os.path.join(VENV, "bin", "pip")]
 
     async def main(files: list[str], sockets: list[str]) -> dict[str, Any]:
-        async with running(SandboxRuntime(root=str(tmp_path / "rt"))) as rt:
+        async with running(box(root=str(tmp_path / "rt"))) as rt:
             r = await rt.exec(["python3", "-c", PROBE, json.dumps(files + system), json.dumps(sockets)],
                               timeout=30)
             assert r.exit_code == 0, r.stderr
@@ -193,19 +207,24 @@ def test_sandbox_hides_host_files_secrets_and_sockets(tmp_path: Path) -> None:
     assert {p: r for p, r in seen["files"].items() if r not in ("FileNotFoundError",)} == {}
     assert {p: r for p, r in seen["sockets"].items() if r != "FileNotFoundError"} == {}
     # /root holds at most the paths to the interpreter's base installation (pyenv here) and to
-    # the virtual environment.
+    # the virtual environment; an image's /root is the image's.
     shown = {p.split("/")[2] for p in (os.path.realpath(sys.base_prefix), VENV or "") if p.startswith("/root/")}
-    assert seen["root"] in (None, sorted(shown))
+    assert seen["root"] in (None, [] if box is image_sandbox else sorted(shown))
 
 
+@pytest.mark.parametrize("box", BOXES)
 @needs_sandbox
-def test_programs_run_as_an_unprivileged_user_with_python_on_path(tmp_path: Path) -> None:
+def test_programs_run_as_an_unprivileged_user_with_python_on_path(box: Callable[..., SandboxRuntime],
+                                                                  tmp_path: Path) -> None:
     async def main() -> None:
-        async with running(SandboxRuntime(root=str(tmp_path))) as rt:
-            r = await rt.exec(["sh", "-c", "id -u; id -un; echo $HOME; python3 -c 'print(7)'"], timeout=30)
+        async with running(box(root=str(tmp_path))) as rt:
+            r = await rt.exec(["sh", "-c", "id -u; id -un; echo $HOME; python3 -c 'print(7)'; "
+                                           "grep CapEff /proc/self/status"], timeout=30)
             assert r.exit_code == 0, r.stderr
-            uid, user, home, seven = r.stdout.split()
-            assert (int(uid) != 0, user, home, seven) == (True, "sandbox", rt.id, "7")
+            uid, user, home, seven, _, caps = r.stdout.split()
+            assert (int(uid) != 0, user, home, seven, int(caps, 16)) == (True, "sandbox", rt.workdir, "7", 0)
+            if box is image_sandbox:
+                return  # the image's Python: the host's interpreter path means nothing there
             # The host interpreter's path still runs (the base interpreter, with the venv's packages).
             r = await rt.exec([sys.executable, "-c", "import sys; print(sys.version_info[:2])"], timeout=30)
             assert (r.exit_code, r.stdout.strip()) == (0, str(sys.version_info[:2])), r.stderr
@@ -269,15 +288,15 @@ def test_read_and_write_never_follow_planted_links(kind: type[LocalRuntime], tmp
             r = await rt.exec(["sh", "-c", plant])
             assert r.exit_code == 0, r.stderr
             targets = ["answer.txt", "sub/new.txt", "d/inner/new.txt", "d/../answer.txt", "relative",
-                       os.path.join(rt.id, "answer.txt")]
-            if kind is SandboxRuntime:
+                       os.path.join(rt.workdir, "answer.txt")]
+            if kind is not LocalRuntime:
                 targets.append("/tmp/answer.txt")  # the sandbox's own /tmp: the same rules
             for target in targets:
                 with pytest.raises(SandboxError, match="symbolic link"):
                     await rt.write(target, "overwritten")
                 with pytest.raises((SandboxError, FileNotFoundError)):
                     await rt.read(target)
-            with pytest.raises(SandboxError, match="'secret' is a symbolic link"):
+            with pytest.raises(SandboxError, match="'(work/)?secret' is a symbolic link"):  # image: from /
                 await rt.read("secret")
             await rt.write("plain/file.txt", "fine")  # ordinary files still work
             assert await rt.read("plain/file.txt") == b"fine"
@@ -293,12 +312,12 @@ def test_a_planted_fifo_fails_fast(kind: type[LocalRuntime], tmp_path: Path) -> 
         async with running(kind(root=str(tmp_path))) as rt:
             r = await rt.exec(["mkfifo", "pipe"])
             assert r.exit_code == 0, r.stderr
-            pipe = os.path.join(rt.id, "pipe")
+            pipe = host_path(rt, "pipe")
             try:
                 async with asyncio.timeout(5):  # a blocking open would hang the runtime
-                    with pytest.raises(SandboxError, match="'pipe' is not a regular file"):
+                    with pytest.raises(SandboxError, match="'(work/)?pipe' is not a regular file"):
                         await rt.read("pipe")
-                    with pytest.raises(SandboxError, match="'pipe' is not a regular file"):
+                    with pytest.raises(SandboxError, match="'(work/)?pipe' is not a regular file"):
                         await rt.write("pipe", "x")
             finally:  # release a thread still blocked in open(), whichever end it waits for
                 for flags in (os.O_WRONLY | os.O_NONBLOCK, os.O_RDONLY | os.O_NONBLOCK):
@@ -315,8 +334,9 @@ class Echo(Task):
     pass
 
 
+@pytest.mark.parametrize("box", BOXES)
 @needs_sandbox
-def test_disk_limit_fails_the_exec_and_spares_the_host(tmp_path: Path) -> None:
+def test_disk_limit_fails_the_exec_and_spares_the_host(box: Callable[..., SandboxRuntime], tmp_path: Path) -> None:
     limit = 16 * MiB
 
     def host_free() -> int:
@@ -325,10 +345,10 @@ def test_disk_limit_fails_the_exec_and_spares_the_host(tmp_path: Path) -> None:
 
     async def main() -> None:
         before = host_free()
-        async with running(SandboxRuntime(root=str(tmp_path), disk_limit=limit)) as rt:
+        async with running(box(root=str(tmp_path), disk_limit=limit)) as rt:
             with pytest.raises(SandboxError, match=f"disk limit of {limit} bytes reached"):
                 await rt.exec(["sh", "-c", "head -c 268435456 /dev/zero > big"], timeout=30)
-            assert os.path.getsize(os.path.join(rt.id, "big")) <= limit
+            assert os.path.getsize(host_path(rt, "big")) <= limit
             assert host_free() > before - 64 * MiB  # 256 MiB were written: not to the host
             with pytest.raises(SandboxError, match="disk limit"):
                 await rt.write("more.bin", b"x" * MiB)
@@ -338,20 +358,26 @@ def test_disk_limit_fails_the_exec_and_spares_the_host(tmp_path: Path) -> None:
             await rt.exec(["rm", "huge.bin"])
             with pytest.raises(SandboxError, match="disk limit"):  # /tmp counts too
                 await rt.exec(["sh", "-c", "head -c 33554432 /dev/zero > /tmp/big"], timeout=30)
+            if box is image_sandbox:  # and so does the rest of an image's root
+                await rt.exec(["rm", "/tmp/big"])
+                with pytest.raises(SandboxError, match="disk limit"):
+                    await rt.exec(["sh", "-c", "head -c 33554432 /dev/zero > /usr/lib/big"], timeout=30)
             assert mounts_under(str(tmp_path)) != []
         assert mounts_under(str(tmp_path)) == [] and os.listdir(tmp_path) == []
 
     run(main)
 
 
+@pytest.mark.parametrize("box", BOXES)
 @needs_sandbox
-def test_filling_the_disk_fails_the_rollout_with_sandbox_error(tmp_path: Path) -> None:
+def test_filling_the_disk_fails_the_rollout_with_sandbox_error(box: Callable[..., SandboxRuntime],
+                                                               tmp_path: Path) -> None:
     async def main() -> Any:
         async with HTTPInterception() as proxy:
             return await Rollout(
                 Echo({"prompt": "hi"}), ProgramHarness(["sh", "-c", "head -c 67108864 /dev/zero > big"]),
                 model=ScriptedModel(default="x"), interception=proxy,
-                runtime_factory=lambda name: SandboxRuntime(name, root=str(tmp_path), disk_limit=16 * MiB),
+                runtime_factory=lambda name: box(name, root=str(tmp_path), disk_limit=16 * MiB),
             ).run()
 
     trace = run(main)
@@ -369,15 +395,15 @@ HOST_SCRIPT = textwrap.dedent(
     from rollout_ray._runtimes.host import RuntimeHost
 
     async def main():
-        host = RuntimeHost(kind=sys.argv[1])
+        host = RuntimeHost(kind="sandbox" if sys.argv[1] == "image" else sys.argv[1])
         runtimes = []
         for name in ("a", "b"):
-            await host.create_started(name, owner="x")
+            await host.create_started(name, owner="x", image=sys.argv[2] if sys.argv[1] == "image" else None)
             runtimes.append(host._runtimes[name])
         held = [asyncio.ensure_future(host.exec(n, ["sh", "-c", "setsid env -i /bin/sleep 1000 & exec sleep 1000"]))
                 for n in ("a", "b")]
         deadline = time.monotonic() + 10
-        count = 4 if sys.argv[1] == "sandbox" else 2  # the sleeps; in a sandbox bwrap and its init too
+        count = 2 if sys.argv[1] == "local" else 4  # the sleeps; in a sandbox bwrap and its init too
         while any(len(rt._cgroups.pids()) < count for rt in runtimes):
             assert time.monotonic() < deadline, "the programs did not start"
             await asyncio.sleep(0.01)
@@ -394,9 +420,16 @@ HOST_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("kind", ["local", pytest.param("sandbox", marks=needs_sandbox)])
-def test_a_killed_host_leaves_no_process_cgroup_mount_or_file(kind: str) -> None:
-    host = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT, kind], stdout=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("kind", ["local", pytest.param("sandbox", marks=needs_sandbox),
+                                  pytest.param("image", marks=needs_image)])
+def test_a_killed_host_leaves_no_process_cgroup_mount_or_file(kind: str, tmp_path: Path) -> None:
+    """And for an image sandbox, no lease on its image: the cache can evict it at once."""
+    from rollout_ray._runtimes.image_cache import ImageCache
+
+    image = str(rootfs_tarball(busybox_rootfs(), tmp_path / "busybox.tar.gz"))
+    cache = ImageCache(str(tmp_path / "cache"))
+    host = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT, kind, image], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "ROLLOUT_RAY_IMAGE_CACHE": cache.root})
     facts: dict[str, Any] = {}
     try:
         facts = json.loads(host.stdout.readline())  # type: ignore[union-attr]
@@ -407,7 +440,11 @@ def test_a_killed_host_leaves_no_process_cgroup_mount_or_file(kind: str) -> None
         assert [p for p in facts["pids"] if process_alive(p)] == []
         assert [d for d in facts["cgroups"] if os.path.exists(d)] == []
         assert mounts_under(facts["root"]) == [] and not os.path.exists(facts["root"])
-        assert len(facts["mounts"]) == (2 if kind == "sandbox" else 0)  # a disk limit per sandbox
+        if kind == "image":  # the disk limit, the overlay, the run dir and the host's Python
+            assert len(facts["mounts"]) >= 2 * 6
+            assert ImageCache(cache.root, max_bytes=1).evict() != []
+        else:
+            assert len(facts["mounts"]) == (2 if kind == "sandbox" else 0)  # a disk limit per sandbox
     finally:
         host.kill()
         host.wait()
@@ -429,20 +466,23 @@ def _hold(fifo: str) -> list[str]:
     return ["sh", "-c", f"echo running > {fifo}; exec sleep 60"]
 
 
-def _secrets_seen(kind: str, root: Path) -> int:
+def _secrets_seen(kind: str, root: Path, image: str | None = None) -> int:
     """How many processes holding another rollout's proxy secret a program of a ``kind``
-    runtime finds in ``/proc`` (the victim runs beside it on the same host)."""
+    runtime (over ``image``, when given) finds in ``/proc`` (the victim runs beside it on the
+    same host)."""
     from rollout_ray._runtimes.host import RuntimeHost
 
     async def scenario() -> int:
         host = RuntimeHost(str(root), kind=kind)
         try:
-            victim = await host.create_started("victim", owner="victim")
-            await host.create_started("attacker", owner="attacker")
-            fifo = os.path.join(victim.id, "running")  # the work dir: the same path inside and out
+            await host.create_started("victim", owner="victim", image=image)
+            await host.create_started("attacker", owner="attacker", image=image)
+            runtime = host._runtimes["victim"]
+            fifo = host_path(runtime, "running")  # type: ignore[arg-type]
             os.mkfifo(fifo)
             os.chmod(fifo, 0o666)
-            held = asyncio.ensure_future(host.exec("victim", _hold(fifo), env={"OPENAI_API_KEY": "victim-secret"},
+            inside = os.path.join(runtime.workdir, "running")  # type: ignore[attr-defined]
+            held = asyncio.ensure_future(host.exec("victim", _hold(inside), env={"OPENAI_API_KEY": "victim-secret"},
                                                    timeout=60))
             assert (await asyncio.to_thread(Path(fifo).read_text)).strip() == "running"
             found = int((await host.exec("attacker", ["sh", "-c", SCAN])).stdout.strip() or 0)
@@ -462,6 +502,19 @@ def test_the_default_runtime_keeps_rollouts_out_of_each_others_processes(tmp_pat
 
     assert runtime_kind("auto") == ("sandbox", None)  # the default, where the machine runs one
     assert _secrets_seen("auto", tmp_path) == 0
+
+
+@needs_image
+def test_image_sandboxes_keep_rollouts_out_of_each_others_processes(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollout_ray._runtimes.image_cache import default_image_cache
+
+    monkeypatch.setenv("ROLLOUT_RAY_IMAGE_CACHE", shared_cache().root)  # a host uses the node's cache
+    default_image_cache.cache_clear()
+    try:
+        assert _secrets_seen("sandbox", tmp_path, image=python_image()) == 0
+    finally:
+        default_image_cache.cache_clear()
 
 
 def test_the_local_runtime_does_not_isolate_rollouts(tmp_path: Path) -> None:

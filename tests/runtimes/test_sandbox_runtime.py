@@ -17,6 +17,7 @@ from typing import Any
 import calc_taskset
 import pytest
 from calc_taskset import Arith
+from image_rig import BOXES, host_path
 
 from rollout_ray import (
     Reward,
@@ -49,9 +50,16 @@ def agent(**kwargs: Any) -> ProgramHarness:
     return ProgramHarness(["python3", "agent_program.py"], files={"agent_program.py": AGENT_SOURCE}, **kwargs)
 
 
+@pytest.fixture(params=BOXES)
+def box(request: pytest.FixtureRequest) -> Callable[..., SandboxRuntime]:
+    """The isolation tests hold over the host's system and over an image alike."""
+    return request.param
+
+
 @asynccontextmanager
-async def sandbox(tmp_path: Path, **kwargs: Any) -> AsyncIterator[SandboxRuntime]:
-    rt = SandboxRuntime(root=str(tmp_path), **kwargs)
+async def sandbox(tmp_path: Path, box: Callable[..., SandboxRuntime] = SandboxRuntime,
+                  **kwargs: Any) -> AsyncIterator[SandboxRuntime]:
+    rt = box(root=str(tmp_path), **kwargs)
     await rt.start()
     try:
         yield rt
@@ -65,6 +73,11 @@ def run(main: Callable[[], Any]) -> Any:
 
 def py(code: str, *args: str) -> list[str]:
     return ["python3", "-c", code, *args]
+
+
+def mounts_under(root: str) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [p for p in (line.split()[4] for line in f) if p == root or p.startswith(root.rstrip("/") + "/")]
 
 
 def assert_all_killed(rt: SandboxRuntime) -> None:
@@ -114,9 +127,9 @@ def test_work_dir_is_writable_and_the_system_read_only(tmp_path: Path) -> None:
     run(main)
 
 
-def test_programs_have_their_own_pid_namespace(tmp_path: Path) -> None:
+def test_programs_have_their_own_pid_namespace(tmp_path: Path, box: Callable[..., SandboxRuntime]) -> None:
     async def main() -> None:
-        async with sandbox(tmp_path) as rt:
+        async with sandbox(tmp_path, box) as rt:
             script = (f"echo $$; ls /proc | grep -c '^[0-9]'; "
                       f"kill -0 {os.getpid()} 2>/dev/null || echo hidden")
             r = await rt.exec(["sh", "-c", script])
@@ -163,9 +176,9 @@ async def http_server(body: bytes) -> AsyncIterator[int]:
         server.close()
 
 
-def test_network_is_only_the_framework_routes(tmp_path: Path) -> None:
+def test_network_is_only_the_framework_routes(tmp_path: Path, box: Callable[..., SandboxRuntime]) -> None:
     async def main() -> None:
-        async with (sandbox(tmp_path) as rt, http_server(b"route ok") as route,
+        async with (sandbox(tmp_path, box) as rt, http_server(b"route ok") as route,
                     http_server(b"other") as other, http_server(b"ray") as ray_like):
             url = f"http://127.0.0.1:{route}/v1/models"
             assert rt.host_url(url) == url
@@ -183,9 +196,10 @@ def test_network_is_only_the_framework_routes(tmp_path: Path) -> None:
     run(main)
 
 
-def test_remote_routes_are_served_on_loopback_and_bad_routes_refused(tmp_path: Path) -> None:
+def test_remote_routes_are_served_on_loopback_and_bad_routes_refused(tmp_path: Path,
+                                                                     box: Callable[..., SandboxRuntime]) -> None:
     async def main() -> None:
-        async with sandbox(tmp_path) as rt:
+        async with sandbox(tmp_path, box) as rt:
             url = rt.host_url("http://10.1.2.3:8080/v1")
             assert url == "http://127.0.0.1:8080/v1"
             await rt.prepare_execution([url])
@@ -223,9 +237,9 @@ while True:
 """
 
 
-def test_fork_bomb_is_bounded_and_killed(tmp_path: Path) -> None:
+def test_fork_bomb_is_bounded_and_killed(tmp_path: Path, box: Callable[..., SandboxRuntime]) -> None:
     async def main() -> None:
-        async with sandbox(tmp_path, pids_limit=32) as rt:
+        async with sandbox(tmp_path, box, pids_limit=32) as rt:
             r = await rt.exec(py(FORK_BOMB), timeout=30)
             assert r.exit_code == 0 and 0 < int(r.stdout) < 32
             r = await rt.exec(py(ENDLESS_FORK_BOMB), timeout=0.5)
@@ -236,18 +250,18 @@ def test_fork_bomb_is_bounded_and_killed(tmp_path: Path) -> None:
     run(main)
 
 
-def test_memory_hog_is_killed(tmp_path: Path) -> None:
+def test_memory_hog_is_killed(tmp_path: Path, box: Callable[..., SandboxRuntime]) -> None:
     async def main() -> None:
-        async with sandbox(tmp_path, memory_limit=64 << 20) as rt:
+        async with sandbox(tmp_path, box, memory_limit=64 << 20) as rt:
             r = await rt.exec(py("b = bytearray(512 << 20); print('survived')"), timeout=30)
             assert r.exit_code == 128 + 9 and r.stdout == ""
 
     run(main)
 
 
-def test_output_flood_is_truncated(tmp_path: Path) -> None:
+def test_output_flood_is_truncated(tmp_path: Path, box: Callable[..., SandboxRuntime]) -> None:
     async def main() -> None:
-        async with sandbox(tmp_path) as rt:
+        async with sandbox(tmp_path, box) as rt:
             r = await rt.exec(["sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' x"],
                               max_output=1000, timeout=30)
             assert r.exit_code == 0 and r.stdout == "x" * 1000 and r.stdout_truncated
@@ -255,9 +269,9 @@ def test_output_flood_is_truncated(tmp_path: Path) -> None:
     run(main)
 
 
-def test_timeout_kills_the_whole_tree(tmp_path: Path) -> None:
+def test_timeout_kills_the_whole_tree(tmp_path: Path, box: Callable[..., SandboxRuntime]) -> None:
     async def main() -> None:
-        async with sandbox(tmp_path) as rt:
+        async with sandbox(tmp_path, box) as rt:
             script = "env -i sleep 30 & setsid sleep 30 & echo started >&2; wait"
             r = await rt.exec(["sh", "-c", script], timeout=0.5)
             assert r.timed_out and r.exit_code == -9 and r.stderr == "started\n"
@@ -266,18 +280,18 @@ def test_timeout_kills_the_whole_tree(tmp_path: Path) -> None:
     run(main)
 
 
-def test_stop_kills_everything_and_removes_its_dirs(tmp_path: Path) -> None:
+def test_stop_kills_everything_and_removes_its_dirs(tmp_path: Path, box: Callable[..., SandboxRuntime]) -> None:
     async def main() -> None:
-        rt = SandboxRuntime(root=str(tmp_path))
+        rt = box(root=str(tmp_path))
         await rt.start()
         assert rt._cgroups is not None and rt._base is not None
         cgroups, base = list(rt._cgroups.dirs), rt._base
-        os.mkfifo(os.path.join(rt.id, "ready"))
+        os.mkfifo(host_path(rt, "ready"))
         running = asyncio.ensure_future(
             rt.exec(["sh", "-c", "env -i sleep 1000 & echo go > ready; wait"], timeout=30)
         )
         async with asyncio.timeout(10):
-            await asyncio.to_thread(Path(rt.id, "ready").read_text)  # returns once it wrote
+            await asyncio.to_thread(Path(host_path(rt, "ready")).read_text)  # returns once it wrote
         pids = rt._cgroups.pids()
         assert len(pids) >= 4  # bwrap, its init, sh, sleep
         await rt.stop()
@@ -285,12 +299,13 @@ def test_stop_kills_everything_and_removes_its_dirs(tmp_path: Path) -> None:
             await running
         assert [p for p in pids if process_alive(p)] == []
         assert not os.path.exists(base) and not any(os.path.exists(d) for d in cgroups)
-        assert os.listdir(tmp_path) == []
+        assert os.listdir(tmp_path) == [] and mounts_under(str(tmp_path)) == []
 
     run(main)
 
 
-def test_program_rollout_reaches_proxy_and_tools_from_the_sandbox(tmp_path: Path) -> None:
+def test_program_rollout_reaches_proxy_and_tools_from_the_sandbox(tmp_path: Path,
+                                                                  box: Callable[..., SandboxRuntime]) -> None:
     model = ScriptedModel([Reply(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
 
     async def main() -> Trace:
@@ -298,7 +313,7 @@ def test_program_rollout_reaches_proxy_and_tools_from_the_sandbox(tmp_path: Path
             return await Rollout(
                 Arith({"prompt": "1+2?"}), agent(timeout=60), model=model,
                 interception=proxy, tool_server=tools.serve,
-                runtime_factory=lambda name: SandboxRuntime(name, root=str(tmp_path)),
+                runtime_factory=lambda name: box(name, root=str(tmp_path)),
             ).run()
 
     trace = run(main)
@@ -387,7 +402,8 @@ def test_any_root_works_var_tmp_included(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
-def test_the_session_rays_own_ports_are_unreachable_from_the_sandbox(ray_cluster: Any, tmp_path: Path) -> None:
+def test_the_session_rays_own_ports_are_unreachable_from_the_sandbox(ray_cluster: Any, tmp_path: Path,
+                                                                     box: Callable[..., SandboxRuntime]) -> None:
     """The real thing, not a look-alike: the GCS and a raylet's ports of the test session's Ray."""
     gcs_port = int(ray_cluster.get_runtime_context().gcs_address.rsplit(":", 1)[1])
     (node,) = [n for n in ray_cluster.nodes() if n["Alive"]]
@@ -397,7 +413,7 @@ def test_the_session_rays_own_ports_are_unreachable_from_the_sandbox(ray_cluster
              "    except OSError as e:\n        print(type(e).__name__)\n")
 
     async def main() -> None:
-        async with sandbox(tmp_path) as rt:
+        async with sandbox(tmp_path, box) as rt:
             r = await rt.exec(py(probe, *map(str, ports)), timeout=30)
             assert r.exit_code == 0, r.stderr
             assert r.stdout.split() == ["ConnectionRefusedError"] * len(ports)

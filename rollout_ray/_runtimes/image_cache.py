@@ -1,0 +1,322 @@
+"""A node's image cache: each image unpacked once, shared read-only, bounded in bytes.
+
+Under the cache's root (``ROLLOUT_RAY_IMAGE_CACHE``, default ``~/.cache/rollout-ray/images``)::
+
+    v1/images/<hex>/rootfs      the unpacked tree: the read-only lower layer of every sandbox on it
+    v1/images/<hex>/image.json  its config, size and source; leases lock it; its mtime is the last lease
+    v1/locks/<hex>.lock         held by the process unpacking image <hex>
+    v1/build/<hex>-<random>/    an unpacking in progress, renamed to images/<hex> when complete
+    v1/trash/                   evicted entries on their way out
+
+* Once per node: the first process needing an image takes its lock, unpacks into a build
+  directory and renames it into place; a process needing it meanwhile waits for the lock (up
+  to ``UNPACK_TIMEOUT``), then finds it there. A build a dead process left is removed by the
+  next one to take that lock (or by an eviction).
+* Leases: a runtime running over an image holds a shared ``flock`` on its ``image.json``; the
+  kernel drops it when the process dies, however it dies. Eviction takes the lock exclusively
+  without waiting, so an image in use is never evicted; a lease taken as an eviction moves the
+  entry away sees it gone and unpacks it again.
+* Bounded: after each unpack, the images least recently leased that no one holds are evicted
+  until the cache holds at most ``max_bytes`` (``ROLLOUT_RAY_IMAGE_CACHE_BYTES``, default 10
+  GiB). Images in use are never evicted, so the cache can exceed its bound while they run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import functools
+import json
+import os
+import tempfile
+import time
+import uuid
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .._errors import SandboxError
+from .image import Image, ImageConfig, locate
+from .local import _remove_tree
+from .unpack import Unpacker, disk_usage
+
+DEFAULT_MAX_BYTES = 10 << 30
+UNPACK_TIMEOUT = 3600.0
+"""Seconds a process waits for another one unpacking the same image."""
+POLL = 0.02
+FORMAT = "v1"
+"""Bumped when what an unpacked tree holds changes: older trees are then never used."""
+
+
+@dataclass(frozen=True)
+class CacheStatistics:
+    images: int
+    bytes: int
+    in_use: int
+    max_bytes: int
+
+
+class ImageLease:
+    """An unpacked image a runtime runs over; not evicted until ``release`` (or process exit)."""
+
+    def __init__(self, key: str, rootfs: str, config: ImageConfig, size: int, fd: int) -> None:
+        self.key = key
+        self.rootfs = rootfs
+        self.config = config
+        self.bytes = size
+        self.unpacked = False
+        """Whether this lease's call unpacked the image (else it was in the cache)."""
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Let the image be evicted again (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)  # drops the shared lock
+            self._fd = None
+
+
+def _lock(fd: int, mode: int, deadline: float, what: str) -> None:
+    """``flock(fd, mode)``, polling until ``deadline``. Raises ``SandboxError`` past it."""
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise SandboxError(f"{what}: still locked by another process after {UNPACK_TIMEOUT:g}s") from None
+            time.sleep(POLL)  # another process holds it: nothing in this one can signal us
+
+
+class ImageCache:
+    """Unpacked images under ``root``, at most ``max_bytes`` of them not in use.
+
+    Args:
+        root: the cache's directory (default: ``ROLLOUT_RAY_IMAGE_CACHE``, else
+            ``~/.cache/rollout-ray/images``); created 0700, and refused when someone else
+            owns it or others may write to it.
+        max_bytes: the bound (default: ``ROLLOUT_RAY_IMAGE_CACHE_BYTES``, else 10 GiB).
+    """
+
+    def __init__(self, root: str | None = None, max_bytes: int | None = None) -> None:
+        self.root = os.path.abspath(root or os.environ.get("ROLLOUT_RAY_IMAGE_CACHE") or _default_root())
+        if max_bytes is None:
+            max_bytes = int(os.environ.get("ROLLOUT_RAY_IMAGE_CACHE_BYTES") or DEFAULT_MAX_BYTES)
+        if max_bytes < 1:
+            raise ValueError(f"`max_bytes` of the image cache must be >= 1, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+            weakref.WeakKeyDictionary())
+
+    def _dir(self, name: str) -> str:
+        path = os.path.join(self.root, FORMAT, name)
+        if not os.path.isdir(path):
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            st = os.lstat(self.root)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                raise SandboxError(f"image cache {self.root!r} is not this user's own or others may write to it; "
+                                   f"set ROLLOUT_RAY_IMAGE_CACHE to a directory of yours")
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
+    # -- leases ------------------------------------------------------------------------------
+
+    async def acquire(self, spec: str) -> ImageLease:
+        """``lease`` off the event loop; this loop's concurrent calls for one image wait for
+        the first one (its unpack) without holding a thread each."""
+        locks = self._locks.setdefault(asyncio.get_running_loop(), {})
+        async with locks.setdefault(spec, asyncio.Lock()):
+            leasing = asyncio.ensure_future(asyncio.to_thread(self.lease, spec))
+            try:
+                return await asyncio.shield(leasing)
+            except asyncio.CancelledError:
+                leasing.add_done_callback(_release_late)  # the thread finishes: let its lease go
+                raise
+
+    def lease(self, spec: str) -> ImageLease:
+        """The unpacked image ``spec`` names (see ``image.locate``), unpacked now if no process
+        did it before, held until ``ImageLease.release``.
+
+        Raises:
+            SandboxError: the image cannot be found, read, checked or unpacked.
+        """
+        image = locate(spec)
+        hex_key = image.key.removeprefix("sha256:")
+        deadline = time.monotonic() + UNPACK_TIMEOUT
+        for _ in range(3):  # an eviction may move the entry away between our unpack and lease
+            lease = self._try_lease(hex_key, deadline)
+            if lease is not None:
+                return lease
+            with self._build_lock(hex_key, deadline, spec):
+                lease = self._try_lease(hex_key, deadline)
+                if lease is None:
+                    self._build(image, hex_key)
+                    lease = self._try_lease(hex_key, deadline)
+                    if lease is not None:
+                        lease.unpacked = True
+            if lease is not None:
+                if lease.unpacked:
+                    with contextlib.suppress(OSError):  # best effort: the lease stands either way
+                        self.evict(keep={hex_key})
+                return lease
+        raise SandboxError(f"image {spec!r} was evicted as soon as it was unpacked, three times; "
+                           f"raise the image cache's bound (ROLLOUT_RAY_IMAGE_CACHE_BYTES)")
+
+    def _try_lease(self, hex_key: str, deadline: float) -> ImageLease | None:
+        meta = os.path.join(self._dir("images"), hex_key, "image.json")
+        try:
+            fd = os.open(meta, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            _lock(fd, fcntl.LOCK_SH, deadline, f"image {hex_key[:12]}")
+            if not _still_at(fd, meta):  # evicted between our open and our lock
+                os.close(fd)
+                return None
+            info = json.loads(os.pread(fd, 1 << 20, 0))
+            os.utime(fd)  # the last lease: what eviction orders by
+        except BaseException:
+            os.close(fd)
+            raise
+        config = ImageConfig(tuple(info.get("env") or ()), info.get("working_dir"))
+        return ImageLease("sha256:" + hex_key, os.path.join(os.path.dirname(meta), "rootfs"), config,
+                          int(info.get("bytes") or 0), fd)
+
+    @contextlib.contextmanager
+    def _build_lock(self, hex_key: str, deadline: float, spec: str) -> Iterator[None]:
+        fd = os.open(os.path.join(self._dir("locks"), f"{hex_key}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            _lock(fd, fcntl.LOCK_EX, deadline, f"unpacking image {spec!r}")
+            yield
+        finally:
+            os.close(fd)
+
+    def _build(self, image: Image, hex_key: str) -> None:
+        """Unpack ``image`` into a build directory and rename it into place (its lock held)."""
+        builds = self._dir("build")
+        for stale in os.listdir(builds):  # left by a process that died unpacking it
+            if stale.startswith(f"{hex_key}-"):
+                _remove_tree(os.path.join(builds, stale))
+        build = tempfile.mkdtemp(prefix=f"{hex_key}-", dir=builds)
+        try:
+            rootfs, scratch = os.path.join(build, "rootfs"), os.path.join(build, "scratch")
+            os.mkdir(rootfs, 0o755)
+            os.mkdir(scratch, 0o700)
+            started = time.monotonic()
+            config = image.unpack(Unpacker(rootfs, max_bytes=self.max_bytes, what=f"image {image.spec!r}"), scratch)
+            _remove_tree(scratch)
+            info = {"key": image.key, "format": image.format, "source": image.spec, "env": list(config.env),
+                    "working_dir": config.working_dir, "bytes": disk_usage(build),
+                    "unpack_seconds": round(time.monotonic() - started, 3)}
+            with open(os.path.join(build, "image.json"), "w") as f:
+                json.dump(info, f)
+            os.rename(build, os.path.join(self._dir("images"), hex_key))
+        except BaseException:
+            _remove_tree(build)
+            raise
+
+    # -- eviction ----------------------------------------------------------------------------
+
+    def _entries(self) -> list[tuple[float, str, int]]:
+        """(last lease, hex key, bytes) of every unpacked image."""
+        images = self._dir("images")
+        found = []
+        for hex_key in os.listdir(images):
+            meta = os.path.join(images, hex_key, "image.json")
+            with contextlib.suppress(OSError, ValueError):
+                with open(meta) as f:
+                    size = int(json.load(f).get("bytes") or 0)
+                found.append((os.stat(meta).st_mtime, hex_key, size))
+        return found
+
+    def evict(self, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """Evict the least recently leased images no one holds (nor in ``keep``) until the cache
+        is within ``max_bytes``; clear what dead processes left. Returns the evicted keys."""
+        entries = sorted(self._entries())
+        total = sum(size for _, _, size in entries)
+        evicted = []
+        for _, hex_key, size in entries:
+            if total <= self.max_bytes:
+                break
+            if hex_key not in keep and self._evict_unused(hex_key):
+                total -= size
+                evicted.append("sha256:" + hex_key)
+        self._clear_leftovers()
+        return evicted
+
+    def _evict_unused(self, hex_key: str) -> bool:
+        entry = os.path.join(self._dir("images"), hex_key)
+        try:
+            fd = os.open(os.path.join(entry, "image.json"), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False  # leased: in use
+        try:
+            # Moved while locked: a lease waiting for the lock then finds the entry gone.
+            os.rename(entry, os.path.join(self._dir("trash"), f"{hex_key}-{uuid.uuid4().hex[:8]}"))
+        finally:
+            os.close(fd)
+        return True
+
+    def _clear_leftovers(self) -> None:
+        trash = self._dir("trash")
+        for name in os.listdir(trash):
+            _remove_tree(os.path.join(trash, name))
+        builds, locks = self._dir("build"), self._dir("locks")
+        for name in os.listdir(builds):
+            lock = os.path.join(locks, name.split("-")[0] + ".lock")
+            with contextlib.suppress(OSError), _held(lock) as free:
+                if free:  # nobody is unpacking it: a dead process's
+                    _remove_tree(os.path.join(builds, name))
+
+    def statistics(self) -> CacheStatistics:
+        entries = self._entries()
+        in_use = sum(not self._unused(hex_key) for _, hex_key, _ in entries)
+        return CacheStatistics(len(entries), sum(size for _, _, size in entries), in_use, self.max_bytes)
+
+    def _unused(self, hex_key: str) -> bool:
+        with contextlib.suppress(OSError), _held(os.path.join(self._dir("images"), hex_key, "image.json")) as free:
+            return free
+        return False
+
+
+@contextlib.contextmanager
+def _held(path: str) -> Iterator[bool]:
+    """Whether ``path`` could be locked exclusively at once (held for the block if so)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
+    finally:
+        os.close(fd)
+
+
+def _still_at(fd: int, path: str) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def _release_late(leasing: asyncio.Future[ImageLease]) -> None:
+    if not leasing.cancelled() and leasing.exception() is None:
+        leasing.result().release()
+
+
+def _default_root() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "rollout-ray", "images")
+
+
+@functools.cache
+def default_image_cache() -> ImageCache:
+    """The process's cache, as the environment configures it (see ``ImageCache``)."""
+    return ImageCache()

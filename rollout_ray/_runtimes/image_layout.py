@@ -1,0 +1,193 @@
+"""The filesystem an image sandbox sees: its image, a private writable layer, no host file.
+
+At start, on the host (``mount_root``), in the runtime's base directory (its disk-limit tmpfs):
+
+* ``root``: an overlay of the cached image (the read-only lower layer every sandbox on that
+  image shares) under the runtime's own ``upper`` directory. Programs may write anywhere;
+  their writes land in ``upper``, within the disk limit, seen by no other sandbox, kept
+  across execs, gone at stop. ``upper`` is the whole of what the runtime's programs changed:
+  frozen, it is a snapshot a later sandbox can start from (as another lower layer).
+* ``root/proc`` and ``root/dev``: directories, where every exec mounts its own ``/proc`` and
+  ``/dev``;
+* ``root/.rollout-ray`` (``RUN_DIR``): the runtime's ``net`` directory, bound read-only — route
+  sockets and ``forwarder.py`` — and in ``host/``, read-only, the base installation of the
+  Python running rollout-ray and the directories of its C library. The forwarder runs with
+  them through the host's dynamic loader, whatever the image holds (busybox has no Python).
+* ``/etc/passwd`` and ``/etc/group``: the image's plus the sandbox user; ``/etc/hosts``: the
+  runtime's; the work directory (the image's ``WorkingDir``, else ``/work``) and ``/tmp``
+  (1777) made when missing.
+
+Each exec binds ``root`` as its ``/`` (submounts included) and mounts ``/proc`` and ``/dev``, so
+bwrap makes no mount point in a directory a program can write: a link a program planted
+cannot steer a mount or a ``mkdir`` onto the host (at setup, before its root is pivoted,
+bwrap resolves ``../oldroot/...`` to the host's). The three mount points cannot be replaced:
+a program cannot remove or rename a mount point of its own namespace (``EBUSY``), and every
+exec has its own ``/proc`` and ``/dev`` and the ``RUN_DIR`` bind mounted on them. The image's
+``/usr``, ``/lib`` and ``/etc`` are what programs see; nothing of the host's but ``RUN_DIR``.
+Setting all this up is a few mounts at start (root or ``CAP_SYS_ADMIN``, as for the disk limit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import stat
+import sys
+
+from .._errors import SandboxError
+from .files import components, read_beneath, replace_beneath
+from .guardian import unmount
+from .image import ImageConfig
+from .layout import HOSTNAME, PATH, SANDBOX_UID, SANDBOX_USER, interpreter
+from .unpack import Unpacker
+
+RUN_DIR = "/.rollout-ray"
+"""Where the runtime's ``net`` directory is inside (top level: it cannot be moved away)."""
+KIT = "host"
+"""Subdirectory of ``RUN_DIR`` holding the host's Python and C library, read-only."""
+DEFAULT_WORKDIR = "/work"
+SUBDIRS = ("net", "upper", "overlay-work", "root")
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
+_LIBC_NAMES = ("ld-", "libc.", "libc-", "libm.", "libm-", "libpython", "libpthread", "libdl", "libutil", "librt")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    encode = (lambda s: None if s is None else os.fsencode(s))
+    if libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), target)
+
+
+def _bind(source: str, target: str, *, read_only: bool) -> None:
+    _mount(source, target, None, MS_BIND | MS_REC)
+    if read_only:
+        _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+@functools.cache
+def host_kit() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """``(binds, argv)``: the host directories to show under ``RUN_DIR/host`` (host path, name
+    there), and the command prefix that runs the host's Python inside through its loader."""
+    exe = interpreter()
+    prefix = os.path.realpath(sys.base_prefix)
+    if not _within(exe, prefix):  # an interpreter outside its base installation brings its own tree
+        prefix = os.path.dirname(os.path.dirname(exe))
+    binds = [(prefix, "python")]
+    with open("/proc/self/maps") as f:
+        mapped = {line.split(maxsplit=5)[-1].strip() for line in f if line.count(" ") >= 5}
+    libraries = sorted(p for p in mapped if p.startswith("/") and os.path.basename(p).startswith(_LIBC_NAMES))
+
+    def inside(path: str) -> str:
+        for host, name in binds:
+            if _within(path, host):
+                return os.path.join(RUN_DIR, KIT, name, os.path.relpath(path, host))
+        binds.append((os.path.dirname(path), f"lib{len(binds)}"))
+        return inside(path)
+
+    loader = next((p for p in libraries if os.path.basename(p).startswith("ld-")), None)
+    if loader is None:
+        raise SandboxError("image sandboxes need the host's dynamic loader (ld-*.so), which this process does "
+                           "not show in /proc/self/maps")
+    library_path = ":".join(dict.fromkeys(os.path.dirname(inside(p)) for p in libraries))
+    return tuple(binds), (inside(loader), "--library-path", library_path, inside(exe))
+
+
+def mount_root(base: str, lowerdir: str) -> list[str]:
+    """The overlay and the pinned mount points of the module docstring, under ``base``.
+
+    Returns the mount points made, to ``unmount_all`` at stop; none are left when it raises.
+    """
+    for part in (lowerdir, base):
+        if any(c in part for c in ",:\\"):
+            raise SandboxError(f"path {part!r} holds ',', ':' or '\\', which an overlay mount cannot take; "
+                               f"move the image cache (ROLLOUT_RAY_IMAGE_CACHE) or the runtime's root")
+    net, root = os.path.join(base, "net"), os.path.join(base, "root")
+    mounted: list[str] = []
+    try:
+        os.mkdir(os.path.join(net, KIT), 0o755)
+        for host, name in host_kit()[0]:
+            os.mkdir(os.path.join(net, KIT, name), 0o755)
+            _bind(host, os.path.join(net, KIT, name), read_only=True)
+            mounted.append(os.path.join(net, KIT, name))
+        options = (f"lowerdir={lowerdir},upperdir={os.path.join(base, 'upper')},"
+                   f"workdir={os.path.join(base, 'overlay-work')},index=off,metacopy=off")
+        _mount("overlay", root, "overlay", MS_NOSUID | MS_NODEV, options)
+        mounted.append(root)
+        # Before any program ran, the tree is the image: only its own links can be there, and
+        # these names are top-level, so no link is followed on the way to them.
+        for name in ("proc", "dev", RUN_DIR.lstrip("/")):
+            point = os.path.join(root, name)
+            st = _lstat(point)
+            if st is not None and not stat.S_ISDIR(st.st_mode):
+                os.unlink(point)
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                os.mkdir(point, 0o755)
+        _bind(net, os.path.join(root, RUN_DIR.lstrip("/")), read_only=True)
+        mounted.append(os.path.join(root, RUN_DIR.lstrip("/")))
+    except BaseException:
+        unmount_all(mounted)
+        raise
+    return mounted
+
+
+def unmount_all(points: list[str]) -> None:
+    """Detach ``points``, the last made first (what is mounted on each goes with it)."""
+    for point in reversed(points):
+        with contextlib.suppress(OSError):
+            unmount(point)
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def prepare_root(root: str, config: ImageConfig) -> str:
+    """Make the work directory and ``/tmp``, write the sandbox user and hosts into ``/etc``
+    (before any program ran). Returns the work directory as programs see it."""
+    tree = Unpacker(root, what="image root")
+    tmp = _lstat(os.path.join(root, "tmp"))
+    if tmp is None:
+        os.mkdir(os.path.join(root, "tmp"))
+        os.chmod(os.path.join(root, "tmp"), 0o1777)
+    wanted = config.working_dir if config.working_dir not in (None, "", "/") else DEFAULT_WORKDIR
+    real = tree.resolve(components(os.path.relpath(os.path.join("/", wanted), "/")) or [])
+    assert real is not None  # made when missing
+    workdir = "/" + "/".join(real)
+    what = "preparing the image's /etc"
+    etc = tree.resolve(["etc"])
+    assert etc is not None
+    for name, line in (("passwd", f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{SANDBOX_USER}:{workdir}:/bin/sh"),
+                       ("group", f"{SANDBOX_USER}:x:{SANDBOX_UID}:")):
+        try:
+            text = read_beneath(root, [*etc, name], 1 << 20, what).decode(errors="replace")
+        except (FileNotFoundError, SandboxError):  # none, or a link: ours alone
+            text = ""
+        entries = text.splitlines()
+        if any(e.split(":")[2:3] == [str(SANDBOX_UID)] for e in entries):
+            continue  # the image has its own user for that id: programs run as it
+        replace_beneath(root, [*etc, name], ("\n".join([*entries, line]) + "\n").encode(), what)
+    hosts = f"127.0.0.1\tlocalhost {HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+    replace_beneath(root, [*etc, "hosts"], hosts.encode(), what)
+    return workdir
+
+
+def image_args(base: str, workdir: str) -> list[str]:
+    """An exec's view: the root with its submounts, its own ``/proc`` and ``/dev``."""
+    return ["--bind", os.path.join(base, "root"), "/", "--proc", "/proc", "--dev", "/dev", "--chdir", workdir]
+
+
+def image_env(config: ImageConfig) -> dict[str, str]:
+    """The image's ``Env``, with a standard ``PATH`` where it sets none."""
+    env = dict(e.split("=", 1) for e in config.env)
+    env.setdefault("PATH", PATH)
+    return env
