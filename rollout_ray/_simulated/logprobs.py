@@ -17,11 +17,12 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .tokenizer import encode
 
-__all__ = ["TOP_MAX", "Scored", "score"]
+__all__ = ["TOP_MAX", "Scored", "Scorer", "score"]
 
 TOP_MAX = 20
 """Most alternatives a request may ask for (OpenAI's and vLLM's default limit)."""
@@ -71,12 +72,38 @@ def _float32(value: float) -> float:
     return struct.unpack("f", struct.pack("f", value))[0]
 
 
+class Scorer:
+    """Scores a completion a token at a time, exactly as :func:`score` does at once: what a
+    token's numbers are depends only on the tokens before it (causal, like a model's).
+
+    ``greedy`` is what the model would say at temperature 0; ``prefix``: tokens already in
+    the completion (e.g. sampled under another policy), scored by nobody here.
+    """
+
+    def __init__(self, greedy: Sequence[int], material: bytes, prefix: Sequence[int] = ()) -> None:
+        self._greedy, self._material = greedy, material
+        self.position, self._departed = 0, False
+        for token in prefix:
+            self._top(token)
+
+    def _top(self, token: int) -> int:
+        """The most likely token at this position, given that ``token`` is sampled here."""
+        j = self.position
+        self.position += 1
+        if self._departed or j >= len(self._greedy) or self._greedy[j] == token:
+            return token
+        self._departed = True  # the first departure from the greedy answer
+        return self._greedy[j]
+
+    def next(self, token: int) -> Scored:
+        """The numbers of ``token`` at the next position."""
+        j = self.position
+        return _position(self._material, j, token, self._top(token))
+
+
 def score(sampled: list[int], greedy: list[int], material: bytes) -> list[Scored]:
     """One :class:`Scored` per sampled token. ``greedy`` is what the model would have said at
     temperature 0: at the first position where ``sampled`` departs from it, the greedy token
     is the most likely one; ``material`` seeds the rest (same material, same numbers)."""
-    diverge = next((j for j, (s, g) in enumerate(zip(sampled, greedy)) if s != g), None)
-    return [
-        _position(material, j, token, greedy[j] if j == diverge else token)
-        for j, token in enumerate(sampled)
-    ]
+    scorer = Scorer(greedy, material)
+    return [scorer.next(token) for token in sampled]
