@@ -1,0 +1,176 @@
+"""The routes a trainer drives a server with around a weight update: abort, pause, resume,
+load weights, in the shapes of the dialect the server speaks (``engine.py`` does the work).
+
+vLLM 0.32 (its dev-mode routes, ``VLLM_SERVER_DEV_MODE=1``; shapes recorded from the CPU build):
+
+- ``POST /abort_requests`` ``{"request_ids": [...]}`` → ``{"status": "aborted", "aborted": N}``:
+  ids as vLLM names requests (``chatcmpl-<X-Request-Id>``, ``generate-tokens-<...>``); none or
+  ``[]``: every request in flight. ``N`` is how many ids were given (all: how many were found);
+- ``POST /pause?mode=abort|keep|wait`` → ``{"status": "paused"}``; ``POST /resume`` →
+  ``{"status": "resumed"}``; ``GET /is_paused`` → ``{"is_paused": bool}``;
+- ``POST /update_weight_version`` ``{"new_version": "3"}`` → ``{"success": true, "new_version":
+  "3"}`` and ``GET /weight_info`` → ``{"weight_version": "3"}``. vLLM only relabels here (its
+  weights are reloaded by ``/collective_rpc`` or ``/update_weights``); the simulated model's
+  weights *are* its version, so this route loads them.
+
+SGLang (``python/sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.py``):
+
+- ``POST /abort_request`` ``{"rid": "...", "abort_all": false}`` → 200, no body: every request
+  whose ``rid`` starts with the one given;
+- ``POST /pause_generation`` ``{"mode": "abort"|"in_place"|"retract"}`` and
+  ``POST /continue_generation`` → ``{"message": ..., "status": "ok"}`` (``in_place`` and
+  ``retract`` both keep the requests, as ``keep`` does);
+- ``POST /update_weights_from_disk`` ``{"model_path": ..., "weight_version": "3",
+  "abort_all_requests": false}`` → ``{"success": true, "message": ..., "num_paused_requests":
+  0}``: holds new requests until those in flight finish (unless aborted), then loads version 3
+  (``weight_version`` is required here: it is the simulated model's weights);
+  ``POST /update_weight_version`` ``{"new_version": "3"}`` → ``{"success": true, "message": ...,
+  "new_version": "3"}``. ``GET /model_info`` reports ``weight_version`` (``server.py``).
+
+Versions are non-negative integers here, written as strings on the wire as both engines do.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from aiohttp import web
+
+from .engine import PAUSE_MODES, PauseMode
+
+if TYPE_CHECKING:
+    from .server import SimulatedModelServer
+
+__all__ = ["add_control_routes"]
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+_SGLANG_MODES: dict[str, PauseMode] = {"abort": "abort", "in_place": "keep", "retract": "keep"}
+
+
+class _Bad(Exception):
+    """A control request the server refuses with 400."""
+
+
+def _json(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=_encode(payload), content_type="application/json")
+
+
+def _bad(message: str, param: str | None) -> web.Response:
+    return _json({"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}}, 400)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        body = _decode(raw) if raw.strip() else {}
+    except msgspec.DecodeError:
+        raise _Bad("Invalid JSON format") from None
+    if not isinstance(body, dict):
+        raise _Bad("Request body must be a JSON object")
+    return body
+
+
+def _version(value: Any, name: str) -> int:
+    """A weight version: a non-negative integer, or its decimal string."""
+    if isinstance(value, str) and value.isdecimal():
+        return int(value)
+    if type(value) is int and value >= 0:
+        return value
+    raise _Bad(f"'{name}' must be a non-negative integer (the simulated model's weights are its version), "
+               f"got {value!r}")
+
+
+def add_control_routes(app: web.Application, server: SimulatedModelServer) -> None:
+    """Add the abort, pause and weight routes of ``server.config.dialect`` to ``app``."""
+    engine = server.engine
+
+    def route(handler: Any) -> Any:
+        async def wrapped(request: web.Request) -> web.Response:
+            try:
+                return await handler(request)
+            except _Bad as exc:
+                return _bad(str(exc), None)
+        return wrapped
+
+    async def abort_requests(request: web.Request) -> web.Response:
+        ids = (await _body(request)).get("request_ids")
+        if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+            raise _Bad("'request_ids' must be a list of strings")
+        found = engine.abort(ids or None)
+        return _json({"status": "aborted", "aborted": len(ids) if ids else found})
+
+    async def pause(request: web.Request) -> web.Response:
+        mode = request.query.get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            return _bad(f"'mode' must be one of {', '.join(PAUSE_MODES)}, got {mode!r}", "mode")
+        await engine.pause(mode)  # type: ignore[arg-type]
+        return _json({"status": "paused"})
+
+    async def resume(request: web.Request) -> web.Response:
+        engine.resume()
+        return _json({"status": "resumed"})
+
+    async def is_paused(request: web.Request) -> web.Response:
+        return _json({"is_paused": engine.paused is not None})
+
+    async def update_weight_version(request: web.Request) -> web.Response:
+        body = await _body(request)
+        server.policy_version = _version(body.get("new_version"), "new_version")
+        if server.config.dialect == "vllm":
+            return _json({"success": True, "new_version": str(server.policy_version)})
+        if body.get("abort_all_requests"):
+            engine.abort()
+        return _json({"success": True, "message": f"Weight version updated to {server.policy_version}",
+                      "new_version": str(server.policy_version)})
+
+    async def weight_info(request: web.Request) -> web.Response:
+        return _json({"weight_version": str(server.policy_version)})
+
+    async def abort_request(request: web.Request) -> web.Response:
+        body = await _body(request)
+        rid = body.get("rid")
+        if rid is not None and not isinstance(rid, str):
+            raise _Bad("'rid' must be a string")
+        if body.get("abort_all"):
+            engine.abort()
+        elif rid:
+            engine.abort([rid], prefix=True)
+        return web.Response(status=200)
+
+    async def pause_generation(request: web.Request) -> web.Response:
+        mode = (await _body(request)).get("mode", "abort")
+        if mode not in _SGLANG_MODES:
+            raise _Bad(f"Invalid mode: {mode!r}. Expected one of {list(_SGLANG_MODES)}.")
+        await engine.pause(_SGLANG_MODES[mode])
+        return _json({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(request: web.Request) -> web.Response:
+        engine.resume()
+        return _json({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def update_weights_from_disk(request: web.Request) -> web.Response:
+        body = await _body(request)
+        version = _version(body.get("weight_version"), "weight_version")
+        if body.get("abort_all_requests"):
+            engine.abort()
+        if engine.paused is None:  # as SGLang's writer lock: wait for the requests in flight
+            await engine.pause("wait")
+            server.policy_version = version
+            engine.resume()
+        else:
+            server.policy_version = version
+        return _json({"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0})
+
+    if server.config.dialect == "vllm":
+        routes = [("POST", "/abort_requests", abort_requests), ("POST", "/pause", pause),
+                  ("POST", "/resume", resume), ("GET", "/is_paused", is_paused),
+                  ("POST", "/update_weight_version", update_weight_version), ("GET", "/weight_info", weight_info)]
+    else:
+        routes = [("POST", "/abort_request", abort_request), ("POST", "/pause_generation", pause_generation),
+                  ("POST", "/continue_generation", continue_generation),
+                  ("POST", "/update_weights_from_disk", update_weights_from_disk),
+                  ("POST", "/update_weight_version", update_weight_version)]
+    for method, path, handler in routes:
+        app.router.add_route(method, path, route(handler))
