@@ -124,8 +124,11 @@ def _tokens(message: dict[str, Any], cap: int) -> tuple[list[int], dict[str, Any
     return ids[:cap], {**message, "content": decode(ids[:cap])}, "length"
 
 
-def choose(call: ChatCall, config: SimulatedModelConfig, draw: Draw, index: int, version: int = 0) -> Choice:
-    """Choice ``index`` of ``call``, as the model at policy ``version`` answers it."""
+def choose(call: ChatCall, config: SimulatedModelConfig, draw: Draw, index: int, version: int = 0, *,
+           scored: bool = True) -> Choice:
+    """Choice ``index`` of ``call``, as the model at policy ``version`` answers it. Not ``scored``:
+    without ``scored`` (its ``greedy`` and ``material`` let a ``Scorer`` score it as it goes:
+    a long completion cut short is never scored whole)."""
     u, material = _draws(call, draw, index)
     material = _tuned(material, version)
     preamble = _preamble(material, config.preamble_tokens)
@@ -136,12 +139,12 @@ def choose(call: ChatCall, config: SimulatedModelConfig, draw: Draw, index: int,
         return Choice(index, message, finish, tokens)
     ids, message, finish = _tokens(message, call.cap)
     greedy: list[int] = []
-    scored: list[Scored] = []
+    numbers: list[Scored] = []
     if call.capture.logprobs:
         best = _with_preamble(respond(call.messages, call.tools, config, 1.0, error_rate=0.0), preamble)
         greedy = [*encode(body(best)), IM_END]
-        scored = score(ids, greedy, material)
-    return Choice(index, message, finish, len(ids), tuple(ids), tuple(scored), tuple(greedy), material,
+        numbers = score(ids, greedy, material) if scored else []
+    return Choice(index, message, finish, len(ids), tuple(ids), tuple(numbers), tuple(greedy), material,
                   min(len(ids), config.preamble_tokens))
 
 

@@ -2,16 +2,16 @@
 version current when it is produced (``engine.py``), and continuing a completion given so far.
 
 A choice's plan under version ``v`` is its whole completion as the model at ``v`` writes it
-(``completion.choose``). Token ``j`` is the plan's token ``j`` under the version of the moment;
-its log-probabilities are the plan's while the tokens so far are the plan's own, else they are
-scored as the model at ``v`` scores what is really there (``logprobs.Scorer``, causal): the
-teacher-forced numbers. So a completion continued under an unchanged version is the
+(``completion.choose``, unscored). Token ``j`` is the plan's token ``j`` under the version of
+the moment, scored as the model at ``v`` scores what is really there (``logprobs.Scorer``,
+causal: the teacher-forced numbers, which are the plan's own while the tokens so far are). So a completion continued under an unchanged version is the
 uninterrupted one, token for token and number for number; across a version change, the tokens
 before it are the old model's and those after it the new one's.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,6 +25,9 @@ __all__ = ["FLUSH", "Decoder", "Token", "produce"]
 
 FLUSH = 0.01
 """Least seconds between two wake-ups of a generation: tokens due closer are sent together."""
+BATCH = 16
+"""Most decoding steps between two yields to the event loop: a generation far behind its clock
+(the server is overloaded) catches up in slices, and an abort or a pause still gets through."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +54,6 @@ class Decoder:
         self.finish: str | None = None
         self._plan = plan
         self._plans: dict[int, tuple[Choice, list[dict[str, Any]]]] = {}
-        self._checked: int | None = None
-        self._follows = False
         self._scorer: tuple[int, Scorer] | None = None
         self._last: Choice | None = None
 
@@ -73,7 +74,7 @@ class Decoder:
             self.finish = self.finish or plan.finish
             return None
         token = plan.ids[j]
-        scored = self._score(version, plan, j, token)
+        scored = self._score(version, plan, token)
         self.ids.append(token)
         self.versions.append(version)
         if scored is not None:
@@ -86,13 +87,9 @@ class Decoder:
     def abort(self) -> None:
         self.finish = self.finish or "abort"
 
-    def _score(self, version: int, plan: Choice, j: int, token: int) -> Scored | None:
-        if not plan.scored:
+    def _score(self, version: int, plan: Choice, token: int) -> Scored | None:
+        if not plan.greedy:  # no logprobs asked for
             return None
-        if self._checked != version:  # a new version: do the tokens so far follow its plan?
-            self._checked, self._follows = version, self.ids == list(plan.ids[:j])
-        if self._follows:
-            return plan.scored[j]
         if self._scorer is None or self._scorer[0] != version:
             self._scorer = version, Scorer(plan.greedy, plan.material, self.ids)
         return self._scorer[1].next(token)
@@ -132,10 +129,11 @@ async def produce(engine: Engine, flight: Flight, decoders: list[Decoder], ttft:
     while True:
         now = flight.elapsed()
         batch: list[Token] = []
-        while not all(d.finish for d in decoders) and ttft + (produced + 1) * per_token <= now:
+        steps = 0
+        while not all(d.finish for d in decoders) and ttft + (produced + 1) * per_token <= now and steps < BATCH:
             version = engine.version_at(flight.start + ttft + (produced + 1) * per_token)
             batch += [t for d in decoders if (t := d.step(version)) is not None]
-            produced += 1
+            produced, steps = produced + 1, steps + 1
         if batch or (not opened and now >= ttft):
             opened = True
             await emit(batch)
@@ -145,6 +143,9 @@ async def produce(engine: Engine, flight: Flight, decoders: list[Decoder], ttft:
             for d in decoders:
                 d.abort()
             return False
+        if steps == BATCH:  # behind the clock: let the others (and the control routes) run
+            await asyncio.sleep(0)
+            continue
         ahead = 1 if stream else max(d.remaining(engine.version) for d in decoders)
         due = ttft if not opened else ttft + (produced + max(1, ahead)) * per_token
         await flight.until(max(due, now + FLUSH) if opened else due)

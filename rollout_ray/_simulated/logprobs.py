@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import struct
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
-from .tokenizer import encode
+from .tokenizer import ASCII_BASE
 
 __all__ = ["TOP_MAX", "Scored", "Scorer", "score"]
 
@@ -38,11 +39,11 @@ class Scored:
     """``(id, logprob)`` best first: the most likely token, the sampled one, the alternatives."""
 
 
-def _alternative(c1: int, c2: int, taken: set[int]) -> int:
-    """A printable one- or two-character token not in ``taken``."""
+def _alternative(c1: int, c2: int, taken: dict[int, float]) -> int:
+    """A printable one- or two-character token not in ``taken`` (its id as ``encode`` gives it)."""
+    first = 32 + c1 % 95
     while True:
-        text = chr(32 + c1 % 95) + (chr(32 + c2 % 95) if c2 & 1 else "")
-        (token,) = encode(text)
+        token = ASCII_BASE[1] + first * 128 + 32 + c2 % 95 if c2 & 1 else ASCII_BASE[0] + first
         if token not in taken:
             return token
         c2 = (c2 + 1) % 256
@@ -61,15 +62,12 @@ def _position(material: bytes, j: int, sampled: int, top: int) -> Scored:
         c1, c2, g = d[3 + 3 * m : 6 + 3 * m]
         if m:
             z -= 0.25 + 2.5 * g / 255
-        logits[_alternative(c1, c2, set(logits))] = z
+        logits[_alternative(c1, c2, logits)] = z
     rest = -(1.5 + 3.0 * d[1] / 255)
-    norm = math.log(sum(math.exp(v) for v in logits.values()) + math.exp(rest))
-    ranked = tuple(sorted(((t, _float32(v - norm)) for t, v in logits.items()), key=lambda tv: -tv[1]))
-    return Scored(sampled, _float32(logits[sampled] - norm), ranked)
-
-
-def _float32(value: float) -> float:
-    return struct.unpack("f", struct.pack("f", value))[0]
+    norm = math.log(sum(map(math.exp, logits.values())) + math.exp(rest))
+    numbers = array("f", [v - norm for v in logits.values()]).tolist()  # float32, as the engines' are
+    ranked = tuple(sorted(zip(logits, numbers), key=itemgetter(1), reverse=True))  # stable: ties keep order
+    return Scored(sampled, numbers[1] if sampled != top else numbers[0], ranked)
 
 
 class Scorer:

@@ -270,8 +270,9 @@ class SimulatedModelServer:
         return {"prompt_tokens": tokens, "completion_tokens": completion, "total_tokens": tokens + completion}
 
     def plan(self, call: ChatCall, draw: Draw, index: int, version: int) -> Choice:
-        """Choice ``index`` of ``call`` as the model at ``version`` writes it whole."""
-        return choose(call, self.config, draw, index, version)
+        """Choice ``index`` of ``call`` as the model at ``version`` writes it whole (unscored:
+        its tokens are scored as they are produced)."""
+        return choose(call, self.config, draw, index, version, scored=False)
 
     @contextmanager
     def flight(self, rid: str) -> Iterator[Flight]:
@@ -345,7 +346,7 @@ class SimulatedModelServer:
                      flight: Flight) -> web.StreamResponse:
         """A chat completion without token capture: fixed when admitted, the text in pieces."""
         version = self.policy_version
-        choices = [self.plan(call, attempt.draw, i, version) for i in range(call.n)]
+        choices = [choose(call, self.config, attempt.draw, i, version) for i in range(call.n)]
         if call.stream:
             return await self._stream(request, call, head, choices, flight, attempt.fault == "malformed")
         latency = self.config.ttft + self.config.per_token * max(c.tokens for c in choices)
