@@ -11,7 +11,10 @@ vLLM 0.32 (its dev-mode routes, ``VLLM_SERVER_DEV_MODE=1``; shapes recorded from
 - ``POST /update_weight_version`` ``{"new_version": "3"}`` → ``{"success": true, "new_version":
   "3"}`` and ``GET /weight_info`` → ``{"weight_version": "3"}``. vLLM only relabels here (its
   weights are reloaded by ``/collective_rpc`` or ``/update_weights``); the simulated model's
-  weights *are* its version, so this route loads them.
+  weights *are* its version, so this route loads them;
+- ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path": ...}}`` →
+  ``{"results": [null]}``: vLLM's in-place reload, a no-op here (the version is the weights), so
+  that one weight-sync hook (reload, then relabel) drives both.
 
 SGLang (``python/sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.py``):
 
@@ -128,6 +131,13 @@ def add_control_routes(app: web.Application, server: SimulatedModelServer) -> No
     async def weight_info(request: web.Request) -> web.Response:
         return _json({"weight_version": str(server.policy_version)})
 
+    async def collective_rpc(request: web.Request) -> web.Response:
+        method = (await _body(request)).get("method")
+        if method != "reload_weights":
+            raise _Bad(f"the simulated model runs only 'reload_weights' (a no-op: its weights are its "
+                       f"version, loaded by /update_weight_version), got {method!r}")
+        return _json({"results": [None]})
+
     async def abort_request(request: web.Request) -> web.Response:
         body = await _body(request)
         rid = body.get("rid")
@@ -166,7 +176,8 @@ def add_control_routes(app: web.Application, server: SimulatedModelServer) -> No
     if server.config.dialect == "vllm":
         routes = [("POST", "/abort_requests", abort_requests), ("POST", "/pause", pause),
                   ("POST", "/resume", resume), ("GET", "/is_paused", is_paused),
-                  ("POST", "/update_weight_version", update_weight_version), ("GET", "/weight_info", weight_info)]
+                  ("POST", "/update_weight_version", update_weight_version), ("GET", "/weight_info", weight_info),
+                  ("POST", "/collective_rpc", collective_rpc)]
     else:
         routes = [("POST", "/abort_request", abort_request), ("POST", "/pause_generation", pause_generation),
                   ("POST", "/continue_generation", continue_generation),

@@ -101,6 +101,9 @@ def test_vllm_serves_version_and_sglang_serves_model_info() -> None:
 
 def test_each_dialect_loads_a_version_by_its_own_route_and_reports_it() -> None:
     async def vllm(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
+        reload = {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/3"}}  # vLLM's, a no-op here
+        assert await call(session, "POST", f"{root}/collective_rpc", json=reload) == (200, "0", {"results": [None]})
+        assert (await call(session, "POST", f"{root}/collective_rpc", json={"method": "sleep"}))[0] == 400
         assert await call(session, "POST", f"{root}/update_weight_version", json={"new_version": "3"}) == (
             200, "3", {"success": True, "new_version": "3"})
         assert await call(session, "GET", f"{root}/weight_info") == (200, "3", {"weight_version": "3"})
