@@ -85,103 +85,113 @@ def _version(value: Any, name: str) -> int:
                f"got {value!r}")
 
 
-def add_control_routes(app: web.Application, server: SimulatedModelServer) -> None:
-    """Add the abort, pause and weight routes of ``server.config.dialect`` to ``app``."""
-    engine = server.engine
+class _Control:
+    """The control routes of one server."""
 
-    def route(handler: Any) -> Any:
-        async def wrapped(request: web.Request) -> web.Response:
-            try:
-                return await handler(request)
-            except _Bad as exc:
-                return _bad(str(exc), None)
-        return wrapped
+    def __init__(self, server: SimulatedModelServer) -> None:
+        self.server, self.engine = server, server.engine
 
-    async def abort_requests(request: web.Request) -> web.Response:
+    async def abort_requests(self, request: web.Request) -> web.Response:
         ids = (await _body(request)).get("request_ids")
         if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
             raise _Bad("'request_ids' must be a list of strings")
-        found = engine.abort(ids or None)
+        found = self.engine.abort(ids or None)
         return _json({"status": "aborted", "aborted": len(ids) if ids else found})
 
-    async def pause(request: web.Request) -> web.Response:
+    async def pause(self, request: web.Request) -> web.Response:
         mode = request.query.get("mode", "abort")
         if mode not in PAUSE_MODES:
             return _bad(f"'mode' must be one of {', '.join(PAUSE_MODES)}, got {mode!r}", "mode")
-        await engine.pause(mode)  # type: ignore[arg-type]
+        await self.engine.pause(mode)  # type: ignore[arg-type]
         return _json({"status": "paused"})
 
-    async def resume(request: web.Request) -> web.Response:
-        engine.resume()
+    async def resume(self, request: web.Request) -> web.Response:
+        self.engine.resume()
         return _json({"status": "resumed"})
 
-    async def is_paused(request: web.Request) -> web.Response:
-        return _json({"is_paused": engine.paused is not None})
+    async def is_paused(self, request: web.Request) -> web.Response:
+        return _json({"is_paused": self.engine.paused is not None})
 
-    async def update_weight_version(request: web.Request) -> web.Response:
+    async def update_weight_version(self, request: web.Request) -> web.Response:
         body = await _body(request)
-        server.policy_version = _version(body.get("new_version"), "new_version")
-        if server.config.dialect == "vllm":
-            return _json({"success": True, "new_version": str(server.policy_version)})
+        self.server.policy_version = _version(body.get("new_version"), "new_version")
+        if self.server.config.dialect == "vllm":
+            return _json({"success": True, "new_version": str(self.server.policy_version)})
         if body.get("abort_all_requests"):
-            engine.abort()
-        return _json({"success": True, "message": f"Weight version updated to {server.policy_version}",
-                      "new_version": str(server.policy_version)})
+            self.engine.abort()
+        return _json({"success": True, "message": f"Weight version updated to {self.server.policy_version}",
+                      "new_version": str(self.server.policy_version)})
 
-    async def weight_info(request: web.Request) -> web.Response:
-        return _json({"weight_version": str(server.policy_version)})
+    async def weight_info(self, request: web.Request) -> web.Response:
+        return _json({"weight_version": str(self.server.policy_version)})
 
-    async def collective_rpc(request: web.Request) -> web.Response:
+    async def collective_rpc(self, request: web.Request) -> web.Response:
         method = (await _body(request)).get("method")
         if method != "reload_weights":
             raise _Bad(f"the simulated model runs only 'reload_weights' (a no-op: its weights are its "
                        f"version, loaded by /update_weight_version), got {method!r}")
         return _json({"results": [None]})
 
-    async def abort_request(request: web.Request) -> web.Response:
+    async def abort_request(self, request: web.Request) -> web.Response:
         body = await _body(request)
         rid = body.get("rid")
         if rid is not None and not isinstance(rid, str):
             raise _Bad("'rid' must be a string")
         if body.get("abort_all"):
-            engine.abort()
+            self.engine.abort()
         elif rid:
-            engine.abort([rid], prefix=True)
+            self.engine.abort([rid], prefix=True)
         return web.Response(status=200)
 
-    async def pause_generation(request: web.Request) -> web.Response:
+    async def pause_generation(self, request: web.Request) -> web.Response:
         mode = (await _body(request)).get("mode", "abort")
         if mode not in _SGLANG_MODES:
             raise _Bad(f"Invalid mode: {mode!r}. Expected one of {list(_SGLANG_MODES)}.")
-        await engine.pause(_SGLANG_MODES[mode])
+        await self.engine.pause(_SGLANG_MODES[mode])
         return _json({"message": "Generation paused successfully.", "status": "ok"})
 
-    async def continue_generation(request: web.Request) -> web.Response:
-        engine.resume()
+    async def continue_generation(self, request: web.Request) -> web.Response:
+        self.engine.resume()
         return _json({"message": "Generation continued successfully.", "status": "ok"})
 
-    async def update_weights_from_disk(request: web.Request) -> web.Response:
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         body = await _body(request)
         version = _version(body.get("weight_version"), "weight_version")
         if body.get("abort_all_requests"):
-            engine.abort()
-        if engine.paused is None:  # as SGLang's writer lock: wait for the requests in flight
-            await engine.pause("wait")
-            server.policy_version = version
-            engine.resume()
+            self.engine.abort()
+        if self.engine.paused is None:  # as SGLang's writer lock: wait for the requests in flight
+            await self.engine.pause("wait")
+            self.server.policy_version = version
+            self.engine.resume()
         else:
-            server.policy_version = version
+            self.server.policy_version = version
         return _json({"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0})
 
-    if server.config.dialect == "vllm":
-        routes = [("POST", "/abort_requests", abort_requests), ("POST", "/pause", pause),
-                  ("POST", "/resume", resume), ("GET", "/is_paused", is_paused),
-                  ("POST", "/update_weight_version", update_weight_version), ("GET", "/weight_info", weight_info),
-                  ("POST", "/collective_rpc", collective_rpc)]
-    else:
-        routes = [("POST", "/abort_request", abort_request), ("POST", "/pause_generation", pause_generation),
-                  ("POST", "/continue_generation", continue_generation),
-                  ("POST", "/update_weights_from_disk", update_weights_from_disk),
-                  ("POST", "/update_weight_version", update_weight_version)]
-    for method, path, handler in routes:
-        app.router.add_route(method, path, route(handler))
+    def routes(self) -> list[tuple[str, str, Any]]:
+        if self.server.config.dialect == "vllm":
+            return [("POST", "/abort_requests", self.abort_requests), ("POST", "/pause", self.pause),
+                    ("POST", "/resume", self.resume), ("GET", "/is_paused", self.is_paused),
+                    ("POST", "/update_weight_version", self.update_weight_version),
+                    ("GET", "/weight_info", self.weight_info), ("POST", "/collective_rpc", self.collective_rpc)]
+        return [("POST", "/abort_request", self.abort_request), ("POST", "/pause_generation", self.pause_generation),
+                ("POST", "/continue_generation", self.continue_generation),
+                ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
+                ("POST", "/update_weight_version", self.update_weight_version)]
+
+
+def _refusing(handler: Any) -> Any:
+    """``handler``, answering a :class:`_Bad` request with 400."""
+
+    async def wrapped(request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        except _Bad as exc:
+            return _bad(str(exc), None)
+
+    return wrapped
+
+
+def add_control_routes(app: web.Application, server: SimulatedModelServer) -> None:
+    """Add the abort, pause and weight routes of ``server.config.dialect`` to ``app``."""
+    for method, path, handler in _Control(server).routes():
+        app.router.add_route(method, path, _refusing(handler))
