@@ -2,7 +2,11 @@
 default of ``rollout-ray eval``). Standalone: imports nothing of the package but ``_errors``.
 
 ``config`` (the one config), ``policy`` (what it answers), ``tokenizer`` and ``template``
-(text ↔ ids, messages → prompt ids), ``logprobs``, ``request`` (a checked request and its
-dialect), ``completion`` (one choice: answer, ids, log-probabilities, draws), ``dialects``
-(vLLM and SGLang token-capture shapes), ``server`` (HTTP, faults, latency, policy version).
+(text ↔ ids, messages ↔ prompt ids), ``logprobs``, ``request`` (a checked request and its
+dialect), ``attempts`` (each request's draws), ``completion`` (one choice: answer, ids,
+log-probabilities, draws, per policy version), ``engine`` (policy version over time, pause,
+generations in flight), ``decoding`` (token by token on the engine's clock, continuing a
+completion), ``dialects`` and ``plain`` (the chat shapes with and without token capture),
+``generate`` (the token-in routes), ``control`` (abort, pause, weights), ``sse``, ``server``
+(HTTP, faults, latency).
 """

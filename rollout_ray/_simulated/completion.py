@@ -1,13 +1,17 @@
 """One choice of a chat completion: its answer, its token ids, its log-probabilities.
 
-Draws (blake2b throughout; ``key`` and ``digest`` come from the server, ``server.py``):
+Draws (blake2b throughout; ``conversation`` and ``digest`` come from the server, ``server.py``):
 
 - temperature 0 (or none): choice 0's error draw is ``digest[8:16]``, choice ``i > 0``
-  draws ``blake2b(digest, i)``; log-probabilities are seeded by ``key`` alone, so the same
-  prompt and the same answer get the same numbers.
+  draws ``blake2b(digest, i)``; log-probabilities are seeded by ``conversation`` alone (the
+  prompt's text), so the same prompt and the same answer get the same numbers.
 - temperature T > 0: the source is the request's ``seed`` field when it has one, else the
   attempt's ``digest`` (so a retry samples afresh); choice ``i`` draws its error and seeds
-  its log-probabilities from ``blake2b(key, source, i)``.
+  its log-probabilities from ``blake2b(conversation, source, i)``.
+
+The policy version tunes the model: the log-probabilities and the preamble of choice ``i``
+are seeded by ``blake2b(its material, version)``, so two versions score the same tokens
+differently and write different preambles, while the answer (right or wrong) is the same.
 
 An integer answer (the model's own arithmetic, or a tool's result it reports) is wrong with
 probability ``1 - (1 - error_rate) * exp(-temperature_error * T)``: ``error_rate`` at T = 0
@@ -18,6 +22,9 @@ Without token capture a choice costs what the policy's estimate says (``policy.p
 it, its ids are ``encode(body) + [<|im_end|>]`` (the body as the chat template renders an
 assistant message, ``template.py``): a text answer longer than the request's cap is cut to
 ``cap`` ids (finish ``"length"``, no ``<|im_end|>``), tool calls are never cut.
+
+``SimulatedModelConfig.preamble_tokens`` words (four characters each, so one token each, and
+the words that follow keep their ids) open the content of every answer: long completions.
 """
 
 from __future__ import annotations
@@ -34,14 +41,19 @@ from .request import ChatCall
 from .template import body, text_of, tool_call_text
 from .tokenizer import IM_END, TOOL_CALL, decode, encode, token_text
 
-__all__ = ["Choice", "Draw", "choose", "deltas", "error_probability"]
+__all__ = ["PREAMBLE_WORDS", "Choice", "Draw", "choose", "deltas", "error_probability"]
+
+PREAMBLE_WORDS = ("hmm ", "so, ", "ok, ", "let ", "me  ", "see ", "now ", "yes ",
+                  "and ", "the ", "sum ", "is  ", "one ", "two ", "as  ", "if  ")
+"""What a preamble is made of: each one token of the simulated tokenizer."""
 
 
 @dataclass(frozen=True, slots=True)
 class Draw:
-    """A request's randomness: ``key`` (its seed and messages), ``digest`` (that attempt)."""
+    """A request's randomness: ``conversation`` (the server's seed and the prompt's text: what
+    the model sees), ``digest`` (that attempt)."""
 
-    key: bytes
+    conversation: bytes
     digest: bytes
 
     @property
@@ -58,6 +70,12 @@ class Choice:
     """Completion tokens: ``len(ids)`` with token capture, the estimate without."""
     ids: tuple[int, ...] = ()
     scored: tuple[Scored, ...] = ()
+    greedy: tuple[int, ...] = ()
+    """What the model would have said at temperature 0 (how ``scored`` was scored)."""
+    material: bytes = b""
+    """What seeded ``scored`` (with ``greedy``, all a ``Scorer`` needs to go on)."""
+    preamble: int = 0
+    """How many of ``ids`` are the preamble."""
 
 
 def _unit(data: bytes) -> float:
@@ -74,10 +92,27 @@ def _draws(call: ChatCall, draw: Draw, index: int) -> tuple[float, bytes]:
     tag = index.to_bytes(4, "big")
     if not call.temperature:
         u = draw.u_error if index == 0 else _unit(draw.digest + b"choice" + tag)
-        return u, draw.key
+        return u, draw.conversation
     source = b"seed" + str(call.seed).encode() if call.seed is not None else b"attempt" + draw.digest
-    material = hashlib.blake2b(draw.key + source + b"\0choice" + tag, digest_size=16).digest()
+    material = hashlib.blake2b(draw.conversation + source + b"\0choice" + tag, digest_size=16).digest()
     return _unit(material + b"error"), material
+
+
+def _tuned(material: bytes, version: int) -> bytes:
+    """The material of the model at policy ``version``."""
+    return hashlib.blake2b(material + b"\0policy" + version.to_bytes(8, "big", signed=True), digest_size=16).digest()
+
+
+def _preamble(material: bytes, n: int) -> str:
+    words = []
+    for block in range(-(-n // 64)):
+        d = hashlib.blake2b(material + b"preamble" + block.to_bytes(4, "big"), digest_size=64).digest()
+        words += [PREAMBLE_WORDS[b % len(PREAMBLE_WORDS)] for b in d]
+    return "".join(words[:n])
+
+
+def _with_preamble(message: dict[str, Any], preamble: str) -> dict[str, Any]:
+    return {**message, "content": preamble + text_of(message.get("content"))} if preamble else message
 
 
 def _tokens(message: dict[str, Any], cap: int) -> tuple[list[int], dict[str, Any], str]:
@@ -89,20 +124,28 @@ def _tokens(message: dict[str, Any], cap: int) -> tuple[list[int], dict[str, Any
     return ids[:cap], {**message, "content": decode(ids[:cap])}, "length"
 
 
-def choose(call: ChatCall, config: SimulatedModelConfig, draw: Draw, index: int) -> Choice:
-    """Choice ``index`` of ``call``."""
+def choose(call: ChatCall, config: SimulatedModelConfig, draw: Draw, index: int, version: int = 0, *,
+           scored: bool = True) -> Choice:
+    """Choice ``index`` of ``call``, as the model at policy ``version`` answers it. Not ``scored``:
+    without ``scored`` (its ``greedy`` and ``material`` let a ``Scorer`` score it as it goes:
+    a long completion cut short is never scored whole)."""
     u, material = _draws(call, draw, index)
+    material = _tuned(material, version)
+    preamble = _preamble(material, config.preamble_tokens)
     rate = error_probability(config, call.temperature)
-    message = respond(call.messages, call.tools, config, u, error_rate=rate)
+    message = _with_preamble(respond(call.messages, call.tools, config, u, error_rate=rate), preamble)
     if not call.capture.on:
         message, finish, tokens = cap_completion(message, call.cap)
         return Choice(index, message, finish, tokens)
     ids, message, finish = _tokens(message, call.cap)
-    scored: list[Scored] = []
+    greedy: list[int] = []
+    numbers: list[Scored] = []
     if call.capture.logprobs:
-        greedy = respond(call.messages, call.tools, config, 1.0, error_rate=0.0)
-        scored = score(ids, [*encode(body(greedy)), IM_END], material)
-    return Choice(index, message, finish, len(ids), tuple(ids), tuple(scored))
+        best = _with_preamble(respond(call.messages, call.tools, config, 1.0, error_rate=0.0), preamble)
+        greedy = [*encode(body(best)), IM_END]
+        numbers = score(ids, greedy, material) if scored else []
+    return Choice(index, message, finish, len(ids), tuple(ids), tuple(numbers), tuple(greedy), material,
+                  min(len(ids), config.preamble_tokens))
 
 
 def _call_spans(message: dict[str, Any]) -> tuple[dict[int, int], list[tuple[int, int]]]:

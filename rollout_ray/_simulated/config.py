@@ -16,7 +16,8 @@ class SimulatedModelConfig(BaseModel):
     ttft: float = Field(0.05, ge=0)
     """Seconds before the first token."""
     per_token: float = Field(0.0, ge=0)
-    """Seconds per completion token."""
+    """Seconds per completion token: token ``j`` is produced ``ttft + (j + 1) * per_token``
+    after the request arrives (not counting a pause), and a stream sends it then."""
     error_rate: float = Field(0.0, ge=0, le=1)
     """Probability that an integer answer (computed, or a tool's result reported) is wrong
     (one too high) at temperature 0."""
@@ -48,7 +49,11 @@ class SimulatedModelConfig(BaseModel):
     template_drift: bool = False
     """Re-render previous assistant turns to other ids than were sampled (``template.py``)."""
     policy_version: int = Field(0, ge=0)
-    """The policy version the server starts at (the ``X-Policy-Version`` header)."""
+    """The policy version the server starts at (the ``X-Policy-Version`` header). The version
+    is the model's weights: it tunes the log-probabilities and the preamble (``completion.py``)."""
+    preamble_tokens: int = Field(0, ge=0)
+    """Words (a token each, drawn per policy version) that open every answer's content: long
+    completions, to interrupt and continue. 0: answers are just the answer."""
 
     @model_validator(mode="after")
     def _rates_fit(self) -> SimulatedModelConfig:

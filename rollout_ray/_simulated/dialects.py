@@ -22,7 +22,11 @@ vLLM (shapes recorded from a live vLLM 0.32.0 serving the tiny model of ``script
   top-level ``prompt_token_ids`` and ``prompt_text: null``; then one chunk per token with
   ``choices[i].token_ids: [id]`` and its one ``logprobs.content`` entry; the last also has
   ``finish_reason`` and ``stop_reason: null``; a usage chunk (``choices: []``) with
-  ``include_usage``.
+  ``include_usage``;
+- aborted: JSON: ``finish_reason: "abort"``, the ids, logprobs and text sampled so far (no
+  tool calls parsed); SSE: after the tokens sampled, a chunk ``{delta: {}, finish_reason:
+  "abort", stop_reason: null}`` with ``logprobs: {content: []}`` (``null`` without logprobs)
+  and ``token_ids: []`` (with ``return_token_ids``).
 
 SGLang (``sgl-project/sglang`` at 004c82e07d876f6e4a0ad6e15325706b0f478f1a, under
 ``python/sglang/srt/``: ``entrypoints/openai/protocol.py`` — ``ChatCompletionRequest``,
@@ -50,7 +54,10 @@ SGLang (``sgl-project/sglang`` at 004c82e07d876f6e4a0ad6e15325706b0f478f1a, unde
   ``prompt_tokens_details: null``, ``reasoning_tokens: 0``;
 - SSE (logprobs only): ``build_sse_content`` chunks (``index, delta, logprobs,
   finish_reason, matched_stop``), one per token that shows something; a finish chunk per
-  choice (``delta {}``) after the last token; the usage chunk. Simplified: SGLang sends a
+  choice (``delta {}``) after the last token; the usage chunk;
+- aborted (``/abort_request``, a graceful abort: no status code): ``finish_reason: "abort"``,
+  ``meta_info.finish_reason`` ``{type: "abort", message, status_code: null, err_type: null}``
+  (``serving_chat.py`` lets such an abort through as a normal finish). Simplified: SGLang sends a
   tool call's deltas without logprobs and flushes them in an empty-delta chunk; here each
   token's chunk carries both.
 
@@ -67,11 +74,15 @@ from __future__ import annotations
 from typing import Any
 
 from .completion import Choice, deltas
+from .decoding import Token
 from .logprobs import Scored
 from .request import Capture
 from .tokenizer import IM_END, token_bytes, token_text
 
-__all__ = ["Event", "sglang_completion", "sglang_events", "vllm_completion", "vllm_events"]
+__all__ = [
+    "Event", "sglang_completion", "sglang_end", "sglang_events", "sglang_finish", "sglang_opening", "sglang_token",
+    "usage_chunk", "vllm_abort", "vllm_completion", "vllm_events", "vllm_opening", "vllm_token",
+]  # fmt: skip
 
 Event = tuple[float, dict[str, Any]]
 """``(seconds to wait before it, chunk)``."""
@@ -101,10 +112,12 @@ def _logprobs(scored: tuple[Scored, ...], capture: Capture) -> dict[str, Any] | 
     return {"content": [_sglang_entry(s, k) for s in scored]}
 
 
-def _rounds(choices: list[Choice]) -> list[list[tuple[Choice, int]]]:
-    """Token positions grouped by decoding step: the choices decode side by side."""
+def _steps(choices: list[Choice]) -> list[list[Token]]:
+    """An uninterrupted decoding's tokens, step by step: the choices decode side by side."""
+    shown = {c.index: deltas(c) for c in choices}
     longest = max(len(c.ids) for c in choices)
-    return [[(c, j) for c in choices if j < len(c.ids)] for j in range(longest)]
+    return [[Token(c.index, c.ids[j], c.scored[j] if c.scored else None, shown[c.index][j], 0, j == len(c.ids) - 1)
+             for c in choices if j < len(c.ids)] for j in range(longest)]
 
 
 def vllm_completion(head: dict[str, Any], choices: list[Choice], prompt: list[int], usage: dict[str, int],
@@ -121,38 +134,62 @@ def vllm_completion(head: dict[str, Any], choices: list[Choice], prompt: list[in
             "prompt_token_ids": prompt if capture.token_ids else None, "prompt_text": None}
 
 
+def _chunk(head: dict[str, Any], choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {**head, "object": "chat.completion.chunk", "choices": [choice], **extra}
+
+
+def vllm_opening(head: dict[str, Any], index: int, prompt: list[int], capture: Capture) -> dict[str, Any]:
+    """A choice's first vLLM chunk: the role, and with ``return_token_ids`` the prompt ids."""
+    first = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    extra = {"prompt_token_ids": prompt, "prompt_text": None} if capture.token_ids else {}
+    return _chunk(head, first, **extra)
+
+
+def vllm_token(head: dict[str, Any], token: Token, finish: str | None, capture: Capture) -> dict[str, Any]:
+    """One token's vLLM chunk (the last one carries the finish reason)."""
+    lp = _logprobs((token.scored,) if token.scored else (), capture)
+    choice = {"index": token.index, "delta": token.delta, "logprobs": lp, "finish_reason": None}
+    if token.last:
+        choice.update(finish_reason=finish, stop_reason=None)
+    if capture.token_ids:
+        choice["token_ids"] = [token.id]
+    return _chunk(head, choice)
+
+
+def vllm_abort(head: dict[str, Any], index: int, capture: Capture) -> dict[str, Any]:
+    """The chunk that ends an aborted choice (recorded from vLLM 0.32: no token, empty lists)."""
+    choice = {"index": index, "delta": {}, "logprobs": {"content": []} if capture.logprobs else None,
+              "finish_reason": "abort", "stop_reason": None}
+    if capture.token_ids:
+        choice["token_ids"] = []
+    return _chunk(head, choice)
+
+
+def usage_chunk(head: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+    return {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+
+
 def vllm_events(head: dict[str, Any], choices: list[Choice], prompt: list[int], usage: dict[str, int] | None,
                 capture: Capture, ttft: float, per_token: float) -> list[Event]:
-    """vLLM's chunks: each choice's first chunk after ``ttft``, then one per token and step
-    ``per_token`` apart, then the usage chunk (``usage`` ``None``: without one)."""
-    head = {**head, "object": "chat.completion.chunk"}
-    events: list[Event] = []
-    for c in choices:
-        first = {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                 "finish_reason": None}
-        extra = {"prompt_token_ids": prompt, "prompt_text": None} if capture.token_ids else {}
-        events.append((0.0 if events else ttft, {**head, "choices": [first], **extra}))
-    shown = {c.index: deltas(c) for c in choices}
-    for step in _rounds(choices):
-        for n, (c, j) in enumerate(step):
-            lp = _logprobs(c.scored[j : j + 1], capture)
-            choice = {"index": c.index, "delta": shown[c.index][j], "logprobs": lp, "finish_reason": None}
-            if j == len(c.ids) - 1:
-                choice.update(finish_reason=c.finish, stop_reason=None)
-            if capture.token_ids:
-                choice["token_ids"] = [c.ids[j]]
-            events.append((0.0 if n else per_token, {**head, "choices": [choice]}))
+    """An uninterrupted vLLM stream: each choice's first chunk after ``ttft``, then one per
+    token and step ``per_token`` apart, then the usage chunk (``usage`` ``None``: none)."""
+    events: list[Event] = [(0.0 if c.index else ttft, vllm_opening(head, c.index, prompt, capture)) for c in choices]
+    finish = {c.index: c.finish for c in choices}
+    for step in _steps(choices):
+        events += [(0.0 if n else per_token, vllm_token(head, t, finish[t.index], capture)) for n, t in enumerate(step)]
     if usage is not None:
-        events.append((0.0, {**head, "choices": [], "usage": usage}))
+        events.append((0.0, usage_chunk(head, usage)))
     return events
 
 
-def _sglang_finish(c: Choice) -> tuple[dict[str, Any], int | None]:
-    """SGLang's ``finish_reason`` object and ``matched_stop`` of a choice."""
-    if c.finish == "length":
-        return {"type": "length", "length": len(c.ids)}, None
-    if c.finish == "tool_calls":
+def sglang_finish(finish: str, tokens: int) -> tuple[dict[str, Any], int | None]:
+    """SGLang's ``finish_reason`` object and ``matched_stop`` for a finish after ``tokens``."""
+    if finish == "length":
+        return {"type": "length", "length": tokens}, None
+    if finish == "tool_calls":
         return {"type": "tool_calls", "matched": None}, None
+    if finish == "abort":  # an abort a client asked for: no status code (not an error)
+        return {"type": "abort", "message": "Aborted by AbortReq.", "status_code": None, "err_type": None}, None
     return {"type": "stop", "matched": IM_END}, IM_END
 
 
@@ -163,7 +200,7 @@ def _sglang_usage(usage: dict[str, int]) -> dict[str, Any]:
 def _meta_info(c: Choice, cid: str, prompt: list[int], version: int, latency: float,
                capture: Capture) -> dict[str, Any]:
     meta: dict[str, Any] = {
-        "id": cid, "finish_reason": _sglang_finish(c)[0], "prompt_tokens": len(prompt),
+        "id": cid, "finish_reason": sglang_finish(c.finish, len(c.ids))[0], "prompt_tokens": len(prompt),
         "weight_version": str(version), "completion_tokens": len(c.ids), "cached_tokens": 0,
         "e2e_latency": latency,
     }
@@ -181,7 +218,7 @@ def _sglang_choice(c: Choice, cid: str, prompt: list[int], version: int, latency
     message = {"role": "assistant", "content": c.message.get("content") or "", "reasoning_content": None,
                "tool_calls": [{**call, "index": i} for i, call in enumerate(calls)] if calls else None}
     out = {"index": c.index, "message": message, "logprobs": _logprobs(c.scored, capture),
-           "finish_reason": c.finish, "matched_stop": _sglang_finish(c)[1]}
+           "finish_reason": c.finish, "matched_stop": sglang_finish(c.finish, len(c.ids))[1]}
     if capture.token_ids or capture.prompt_ids:
         out["prompt_token_ids"] = prompt
     if capture.token_ids:
@@ -207,31 +244,45 @@ def _sglang_delta(delta: dict[str, Any]) -> dict[str, Any]:
     return {"tool_calls": calls} if calls else delta
 
 
+def _sglang_chunk(head: dict[str, Any], index: int, delta: dict[str, Any], lp: Any = None, finish: Any = None,
+                  stop: Any = None) -> dict[str, Any]:
+    return _chunk(head, {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish, "matched_stop": stop})
+
+
+def sglang_opening(head: dict[str, Any], index: int) -> dict[str, Any]:
+    return _sglang_chunk(head, index, {"role": "assistant", "content": ""})
+
+
+def sglang_token(head: dict[str, Any], token: Token, capture: Capture) -> dict[str, Any] | None:
+    """One token's SGLang chunk, or ``None`` for a token that shows nothing (the
+    ``<|im_end|>`` of a text answer; every token of a tool call is sent)."""
+    if token.delta == {"content": ""}:
+        return None
+    lp = _logprobs((token.scored,) if token.scored else (), capture)
+    return _sglang_chunk(head, token.index, _sglang_delta(token.delta), lp)
+
+
+def sglang_end(head: dict[str, Any], index: int, finish: str, tokens: int) -> dict[str, Any]:
+    """The chunk that finishes a choice (an empty delta)."""
+    return _sglang_chunk(head, index, {}, None, finish, sglang_finish(finish, tokens)[1])
+
+
 def sglang_events(head: dict[str, Any], choices: list[Choice], usage: dict[str, int] | None,
                   capture: Capture, ttft: float, per_token: float) -> list[Event]:
-    """SGLang's chunks: a first chunk per choice after ``ttft``; one chunk per token that shows
-    something (any token of a tool call), tokens ``per_token`` apart (a token that shows
-    nothing passes its wait on); the finish chunks; the usage chunk (``usage`` ``None``: none)."""
-    head = {**head, "object": "chat.completion.chunk"}
-
-    def chunk(index: int, delta: dict[str, Any], lp: Any = None, finish: Any = None, stop: Any = None) -> Any:
-        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish,
-                                     "matched_stop": stop}]}
-
-    events: list[Event] = [(0.0 if i else ttft, chunk(c.index, {"role": "assistant", "content": ""}))
-                           for i, c in enumerate(choices)]
-    shown = {c.index: deltas(c) for c in choices}
+    """An uninterrupted SGLang stream: a first chunk per choice after ``ttft``; one chunk per
+    token that shows something, tokens ``per_token`` apart (a token that shows nothing passes
+    its wait on); the finish chunks; the usage chunk (``usage`` ``None``: none)."""
+    events: list[Event] = [(0.0 if c.index else ttft, sglang_opening(head, c.index)) for c in choices]
     wait = 0.0
-    for step in _rounds(choices):
+    for step in _steps(choices):
         wait += per_token
-        for c, j in step:
-            delta = _sglang_delta(shown[c.index][j])
-            if c.message.get("tool_calls") or delta.get("content"):
-                events.append((wait, chunk(c.index, delta, _logprobs(c.scored[j : j + 1], capture))))
+        for token in step:
+            if (chunk := sglang_token(head, token, capture)) is not None:
+                events.append((wait, chunk))
                 wait = 0.0
     for c in choices:
-        events.append((wait, chunk(c.index, {}, None, c.finish, _sglang_finish(c)[1])))
+        events.append((wait, sglang_end(head, c.index, c.finish, len(c.ids))))
         wait = 0.0
     if usage is not None:
-        events.append((0.0, {**head, "choices": [], "usage": _sglang_usage(usage)}))
+        events.append((0.0, usage_chunk(head, _sglang_usage(usage))))
     return events

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-import struct
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
-from .tokenizer import encode
+from .tokenizer import ASCII_BASE
 
-__all__ = ["TOP_MAX", "Scored", "score"]
+__all__ = ["TOP_MAX", "Scored", "Scorer", "score"]
 
 TOP_MAX = 20
 """Most alternatives a request may ask for (OpenAI's and vLLM's default limit)."""
@@ -37,11 +39,11 @@ class Scored:
     """``(id, logprob)`` best first: the most likely token, the sampled one, the alternatives."""
 
 
-def _alternative(c1: int, c2: int, taken: set[int]) -> int:
-    """A printable one- or two-character token not in ``taken``."""
+def _alternative(c1: int, c2: int, taken: dict[int, float]) -> int:
+    """A printable one- or two-character token not in ``taken`` (its id as ``encode`` gives it)."""
+    first = 32 + c1 % 95
     while True:
-        text = chr(32 + c1 % 95) + (chr(32 + c2 % 95) if c2 & 1 else "")
-        (token,) = encode(text)
+        token = ASCII_BASE[1] + first * 128 + 32 + c2 % 95 if c2 & 1 else ASCII_BASE[0] + first
         if token not in taken:
             return token
         c2 = (c2 + 1) % 256
@@ -60,23 +62,46 @@ def _position(material: bytes, j: int, sampled: int, top: int) -> Scored:
         c1, c2, g = d[3 + 3 * m : 6 + 3 * m]
         if m:
             z -= 0.25 + 2.5 * g / 255
-        logits[_alternative(c1, c2, set(logits))] = z
+        logits[_alternative(c1, c2, logits)] = z
     rest = -(1.5 + 3.0 * d[1] / 255)
-    norm = math.log(sum(math.exp(v) for v in logits.values()) + math.exp(rest))
-    ranked = tuple(sorted(((t, _float32(v - norm)) for t, v in logits.items()), key=lambda tv: -tv[1]))
-    return Scored(sampled, _float32(logits[sampled] - norm), ranked)
+    norm = math.log(sum(map(math.exp, logits.values())) + math.exp(rest))
+    numbers = array("f", [v - norm for v in logits.values()]).tolist()  # float32, as the engines' are
+    ranked = tuple(sorted(zip(logits, numbers), key=itemgetter(1), reverse=True))  # stable: ties keep order
+    return Scored(sampled, numbers[1] if sampled != top else numbers[0], ranked)
 
 
-def _float32(value: float) -> float:
-    return struct.unpack("f", struct.pack("f", value))[0]
+class Scorer:
+    """Scores a completion a token at a time, exactly as :func:`score` does at once: what a
+    token's numbers are depends only on the tokens before it (causal, like a model's).
+
+    ``greedy`` is what the model would say at temperature 0; ``prefix``: tokens already in
+    the completion (e.g. sampled under another policy), scored by nobody here.
+    """
+
+    def __init__(self, greedy: Sequence[int], material: bytes, prefix: Sequence[int] = ()) -> None:
+        self._greedy, self._material = greedy, material
+        self.position, self._departed = 0, False
+        for token in prefix:
+            self._top(token)
+
+    def _top(self, token: int) -> int:
+        """The most likely token at this position, given that ``token`` is sampled here."""
+        j = self.position
+        self.position += 1
+        if self._departed or j >= len(self._greedy) or self._greedy[j] == token:
+            return token
+        self._departed = True  # the first departure from the greedy answer
+        return self._greedy[j]
+
+    def next(self, token: int) -> Scored:
+        """The numbers of ``token`` at the next position."""
+        j = self.position
+        return _position(self._material, j, token, self._top(token))
 
 
 def score(sampled: list[int], greedy: list[int], material: bytes) -> list[Scored]:
     """One :class:`Scored` per sampled token. ``greedy`` is what the model would have said at
     temperature 0: at the first position where ``sampled`` departs from it, the greedy token
     is the most likely one; ``material`` seeds the rest (same material, same numbers)."""
-    diverge = next((j for j, (s, g) in enumerate(zip(sampled, greedy)) if s != g), None)
-    return [
-        _position(material, j, token, greedy[j] if j == diverge else token)
-        for j, token in enumerate(sampled)
-    ]
+    scorer = Scorer(greedy, material)
+    return [scorer.next(token) for token in sampled]

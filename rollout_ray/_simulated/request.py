@@ -15,7 +15,7 @@ import msgspec
 from .config import SimulatedModelConfig
 from .logprobs import TOP_MAX
 
-__all__ = ["MAX_N", "Capture", "ChatCall", "Invalid", "parse"]
+__all__ = ["MAX_N", "Capture", "ChatCall", "Invalid", "parse", "request_id"]
 
 MAX_N = 64
 """Most choices one request may ask for."""
@@ -69,6 +69,8 @@ class ChatCall:
     """0 when the request has none: the answers of temperature 0."""
     seed: int | None
     capture: Capture
+    request_id: str | None = None
+    """The client's id for it (vLLM's ``request_id``, SGLang's ``rid``): what an abort names."""
 
 
 def _flag(body: dict[str, Any], name: str) -> bool:
@@ -160,4 +162,15 @@ def parse(raw: bytes, config: SimulatedModelConfig) -> ChatCall:
         raise Invalid("'seed' must be an integer.", "seed")
     temperature = _temperature(body)
     capture = _capture(body, stream, config)
-    return ChatCall(messages, tools, cap, stream, usage, n, temperature, seed, capture)
+    return ChatCall(messages, tools, cap, stream, usage, n, temperature, seed, capture, request_id(body))
+
+
+def request_id(body: dict[str, Any]) -> str | None:
+    """The request's own id: vLLM's ``request_id`` or SGLang's ``rid``."""
+    for name in ("request_id", "rid"):
+        value = body.get(name)
+        if value is not None and not isinstance(value, str):
+            raise Invalid(f"'{name}' must be a string.", name)
+        if value:
+            return value
+    return None

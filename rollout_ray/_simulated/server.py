@@ -4,49 +4,66 @@ Routes: ``POST /v1/chat/completions`` (JSON and SSE; ``n`` choices; token captur
 vLLM and SGLang shapes, ``dialects.py``), ``GET /v1/models``, ``GET /health``, the info
 route of ``config.dialect`` so a client can tell the dialect (vLLM: ``GET /version`` →
 ``{"version": ...}``; SGLang: ``GET /model_info`` and its older name ``/get_model_info``,
-with ``weight_version``), and, for tests and benchmarks only, ``POST /admin/policy_version``
-``{"version": N}`` which sets :attr:`SimulatedModelServer.policy_version`. Every response
-carries ``X-Policy-Version``: for a chat completion, the version when it arrived.
+with ``weight_version``), the dialect's interrupt and weight routes (``control.py``) and its
+token-in route (``generate.py``), and, for tests and benchmarks only,
+``POST /admin/policy_version`` ``{"version": N}`` which sets
+:attr:`SimulatedModelServer.policy_version`. Every response carries ``X-Policy-Version``: the
+version when it starts (a JSON answer: when its last token was produced; a stream: when it was
+admitted).
 
-Determinism: every chat completion is keyed by ``blake2b(seed, messages)``, where
-``messages`` is the request's ``messages`` array re-encoded as compact JSON (key order as
-sent). The server counts how often it has seen each key; the n-th request with a key
-(n = 0, 1, ...) draws its fault, its error draw and its completion id from
-``blake2b(key, n)``. So the same config and the same requests give the same answers and
-faults whatever order concurrent requests arrive in, and a retry of a failed request gets
-fresh draws (temperature and ``seed``: ``completion.py``). Keys are kept for the server's
-life (16 bytes plus a count each).
+Determinism: ``attempts.py`` (faults, error draws and ids per request key; what the model
+samples from per conversation) and ``completion.py`` (temperature and ``seed``).
 
-Latency: an answer waits ``ttft + per_token * tokens``, ``tokens`` being the longest
-choice's completion tokens; streamed, the waits are spread over the chunks (one chunk per
-token with token capture, four pieces of text without).
+Time: a request that arrives while the engine is paused waits for the resume
+(``engine.py``); then its tokens are produced on the engine's clock, token ``j`` at
+``ttft + per_token * (j + 1)``, each under the policy version of its moment
+(``decoding.py``); a stream sends each token when it is produced. An abort (``control.py``)
+ends a generation with ``finish_reason: "abort"`` and what it produced so far; a closed
+connection ends it at once. Without token capture an answer is fixed when it is admitted: it
+waits ``ttft + per_token * tokens`` (the longest choice's estimate), or streams four pieces of
+text per choice over that time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import itertools
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
+from .attempts import Attempt, Attempts
 from .completion import Choice, Draw, choose
 from .config import SimulatedModelConfig
-from .dialects import Event, sglang_completion, sglang_events, vllm_completion, vllm_events
+from .control import add_control_routes
+from .decoding import Decoder, Token, produce
+from .dialects import (
+    sglang_completion,
+    sglang_end,
+    sglang_opening,
+    sglang_token,
+    usage_chunk,
+    vllm_abort,
+    vllm_completion,
+    vllm_opening,
+    vllm_token,
+)  # fmt: skip
+from .engine import Engine, Flight
+from .generate import add_token_routes
+from .plain import plain_events
 from .policy import prompt_tokens
 from .request import ChatCall, Invalid, parse
+from .sse import SSE
 from .template import render
 
 __all__ = ["SimulatedModelConfig", "SimulatedModelServer", "SimulatedModelStats"]
 
-FAULTS = ("429", "5xx", "timeout", "malformed")
-SERVER_ERRORS = (500, 502, 503)
-STREAM_PIECES = 4
 POLICY_HEADER = "X-Policy-Version"
 VLLM_VERSION = "0.32.0+simulated"
 """What ``GET /version`` says: the vLLM release whose shapes are emulated."""
@@ -58,16 +75,15 @@ _decode = msgspec.json.Decoder().decode
 
 @dataclass
 class SimulatedModelStats:
-    """Counts of chat completion requests (other routes are not counted)."""
+    """Counts of generation requests (chat completions and the token-in routes; other routes
+    are not counted), of the completion tokens produced with token capture, and of the
+    generations an abort or a closed connection ended."""
 
     requests: int = 0
     by_status: Counter[int] = field(default_factory=Counter)
     by_fault: Counter[str] = field(default_factory=Counter)
-
-
-def _pieces(text: str) -> list[str]:
-    size = max(1, -(-len(text) // STREAM_PIECES))
-    return [text[i : i + size] for i in range(0, len(text), size)]
+    tokens: int = 0
+    aborted: int = 0
 
 
 def _json(status: int, payload: Any) -> web.Response:
@@ -78,19 +94,27 @@ class SimulatedModelServer:
     """An aiohttp server for one :class:`SimulatedModelConfig`; ``async with`` starts it on
     127.0.0.1 with a free port (unless already started) and stops it.
 
-    ``policy_version`` (an int, from ``config.policy_version``) is what the
-    ``X-Policy-Version`` header says; set it, or ``POST /admin/policy_version``, to bump it.
+    ``policy_version`` (an int, from ``config.policy_version``) is the model's weights: what
+    ``X-Policy-Version`` says and what tokens are produced under; set it, or
+    ``POST /admin/policy_version``, or the dialect's weight routes, to load another.
     """
 
     def __init__(self, config: SimulatedModelConfig | None = None) -> None:
         self.config = config or SimulatedModelConfig()
         self.stats = SimulatedModelStats()
         self.base_url: str | None = None
-        self.policy_version = self.config.policy_version
-        self._seen: dict[bytes, int] = {}
-        self._seed = f"{self.config.seed}\0".encode()
+        self.engine = Engine(self.config.policy_version)
+        self.attempts = Attempts(self.config)
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        self.engine.set_version(version)
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -103,6 +127,8 @@ class SimulatedModelServer:
         else:
             app.router.add_get("/model_info", self._model_info)
             app.router.add_get("/get_model_info", self._model_info)
+        add_control_routes(app, self)
+        add_token_routes(app, self)
         app.on_response_prepare.append(self._stamp)
         return app
 
@@ -110,7 +136,9 @@ class SimulatedModelServer:
         """Bind and serve; returns the base URL ``http://HOST:PORT/v1``."""
         if self._runner is not None:
             raise RuntimeError("SimulatedModelServer is already started")
-        runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
+        # handler_cancellation: a client that closes its connection stops its generation at once.
+        runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT,
+                               handler_cancellation=True)
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()
@@ -123,10 +151,11 @@ class SimulatedModelServer:
         return self.base_url
 
     async def stop(self) -> None:
-        """Release held requests, close every connection and the socket. Idempotent."""
+        """Release held and paused requests, close every connection and the socket. Idempotent."""
         runner, self._runner = self._runner, None
         if runner is not None:
             self._stopping.set()
+            self.engine.shutdown()
             await runner.cleanup()
 
     async def __aenter__(self) -> SimulatedModelServer:
@@ -191,22 +220,6 @@ class SimulatedModelServer:
             return self._reply(400, _encode(flat))
         return self._error(400, str(exc), "invalid_request_error", exc.param)
 
-    def _draw(self, messages: list[Any]) -> tuple[str | None, int, str, Draw]:
-        """``(fault, 5xx status, completion id, draws)`` for this request."""
-        key = hashlib.blake2b(self._seed + _encode(messages), digest_size=16).digest()
-        attempt = self._seen.get(key, 0)
-        self._seen[key] = attempt + 1
-        d = hashlib.blake2b(key + attempt.to_bytes(8, "big"), digest_size=28).digest()
-        u_fault = int.from_bytes(d[:8], "big") / 2**64
-        cfg, fault, edge = self.config, None, 0.0
-        rates = (cfg.rate_429, cfg.rate_5xx, cfg.rate_timeout, cfg.rate_malformed)
-        for name, rate in zip(FAULTS, rates):
-            edge += rate
-            if u_fault < edge:
-                fault = name
-                break
-        return fault, SERVER_ERRORS[(key[0] + attempt) % 3], "chatcmpl-" + d[16:].hex(), Draw(key, d)
-
     async def _fault(self, fault: str, status_5xx: int) -> web.Response:
         """The error answer of a 429, 5xx or timeout fault (a timeout holds the request first)."""
         self.stats.by_fault[fault] += 1
@@ -221,130 +234,153 @@ class SimulatedModelServer:
             pass
         return self._error(504, "Upstream timed out (simulated).", "timeout")
 
+    def _request_id(self, request: web.Request, given: str | None, cid: str) -> str:
+        """What an abort names a chat completion by: vLLM's ``chatcmpl-`` + the client's
+        ``X-Request-Id`` or ``request_id``, SGLang's ``rid``; else its completion id."""
+        given = request.headers.get("X-Request-Id") or given
+        if given is None:
+            return cid
+        return f"chatcmpl-{given}" if self.config.dialect == "vllm" else given
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests += 1
-        version = self.policy_version
         try:
             call = parse(await request.read(), self.config)
         except Invalid as exc:
             return self._invalid(exc)
-        fault, status_5xx, cid, draw = self._draw(call.messages)
-        if fault in ("429", "5xx", "timeout"):
-            return await self._fault(fault, status_5xx)
-        if fault is not None:
-            self.stats.by_fault[fault] += 1
-        choices = [choose(call, self.config, draw, i) for i in range(call.n)]
-        head = {"id": cid, "created": int(time.time()), "model": self.config.model_name}
-        latency = self.config.ttft + self.config.per_token * max(c.tokens for c in choices)
-        if call.stream:
-            events = self._events(call, head, choices, version)
-            return await self._stream(request, events, fault == "malformed", version)
-        if latency > 0:
-            await asyncio.sleep(latency)
-        payload = _encode(self._completion(call, head, choices, version, latency))
-        if fault == "malformed":
-            payload = payload[: len(payload) // 2]
-        return self._reply(200, payload, version)
+        prompt = render(call.messages, call.tools, drift=self.config.template_drift)
+        attempt = self.attempts.next(_encode(call.messages), self.attempts.conversation(prompt))
+        if attempt.fault in ("429", "5xx", "timeout"):
+            return await self._fault(attempt.fault, attempt.status_5xx)
+        if attempt.fault is not None:
+            self.stats.by_fault[attempt.fault] += 1
+        rid = self._request_id(request, call.request_id, attempt.cid)
+        await self.engine.admit()
+        with self.flight(rid) as flight:
+            head = {"id": rid if self.config.dialect == "vllm" else attempt.cid, "created": int(time.time()),
+                    "model": self.config.model_name}
+            if call.capture.on:
+                return await self._decode(request, call, head, attempt, prompt, flight)
+            return await self._plain(request, call, head, attempt, flight)
 
     def _usage(self, call: ChatCall, choices: list[Choice], prompt: list[int]) -> dict[str, int]:
         tokens = len(prompt) if call.capture.on else prompt_tokens(call.messages)
         completion = sum(c.tokens for c in choices)
         return {"prompt_tokens": tokens, "completion_tokens": completion, "total_tokens": tokens + completion}
 
-    def _prompt(self, call: ChatCall) -> list[int]:
-        return render(call.messages, call.tools, drift=self.config.template_drift) if call.capture.on else []
+    def plan(self, call: ChatCall, draw: Draw, index: int, version: int) -> Choice:
+        """Choice ``index`` of ``call`` as the model at ``version`` writes it whole (unscored:
+        its tokens are scored as they are produced)."""
+        return choose(call, self.config, draw, index, version, scored=False)
 
-    def _completion(self, call: ChatCall, head: dict[str, Any], choices: list[Choice], version: int,
-                    latency: float) -> dict[str, Any]:
-        prompt = self._prompt(call)
-        usage = self._usage(call, choices, prompt)
-        if call.capture.on and call.capture.dialect == "vllm":
-            return vllm_completion(head, choices, prompt, usage, call.capture)
-        if call.capture.on:
-            return sglang_completion(head, choices, prompt, usage, call.capture, version, latency)
-        out = [{"index": c.index, "message": c.message, "logprobs": None, "finish_reason": c.finish}
-               for c in choices]
-        return {**head, "object": "chat.completion", "choices": out, "usage": usage}
+    @contextmanager
+    def flight(self, rid: str) -> Iterator[Flight]:
+        """A generation in flight under request id ``rid``, counted in ``stats.aborted`` if an
+        abort or the client (its connection closed, so aiohttp cancels the handler) ends it."""
+        with self.engine.flight(rid) as flight:
+            try:
+                yield flight
+            except asyncio.CancelledError:
+                self.stats.aborted += 1
+                raise
+            if flight.aborted and not flight.cut:
+                self.stats.aborted += 1
 
-    def _events(self, call: ChatCall, head: dict[str, Any], choices: list[Choice], version: int) -> list[Event]:
-        prompt = self._prompt(call)
-        usage = self._usage(call, choices, prompt) if call.include_usage else None
-        cfg = self.config
-        if call.capture.on and call.capture.dialect == "vllm":
-            return vllm_events(head, choices, prompt, usage, call.capture, cfg.ttft, cfg.per_token)
-        if call.capture.on:
-            return sglang_events(head, choices, usage, call.capture, cfg.ttft, cfg.per_token)
-        return self._plain_events(head, choices, usage)
-
-    def _plain_events(self, head: dict[str, Any], choices: list[Choice], usage: dict[str, int] | None) -> list[Event]:
-        """The plain (no token capture) chunks: for each choice a role chunk, a tool call's
-        opening, four pieces of text or arguments, a finish chunk; choices side by side."""
-        head = {**head, "object": "chat.completion.chunk"}
-        if usage is not None:
-            head["usage"] = None
-        per_choice = [self._choice_events(head, c) for c in choices]
-        events: list[Event] = []
-        for step in itertools.zip_longest(*per_choice):
-            present = [e for e in step if e is not None]
-            wait = max(w for w, _ in present)
-            events += [(wait if i == 0 else 0.0, chunk) for i, (_, chunk) in enumerate(present)]
-        if usage is not None:
-            events.append((0.0, {**head, "choices": [], "usage": usage}))
-        return events
-
-    def _choice_events(self, head: dict[str, Any], c: Choice) -> list[Event]:
-        """One choice's plain chunks; the waits add up to ``ttft + per_token * tokens``."""
-
-        def chunk(delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
-            return {**head, "choices": [{"index": c.index, "delta": delta, "logprobs": None, "finish_reason": reason}]}
-
-        events: list[Event] = [(self.config.ttft, chunk({"role": "assistant", "content": ""}))]
-        calls = c.message.get("tool_calls")
-        if calls:
-            call, fn = calls[0], calls[0]["function"]
-            opening = {"index": 0, "id": call["id"], "type": "function"}
-            opening["function"] = {"name": fn["name"], "arguments": ""}
-            events.append((0.0, chunk({"tool_calls": [opening]})))
-            text = fn["arguments"]
-        else:
-            text = c.message["content"]
-        per_char = self.config.per_token * c.tokens / max(1, len(text))
-        for piece in _pieces(text):
-            if calls:
-                delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
-            else:
-                delta = {"content": piece}
-            events.append((per_char * len(piece), chunk(delta)))
-        events.append((0.0, chunk({}, c.finish)))
-        return events
-
-    async def _stream(self, request: web.Request, events: list[Event], malformed: bool,
-                      version: int) -> web.StreamResponse:
-        """Send ``events`` as SSE, then ``[DONE]``; malformed: cut short in the second event."""
-        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", POLICY_HEADER: str(version)}
-        response = web.StreamResponse(headers=headers)
-        self.stats.by_status[200] += 1
-        await response.prepare(request)
-        pending: list[bytes] = []
+    async def run(self, flight: Flight, decoders: list[Decoder], emit: Any = None) -> bool:
+        """Decode ``decoders`` on the engine's clock (``decoding.produce``), counting the tokens;
+        ``emit``: a stream's writer. ``False``: aborted."""
         try:
-            for i, (wait, event) in enumerate(events):
-                if wait > 0:
-                    # Chunks due at the same moment go out in one write: fewer syscalls.
-                    if pending:
-                        await response.write(b"".join(pending))
-                        pending.clear()
-                    await asyncio.sleep(wait)
-                data = _encode(event)
-                if malformed and i == 1:
-                    # Cut the stream mid-event: no terminating blank line, no [DONE].
-                    pending.append(b"data: " + data[: len(data) // 2])
-                    break
-                pending.append(b"data: " + data + b"\n\n")
+            return await produce(self.engine, flight, decoders, self.config.ttft, self.config.per_token,
+                                 emit or _nothing, stream=emit is not None)
+        finally:
+            self.stats.tokens += sum(len(d.ids) - d.start for d in decoders)
+
+    async def _decode(self, request: web.Request, call: ChatCall, head: dict[str, Any], attempt: Attempt,
+                      prompt: list[int], flight: Flight) -> web.StreamResponse:
+        """A chat completion with token capture, decoded token by token (``decoding.py``)."""
+        admitted = self.policy_version
+        decoders = [Decoder(i, partial(self.plan, call, attempt.draw, i)) for i in range(call.n)]
+        if not call.stream:
+            await self.run(flight, decoders)
+            choices = [d.choice(admitted) for d in decoders]
+            version = max((d.versions[-1] for d in decoders if d.versions), default=admitted)
+            usage = self._usage(call, choices, prompt)
+            if call.capture.dialect == "vllm":
+                body = vllm_completion(head, choices, prompt, usage, call.capture)
             else:
-                pending.append(b"data: [DONE]\n\n")
-            await response.write(b"".join(pending))
-            await response.write_eof()
-        except ConnectionResetError:
-            pass  # The client went away (e.g. it timed out); nothing is left to tell it.
-        return response
+                latency = self.config.ttft + self.config.per_token * max(c.tokens for c in choices)
+                body = sglang_completion(head, choices, prompt, usage, call.capture, version, latency)
+            payload = _encode(body)
+            if attempt.fault == "malformed":
+                payload = payload[: len(payload) // 2]
+            return self._reply(200, payload, version)
+        sse = await SSE.open(request, {POLICY_HEADER: str(admitted)}, attempt.fault == "malformed")
+        self.stats.by_status[200] += 1
+        vllm = call.capture.dialect == "vllm"
+        finish = {d.index: d for d in decoders}
+
+        async def emit(tokens: list[Token]) -> None:
+            events = [] if sse.sent else [vllm_opening(head, d.index, prompt, call.capture) if vllm
+                                         else sglang_opening(head, d.index) for d in decoders]
+            for t in tokens:
+                events.append(vllm_token(head, t, finish[t.index].finish, call.capture) if vllm
+                              else sglang_token(head, t, call.capture))
+            if not await sse.send([e for e in events if e is not None]):
+                flight.aborted, flight.cut = True, sse.cut  # nothing more reaches the client
+
+        await self.run(flight, decoders, emit)
+        if vllm:
+            events = [vllm_abort(head, d.index, call.capture) for d in decoders if d.finish == "abort"]
+        else:
+            events = [sglang_end(head, d.index, d.finish or "abort", len(d.ids)) for d in decoders]
+        if call.include_usage:
+            usage = self._usage(call, [d.choice(admitted) for d in decoders], prompt)
+            events.append(usage_chunk(head, usage if vllm else
+                                      {**usage, "prompt_tokens_details": None, "reasoning_tokens": 0}))
+        await sse.send(events)
+        await sse.close()
+        return sse.response
+
+    async def _plain(self, request: web.Request, call: ChatCall, head: dict[str, Any], attempt: Attempt,
+                     flight: Flight) -> web.StreamResponse:
+        """A chat completion without token capture: fixed when admitted, the text in pieces."""
+        version = self.policy_version
+        choices = [choose(call, self.config, attempt.draw, i, version) for i in range(call.n)]
+        if call.stream:
+            return await self._stream(request, call, head, choices, flight, attempt.fault == "malformed")
+        latency = self.config.ttft + self.config.per_token * max(c.tokens for c in choices)
+        if not await flight.spend(latency):
+            choices = [replace(c, message={"role": "assistant", "content": ""}, finish="abort") for c in choices]
+        out = [{"index": c.index, "message": c.message, "logprobs": None, "finish_reason": c.finish} for c in choices]
+        body = {**head, "object": "chat.completion", "choices": out, "usage": self._usage(call, choices, [])}
+        payload = _encode(body)
+        if attempt.fault == "malformed":
+            payload = payload[: len(payload) // 2]
+        return self._reply(200, payload, version)
+
+    async def _stream(self, request: web.Request, call: ChatCall, head: dict[str, Any], choices: list[Choice],
+                      flight: Flight, malformed: bool) -> web.StreamResponse:
+        """Send the plain chunks as SSE on the engine's clock, then ``[DONE]``; an abort ends
+        every choice with an ``"abort"`` chunk."""
+        sse = await SSE.open(request, {POLICY_HEADER: str(self.policy_version)}, malformed)
+        self.stats.by_status[200] += 1
+        usage = self._usage(call, choices, []) if call.include_usage else None
+        pending: list[Any] = []
+        for wait, event in plain_events(head, choices, usage, self.config.ttft, self.config.per_token):
+            if wait > 0:
+                # Chunks due at the same moment go out in one write: fewer syscalls.
+                if not await sse.send(pending):
+                    break
+                pending = []
+                if not await flight.spend(wait):
+                    pending = [vllm_abort(head, c.index, call.capture) for c in choices]
+                    break
+            pending.append(event)
+        await sse.send(pending)
+        await sse.close()
+        return sse.response
+
+
+async def _nothing(tokens: list[Token]) -> None:
+    return None
 

@@ -22,16 +22,22 @@ chunk after the generation prompt, so re-rendering a previous assistant turn mer
 header's last chunk (``"t\\n"``) with the first characters of the body: the prefix property
 breaks at the last token of the previous prompt, where the assistant turn begins. (No merge
 happens when the body is empty or starts with a non-ASCII character or a special token.)
+
+:func:`parse` reads a rendering back (drifted or not: it works on the text): the messages and
+tools, and the completion so far (the ids after the last generation prompt), so the server can
+continue a completion it is given as token ids.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from typing import Any
 
-from .tokenizer import IM_END, IM_START, encode
+from .tokenizer import IM_END, IM_START, SPECIAL_TOKENS, decode, encode
 
-__all__ = ["body", "render", "text_of", "tool_call_text"]
+__all__ = ["Parsed", "body", "parse", "render", "text_of", "tool_call_text"]
 
 GENERATION_HEADER = "assistant\n"
 TOOLS_PREAMBLE = "# Tools\nYou may call one or more functions. Function signatures:\n<tools>"
@@ -93,3 +99,70 @@ def render(messages: list[dict[str, Any]], tools: list[Any] | None = None, *, dr
         role = message.get("role")
         ids += _turn(f"{role if isinstance(role, str) else ''}\n", body(message), drift)
     return [*ids, IM_START, *encode(GENERATION_HEADER)]
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A prompt read back: its conversation and the completion begun after it."""
+
+    messages: list[dict[str, Any]]
+    tools: list[Any] | None
+    completion: list[int]
+    """The ids after the last generation prompt (``[]`` when the prompt ends with it or has none)."""
+
+
+_TURN = re.compile(re.escape(SPECIAL_TOKENS[IM_START]) + r"([^\n]*)\n(.*?)" + re.escape(SPECIAL_TOKENS[IM_END]) + r"\n",
+                   re.DOTALL)
+_CALL = re.compile(r'\n<tool_call>\{"name": "(.*?)", "arguments": (.*?)\}</tool_call>', re.DOTALL)
+
+
+def _split(ids: list[int]) -> tuple[list[int], list[int]]:
+    """``(conversation, completion)``: the ids before and after the last generation prompt
+    (no generation prompt: all conversation)."""
+    header = [IM_START, *encode(GENERATION_HEADER)]
+    for i in range(len(ids) - len(header), -1, -1):
+        if ids[i : i + len(header)] == header:
+            return ids[:i], ids[i + len(header) :]
+    return ids, []
+
+
+def _tools(system: str) -> tuple[str | None, list[Any] | None]:
+    """The system content and the tools listed in a system turn's body."""
+    at = system.find(TOOLS_PREAMBLE)
+    end = system.rfind(TOOLS_EPILOGUE)
+    if at < 0 or end < at:
+        return system, None
+    tools = []
+    for line in system[at + len(TOOLS_PREAMBLE) : end].split("\n")[1:]:
+        try:
+            tools.append(json.loads(line))
+        except ValueError:
+            continue  # not a rendering of ours: the prompt was written by hand
+    return (system[: at - 2] if at else None), tools
+
+
+def _assistant(text: str, calls_before: int) -> dict[str, Any]:
+    cut = text.find("\n<tool_call>")
+    if cut < 0:
+        return {"role": "assistant", "content": text}
+    calls = [{"id": f"call_{calls_before + i}", "type": "function", "function": {"name": name, "arguments": args}}
+             for i, (name, args) in enumerate(_CALL.findall(text[cut:]))]
+    return {"role": "assistant", "content": text[:cut] or None, "tool_calls": calls}
+
+
+def parse(ids: list[int]) -> Parsed:
+    """The conversation, tools and completion of prompt ids (the inverse of :func:`render`)."""
+    conversation, completion = _split(ids)
+    turns = _TURN.findall(decode(conversation))
+    messages: list[dict[str, Any]] = []
+    tools = None
+    for i, (role, text) in enumerate(turns):
+        if role == "system" and i == 0:
+            content, tools = _tools(text)
+            if content is not None:
+                messages.append({"role": "system", "content": content})
+        elif role == "assistant":
+            messages.append(_assistant(text, sum(len(m.get("tool_calls", ())) for m in messages)))
+        else:
+            messages.append({"role": role, "content": text})
+    return Parsed(messages, tools, completion)

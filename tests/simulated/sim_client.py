@@ -38,6 +38,34 @@ def serve(body: Callable[[SimulatedModelServer, Client], Awaitable[Any]], **conf
     return asyncio.run(main())
 
 
+def run(body: Callable[[SimulatedModelServer, aiohttp.ClientSession, str], Awaitable[Any]], **config: Any) -> Any:
+    """``body(server, session, root URL)`` against a fresh server with ``ttft=0`` and ``config``."""
+
+    async def main() -> Any:
+        async with SimulatedModelServer(SimulatedModelConfig(**{"ttft": 0, **config})) as server:
+            async with aiohttp.ClientSession() as session:
+                assert server.base_url is not None
+                return await body(server, session, server.base_url.removesuffix("/v1"))
+
+    return asyncio.run(main())
+
+
+async def call(session: aiohttp.ClientSession, method: str, url: str, **kwargs: Any) -> tuple[int, Any]:
+    """``(status, JSON body, SSE payloads or raw bytes)`` of one request."""
+    async with session.request(method, url, **kwargs) as resp:
+        raw = await resp.read()
+    if raw.startswith(b"data: "):
+        return resp.status, events(raw)
+    return resp.status, json.loads(raw) if raw and resp.content_type == "application/json" else raw
+
+
+async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Wait (bounded) until ``condition()`` holds."""
+    async with asyncio.timeout(seconds):
+        while not condition():
+            await asyncio.sleep(0.002)
+
+
 def ask(payload: Any, **config: Any) -> tuple[int, Any]:
     """One request to a fresh server: ``(status, JSON body or SSE payloads)``."""
 
@@ -52,6 +80,7 @@ def events(raw: bytes) -> list[Any]:
     """The SSE ``data:`` payloads of ``raw``, decoded (``[DONE]`` stays a string)."""
     out = []
     for block in raw.decode().split("\n\n"):
+        block = block.strip("\n")
         if block:
             assert block.startswith("data: "), block
             data = block[len("data: ") :]

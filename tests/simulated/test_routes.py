@@ -64,16 +64,19 @@ def test_the_admin_route_refuses_anything_but_a_version(bad: Any) -> None:
     assert run(body) == (400, "version")
 
 
-def test_an_answer_carries_the_version_it_was_sampled_under() -> None:
+def test_an_answer_carries_the_version_its_tokens_were_produced_under() -> None:
+    """A version loaded while the request waits out its ttft is the one that writes it: the
+    JSON answer (whose headers go last) says so everywhere."""
+
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
         payload = {**QUESTION, "return_meta_info": True}
         held = asyncio.create_task(call(session, "POST", f"{root}/v1/chat/completions", json=payload))
-        while server.stats.requests == 0:  # arrived: it is now waiting out its ttft
+        while not server.engine.flights:  # admitted: it is now waiting out its ttft
             await asyncio.sleep(0.001)
         server.policy_version = 2
         _, version, data = await held
-        assert version == "1" and data["metadata"] == {"weight_version": "1"}
-        assert data["choices"][0]["meta_info"]["weight_version"] == "1"
+        assert version == "2" and data["metadata"] == {"weight_version": "2"}
+        assert data["choices"][0]["meta_info"]["weight_version"] == "2"
 
     run(body, ttft=0.2, policy_version=1)
 
@@ -94,3 +97,23 @@ def test_vllm_serves_version_and_sglang_serves_model_info() -> None:
 
     run(vllm)
     run(sglang, dialect="sglang", model_name="sim")
+
+
+def test_each_dialect_loads_a_version_by_its_own_route_and_reports_it() -> None:
+    async def vllm(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
+        reload = {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/3"}}  # vLLM's, a no-op here
+        assert await call(session, "POST", f"{root}/collective_rpc", json=reload) == (200, "0", {"results": [None]})
+        assert (await call(session, "POST", f"{root}/collective_rpc", json={"method": "sleep"}))[0] == 400
+        assert await call(session, "POST", f"{root}/update_weight_version", json={"new_version": "3"}) == (
+            200, "3", {"success": True, "new_version": "3"})
+        assert await call(session, "GET", f"{root}/weight_info") == (200, "3", {"weight_version": "3"})
+        assert (await call(session, "POST", f"{root}/update_weights_from_disk", json={}))[0] == 404
+
+    async def sglang(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
+        assert await call(session, "POST", f"{root}/update_weight_version", json={"new_version": "4"}) == (
+            200, "4", {"success": True, "message": "Weight version updated to 4", "new_version": "4"})
+        assert (await call(session, "GET", f"{root}/model_info"))[2]["weight_version"] == "4"
+        assert (await call(session, "GET", f"{root}/weight_info"))[0] == 404
+
+    run(vllm)
+    run(sglang, dialect="sglang")

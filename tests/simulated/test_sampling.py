@@ -9,11 +9,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sim_client import Client, ask, assemble, events, serve, user
 
 from rollout_ray._simulated.completion import Draw, choose, error_probability
 from rollout_ray._simulated.config import SimulatedModelConfig
 from rollout_ray._simulated.dialects import sglang_events, vllm_events
+from rollout_ray._simulated.logprobs import Scorer, score
 from rollout_ray._simulated.request import parse
 from rollout_ray._simulated.server import SimulatedModelServer
 from rollout_ray._simulated.tokenizer import encode
@@ -188,3 +191,14 @@ def test_token_capture_streams_in_real_time() -> None:
     elapsed, chunks = asyncio.run(main())
     assert chunks == 1 + 5 + 1  # role, one per token, [DONE]
     assert 0.07 <= elapsed < 30  # paced by the latency; the upper bound only guards a hang
+
+
+@settings(max_examples=50, deadline=None)
+@given(sampled=st.lists(st.integers(16, 400), max_size=12), greedy=st.lists(st.integers(16, 400), max_size=12),
+       cut=st.integers(0, 12))
+def test_scores_are_causal_so_a_scorer_can_take_over_a_completion_midway(sampled: list[int], greedy: list[int],
+                                                                         cut: int) -> None:
+    whole = score(sampled, greedy, b"material")
+    assert score(sampled[:cut], greedy, b"material") == whole[:cut]
+    scorer = Scorer(greedy, b"material", sampled[:cut])
+    assert [scorer.next(t) for t in sampled[cut:]] == whole[cut:]

@@ -1,4 +1,5 @@
-"""The chat template: the prefix property across turns, and its break in template-drift mode."""
+"""The chat template: the prefix property across turns, its break in template-drift mode, and
+reading a rendering back (``parse``)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,13 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from sim_client import Client, serve
+from sim_client import Client, serve, user
 
 from rollout_ray._simulated.server import SimulatedModelServer
-from rollout_ray._simulated.template import body, render
-from rollout_ray._simulated.tokenizer import IM_END, IM_START, decode, encode
+from rollout_ray._simulated.template import Parsed, body, parse, render, text_of
+from rollout_ray._simulated.tokenizer import IM_END, IM_START, SPECIAL_TOKENS, decode, encode
 
 ADD_TOOL = {"type": "function", "function": {"name": "add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
@@ -117,3 +118,38 @@ def test_template_drift_breaks_the_prefix_exactly_where_the_assistant_turn_begin
             assert decode(later).startswith(decode(sampled))  # the text is the same, the ids are not
 
     serve(body_, template_drift=True)
+
+
+def _canonical(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A conversation as the template keeps it: roles, content, calls' names and arguments."""
+    out = []
+    for m in messages:
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in m.get("tool_calls") or ()]
+        out.append({"role": m["role"], "content": m.get("content") or None, "calls": calls})
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(turns=st.lists(st.tuples(st.lists(OTHER.filter(lambda m: m["role"] != "system"), min_size=1, max_size=2),
+                                ASSISTANT), min_size=1, max_size=3),
+       system=st.none() | WORDS, tools=st.none() | st.just([ADD_TOOL]), drift=st.booleans(),
+       completion=st.lists(st.integers(16, 300), max_size=5))
+def test_parse_reads_a_rendering_back_with_the_completion_after_it(
+        turns: list[tuple[list[dict[str, Any]], dict[str, Any]]], system: str | None, tools: Any, drift: bool,
+        completion: list[int]) -> None:
+    messages: list[dict[str, Any]] = [] if system is None else [{"role": "system", "content": system}]
+    for others, assistant in turns:
+        messages += [*others, assistant]
+    messages.append({"role": "user", "content": "next"})
+    texts = [text_of(m.get("content")) for m in messages] + [json.dumps(tools)]
+    assume(not any(special in t for t in texts for special in SPECIAL_TOKENS))  # ambiguous in any ChatML
+    assume(not any("<tool_call>" in t or "# Tools" in t for t in texts))
+    parsed = parse(render(messages, tools, drift=drift) + completion)
+    assert parsed.completion == completion and parsed.tools == tools
+    assert _canonical(parsed.messages) == _canonical(messages)
+
+
+def test_parse_of_ids_without_a_generation_prompt_is_all_conversation() -> None:
+    ids = render(user("hi"))
+    assert parse(ids) == parse(ids[:-4]) == Parsed(user("hi"), None, [])  # with and without one
+    assert parse(ids[:3]) == parse([]) == Parsed([], None, [])  # a turn never closed reads as nothing

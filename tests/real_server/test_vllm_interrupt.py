@@ -1,0 +1,265 @@
+"""Interrupting generation on a real vLLM 0.32 (its CPU build, the tiny model of
+``scripts/vllm_cpu/``), at the HTTP level: what a proxy can rely on to abort a model call,
+keep what it sampled, load new weights into the running server, and continue the call.
+
+The server (``conftest.vllm_dev``) runs with ``VLLM_SERVER_DEV_MODE=1`` (the ``/pause``,
+``/resume``, ``/abort_requests``, ``/collective_rpc``, ``/update_weight_version`` routes) and
+``--enable-scale-out`` (the token-in route ``/inference/v1/generate``). Teacher-forced logprobs
+are ``/v1/completions`` with ``prompt_logprobs`` over the whole sequence (``Server.score``).
+Checkpoint A is served; checkpoint B (another seed: other weights, the same tokenizer) is
+loaded by ``/collective_rpc`` ``reload_weights`` and labelled by ``/update_weight_version``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+from vllm_server import NAME, DevServer, get, post
+
+pytestmark = [pytest.mark.real_server, pytest.mark.timeout(900)]
+
+LONG = 1500
+"""``max_tokens`` of a generation that lasts seconds on 2 cores (with ``ignore_eos``): long
+enough to stop midway."""
+SAMPLED = {"temperature": 1.0, "seed": 5, "ignore_eos": True}
+CHAT = {"model": NAME, "messages": [{"role": "user", "content": "Count to a thousand."}], "max_tokens": LONG,
+        "logprobs": True, "return_token_ids": True, "stream": True, **SAMPLED}
+TOLERANCE = 1e-4
+"""Sampled and teacher-forced logprobs agree to float32 noise (0.0 to 1e-6 measured)."""
+
+
+@pytest.fixture(autouse=True)
+def at_a(vllm_dev: DevServer) -> Iterator[None]:
+    """Every test starts on checkpoint A, labelled "0", not paused."""
+    vllm_dev.load(vllm_dev.a, "0")
+    yield
+
+
+def metric(server: DevServer, name: str) -> float:
+    """A counter or gauge of ``/metrics`` (``name`` with its labels as vLLM prints them)."""
+    text = get(server.root + "/metrics")[1].decode()
+    match = re.search(rf"^{re.escape(name)}\S* ([0-9.e+]+)$", text, re.MULTILINE)
+    assert match, name
+    return float(match.group(1))
+
+
+def finished(server: DevServer, reason: str) -> float:
+    """How many requests finished for ``reason`` (an abort by ``/pause?mode=abort`` counts, one by
+    ``/abort_requests`` or by a closed connection does not)."""
+    return metric(server, f'vllm:request_success_total{{engine="0",finished_reason="{reason}"')
+
+
+async def until(condition: Any, seconds: float = 30.0) -> None:
+    async with asyncio.timeout(seconds):
+        while not condition():
+            await asyncio.sleep(0.05)
+
+
+class Stream:
+    """One SSE answer, read chunk by chunk: what it has sampled so far."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.resp = resp
+        self.chunks: list[dict[str, Any]] = []
+        self.prompt: list[int] = []
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.done = False
+
+    async def read(self, tokens: int | None = None) -> Stream:
+        """Read until ``tokens`` tokens came (``None``: to the end)."""
+        while not self.done and (tokens is None or len(self.ids) < tokens):
+            line = await self.resp.content.readline()
+            if not line:
+                raise AssertionError(f"the stream ended without [DONE] after {self.chunks[-1:]}")
+            if line.strip() == b"data: [DONE]":
+                self.done = True
+            elif line.startswith(b"data: "):
+                chunk = json.loads(line[6:])
+                self.chunks.append(chunk)
+                self.prompt = chunk.get("prompt_token_ids") or self.prompt
+                for choice in chunk["choices"]:
+                    self.ids += choice.get("token_ids") or []
+                    content = (choice.get("logprobs") or {}).get("content") or []
+                    self.logprobs += [e["logprob"] for e in content]
+        return self
+
+    @property
+    def last(self) -> dict[str, Any]:
+        return self.chunks[-1]["choices"][0]
+
+
+async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], tokens: int,
+                 request_id: str | None = None) -> Stream:
+    headers = {"X-Request-Id": request_id} if request_id else {}
+    resp = await session.post(url, json=body, headers=headers)
+    assert resp.status == 200, await resp.text()
+    return await Stream(resp).read(tokens)
+
+
+def close(got: list[float], expected: list[float]) -> bool:
+    return len(got) == len(expected) and all(abs(a - b) <= TOLERANCE for a, b in zip(got, expected))
+
+
+def test_closing_the_stream_aborts_the_request_at_the_server(vllm_dev: DevServer) -> None:
+    async def main() -> None:
+        tokens, done = metric(vllm_dev, "vllm:generation_tokens_total"), finished(vllm_dev, "length")
+        async with aiohttp.ClientSession() as session:
+            answer = await stream(session, vllm_dev.base_url + "/chat/completions", CHAT, 5)
+            answer.resp.close()
+        await until(lambda: metric(vllm_dev, "vllm:num_requests_running") == 0)
+        assert metric(vllm_dev, "vllm:generation_tokens_total") - tokens < LONG  # it stopped, unfinished
+        assert finished(vllm_dev, "length") == done
+
+    asyncio.run(main())
+
+
+def test_abort_requests_ends_the_answer_with_abort_and_keeps_what_was_sampled(vllm_dev: DevServer) -> None:
+    """``POST /abort_requests {"request_ids": ["chatcmpl-<X-Request-Id>"]}``: a stream ends with
+    a chunk of no token and ``finish_reason: "abort"``; a JSON answer comes back whole, with
+    the ids and logprobs sampled so far. Those are the model's own (teacher-forced)."""
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            answer = await stream(session, vllm_dev.base_url + "/chat/completions", CHAT, 5, "t-sse")
+            assert post(vllm_dev.root + "/abort_requests", {"request_ids": ["chatcmpl-t-sse"]}) == {
+                "status": "aborted", "aborted": 1}
+            await answer.read()
+            assert answer.chunks[0]["id"] == "chatcmpl-t-sse"
+            # The abort chunk: {"delta": {}, "logprobs": {"content": []}, "finish_reason": "abort",
+            # "stop_reason": null, "token_ids": []} (a token sampled in the same step may ride on it).
+            last = answer.last
+            assert (last["finish_reason"], last["stop_reason"]) == ("abort", None), answer.chunks[-2:]
+            assert len(last["token_ids"]) == len(last["logprobs"]["content"]) <= 1
+            assert 5 <= len(answer.ids) == len(answer.logprobs) < LONG
+            assert close(answer.logprobs, vllm_dev.score(answer.prompt, answer.ids))
+
+            json_answer = asyncio.create_task(session.post(vllm_dev.base_url + "/chat/completions",
+                                                           json={**CHAT, "stream": False, "request_id": "t-json"}))
+            await until(lambda: metric(vllm_dev, "vllm:num_requests_running") == 1)
+            post(vllm_dev.root + "/abort_requests", {"request_ids": ["chatcmpl-t-json"]})
+            async with await json_answer as resp:
+                data = await resp.json()
+        (choice,) = data["choices"]
+        assert (data["id"], choice["finish_reason"]) == ("chatcmpl-t-json", "abort")
+        ids, logprobs = choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
+        assert 0 < len(ids) == len(logprobs) == data["usage"]["completion_tokens"] < LONG
+        assert close(logprobs, vllm_dev.score(data["prompt_token_ids"], ids))
+
+    asyncio.run(main())
+
+
+def test_pause_abort_aborts_what_runs_and_holds_what_comes_until_resume(vllm_dev: DevServer) -> None:
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            answer = await stream(session, vllm_dev.base_url + "/chat/completions", CHAT, 5)
+            assert post(vllm_dev.root + "/pause?mode=abort") == {"status": "paused"}
+            await answer.read()
+            assert answer.last["finish_reason"] == "abort" and len(answer.ids) < LONG
+            assert json.loads(get(vllm_dev.root + "/is_paused")[1]) == {"is_paused": True}
+            later = asyncio.create_task(session.post(vllm_dev.base_url + "/chat/completions",
+                                                     json={**CHAT, "stream": False, "max_tokens": 3}))
+            await asyncio.sleep(1.0)  # nothing to wait for: it must not happen
+            assert not later.done()
+            assert post(vllm_dev.root + "/resume") == {"status": "resumed"}
+            async with await later as resp:
+                data = await resp.json()
+        assert data["choices"][0]["finish_reason"] == "length" and len(data["choices"][0]["token_ids"]) == 3
+        assert json.loads(get(vllm_dev.root + "/is_paused")[1]) == {"is_paused": False}
+
+    asyncio.run(main())
+
+
+def test_prompt_ids_plus_the_ids_sampled_so_far_continue_the_completion(vllm_dev: DevServer) -> None:
+    """The token-in route continues a completion given as one prompt (the chat completion's
+    ``prompt_token_ids`` + its ``token_ids`` so far): greedy, exactly the uninterrupted
+    completion; sampled, tokens the model scores as it samples them. ``/v1/completions`` with
+    a list of ids does it too, without the versions."""
+    chat = {**CHAT, "stream": False, "max_tokens": 40, "temperature": 0.0}
+    data = post(vllm_dev.base_url + "/chat/completions", chat)
+    prompt, ids = data["prompt_token_ids"], data["choices"][0]["token_ids"]
+    logprobs = [e["logprob"] for e in data["choices"][0]["logprobs"]["content"]]
+    for k in (1, 17, 39):
+        rest = post(vllm_dev.root + "/inference/v1/generate", {
+            "token_ids": prompt + ids[:k], "return_token_ids": True,
+            "sampling_params": {"max_tokens": 40 - k, "temperature": 0.0, "logprobs": 0, "ignore_eos": True}})
+        (choice,) = rest["choices"]
+        assert rest["prompt_token_ids"] == prompt + ids[:k] and rest["request_id"].startswith("generate-tokens-")
+        assert choice["token_ids"] == ids[k:] and choice["finish_reason"] == "length"
+        assert close([e["logprob"] for e in choice["logprobs"]["content"]], logprobs[k:])
+        assert choice["weight_versions"] == [{"version": "0", "start": 0, "end": 40 - k}]
+        text = post(vllm_dev.base_url + "/completions", {
+            "model": NAME, "prompt": prompt + ids[:k], "max_tokens": 40 - k, "temperature": 0.0, "logprobs": 0,
+            "return_token_ids": True, "ignore_eos": True})
+        assert text["choices"][0]["token_ids"] == ids[k:]
+        assert close(text["choices"][0]["logprobs"]["token_logprobs"], logprobs[k:])
+    sampled = post(vllm_dev.root + "/inference/v1/generate", {
+        "token_ids": prompt + ids[:5], "sampling_params": {"max_tokens": 30, "logprobs": 0, **SAMPLED}})
+    (choice,) = sampled["choices"]
+    assert close([e["logprob"] for e in choice["logprobs"]["content"]],
+                 vllm_dev.score(prompt + ids[:5], choice["token_ids"]))
+
+
+def test_a_second_checkpoint_loads_midway_and_the_call_continues_under_it(vllm_dev: DevServer) -> None:
+    """Issue 22's switch: a call samples under A; ``/pause?mode=abort`` stops it (its tokens
+    kept); B is loaded into the running server (``reload_weights``, no restart) and labelled
+    "1"; after ``/resume`` the call continues from its prompt and tokens. The tokens before
+    the switch are A's (A's teacher-forced logprobs), those after are B's."""
+
+    async def main() -> Stream:
+        async with aiohttp.ClientSession() as session:
+            answer = await stream(session, vllm_dev.base_url + "/chat/completions", CHAT, 5)
+            post(vllm_dev.root + "/pause?mode=abort")
+            return await answer.read()
+
+    before = asyncio.run(main())
+    assert before.last["finish_reason"] == "abort"
+    vllm_dev.reload(vllm_dev.b)
+    post(vllm_dev.root + "/update_weight_version", {"new_version": "1"})
+    assert post(vllm_dev.root + "/resume") == {"status": "resumed"}
+    assert json.loads(get(vllm_dev.root + "/weight_info")[1]) == {"weight_version": "1"}
+    rest = post(vllm_dev.root + "/inference/v1/generate", {
+        "token_ids": before.prompt + before.ids, "sampling_params": {"max_tokens": 50, "logprobs": 0, **SAMPLED}})
+    (choice,) = rest["choices"]
+    after, after_logprobs = choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
+    assert choice["weight_versions"] == [{"version": "1", "start": 0, "end": 50}]
+    assert close(after_logprobs, vllm_dev.score(before.prompt + before.ids, after))  # B's
+    assert not close(before.logprobs, vllm_dev.score(before.prompt, before.ids))  # not B's
+    vllm_dev.load(vllm_dev.a, "0")
+    assert close(before.logprobs, vllm_dev.score(before.prompt, before.ids))  # A's
+    assert not close(after_logprobs, vllm_dev.score(before.prompt + before.ids, after))  # not A's
+
+
+def test_pause_keep_then_a_reload_continues_the_calls_in_flight_under_the_new_weights(vllm_dev: DevServer) -> None:
+    """``/pause?mode=keep`` freezes the calls in flight; reload B; ``/resume``: they go on
+    without being sent again, and the token-in route's ``weight_versions`` says which tokens
+    each version sampled. On this CPU build the tokens after the switch score as B's, before
+    as A's (the frozen requests' cache is recomputed: measured, not a documented promise)."""
+
+    async def main() -> Stream:
+        async with aiohttp.ClientSession() as session:
+            body = {"token_ids": [1, 2942, 624, 813, 201], "stream": True,
+                    "sampling_params": {"max_tokens": LONG, "logprobs": 0, **SAMPLED}}
+            answer = await stream(session, vllm_dev.root + "/inference/v1/generate", body, 5)
+            assert post(vllm_dev.root + "/pause?mode=keep") == {"status": "paused"}
+            vllm_dev.reload(vllm_dev.b)
+            post(vllm_dev.root + "/update_weight_version", {"new_version": "1"})
+            post(vllm_dev.root + "/resume")
+            return await answer.read()
+
+    answer = asyncio.run(main())
+    assert answer.last["finish_reason"] == "length" and len(answer.ids) == LONG
+    spans = answer.last["weight_versions"]
+    cut = spans[0]["end"]
+    assert spans == [{"version": "0", "start": 0, "end": cut}, {"version": "1", "start": cut, "end": LONG}]
+    prompt = [1, 2942, 624, 813, 201]
+    post(vllm_dev.root + "/reset_prefix_cache")  # score B from B's own cache, not the frozen A blocks
+    assert close(answer.logprobs[cut:], vllm_dev.score(prompt + answer.ids[:cut], answer.ids[cut:]))
+    vllm_dev.load(vllm_dev.a, "0")
+    assert close(answer.logprobs[:cut], vllm_dev.score(prompt, answer.ids[:cut]))
