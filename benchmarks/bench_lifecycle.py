@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 
 from rollout_ray import ChatHarness  # noqa: E402
 from rollout_ray._cli.taskset import load_taskset  # noqa: E402
-from rollout_ray._core.collector import tune_for_rollouts  # noqa: E402
-from rollout_ray._core.executor import RolloutSpec  # noqa: E402
-from rollout_ray._core.host import RolloutHost  # noqa: E402
 from rollout_ray._core.interception import LocalInterception  # noqa: E402
+from rollout_ray._hosting.executor import RolloutSpec  # noqa: E402
+from rollout_ray._hosting.gc_tuning import tune_for_rollouts  # noqa: E402
+from rollout_ray._hosting.host import RolloutHost  # noqa: E402
 from rollout_ray._ray.remote_runtime import RemoteRuntime  # noqa: E402
 from rollout_ray._record.messages import Request, Response, UserMessage  # noqa: E402
 from rollout_ray.testing import ScriptedModel  # noqa: E402

@@ -74,7 +74,7 @@ from ._core.runtime import Runtime as Runtime
 from ._runtimes.local import LocalRuntime as LocalRuntime
 from ._runtimes.sandbox import SandboxRuntime as SandboxRuntime
 from ._core.rollout import Rollout as Rollout
-from ._core.executor import RolloutSpec as RolloutSpec
+from ._hosting.executor import RolloutSpec as RolloutSpec
 from ._harnesses.chat import ChatHarness as ChatHarness
 from ._harnesses.program import ProgramHarness as ProgramHarness
 from ._core.toolset import Toolset as Toolset
@@ -83,7 +83,7 @@ from ._serving.tool_server import ToolServer as ToolServer
 from ._simulated.config import SimulatedModelConfig as SimulatedModelConfig
 
 # The driver, Arrow and the env-level finalize: loaded on first access (below).
-from ._core.executor import Executor as Executor
+from ._hosting.executor import Executor as Executor
 
 # Errors
 from ._errors import CorruptManifest as CorruptManifest
@@ -119,7 +119,7 @@ _LAZY = {
     "Group": "._driver.driver",
     "Progress": "._driver.driver",
     "RunResult": "._driver.driver",
-    "LocalExecutor": "._driver.local_executor",
+    "LocalExecutor": "._hosting.local_executor",
     "TRACE_SCHEMA": "._record.arrow",
     "RolloutRecord": "._record.arrow",
     "records_to_table": "._record.arrow",

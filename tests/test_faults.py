@@ -44,11 +44,11 @@ from rollout_ray import (
     Trace,
     tool,
 )
-from rollout_ray._core.executor import Executor, RolloutSpec
 from rollout_ray._driver.driver import Driver, EvalConfig
-from rollout_ray._driver.local_executor import LocalExecutor
 from rollout_ray._errors import CorruptShard, InfrastructureLost
 from rollout_ray._harnesses.program import ProgramHarness
+from rollout_ray._hosting.executor import Executor, RolloutSpec
+from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray._record.arrow import table_to_traces
 from rollout_ray._record.messages import Request, UserMessage
 from rollout_ray._record.store import read_manifest, read_run, shard_paths

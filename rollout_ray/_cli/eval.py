@@ -17,13 +17,11 @@ from typing import Any
 import pyarrow.compute as pc
 from pydantic import ValidationError
 
-from .._core.executor import Executor
 from .._core.harness import Harness
 from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
 from .._driver.driver import Driver, EvalConfig, RunResult
-from .._driver.local_executor import LocalExecutor
 from .._errors import (
     CorruptManifest,
     CorruptShard,
@@ -34,6 +32,8 @@ from .._errors import (
     RunInUse,
     TasksetError,
 )
+from .._hosting.executor import Executor
+from .._hosting.local_executor import LocalExecutor
 from .._record.store import stored_outcomes
 from .._runtimes.host import runtime_kind
 from .._serving.upstream import OpenAIModel

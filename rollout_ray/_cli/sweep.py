@@ -37,10 +37,10 @@ import pyarrow as pa
 import pyarrow.csv
 import pyarrow.parquet as pq
 
-from .._core.executor import Executor
 from .._driver.driver import EvalConfig, RunResult, group_id_of
 from .._driver.run_dir import changed_settings as _changed
 from .._driver.run_dir import stored_results
+from .._hosting.executor import Executor
 from .._record.store import done_keys, read_manifest
 from .comparison import comparison_row, comparison_table, format_comparison, plot_comparison
 from .eval import (

@@ -36,13 +36,13 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from .._core.aio import unwrapped
-from .._core.collector import tuned_for_rollouts
-from .._core.executor import Executor, RolloutSpec
 from .._core.harness import Harness
 from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
 from .._errors import InfrastructureLost, ProviderError, ResumeMismatch, error_class
+from .._hosting.executor import Executor, RolloutSpec
+from .._hosting.gc_tuning import tuned_for_rollouts
 from .._record.arrow import RolloutRecord, warm_arrow
 from .._record.store import read_groups, read_run
 from .._record.trace import AgentInfo, Timing, Trace

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from .._core.executor import Executor
+from .._hosting.executor import Executor
 
 
 class PolicyOwner:

@@ -16,8 +16,8 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .._core.executor import Executor, RolloutSpec
 from .._errors import InfrastructureLost
+from .._hosting.executor import Executor, RolloutSpec
 from .._record.trace import Trace
 from .._runtimes.host import runtime_kind
 from .calls import SHUTDOWN_GRACE, call

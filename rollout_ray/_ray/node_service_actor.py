@@ -5,7 +5,7 @@ Ray if its process dies) runs ``NodeServices``: every rollout actor of the node 
 its rollouts' sessions and toolsets there, and their programs talk to it over loopback.
 ``RayInterception`` and ``RayToolServer`` are the rollout actor's side: registrations
 travel as shipments (each class and model once) in coalesced batches, and what the node's
-copy of a trace added comes back through ``_core/trace_sync``.
+copy of a trace added comes back through ``_hosting/trace_sync``.
 
 It heals: a rollout actor renews its lease every ``LEASE_SECONDS / 3``; the actor reaps
 what an owner whose lease ran out left behind. A call to a services actor that died or does
@@ -32,16 +32,16 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .._core.collector import tune_for_rollouts
 from .._core.interception import ChatClient, Interception, Slot
 from .._core.policy import PolicyControl, process_policy
 from .._core.runtime import Runtime
 from .._core.session import RolloutSession
 from .._core.toolset import Toolset
-from .._core.trace_sync import Cursor, SessionDelta, SessionSpec, apply_delta
 from .._errors import InfrastructureLost
+from .._hosting.gc_tuning import tune_for_rollouts
+from .._hosting.node_services import NodeServices, lost_session
+from .._hosting.trace_sync import Cursor, SessionDelta, SessionSpec, apply_delta
 from .._record.messages import Request
-from .._serving.node_services import NodeServices, lost_session
 from .calls import NAMESPACE, SHUTDOWN_GRACE, call, stop_actor
 from .coalesce import Coalescer
 from .shipment import Depot, Shipper, deliver

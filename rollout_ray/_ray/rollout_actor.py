@@ -23,15 +23,15 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .._core.collector import tune_for_rollouts
-from .._core.executor import RolloutSpec
-from .._core.host import RolloutHost
 from .._core.policy import process_policy
 from .._errors import InfrastructureLost
+from .._hosting.executor import RolloutSpec
+from .._hosting.gc_tuning import tune_for_rollouts
+from .._hosting.host import RolloutHost
+from .._hosting.node_services import LEASE_SECONDS
 from .._record.messages import Message
 from .._record.trace import Trace, decode_trace
 from .._runtimes.host import runtime_kind
-from .._serving.node_services import LEASE_SECONDS
 from .batched_runs import Result, RunBoard, RunSender
 from .calls import SHUTDOWN_GRACE, call, stop_actor
 from .node_service_actor import NodeServicesRef, RayInterception, RayToolServer

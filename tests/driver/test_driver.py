@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from rollout_ray import ChatHarness, ProviderError, ResumeMismatch, Trace
-from rollout_ray._core.executor import Executor, RolloutSpec
 from rollout_ray._driver.driver import Driver, EvalConfig
-from rollout_ray._driver.local_executor import LocalExecutor
 from rollout_ray._errors import InfrastructureLost
+from rollout_ray._hosting.executor import Executor, RolloutSpec
+from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray._record.store import read_run
 from rollout_ray.testing import ScriptedModel
 
@@ -186,10 +186,10 @@ class HangsOnce(ChatHarness):
 def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any, tmp_path: Any) -> None:
     import os
 
+    from rollout_ray._hosting.node_services import LEASE_SECONDS
     from rollout_ray._ray.calls import NAMESPACE
     from rollout_ray._ray.executor import RayExecutor
     from rollout_ray._ray.node_service_actor import SERVICES_PREFIX
-    from rollout_ray._serving.node_services import LEASE_SECONDS
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     fifo, marker = str(tmp_path / "started"), str(tmp_path / "marker")

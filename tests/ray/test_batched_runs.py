@@ -17,7 +17,7 @@ from rollout_ray.testing import Reply, ScriptedModel
 
 ray = pytest.importorskip("ray")
 
-from rollout_ray._core.executor import RolloutSpec  # noqa: E402
+from rollout_ray._hosting.executor import RolloutSpec  # noqa: E402
 from rollout_ray._ray.executor import RayExecutor  # noqa: E402
 from rollout_ray._ray.rollout_actor import RolloutActor  # noqa: E402
 

@@ -14,15 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core.harness import Harness
+from .._core.interception import Interception
+from .._core.limits import RolloutLimits, RolloutTimeouts
+from .._core.model import Model
+from .._core.policy import PolicyControl
+from .._core.rollout import Rollout, ToolServerFactory
+from .._core.runtime import Runtime
+from .._core.task import Task
 from .._record.trace import Trace
-from .harness import Harness
-from .interception import Interception
-from .limits import RolloutLimits, RolloutTimeouts
-from .model import Model
-from .policy import PolicyControl
-from .rollout import Rollout, ToolServerFactory
-from .runtime import Runtime
-from .task import Task
 
 
 @dataclass

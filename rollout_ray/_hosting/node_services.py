@@ -5,7 +5,7 @@ What a node's services actor runs (one per node). A rollout registers its sessio
 tools, its toolsets under the session's state secret; a program of the rollout then talks
 to this process's proxy and tool server. The copy of the trace here is where turns are
 committed, hooks run and tool calls are recorded while the registration lives; the rollout
-pulls what was added as ``SessionDelta``s (see ``_core/trace_sync`` for who owns what).
+pulls what was added as ``SessionDelta``s (see ``_hosting/trace_sync`` for who owns what).
 Models are pooled by configuration: rollouts of one model share one keep-alive pool.
 
 Every registration has an owner (a rollout actor) holding a lease: the owner renews it every
@@ -28,11 +28,11 @@ from .._core.model import Model
 from .._core.runtime import Runtime
 from .._core.session import RolloutSession
 from .._core.toolset import Toolset
-from .._core.trace_sync import Cursor, SessionDelta, SessionSpec, delta
 from .._errors import InfrastructureLost
 from .._record.messages import Request
-from .proxy import HTTPInterception
-from .tool_server import ToolServer
+from .._serving.proxy import HTTPInterception
+from .._serving.tool_server import ToolServer
+from .trace_sync import Cursor, SessionDelta, SessionSpec, delta
 
 LEASE_SECONDS = 5.0
 """How long an owner's registrations live without a renewal."""

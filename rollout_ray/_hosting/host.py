@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
+from .._core.interception import Interception
+from .._core.rollout import Rollout, ToolServerFactory
+from .._core.runtime import Runtime
 from .._errors import InfrastructureLost, UnknownRollout, error_class
 from .._record.messages import Message
 from .._record.trace import encode_trace
 from .executor import RolloutSpec
-from .interception import Interception
-from .rollout import Rollout, ToolServerFactory
-from .runtime import Runtime
 
 
 class RolloutHost:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
+from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._record.trace import RuntimeInfo
-from .runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 
 
 class LazyRuntime(Runtime):

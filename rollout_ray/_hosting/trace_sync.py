@@ -45,12 +45,12 @@ from typing import Any
 
 import msgspec
 
+from .._core.hooks import Hook
+from .._core.limits import RolloutLimits
+from .._core.model import Model
+from .._core.session import RolloutSession
 from .._record.messages import Tool
 from .._record.trace import InterceptRecord, MessageNode, ModelCall, ToolCallRecord, Trace, decode_trace
-from .hooks import Hook
-from .limits import RolloutLimits
-from .model import Model
-from .session import RolloutSession
 
 
 class Cursor(msgspec.Struct, frozen=True):

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from rollout_ray import LocalInterception, decode_trace
-from rollout_ray._core.executor import RolloutSpec
-from rollout_ray._core.host import RolloutHost
 from rollout_ray._errors import UnknownRollout
+from rollout_ray._hosting.executor import RolloutSpec
+from rollout_ray._hosting.host import RolloutHost
 from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel
 
 from conftest import EchoTask, run
