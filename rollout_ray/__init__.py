@@ -131,7 +131,7 @@ _LAZY = {
     "Finalized": "._driver.finalize",
     "finalize": "._driver.finalize",
     "SimulatedModelServer": "._simulated.server",
-    "RolloutActor": "._ray.rollout_actor",
+    "RolloutActor": "._ray.rollout_handle",
     "RuntimeActor": "._ray.runtime_actor",
     "RemoteRuntime": "._ray.remote_runtime",
     "RayExecutor": "._ray.executor",

@@ -283,7 +283,7 @@ def tool_call_kill(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -
     """One rollout's runtime actor SIGKILLed while a tool's exec runs in it, then a second
     rollout on the same rollout actor; the facts, for the tests below."""
     ray_module()
-    from rollout_ray._ray.rollout_actor import RolloutActor
+    from rollout_ray._ray.rollout_handle import RolloutActor
 
     fifo = str(tmp_path_factory.mktemp("tool-call") / "pid")
     os.mkfifo(fifo)

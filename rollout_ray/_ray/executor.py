@@ -22,7 +22,7 @@ from .._record.trace import Trace
 from .._runtimes.host import runtime_kind
 from .calls import SHUTDOWN_GRACE, call
 from .head import init_ray
-from .rollout_actor import RolloutActor
+from .rollout_handle import RolloutActor
 
 log = logging.getLogger("rollout_ray")
 

@@ -1,4 +1,5 @@
-"""The rollout actor: a ``RolloutHost`` wired to its node's services and its own runtime actor.
+"""The actor's side of a rollout actor: a ``RolloutHost`` wired to its node's services and its
+own runtime actor (the driver's side, the ``RolloutActor`` handle, is ``rollout_handle``).
 
 It hosts up to K rollouts and adds no lifecycle logic. It creates its own runtime actor for
 the runtimes its rollouts own (when a rollout first needs a box), so by Ray's ownership rules
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,19 +25,17 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._core.policy import process_policy
 from .._errors import InfrastructureLost
-from .._hosting.executor import RolloutSpec
 from .._hosting.gc_tuning import tune_for_rollouts
 from .._hosting.host import RolloutHost
 from .._hosting.node_services import LEASE_SECONDS
 from .._record.messages import Message
-from .._record.trace import Trace, decode_trace
 from .._runtimes.host import runtime_kind
-from .batched_runs import Result, RunBoard, RunSender
-from .calls import SHUTDOWN_GRACE, call, stop_actor
-from .node_service_actor import NodeServicesRef, RayInterception, RayToolServer
+from .calls import call
+from .node_services_client import NodeServicesRef, RayInterception, RayToolServer
 from .remote_runtime import RemoteRuntime
+from .run_receiver import Result, RunBoard
 from .runtime_actor import RuntimeActorClass
-from .shipment import Depot, Shipper, deliver
+from .shipment import Depot
 
 PROBE_INTERVAL = 2.0
 PROBE_TIMEOUT = 30.0
@@ -215,78 +213,4 @@ class _RolloutActor:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _shared(spec: RolloutSpec) -> tuple[Any, ...]:
-    """What a spec shares with its neighbours, shipped once per actor: the harness, the model
-    and the (frozen) budgets, one object each for a whole run (56 -> 43 us to pack a spec)."""
-    return (spec.harness, spec.model, spec.limits, spec.timeouts)
-
-
 RolloutActorClass = ray.remote(num_cpus=0, max_concurrency=10_000)(_RolloutActor)
-
-
-class RolloutActor:
-    """Handle to a long-lived actor hosting up to ``capacity`` concurrent rollouts.
-
-    Create with ``RolloutActor.create(capacity=K)``; end with ``await actor.aclose()``.
-    Specs travel as shipments: the taskset's classes, the harness and the model are sent to
-    the actor once, not with every rollout. ``owner`` is the id under which the actor's
-    registrations are held by its node's services.
-    """
-
-    def __init__(self, actor: Any, owner: str) -> None:
-        self.actor = actor
-        self.owner = owner
-        self._shipper = Shipper()
-        self._runs = RunSender(actor, _shared)
-
-    async def _ship(self, method: Any, spec: RolloutSpec) -> Any:
-        return await deliver(self._shipper, spec, lambda blob, bodies: call(method.remote(blob, bodies)),
-                             shared=_shared(spec))
-
-    @classmethod
-    def create(cls, *, capacity: int = 1, runtime: str = "auto", policy: tuple[int | None, bool] | None = None,
-               **options: Any) -> RolloutActor:
-        """Start the actor. ``runtime`` is the kind of the runtimes its rollouts own
-        (``"auto"``, ``"local"`` or ``"sandbox"``); ``policy`` is the ``(version, paused)`` it
-        starts with; ``options`` go to ``.options()`` (e.g. a scheduling strategy)."""
-        runtime_kind(runtime)  # an unknown kind fails here, not in the actor
-        owner = uuid.uuid4().hex
-        return cls(RolloutActorClass.options(**options).remote(capacity, runtime, owner, policy), owner)
-
-    async def set_policy(self, version: int | None, paused: bool, timeout: float | None = None) -> None:
-        """``_RolloutActor.set_policy``, bounded by ``timeout`` seconds."""
-        await call(self.actor.set_policy.remote(version, paused), timeout=timeout)
-
-    async def policy(self) -> tuple[int | None, bool]:
-        return tuple(await call(self.actor.policy.remote()))  # type: ignore[return-value]
-
-    async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
-        return await self._ship(self.actor.open, spec)
-
-    async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
-        return await call(self.actor.step.remote(rollout_id, messages))
-
-    async def close(self, rollout_id: str) -> Trace:
-        return decode_trace(await call(self.actor.close.remote(rollout_id)))
-
-    async def abort(self, rollout_id: str) -> None:
-        await call(self.actor.abort.remote(rollout_id))
-
-    async def run(self, spec: RolloutSpec) -> Trace:
-        """Open, run and close a rollout; batched with the others in flight (``batched_runs``)."""
-        return decode_trace(await self._runs.run(spec))
-
-    @property
-    def runs(self) -> RunSender:
-        """The batched channel ``run`` uses (its ``submits`` / ``collects`` count calls)."""
-        return self._runs
-
-    async def trace(self, rollout_id: str) -> Trace:
-        return decode_trace(await call(self.actor.trace.remote(rollout_id)))
-
-    async def node_id(self) -> str:
-        return await call(self.actor.node_id.remote())
-
-    async def aclose(self, grace: float = SHUTDOWN_GRACE) -> None:
-        """Abort open rollouts and stop the actor; ``ray.kill`` it after ``grace`` seconds."""
-        await stop_actor(self.actor, grace)

@@ -56,7 +56,7 @@ class Shipper:
     It remembers the last ``REMEMBERED`` objects and bodies, so a caller that makes a new
     shared object per message (budgets built per spec) costs a pickle each, never memory
     that grows with the messages. The bound is above the keys one batch of messages refers
-    to (``batched_runs.MAX_BATCH`` specs of a few keys each) before its bodies are taken.
+    to (``run_sender.MAX_BATCH`` specs of a few keys each) before its bodies are taken.
     """
 
     REMEMBERED = 4096

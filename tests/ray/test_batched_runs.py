@@ -1,4 +1,4 @@
-"""Rollouts reach a rollout actor in batches and come back in batches (``_ray/batched_runs``)."""
+"""Rollouts reach a rollout actor in batches and come back in batches (``_ray/run_sender``, ``_ray/run_receiver``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 
 from rollout_ray._hosting.executor import RolloutSpec  # noqa: E402
 from rollout_ray._ray.executor import RayExecutor  # noqa: E402
-from rollout_ray._ray.rollout_actor import RolloutActor  # noqa: E402
+from rollout_ray._ray.rollout_handle import RolloutActor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]

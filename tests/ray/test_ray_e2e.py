@@ -34,7 +34,7 @@ from rollout_ray import (
 
 ray = pytest.importorskip("ray")
 
-from rollout_ray._ray.rollout_actor import RolloutActor
+from rollout_ray._ray.rollout_handle import RolloutActor
 from rollout_ray._ray.runtime_actor import RuntimeActor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

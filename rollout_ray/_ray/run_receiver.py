@@ -1,0 +1,82 @@
+"""Batched runs, the actor's side: starts the specs a ``submit`` brought, and hands back every
+rollout finished since the last ``collect`` (``run_sender`` is the driver's side).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any
+
+from .shipment import Depot
+
+Result = tuple[int, "bytes | BaseException | None"]
+"""One finished rollout: its id and its trace bytes, its exception, or ``None`` (cancelled)."""
+
+
+class RunBoard:
+    """The actor's side: starts submitted rollouts and hands back the finished ones.
+
+    Args:
+        run: runs one spec to its trace bytes (``RolloutHost.run``).
+    """
+
+    def __init__(self, run: Callable[[Any], Any]) -> None:
+        self._run = run
+        self._depot = Depot()
+        self._running: dict[int, asyncio.Task[bytes]] = {}
+        self._done: list[Result] = []
+        self._ready = asyncio.Event()
+
+    def submit(self, items: list[tuple[int, bytes]], bodies: dict[str, bytes]) -> list[tuple[int, Exception]]:
+        """Start each item; returns the items that could not be unpacked, with why."""
+        failed: list[tuple[int, Exception]] = []
+        for sid, blob in items:
+            try:
+                spec = self._depot.unpack(blob, bodies)
+            except Exception as e:  # noqa: BLE001 - that rollout fails (MissingShipment: sent again)
+                failed.append((sid, _portable(e)))
+                continue
+            task = asyncio.ensure_future(self._run(spec))
+            self._running[sid] = task
+            task.add_done_callback(partial(self._finished, sid))
+        return failed
+
+    def _finished(self, sid: int, task: asyncio.Task[bytes]) -> None:
+        self._running.pop(sid, None)
+        if task.cancelled():
+            result: bytes | BaseException | None = None
+        else:
+            error = task.exception()
+            result = task.result() if error is None else _portable(error)
+        self._done.append((sid, result))
+        self._ready.set()
+
+    async def collect(self) -> list[Result]:
+        """Every result since the last call; waits for one while rollouts run."""
+        while not self._done and self._running:
+            self._ready.clear()
+            await self._ready.wait()
+        done, self._done = self._done, []
+        return done
+
+    def cancel(self, sids: Iterable[int]) -> None:
+        for sid in sids:
+            task = self._running.get(sid)
+            if task is not None:
+                task.cancel()
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+
+def _portable(error: BaseException) -> Exception:
+    """``error`` if it survives pickling (our errors do), else a ``RuntimeError`` naming it:
+    one unpicklable exception must not lose the whole batch of results it travels with."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error if isinstance(error, Exception) else RuntimeError(f"{type(error).__name__}: {error}")
