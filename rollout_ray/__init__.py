@@ -14,7 +14,7 @@ from typing import Any
 from ._record.trace import TRACE_VERSION as TRACE_VERSION
 from ._record.trace import AgentInfo as AgentInfo
 from ._record.trace import AgentSpan as AgentSpan
-from ._record.trace import Branch as Branch
+from ._record.graph import Branch as Branch
 from ._record.trace import Error as Error
 from ._record.trace import InterceptRecord as InterceptRecord
 from ._record.trace import MessageNode as MessageNode
