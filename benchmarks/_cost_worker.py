@@ -190,7 +190,7 @@ def load_example(kind: str) -> Any:
 def make_config(module: Any, group: int, concurrency: int) -> Any:
     """The taskset's config with samples and max_in_flight set, as ``rollout-ray eval`` does."""
     try:
-        from rollout_ray._cli.eval import eval_config
+        from rollout_ray._cli.drive import eval_config
 
         return eval_config(module, samples=group, max_in_flight=concurrency)
     except (ImportError, TypeError):

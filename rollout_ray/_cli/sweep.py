@@ -43,12 +43,7 @@ from .._driver.run_dir import stored_results
 from .._hosting.executor import Executor
 from .._record.store import done_keys, read_manifest
 from .comparison import comparison_row, comparison_table, format_comparison, plot_comparison
-from .eval import (
-    drive,
-    eval_config,
-    make_executor,
-    open_model,
-)
+from .drive import drive, eval_config, make_executor, open_model
 from .grid import (
     Point,
     Sweep,

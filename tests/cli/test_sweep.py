@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rollout_ray._cli import main as cli
-from rollout_ray._cli.eval import make_executor
+from rollout_ray._cli.drive import make_executor
 from rollout_ray._cli.grid import SweepGrid, expand, load_sweep
 from rollout_ray._cli.summary import summarize
 from rollout_ray._core.limits import LIMIT_FIELDS
