@@ -49,7 +49,7 @@ from .admission import Admission
 from .hooks import Hook, call_by_type, resolve
 from .limits import RolloutLimits
 from .model import SESSION_ID, Model
-from .policy import PolicyControl, process_policy
+from .policy_gate import PolicyControl, process_policy
 from .sampling import SAMPLING_FIELDS
 
 _CODEC_ENCODER = msgspec.msgpack.Encoder()
@@ -78,7 +78,7 @@ class RolloutSession:
         model_name: the model name forced on every request.
         sampling: sampling settings overlaid on every request.
         policy: the policy version each call records and the pause it waits out
-            (``_core/policy``; default: the process's).
+            (``_core/policy_gate``; default: the process's).
     """
 
     def __init__(

@@ -17,7 +17,7 @@ the consumer of ``groups()`` through a bounded queue.
 
 For asynchronous RL the driver owns the policy version and the weight-update pause
 (``pause`` / ``resume`` / ``paused``, carried to wherever model calls are made by
-``Executor.set_policy``; see ``_core/policy``), and with ``max_staleness`` drops and re-runs
+``Executor.set_policy``; see ``_core/policy_gate``), and with ``max_staleness`` drops and re-runs
 a finished rollout too old for the current version when its group is handed on (``staleness``).
 """
 
@@ -46,9 +46,9 @@ from .._hosting.gc_tuning import tuned_for_rollouts
 from .._record.arrow import RolloutRecord, warm_arrow
 from .._record.store import read_groups, read_run
 from .._record.trace import AgentInfo, Timing, Trace
-from .closer import Group, GroupCloser
 from .finalize import FinalizeConfig
-from .policy import PolicyOwner
+from .group_finalizer import Group, GroupCloser
+from .policy_owner import PolicyOwner
 from .run_dir import RunDirectory
 from .staleness import split_stale
 

@@ -18,7 +18,7 @@ from .._core.harness import Harness
 from .._core.interception import Interception
 from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
-from .._core.policy import PolicyControl
+from .._core.policy_gate import PolicyControl
 from .._core.rollout import Rollout, ToolServerFactory
 from .._core.runtime import Runtime
 from .._core.task import Task
@@ -89,7 +89,7 @@ class Executor(ABC):
         """
 
     async def set_policy(self, version: int | None, paused: bool) -> None:
-        """Make every rollout it runs see policy ``version`` and the pause (``_core/policy``):
+        """Make every rollout it runs see policy ``version`` and the pause (``_core/policy_gate``):
         while paused, their model calls wait before going upstream and their agent clocks
         stand still. Returns once every place where its rollouts make model calls knows.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from .._core.policy import PolicyControl
+from .._core.policy_gate import PolicyControl
 from .._core.runtime import Runtime
 from .._record.trace import Trace
 from .._runtimes.host import RuntimeHost, runtime_kind

@@ -9,7 +9,7 @@ model once) in batches.
 It heals: it reaps what an owner whose lease ran out left behind (``NodeServices.reap``),
 and Ray restarts it if its process dies.
 
-Policy (``_core/policy``): the rollouts of different rollout actors on a node may belong to
+Policy (``_core/policy_gate``): the rollouts of different rollout actors on a node may belong to
 different drivers, so the node's services keep one ``PolicyControl`` per owner, set by each
 rollout actor under its owner id and carried by each batch of registrations, so services
 that were replaced learn it again.
@@ -25,7 +25,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._core.interception import Slot
-from .._core.policy import PolicyControl, process_policy
+from .._core.policy_gate import PolicyControl, process_policy
 from .._hosting.gc_tuning import tune_for_rollouts
 from .._hosting.node_services import NodeServices, lost_session
 from .._hosting.trace_sync import Cursor, SessionDelta, SessionSpec

@@ -22,7 +22,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from .._core.interception import ChatClient, Interception, Slot
-from .._core.policy import PolicyControl, process_policy
+from .._core.policy_gate import PolicyControl, process_policy
 from .._core.runtime import Runtime
 from .._core.session import RolloutSession
 from .._core.toolset import Toolset

@@ -8,7 +8,7 @@ Its programs' sessions and tools are served by the node's services actor
 (``node_service_actor``, reached on first use) under its owner id, which it renews every few
 seconds once it used them: what a dead rollout actor left there is reaped.
 
-Its process's ``PolicyControl`` (``_core/policy``) is its rollouts' policy: ``set_policy``
+Its process's ``PolicyControl`` (``_core/policy_gate``) is its rollouts' policy: ``set_policy``
 sets it, then forwards it to the node's services for the sessions of its programs.
 """
 
@@ -23,7 +23,7 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .._core.policy import process_policy
+from .._core.policy_gate import process_policy
 from .._errors import InfrastructureLost
 from .._hosting.gc_tuning import tune_for_rollouts
 from .._hosting.host import RolloutHost

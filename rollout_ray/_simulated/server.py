@@ -36,10 +36,10 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from .answers import prompt_tokens
 from .completion import Choice, Draw, choose
 from .config import SimulatedModelConfig
 from .dialects import Event, sglang_completion, sglang_events, vllm_completion, vllm_events
-from .policy import prompt_tokens
 from .request import ChatCall, Invalid, parse
 from .template import render
 

@@ -135,7 +135,7 @@ def test_paused_context_bumps_on_success_and_keeps_the_version_on_failure() -> N
 
 
 def test_a_local_executor_keeps_its_policy_apart_from_the_process() -> None:
-    from rollout_ray._core.policy import process_policy
+    from rollout_ray._core.policy_gate import process_policy
 
     before = process_policy().state()
 
@@ -151,8 +151,8 @@ def test_a_local_executor_keeps_its_policy_apart_from_the_process() -> None:
 def test_the_closer_waits_for_a_group_sent_back_and_ends_once_it_is_abandoned() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from rollout_ray._driver.closer import GroupCloser
     from rollout_ray._driver.finalize import FinalizeConfig
+    from rollout_ray._driver.group_finalizer import GroupCloser
     from rollout_ray._record.arrow import RolloutRecord
     from rollout_ray._record.trace import Trace, TraceTask
 

@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from rollout_ray._driver.closer import GroupCloser
 from rollout_ray._driver.finalize import FinalizeConfig
+from rollout_ray._driver.group_finalizer import GroupCloser
 from rollout_ray._record.arrow import RolloutRecord
 from rollout_ray._record.trace import Trace, TraceTask
 

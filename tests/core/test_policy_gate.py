@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from rollout_ray import Request, RolloutTimeouts, SessionConcluded, UserMessage
-from rollout_ray._core.policy import PolicyControl, SegmentClock, process_policy
+from rollout_ray._core.policy_gate import PolicyControl, SegmentClock, process_policy
 from rollout_ray._core.session import RolloutSession
 from rollout_ray._record.trace import Trace, TraceTask
 from rollout_ray.testing import Reply, ScriptedHarness, ScriptedModel

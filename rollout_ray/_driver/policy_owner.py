@@ -2,7 +2,7 @@
 
 The driver owns the current policy version and the pause; ``Executor.set_policy`` carries
 both to every process where its rollouts make model calls or are charged agent time
-(``_core/policy``). Versions only go up. ``Driver`` inherits this.
+(``_core/policy_gate``). Versions only go up. ``Driver`` inherits this.
 """
 
 from __future__ import annotations
