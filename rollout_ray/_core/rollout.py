@@ -31,7 +31,7 @@ from .interception import Interception, LocalInterception
 from .limits import RolloutLimits, RolloutTimeouts
 from .model import Model
 from .phases import Segment, finalize_and_score, harness_data, run_setup
-from .policy_gate import PolicyControl, SegmentClock, process_policy
+from .policy_gate import PolicyGate, SegmentClock, process_gate
 from .runtime import Runtime
 from .session import RolloutSession
 from .task import Task
@@ -94,7 +94,7 @@ class Rollout:
         sampling: dict[str, Any] | None = None,
         has_user: bool = False,
         on_trace: Callable[[Trace], None] | None = None,
-        policy: PolicyControl | None = None,
+        policy: PolicyGate | None = None,
     ) -> None:
         if runtime is None and runtime_factory is None:
             raise TypeError("Rollout needs runtime= (a live runtime to borrow) or runtime_factory= "
@@ -111,7 +111,7 @@ class Rollout:
         self.timeouts = (timeouts or RolloutTimeouts()).merged(task.data.timeout)
         self.remaining_agent_budget: float | None = self.timeouts.agent
         """Agent seconds left; charged only while a segment runs (B2, B24)."""
-        self.policy = policy or process_policy()
+        self.policy = policy or process_gate()
         self._clock: SegmentClock | None = None
         self.owns_runtime = runtime is None
         self.runtime = runtime

@@ -49,7 +49,7 @@ from .admission import Admission
 from .hooks import Hook, call_by_type, resolve
 from .limits import RolloutLimits
 from .model import SESSION_ID, Model
-from .policy_gate import PolicyControl, process_policy
+from .policy_gate import PolicyGate, process_gate
 from .sampling import SAMPLING_FIELDS
 
 _CODEC_ENCODER = msgspec.msgpack.Encoder()
@@ -94,7 +94,7 @@ class RolloutSession:
         response_interceptors: Sequence[Hook] = (),
         model_name: str | None = None,
         sampling: dict[str, Any] | None = None,
-        policy: PolicyControl | None = None,
+        policy: PolicyGate | None = None,
     ) -> None:
         self.trace = trace
         self.model = model
@@ -106,7 +106,7 @@ class RolloutSession:
         self.response_interceptors = list(response_interceptors)
         self.model_name = model_name or model.name
         self.sampling = dict(sampling or {})
-        self.policy = policy or process_policy()
+        self.policy = policy or process_gate()
         self.graph = ConversationGraph(trace)
         self.error: RolloutError | None = None
         """The latest model, tool or hook failure, stashed for the rollout (B30, B31)."""

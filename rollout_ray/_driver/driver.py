@@ -47,7 +47,7 @@ from .._record.arrow import RolloutRecord, warm_arrow
 from .._record.store import read_groups, read_run
 from .._record.trace import AgentInfo, Timing, Trace
 from .finalize import FinalizeConfig
-from .group_finalizer import Group, GroupCloser
+from .group_finalizer import Group, GroupFinalizer
 from .policy_owner import PolicyOwner
 from .run_dir import RunDirectory
 from .staleness import split_stale
@@ -72,7 +72,7 @@ class EvalConfig(BaseModel):
     """Consecutive provider failures that halt the run."""
     rows_per_shard: int = Field(1000, ge=1)
     """Rows per Parquet shard, at most: finalized groups are written when this many are
-    buffered, or 2 s after the first of them was (``closer.WRITE_WITHIN``), or 64 MiB of them."""
+    buffered, or 2 s after the first of them was (``group_finalizer.WRITE_WITHIN``), or 64 MiB of them."""
     stream_buffer: int = Field(64, ge=1)
     """Finalized groups waiting for the consumer before the driver waits too."""
     limits: RolloutLimits = RolloutLimits()
@@ -182,7 +182,7 @@ class Driver(PolicyOwner):
         self.reason = ""
         self._pending: dict[str, list[RolloutRecord]] = {}
         self._group_sizes: dict[str, int] = {}
-        self._closer: GroupCloser | None = None
+        self._finalizer: GroupFinalizer | None = None
         self._provider_streak = 0
         self._halt = asyncio.Event()
         self._last_report = 0.0
@@ -231,7 +231,7 @@ class Driver(PolicyOwner):
         if self.run_dir is not None:
             return RunResult(self.status, self.reason, read_run(self.run_dir, conversation=False),
                              read_groups(self.run_dir), self.run_dir, self.progress.stale)
-        samples, groups = self._closer.tables() if self._closer is not None else (pa.table({}), pa.table({}))
+        samples, groups = self._finalizer.tables() if self._finalizer is not None else (pa.table({}), pa.table({}))
         return RunResult(self.status, self.reason, samples, groups, self.run_dir, self.progress.stale)
 
     def run(self) -> RunResult:
@@ -261,28 +261,28 @@ class Driver(PolicyOwner):
     # -- the run ----------------------------------------------------------------------------
 
     async def _drive(self, queue: asyncio.Queue[Group | None], demand: asyncio.Semaphore) -> None:
-        closer = None
+        finalizer = None
         warm_arrow()  # in a thread, beside the first rollouts: not on the loop at the first group
         try:
             self._open_store()
             await self._announce_policy()
-            closer = self._closer = GroupCloser(
+            finalizer = self._finalizer = GroupFinalizer(
                 config=self.config.finalize, judge=self.judge, store=self._store, io=self._io, emit=queue.put,
                 rows_per_write=self.config.rows_per_shard,
                 **({} if self.config.max_staleness is None else {"keep": self._fresh_or_rerun, "demand": demand}))
             # A lazy taskset is checked as it is planned, while rollouts run.
             with tuned_for_rollouts(), unwrapped(ResumeMismatch):
                 async with asyncio.TaskGroup() as tg:
-                    self._tg = tg  # where stale samples run again, while the closer runs
-                    tg.create_task(closer.run())
+                    self._tg = tg  # where stale samples run again, while the finalizer runs
+                    tg.create_task(finalizer.run())
                     try:
                         await self._rollouts()
                     finally:
-                        closer.finish()
+                        finalizer.finish()
         finally:
             # Also on cancellation: what was finalized is kept, so a resume will not redo it.
-            if closer is not None:
-                await closer.flush()
+            if finalizer is not None:
+                await finalizer.flush()
             self._io.shutdown(wait=True)
             if self._store is not None:
                 self._store.close()
@@ -352,12 +352,12 @@ class Driver(PolicyOwner):
             del self._pending[group_id]
             if self.config.max_staleness is not None:
                 self._group_tasks[group_id] = (position, task)
-            assert self._closer is not None
-            self._closer.close(group_id, members)
+            assert self._finalizer is not None
+            self._finalizer.close(group_id, members)
         self._report()
 
     def _fresh_or_rerun(self, group_id: str, members: list[RolloutRecord]) -> bool:
-        """As the closer finalizes a group (``max_staleness``): keep it if no member is too old
+        """As the finalizer finalizes a group (``max_staleness``): keep it if no member is too old
         for the current policy; else drop those, run their samples again and keep the group
         pending until they are back (``staleness``)."""
         position, task = self._group_tasks.pop(group_id)
@@ -375,11 +375,11 @@ class Driver(PolicyOwner):
 
     async def _again(self, position: int, task: Task, group_id: str, sample_idx: int) -> None:
         """A stale sample's new run, when there is room (a halted run leaves its group incomplete)."""
-        assert self._slots is not None and self._closer is not None
+        assert self._slots is not None and self._finalizer is not None
         await self._slots.acquire()
         if self._halt.is_set():
             self._slots.release()
-            self._closer.abandon(group_id)
+            self._finalizer.abandon(group_id)
             return
         self.progress.in_flight += 1
         await self._one(position, task, group_id, sample_idx, self._slots)

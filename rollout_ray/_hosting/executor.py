@@ -18,7 +18,7 @@ from .._core.harness import Harness
 from .._core.interception import Interception
 from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
-from .._core.policy_gate import PolicyControl
+from .._core.policy_gate import PolicyGate
 from .._core.rollout import Rollout, ToolServerFactory
 from .._core.runtime import Runtime
 from .._core.task import Task
@@ -44,7 +44,7 @@ class RolloutSpec:
     runtime: Runtime | None = None
 
     def rollout(self, *, interception: Interception, runtime_factory: Callable[[str], Runtime],
-                tool_server: ToolServerFactory | None, policy: PolicyControl | None = None) -> Rollout:
+                tool_server: ToolServerFactory | None, policy: PolicyGate | None = None) -> Rollout:
         """The ``Rollout`` this spec describes, served by the given services, under ``policy``
         (default: the process's)."""
         return Rollout(
@@ -94,7 +94,7 @@ class Executor(ABC):
         stand still. Returns once every place where its rollouts make model calls knows.
 
         This one does nothing: a rollout built without a policy of its own obeys the
-        process's (``process_policy()``), which an executor sharing it may set. An executor
+        process's (``process_gate()``), which an executor sharing it may set. An executor
         wrapping another forwards the call to it.
         """
 

@@ -48,8 +48,8 @@ def lost_session() -> InfrastructureLost:
 
 
 @dataclass
-class _Served:
-    """A registration and how to end it."""
+class _Registration:
+    """One session or toolset registered here: how to end it, its owner, its session."""
 
     serving: contextlib.AbstractAsyncContextManager[Any]
     owner: str | None
@@ -70,8 +70,8 @@ class NodeServices:
         self._proxy = HTTPInterception(**kwargs, **({"max_body": max_body} if max_body else {}))
         self._tools = ToolServer(**kwargs)
         self._models: dict[bytes, Model] = {}
-        self._sessions: dict[str, _Served] = {}
-        self._toolsets: dict[str, _Served] = {}
+        self._sessions: dict[str, _Registration] = {}
+        self._toolsets: dict[str, _Registration] = {}
         self.lease = lease
         self._leases: dict[str, float] = {}
         """Owner → the monotonic time its registrations expire."""
@@ -97,7 +97,7 @@ class NodeServices:
         session = spec.session(self._pooled(spec.model))
         serving = self._proxy.serve(session)
         slot = await serving.__aenter__()
-        self._sessions[slot.model_secret] = _Served(serving, spec.owner, session)
+        self._sessions[slot.model_secret] = _Registration(serving, spec.owner, session)
         return slot
 
     def _session(self, secret: str) -> RolloutSession:
@@ -141,7 +141,7 @@ class NodeServices:
         serving = self._tools.serve(toolsets, runtime, state_secret, on_call=session.trace.tool_calls.append)
         urls = await serving.__aenter__()
         key = secrets.token_urlsafe(16)
-        self._toolsets[key] = _Served(serving, owner)
+        self._toolsets[key] = _Registration(serving, owner)
         return key, urls
 
     async def unregister_tools(self, key: str) -> None:

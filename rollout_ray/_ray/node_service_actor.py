@@ -10,7 +10,7 @@ It heals: it reaps what an owner whose lease ran out left behind (``NodeServices
 and Ray restarts it if its process dies.
 
 Policy (``_core/policy_gate``): the rollouts of different rollout actors on a node may belong to
-different drivers, so the node's services keep one ``PolicyControl`` per owner, set by each
+different drivers, so the node's services keep one ``PolicyGate`` per owner, set by each
 rollout actor under its owner id and carried by each batch of registrations, so services
 that were replaced learn it again.
 """
@@ -25,12 +25,12 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._core.interception import Slot
-from .._core.policy_gate import PolicyControl, process_policy
+from .._core.policy_gate import PolicyGate, process_gate
 from .._hosting.gc_tuning import tune_for_rollouts
 from .._hosting.node_services import NodeServices, lost_session
 from .._hosting.trace_sync import Cursor, SessionDelta, SessionSpec
 from .calls import NAMESPACE, SHUTDOWN_GRACE, stop_actor
-from .shipment import Depot
+from .shipment import ShipmentUnpacker
 
 SERVICES_PREFIX = "node-services:"
 
@@ -52,9 +52,9 @@ class _NodeServiceActor(NodeServices):
 
     def __init__(self) -> None:
         super().__init__(**_service_hosts())
-        self._depot = Depot()
+        self._unpacker = ShipmentUnpacker()
         self._reaper: asyncio.Task[None] | None = None
-        self._policies: dict[str, PolicyControl] = {}
+        self._policies: dict[str, PolicyGate] = {}
         tune_for_rollouts()
 
     def _reaping(self) -> None:
@@ -83,13 +83,13 @@ class _NodeServiceActor(NodeServices):
 
     # -- policy, per owner ------------------------------------------------------------------
 
-    def _policy(self, owner: str | None) -> PolicyControl:
+    def _policy(self, owner: str | None) -> PolicyGate:
         if owner is None:
-            return process_policy()
-        control = self._policies.get(owner)
-        if control is None:
-            control = self._policies[owner] = PolicyControl()
-        return control
+            return process_gate()
+        gate = self._policies.get(owner)
+        if gate is None:
+            gate = self._policies[owner] = PolicyGate()
+        return gate
 
     def set_policy(self, owner: str | None, version: int | None, paused: bool) -> None:
         """The policy of ``owner``'s sessions (``Executor.set_policy``, through its actor).
@@ -112,9 +112,9 @@ class _NodeServiceActor(NodeServices):
 
     async def drop_owner(self, owner: str) -> int:
         dropped = await super().drop_owner(owner)
-        control = self._policies.pop(owner, None)
-        if control is not None:
-            control.set(control.version, False)  # calls held for a dead owner end (sealed: 409)
+        gate = self._policies.pop(owner, None)
+        if gate is not None:
+            gate.set(gate.version, False)  # calls held for a dead owner end (sealed: 409)
         return dropped
 
     # -- batches ----------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class _NodeServiceActor(NodeServices):
         """
         if policy is not None:
             self.set_policy(*policy)
-        return [await _outcome(self.register(self._depot.unpack(blob, bodies))) for blob, bodies in items]
+        return [await _outcome(self.register(self._unpacker.unpack(blob, bodies))) for blob, bodies in items]
 
     async def unregister_many(self, items: list[tuple[str, Cursor]]) -> list[Any]:
         """Seal each session and answer what it added; a session not held here is lost."""
@@ -141,7 +141,7 @@ class _NodeServiceActor(NodeServices):
 
     async def register_tools_many(self, items: list[tuple[bytes, dict[str, bytes]]]) -> list[Any]:
         """Register each shipped ``(toolsets, runtime, state_secret, owner)``."""
-        return [await _outcome(self.register_tools(*self._depot.unpack(blob, bodies))) for blob, bodies in items]
+        return [await _outcome(self.register_tools(*self._unpacker.unpack(blob, bodies))) for blob, bodies in items]
 
     async def unregister_tools_many(self, keys: list[str]) -> list[Any]:
         return [await _outcome(self.unregister_tools(key)) for key in keys]

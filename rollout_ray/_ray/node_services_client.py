@@ -22,7 +22,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from .._core.interception import ChatClient, Interception, Slot
-from .._core.policy_gate import PolicyControl, process_policy
+from .._core.policy_gate import PolicyGate, process_gate
 from .._core.runtime import Runtime
 from .._core.session import RolloutSession
 from .._core.toolset import Toolset
@@ -32,7 +32,7 @@ from .._record.messages import Request
 from .calls import call
 from .coalesce import Coalescer
 from .node_service_actor import node_service_actor
-from .shipment import Shipper, deliver
+from .shipment import ShipmentPacker, deliver
 
 SERVICE_CALL_TIMEOUT = 30.0
 """Seconds a rollout actor waits for one call to its node's services before giving them up."""
@@ -106,23 +106,23 @@ class RayInterception(Interception):
     """
 
     def __init__(self, services: NodeServicesRef, owner: str | None = None,
-                 policy: PolicyControl | None = None) -> None:
+                 policy: PolicyGate | None = None) -> None:
         self._services = services
         self._owner = owner
         self._secrets: dict[int, str] = {}
-        self._shipper = Shipper()
-        control = policy or process_policy()
+        self._packer = ShipmentPacker()
+        gate = policy or process_gate()
         # Rollouts of one host start and end in bursts: their calls travel in batches.
         self._register: Coalescer[tuple[bytes, dict[str, bytes]], Slot] = Coalescer(
             lambda items: services.call("register_many", items,
-                                        None if owner is None else (owner, *control.state())))
+                                        None if owner is None else (owner, *gate.state())))
         self._unregister: Coalescer[tuple[str, Cursor], SessionDelta] = Coalescer(
             lambda items: services.call("unregister_many", items))
 
     @asynccontextmanager
     async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:  # type: ignore[override]
         slot: Slot = await deliver(
-            self._shipper, SessionSpec.of(session, self._owner),
+            self._packer, SessionSpec.of(session, self._owner),
             lambda blob, bodies: self._register((blob, bodies)),
             shared=(session.model,),
         )
@@ -157,7 +157,7 @@ class RayToolServer:
 
     def __init__(self, services: NodeServicesRef, owner: str | None = None) -> None:
         self._owner = owner
-        self._shipper = Shipper()
+        self._packer = ShipmentPacker()
         self._register: Coalescer[tuple[bytes, dict[str, bytes]], tuple[str, dict[str, str]]] = Coalescer(
             lambda items: services.call("register_tools_many", items))
         self._unregister: Coalescer[str, None] = Coalescer(
@@ -171,7 +171,7 @@ class RayToolServer:
         # makes the runtime's teardown reach its actor even if nothing ever ran in it.
         needed = runtime if any(t.wants_runtime() for t in toolsets) else None
         key, urls = await deliver(
-            self._shipper, (list(toolsets), needed, state_secret, self._owner),
+            self._packer, (list(toolsets), needed, state_secret, self._owner),
             lambda blob, bodies: self._register((blob, bodies)),
         )
         try:

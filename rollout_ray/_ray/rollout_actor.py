@@ -8,7 +8,7 @@ Its programs' sessions and tools are served by the node's services actor
 (``node_service_actor``, reached on first use) under its owner id, which it renews every few
 seconds once it used them: what a dead rollout actor left there is reaped.
 
-Its process's ``PolicyControl`` (``_core/policy_gate``) is its rollouts' policy: ``set_policy``
+Its process's ``PolicyGate`` (``_core/policy_gate``) is its rollouts' policy: ``set_policy``
 sets it, then forwards it to the node's services for the sessions of its programs.
 """
 
@@ -23,7 +23,7 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .._core.policy_gate import process_policy
+from .._core.policy_gate import process_gate
 from .._errors import InfrastructureLost
 from .._hosting.gc_tuning import tune_for_rollouts
 from .._hosting.host import RolloutHost
@@ -33,9 +33,9 @@ from .._runtimes.host import runtime_kind
 from .calls import call
 from .node_services_client import NodeServicesRef, RayInterception, RayToolServer
 from .remote_runtime import RemoteRuntime
-from .run_receiver import Result, RunBoard
+from .run_receiver import Result, RunReceiver
 from .runtime_actor import RuntimeActorClass
-from .shipment import Depot
+from .shipment import ShipmentUnpacker
 
 PROBE_INTERVAL = 2.0
 PROBE_TIMEOUT = 30.0
@@ -49,7 +49,7 @@ class _RolloutActor:
     def __init__(self, capacity: int, runtime: str, owner: str,
                  policy: tuple[int | None, bool] | None = None) -> None:
         if policy is not None:
-            process_policy().set(*policy)
+            process_gate().set(*policy)
         runtime, _ = runtime_kind(runtime)  # "auto" is decided by the node that runs the boxes
         node_id = ray.get_runtime_context().get_node_id()
         self._runtime_options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
@@ -67,8 +67,8 @@ class _RolloutActor:
                                                        actor_on_demand=self._runtime_actor),
             tool_server=RayToolServer(services, owner).serve,
         )
-        self._depot = Depot()
-        self._board = RunBoard(self.host.run)
+        self._unpacker = ShipmentUnpacker()
+        self._receiver = RunReceiver(self.host.run)
         tune_for_rollouts()
 
     def node_id(self) -> str:
@@ -115,17 +115,17 @@ class _RolloutActor:
         the pause. Paused here first and resumed here last, so no agent clock runs while the
         node's proxy holds calls."""
         if paused:
-            process_policy().set(version, paused)
+            process_gate().set(version, paused)
         try:
             if self._services.used:  # else the first registrations there carry it
                 await self._services.call("set_policy", self._owner, version, paused)
         except InfrastructureLost:
             pass  # replaced services learn it with the next registrations
-        process_policy().set(version, paused)
+        process_gate().set(version, paused)
 
     def policy(self) -> tuple[int | None, bool]:
         """``(version, paused)`` as this actor's rollouts see it."""
-        return process_policy().state()
+        return process_gate().state()
 
     def _watch(self) -> None:
         if self._heartbeat is None or self._heartbeat.done():
@@ -176,7 +176,7 @@ class _RolloutActor:
 
     async def open(self, blob: bytes, bodies: dict[str, bytes]) -> tuple[str, bool]:
         self._watch()
-        return await self.host.open(self._depot.unpack(blob, bodies))
+        return await self.host.open(self._unpacker.unpack(blob, bodies))
 
     async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
         return await self.host.step(rollout_id, messages)
@@ -189,13 +189,13 @@ class _RolloutActor:
 
     async def submit(self, items: list[tuple[int, bytes]], bodies: dict[str, bytes]) -> list[tuple[int, Exception]]:
         self._watch()
-        return self._board.submit(items, bodies)
+        return self._receiver.submit(items, bodies)
 
     async def collect(self) -> list[Result]:
-        return await self._board.collect()
+        return await self._receiver.collect()
 
     async def cancel(self, sids: list[int]) -> None:
-        self._board.cancel(sids)
+        self._receiver.cancel(sids)
 
     async def trace(self, rollout_id: str) -> bytes:
         return await self.host.trace(rollout_id)

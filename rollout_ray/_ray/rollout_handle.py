@@ -19,7 +19,7 @@ from .._runtimes.host import runtime_kind
 from .calls import SHUTDOWN_GRACE, call, stop_actor
 from .rollout_actor import RolloutActorClass
 from .run_sender import RunSender
-from .shipment import Shipper, deliver
+from .shipment import ShipmentPacker, deliver
 
 
 def _shared(spec: RolloutSpec) -> tuple[Any, ...]:
@@ -42,11 +42,11 @@ class RolloutActor:
     def __init__(self, actor: Any, owner: str) -> None:
         self.actor = actor
         self.owner = owner
-        self._shipper = Shipper()
+        self._packer = ShipmentPacker()
         self._runs = RunSender(actor, _shared)
 
     async def _ship(self, method: Any, spec: RolloutSpec) -> Any:
-        return await deliver(self._shipper, spec, lambda blob, bodies: call(method.remote(blob, bodies)),
+        return await deliver(self._packer, spec, lambda blob, bodies: call(method.remote(blob, bodies)),
                              shared=_shared(spec))
 
     @classmethod

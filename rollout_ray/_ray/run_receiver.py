@@ -10,14 +10,15 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
-from .shipment import Depot
+from .shipment import ShipmentUnpacker
 
 Result = tuple[int, "bytes | BaseException | None"]
 """One finished rollout: its id and its trace bytes, its exception, or ``None`` (cancelled)."""
 
 
-class RunBoard:
-    """The actor's side: starts submitted rollouts and hands back the finished ones.
+class RunReceiver:
+    """The actor's side of batched runs: runs each submitted spec, and holds its result until
+    the next ``collect`` takes it.
 
     Args:
         run: runs one spec to its trace bytes (``RolloutHost.run``).
@@ -25,7 +26,7 @@ class RunBoard:
 
     def __init__(self, run: Callable[[Any], Any]) -> None:
         self._run = run
-        self._depot = Depot()
+        self._unpacker = ShipmentUnpacker()
         self._running: dict[int, asyncio.Task[bytes]] = {}
         self._done: list[Result] = []
         self._ready = asyncio.Event()
@@ -35,7 +36,7 @@ class RunBoard:
         failed: list[tuple[int, Exception]] = []
         for sid, blob in items:
             try:
-                spec = self._depot.unpack(blob, bodies)
+                spec = self._unpacker.unpack(blob, bodies)
             except Exception as e:  # noqa: BLE001 - that rollout fails (MissingShipment: sent again)
                 failed.append((sid, _portable(e)))
                 continue

@@ -24,7 +24,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from .calls import call
-from .shipment import MissingShipment, Shipper
+from .shipment import MissingShipment, ShipmentPacker
 
 MAX_BATCH = 512
 """The most specs sent in one ``submit``."""
@@ -42,7 +42,7 @@ class RunSender:
     def __init__(self, actor: Any, shared: Callable[[Any], Iterable[Any]]) -> None:
         self._actor = actor
         self._shared = shared
-        self._shipper = Shipper()
+        self._packer = ShipmentPacker()
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future[bytes]] = {}
         self._outbox: list[tuple[int, Any]] = []
@@ -89,12 +89,12 @@ class RunSender:
             if not items:
                 continue
             try:
-                failed = await self._submit(items, self._shipper.bodies(keys))
+                failed = await self._submit(items, self._packer.bodies(keys))
                 missing = [sid for sid, e in failed if isinstance(e, MissingShipment)]
                 if missing:  # the actor lacks a body (a later batch overtook the first)
                     again = [item for item in items if item[0] in set(missing)]
                     failed = [f for f in failed if not isinstance(f[1], MissingShipment)]
-                    failed += await self._submit(again, self._shipper.bodies(keys, resend=True))
+                    failed += await self._submit(again, self._packer.bodies(keys, resend=True))
             except RayActorError as e:
                 self._die(e)
                 return
@@ -111,7 +111,7 @@ class RunSender:
         keys: set[str] = set()
         for sid, spec in batch:
             try:
-                blob, spec_keys = self._shipper.pack(spec, self._shared(spec))
+                blob, spec_keys = self._packer.pack(spec, self._shared(spec))
             except Exception as e:  # noqa: BLE001 - e.g. a task that cannot be pickled
                 self._fail(sid, e)
                 continue

@@ -135,14 +135,14 @@ def test_paused_context_bumps_on_success_and_keeps_the_version_on_failure() -> N
 
 
 def test_a_local_executor_keeps_its_policy_apart_from_the_process() -> None:
-    from rollout_ray._core.policy_gate import process_policy
+    from rollout_ray._core.policy_gate import process_gate
 
-    before = process_policy().state()
+    before = process_gate().state()
 
     async def main() -> tuple[Any, Any]:
         async with LocalExecutor() as executor:
             await executor.set_policy(5, True)
-            return executor.policy.state(), process_policy().state()
+            return executor.policy.state(), process_gate().state()
 
     ours, process = asyncio.run(main())
     assert ours == (5, True) and process == before
@@ -152,7 +152,7 @@ def test_the_closer_waits_for_a_group_sent_back_and_ends_once_it_is_abandoned() 
     from concurrent.futures import ThreadPoolExecutor
 
     from rollout_ray._driver.finalize import FinalizeConfig
-    from rollout_ray._driver.group_finalizer import GroupCloser
+    from rollout_ray._driver.group_finalizer import GroupFinalizer
     from rollout_ray._record.arrow import RolloutRecord
     from rollout_ray._record.trace import Trace, TraceTask
 
@@ -165,7 +165,7 @@ def test_the_closer_waits_for_a_group_sent_back_and_ends_once_it_is_abandoned() 
                 sent_back.set()
             return group_id != "b"
 
-        closer = GroupCloser(config=FinalizeConfig(), judge=None, store=None, io=ThreadPoolExecutor(1),
+        closer = GroupFinalizer(config=FinalizeConfig(), judge=None, store=None, io=ThreadPoolExecutor(1),
                              emit=lambda g: asyncio.sleep(0, emitted.append(g.group_id)), rows_per_write=256,
                              keep=keep, demand=demand)
         running = asyncio.create_task(closer.run())
