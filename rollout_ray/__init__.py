@@ -15,7 +15,8 @@ from ._record.trace import TRACE_VERSION as TRACE_VERSION
 from ._record.trace import AgentInfo as AgentInfo
 from ._record.trace import AgentSpan as AgentSpan
 from ._record.graph import Branch as Branch
-from ._record.trace import Error as Error
+from ._record.trace import ErrorRecord as ErrorRecord
+from ._record.trace import ErrorRecord as Error  # its former name
 from ._record.trace import InterceptRecord as InterceptRecord
 from ._record.trace import MessageNode as MessageNode
 from ._record.trace import ModelCall as ModelCall
@@ -87,6 +88,7 @@ from ._hosting.executor import Executor as Executor
 
 # Errors
 from ._errors import CorruptManifest as CorruptManifest
+from ._errors import CorruptRun as CorruptRun
 from ._errors import CorruptShard as CorruptShard
 from ._errors import ForeignShard as ForeignShard
 from ._errors import HarnessError as HarnessError
@@ -150,7 +152,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     # the record
-    "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "Error", "InterceptRecord",
+    "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "Error", "ErrorRecord", "InterceptRecord",
     "MessageNode", "ModelCall", "Reward", "RuntimeInfo", "TimeSpan", "TimeSplit", "Timing",
     "ToolCallRecord", "Trace", "TraceTask", "decode_trace", "encode_trace",
     # messages and the model boundary
@@ -174,6 +176,6 @@ __all__ = [
     # errors
     "HarnessError", "OverlongPromptError", "ProviderError", "Refusal", "RolloutError",
     "SandboxError", "SessionConcluded", "TaskError", "ToolsetError", "TurnRefused",
-    "Unauthorized", "UpstreamError", "boundary", "SchemaMismatch", "CorruptManifest", "ForeignShard",
+    "Unauthorized", "UpstreamError", "boundary", "SchemaMismatch", "CorruptRun", "CorruptManifest", "ForeignShard",
     "ResumeMismatch", "RunInUse",
 ]  # fmt: skip

@@ -45,7 +45,7 @@ from rollout_ray import (
     tool,
 )
 from rollout_ray._driver.driver import Driver, EvalConfig
-from rollout_ray._errors import CorruptShard, InfrastructureLost
+from rollout_ray._errors import CorruptRun, InfrastructureLost
 from rollout_ray._harnesses.program import ProgramHarness
 from rollout_ray._hosting.executor import Executor, RolloutSpec
 from rollout_ray._hosting.local_executor import LocalExecutor
@@ -743,7 +743,7 @@ def test_a_truncated_shard_is_refused_loudly_and_never_streamed(report: Any, pri
     bad = shards[1]
     os.truncate(bad, bad.stat().st_size // 2)
     t0 = time.monotonic()
-    with pytest.raises(CorruptShard, match=r"^shard .*part-00001\.parquet is truncated or corrupt") as err:
+    with pytest.raises(CorruptRun, match=r"^shard .*part-00001\.parquet is truncated or corrupt") as err:
         read_run(run_dir)
     assert err.value.path == bad
     streamed: list[Any] = []
@@ -753,12 +753,12 @@ def test_a_truncated_shard_is_refused_loudly_and_never_streamed(report: Any, pri
         streamed.extend(groups)
         assert calls == 0
 
-    with pytest.raises(CorruptShard) as err:  # the resume refuses: nothing scheduled or streamed
+    with pytest.raises(CorruptRun) as err:  # the resume refuses: nothing scheduled or streamed
         asyncio.run(resume())
     seconds = time.monotonic() - t0
     assert err.value.path == bad and streamed == []
     assert shard_paths(run_dir) == shards  # and nothing written
-    report("7 truncated shard", "shard 2 of 3 cut in half", "read + resume refuse: CorruptShard",
+    report("7 truncated shard", "shard 2 of 3 cut in half", "read + resume refuse: CorruptRun",
            "0 rows streamed or written", seconds)
 
 

@@ -18,10 +18,6 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 
-class UsageError(Exception):
-    """A bad command line found after parsing; printed as ``<prog>: error: <message>``, exit 2."""
-
-
 class OneLineParser(argparse.ArgumentParser):
     """``ArgumentParser`` whose errors are one line (no usage block): the message names the flag."""
 

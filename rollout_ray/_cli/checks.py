@@ -11,9 +11,8 @@ from typing import Any
 
 from .._core.sampling import unknown_sampling
 from .._driver.driver import EvalConfig
-from .._errors import RunInUse
+from .._errors import RunInUse, UsageError
 from .._record.manifest import MANIFEST_NAME, RunLock
-from .arguments import UsageError
 
 
 def warn(message: str) -> None:

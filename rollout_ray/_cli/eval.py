@@ -19,19 +19,17 @@ from .._core.harness import Harness
 from .._core.task import Task
 from .._driver.driver import EvalConfig, RunResult
 from .._errors import (
-    CorruptManifest,
-    CorruptShard,
-    ForeignShard,
+    CorruptRun,
     ProviderError,
     RayUnreachable,
     ResumeMismatch,
     RunInUse,
-    TasksetError,
+    UsageError,
 )
 from .._record.store import stored_outcomes
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
-from .arguments import UsageError, integer, json_object, k_list, number, one_line
+from .arguments import integer, json_object, k_list, number, one_line
 from .checks import check_address, check_api_key, check_out, check_pass_k, check_sampling
 from .drive import TOKEN_CAPTURES, drive, eval_config, header, make_executor, open_model, version
 from .interrupt import Signals
@@ -140,12 +138,9 @@ class _Plan:
 
 def _plan(args: argparse.Namespace) -> _Plan:
     """Raises ``UsageError`` for anything wrong: before Ray starts or a file is written."""
-    try:
-        module = import_taskset(args.taskset)
-        tasks = taskset_tasks(module, args.taskset, args.limit)
-        harness = taskset_harness(module, args.taskset)
-    except TasksetError as e:
-        raise UsageError(str(e)) from None
+    module = import_taskset(args.taskset)
+    tasks = taskset_tasks(module, args.taskset, args.limit)
+    harness = taskset_harness(module, args.taskset)
     check_sampling(args.sampling)
     config = _config(module, args)
     check_pass_k(config, given=args.pass_k is not None)
@@ -281,7 +276,7 @@ def _eval(args: argparse.Namespace) -> int:
     signals = Signals()
     try:
         return asyncio.run(_eval_async(args, plan, signals))
-    except (RunInUse, ResumeMismatch, CorruptManifest, CorruptShard, ForeignShard, FileExistsError,
+    except (RunInUse, ResumeMismatch, CorruptRun, FileExistsError,
             RayUnreachable) as e:
         print(f"rollout-ray eval: {e}", file=sys.stderr)
         return 2

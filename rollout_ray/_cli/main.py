@@ -24,7 +24,8 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from .arguments import OneLineParser, UsageError
+from .._errors import UsageError
+from .arguments import OneLineParser
 from .drive import version
 
 

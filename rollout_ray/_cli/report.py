@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._errors import CorruptManifest, CorruptShard, ForeignShard
+from .._errors import CorruptRun, UsageError
 from .._record.store import MANIFEST_NAME, shard_paths
-from .arguments import UsageError
 from .summary import format_summary, plot, stored_token_rows, summarize
 
 
@@ -28,7 +27,7 @@ def _report(args: argparse.Namespace) -> int:
                          "`rollout-ray eval TASKSET --out DIR` writes one")
     try:
         samples, groups = stored_results(path)
-    except (CorruptManifest, CorruptShard, ForeignShard) as e:
+    except CorruptRun as e:
         raise UsageError(str(e)) from None
     if not samples.num_rows:
         raise UsageError(f"{path} holds no rollouts yet")

@@ -9,9 +9,8 @@ import shlex
 import urllib.error
 import urllib.request
 
-from .._errors import CorruptManifest
+from .._errors import CorruptRun, UsageError
 from .._record.store import MANIFEST_NAME, read_manifest
-from .arguments import UsageError
 
 RUNS_ROOT = "runs"
 
@@ -30,7 +29,7 @@ def latest_run(taskset: str, root: str = RUNS_ROOT) -> str:
             continue
         try:
             manifest = read_manifest(path)
-        except CorruptManifest:
+        except CorruptRun:
             continue
         runs.append((manifest.created, name, manifest.config.get("taskset")))
     mine = sorted((created, name) for created, name, ref in runs if ref == taskset)

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from .._driver.driver import EvalConfig, RunResult, group_id_of
 from .._driver.run_dir import changed_settings as _changed
 from .._driver.run_dir import stored_results
+from .._errors import UsageError
 from .._hosting.executor import Executor
 from .._record.store import done_keys, read_manifest
 from .comparison import comparison_row, comparison_table, format_comparison, plot_comparison
@@ -48,7 +49,6 @@ from .grid import (
     Point,
     Sweep,
     SweepBase,
-    SweepConfigError,
     load_sweep,
 )
 from .interrupt import Signals
@@ -74,7 +74,7 @@ def _sweep(args: argparse.Namespace) -> int:
         base = sweep.file.base.model_copy(update={k: v for k, v in overrides.items() if v})
         out = args.out or os.path.join("runs", "sweep-" + os.path.splitext(os.path.basename(args.grid))[0])
         plan = preflight(sweep, out, resume=args.resume)
-    except SweepConfigError as e:
+    except UsageError as e:
         print("\n".join(f"rollout-ray sweep: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
     copy = os.path.join(out, "grid.toml")
@@ -142,7 +142,7 @@ def preflight(sweep: Sweep, out: str, *, resume: bool) -> dict[str, str]:
     """Each point's action, ``run``, ``resume`` or ``skip``, decided before anything runs.
 
     Raises:
-        SweepConfigError: ``out`` holds runs and ``resume`` is off, or a stored point's
+        UsageError: ``out`` holds runs and ``resume`` is off, or a stored point's
             settings differ from the grid's.
     """
     plan, problems = {}, []
@@ -152,7 +152,7 @@ def preflight(sweep: Sweep, out: str, *, resume: bool) -> dict[str, str]:
             plan[point.name] = "run"
             continue
         if not resume:
-            raise SweepConfigError(out, [("", f"already holds runs of a sweep ({point.name}, ...); "
+            raise UsageError.in_file(out, [("", f"already holds runs of a sweep ({point.name}, ...); "
                                               "pass --resume to continue it, or choose another --out")])
         config = point_config(sweep, point)
         stored = read_manifest(run_dir).config
@@ -163,7 +163,7 @@ def preflight(sweep: Sweep, out: str, *, resume: bool) -> dict[str, str]:
                                          "with the grid it was run with, or choose another --out"))
         plan[point.name] = "skip" if _complete(sweep, point, run_dir) else "resume"
     if problems:
-        raise SweepConfigError(out, problems)
+        raise UsageError.in_file(out, problems)
     os.makedirs(out, exist_ok=True)
     return plan
 

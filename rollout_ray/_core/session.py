@@ -44,7 +44,7 @@ from .._record.messages import (
     message_hash,
 )
 from .._record.tokens import record_tokens
-from .._record.trace import Error, InterceptRecord, ModelCall, TimeSpan, Trace
+from .._record.trace import ErrorRecord, InterceptRecord, ModelCall, TimeSpan, Trace
 from .admission import Admission
 from .hooks import Hook, call_by_type, resolve
 from .limits import RolloutLimits
@@ -186,17 +186,17 @@ class RolloutSession:
                 raise TurnRefused(stop_name)
             return response
         except OverlongPromptError as e:
-            call.error = Error.from_exception(e)
+            call.error = ErrorRecord.from_exception(e)
             self.trace.stop("context_length")
             raise TurnRefused("context_length") from e
         except RolloutError as e:
-            call.error = Error.from_exception(e)
+            call.error = ErrorRecord.from_exception(e)
             self.error = e
             raise
         except Refusal:
             raise
         except BaseException as e:
-            call.error = Error.from_exception(e)  # a cancellation or a client bug: not stashed
+            call.error = ErrorRecord.from_exception(e)  # a cancellation or a client bug: not stashed
             raise
         finally:
             call.time.end = time.time()

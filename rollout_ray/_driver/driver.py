@@ -40,7 +40,7 @@ from .._core.harness import Harness
 from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
-from .._errors import InfrastructureLost, ProviderError, ResumeMismatch, error_class
+from .._errors import InfrastructureLost, ProviderError, ResumeMismatch
 from .._hosting.executor import Executor, RolloutSpec
 from .._hosting.gc_tuning import tuned_for_rollouts
 from .._record.arrow import RolloutRecord, warm_arrow
@@ -422,7 +422,7 @@ class Driver(PolicyOwner):
         if not trace.ok:
             self.progress.failed += 1
         last = trace.last_error
-        if not trace.ok and last is not None and _is_provider_failure(last.type):
+        if not trace.ok and last is not None and last.is_a(ProviderError):
             self._provider_streak += 1
             if self._provider_streak >= self.config.breaker and not self._halt.is_set():
                 self.status = "halted"
@@ -437,11 +437,6 @@ class Driver(PolicyOwner):
         if self._on_progress is not None and (force or now - self._last_report >= self._progress_every):
             self._last_report = now
             self._on_progress(self.progress)
-
-
-def _is_provider_failure(type_name: str) -> bool:
-    cls = error_class(type_name)
-    return cls is not None and issubclass(cls, ProviderError)
 
 
 def _lost_trace(task: Task, harness: Harness, error: Exception) -> Trace:

@@ -24,7 +24,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._errors import InfrastructureLost, ProviderError, ResumeMismatch, error_class
+from .._errors import InfrastructureLost, ProviderError, ResumeMismatch
 from .._record.arrow import RolloutRecord, table_to_records
 from .._record.store import (
     GROUPS_DIR,
@@ -38,6 +38,7 @@ from .._record.store import (
     stored_outcomes,
     write_manifest,
 )
+from .._record.trace import ErrorRecord
 from .finalize import FinalizeConfig, GroupJudge, finalize
 
 RESULT_SETTINGS = ("samples_per_task", "limits", "timeouts", "model_name", "sampling", "finalize")
@@ -87,7 +88,7 @@ class RunDirectory:
             FileExistsError: it holds a run and neither ``resume`` nor ``overwrite`` is on.
             ValueError: ``overwrite`` of a symbolic link.
             ResumeMismatch: resuming with other settings than the run was made with.
-            CorruptManifest / CorruptShard / ForeignShard: what is stored cannot be trusted.
+            CorruptRun: what is stored cannot be trusted.
         """
         if self.overwrite and os.path.islink(os.path.normpath(self.path)):
             raise ValueError(f"{self.path} is a symbolic link; overwrite replaces only a run directory itself")
@@ -155,7 +156,7 @@ class RunDirectory:
             position = _position(group_id)
             if position is not None:
                 self.groups_at.setdefault(position, set()).add(group_id)
-        redo = set() if self.keep_failed else {k for k, (ok, error) in outcomes.items() if not ok and _lost(error)}
+        redo = set() if self.keep_failed else {k for k, (ok, error) in outcomes.items() if not ok and redoable(error)}
         self.done = set(outcomes) - redo
         counts = Counter(group for group, _ in self.done)
         partial = sorted({g for g, _ in redo} | {g for g, c in counts.items() if c < self.samples_per_task})
@@ -249,10 +250,13 @@ def _position(group_id: str) -> int | None:
     return int(head) if sep and head.isdigit() else None
 
 
-def _lost(error_type: str | None) -> bool:
-    """Failed for a reason outside the task: the infrastructure or the model provider."""
-    cls = error_class(error_type) if error_type else None
-    return cls is not None and issubclass(cls, InfrastructureLost | ProviderError)
+def redoable(error_type: str | None) -> bool:
+    """Whether a stored rollout that failed with ``error_type`` failed for a reason outside its
+    task, which a resume runs again: its infrastructure was lost, or the model provider failed.
+
+    The run's scalar columns keep the stored error's type name only, so the record asks this
+    process for its class (a taskset's own subclass is known once the taskset is imported)."""
+    return error_type is not None and ErrorRecord(error_type, "").is_a((InfrastructureLost, ProviderError))
 
 
 def changed_settings(old: Any, new: Any, prefix: str = "") -> list[str]:

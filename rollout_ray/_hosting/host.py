@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from .._core.interception import Interception
 from .._core.rollout import Rollout, ToolServerFactory
 from .._core.runtime import Runtime
-from .._errors import InfrastructureLost, UnknownRollout, error_class
+from .._errors import InfrastructureLost, error_class
 from .._record.messages import Message
 from .._record.trace import encode_trace
 from .executor import RolloutSpec
@@ -77,7 +77,7 @@ class RolloutHost:
     def _get(self, rollout_id: str) -> Rollout:
         rollout = self._rollouts.get(rollout_id)
         if rollout is None:
-            raise UnknownRollout(f"no open rollout {rollout_id!r} on this host")
+            raise KeyError(f"no open rollout {rollout_id!r} on this host")
         return rollout
 
     async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from .._errors import CorruptManifest, RunInUse
+from .._errors import CorruptRun, RunInUse
 from .arrow import ARROW_SCHEMA_VERSION
 
 MANIFEST_NAME = "manifest.json"
@@ -85,13 +85,13 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
 
     Raises:
         FileNotFoundError: the run has no manifest.
-        CorruptManifest: the manifest is not valid JSON or not a manifest.
+        CorruptRun: the manifest is not valid JSON or not a manifest.
     """
     path = Path(run_dir) / MANIFEST_NAME
     try:
         return msgspec.json.decode(path.read_bytes(), type=Manifest)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise CorruptManifest(path, str(e)) from None
+        raise CorruptRun.manifest(path, str(e)) from None
 
 
 class RunLock:

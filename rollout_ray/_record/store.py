@@ -14,8 +14,8 @@ leaves at worst a ``*.tmp`` leftover, which readers ignore. A shard is never rew
 resumed run appends shards numbered after the existing ones, and a row it writes again for
 a ``(group_id, sample_idx)`` (a rollout redone) supersedes the earlier one: readers see the
 latest row of each key. A final shard that is nevertheless unreadable (disk corruption, a
-copy cut short) makes ``read_run`` raise ``CorruptShard``, and one holding rows of another
-run ``ForeignShard``, rather than return partial or mixed data.
+copy cut short) makes ``read_run`` raise ``CorruptRun``, as does one holding rows of another
+run, rather than return partial or mixed data.
 
 One writer per run directory at a time: ``RunLock`` makes it so across processes.
 """
@@ -34,7 +34,7 @@ from typing import Self
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._errors import CorruptShard, ForeignShard
+from .._errors import CorruptRun
 from .arrow import CONVERSATION_COLUMNS, TRACE_SCHEMA, check_schema, newer_columns
 from .manifest import MANIFEST_NAME as MANIFEST_NAME
 from .manifest import MANIFEST_VERSION as MANIFEST_VERSION
@@ -181,7 +181,7 @@ def iter_shards(
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
-        CorruptShard: a shard cannot be read (raised when the iteration reaches it).
+        CorruptRun: a shard cannot be read (raised when the iteration reaches it).
         SchemaMismatch: a shard lacks a requested column or has a newer schema version.
     """
     for path in shard_paths(run_dir):
@@ -202,9 +202,8 @@ def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = No
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
-        CorruptShard: a shard cannot be read; the run needs repair.
-        ForeignShard: a shard holds rows of another run.
-        CorruptManifest: the run's manifest cannot be read.
+        CorruptRun: a shard cannot be read (the run needs repair) or holds rows of another
+            run, or the run's manifest cannot be read.
         SchemaMismatch: a shard lacks a requested column or has a newer schema version.
     """
     if columns is None and not conversation:
@@ -234,7 +233,7 @@ def read_groups(run_dir: str | os.PathLike[str]) -> pa.Table:
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
-        CorruptShard: a groups shard cannot be read.
+        CorruptRun: a groups shard cannot be read.
     """
     shard_paths(run_dir)  # the run directory must exist
     tables = []
@@ -276,7 +275,7 @@ def _own_shards(run_dir: str | os.PathLike[str], columns: Sequence[str] | None) 
         if run_id is not None and table.num_rows and "run_id" in table.column_names:
             found = set(table.column("run_id").unique().to_pylist())
             if found != {run_id}:
-                raise ForeignShard(path, ", ".join(sorted(str(f) for f in found - {run_id})), run_id)
+                raise CorruptRun.foreign(path, ", ".join(sorted(str(f) for f in found - {run_id})), run_id)
         yield path, table
 
 
@@ -329,7 +328,7 @@ def _read_shard(path: Path, columns: Sequence[str] | None) -> pa.Table:
     with shard:
         with _unreadable_is_corrupt(path):
             schema = shard.schema_arrow
-        # Checked before reading, so a missing column is a SchemaMismatch, not a CorruptShard.
+        # Checked before reading, so a missing column is a SchemaMismatch, not a CorruptRun.
         # Columns beyond TRACE_SCHEMA (group and judge columns) may be absent from a shard,
         # and so may one appended to TRACE_SCHEMA after the shard's version.
         newer = newer_columns(schema)
@@ -349,7 +348,7 @@ def _unreadable_is_corrupt(path: Path) -> Iterator[None]:
     except FileNotFoundError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptShard(path, f"{type(exc).__name__}: {exc}") from exc
+        raise CorruptRun.shard(path, f"{type(exc).__name__}: {exc}") from exc
 
 
 def _shard_paths(shards_dir: Path) -> list[Path]:

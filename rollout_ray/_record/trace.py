@@ -23,7 +23,7 @@ from .messages import AssistantMessage, Message, Tool, ToolMessage, Usage, text_
 from .tokens import token_drift
 from .trace_parts import AgentInfo as AgentInfo
 from .trace_parts import AgentSpan as AgentSpan
-from .trace_parts import Error as Error
+from .trace_parts import ErrorRecord as ErrorRecord
 from .trace_parts import InterceptRecord as InterceptRecord
 from .trace_parts import MessageNode as MessageNode
 from .trace_parts import ModelCall as ModelCall
@@ -80,7 +80,7 @@ class Trace(msgspec.Struct, kw_only=True):
     is_completed: bool = False
     ok: bool = False
     stop_condition: str | None = None
-    errors: list[Error] = msgspec.field(default_factory=list)
+    errors: list[ErrorRecord] = msgspec.field(default_factory=list)
     timing: Timing = msgspec.field(default_factory=Timing)
     tool_calls: list[ToolCallRecord] = msgspec.field(default_factory=list)
     extra_usage: list[Usage] = msgspec.field(default_factory=list)
@@ -98,7 +98,7 @@ class Trace(msgspec.Struct, kw_only=True):
         return not self.ok
 
     @property
-    def last_error(self) -> Error | None:
+    def last_error(self) -> ErrorRecord | None:
         return self.errors[-1] if self.errors else None
 
     @property
@@ -220,8 +220,8 @@ class Trace(msgspec.Struct, kw_only=True):
             self.stop_condition = condition
 
     def record_error(self, exc: BaseException) -> None:
-        """Append ``exc`` as an Error, mark the trace not ok, and stop it with ``error``."""
-        self.errors.append(Error.from_exception(exc))
+        """Append ``exc`` as an ``ErrorRecord``, mark the trace not ok, and stop it with ``error``."""
+        self.errors.append(ErrorRecord.from_exception(exc))
         self.ok = False
         self.stop("error")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from .._errors import ProviderError
+from .._errors import ProviderError, error_class
 from .messages import Message, Usage
 
 
@@ -67,16 +67,22 @@ class Timing(msgspec.Struct):
                 span.end = now
 
 
-class Error(msgspec.Struct):
-    """A recorded failure: the exception's type name, message, status and traceback."""
+class ErrorRecord(msgspec.Struct):
+    """A recorded failure: the exception's type name, message, status, traceback and lineage.
+
+    ``is_a`` is the one way to ask what kind of failure it was.
+    """
 
     type: str
     message: str
     status_code: int | None = None
     traceback: str | None = None
+    lineage: list[str] | None = None
+    """The names of the exception's classes, its own first, up to ``BaseException`` (``None``:
+    recorded before lineages were; ``is_a`` then resolves ``type`` in this process)."""
 
     @classmethod
-    def from_exception(cls, exc: BaseException) -> Error:
+    def from_exception(cls, exc: BaseException) -> ErrorRecord:
         # A provider error's traceback is ours, not the provider's: it says nothing useful.
         trace_text = None
         if not isinstance(exc, ProviderError):
@@ -87,7 +93,18 @@ class Error(msgspec.Struct):
             message=str(exc),
             status_code=status if isinstance(status, int) else None,
             traceback=trace_text,
+            lineage=[c.__name__ for c in type(exc).__mro__[:-1]],  # all but ``object``
         )
+
+    def is_a(self, kind: type[BaseException] | tuple[type[BaseException], ...]) -> bool:
+        """Whether the recorded exception was a ``kind`` (a class, or a tuple of them, as for
+        ``isinstance``). Read from the lineage, so it holds in a process that never imported
+        the class that was raised (a taskset's own subclass of ``ProviderError``, say)."""
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if self.lineage is not None:
+            return any(k.__name__ in self.lineage for k in kinds)
+        found = error_class(self.type)
+        return found is not None and issubclass(found, kinds)
 
 
 class Reward(msgspec.Struct):
@@ -133,7 +150,7 @@ class ModelCall(msgspec.Struct):
     finish_reason: str | None = None
     usage: Usage | None = None
     time: TimeSpan = msgspec.field(default_factory=TimeSpan)
-    error: Error | None = None
+    error: ErrorRecord | None = None
     policy: int | None = None
     """The policy version that produced the reply, when the model side stamped one."""
     prompt_shared: int = 0

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._driver.finalize import counted_reward
-from .._errors import CorruptShard
+from .._errors import CorruptRun
 from .._record.arrow import SCALAR_COLUMNS, TRACE_SCHEMA, check_schema
 from .._record.store import MANIFEST_NAME, SHARDS_DIR, read_manifest, shard_paths
 
@@ -95,7 +95,7 @@ def build_index(run_dir: Path, previous: RunIndex | None = None) -> RunIndex:
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
-        CorruptShard: a shard cannot be read, or holds rows of another run than the manifest's.
+        CorruptRun: a shard cannot be read, or holds rows of another run than the manifest's.
         SchemaMismatch: a shard lacks a scalar column or has a newer schema version.
     """
     keys = shard_keys(run_dir)
@@ -139,7 +139,7 @@ def read_scalars(path: Path, run_id: str | None = None) -> pa.Table:
     """One shard's ``INDEX_COLUMNS`` and any stored extra scalar column (never the conversation).
 
     Raises:
-        CorruptShard: unreadable, or rows of another run than ``run_id`` (when given).
+        CorruptRun: unreadable, or rows of another run than ``run_id`` (when given).
         SchemaMismatch: a scalar column is missing, or the schema version is newer.
     """
     with unreadable_is_corrupt(path):
@@ -153,7 +153,7 @@ def read_scalars(path: Path, run_id: str | None = None) -> pa.Table:
     # As read_run does: rows of two runs in one directory are refused, never mixed.
     found = set(pc.unique(table["run_id"]).to_pylist()) if run_id is not None and table.num_rows else set()
     if found - {run_id}:
-        raise CorruptShard(path, f"it holds rows of run {', '.join(sorted(map(str, found - {run_id})))}, "
+        raise CorruptRun.shard(path, f"it holds rows of run {', '.join(sorted(map(str, found - {run_id})))}, "
                                  f"not of this run ({run_id})")
     return table
 
@@ -165,13 +165,13 @@ def _is_scalar(type_: pa.DataType) -> bool:
 
 @contextmanager
 def unreadable_is_corrupt(path: Path) -> Iterator[None]:
-    """Turn a failure to read a shard into ``CorruptShard`` (a vanished file stays one)."""
+    """Turn a failure to read a shard into ``CorruptRun`` (a vanished file stays one)."""
     try:
         yield
-    except (FileNotFoundError, CorruptShard):
+    except (FileNotFoundError, CorruptRun):
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptShard(path, f"{type(exc).__name__}: {exc}") from exc
+        raise CorruptRun.shard(path, f"{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from aiohttp import web
 
-from .._errors import CorruptShard, SchemaMismatch
+from .._errors import CorruptRun, SchemaMismatch
 from .._record.store import read_manifest
 from .catalog import NotARunDirectory, RunEntry, describe, find_runs
 from .detail import read_trace, siblings, trace_view
@@ -170,7 +170,7 @@ def _errors_middleware(loopback_only: bool) -> Any:
             return _json({"error": str(exc)}, 400)
         except (NotFound, FileNotFoundError) as exc:
             return _json({"error": str(exc)}, 404)
-        except (CorruptShard, SchemaMismatch, ValueError) as exc:  # a damaged run or manifest
+        except (CorruptRun, SchemaMismatch, ValueError) as exc:  # a damaged run or manifest
             return _json({"error": str(exc)}, 500)
 
     return middleware

@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 from rollout_ray import LocalInterception, decode_trace
-from rollout_ray._errors import UnknownRollout
 from rollout_ray._hosting.executor import RolloutSpec
 from rollout_ray._hosting.host import RolloutHost
 from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel
@@ -47,7 +46,7 @@ def test_open_waits_for_room_when_capacity_is_reached() -> None:
         return h.open_ids()
 
     assert run(main()) == []
-    with pytest.raises(UnknownRollout):
+    with pytest.raises(KeyError, match="no open rollout"):
         run(h.close("nope"))
 
 
