@@ -131,7 +131,7 @@ class Parked(ChatHarness):
 
 
 class Watched(Executor):
-    """Wraps an executor; ``lost`` is set once ``expect`` rollouts raised ``InfrastructureLost``."""
+    """Wraps an executor; ``lost`` is set once ``expect`` rollouts came back lost."""
 
     def __init__(self, inner: Executor, expect: int) -> None:
         self.inner, self.expect, self.count = inner, expect, 0
@@ -145,13 +145,12 @@ class Watched(Executor):
         return self.inner.max_in_flight
 
     async def run(self, spec: RolloutSpec) -> Trace:
-        try:
-            return await self.inner.run(spec)
-        except InfrastructureLost:
+        trace = await self.inner.run(spec)
+        if any(e.is_a(InfrastructureLost) for e in trace.errors):
             self.count += 1
             if self.count >= self.expect:
                 self.lost.set()
-            raise
+        return trace
 
 
 async def host_facts(actor: Any) -> dict[str, Any]:

@@ -41,11 +41,11 @@ from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
 from .._errors import InfrastructureLost, ProviderError, ResumeMismatch
-from .._hosting.executor import Executor, RolloutSpec
+from .._hosting.executor import Executor, RolloutSpec, failed_trace
 from .._hosting.gc_tuning import tuned_for_rollouts
 from .._record.arrow import RolloutRecord, warm_arrow
 from .._record.store import read_groups, read_run
-from .._record.trace import AgentInfo, Timing, Trace
+from .._record.trace import Trace
 from .finalize import FinalizeConfig
 from .group_finalizer import Group, GroupFinalizer
 from .policy_owner import PolicyOwner
@@ -399,15 +399,10 @@ class Driver(PolicyOwner):
                                timeouts=self.config.timeouts, model_name=self.config.model_name,
                                sampling=dict(self.config.sampling))
             try:
-                trace = await self.executor.run(spec)
-            except InfrastructureLost as e:
-                trace = _lost_trace(task, self.harness, e)
-                retryable = True
+                trace, ran = await self.executor.run(spec), True
             except Exception as e:  # noqa: BLE001 - e.g. a task that cannot be pickled: this rollout fails, not the run
-                trace = _lost_trace(task, self.harness, e)
-                retryable = False
-            else:
-                retryable = self.config.retry_failed and not trace.ok
+                trace, ran = failed_trace(spec, e), False
+            retryable = lost(trace) or (ran and self.config.retry_failed and not trace.ok)
             counts.append(len(trace.errors))
             if not retryable or retries >= self.config.max_infra_retries:
                 trace.errors[:0] = errors  # earlier attempts first (B52)
@@ -439,13 +434,7 @@ class Driver(PolicyOwner):
             self._on_progress(self.progress)
 
 
-def _lost_trace(task: Task, harness: Harness, error: Exception) -> Trace:
-    """The record of a rollout the executor could not run or lost: failed, with the error."""
-    trace = Trace(
-        task=task.trace_task(),
-        agent=AgentInfo(harness=harness.id),
-        timing=Timing(start=time.time()),
-    )
-    trace.record_error(error)
-    trace.is_completed = True
-    return trace
+def lost(trace: Trace) -> bool:
+    """Whether a rollout's host or services were lost under it (an ``InfrastructureLost`` among
+    its errors): its outcome says nothing of the task, so it is run again."""
+    return not trace.ok and any(error.is_a(InfrastructureLost) for error in trace.errors)

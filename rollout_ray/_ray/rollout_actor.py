@@ -25,6 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._core.policy_gate import process_gate
 from .._errors import InfrastructureLost
+from .._hosting.executor import RolloutSpec
 from .._hosting.gc_tuning import tune_for_rollouts
 from .._hosting.host import RolloutHost
 from .._hosting.node_services import LEASE_SECONDS
@@ -33,9 +34,10 @@ from .._runtimes.host import runtime_kind
 from .calls import call
 from .node_services_client import NodeServicesRef, RayInterception, RayToolServer
 from .remote_runtime import RemoteRuntime
-from .run_receiver import Result, RunReceiver
+from .run_receiver import RunReceiver
 from .runtime_actor import RuntimeActorClass
 from .shipment import ShipmentUnpacker
+from .trace_wire import Result, trace_to_wire
 
 PROBE_INTERVAL = 2.0
 PROBE_TIMEOUT = 30.0
@@ -68,7 +70,7 @@ class _RolloutActor:
             tool_server=RayToolServer(services, owner).serve,
         )
         self._unpacker = ShipmentUnpacker()
-        self._receiver = RunReceiver(self.host.run)
+        self._receiver = RunReceiver(self._run)
         tune_for_rollouts()
 
     def node_id(self) -> str:
@@ -182,10 +184,13 @@ class _RolloutActor:
         return await self.host.step(rollout_id, messages)
 
     async def close(self, rollout_id: str) -> bytes:
-        return await self.host.close(rollout_id)
+        return trace_to_wire(await self.host.close(rollout_id))
 
     async def abort(self, rollout_id: str) -> None:
         await self.host.abort(rollout_id)
+
+    async def _run(self, spec: RolloutSpec) -> bytes:
+        return trace_to_wire(await self.host.run(spec))
 
     async def submit(self, items: list[tuple[int, bytes]], bodies: dict[str, bytes]) -> list[tuple[int, Exception]]:
         self._watch()
@@ -197,8 +202,8 @@ class _RolloutActor:
     async def cancel(self, sids: list[int]) -> None:
         self._receiver.cancel(sids)
 
-    async def trace(self, rollout_id: str) -> bytes:
-        return await self.host.trace(rollout_id)
+    def trace(self, rollout_id: str) -> bytes:
+        return trace_to_wire(self.host.trace(rollout_id))
 
     def open_ids(self) -> list[str]:
         return self.host.open_ids()

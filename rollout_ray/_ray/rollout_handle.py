@@ -14,12 +14,13 @@ from typing import Any
 
 from .._hosting.executor import RolloutSpec
 from .._record.messages import Message
-from .._record.trace import Trace, decode_trace
+from .._record.trace import Trace
 from .._runtimes.host import runtime_kind
 from .calls import SHUTDOWN_GRACE, call, stop_actor
 from .rollout_actor import RolloutActorClass
 from .run_sender import RunSender
 from .shipment import ShipmentPacker, deliver
+from .trace_wire import trace_from_wire
 
 
 def _shared(spec: RolloutSpec) -> tuple[Any, ...]:
@@ -73,14 +74,14 @@ class RolloutActor:
         return await call(self.actor.step.remote(rollout_id, messages))
 
     async def close(self, rollout_id: str) -> Trace:
-        return decode_trace(await call(self.actor.close.remote(rollout_id)))
+        return trace_from_wire(await call(self.actor.close.remote(rollout_id)))
 
     async def abort(self, rollout_id: str) -> None:
         await call(self.actor.abort.remote(rollout_id))
 
     async def run(self, spec: RolloutSpec) -> Trace:
         """Open, run and close a rollout; batched with the others in flight (``run_sender``)."""
-        return decode_trace(await self._runs.run(spec))
+        return trace_from_wire(await self._runs.run(spec))
 
     @property
     def runs(self) -> RunSender:
@@ -88,7 +89,7 @@ class RolloutActor:
         return self._runs
 
     async def trace(self, rollout_id: str) -> Trace:
-        return decode_trace(await call(self.actor.trace.remote(rollout_id)))
+        return trace_from_wire(await call(self.actor.trace.remote(rollout_id)))
 
     async def node_id(self) -> str:
         return await call(self.actor.node_id.remote())

@@ -5,15 +5,12 @@ rollout finished since the last ``collect`` (``run_sender`` is the driver's side
 from __future__ import annotations
 
 import asyncio
-import pickle
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
 from .shipment import ShipmentUnpacker
-
-Result = tuple[int, "bytes | BaseException | None"]
-"""One finished rollout: its id and its trace bytes, its exception, or ``None`` (cancelled)."""
+from .trace_wire import Result, portable
 
 
 class RunReceiver:
@@ -21,7 +18,7 @@ class RunReceiver:
     the next ``collect`` takes it.
 
     Args:
-        run: runs one spec to its trace bytes (``RolloutHost.run``).
+        run: runs one spec to its trace's bytes (``RolloutHost.run``, then ``trace_to_wire``).
     """
 
     def __init__(self, run: Callable[[Any], Any]) -> None:
@@ -38,7 +35,7 @@ class RunReceiver:
             try:
                 spec = self._unpacker.unpack(blob, bodies)
             except Exception as e:  # noqa: BLE001 - that rollout fails (MissingShipment: sent again)
-                failed.append((sid, _portable(e)))
+                failed.append((sid, portable(e)))
                 continue
             task = asyncio.ensure_future(self._run(spec))
             self._running[sid] = task
@@ -51,7 +48,7 @@ class RunReceiver:
             result: bytes | BaseException | None = None
         else:
             error = task.exception()
-            result = task.result() if error is None else _portable(error)
+            result = task.result() if error is None else portable(error)
         self._done.append((sid, result))
         self._ready.set()
 
@@ -71,13 +68,3 @@ class RunReceiver:
 
     def __len__(self) -> int:
         return len(self._running)
-
-
-def _portable(error: BaseException) -> Exception:
-    """``error`` if it survives pickling (our errors do), else a ``RuntimeError`` naming it:
-    one unpicklable exception must not lose the whole batch of results it travels with."""
-    try:
-        pickle.loads(pickle.dumps(error))
-    except Exception:  # noqa: BLE001
-        return RuntimeError(f"{type(error).__name__}: {error}")
-    return error if isinstance(error, Exception) else RuntimeError(f"{type(error).__name__}: {error}")
