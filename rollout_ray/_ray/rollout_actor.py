@@ -33,7 +33,7 @@ from .._record.messages import Message
 from .._runtimes.host import runtime_kind
 from .calls import call
 from .node_services_client import NodeServicesRef, RayInterception, RayToolServer
-from .remote_runtime import RemoteRuntime
+from .remote_runtime import owned_runtime
 from .run_receiver import RunReceiver
 from .runtime_actor import RuntimeActorClass
 from .shipment import ShipmentUnpacker
@@ -65,8 +65,7 @@ class _RolloutActor:
         self.host = RolloutHost(
             capacity,
             interception=RayInterception(services, owner),
-            runtime_factory=lambda name: RemoteRuntime(None, name, owner=name, lazy=True, runtime_type=runtime,
-                                                       actor_on_demand=self._runtime_actor),
+            runtime_factory=lambda name: owned_runtime(name, runtime, self._runtime_actor),
             tool_server=RayToolServer(services, owner).serve,
         )
         self._unpacker = ShipmentUnpacker()
