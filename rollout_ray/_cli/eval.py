@@ -50,7 +50,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                      "this taskset under runs/), skipping what is stored (rollouts that failed for infrastructure "
                      "or provider reasons are redone)")
     run.add_argument("--overwrite", action="store_true",
-                     help="replace the run stored in --out (only a run directory: one with a manifest.json)")
+                     help="replace the run stored in --out (only a run directory: one with a manifest)")
     run.add_argument("--keep-failed", action="store_true",
                      help="with --resume: keep rollouts that failed for infrastructure or provider reasons")
     run.add_argument("--samples", metavar="N", type=integer(1), help="samples per task (n)")

@@ -42,6 +42,7 @@ from .._driver.run_dir import changed_settings as _changed
 from .._driver.run_dir import stored_results
 from .._errors import UsageError
 from .._hosting.executor import Executor
+from .._record.run_layout import RunLayout
 from .._record.store import done_keys, read_manifest
 from .comparison import comparison_row, comparison_table, format_comparison, plot_comparison
 from .drive import drive, eval_config, make_executor, open_model
@@ -118,7 +119,7 @@ def _interrupted(args: argparse.Namespace, sweep: Sweep, out: str, signum: int) 
 
 def _complete(sweep: Sweep, point: Point, run_dir: str) -> bool:
     """Whether every rollout of ``point`` is stored in ``run_dir``."""
-    if not os.path.exists(os.path.join(run_dir, "manifest.json")):
+    if not RunLayout.of(run_dir).holds_run():
         return False
     samples = point_config(sweep, point).samples_per_task
     return {(group_id_of(i, t), s) for i, t in enumerate(sweep.tasks) for s in range(samples)} <= done_keys(run_dir)
@@ -148,7 +149,7 @@ def preflight(sweep: Sweep, out: str, *, resume: bool) -> dict[str, str]:
     plan, problems = {}, []
     for point in sweep.points:
         run_dir = os.path.join(out, point.name)
-        if not os.path.exists(os.path.join(run_dir, "manifest.json")):
+        if not RunLayout.of(run_dir).holds_run():
             plan[point.name] = "run"
             continue
         if not resume:

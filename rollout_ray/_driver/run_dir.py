@@ -26,9 +26,8 @@ import pyarrow.compute as pc
 
 from .._errors import InfrastructureLost, ProviderError, ResumeMismatch
 from .._record.arrow import RolloutRecord, table_to_records
+from .._record.run_layout import GROUPS, LOCK, MANIFEST, RunLayout
 from .._record.store import (
-    GROUPS_DIR,
-    MANIFEST_NAME,
     Manifest,
     RunLock,
     ShardWriter,
@@ -95,7 +94,7 @@ class RunDirectory:
         os.makedirs(self.path, exist_ok=True)
         self._lock.acquire()
         try:
-            holds_run = os.path.exists(os.path.join(self.path, MANIFEST_NAME))
+            holds_run = RunLayout.of(self.path).holds_run()
             if holds_run and self.overwrite:
                 clear_run(self.path)
             if not holds_run or self.overwrite:
@@ -109,7 +108,7 @@ class RunDirectory:
                 self.run_id = stored.run_id
                 self._restore()
             self._samples = ShardWriter(self.path, rows_per_shard=self.rows_per_shard)
-            self._groups = ShardWriter(self.path, rows_per_shard=self.rows_per_shard, part=GROUPS_DIR)
+            self._groups = ShardWriter(self.path, rows_per_shard=self.rows_per_shard, part=GROUPS)
         except BaseException:
             self._lock.release()
             raise
@@ -177,8 +176,8 @@ def clear_run(path: str) -> None:
 
     Links inside are removed, never followed. The manifest goes last: a clear that is cut
     short leaves a run directory, which a second overwrite clears."""
-    entries = [e for e in os.scandir(path) if e.name != RunLock.FILE_NAME]
-    for entry in sorted(entries, key=lambda e: e.name == MANIFEST_NAME):
+    entries = [e for e in os.scandir(path) if e.name != LOCK]
+    for entry in sorted(entries, key=lambda e: e.name == MANIFEST):
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path)
         else:

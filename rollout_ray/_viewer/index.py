@@ -26,7 +26,8 @@ import pyarrow.parquet as pq
 from .._driver.finalize import counted_reward
 from .._errors import CorruptRun
 from .._record.arrow import SCALAR_COLUMNS, TRACE_SCHEMA, check_schema
-from .._record.store import MANIFEST_NAME, SHARDS_DIR, read_manifest, shard_paths
+from .._record.run_layout import RunLayout
+from .._record.store import read_manifest, shard_paths
 
 INDEX_COLUMNS: tuple[str, ...] = tuple(
     c for c in SCALAR_COLUMNS if c not in ("rewards", "reward_weights", "metrics", "task_hash")
@@ -74,7 +75,7 @@ class RunIndex:
         return [c for c in self.table.column_names if c not in INDEX_COLUMNS and not c.startswith("_")]
 
     def shard_path(self, shard: int) -> Path:
-        return self.run_dir / SHARDS_DIR / self.keys[shard][0]
+        return RunLayout(self.run_dir).folder() / self.keys[shard][0]
 
     def locate(self, rollout_id: str) -> int | None:
         """The index row of ``rollout_id`` (its first, should a retry reuse an id), or None."""
@@ -106,9 +107,10 @@ def build_index(run_dir: Path, previous: RunIndex | None = None) -> RunIndex:
     start = 0
     if previous is not None and previous.keys and keys[: len(previous.keys)] == previous.keys:
         parts, complete, start = [previous.stored], set(previous.complete), len(previous.keys)
-    run_id = read_manifest(run_dir).run_id if (run_dir / MANIFEST_NAME).exists() else None
+    layout = RunLayout(run_dir)
+    run_id = read_manifest(run_dir).run_id if layout.holds_run() else None
     for shard in range(start, len(keys)):
-        table = read_scalars(run_dir / SHARDS_DIR / keys[shard][0], run_id)
+        table = read_scalars(layout.folder() / keys[shard][0], run_id)
         extras = {c for c in table.column_names if c not in INDEX_COLUMNS}
         complete = extras if complete is None else complete & extras
         n = table.num_rows

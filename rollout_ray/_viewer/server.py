@@ -121,7 +121,7 @@ class Viewer:
     def _render(self, table: pa.Table) -> bytes:
         assert self.plot is not None
         with self._plot_lock, tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "report.png")
+            path = os.path.join(tmp, "plot.png")
             self.plot(table, path)
             return Path(path).read_bytes()
 
