@@ -173,9 +173,9 @@ def accepted(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 def load_example(kind: str) -> Any:
     path = str(EXAMPLES[kind])
     try:
-        from rollout_ray._cli.taskset import load_taskset
+        from rollout_ray._cli.taskset import import_taskset
 
-        return load_taskset(path)
+        return import_taskset(path)
     except ImportError:
         import importlib.util
 

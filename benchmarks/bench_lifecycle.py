@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rollout_ray import ChatHarness, Runtime  # noqa: E402
-from rollout_ray._cli.taskset import load_taskset  # noqa: E402
+from rollout_ray._cli.taskset import import_taskset  # noqa: E402
 from rollout_ray._core.interception import LocalInterception  # noqa: E402
 from rollout_ray._hosting.executor import RolloutSpec  # noqa: E402
 from rollout_ray._hosting.gc_tuning import tune_for_rollouts  # noqa: E402
@@ -61,7 +61,7 @@ class Answers(ScriptedModel):
 
 
 async def measure(n: int, reps: int) -> dict[str, float]:
-    tasks = load_taskset(str(ROOT / "examples" / "arith.py")).tasks(n)
+    tasks = import_taskset(str(ROOT / "examples" / "arith.py")).tasks(n)
     model = Answers(default="4")
     harness = ChatHarness()
     host = RolloutHost(n, interception=LocalInterception(), runtime_factory=_runtime)

@@ -424,9 +424,9 @@ async def bench(args: argparse.Namespace, cs: list[int], topologies: list[str]) 
     import ray
 
     from rollout_ray import OpenAIModel
-    from rollout_ray._cli.taskset import load_taskset
+    from rollout_ray._cli.taskset import import_taskset
 
-    module = load_taskset(str(ARITH))
+    module = import_taskset(str(ARITH))
     ray.cloudpickle.register_pickle_by_value(module)  # as rollout-ray eval does
     rows: list[ScaleRow] = []
     notes: list[str] = []

@@ -87,14 +87,6 @@ def _users(filename: str) -> bool:
     return not any(path.startswith(root + os.sep) for root in (package, *installed))
 
 
-def load_taskset(ref: str) -> ModuleType:
-    """``import_taskset`` for the command line: a bad reference exits with its message."""
-    try:
-        return import_taskset(ref)
-    except UsageError as e:
-        raise SystemExit(f"rollout-ray eval: {e}") from None
-
-
 def taskset_tasks(module: ModuleType, ref: str, limit: int | None = None) -> list[Task]:
     """The taskset's tasks (the first ``limit``), checked before anything starts.
 

@@ -28,10 +28,6 @@ class PolicyOwner:
         """The current policy version: what a model call records when its server stamps none."""
         return self._policy_version
 
-    @property
-    def is_paused(self) -> bool:
-        return self._paused
-
     async def set_policy_version(self, version: int) -> None:
         """Make ``version`` current: the next model calls carry it.
 

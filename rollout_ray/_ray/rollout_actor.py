@@ -89,10 +89,6 @@ class _RolloutActor:
         await self._services.call("ping")
         return self._runtime_actor()
 
-    def started_services(self) -> dict[str, bool]:
-        """Whether this actor started its runtime actor, and used its node's services, yet."""
-        return {"runtime_actor": self._runtimes is not None, "node_services": self._services.used}
-
     def warm(self, argument: Any = None) -> None:
         """Nothing, called with an argument: an actor's first call with one builds Ray's
         serialization context (~1 s of CPU on 2 cores), which would otherwise land on the

@@ -83,8 +83,6 @@ class Trace(msgspec.Struct, kw_only=True):
     errors: list[ErrorRecord] = msgspec.field(default_factory=list)
     timing: Timing = msgspec.field(default_factory=Timing)
     tool_calls: list[ToolCallRecord] = msgspec.field(default_factory=list)
-    extra_usage: list[Usage] = msgspec.field(default_factory=list)
-    """Usage off the conversation graph (a judge's)."""
 
     # -- derived views (never serialised) ---------------------------------------------------
 
@@ -92,10 +90,6 @@ class Trace(msgspec.Struct, kw_only=True):
     def reward(self) -> float:
         """Σ score·weight over the rewards that were scored (B49)."""
         return sum(r.score * r.weight for r in self.rewards.values() if r is not None)
-
-    @property
-    def has_error(self) -> bool:
-        return not self.ok
 
     @property
     def last_error(self) -> ErrorRecord | None:

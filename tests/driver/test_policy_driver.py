@@ -112,7 +112,7 @@ def test_pause_lets_calls_in_flight_finish_and_calls_after_resume_carry_the_new_
     driver, seen, paused = asyncio.run(main())
     assert paused == [True]
     assert seen == [[[7]], [[7]], [[8]], [[8]]]  # none lost; the held calls went at 8
-    assert (driver.policy_version, driver.is_paused, driver.progress.done) == (8, False, 4)
+    assert (driver.policy_version, driver.executor.policy.paused, driver.progress.done) == (8, False, 4)
 
 
 def test_paused_context_bumps_on_success_and_keeps_the_version_on_failure() -> None:

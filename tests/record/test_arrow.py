@@ -121,7 +121,6 @@ def full_trace() -> Trace:
             ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5),
             ToolCallRecord("calc", "mul", "{}", True),
         ],
-        extra_usage=[Usage(prompt_tokens=3, completion_tokens=1)],
     )
 
 
@@ -312,7 +311,6 @@ TRACE_FIELDS_ACKNOWLEDGED = {
     "errors": "error_type, error_message, num_errors (the stored attempt's), attempts (every attempt's)",
     "timing": "started_at and the *_s span columns",
     "tool_calls": "num_tool_calls",
-    "extra_usage": "trace blob only",
 }
 """Where each Trace field lands in the table. A new Trace field fails the guard below until
 someone decides whether it needs a scalar column (appended to TRACE_SCHEMA) and lists it here."""

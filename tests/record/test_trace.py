@@ -99,7 +99,6 @@ def full_trace() -> Trace:
             scoring=TimeSpan(111.0, 112.0),
         ),
         tool_calls=[ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5)],
-        extra_usage=[Usage(prompt_tokens=3, completion_tokens=1)],
     )
 
 
@@ -288,7 +287,7 @@ def test_s3_record_error_appends_error_with_traceback():
     assert err.traceback.startswith("Traceback (most recent call last):\n")
     assert err.traceback.endswith("ValueError: boom\n")
     assert (trace.ok, trace.stop_condition, trace.is_completed) == (False, "error", True)
-    assert trace.has_error and trace.last_error is err
+    assert trace.last_error is err
 
 
 def test_s3_provider_error_has_no_traceback_and_keeps_status():
@@ -409,3 +408,10 @@ def test_s3_last_reply_is_the_stripped_last_sampled_assistant():
     assert trace.last_reply == "the answer"
     trace.nodes.append(MessageNode(2, AssistantMessage(None, tool_calls=[ToolCall("c", "f")]), sampled=True))
     assert trace.last_reply == ""
+
+
+def test_a_trace_written_with_the_dropped_extra_usage_field_still_reads() -> None:
+    """``extra_usage`` was never written; traces stored with it (always empty) decode without it."""
+    old = msgspec.msgpack.encode({"task": {"type": "T"}, "extra_usage": [], "ok": True})
+    trace = decode_trace(old)
+    assert trace.ok and not hasattr(trace, "extra_usage")
