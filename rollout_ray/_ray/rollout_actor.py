@@ -15,6 +15,7 @@ sets it, then forwards it to the node's services for the sessions of its program
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -25,7 +26,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._core.policy_gate import process_gate
 from .._errors import InfrastructureLost
-from .._hosting.executor import RolloutSpec
 from .._hosting.gc_tuning import tune_for_rollouts
 from .._hosting.host import RolloutHost
 from .._hosting.node_services import LEASE_SECONDS
@@ -65,11 +65,11 @@ class _RolloutActor:
         self.host = RolloutHost(
             capacity,
             interception=RayInterception(services, owner),
-            runtime_factory=lambda name: owned_runtime(name, runtime, self._runtime_actor),
+            runtime_factory=functools.partial(owned_runtime, kind=runtime, actor=self._runtime_actor),
             tool_server=RayToolServer(services, owner).serve,
         )
         self._unpacker = ShipmentUnpacker()
-        self._receiver = RunReceiver(self._run)
+        self._receiver = RunReceiver(self.host.run)
         tune_for_rollouts()
 
     def node_id(self) -> str:
@@ -183,9 +183,6 @@ class _RolloutActor:
 
     async def abort(self, rollout_id: str) -> None:
         await self.host.abort(rollout_id)
-
-    async def _run(self, spec: RolloutSpec) -> bytes:
-        return trace_to_wire(await self.host.run(spec))
 
     async def submit(self, items: list[tuple[int, bytes]], bodies: dict[str, bytes]) -> list[tuple[int, Exception]]:
         self._watch()

@@ -1,16 +1,18 @@
 """Batched runs, the actor's side: starts the specs a ``submit`` brought, and hands back every
-rollout finished since the last ``collect`` (``run_sender`` is the driver's side).
+rollout finished since the last ``collect``, its trace encoded for the wire (``run_sender``
+is the driver's side).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import Any
 
+from .._record.trace import Trace
 from .shipment import ShipmentUnpacker
-from .trace_wire import Result, portable
+from .trace_wire import Result, portable, trace_to_wire
 
 
 class RunReceiver:
@@ -18,10 +20,10 @@ class RunReceiver:
     the next ``collect`` takes it.
 
     Args:
-        run: runs one spec to its trace's bytes (``RolloutHost.run``, then ``trace_to_wire``).
+        run: runs one spec to its trace (``RolloutHost.run``).
     """
 
-    def __init__(self, run: Callable[[Any], Any]) -> None:
+    def __init__(self, run: Callable[[Any], Awaitable[Trace]]) -> None:
         self._run = run
         self._unpacker = ShipmentUnpacker()
         self._running: dict[int, asyncio.Task[bytes]] = {}
@@ -37,10 +39,13 @@ class RunReceiver:
             except Exception as e:  # noqa: BLE001 - that rollout fails (MissingShipment: sent again)
                 failed.append((sid, portable(e)))
                 continue
-            task = asyncio.ensure_future(self._run(spec))
+            task = asyncio.ensure_future(self._run_for_wire(spec))
             self._running[sid] = task
             task.add_done_callback(partial(self._finished, sid))
         return failed
+
+    async def _run_for_wire(self, spec: Any) -> bytes:
+        return trace_to_wire(await self._run(spec))
 
     def _finished(self, sid: int, task: asyncio.Task[bytes]) -> None:
         self._running.pop(sid, None)
