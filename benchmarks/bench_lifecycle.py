@@ -38,6 +38,7 @@ from rollout_ray._hosting.executor import RolloutSpec  # noqa: E402
 from rollout_ray._hosting.gc_tuning import tune_for_rollouts  # noqa: E402
 from rollout_ray._hosting.host import RolloutHost  # noqa: E402
 from rollout_ray._ray.remote_runtime import owned_runtime  # noqa: E402
+from rollout_ray._ray.trace_wire import trace_to_wire  # noqa: E402
 from rollout_ray._record.messages import Request, Response, UserMessage  # noqa: E402
 from rollout_ray.testing import ScriptedModel  # noqa: E402
 
@@ -71,8 +72,11 @@ async def measure(n: int, reps: int) -> dict[str, float]:
     async def plain() -> None:
         await asyncio.gather(*(model.complete(r, model=None, sampling={}) for r in requests))
 
+    async def one(spec: RolloutSpec) -> bytes:
+        return trace_to_wire(await host.run(spec))  # as a rollout actor hands it back
+
     async def lifecycle() -> None:
-        await asyncio.gather(*(host.run(s) for s in specs))
+        await asyncio.gather(*(one(s) for s in specs))
 
     await lifecycle()  # warm: imports, hook and signature caches
     tune_for_rollouts()  # as a rollout actor runs

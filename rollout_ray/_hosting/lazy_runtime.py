@@ -80,15 +80,19 @@ class LazyRuntime(Runtime):
             await self.inner.prepare_execution(self._routes)
         self._provisioned = True
 
+    async def stop(self) -> None:
+        if self._provisioning is None and not self._provisioned and not self._handed_on:
+            # Never started, here or elsewhere: nothing to tear down (no teardown task to pay
+            # for, most rollouts' case), but the wrapped runtime must count as stopped, or the
+            # host that made it keeps it (one per rollout, scanned on every creation).
+            self.stopped = self.inner.stopped = True
+            return
+        await super().stop()
+
     async def _teardown(self) -> None:
         if self._provisioning is not None:
             await asyncio.gather(self._provisioning, return_exceptions=True)
-        if self._provisioning is not None or self._provisioned or self._handed_on:
-            await self.inner.stop()
-        else:
-            # Never started: nothing to tear down, but it must count as stopped, or the host
-            # that made it keeps it (one per rollout, scanned on every creation).
-            self.inner.stopped = True
+        await self.inner.stop()
 
     async def alive(self) -> bool:
         if self._provisioning is None and not self._provisioned:
