@@ -173,9 +173,9 @@ def accepted(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 def load_example(kind: str) -> Any:
     path = str(EXAMPLES[kind])
     try:
-        from rollout_ray._cli.taskset import load_taskset
+        from rollout_ray._cli.taskset import import_taskset
 
-        return load_taskset(path)
+        return import_taskset(path)
     except ImportError:
         import importlib.util
 
@@ -190,7 +190,7 @@ def load_example(kind: str) -> Any:
 def make_config(module: Any, group: int, concurrency: int) -> Any:
     """The taskset's config with samples and max_in_flight set, as ``rollout-ray eval`` does."""
     try:
-        from rollout_ray._cli.eval import eval_config
+        from rollout_ray._cli.drive import eval_config
 
         return eval_config(module, samples=group, max_in_flight=concurrency)
     except (ImportError, TypeError):

@@ -584,7 +584,7 @@ def load_arith(by_reference: bool) -> Any:
     """examples/arith.py, importable by Ray's workers (``by_reference``) or registered to pickle by value."""
     import ray
 
-    from rollout_ray._cli.taskset import load_taskset
+    from rollout_ray._cli.taskset import import_taskset
 
     if by_reference:
         # The taskset importable everywhere (as an installed package would be): its classes are
@@ -594,7 +594,7 @@ def load_arith(by_reference: bool) -> Any:
         import importlib
 
         return importlib.import_module(ARITH.stem)
-    module = load_taskset(str(ARITH))
+    module = import_taskset(str(ARITH))
     ray.cloudpickle.register_pickle_by_value(module)  # as rollout-ray eval does
     return module
 

@@ -6,8 +6,8 @@
 
 The quick loop for lifecycle levers (issue 11): ``RolloutHost.run`` over examples/arith.py
 specs with ``ChatHarness`` against an in-process ``ScriptedModel`` answering at once, the
-owned runtime a lazy ``RemoteRuntime`` as in a rollout actor (never provisioned: an in-process
-chat needs no box). Each repetition runs all N at once on one event loop; the best CPU time of
+owned runtime the rollout actor's (``owned_runtime``: a ``LazyRuntime`` over a
+``RemoteRuntime``, never provisioned: an in-process chat needs no box). Each repetition runs all N at once on one event loop; the best CPU time of
 the repetitions is kept (the slower ones are the machine's noise, not the code's).
 
 Rows: ``plain asyncio`` calls the same model once per rollout with the same opening messages
@@ -31,13 +31,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rollout_ray import ChatHarness  # noqa: E402
-from rollout_ray._cli.taskset import load_taskset  # noqa: E402
-from rollout_ray._core.collector import tune_for_rollouts  # noqa: E402
-from rollout_ray._core.executor import RolloutSpec  # noqa: E402
-from rollout_ray._core.host import RolloutHost  # noqa: E402
+from rollout_ray import ChatHarness, Runtime  # noqa: E402
+from rollout_ray._cli.taskset import import_taskset  # noqa: E402
 from rollout_ray._core.interception import LocalInterception  # noqa: E402
-from rollout_ray._ray.remote_runtime import RemoteRuntime  # noqa: E402
+from rollout_ray._hosting.executor import RolloutSpec  # noqa: E402
+from rollout_ray._hosting.gc_tuning import tune_for_rollouts  # noqa: E402
+from rollout_ray._hosting.host import RolloutHost  # noqa: E402
+from rollout_ray._ray.remote_runtime import owned_runtime  # noqa: E402
+from rollout_ray._ray.trace_wire import trace_to_wire  # noqa: E402
 from rollout_ray._record.messages import Request, Response, UserMessage  # noqa: E402
 from rollout_ray.testing import ScriptedModel  # noqa: E402
 
@@ -46,11 +47,8 @@ def _no_actor() -> None:
     raise AssertionError("an in-process chat rollout provisioned a box")
 
 
-def _runtime(name: str) -> RemoteRuntime:
-    try:
-        return RemoteRuntime(None, name, owner=name, lazy=True, runtime_type="local", actor_on_demand=_no_actor)
-    except TypeError:  # a tree from before actor_on_demand (before/after comparisons)
-        return RemoteRuntime(None, name, owner=name, lazy=True, runtime_type="local")
+def _runtime(name: str) -> Runtime:
+    return owned_runtime(name, "local", _no_actor)
 
 
 class Answers(ScriptedModel):
@@ -64,7 +62,7 @@ class Answers(ScriptedModel):
 
 
 async def measure(n: int, reps: int) -> dict[str, float]:
-    tasks = load_taskset(str(ROOT / "examples" / "arith.py")).tasks(n)
+    tasks = import_taskset(str(ROOT / "examples" / "arith.py")).tasks(n)
     model = Answers(default="4")
     harness = ChatHarness()
     host = RolloutHost(n, interception=LocalInterception(), runtime_factory=_runtime)
@@ -74,8 +72,11 @@ async def measure(n: int, reps: int) -> dict[str, float]:
     async def plain() -> None:
         await asyncio.gather(*(model.complete(r, model=None, sampling={}) for r in requests))
 
+    async def one(spec: RolloutSpec) -> bytes:
+        return trace_to_wire(await host.run(spec))  # as a rollout actor hands it back
+
     async def lifecycle() -> None:
-        await asyncio.gather(*(host.run(s) for s in specs))
+        await asyncio.gather(*(one(s) for s in specs))
 
     await lifecycle()  # warm: imports, hook and signature caches
     tune_for_rollouts()  # as a rollout actor runs

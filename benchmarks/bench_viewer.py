@@ -41,7 +41,7 @@ from rollout_ray._record.store import Manifest, ShardWriter, write_manifest
 from rollout_ray._record.trace import (
     AgentInfo,
     AgentSpan,
-    Error,
+    ErrorRecord,
     MessageNode,
     ModelCall,
     Reward,
@@ -58,11 +58,11 @@ SAMPLES = 4
 T0 = 1_750_000_000.0
 
 
-def _error() -> Error:
+def _error() -> ErrorRecord:
     try:
         raise ToolsetError("tool 'add' crashed")
     except ToolsetError as exc:
-        return Error.from_exception(exc)
+        return ErrorRecord.from_exception(exc)
 
 
 def template() -> Trace:

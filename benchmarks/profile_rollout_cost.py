@@ -51,14 +51,14 @@ def ray_processes() -> dict[str, list[int]]:
 
 async def main(n: int, profile: str | None, local: bool) -> None:
     from rollout_ray import ChatHarness, Driver, EvalConfig, LocalExecutor, OpenAIModel, RayExecutor
-    from rollout_ray._cli.taskset import load_taskset
+    from rollout_ray._cli.taskset import import_taskset
 
     server = subprocess.Popen([sys.executable, "-m", "rollout_ray", "serve-model", "--port", "0", "--ttft", "0.09"],
                               stdout=subprocess.PIPE, text=True)
     url = server.stdout.readline().split()[-1]  # type: ignore[union-attr]
     try:
         example = "calc_tool.py" if "--tool" in sys.argv else "arith.py"
-        tasks = load_taskset(str(ROOT / "examples" / example)).tasks(n + 300)
+        tasks = import_taskset(str(ROOT / "examples" / example)).tasks(n + 300)
         model = OpenAIModel(url, name="simulated")
         executor = LocalExecutor() if local else RayExecutor(actors=int(os.environ.get("ACTORS", "1")))
         async with executor:

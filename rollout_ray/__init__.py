@@ -14,8 +14,9 @@ from typing import Any
 from ._record.trace import TRACE_VERSION as TRACE_VERSION
 from ._record.trace import AgentInfo as AgentInfo
 from ._record.trace import AgentSpan as AgentSpan
-from ._record.trace import Branch as Branch
-from ._record.trace import Error as Error
+from ._record.graph import Branch as Branch
+from ._record.trace import ErrorRecord as ErrorRecord
+from ._record.trace import ErrorRecord as Error  # its former name
 from ._record.trace import InterceptRecord as InterceptRecord
 from ._record.trace import MessageNode as MessageNode
 from ._record.trace import ModelCall as ModelCall
@@ -74,7 +75,7 @@ from ._core.runtime import Runtime as Runtime
 from ._runtimes.local import LocalRuntime as LocalRuntime
 from ._runtimes.sandbox import SandboxRuntime as SandboxRuntime
 from ._core.rollout import Rollout as Rollout
-from ._core.executor import RolloutSpec as RolloutSpec
+from ._hosting.executor import RolloutSpec as RolloutSpec
 from ._harnesses.chat import ChatHarness as ChatHarness
 from ._harnesses.program import ProgramHarness as ProgramHarness
 from ._core.toolset import Toolset as Toolset
@@ -83,10 +84,11 @@ from ._serving.tool_server import ToolServer as ToolServer
 from ._simulated.config import SimulatedModelConfig as SimulatedModelConfig
 
 # The driver, Arrow and the env-level finalize: loaded on first access (below).
-from ._core.executor import Executor as Executor
+from ._hosting.executor import Executor as Executor
 
 # Errors
 from ._errors import CorruptManifest as CorruptManifest
+from ._errors import CorruptRun as CorruptRun
 from ._errors import CorruptShard as CorruptShard
 from ._errors import ForeignShard as ForeignShard
 from ._errors import HarnessError as HarnessError
@@ -119,7 +121,7 @@ _LAZY = {
     "Group": "._driver.driver",
     "Progress": "._driver.driver",
     "RunResult": "._driver.driver",
-    "LocalExecutor": "._driver.local_executor",
+    "LocalExecutor": "._hosting.local_executor",
     "TRACE_SCHEMA": "._record.arrow",
     "RolloutRecord": "._record.arrow",
     "records_to_table": "._record.arrow",
@@ -131,7 +133,7 @@ _LAZY = {
     "Finalized": "._driver.finalize",
     "finalize": "._driver.finalize",
     "SimulatedModelServer": "._simulated.server",
-    "RolloutActor": "._ray.rollout_actor",
+    "RolloutActor": "._ray.rollout_handle",
     "RuntimeActor": "._ray.runtime_actor",
     "RemoteRuntime": "._ray.remote_runtime",
     "RayExecutor": "._ray.executor",
@@ -150,7 +152,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     # the record
-    "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "Error", "InterceptRecord",
+    "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "Error", "ErrorRecord", "InterceptRecord",
     "MessageNode", "ModelCall", "Reward", "RuntimeInfo", "TimeSpan", "TimeSplit", "Timing",
     "ToolCallRecord", "Trace", "TraceTask", "decode_trace", "encode_trace",
     # messages and the model boundary
@@ -174,6 +176,6 @@ __all__ = [
     # errors
     "HarnessError", "OverlongPromptError", "ProviderError", "Refusal", "RolloutError",
     "SandboxError", "SessionConcluded", "TaskError", "ToolsetError", "TurnRefused",
-    "Unauthorized", "UpstreamError", "boundary", "SchemaMismatch", "CorruptManifest", "ForeignShard",
+    "Unauthorized", "UpstreamError", "boundary", "SchemaMismatch", "CorruptRun", "CorruptManifest", "ForeignShard",
     "ResumeMismatch", "RunInUse",
 ]  # fmt: skip

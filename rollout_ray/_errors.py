@@ -1,26 +1,25 @@
-"""The error model.
+"""The error model: three families, never mixed (the README's "Errors" table names each class).
 
-Two families, never mixed:
-
-* ``RolloutError`` and its subclasses are *failures of a rollout*. Each is named after the
-  boundary it crossed (task code, harness, tool servers, model provider, runtime). Inside a
-  rollout a failure is recorded exactly once on the trace (``Trace.record_error``) and the
-  trace ends with ``ok=False``; it is never raised into the driver and never cancels a sibling
-  rollout. ``boundary()`` converts foreign exceptions at each boundary, so the recorded type
-  says *where* it broke.
-* ``Refusal`` and its subclasses are *answers of the model boundary* to a harness: the turn
-  was refused because the rollout stopped (400), the session is concluded (409), or the caller
-  is unknown (401). They are control flow for the harness, not failures of the rollout.
+* **Failures of a rollout**, recorded on its trace, never raised into the driver and never
+  cancelling a sibling. ``RolloutError`` and its subclasses are named after the boundary
+  that failed (task code, harness, tool servers, model provider, runtime); ``boundary()``
+  converts foreign exceptions at each boundary, so the recorded type says *where* it broke.
+  ``InfrastructureLost`` is the other kind: the rollout's host or services went away, so its
+  outcome says nothing of the task and the driver runs it again. Inside a rollout a failure is
+  recorded exactly once (``Trace.record_error``) and the trace ends with ``ok=False``; an
+  ``ErrorRecord`` keeps the exception's class lineage, so ``record.is_a(cls)`` answers in any
+  process.
+* **Answers of the model boundary** to a harness: ``Refusal`` and its subclasses (the rollout
+  stopped: 400, the session is concluded: 409, the caller is unknown: 401) are control flow
+  for the harness, not failures; ``UpstreamError`` is a model client that broke (502).
+* **Errors raised to the caller**, outside any rollout: Ray cannot be reached
+  (``RayUnreachable``), a body is not the wire format (``WireError``), a table is not a
+  trace table (``SchemaMismatch``), a run directory cannot be trusted (``CorruptRun``), is
+  in use (``RunInUse``) or was made with other settings (``ResumeMismatch``), a command line,
+  taskset or grid file is wrong (``UsageError``).
 
 A lifecycle bug of the caller (a borrowed runtime its owner already stopped) raises a plain
 ``ValueError`` to the caller and is not recorded on any trace (B8, B20).
-
-Outside a rollout, each boundary of the system has its own error, also here: the driver's
-executor lost a rollout's host (``InfrastructureLost``) or cannot reach Ray
-(``RayUnreachable``), a run directory holds a corrupt shard
-(``CorruptShard``) or a table of another schema (``SchemaMismatch``), a request body is not
-the wire format (``WireError``), a command line names a bad taskset or grid
-(``TasksetError``, ``SweepConfigError``).
 """
 
 from __future__ import annotations
@@ -145,16 +144,14 @@ class RayUnreachable(ConnectionError):
         self.address, self.reason = address, reason
 
 
-class UnknownRollout(KeyError):
-    """No open rollout has that id on this host."""
-
-
 class WireError(ValueError):
-    """A body that is not a valid chat completion request; ``param`` names the field."""
+    """A body that is not the OpenAI wire format (a request, or a model's answer), or a request
+    body that could not be read. ``param`` names the bad field, ``status`` is the HTTP answer
+    to a request (413 over the size limit, 408 too slow, else 400)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, *, status: int = 400) -> None:
         super().__init__(message)
-        self.param = param
+        self.param, self.status = param, status
 
 
 class SchemaMismatch(ValueError):
@@ -173,34 +170,34 @@ class SchemaMismatch(ValueError):
         self.found = found
 
 
-class CorruptShard(ValueError):
-    """A final shard cannot be read: the run needs repair. ``path`` names the file."""
+class CorruptRun(ValueError):
+    """A file of a run directory cannot be trusted: a shard or the manifest is unreadable, or a
+    shard holds rows of another run. ``path`` names the file; the message says what to do."""
 
-    def __init__(self, path: Path, reason: str) -> None:
-        super().__init__(
-            f"shard {path} is truncated or corrupt ({reason}); the run needs repair: move the "
-            "file aside and resume the run to redo its rollouts"
-        )
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(message)
         self.path = path
 
+    @classmethod
+    def shard(cls, path: Path, reason: str) -> CorruptRun:
+        """A final shard that cannot be read: the run needs repair."""
+        return cls(path, f"shard {path} is truncated or corrupt ({reason}); the run needs repair: move the "
+                         "file aside and resume the run to redo its rollouts")
 
-class ForeignShard(ValueError):
-    """A shard of a run directory holds rows of another run. ``path`` names the file."""
+    @classmethod
+    def foreign(cls, path: Path, found: str, expected: str) -> CorruptRun:
+        """A shard that holds rows of run ``found``, in the directory of run ``expected``."""
+        return cls(path, f"shard {path} holds rows of run {found}, not of this run ({expected}); "
+                         "move it to the run it belongs to")
 
-    def __init__(self, path: Path, found: str, expected: str) -> None:
-        super().__init__(
-            f"shard {path} holds rows of run {found}, not of this run ({expected}); "
-            "move it to the run it belongs to"
-        )
-        self.path = path
+    @classmethod
+    def manifest(cls, path: Path, reason: str) -> CorruptRun:
+        """A manifest that cannot be read."""
+        return cls(path, f"{path} is not a readable run manifest ({reason}); restore it or start a new run")
 
 
-class CorruptManifest(ValueError):
-    """A run directory's manifest cannot be read. ``path`` names the file."""
-
-    def __init__(self, path: Path, reason: str) -> None:
-        super().__init__(f"{path} is not a readable run manifest ({reason}); restore it or start a new run")
-        self.path = path
+CorruptShard = ForeignShard = CorruptManifest = CorruptRun
+"""Former names of ``CorruptRun`` (no caller told them apart), kept importable."""
 
 
 class RunInUse(RuntimeError):
@@ -228,24 +225,27 @@ class ResumeMismatch(ValueError):
                    "the same order, or start a new run in another directory")
 
 
-class TasksetError(ValueError):
-    """A taskset reference that names no file, or a module without ``tasks()`` / ``harness()``."""
+class UsageError(ValueError):
+    """A command line, taskset or grid file that cannot be run (the CLI exits 2 with it).
 
+    ``problems`` are ``(where, what)`` pairs when a file has several (``in_file``).
+    """
 
-class SweepConfigError(ValueError):
-    """A grid file that cannot be run; ``problems`` are ``(key path, message)`` pairs."""
+    def __init__(self, message: str, problems: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
 
-    def __init__(self, path: str, problems: list[tuple[str, str]]) -> None:
-        super().__init__("\n".join(f"{path}: {where}: {what}" if where else f"{path}: {what}"
-                                   for where, what in problems))
-        self.path, self.problems = path, problems
+    @classmethod
+    def in_file(cls, path: str, problems: list[tuple[str, str]]) -> UsageError:
+        """The problems of file ``path`` (a grid), each ``(key path, message)``, one line each."""
+        return cls("\n".join(f"{path}: {where}: {what}" if where else f"{path}: {what}"
+                             for where, what in problems), problems)
 
 
 def error_class(type_name: str) -> type[BaseException] | None:
-    """The class behind an error recorded on a trace under ``type_name``, if this process
-    knows it: one of this module's errors or a subclass of one (a taskset's own included,
-    once imported), or a built-in exception. Lets readers of a trace test ``issubclass``
-    instead of comparing names."""
+    """The class behind an error recorded under ``type_name``, if this process knows it: one of
+    this module's errors or a subclass of one (a taskset's own included, once imported), or a
+    built-in exception. ``ErrorRecord.is_a`` asks it for a record that has no lineage."""
     found = _rollout_errors().get(type_name)
     if found is None:
         builtin = getattr(builtins, type_name, None)
@@ -258,10 +258,10 @@ def error_class(type_name: str) -> type[BaseException] | None:
 
 @functools.cache
 def _rollout_errors() -> dict[str, type[BaseException]]:
-    found: dict[str, type[BaseException]] = {}
-    pending: list[type[BaseException]] = [
-        v for v in globals().values() if isinstance(v, type) and issubclass(v, Exception)
-        and v.__module__ == __name__]
+    ours = {name: v for name, v in globals().items()
+            if isinstance(v, type) and issubclass(v, Exception) and v.__module__ == __name__}
+    found: dict[str, type[BaseException]] = dict(ours)  # a former name too (``CorruptShard``)
+    pending: list[type[BaseException]] = list(ours.values())
     while pending:
         cls = pending.pop()
         found.setdefault(cls.__name__, cls)

@@ -44,11 +44,11 @@ from rollout_ray import (
     Trace,
     tool,
 )
-from rollout_ray._core.executor import Executor, RolloutSpec
 from rollout_ray._driver.driver import Driver, EvalConfig
-from rollout_ray._driver.local_executor import LocalExecutor
-from rollout_ray._errors import CorruptShard, InfrastructureLost
+from rollout_ray._errors import CorruptRun, InfrastructureLost
 from rollout_ray._harnesses.program import ProgramHarness
+from rollout_ray._hosting.executor import Executor, RolloutSpec
+from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray._record.arrow import table_to_traces
 from rollout_ray._record.messages import Request, UserMessage
 from rollout_ray._record.store import read_manifest, read_run, shard_paths
@@ -131,7 +131,7 @@ class Parked(ChatHarness):
 
 
 class Watched(Executor):
-    """Wraps an executor; ``lost`` is set once ``expect`` rollouts raised ``InfrastructureLost``."""
+    """Wraps an executor; ``lost`` is set once ``expect`` rollouts came back lost."""
 
     def __init__(self, inner: Executor, expect: int) -> None:
         self.inner, self.expect, self.count = inner, expect, 0
@@ -145,13 +145,12 @@ class Watched(Executor):
         return self.inner.max_in_flight
 
     async def run(self, spec: RolloutSpec) -> Trace:
-        try:
-            return await self.inner.run(spec)
-        except InfrastructureLost:
+        trace = await self.inner.run(spec)
+        if any(e.is_a(InfrastructureLost) for e in trace.errors):
             self.count += 1
             if self.count >= self.expect:
                 self.lost.set()
-            raise
+        return trace
 
 
 async def host_facts(actor: Any) -> dict[str, Any]:
@@ -283,7 +282,7 @@ def tool_call_kill(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -
     """One rollout's runtime actor SIGKILLed while a tool's exec runs in it, then a second
     rollout on the same rollout actor; the facts, for the tests below."""
     ray_module()
-    from rollout_ray._ray.rollout_actor import RolloutActor
+    from rollout_ray._ray.rollout_handle import RolloutActor
 
     fifo = str(tmp_path_factory.mktemp("tool-call") / "pid")
     os.mkfifo(fifo)
@@ -751,7 +750,7 @@ def test_a_truncated_shard_is_refused_loudly_and_never_streamed(report: Any, pri
     bad = shards[1]
     os.truncate(bad, bad.stat().st_size // 2)
     t0 = time.monotonic()
-    with pytest.raises(CorruptShard, match=r"^shard .*part-00001\.parquet is truncated or corrupt") as err:
+    with pytest.raises(CorruptRun, match=r"^shard .*part-00001\.parquet is truncated or corrupt") as err:
         read_run(run_dir)
     assert err.value.path == bad
     streamed: list[Any] = []
@@ -761,12 +760,12 @@ def test_a_truncated_shard_is_refused_loudly_and_never_streamed(report: Any, pri
         streamed.extend(groups)
         assert calls == 0
 
-    with pytest.raises(CorruptShard) as err:  # the resume refuses: nothing scheduled or streamed
+    with pytest.raises(CorruptRun) as err:  # the resume refuses: nothing scheduled or streamed
         asyncio.run(resume())
     seconds = time.monotonic() - t0
     assert err.value.path == bad and streamed == []
     assert shard_paths(run_dir) == shards  # and nothing written
-    report("7 truncated shard", "shard 2 of 3 cut in half", "read + resume refuse: CorruptShard",
+    report("7 truncated shard", "shard 2 of 3 cut in half", "read + resume refuse: CorruptRun",
            "0 rows streamed or written", seconds)
 
 

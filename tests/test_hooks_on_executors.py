@@ -1,4 +1,4 @@
-"""Hooks see the same Trace whichever executor runs the rollout (``_core/trace_sync``).
+"""Hooks see the same Trace whichever executor runs the rollout (``_hosting/trace_sync``).
 
 An in-process agent is served in the rollout's own process; one that speaks HTTP, as a
 program does, is served by a proxy (on Ray: the node's services, holding a copy of the

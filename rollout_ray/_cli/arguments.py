@@ -11,15 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from pydantic import ValidationError
-
-
-class UsageError(Exception):
-    """A bad command line found after parsing; printed as ``<prog>: error: <message>``, exit 2."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -95,6 +90,3 @@ def one_line(error: ValidationError) -> str:
     """A pydantic error as one line: ``location: message`` for each problem."""
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in error.errors())
 
-
-def print_error(prog: str, message: str) -> None:
-    print(f"{prog}: error: {message}", file=sys.stderr)

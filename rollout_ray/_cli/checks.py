@@ -11,9 +11,9 @@ from typing import Any
 
 from .._core.sampling import unknown_sampling
 from .._driver.driver import EvalConfig
-from .._errors import RunInUse
-from .._record.manifest import MANIFEST_NAME, RunLock
-from .arguments import UsageError
+from .._errors import RunInUse, UsageError
+from .._record.manifest import RunLock
+from .._record.run_layout import MANIFEST, RunLayout
 
 
 def warn(message: str) -> None:
@@ -36,12 +36,12 @@ def check_out(out: str, *, resume: bool, overwrite: bool) -> None:
         raise UsageError(f"--out {out}: {ancestor} is a file, not a directory; choose another --out")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise UsageError(f"--out {out}: cannot write in {ancestor} (permission denied); choose another --out")
-    holds_run = os.path.exists(os.path.join(path, MANIFEST_NAME))
+    holds_run = RunLayout.of(path).holds_run()
     if overwrite:
         if os.path.islink(path):
             raise UsageError(f"--overwrite: {out} is a symbolic link; pass the run directory itself")
         if not holds_run and os.path.isdir(path) and os.listdir(path):
-            raise UsageError(f"--overwrite: {out} is not a run directory (no {MANIFEST_NAME}); "
+            raise UsageError(f"--overwrite: {out} is not a run directory (no {MANIFEST}); "
                              "nothing there is replaced: choose another --out")
     elif holds_run and not resume:
         raise UsageError(f"--out {out} already holds a run; pass --resume to continue it, or --overwrite to "

@@ -8,41 +8,31 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
 
 import pyarrow.compute as pc
 from pydantic import ValidationError
 
-from .._core.executor import Executor
 from .._core.harness import Harness
-from .._core.limits import RolloutLimits, RolloutTimeouts
-from .._core.model import Model
 from .._core.task import Task
-from .._driver.driver import Driver, EvalConfig, RunResult
-from .._driver.local_executor import LocalExecutor
+from .._driver.driver import EvalConfig, RunResult
 from .._errors import (
-    CorruptManifest,
-    CorruptShard,
-    ForeignShard,
+    CorruptRun,
     ProviderError,
     RayUnreachable,
     ResumeMismatch,
     RunInUse,
-    TasksetError,
+    UsageError,
 )
 from .._record.store import stored_outcomes
-from .._runtimes.host import runtime_kind
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
-from .._simulated.server import SimulatedModelServer
-from .arguments import UsageError, integer, json_object, k_list, number, one_line
+from .arguments import integer, json_object, k_list, number, one_line
 from .checks import check_address, check_api_key, check_out, check_pass_k, check_sampling
+from .drive import TOKEN_CAPTURES, drive, eval_config, header, make_executor, open_model, version
 from .interrupt import Signals
-from .progress import ProgressDisplay, Watched
 from .runs import RUNS_ROOT, continue_command, latest_run, served_model
 from .summary import format_summary, stored_token_rows, summarize
 from .taskset import import_taskset, taskset_harness, taskset_tasks
@@ -53,14 +43,14 @@ DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("taskset", help="a .py file or a module defining tasks() and harness()")
-    p.add_argument("--version", action="version", version=f"rollout-ray {_version()}")
+    p.add_argument("--version", action="version", version=f"rollout-ray {version()}")
     run = p.add_argument_group("run")
     run.add_argument("--out", metavar="DIR", help="run directory for the manifest and Parquet shards (default: runs/<time>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out (default: the latest run of "
                      "this taskset under runs/), skipping what is stored (rollouts that failed for infrastructure "
                      "or provider reasons are redone)")
     run.add_argument("--overwrite", action="store_true",
-                     help="replace the run stored in --out (only a run directory: one with a manifest.json)")
+                     help="replace the run stored in --out (only a run directory: one with a manifest)")
     run.add_argument("--keep-failed", action="store_true",
                      help="with --resume: keep rollouts that failed for infrastructure or provider reasons")
     run.add_argument("--samples", metavar="N", type=integer(1), help="samples per task (n)")
@@ -113,60 +103,6 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=_eval)
 
 
-TOKEN_CAPTURES = ("auto", "vllm", "sglang", "off")
-"""``--token-capture``: ``OpenAIModel``'s ``token_capture``, ``off`` for ``None``."""
-
-
-def _version() -> str:
-    from .main import version
-
-    return version()
-
-
-def eval_config(
-    module: ModuleType,
-    *,
-    samples: int | None = None,
-    max_in_flight: int | None = None,
-    model_name: str | None = None,
-    limits: Mapping[str, int | None] | None = None,
-    sampling: Mapping[str, Any] | None = None,
-    finalize: Mapping[str, Any] | None = None,
-    timeouts: Mapping[str, float | None] | None = None,
-    retries: int | None = None,
-    retry_failed: bool | None = None,
-) -> EvalConfig:
-    """The taskset's ``config`` (or the defaults) with the given settings laid over it.
-
-    ``limits``, ``timeouts``, ``sampling`` and ``finalize`` override single fields of the
-    taskset's own.
-
-    Raises:
-        ValidationError: a setting out of range (``TypeError`` / ``ValueError`` of the limits).
-    """
-    base: EvalConfig = getattr(module, "config", None) or EvalConfig()
-    update: dict[str, Any] = {}
-    if samples is not None:
-        update["samples_per_task"] = samples
-    if max_in_flight is not None:
-        update["max_in_flight"] = max_in_flight
-    if limits:
-        update["limits"] = RolloutLimits(**{**vars(base.limits), **limits})
-    if timeouts:
-        update["timeouts"] = RolloutTimeouts(**{**vars(base.timeouts), **timeouts})
-    if model_name is not None:
-        update["model_name"] = model_name
-    if sampling:
-        update["sampling"] = {**base.sampling, **sampling}
-    if finalize:
-        update["finalize"] = {**base.finalize.model_dump(), **finalize}
-    if retries is not None:
-        update["max_infra_retries"] = retries
-    if retry_failed:
-        update["retry_failed"] = True
-    return EvalConfig.model_validate({**base.model_dump(), **update}) if update else base
-
-
 _LIMIT_FLAGS = {"max_turns": "max_turns", "max_tokens_total": "max_total_tokens",
                 "max_input_tokens": "max_input_tokens", "max_output_tokens": "max_output_tokens"}
 _SAMPLING_FLAGS = ("temperature", "top_p", "max_tokens", "seed")
@@ -188,74 +124,6 @@ def _config(module: ModuleType, args: argparse.Namespace) -> EvalConfig:
         raise UsageError(f"invalid settings (with the taskset's config): {e}") from None
 
 
-def make_executor(kind: str, module: ModuleType, *, actors: int | None = None, capacity: int | None = None,
-                  address: str | None = None, runtime: str = "auto") -> Executor:
-    """``"local"``: this process, no Ray; ``"ray"``: rollout actors (starts or joins Ray;
-    ``actors=None``: one per CPU of the cluster).
-
-    ``runtime`` is the kind of the runtimes rollouts own (``"auto"``, ``"local"`` or
-    ``"sandbox"``); when ``auto`` cannot have the sandbox, one line on stderr says why.
-    """
-    _, reason = runtime_kind(runtime)
-    if reason is not None:
-        print(f"rollout-ray: no sandbox on this machine ({reason}); rollouts run in LocalRuntime, "
-              "isolated neither from each other nor from the host", file=sys.stderr)
-    if kind == "local":
-        return LocalExecutor(runtime=runtime)
-    from .._ray.executor import RayExecutor
-
-    return RayExecutor(actors=actors, capacity=capacity, address=address, runtime=runtime)
-
-
-async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None, api_key_env: str,
-                     simulated: SimulatedModelConfig | None = None, token_capture: str = "auto",
-                     ) -> tuple[OpenAIModel, str, dict[str, Any]]:
-    """The upstream model, where it is (for people), and what it is (for the manifest: the
-    same for every run of the same model, so a resume can check it); closed with ``stack``.
-
-    Without ``url``, a built-in simulated model server is started on ``stack`` with the
-    ``simulated`` settings (default: ``SimulatedModelConfig()``: vLLM's info route and shapes).
-    ``token_capture`` is one of ``TOKEN_CAPTURES``.
-    """
-    capture: Any = None if token_capture == "off" else token_capture
-    if url:
-        model = OpenAIModel(url, name=name, api_key=os.environ.get(api_key_env), token_capture=capture)
-        where, record = url, {"url": url, "name": name}
-    else:
-        simulated = simulated or SimulatedModelConfig()
-        server = await stack.enter_async_context(SimulatedModelServer(simulated))
-        model = OpenAIModel(server.base_url, name=simulated.model_name, token_capture=capture)  # type: ignore[arg-type]
-        where = f"built-in simulated model at {server.base_url}"
-        record = {"simulated": simulated.model_dump(mode="json")}
-    stack.push_async_callback(model.aclose)
-    return model, where, record
-
-
-async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harness, model: Model,
-                executor: Executor, config: EvalConfig, out: str, *, resume: bool, where: str,
-                manifest_config: dict[str, Any], keep_failed: bool = False, announce: bool = True,
-                overwrite: bool = False, started: float | None = None) -> RunResult:
-    """One eval run into ``out``, with eval's header (unless ``announce`` is off: the caller
-    printed it) and progress on stderr, its wall clock counted from ``started`` (monotonic;
-    default: now)."""
-    if announce:
-        print(header(label, tasks, config, where, out), file=sys.stderr)
-    watched = Watched(executor)
-    display = ProgressDisplay(sys.stderr, watched, started=started)
-    driver = Driver(tasks, harness, model, executor=watched, config=config, run_dir=out,
-                    resume=resume, overwrite=overwrite, keep_failed=keep_failed, judge=getattr(module, "judge", None),
-                    on_progress=display.update, manifest_config=manifest_config)
-    try:
-        return await driver.arun()
-    finally:
-        display.close()
-
-
-def header(label: str, tasks: list[Task], config: EvalConfig, where: str, out: str) -> str:
-    return (f"{label}: {len(tasks)} tasks × {config.samples_per_task} samples, model: {where}, "
-            f"run dir: {out}")
-
-
 @dataclass
 class _Plan:
     """What an eval will run, every part of it checked before anything starts."""
@@ -270,12 +138,9 @@ class _Plan:
 
 def _plan(args: argparse.Namespace) -> _Plan:
     """Raises ``UsageError`` for anything wrong: before Ray starts or a file is written."""
-    try:
-        module = import_taskset(args.taskset)
-        tasks = taskset_tasks(module, args.taskset, args.limit)
-        harness = taskset_harness(module, args.taskset)
-    except TasksetError as e:
-        raise UsageError(str(e)) from None
+    module = import_taskset(args.taskset)
+    tasks = taskset_tasks(module, args.taskset, args.limit)
+    harness = taskset_harness(module, args.taskset)
     check_sampling(args.sampling)
     config = _config(module, args)
     check_pass_k(config, given=args.pass_k is not None)
@@ -411,7 +276,7 @@ def _eval(args: argparse.Namespace) -> int:
     signals = Signals()
     try:
         return asyncio.run(_eval_async(args, plan, signals))
-    except (RunInUse, ResumeMismatch, CorruptManifest, CorruptShard, ForeignShard, FileExistsError,
+    except (RunInUse, ResumeMismatch, CorruptRun, FileExistsError,
             RayUnreachable) as e:
         print(f"rollout-ray eval: {e}", file=sys.stderr)
         return 2

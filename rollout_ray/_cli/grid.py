@@ -26,7 +26,7 @@ from .._core.harness import Harness
 from .._core.limits import LIMIT_FIELDS
 from .._core.sampling import SAMPLING_FIELDS
 from .._core.task import Task
-from .._errors import SweepConfigError, TasksetError
+from .._errors import UsageError
 from .._simulated.config import SimulatedModelConfig
 from .taskset import import_taskset
 
@@ -179,23 +179,23 @@ def load_sweep(path: str) -> Sweep:
     """Parse and validate a grid file, import its taskset and build its harnesses.
 
     Raises:
-        SweepConfigError: the file is missing, not TOML, or names a bad key or value.
+        UsageError: the file is missing, not TOML, or names a bad key or value.
     """
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
     except FileNotFoundError:
-        raise SweepConfigError(path, [("", "no such file")]) from None
+        raise UsageError.in_file(path, [("", "no such file")]) from None
     except tomllib.TOMLDecodeError as e:
-        raise SweepConfigError(path, [("", f"invalid TOML: {e}")]) from None
+        raise UsageError.in_file(path, [("", f"invalid TOML: {e}")]) from None
     try:
         file = SweepFile.model_validate(raw)
     except ValidationError as e:
-        raise SweepConfigError(path, [_problem(err) for err in e.errors()]) from None
+        raise UsageError.in_file(path, [_problem(err) for err in e.errors()]) from None
     try:
         module = import_taskset(file.taskset)
-    except TasksetError as e:
-        raise SweepConfigError(path, [("taskset", str(e))]) from None
+    except UsageError as e:
+        raise UsageError.in_file(path, [("taskset", str(e))]) from None
     harnesses, problems = {}, []
     for i, ref in enumerate(file.grid.harness):
         try:
@@ -203,7 +203,7 @@ def load_sweep(path: str) -> Sweep:
         except ValueError as e:
             problems.append((f"grid.harness[{i}]", str(e)))
     if problems:
-        raise SweepConfigError(path, problems)
+        raise UsageError.in_file(path, problems)
     tasks = list(module.tasks())[: file.base.limit]
     return Sweep(file, module, tasks, harnesses, expand(file.grid))
 

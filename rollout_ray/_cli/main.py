@@ -18,14 +18,15 @@ in ``rollout_ray._cli.sweep`` and ``examples/sweep.toml``.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from .arguments import OneLineParser, UsageError
+from .._errors import UsageError
+from .arguments import OneLineParser
+from .drive import version
 
 
 def _serve_model(args: argparse.Namespace) -> int:
@@ -104,13 +105,6 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--policy-version", type=int, default=0, help="initial X-Policy-Version")
     serve.set_defaults(run=_serve_model)
     return p
-
-
-def version() -> str:
-    try:
-        return importlib.metadata.version("rollout_ray")
-    except importlib.metadata.PackageNotFoundError:
-        return "dev"
 
 
 def _command(sub: argparse._SubParsersAction, name: str, **kwargs: object) -> argparse.ArgumentParser:  # type: ignore[type-arg]

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from .._core.executor import Executor, RolloutSpec
 from .._driver.driver import Progress
+from .._hosting.executor import Executor, RolloutSpec
 from .._record.trace import Trace
 from .extras import installed
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._errors import CorruptManifest, CorruptShard, ForeignShard
-from .._record.store import MANIFEST_NAME, shard_paths
-from .arguments import UsageError
+from .._errors import CorruptRun, UsageError
+from .._record.run_layout import MANIFEST, REPORT_PLOT, RunLayout
+from .._record.store import shard_paths
 from .extras import NO_PLOT, installed
 from .summary import format_summary, plot, stored_token_rows, summarize
 
 
 def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="a run directory written by eval")
-    p.add_argument("--plot", help="PNG path (default: RUN_DIR/report.png)")
+    p.add_argument("--plot", help=f"PNG path (default: RUN_DIR/{REPORT_PLOT})")
     p.set_defaults(run=_report)
 
 
@@ -24,18 +24,18 @@ def _report(args: argparse.Namespace) -> int:
     path = args.run_dir
     if not os.path.isdir(path):
         raise UsageError(f"no such run directory: {path}")
-    if not os.path.exists(os.path.join(path, MANIFEST_NAME)) and not shard_paths(path):
-        raise UsageError(f"{path} is not a run directory (no {MANIFEST_NAME}, no shards); "
+    if not RunLayout.of(path).holds_run() and not shard_paths(path):
+        raise UsageError(f"{path} is not a run directory (no {MANIFEST}, no shards); "
                          "`rollout-ray eval TASKSET --out DIR` writes one")
     try:
         samples, groups = stored_results(path)
-    except (CorruptManifest, CorruptShard, ForeignShard) as e:
+    except CorruptRun as e:
         raise UsageError(str(e)) from None
     if not samples.num_rows:
         raise UsageError(f"{path} holds no rollouts yet")
     summary = summarize(samples, groups)
     summary["token_rows"] = stored_token_rows(path)
     print(format_summary(summary), flush=True)
-    drawn = plot(samples, args.plot or os.path.join(path, "report.png")) if installed("matplotlib") else NO_PLOT
+    drawn = plot(samples, args.plot or RunLayout.of(path).report_plot) if installed("matplotlib") else NO_PLOT
     print(f"plot: {drawn}")
     return 0

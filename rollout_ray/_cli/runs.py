@@ -9,9 +9,9 @@ import shlex
 import urllib.error
 import urllib.request
 
-from .._errors import CorruptManifest
-from .._record.store import MANIFEST_NAME, read_manifest
-from .arguments import UsageError
+from .._errors import CorruptRun, UsageError
+from .._record.run_layout import RunLayout
+from .._record.store import read_manifest
 
 RUNS_ROOT = "runs"
 
@@ -26,11 +26,11 @@ def latest_run(taskset: str, root: str = RUNS_ROOT) -> str:
     names = sorted(os.listdir(root)) if os.path.isdir(root) else []
     for name in names:
         path = os.path.join(root, name)
-        if not os.path.exists(os.path.join(path, MANIFEST_NAME)):
+        if not RunLayout.of(path).holds_run():
             continue
         try:
             manifest = read_manifest(path)
-        except CorruptManifest:
+        except CorruptRun:
             continue
         runs.append((manifest.created, name, manifest.config.get("taskset")))
     mine = sorted((created, name) for created, name, ref in runs if ref == taskset)

@@ -37,24 +37,20 @@ import pyarrow as pa
 import pyarrow.csv
 import pyarrow.parquet as pq
 
-from .._core.executor import Executor
 from .._driver.driver import EvalConfig, RunResult, group_id_of
 from .._driver.run_dir import changed_settings as _changed
 from .._driver.run_dir import stored_results
+from .._errors import UsageError
+from .._hosting.executor import Executor
+from .._record.run_layout import RunLayout
 from .._record.store import done_keys, read_manifest
 from .comparison import comparison_row, comparison_table, format_comparison, plot_comparison
-from .eval import (
-    drive,
-    eval_config,
-    make_executor,
-    open_model,
-)
+from .drive import drive, eval_config, make_executor, open_model
 from .extras import NO_PLOT, installed
 from .grid import (
     Point,
     Sweep,
     SweepBase,
-    SweepConfigError,
     load_sweep,
 )
 from .interrupt import Signals
@@ -80,7 +76,7 @@ def _sweep(args: argparse.Namespace) -> int:
         base = sweep.file.base.model_copy(update={k: v for k, v in overrides.items() if v})
         out = args.out or os.path.join("runs", "sweep-" + os.path.splitext(os.path.basename(args.grid))[0])
         plan = preflight(sweep, out, resume=args.resume)
-    except SweepConfigError as e:
+    except UsageError as e:
         print("\n".join(f"rollout-ray sweep: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
     copy = os.path.join(out, "grid.toml")
@@ -125,7 +121,7 @@ def _interrupted(args: argparse.Namespace, sweep: Sweep, out: str, signum: int) 
 
 def _complete(sweep: Sweep, point: Point, run_dir: str) -> bool:
     """Whether every rollout of ``point`` is stored in ``run_dir``."""
-    if not os.path.exists(os.path.join(run_dir, "manifest.json")):
+    if not RunLayout.of(run_dir).holds_run():
         return False
     samples = point_config(sweep, point).samples_per_task
     return {(group_id_of(i, t), s) for i, t in enumerate(sweep.tasks) for s in range(samples)} <= done_keys(run_dir)
@@ -149,17 +145,17 @@ def preflight(sweep: Sweep, out: str, *, resume: bool) -> dict[str, str]:
     """Each point's action, ``run``, ``resume`` or ``skip``, decided before anything runs.
 
     Raises:
-        SweepConfigError: ``out`` holds runs and ``resume`` is off, or a stored point's
+        UsageError: ``out`` holds runs and ``resume`` is off, or a stored point's
             settings differ from the grid's.
     """
     plan, problems = {}, []
     for point in sweep.points:
         run_dir = os.path.join(out, point.name)
-        if not os.path.exists(os.path.join(run_dir, "manifest.json")):
+        if not RunLayout.of(run_dir).holds_run():
             plan[point.name] = "run"
             continue
         if not resume:
-            raise SweepConfigError(out, [("", f"already holds runs of a sweep ({point.name}, ...); "
+            raise UsageError.in_file(out, [("", f"already holds runs of a sweep ({point.name}, ...); "
                                               "pass --resume to continue it, or choose another --out")])
         config = point_config(sweep, point)
         stored = read_manifest(run_dir).config
@@ -170,7 +166,7 @@ def preflight(sweep: Sweep, out: str, *, resume: bool) -> dict[str, str]:
                                          "with the grid it was run with, or choose another --out"))
         plan[point.name] = "skip" if _complete(sweep, point, run_dir) else "resume"
     if problems:
-        raise SweepConfigError(out, problems)
+        raise UsageError.in_file(out, problems)
     os.makedirs(out, exist_ok=True)
     return plan
 

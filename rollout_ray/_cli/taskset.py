@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from .._core.harness import Harness
 from .._core.task import Task
-from .._errors import TasksetError
+from .._errors import UsageError
 from .arguments import one_line
 
 
@@ -23,18 +23,18 @@ def import_taskset(ref: str) -> ModuleType:
     """Import a taskset from a file path or a module name.
 
     Raises:
-        TasksetError: no such file, importing it raised (the message names the user's line),
+        UsageError: no such file, importing it raised (the message names the user's line),
             or ``tasks`` / ``harness`` is not a function of it.
     """
     if (ref.endswith(".py") or os.path.sep in ref) and not os.path.exists(ref):
-        raise TasksetError(f"no such file: {ref}")
+        raise UsageError(f"no such file: {ref}")
     try:
         module = _import(ref)
     except Exception as e:  # noqa: BLE001 - the user's code: its failure is one line, not a traceback
-        raise TasksetError(f"importing {ref} raised {import_failure(e)}") from None
+        raise UsageError(f"importing {ref} raised {import_failure(e)}") from None
     for needed in ("tasks", "harness"):
         if not callable(getattr(module, needed, None)):
-            raise TasksetError(f"{ref} must define {needed}() (see `rollout-ray eval --help`)")
+            raise UsageError(f"{ref} must define {needed}() (see `rollout-ray eval --help`)")
     return module
 
 
@@ -87,32 +87,24 @@ def _users(filename: str) -> bool:
     return not any(path.startswith(root + os.sep) for root in (package, *installed))
 
 
-def load_taskset(ref: str) -> ModuleType:
-    """``import_taskset`` for the command line: a bad reference exits with its message."""
-    try:
-        return import_taskset(ref)
-    except TasksetError as e:
-        raise SystemExit(f"rollout-ray eval: {e}") from None
-
-
 def taskset_tasks(module: ModuleType, ref: str, limit: int | None = None) -> list[Task]:
     """The taskset's tasks (the first ``limit``), checked before anything starts.
 
     Raises:
-        TasksetError: ``tasks()`` raised, yielded no task, or yielded something not a ``Task``.
+        UsageError: ``tasks()`` raised, yielded no task, or yielded something not a ``Task``.
     """
     try:
         produced = module.tasks()
         tasks = list(produced if limit is None else itertools.islice(produced, limit))
     except ValidationError as e:  # a task's data (e.g. an empty prompt), on one line
-        raise TasksetError(f"tasks() of {ref} raised ValidationError: {e.title}: {one_line(e)}") from None
+        raise UsageError(f"tasks() of {ref} raised ValidationError: {e.title}: {one_line(e)}") from None
     except Exception as e:  # noqa: BLE001 - the user's code: its failure is one line, not a traceback
-        raise TasksetError(f"tasks() of {ref} raised {type(e).__name__}: {e}") from None
+        raise UsageError(f"tasks() of {ref} raised {type(e).__name__}: {e}") from None
     if not tasks:
-        raise TasksetError(f"tasks() of {ref} yielded no tasks; it must yield Task objects")
+        raise UsageError(f"tasks() of {ref} yielded no tasks; it must yield Task objects")
     for i, task in enumerate(tasks):
         if not isinstance(task, Task):
-            raise TasksetError(f"tasks() of {ref} must yield Task objects (e.g. MyTask({{...}})), "
+            raise UsageError(f"tasks() of {ref} must yield Task objects (e.g. MyTask({{...}})), "
                                f"but item {i} is a {type(task).__name__}")
     return tasks
 
@@ -121,13 +113,13 @@ def taskset_harness(module: ModuleType, ref: str) -> Harness:
     """The taskset's ``harness()``, checked.
 
     Raises:
-        TasksetError: it raised, or returned something not a ``Harness``.
+        UsageError: it raised, or returned something not a ``Harness``.
     """
     try:
         harness = module.harness()
     except Exception as e:  # noqa: BLE001 - the user's code: its failure is one line, not a traceback
-        raise TasksetError(f"harness() of {ref} raised {type(e).__name__}: {e}") from None
+        raise UsageError(f"harness() of {ref} raised {type(e).__name__}: {e}") from None
     if not isinstance(harness, Harness):
-        raise TasksetError(f"harness() of {ref} must return a Harness (e.g. ChatHarness()), "
+        raise UsageError(f"harness() of {ref} must return a Harness (e.g. ChatHarness()), "
                            f"got a {type(harness).__name__}")
     return harness

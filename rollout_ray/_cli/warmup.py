@@ -11,7 +11,7 @@ or the node's services only if a task uses a box, and those start when first nee
 
 from __future__ import annotations
 
-from .._core.executor import Executor
+from .._hosting.executor import Executor
 
 WARMUP_TIMEOUT = 300.0
 """Seconds the actors may take to be placed and start (a cluster may be scaling up)."""

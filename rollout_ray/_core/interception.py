@@ -22,7 +22,10 @@ from .session import RolloutSession
 
 @dataclass(frozen=True)
 class Slot:
-    """A rollout's registration: where its harness connects and with which secrets."""
+    """What registering a session hands its harness: where to connect, and with which secrets.
+
+    The registration itself (how to end it, whose it is) stays with the interception that
+    holds it (``_Registration`` in the proxy, the tool server and a node's services)."""
 
     base_url: str
     model_secret: str

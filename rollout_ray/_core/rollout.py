@@ -31,7 +31,7 @@ from .interception import Interception, LocalInterception
 from .limits import RolloutLimits, RolloutTimeouts
 from .model import Model
 from .phases import Segment, finalize_and_score, harness_data, run_setup
-from .policy import PolicyControl, SegmentClock, process_policy
+from .policy_gate import PolicyGate, SegmentClock, process_gate
 from .runtime import Runtime
 from .session import RolloutSession
 from .task import Task
@@ -72,7 +72,7 @@ class Rollout:
         has_user: a caller feeds user turns (an interaction), so a prompt-less task is valid.
         on_trace: called with the trace as soon as it is minted.
         policy: the policy version and pause its model calls and agent clock obey
-            (``_core/policy``; default: the process's).
+            (``_core/policy_gate``; default: the process's).
 
     Raises:
         TypeError: a ``@stop`` or ``@intercept`` hook has the wrong parameter shape (B5), or
@@ -95,7 +95,7 @@ class Rollout:
         sampling: dict[str, Any] | None = None,
         has_user: bool = False,
         on_trace: Callable[[Trace], None] | None = None,
-        policy: PolicyControl | None = None,
+        policy: PolicyGate | None = None,
     ) -> None:
         if runtime is None and runtime_factory is None:
             raise TypeError("Rollout needs runtime= (a live runtime to borrow) or runtime_factory= "
@@ -112,7 +112,7 @@ class Rollout:
         self.timeouts = (timeouts or RolloutTimeouts()).merged(task.data.timeout)
         self.remaining_agent_budget: float | None = self.timeouts.agent
         """Agent seconds left; charged only while a segment runs (B2, B24)."""
-        self.policy = policy or process_policy()
+        self.policy = policy or process_gate()
         self._clock: SegmentClock | None = None
         self.owns_runtime = runtime is None
         self.runtime = runtime
@@ -301,7 +301,7 @@ class Rollout:
         if not self._opened or self._closed or not self.ok or self.harness_session is None:
             return None
         segment = Segment(self.trace.num_turns)
-        # Paused time (a weight update) is not charged: the clock stands still (_core/policy).
+        # Paused time (a weight update) is not charged: the clock stands still (_core/policy_gate).
         clock = self._clock = SegmentClock(self.policy, self.remaining_agent_budget)
         try:
             async with clock.timeout():

@@ -44,12 +44,12 @@ from .._record.messages import (
     message_hash,
 )
 from .._record.tokens import record_tokens
-from .._record.trace import Error, InterceptRecord, ModelCall, TimeSpan, Trace
+from .._record.trace import ErrorRecord, InterceptRecord, ModelCall, TimeSpan, Trace
 from .admission import Admission
 from .hooks import Hook, call_by_type, resolve
 from .limits import RolloutLimits
 from .model import SESSION_ID, Model
-from .policy import PolicyControl, process_policy
+from .policy_gate import PolicyGate, process_gate
 from .sampling import SAMPLING_FIELDS
 
 _CODEC_ENCODER = msgspec.msgpack.Encoder()
@@ -78,7 +78,7 @@ class RolloutSession:
         model_name: the model name forced on every request.
         sampling: sampling settings overlaid on every request.
         policy: the policy version each call records and the pause it waits out
-            (``_core/policy``; default: the process's).
+            (``_core/policy_gate``; default: the process's).
     """
 
     def __init__(
@@ -94,7 +94,7 @@ class RolloutSession:
         response_interceptors: Sequence[Hook] = (),
         model_name: str | None = None,
         sampling: dict[str, Any] | None = None,
-        policy: PolicyControl | None = None,
+        policy: PolicyGate | None = None,
     ) -> None:
         self.trace = trace
         self.model = model
@@ -106,7 +106,7 @@ class RolloutSession:
         self.response_interceptors = list(response_interceptors)
         self.model_name = model_name or model.name
         self.sampling = dict(sampling or {})
-        self.policy = policy or process_policy()
+        self.policy = policy or process_gate()
         self.graph = ConversationGraph(trace)
         self.error: RolloutError | None = None
         """The latest model, tool or hook failure, stashed for the rollout (B30, B31)."""
@@ -186,17 +186,17 @@ class RolloutSession:
                 raise TurnRefused(stop_name)
             return response
         except OverlongPromptError as e:
-            call.error = Error.from_exception(e)
+            call.error = ErrorRecord.from_exception(e)
             self.trace.stop("context_length")
             raise TurnRefused("context_length") from e
         except RolloutError as e:
-            call.error = Error.from_exception(e)
+            call.error = ErrorRecord.from_exception(e)
             self.error = e
             raise
         except Refusal:
             raise
         except BaseException as e:
-            call.error = Error.from_exception(e)  # a cancellation or a client bug: not stashed
+            call.error = ErrorRecord.from_exception(e)  # a cancellation or a client bug: not stashed
             raise
         finally:
             call.time.end = time.time()

@@ -17,7 +17,7 @@ the consumer of ``groups()`` through a bounded queue.
 
 For asynchronous RL the driver owns the policy version and the weight-update pause
 (``pause`` / ``resume`` / ``paused``, carried to wherever model calls are made by
-``Executor.set_policy``; see ``_core/policy``), and with ``max_staleness`` drops and re-runs
+``Executor.set_policy``; see ``_core/policy_gate``), and with ``max_staleness`` drops and re-runs
 a finished rollout too old for the current version when its group is handed on (``staleness``).
 """
 
@@ -36,19 +36,19 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from .._core.aio import unwrapped
-from .._core.collector import tuned_for_rollouts
-from .._core.executor import Executor, RolloutSpec
 from .._core.harness import Harness
 from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
-from .._errors import InfrastructureLost, ProviderError, ResumeMismatch, error_class
+from .._errors import InfrastructureLost, ProviderError, ResumeMismatch
+from .._hosting.executor import Executor, RolloutSpec, failed_trace
+from .._hosting.gc_tuning import tuned_for_rollouts
 from .._record.arrow import RolloutRecord, warm_arrow
 from .._record.store import read_groups, read_run
-from .._record.trace import AgentInfo, Timing, Trace
-from .closer import Group, GroupCloser
+from .._record.trace import Trace
 from .finalize import FinalizeConfig
-from .policy import PolicyOwner
+from .group_finalizer import Group, GroupFinalizer
+from .policy_owner import PolicyOwner
 from .run_dir import RunDirectory
 from .staleness import split_stale
 
@@ -72,7 +72,7 @@ class EvalConfig(BaseModel):
     """Consecutive provider failures that halt the run."""
     rows_per_shard: int = Field(1000, ge=1)
     """Rows per Parquet shard, at most: finalized groups are written when this many are
-    buffered, or 2 s after the first of them was (``closer.WRITE_WITHIN``), or 64 MiB of them."""
+    buffered, or 2 s after the first of them was (``group_finalizer.WRITE_WITHIN``), or 64 MiB of them."""
     stream_buffer: int = Field(64, ge=1)
     """Finalized groups waiting for the consumer before the driver waits too."""
     limits: RolloutLimits = RolloutLimits()
@@ -182,7 +182,7 @@ class Driver(PolicyOwner):
         self.reason = ""
         self._pending: dict[str, list[RolloutRecord]] = {}
         self._group_sizes: dict[str, int] = {}
-        self._closer: GroupCloser | None = None
+        self._finalizer: GroupFinalizer | None = None
         self._provider_streak = 0
         self._halt = asyncio.Event()
         self._last_report = 0.0
@@ -231,7 +231,7 @@ class Driver(PolicyOwner):
         if self.run_dir is not None:
             return RunResult(self.status, self.reason, read_run(self.run_dir, conversation=False),
                              read_groups(self.run_dir), self.run_dir, self.progress.stale)
-        samples, groups = self._closer.tables() if self._closer is not None else (pa.table({}), pa.table({}))
+        samples, groups = self._finalizer.tables() if self._finalizer is not None else (pa.table({}), pa.table({}))
         return RunResult(self.status, self.reason, samples, groups, self.run_dir, self.progress.stale)
 
     def run(self) -> RunResult:
@@ -261,28 +261,28 @@ class Driver(PolicyOwner):
     # -- the run ----------------------------------------------------------------------------
 
     async def _drive(self, queue: asyncio.Queue[Group | None], demand: asyncio.Semaphore) -> None:
-        closer = None
+        finalizer = None
         warm_arrow()  # in a thread, beside the first rollouts: not on the loop at the first group
         try:
             self._open_store()
             await self._announce_policy()
-            closer = self._closer = GroupCloser(
+            finalizer = self._finalizer = GroupFinalizer(
                 config=self.config.finalize, judge=self.judge, store=self._store, io=self._io, emit=queue.put,
                 rows_per_write=self.config.rows_per_shard,
                 **({} if self.config.max_staleness is None else {"keep": self._fresh_or_rerun, "demand": demand}))
             # A lazy taskset is checked as it is planned, while rollouts run.
             with tuned_for_rollouts(), unwrapped(ResumeMismatch):
                 async with asyncio.TaskGroup() as tg:
-                    self._tg = tg  # where stale samples run again, while the closer runs
-                    tg.create_task(closer.run())
+                    self._tg = tg  # where stale samples run again, while the finalizer runs
+                    tg.create_task(finalizer.run())
                     try:
                         await self._rollouts()
                     finally:
-                        closer.finish()
+                        finalizer.finish()
         finally:
             # Also on cancellation: what was finalized is kept, so a resume will not redo it.
-            if closer is not None:
-                await closer.flush()
+            if finalizer is not None:
+                await finalizer.flush()
             self._io.shutdown(wait=True)
             if self._store is not None:
                 self._store.close()
@@ -352,12 +352,12 @@ class Driver(PolicyOwner):
             del self._pending[group_id]
             if self.config.max_staleness is not None:
                 self._group_tasks[group_id] = (position, task)
-            assert self._closer is not None
-            self._closer.close(group_id, members)
+            assert self._finalizer is not None
+            self._finalizer.close(group_id, members)
         self._report()
 
     def _fresh_or_rerun(self, group_id: str, members: list[RolloutRecord]) -> bool:
-        """As the closer finalizes a group (``max_staleness``): keep it if no member is too old
+        """As the finalizer finalizes a group (``max_staleness``): keep it if no member is too old
         for the current policy; else drop those, run their samples again and keep the group
         pending until they are back (``staleness``)."""
         position, task = self._group_tasks.pop(group_id)
@@ -375,11 +375,11 @@ class Driver(PolicyOwner):
 
     async def _again(self, position: int, task: Task, group_id: str, sample_idx: int) -> None:
         """A stale sample's new run, when there is room (a halted run leaves its group incomplete)."""
-        assert self._slots is not None and self._closer is not None
+        assert self._slots is not None and self._finalizer is not None
         await self._slots.acquire()
         if self._halt.is_set():
             self._slots.release()
-            self._closer.abandon(group_id)
+            self._finalizer.abandon(group_id)
             return
         self.progress.in_flight += 1
         await self._one(position, task, group_id, sample_idx, self._slots)
@@ -399,15 +399,10 @@ class Driver(PolicyOwner):
                                timeouts=self.config.timeouts, model_name=self.config.model_name,
                                sampling=dict(self.config.sampling))
             try:
-                trace = await self.executor.run(spec)
-            except InfrastructureLost as e:
-                trace = _lost_trace(task, self.harness, e)
-                retryable = True
+                trace, ran = await self.executor.run(spec), True
             except Exception as e:  # noqa: BLE001 - e.g. a task that cannot be pickled: this rollout fails, not the run
-                trace = _lost_trace(task, self.harness, e)
-                retryable = False
-            else:
-                retryable = self.config.retry_failed and not trace.ok
+                trace, ran = failed_trace(spec, e), False
+            retryable = lost(trace) or (ran and self.config.retry_failed and not trace.ok)
             counts.append(len(trace.errors))
             if not retryable or retries >= self.config.max_infra_retries:
                 trace.errors[:0] = errors  # earlier attempts first (B52)
@@ -422,7 +417,7 @@ class Driver(PolicyOwner):
         if not trace.ok:
             self.progress.failed += 1
         last = trace.last_error
-        if not trace.ok and last is not None and _is_provider_failure(last.type):
+        if not trace.ok and last is not None and last.is_a(ProviderError):
             self._provider_streak += 1
             if self._provider_streak >= self.config.breaker and not self._halt.is_set():
                 self.status = "halted"
@@ -439,18 +434,7 @@ class Driver(PolicyOwner):
             self._on_progress(self.progress)
 
 
-def _is_provider_failure(type_name: str) -> bool:
-    cls = error_class(type_name)
-    return cls is not None and issubclass(cls, ProviderError)
-
-
-def _lost_trace(task: Task, harness: Harness, error: Exception) -> Trace:
-    """The record of a rollout the executor could not run or lost: failed, with the error."""
-    trace = Trace(
-        task=task.trace_task(),
-        agent=AgentInfo(harness=harness.id),
-        timing=Timing(start=time.time()),
-    )
-    trace.record_error(error)
-    trace.is_completed = True
-    return trace
+def lost(trace: Trace) -> bool:
+    """Whether a rollout's host or services were lost under it (an ``InfrastructureLost`` among
+    its errors): its outcome says nothing of the task, so it is run again."""
+    return not trace.ok and any(error.is_a(InfrastructureLost) for error in trace.errors)

@@ -24,11 +24,10 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._errors import InfrastructureLost, ProviderError, ResumeMismatch, error_class
+from .._errors import InfrastructureLost, ProviderError, ResumeMismatch
 from .._record.arrow import RolloutRecord, table_to_records
+from .._record.run_layout import GROUPS, LOCK, MANIFEST, RunLayout
 from .._record.store import (
-    GROUPS_DIR,
-    MANIFEST_NAME,
     Manifest,
     RunLock,
     ShardWriter,
@@ -38,6 +37,7 @@ from .._record.store import (
     stored_outcomes,
     write_manifest,
 )
+from .._record.trace import ErrorRecord
 from .finalize import FinalizeConfig, GroupJudge, finalize
 
 RESULT_SETTINGS = ("samples_per_task", "limits", "timeouts", "model_name", "sampling", "finalize")
@@ -87,14 +87,14 @@ class RunDirectory:
             FileExistsError: it holds a run and neither ``resume`` nor ``overwrite`` is on.
             ValueError: ``overwrite`` of a symbolic link.
             ResumeMismatch: resuming with other settings than the run was made with.
-            CorruptManifest / CorruptShard / ForeignShard: what is stored cannot be trusted.
+            CorruptRun: what is stored cannot be trusted.
         """
         if self.overwrite and os.path.islink(os.path.normpath(self.path)):
             raise ValueError(f"{self.path} is a symbolic link; overwrite replaces only a run directory itself")
         os.makedirs(self.path, exist_ok=True)
         self._lock.acquire()
         try:
-            holds_run = os.path.exists(os.path.join(self.path, MANIFEST_NAME))
+            holds_run = RunLayout.of(self.path).holds_run()
             if holds_run and self.overwrite:
                 clear_run(self.path)
             if not holds_run or self.overwrite:
@@ -108,7 +108,7 @@ class RunDirectory:
                 self.run_id = stored.run_id
                 self._restore()
             self._samples = ShardWriter(self.path, rows_per_shard=self.rows_per_shard)
-            self._groups = ShardWriter(self.path, rows_per_shard=self.rows_per_shard, part=GROUPS_DIR)
+            self._groups = ShardWriter(self.path, rows_per_shard=self.rows_per_shard, part=GROUPS)
         except BaseException:
             self._lock.release()
             raise
@@ -155,7 +155,7 @@ class RunDirectory:
             position = _position(group_id)
             if position is not None:
                 self.groups_at.setdefault(position, set()).add(group_id)
-        redo = set() if self.keep_failed else {k for k, (ok, error) in outcomes.items() if not ok and _lost(error)}
+        redo = set() if self.keep_failed else {k for k, (ok, error) in outcomes.items() if not ok and redoable(error)}
         self.done = set(outcomes) - redo
         counts = Counter(group for group, _ in self.done)
         partial = sorted({g for g, _ in redo} | {g for g, c in counts.items() if c < self.samples_per_task})
@@ -176,8 +176,8 @@ def clear_run(path: str) -> None:
 
     Links inside are removed, never followed. The manifest goes last: a clear that is cut
     short leaves a run directory, which a second overwrite clears."""
-    entries = [e for e in os.scandir(path) if e.name != RunLock.FILE_NAME]
-    for entry in sorted(entries, key=lambda e: e.name == MANIFEST_NAME):
+    entries = [e for e in os.scandir(path) if e.name != LOCK]
+    for entry in sorted(entries, key=lambda e: e.name == MANIFEST):
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path)
         else:
@@ -249,10 +249,13 @@ def _position(group_id: str) -> int | None:
     return int(head) if sep and head.isdigit() else None
 
 
-def _lost(error_type: str | None) -> bool:
-    """Failed for a reason outside the task: the infrastructure or the model provider."""
-    cls = error_class(error_type) if error_type else None
-    return cls is not None and issubclass(cls, InfrastructureLost | ProviderError)
+def redoable(error_type: str | None) -> bool:
+    """Whether a stored rollout that failed with ``error_type`` failed for a reason outside its
+    task, which a resume runs again: its infrastructure was lost, or the model provider failed.
+
+    The run's scalar columns keep the stored error's type name only, so the record asks this
+    process for its class (a taskset's own subclass is known once the taskset is imported)."""
+    return error_type is not None and ErrorRecord(error_type, "").is_a((InfrastructureLost, ProviderError))
 
 
 def changed_settings(old: Any, new: Any, prefix: str = "") -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -20,9 +20,6 @@ from .._core.runtime import ProgramResult
 from .._errors import WireError
 from .._record.wire_stream import StreamAssembler
 from .conversation import wire_messages
-
-if TYPE_CHECKING:
-    from .chat import ChatHarness
 
 _STOPPED = "rollout stopped:"
 
@@ -45,10 +42,20 @@ def _error_text(raw: bytes) -> str:
 
 
 
+class LoopSettings(Protocol):
+    """What the loop reads of its harness (a ``ChatHarness``), each time it reads it."""
+
+    max_calls: int
+    retries: int
+    request_timeout: float
+    stream: bool
+    backoff: float
+
+
 class HTTPAgent:
     """The loop of one ChatHarness over HTTP; ``segment`` runs one segment."""
 
-    def __init__(self, harness: ChatHarness) -> None:
+    def __init__(self, harness: LoopSettings) -> None:
         self.harness = harness
         self._client: aiohttp.ClientSession | None = None
         self._segments = 0

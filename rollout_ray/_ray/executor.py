@@ -16,13 +16,13 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .._core.executor import Executor, RolloutSpec
 from .._errors import InfrastructureLost
+from .._hosting.executor import Executor, RolloutSpec, failed_trace
 from .._record.trace import Trace
 from .._runtimes.host import runtime_kind
 from .calls import SHUTDOWN_GRACE, call
 from .head import init_ray
-from .rollout_actor import RolloutActor
+from .rollout_handle import RolloutActor
 
 log = logging.getLogger("rollout_ray")
 
@@ -34,10 +34,10 @@ UNCAPPED = 1_000_000
 class RayExecutor(Executor):
     """Spreads rollouts over ``actors`` rollout actors of ``capacity`` each.
 
-    An actor that dies is replaced on its next use, and the rollouts it held raise
-    ``InfrastructureLost`` at once (Ray fails the pending calls), never hang. An actor that
-    hangs (its event loop stuck: it answers no ``ping`` within ``probe_timeout``) is killed,
-    so its rollouts become ``InfrastructureLost`` too.
+    An actor that dies is replaced on its next use, and the rollouts it held come back lost
+    at once (Ray fails the pending calls; ``failed_trace`` with an ``InfrastructureLost``),
+    never hang. An actor that hangs (its event loop stuck: it answers no ``ping`` within
+    ``probe_timeout``) is killed, so its rollouts come back lost too.
 
     Without an address (argument or ``RAY_ADDRESS``) it starts a private Ray instance bound
     to 127.0.0.1 — never a cluster that happens to run on the machine. The modules of a
@@ -194,7 +194,7 @@ class RayExecutor(Executor):
         except RayActorError as e:
             if self._pool[index] is actor:
                 self._pool[index] = None  # replaced on next use
-            raise InfrastructureLost(f"rollout actor died: {type(e).__name__}") from None
+            return failed_trace(spec, InfrastructureLost(f"rollout actor died: {type(e).__name__}"))
         finally:
             self._load[index] -= 1
 

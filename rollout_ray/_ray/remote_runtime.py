@@ -1,4 +1,5 @@
-"""RemoteRuntime: a runtime hosted by a ``RuntimeActor``, used from another process."""
+"""RemoteRuntime: a runtime hosted by a ``RuntimeActor``, used from another process, and the
+owned runtime of a rollout actor's rollouts (``owned_runtime``: one started on first use)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ray.exceptions import RayActorError
 
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import RuntimeStopped, SandboxError
+from .._hosting.lazy_runtime import LazyRuntime
 from .._runtimes.sandbox import SandboxRuntime, sandbox_url
 from .calls import call
 
@@ -20,23 +22,14 @@ IMAGE_START_TIMEOUT = 3600.0
 
 
 class RemoteRuntime(Runtime):
-    """A runtime hosted by a ``RuntimeActor``, driven from another process. Picklable.
-
-    ``lazy=True`` defers provisioning to the first use (``exec``, ``read``, ``write``): a
-    rollout that never touches its box costs no runtime actor calls (a sandbox's start is
-    ~6 ms of the runtime actor's CPU). It is still "started" as far as the lifecycle goes;
-    a sandbox's routes given meanwhile are applied when it is provisioned. It is stopped at
-    teardown if it was ever provisioned or handed to another process (which may have
-    provisioned it).
-    """
+    """A runtime hosted by a ``RuntimeActor``, driven from another process. Picklable: a copy
+    drives the same runtime. ``start`` provisions it in the actor (``owned_runtime`` defers
+    that to the first use)."""
 
     def __init__(self, actor: Any, name: str, *, owner: str | None = None, started: bool = False,
-                 runtime_type: str = "local", runtime_id: str | None = None, lazy: bool = False,
-                 provisioned: bool = False, actor_on_demand: Callable[[], Any] | None = None,
-                 image: str | None = None) -> None:
+                 runtime_type: str = "local", runtime_id: str | None = None, provisioned: bool = False,
+                 actor_on_demand: Callable[[], Any] | None = None, image: str | None = None) -> None:
         super().__init__(name)
-        self.image = image
-        """The image it runs over (``TaskData.image``), on the runtime actor's node."""
         self.__actor = actor
         self._actor_on_demand = actor_on_demand
         """Instead of ``actor``: called on the first call to make (and pin) it. A rollout actor
@@ -45,12 +38,10 @@ class RemoteRuntime(Runtime):
         self.started = started
         self.type = runtime_type
         self._id = runtime_id
-        self._lazy = lazy
-        self._provisioned = provisioned or (started and not lazy)
+        self._provisioned = provisioned or started
         self._provisioning: asyncio.Future[Any] | None = None
-        self._shared = False
-        self._routes: list[str] | None = None
-        """A lazy sandbox's routes, applied when it is provisioned (by whichever copy does)."""
+        self.image = image
+        """The image it runs over (``TaskData.image``), on the runtime actor's node."""
 
     @property
     def _actor(self) -> Any:
@@ -59,10 +50,9 @@ class RemoteRuntime(Runtime):
         return self.__actor
 
     def __reduce__(self) -> Any:
-        self._shared = True  # the copy may provision it: teardown must reach the actor
         return (_rebuild_remote_runtime, (self._actor, self.name, self._owner, self.started,
-                                          self.type, self._id, self.stopped, self._lazy,
-                                          self._provisioned, self._routes, self.image))
+                                          self.type, self._id, self.stopped, self._provisioned,
+                                          self.image))
 
     @property
     def id(self) -> str:
@@ -89,22 +79,17 @@ class RemoteRuntime(Runtime):
         return sandbox_url(url) if self.type == "sandbox" else url
 
     async def prepare_execution(self, routes: Sequence[str] | None) -> None:
-        # A local runtime has no network policy. A sandbox's network is closed until its
-        # routes are set: set now if it runs, else when it is provisioned.
-        if self.type != "sandbox":
-            return
-        self._routes = list(routes) if routes is not None else None
-        if self._provisioned or self._provisioning is not None or not self._lazy:
+        # A local runtime has no network policy; a sandbox's is closed until its routes are set.
+        if self.type == "sandbox":
             await self._provision()
-            await self._call("prepare_execution", self.name, self._routes)
+            await self._call("prepare_execution", self.name, list(routes) if routes is not None else None)
 
     async def refresh(self) -> None:
         """Learn whether the owner stopped this runtime."""
         self.stopped = self.stopped or await self._call("stopped", self.name)
 
     async def _start(self) -> None:
-        if not self._lazy:
-            await self._provision()
+        await self._provision()
 
     async def _provision(self) -> None:
         if self._provisioned:
@@ -115,32 +100,16 @@ class RemoteRuntime(Runtime):
         self.type, self._id, self._provisioned = info.type, info.id, True
 
     async def _provision_once(self) -> Any:
-        info = await self._call("create_started", self.name, owner=self._owner, image=self.image,
+        return await self._call("create_started", self.name, owner=self._owner, image=self.image,
                                 wait=CALL_TIMEOUT if self.image is None else IMAGE_START_TIMEOUT)
-        if info.type == "sandbox" and self._routes is not None:
-            await self._call("prepare_execution", self.name, self._routes)
-        return info
-
-    async def stop(self) -> None:
-        if not self._reached_actor():
-            self.stopped = True  # never provisioned nor handed on: nothing to tear down, no task
-            return
-        await super().stop()
-
-    def _reached_actor(self) -> bool:
-        return self._provisioned or self._shared or self._provisioning is not None
 
     async def _teardown(self) -> None:
-        if not self._reached_actor():
-            return
         try:
             await getattr(self._actor, "stop").remote(self.name)
         except RayActorError:
             pass  # the actor is gone, and its guardian removed the runtime with it
 
     async def alive(self) -> bool:
-        if not self._provisioned and not self._shared and self.started and not self.stopped:
-            return True  # it can run a program: it would be provisioned for it (a copy elsewhere may have been)
         try:
             return bool(await self._call("alive", self.name))
         except SandboxError:
@@ -165,12 +134,19 @@ class RemoteRuntime(Runtime):
         await self._call("write", self.name, path, data)
 
 
-def _rebuild_remote_runtime(actor: Any, name: str, owner: str | None, started: bool,
-                            runtime_type: str, runtime_id: str | None, stopped: bool, lazy: bool,
-                            provisioned: bool, routes: list[str] | None = None,
+def _rebuild_remote_runtime(actor: Any, name: str, owner: str | None, started: bool, runtime_type: str,
+                            runtime_id: str | None, stopped: bool, provisioned: bool,
                             image: str | None = None) -> RemoteRuntime:
     runtime = RemoteRuntime(actor, name, owner=owner, started=started, runtime_type=runtime_type,
-                            runtime_id=runtime_id, lazy=lazy, provisioned=provisioned, image=image)
+                            runtime_id=runtime_id, provisioned=provisioned, image=image)
     runtime.stopped = stopped
-    runtime._routes = routes
     return runtime
+
+
+def owned_runtime(name: str, kind: str, actor: Callable[[], Any], image: str | None = None) -> LazyRuntime:
+    """A rollout actor's runtime for its rollout ``name`` (which owns it), of ``kind``, in the
+    runtime actor ``actor()`` returns: started on its first use (``LazyRuntime``), so a
+    rollout that never touches its box costs no runtime actor call (a sandbox's start is
+    ~6 ms of that actor's CPU), and a rollout actor none of whose rollouts does starts no
+    runtime actor. ``image``: the task's (``TaskData.image``), unpacked on the runtime actor's node."""
+    return LazyRuntime(RemoteRuntime(None, name, owner=name, runtime_type=kind, actor_on_demand=actor, image=image))

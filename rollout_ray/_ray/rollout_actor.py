@@ -1,4 +1,5 @@
-"""The rollout actor: a ``RolloutHost`` wired to its node's services and its own runtime actor.
+"""The actor's side of a rollout actor: a ``RolloutHost`` wired to its node's services and its
+own runtime actor (the driver's side, the ``RolloutActor`` handle, is ``rollout_handle``).
 
 It hosts up to K rollouts and adds no lifecycle logic. It creates its own runtime actor for
 the runtimes its rollouts own (when a rollout first needs a box), so by Ray's ownership rules
@@ -7,15 +8,15 @@ Its programs' sessions and tools are served by the node's services actor
 (``node_service_actor``, reached on first use) under its owner id, which it renews every few
 seconds once it used them: what a dead rollout actor left there is reaped.
 
-Its process's ``PolicyControl`` (``_core/policy``) is its rollouts' policy: ``set_policy``
+Its process's ``PolicyGate`` (``_core/policy_gate``) is its rollouts' policy: ``set_policy``
 sets it, then forwards it to the node's services for the sessions of its programs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,21 +24,20 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .._core.collector import tune_for_rollouts
-from .._core.executor import RolloutSpec
-from .._core.host import RolloutHost
-from .._core.policy import process_policy
+from .._core.policy_gate import process_gate
 from .._errors import InfrastructureLost
+from .._hosting.gc_tuning import tune_for_rollouts
+from .._hosting.host import RolloutHost
+from .._hosting.node_services import LEASE_SECONDS
 from .._record.messages import Message
-from .._record.trace import Trace, decode_trace
 from .._runtimes.host import runtime_kind
-from .._serving.node_services import LEASE_SECONDS
-from .batched_runs import Result, RunBoard, RunSender
-from .calls import SHUTDOWN_GRACE, call, stop_actor
-from .node_service_actor import NodeServicesRef, RayInterception, RayToolServer
-from .remote_runtime import RemoteRuntime
+from .calls import call
+from .node_services_client import NodeServicesRef, RayInterception, RayToolServer
+from .remote_runtime import owned_runtime
+from .run_receiver import RunReceiver
 from .runtime_actor import RuntimeActorClass
-from .shipment import Depot, Shipper, deliver
+from .shipment import ShipmentUnpacker
+from .trace_wire import Result, trace_to_wire
 
 PROBE_INTERVAL = 2.0
 PROBE_TIMEOUT = 30.0
@@ -51,7 +51,7 @@ class _RolloutActor:
     def __init__(self, capacity: int, runtime: str, owner: str,
                  policy: tuple[int | None, bool] | None = None) -> None:
         if policy is not None:
-            process_policy().set(*policy)
+            process_gate().set(*policy)
         runtime, _ = runtime_kind(runtime)  # "auto" is decided by the node that runs the boxes
         node_id = ray.get_runtime_context().get_node_id()
         self._runtime_options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
@@ -65,13 +65,11 @@ class _RolloutActor:
         self.host = RolloutHost(
             capacity,
             interception=RayInterception(services, owner),
-            runtime_factory=lambda name, image=None: RemoteRuntime(
-                None, name, owner=name, lazy=True, runtime_type=runtime, actor_on_demand=self._runtime_actor,
-                image=image),
+            runtime_factory=functools.partial(owned_runtime, kind=runtime, actor=self._runtime_actor),
             tool_server=RayToolServer(services, owner).serve,
         )
-        self._depot = Depot()
-        self._board = RunBoard(self.host.run)
+        self._unpacker = ShipmentUnpacker()
+        self._receiver = RunReceiver(self.host.run)
         tune_for_rollouts()
 
     def node_id(self) -> str:
@@ -90,10 +88,6 @@ class _RolloutActor:
         return the runtime actor."""
         await self._services.call("ping")
         return self._runtime_actor()
-
-    def started_services(self) -> dict[str, bool]:
-        """Whether this actor started its runtime actor, and used its node's services, yet."""
-        return {"runtime_actor": self._runtimes is not None, "node_services": self._services.used}
 
     def warm(self, argument: Any = None) -> None:
         """Nothing, called with an argument: an actor's first call with one builds Ray's
@@ -118,17 +112,17 @@ class _RolloutActor:
         the pause. Paused here first and resumed here last, so no agent clock runs while the
         node's proxy holds calls."""
         if paused:
-            process_policy().set(version, paused)
+            process_gate().set(version, paused)
         try:
             if self._services.used:  # else the first registrations there carry it
                 await self._services.call("set_policy", self._owner, version, paused)
         except InfrastructureLost:
             pass  # replaced services learn it with the next registrations
-        process_policy().set(version, paused)
+        process_gate().set(version, paused)
 
     def policy(self) -> tuple[int | None, bool]:
         """``(version, paused)`` as this actor's rollouts see it."""
-        return process_policy().state()
+        return process_gate().state()
 
     def _watch(self) -> None:
         if self._heartbeat is None or self._heartbeat.done():
@@ -179,29 +173,29 @@ class _RolloutActor:
 
     async def open(self, blob: bytes, bodies: dict[str, bytes]) -> tuple[str, bool]:
         self._watch()
-        return await self.host.open(self._depot.unpack(blob, bodies))
+        return await self.host.open(self._unpacker.unpack(blob, bodies))
 
     async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
         return await self.host.step(rollout_id, messages)
 
     async def close(self, rollout_id: str) -> bytes:
-        return await self.host.close(rollout_id)
+        return trace_to_wire(await self.host.close(rollout_id))
 
     async def abort(self, rollout_id: str) -> None:
         await self.host.abort(rollout_id)
 
     async def submit(self, items: list[tuple[int, bytes]], bodies: dict[str, bytes]) -> list[tuple[int, Exception]]:
         self._watch()
-        return self._board.submit(items, bodies)
+        return self._receiver.submit(items, bodies)
 
     async def collect(self) -> list[Result]:
-        return await self._board.collect()
+        return await self._receiver.collect()
 
     async def cancel(self, sids: list[int]) -> None:
-        self._board.cancel(sids)
+        self._receiver.cancel(sids)
 
-    async def trace(self, rollout_id: str) -> bytes:
-        return await self.host.trace(rollout_id)
+    def trace(self, rollout_id: str) -> bytes:
+        return trace_to_wire(self.host.trace(rollout_id))
 
     def open_ids(self) -> list[str]:
         return self.host.open_ids()
@@ -216,78 +210,4 @@ class _RolloutActor:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _shared(spec: RolloutSpec) -> tuple[Any, ...]:
-    """What a spec shares with its neighbours, shipped once per actor: the harness, the model
-    and the (frozen) budgets, one object each for a whole run (56 -> 43 us to pack a spec)."""
-    return (spec.harness, spec.model, spec.limits, spec.timeouts)
-
-
 RolloutActorClass = ray.remote(num_cpus=0, max_concurrency=10_000)(_RolloutActor)
-
-
-class RolloutActor:
-    """Handle to a long-lived actor hosting up to ``capacity`` concurrent rollouts.
-
-    Create with ``RolloutActor.create(capacity=K)``; end with ``await actor.aclose()``.
-    Specs travel as shipments: the taskset's classes, the harness and the model are sent to
-    the actor once, not with every rollout. ``owner`` is the id under which the actor's
-    registrations are held by its node's services.
-    """
-
-    def __init__(self, actor: Any, owner: str) -> None:
-        self.actor = actor
-        self.owner = owner
-        self._shipper = Shipper()
-        self._runs = RunSender(actor, _shared)
-
-    async def _ship(self, method: Any, spec: RolloutSpec) -> Any:
-        return await deliver(self._shipper, spec, lambda blob, bodies: call(method.remote(blob, bodies)),
-                             shared=_shared(spec))
-
-    @classmethod
-    def create(cls, *, capacity: int = 1, runtime: str = "auto", policy: tuple[int | None, bool] | None = None,
-               **options: Any) -> RolloutActor:
-        """Start the actor. ``runtime`` is the kind of the runtimes its rollouts own
-        (``"auto"``, ``"local"`` or ``"sandbox"``); ``policy`` is the ``(version, paused)`` it
-        starts with; ``options`` go to ``.options()`` (e.g. a scheduling strategy)."""
-        runtime_kind(runtime)  # an unknown kind fails here, not in the actor
-        owner = uuid.uuid4().hex
-        return cls(RolloutActorClass.options(**options).remote(capacity, runtime, owner, policy), owner)
-
-    async def set_policy(self, version: int | None, paused: bool, timeout: float | None = None) -> None:
-        """``_RolloutActor.set_policy``, bounded by ``timeout`` seconds."""
-        await call(self.actor.set_policy.remote(version, paused), timeout=timeout)
-
-    async def policy(self) -> tuple[int | None, bool]:
-        return tuple(await call(self.actor.policy.remote()))  # type: ignore[return-value]
-
-    async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
-        return await self._ship(self.actor.open, spec)
-
-    async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
-        return await call(self.actor.step.remote(rollout_id, messages))
-
-    async def close(self, rollout_id: str) -> Trace:
-        return decode_trace(await call(self.actor.close.remote(rollout_id)))
-
-    async def abort(self, rollout_id: str) -> None:
-        await call(self.actor.abort.remote(rollout_id))
-
-    async def run(self, spec: RolloutSpec) -> Trace:
-        """Open, run and close a rollout; batched with the others in flight (``batched_runs``)."""
-        return decode_trace(await self._runs.run(spec))
-
-    @property
-    def runs(self) -> RunSender:
-        """The batched channel ``run`` uses (its ``submits`` / ``collects`` count calls)."""
-        return self._runs
-
-    async def trace(self, rollout_id: str) -> Trace:
-        return decode_trace(await call(self.actor.trace.remote(rollout_id)))
-
-    async def node_id(self) -> str:
-        return await call(self.actor.node_id.remote())
-
-    async def aclose(self, grace: float = SHUTDOWN_GRACE) -> None:
-        """Abort open rollouts and stop the actor; ``ray.kill`` it after ``grace`` seconds."""
-        await stop_actor(self.actor, grace)

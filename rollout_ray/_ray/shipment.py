@@ -5,7 +5,7 @@ message carrying one of its tasks would carry the task's class definition, and u
 pydantic class rebuilds its schema: ~1.5 ms per message, the largest CPU cost of a rollout
 on Ray. Here a message is pickled with each class (and each object the caller marks shared,
 such as the harness and the model) replaced by a content key; the body of a key travels with
-the first message that needs it, and the receiver's ``Depot`` keeps what it was sent.
+the first message that needs it, and the receiver's ``ShipmentUnpacker`` keeps what it was sent.
 
 Keys are content hashes, so they mean the same thing in every process and a receiver shared
 by many senders (a node's services actor) pools equal objects. A receiver that lacks a key
@@ -36,27 +36,28 @@ class MissingShipment(Exception):
 
 
 class _Pickler(cloudpickle.CloudPickler):
-    def __init__(self, file: io.BytesIO, shipper: Shipper, shared: set[int]) -> None:
+    def __init__(self, file: io.BytesIO, packer: ShipmentPacker, shared: set[int]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._shipper = shipper
+        self._packer = packer
         self._shared = shared
         self.keys: set[str] = set()
 
     def persistent_id(self, obj: Any) -> str | None:
         if (isinstance(obj, type) and obj.__module__ != "builtins") or id(obj) in self._shared:
-            key = self._shipper.key_of(obj)
+            key = self._packer.key_of(obj)
             self.keys.add(key)
             return key
         return None
 
 
-class Shipper:
-    """The sending side, for one receiver: remembers which bodies it has already sent.
+class ShipmentPacker:
+    """The sending side, for one receiver: pickles a message with each class and shared object
+    replaced by its content key, and remembers which keys' bodies it has already sent.
 
     It remembers the last ``REMEMBERED`` objects and bodies, so a caller that makes a new
     shared object per message (budgets built per spec) costs a pickle each, never memory
     that grows with the messages. The bound is above the keys one batch of messages refers
-    to (``batched_runs.MAX_BATCH`` specs of a few keys each) before its bodies are taken.
+    to (``run_sender.MAX_BATCH`` specs of a few keys each) before its bodies are taken.
     """
 
     REMEMBERED = 4096
@@ -102,14 +103,14 @@ class Shipper:
         self._sent.clear()
 
 
-async def deliver(shipper: Shipper, message: Any, send: Callable[[bytes, dict[str, bytes]], Awaitable[T]],
+async def deliver(packer: ShipmentPacker, message: Any, send: Callable[[bytes, dict[str, bytes]], Awaitable[T]],
                   shared: Iterable[Any] = ()) -> T:
     """``send(blob, bodies)`` the message; once more with every body if the receiver lacks one."""
-    blob, keys = shipper.pack(message, shared)
+    blob, keys = packer.pack(message, shared)
     try:
-        return await send(blob, shipper.bodies(keys))
+        return await send(blob, packer.bodies(keys))
     except MissingShipment:
-        return await send(blob, shipper.bodies(keys, resend=True))
+        return await send(blob, packer.bodies(keys, resend=True))
 
 
 class _Unpickler(pickle.Unpickler):
@@ -125,14 +126,15 @@ class _Unpickler(pickle.Unpickler):
             raise MissingShipment(key) from None
 
 
-class Depot:
-    """The receiving side: the bodies received so far, and unpacking with them.
+class ShipmentUnpacker:
+    """The receiving side: holds the objects received so far by key, and unpickles messages
+    with them.
 
     It keeps the ``remembered`` most recently used; a message that refers to one it forgot
     raises ``MissingShipment`` and is sent again with its bodies (``deliver``).
     """
 
-    def __init__(self, remembered: int = Shipper.REMEMBERED) -> None:
+    def __init__(self, remembered: int = ShipmentPacker.REMEMBERED) -> None:
         self._objects: OrderedDict[str, Any] = OrderedDict()
         self._remembered = remembered
 

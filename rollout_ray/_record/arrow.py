@@ -43,7 +43,7 @@ import pyarrow as pa
 from .._errors import SchemaMismatch
 from .token_store import has_stored_ids, restore_rows, without_ids
 from .tokens import TokenSequence, has_tokens, token_drift, token_sequences
-from .trace import Error, Trace
+from .trace import ErrorRecord, Trace
 from .wire import wire_message
 
 # WARNING: the schema evolves by appending columns at the end of TRACE_SCHEMA, never by
@@ -156,7 +156,7 @@ class RolloutRecord:
     """How many of ``trace.errors`` each attempt left, oldest first, the last being this
     record's (``()``: unknown; every error counts as this attempt's)."""
 
-    def attempt_errors(self) -> list[list[Error]]:
+    def attempt_errors(self) -> list[list[ErrorRecord]]:
         """The trace's errors split by attempt, oldest first; the last list is the stored
         attempt's (see ``attempts``)."""
         errors = self.trace.errors
@@ -258,7 +258,7 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=TRACE_SCHEMA)
 
 
-def _attempts_row(attempt: int, history: list[list[Error]]) -> list[dict[str, Any]]:
+def _attempts_row(attempt: int, history: list[list[ErrorRecord]]) -> list[dict[str, Any]]:
     """Each attempt's number and errors; numbered so that the last is ``attempt``."""
     first = attempt - len(history) + 1
     return [{"attempt": first + i, "errors": [{"type": e.type, "message": e.message} for e in errors]}

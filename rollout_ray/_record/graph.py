@@ -1,24 +1,82 @@
-"""The conversation graph: which prefix of a request is already on the trace.
+"""The conversation graph: its walk (leaves, root-to-leaf paths, branches) and the index that
+tells which prefix of a request is already on the trace.
 
-Every request carries the whole conversation. The longest prefix that matches existing nodes
-(by parent and message identity) is reused; the rest is the new tail, committed as
-non-sampled nodes followed by the sampled reply. A request that diverges from an earlier
-branch forks a new branch.
+Each ``MessageNode`` names its ``parent``; a branch is a root-to-leaf path, with the model
+calls that committed a node on it. Every request carries the whole conversation. The
+longest prefix that matches existing nodes (by parent and message identity) is reused; the
+rest is the new tail, committed as non-sampled nodes followed by the sampled reply. A
+request that diverges from an earlier branch forks a new branch.
+
+The walk reads any ``Conversation`` (a ``Trace`` is one), so the token record and the trace
+both call it without importing each other.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from .messages import AssistantMessage, Message, message_hash
-from .trace import MessageNode, Trace
+from .trace_parts import MessageNode, ModelCall
+
+
+class Conversation(Protocol):
+    """What the walk reads of a trace: its nodes, and the model calls that committed them."""
+
+    nodes: list[MessageNode]
+    calls: list[ModelCall]
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A root-to-leaf path: its node indices and the calls that committed a node on it."""
+
+    nodes: tuple[int, ...]
+    calls: tuple[ModelCall, ...]
+
+
+def leaves(conversation: Conversation) -> list[int]:
+    """The nodes no node names as parent, in node order."""
+    nodes = conversation.nodes
+    has_child = [False] * len(nodes)
+    for node in nodes:
+        if node.parent is not None and 0 <= node.parent < len(nodes):
+            has_child[node.parent] = True
+    return [i for i, parent in enumerate(has_child) if not parent]
+
+
+def path_to(conversation: Conversation, node: int) -> list[int]:
+    """The node indices from the root down to ``node``."""
+    nodes = conversation.nodes
+    path: list[int] = []
+    at: int | None = node
+    while at is not None and len(path) <= len(nodes):  # a bad parent link cannot loop
+        path.append(at)
+        at = nodes[at].parent
+    path.reverse()
+    return path
+
+
+def branches(conversation: Conversation) -> list[Branch]:
+    """One branch per leaf, leaves in node order."""
+    calls_at: dict[int, list[ModelCall]] = {}
+    for call in conversation.calls:
+        if call.node is not None:
+            calls_at.setdefault(call.node, []).append(call)
+    result = []
+    for leaf in leaves(conversation):
+        path = path_to(conversation, leaf)
+        calls = tuple(c for i in path for c in calls_at.get(i, ()))
+        result.append(Branch(tuple(path), calls))
+    return result
 
 
 class ConversationGraph:
     """An index over ``trace.nodes``; the session is its only writer."""
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Conversation) -> None:
         self.trace = trace
         self._index: dict[tuple[int | None, bytes], int] = {}
         for i, node in enumerate(trace.nodes):

@@ -1,5 +1,5 @@
-"""A run directory's manifest (``manifest.json``: the run's id, settings and versions, written
-atomically) and ``RunLock``, the one writer of a run directory at a time."""
+"""A run directory's manifest (the run's id, settings and versions, written atomically) and
+``RunLock``, the one writer of a run directory at a time (where each is: ``run_layout``)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from .._errors import CorruptManifest, RunInUse
+from .._errors import CorruptRun, RunInUse
 from .arrow import ARROW_SCHEMA_VERSION
-
-MANIFEST_NAME = "manifest.json"
+from .run_layout import RunLayout, being_written
 
 # WARNING: the manifest evolves by appending fields with defaults at the end of Manifest,
 # never by retyping or reordering. Bump only for an incompatible change.
@@ -66,45 +65,43 @@ class Manifest(msgspec.Struct, kw_only=True):
 
 
 def write_manifest(run_dir: str | os.PathLike[str], manifest: Manifest) -> Path:
-    """Atomically write ``<run_dir>/manifest.json`` (creating ``run_dir``); return its path."""
-    directory = Path(run_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / MANIFEST_NAME
-    tmp = path.with_name(path.name + ".tmp")
+    """Atomically write the manifest of ``run_dir`` (creating ``run_dir``); return its path."""
+    layout = RunLayout.of(run_dir)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    path = layout.manifest
+    tmp = being_written(path)
     with open(tmp, "wb") as f:
         f.write(msgspec.json.format(msgspec.json.encode(manifest), indent=2) + b"\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_path(directory)
+    fsync_path(layout.root)
     return path
 
 
 def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
-    """Read ``<run_dir>/manifest.json``.
+    """Read the manifest of ``run_dir``.
 
     Raises:
         FileNotFoundError: the run has no manifest.
-        CorruptManifest: the manifest is not valid JSON or not a manifest.
+        CorruptRun: the manifest is not valid JSON or not a manifest.
     """
-    path = Path(run_dir) / MANIFEST_NAME
+    path = RunLayout.of(run_dir).manifest
     try:
         return msgspec.json.decode(path.read_bytes(), type=Manifest)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise CorruptManifest(path, str(e)) from None
+        raise CorruptRun.manifest(path, str(e)) from None
 
 
 class RunLock:
     """An exclusive lock on a run directory, held by the one process writing it.
 
-    ``flock`` on ``<run_dir>/.lock``: the kernel releases it when the holder exits, however
+    ``flock`` on the run's lock file: the kernel releases it when the holder exits, however
     it exits, so a crashed writer never leaves the run locked.
     """
 
-    FILE_NAME = ".lock"
-
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.path = Path(run_dir) / self.FILE_NAME
+        self.path = RunLayout.of(run_dir).lock
         self._fd: int | None = None
 
     def acquire(self) -> None:

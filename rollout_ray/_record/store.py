@@ -1,11 +1,5 @@
-"""A run directory: Parquet shards of trace tables plus a manifest.
-
-Layout::
-
-    <run_dir>/manifest.json
-    <run_dir>/shards/part-00000.parquet
-    <run_dir>/shards/part-00001.parquet
-    ...
+"""A run directory's data: Parquet shards of trace tables and of finalized groups, plus a
+manifest (the layout is ``run_layout``'s).
 
 Crash-safety contract: a file under a final name is always complete. Every shard (and the
 manifest) is written to ``<name>.tmp``, fsynced, ``os.replace``d to its final name, and the
@@ -14,8 +8,8 @@ leaves at worst a ``*.tmp`` leftover, which readers ignore. A shard is never rew
 resumed run appends shards numbered after the existing ones, and a row it writes again for
 a ``(group_id, sample_idx)`` (a rollout redone) supersedes the earlier one: readers see the
 latest row of each key. A final shard that is nevertheless unreadable (disk corruption, a
-copy cut short) makes ``read_run`` raise ``CorruptShard``, and one holding rows of another
-run ``ForeignShard``, rather than return partial or mixed data.
+copy cut short) makes ``read_run`` raise ``CorruptRun``, as does one holding rows of another
+run, rather than return partial or mixed data.
 
 One writer per run directory at a time: ``RunLock`` makes it so across processes.
 """
@@ -23,7 +17,6 @@ One writer per run directory at a time: ``RunLock`` makes it so across processes
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,9 +27,8 @@ from typing import Self
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._errors import CorruptShard, ForeignShard
+from .._errors import CorruptRun
 from .arrow import CONVERSATION_COLUMNS, TRACE_SCHEMA, check_schema, newer_columns
-from .manifest import MANIFEST_NAME as MANIFEST_NAME
 from .manifest import MANIFEST_VERSION as MANIFEST_VERSION
 from .manifest import Manifest as Manifest
 from .manifest import RunLock as RunLock
@@ -44,12 +36,10 @@ from .manifest import fsync_path
 from .manifest import read_manifest as read_manifest
 from .manifest import runtime_versions as runtime_versions
 from .manifest import write_manifest as write_manifest
+from .run_layout import GROUPS, SAMPLES, RunLayout, being_written, shard_index
 
 _SCHEMA_NAMES = frozenset(TRACE_SCHEMA.names)
 
-SHARDS_DIR = "shards"
-GROUPS_DIR = "groups"
-_SHARD_RE = re.compile(r"^part-(\d+)\.parquet$")
 
 @dataclass(frozen=True)
 class ShardWriterStatistics:
@@ -68,22 +58,24 @@ class ShardWriterStatistics:
 class ShardWriter:
     """Buffers tables and writes them as shards of ``rows_per_shard`` rows.
 
-    ``part`` is the run's folder they go to: ``shards`` (trace tables, one row per rollout,
-    checked against ``TRACE_SCHEMA``) or ``groups`` (one row per finalized group). A shard
+    ``part`` is the run's folder they go to (``run_layout``): ``SAMPLES`` (trace tables, one
+    row per rollout, checked against ``TRACE_SCHEMA``) or ``GROUPS`` (one row per finalized
+    group). A shard
     holds exactly ``rows_per_shard`` rows except the ones ``flush()`` or ``close()`` write
     from a smaller buffer. Numbering continues after the folder's existing shards.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], *, rows_per_shard: int = 10_000,
-                 part: str = SHARDS_DIR) -> None:
+                 part: str = SAMPLES) -> None:
         if rows_per_shard < 1:
             raise ValueError(f"`rows_per_shard` must be >= 1, got {rows_per_shard}")
         self._part = part
-        self._dir = Path(run_dir) / part
+        self._layout = RunLayout.of(run_dir)
+        self._dir = self._layout.folder(part)
         self._dir.mkdir(parents=True, exist_ok=True)
         self._rows_per_shard = rows_per_shard
-        existing = _shard_paths(self._dir)
-        self._next_index = _shard_index(existing[-1]) + 1 if existing else 0
+        existing = self._layout.shards(part)
+        self._next_index = shard_index(existing[-1]) + 1 if existing else 0
         self._buffer: list[pa.Table] = []
         self._buffered_rows = 0
         self._shards = self._rows = self._bytes = 0
@@ -97,7 +89,7 @@ class ShardWriter:
             RuntimeError: the writer is closed.
         """
         self._check_open()
-        if self._part == SHARDS_DIR:
+        if self._part == SAMPLES:
             check_schema(table)
         if table.num_rows == 0:
             return
@@ -144,8 +136,8 @@ class ShardWriter:
             raise RuntimeError("ShardWriter is closed; open a new one to append to the run")
 
     def _write_shard(self, table: pa.Table) -> None:
-        path = self._dir / f"part-{self._next_index:05d}.parquet"
-        tmp = path.with_name(path.name + ".tmp")
+        path = self._layout.shard(self._next_index, self._part)
+        tmp = being_written(path)
         # Row groups of 1,000: reading one rollout's trace (the viewer) decodes 1,000 rows, not
         # the shard's 10,000. Pages are closed every 16 rows at most: a trace can be large, and
         # Parquet checks a page's size once per write batch (1,024 rows by default), so a
@@ -171,7 +163,7 @@ def shard_paths(run_dir: str | os.PathLike[str]) -> list[Path]:
     directory = Path(run_dir)
     if not directory.is_dir():
         raise FileNotFoundError(f"run directory {directory} does not exist")
-    return _shard_paths(directory / SHARDS_DIR)
+    return RunLayout(directory).shards()
 
 
 def iter_shards(
@@ -181,7 +173,7 @@ def iter_shards(
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
-        CorruptShard: a shard cannot be read (raised when the iteration reaches it).
+        CorruptRun: a shard cannot be read (raised when the iteration reaches it).
         SchemaMismatch: a shard lacks a requested column or has a newer schema version.
     """
     for path in shard_paths(run_dir):
@@ -202,9 +194,8 @@ def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = No
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
-        CorruptShard: a shard cannot be read; the run needs repair.
-        ForeignShard: a shard holds rows of another run.
-        CorruptManifest: the run's manifest cannot be read.
+        CorruptRun: a shard cannot be read (the run needs repair) or holds rows of another
+            run, or the run's manifest cannot be read.
         SchemaMismatch: a shard lacks a requested column or has a newer schema version.
     """
     if columns is None and not conversation:
@@ -234,11 +225,11 @@ def read_groups(run_dir: str | os.PathLike[str]) -> pa.Table:
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
-        CorruptShard: a groups shard cannot be read.
+        CorruptRun: a groups shard cannot be read.
     """
     shard_paths(run_dir)  # the run directory must exist
     tables = []
-    for path in _shard_paths(Path(run_dir) / GROUPS_DIR):
+    for path in RunLayout.of(run_dir).shards(GROUPS):
         with _unreadable_is_corrupt(path):
             tables.append(pq.read_table(path))
     if not tables:
@@ -270,13 +261,12 @@ def done_keys(run_dir: str | os.PathLike[str]) -> set[tuple[str, int]]:
 
 def _own_shards(run_dir: str | os.PathLike[str], columns: Sequence[str] | None) -> Iterator[tuple[Path, pa.Table]]:
     """``iter_shards``, refusing a shard that holds rows of another run than the manifest's."""
-    has_manifest = (Path(run_dir) / MANIFEST_NAME).exists()
-    run_id = read_manifest(run_dir).run_id if has_manifest else None
+    run_id = read_manifest(run_dir).run_id if RunLayout.of(run_dir).holds_run() else None
     for path, table in iter_shards(run_dir, columns):
         if run_id is not None and table.num_rows and "run_id" in table.column_names:
             found = set(table.column("run_id").unique().to_pylist())
             if found != {run_id}:
-                raise ForeignShard(path, ", ".join(sorted(str(f) for f in found - {run_id})), run_id)
+                raise CorruptRun.foreign(path, ", ".join(sorted(str(f) for f in found - {run_id})), run_id)
         yield path, table
 
 
@@ -329,7 +319,7 @@ def _read_shard(path: Path, columns: Sequence[str] | None) -> pa.Table:
     with shard:
         with _unreadable_is_corrupt(path):
             schema = shard.schema_arrow
-        # Checked before reading, so a missing column is a SchemaMismatch, not a CorruptShard.
+        # Checked before reading, so a missing column is a SchemaMismatch, not a CorruptRun.
         # Columns beyond TRACE_SCHEMA (group and judge columns) may be absent from a shard,
         # and so may one appended to TRACE_SCHEMA after the shard's version.
         newer = newer_columns(schema)
@@ -349,17 +339,4 @@ def _unreadable_is_corrupt(path: Path) -> Iterator[None]:
     except FileNotFoundError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptShard(path, f"{type(exc).__name__}: {exc}") from exc
-
-
-def _shard_paths(shards_dir: Path) -> list[Path]:
-    if not shards_dir.is_dir():
-        return []
-    found = [p for p in shards_dir.iterdir() if _SHARD_RE.match(p.name)]
-    return sorted(found, key=_shard_index)
-
-
-def _shard_index(path: Path) -> int:
-    match = _SHARD_RE.match(path.name)
-    assert match is not None, path
-    return int(match.group(1))
+        raise CorruptRun.shard(path, f"{type(exc).__name__}: {exc}") from exc

@@ -39,7 +39,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .trace import MessageNode, ModelCall, Trace
+from .graph import Conversation, leaves, path_to
+from .trace_parts import MessageNode, ModelCall
 
 __all__ = [
     "Lengths", "TokenSequence", "full_prompt", "has_tokens", "record_tokens", "sequence_turns", "token_drift",
@@ -62,7 +63,7 @@ class TokenSequence:
     """The sampled nodes whose completions it trains, in order."""
 
 
-def record_tokens(trace: Trace, call: ModelCall, response: Any, *, rewritten: bool = False) -> None:
+def record_tokens(trace: Conversation, call: ModelCall, response: Any, *, rewritten: bool = False) -> None:
     """Record what ``response`` captured on ``call`` and on the node it committed.
 
     Reads the ``Response`` fields ``policy_version``, ``token_ids``, ``token_logprobs`` and
@@ -87,7 +88,7 @@ def record_tokens(trace: Trace, call: ModelCall, response: Any, *, rewritten: bo
     call.prompt_shared, call.prompt_ids = shared, prompt[shared:]
 
 
-def has_tokens(trace: Trace) -> bool:
+def has_tokens(trace: Conversation) -> bool:
     """Whether any call recorded prompt ids (else the trace has no token sequences)."""
     for call in trace.calls:
         if call.prompt_ids is not None:
@@ -95,7 +96,7 @@ def has_tokens(trace: Trace) -> bool:
     return False
 
 
-def full_prompt(trace: Trace, call: ModelCall) -> list[int] | None:
+def full_prompt(trace: Conversation, call: ModelCall) -> list[int] | None:
     """The whole prompt ids of ``call`` (``None``: not captured)."""
     if call.prompt_ids is None or call.node is None:
         return None
@@ -103,7 +104,7 @@ def full_prompt(trace: Trace, call: ModelCall) -> list[int] | None:
     return previous[: call.prompt_shared] + call.prompt_ids
 
 
-def token_drift(trace: Trace) -> list[int]:
+def token_drift(trace: Conversation) -> list[int]:
     """The turns, numbered from 0 along their branch, whose prompt did not begin with the
     previous sequence (in node order; a turn on a shared prefix is listed once)."""
     turns = _turn_calls(trace)
@@ -127,7 +128,7 @@ def token_drift(trace: Trace) -> list[int]:
     return drift
 
 
-def token_sequences(trace: Trace) -> list[TokenSequence]:
+def token_sequences(trace: Conversation) -> list[TokenSequence]:
     """The trace's training sequences: one per branch, more where a turn drifted.
 
     Raises:
@@ -153,7 +154,7 @@ Lengths = dict[int, tuple[int, int]]
 """Node → the counts of its call's prompt ids and of its completion ids."""
 
 
-def sequence_turns(trace: Trace, turns: dict[int, ModelCall], lengths: Lengths) -> Iterator[tuple[int, list[int], bool]]:
+def sequence_turns(trace: Conversation, turns: dict[int, ModelCall], lengths: Lengths) -> Iterator[tuple[int, list[int], bool]]:
     """Each sequence's branch and turns, path by path (leaves in node order), and whether it is
     new: a sequence on a prefix that branches share is new on the first. ``token_sequences``
     keeps the new ones, in this order. Only ``lengths`` and ``prompt_shared`` decide where a
@@ -163,8 +164,8 @@ def sequence_turns(trace: Trace, turns: dict[int, ModelCall], lengths: Lengths) 
         ValueError: a call shares more prompt ids than its branch has before it.
     """
     seen: set[tuple[int, int]] = set()
-    for b, leaf in enumerate(trace._leaves()):
-        for members in _branch_runs(trace, trace._path(leaf), turns, lengths):
+    for b, leaf in enumerate(leaves(trace)):
+        for members in _branch_runs(trace, path_to(trace, leaf), turns, lengths):
             key = (members[0], members[-1])
             yield b, members, key not in seen
             seen.add(key)
@@ -173,7 +174,7 @@ def sequence_turns(trace: Trace, turns: dict[int, ModelCall], lengths: Lengths) 
 # -- internals --------------------------------------------------------------------------------
 
 
-def _turn_calls(trace: Trace) -> dict[int, ModelCall]:
+def _turn_calls(trace: Conversation) -> dict[int, ModelCall]:
     """Node index → the call that sampled it, for the turns with prompt and completion ids."""
     nodes = trace.nodes
     turns: dict[int, ModelCall] = {}
@@ -184,10 +185,10 @@ def _turn_calls(trace: Trace) -> dict[int, ModelCall]:
     return turns
 
 
-def _previous_sequence(trace: Trace, node: int, turns: dict[int, ModelCall]) -> list[int]:
+def _previous_sequence(trace: Conversation, node: int, turns: dict[int, ModelCall]) -> list[int]:
     """Prompt + completion ids of the nearest turn above ``node`` (``[]``: none)."""
     ids: list[int] = []
-    for i in trace._path(node)[:-1]:
+    for i in path_to(trace, node)[:-1]:
         call = turns.get(i)
         if call is not None:
             del ids[call.prompt_shared :]
@@ -203,11 +204,11 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return next(k for k in range(n) if a[k] != b[k])
 
 
-def _own_lengths(trace: Trace, turns: dict[int, ModelCall]) -> Lengths:
+def _own_lengths(trace: Conversation, turns: dict[int, ModelCall]) -> Lengths:
     return {i: (len(call.prompt_ids or ()), len(trace.nodes[i].token_ids or ())) for i, call in turns.items()}
 
 
-def _branch_runs(trace: Trace, path: list[int], turns: dict[int, ModelCall], lengths: Lengths) -> Iterator[list[int]]:
+def _branch_runs(trace: Conversation, path: list[int], turns: dict[int, ModelCall], lengths: Lengths) -> Iterator[list[int]]:
     """The turns of each sequence along ``path``: a new one where a turn drifted."""
     length = 0  # of the current sequence
     members: list[int] = []
@@ -231,7 +232,7 @@ def _branch_runs(trace: Trace, path: list[int], turns: dict[int, ModelCall], len
         yield members
 
 
-def _assemble(trace: Trace, previous: list[int], members: list[int],
+def _assemble(trace: Conversation, previous: list[int], members: list[int],
               turns: dict[int, ModelCall]) -> tuple[list[int], list[int], list[float]]:
     """A sequence's ids, loss mask and logprobs: the ids it shares with the ``previous`` one on
     its path (prompt: mask 0, logprob 0.0), then each turn's new prompt ids and completion."""
@@ -249,7 +250,7 @@ def _assemble(trace: Trace, previous: list[int], members: list[int],
     return ids, mask, logprobs
 
 
-def _completion_mask(trace: Trace, i: int, node: MessageNode) -> list[int]:
+def _completion_mask(trace: Conversation, i: int, node: MessageNode) -> list[int]:
     size = len(node.token_ids or ())
     if node.mask is None:
         return [1] * size
@@ -258,7 +259,7 @@ def _completion_mask(trace: Trace, i: int, node: MessageNode) -> list[int]:
     return [int(m) for m in node.mask]
 
 
-def _completion_logprobs(trace: Trace, i: int, node: MessageNode) -> list[float]:
+def _completion_logprobs(trace: Conversation, i: int, node: MessageNode) -> list[float]:
     size = len(node.token_ids or ())
     if node.logprobs is None:
         return [math.nan] * size

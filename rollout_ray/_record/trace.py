@@ -4,13 +4,13 @@ Every part is a ``msgspec.Struct`` so a trace is msgpack-encoded between actors 
 to Arrow in the driver. Aggregates (``reward``, ``num_turns``, token counts) are properties,
 recomputed from the stored parts and never serialised, exactly as upstream (§3, B49).
 
-The conversation is a graph: each ``MessageNode`` names its ``parent``; a branch is a
-root-to-leaf path. A linear chat is one branch.
+The conversation is a graph (``graph.py``): each ``MessageNode`` names its ``parent``; a
+branch is a root-to-leaf path. A linear chat is one branch. The parts are defined in
+``trace_parts.py`` and re-exported here.
 """
 
 from __future__ import annotations
 
-import traceback as tb
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,8 +18,22 @@ from typing import Any
 
 import msgspec
 
-from .._errors import ProviderError
+from .graph import Branch, branches, leaves, path_to
 from .messages import AssistantMessage, Message, Tool, ToolMessage, Usage, text_of
+from .tokens import token_drift
+from .trace_parts import AgentInfo as AgentInfo
+from .trace_parts import AgentSpan as AgentSpan
+from .trace_parts import ErrorRecord as ErrorRecord
+from .trace_parts import InterceptRecord as InterceptRecord
+from .trace_parts import MessageNode as MessageNode
+from .trace_parts import ModelCall as ModelCall
+from .trace_parts import Reward as Reward
+from .trace_parts import RuntimeInfo as RuntimeInfo
+from .trace_parts import TimeSpan as TimeSpan
+from .trace_parts import TimeSplit as TimeSplit
+from .trace_parts import Timing as Timing
+from .trace_parts import ToolCallRecord as ToolCallRecord
+from .trace_parts import TraceTask as TraceTask
 
 # WARNING: bump only for an incompatible change; the schema otherwise evolves by appending
 # fields with defaults at the end of a struct, never by retyping or reordering.
@@ -28,176 +42,6 @@ TRACE_VERSION = 1
 LIMIT_STOPS = frozenset(
     {"max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens", "context_length"}
 )
-
-
-class TimeSpan(msgspec.Struct):
-    """Wall-clock epoch seconds; ``0/0`` means the span never started."""
-
-    start: float = 0.0
-    end: float = 0.0
-
-    @property
-    def duration(self) -> float:
-        return max(0.0, self.end - self.start) if self.end else 0.0
-
-
-class TimeSplit(msgspec.Struct):
-    """A share of the agent span (seconds)."""
-
-    duration: float = 0.0
-
-
-class AgentSpan(msgspec.Struct):
-    """The agent span, split into time in model calls and the rest (harness)."""
-
-    start: float = 0.0
-    end: float = 0.0
-    model: TimeSplit = msgspec.field(default_factory=TimeSplit)
-    harness: TimeSplit = msgspec.field(default_factory=TimeSplit)
-
-    @property
-    def duration(self) -> float:
-        return max(0.0, self.end - self.start) if self.end else 0.0
-
-
-class Timing(msgspec.Struct):
-    """The five spans of a rollout (B45)."""
-
-    start: float = 0.0
-    boot: TimeSpan = msgspec.field(default_factory=TimeSpan)
-    setup: TimeSpan = msgspec.field(default_factory=TimeSpan)
-    agent: AgentSpan = msgspec.field(default_factory=AgentSpan)
-    finalize: TimeSpan = msgspec.field(default_factory=TimeSpan)
-    scoring: TimeSpan = msgspec.field(default_factory=TimeSpan)
-
-    def spans(self) -> dict[str, TimeSpan | AgentSpan]:
-        return {"boot": self.boot, "setup": self.setup, "agent": self.agent,
-                "finalize": self.finalize, "scoring": self.scoring}
-
-    def end_open_spans(self, now: float) -> None:
-        """End at ``now`` every span that started and has not ended."""
-        for span in self.spans().values():
-            if span.start and not span.end:
-                span.end = now
-
-
-class Error(msgspec.Struct):
-    """A recorded failure: the exception's type name, message, status and traceback."""
-
-    type: str
-    message: str
-    status_code: int | None = None
-    traceback: str | None = None
-
-    @classmethod
-    def from_exception(cls, exc: BaseException) -> Error:
-        # A provider error's traceback is ours, not the provider's: it says nothing useful.
-        trace_text = None
-        if not isinstance(exc, ProviderError):
-            trace_text = "".join(tb.format_exception(exc))
-        status = getattr(exc, "status_code", None)
-        return cls(
-            type=type(exc).__name__,
-            message=str(exc),
-            status_code=status if isinstance(status, int) else None,
-            traceback=trace_text,
-        )
-
-
-class Reward(msgspec.Struct):
-    """A scored reward and its weight in ``Trace.reward``."""
-
-    score: float
-    weight: float = 1.0
-
-
-class InterceptRecord(msgspec.Struct):
-    """One rewrite made by an ``@intercept`` hook."""
-
-    handler: str
-
-
-class MessageNode(msgspec.Struct):
-    """One message in the conversation graph.
-
-    ``sampled`` is True only for an assistant message the model produced here; prompt-supplied
-    assistant messages are not turns.
-    """
-
-    parent: int | None
-    message: Message
-    sampled: bool = False
-    timestamp: float = 0.0
-    token_ids: list[int] | None = None
-    """A sampled node's completion ids as the server sampled them (``None``: not captured)."""
-    logprobs: list[float] | None = None
-    """The sampling log-probability of each of ``token_ids``."""
-    advantages: list[float] | None = None
-    mask: list[bool] | None = None
-    """Per id of ``token_ids``, whether it counts in the loss; ``None``: all of them."""
-
-
-class ModelCall(msgspec.Struct):
-    """One real upstream exchange; ``node`` is the sampled node it committed, if any."""
-
-    node: int | None = None
-    model: str | None = None
-    sampling: dict[str, Any] | None = None
-    endpoint: str | None = None
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    time: TimeSpan = msgspec.field(default_factory=TimeSpan)
-    error: Error | None = None
-    policy: int | None = None
-    """The policy version that produced the reply, when the model side stamped one."""
-    prompt_shared: int = 0
-    """Leading prompt ids equal to the previous turn's ids on the branch (``tokens.py``)."""
-    prompt_ids: list[int] | None = None
-    """The prompt ids after the ``prompt_shared`` ones (``None``: not captured)."""
-    stored_ids: tuple[int, int] | None = None
-    """Only in a run table's ``trace`` blob (schema version 3): this turn's ``prompt_ids`` and
-    its node's ``token_ids`` (and ``logprobs``, when float32 holds them) are kept once, in the
-    table's token columns, and this counts them; the reader puts them back (``token_store.py``)."""
-
-
-class TraceTask(msgspec.Struct):
-    """The task as seeded; never rewritten by interceptors."""
-
-    type: str
-    key: str | None = None
-    hash: str | None = None
-    idx: int | None = None
-    data: dict[str, Any] = msgspec.field(default_factory=dict)
-
-
-class RuntimeInfo(msgspec.Struct):
-    """Which runtime ran the rollout, and whether the rollout borrowed it."""
-
-    id: str
-    type: str
-    name: str
-    borrowed: bool = False
-
-
-class AgentInfo(msgspec.Struct):
-    """Harness, model and runtime of the run."""
-
-    harness: str = ""
-    model: str | None = None
-    runtime: RuntimeInfo | None = None
-    name: str = "agent"
-    trainable: bool = True
-
-
-class ToolCallRecord(msgspec.Struct):
-    """One tool call: toolset (``server``), tool, JSON arguments, outcome, seconds taken."""
-
-    server: str
-    name: str
-    arguments: str
-    ok: bool
-    error: str | None = None
-    duration: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -212,14 +56,6 @@ class TraceCounts:
     """Completion tokens summed per branch (shared calls count once per branch, Q18)."""
     num_total_tokens: int
     """Σ over branches of the total tokens of the branch's last call with usage."""
-
-
-@dataclass(frozen=True)
-class Branch:
-    """A root-to-leaf path: its node indices and the calls that committed a node on it."""
-
-    nodes: tuple[int, ...]
-    calls: tuple[ModelCall, ...]
 
 
 def _new_id() -> str:
@@ -244,11 +80,9 @@ class Trace(msgspec.Struct, kw_only=True):
     is_completed: bool = False
     ok: bool = False
     stop_condition: str | None = None
-    errors: list[Error] = msgspec.field(default_factory=list)
+    errors: list[ErrorRecord] = msgspec.field(default_factory=list)
     timing: Timing = msgspec.field(default_factory=Timing)
     tool_calls: list[ToolCallRecord] = msgspec.field(default_factory=list)
-    extra_usage: list[Usage] = msgspec.field(default_factory=list)
-    """Usage off the conversation graph (a judge's)."""
 
     # -- derived views (never serialised) ---------------------------------------------------
 
@@ -258,11 +92,7 @@ class Trace(msgspec.Struct, kw_only=True):
         return sum(r.score * r.weight for r in self.rewards.values() if r is not None)
 
     @property
-    def has_error(self) -> bool:
-        return not self.ok
-
-    @property
-    def last_error(self) -> Error | None:
+    def last_error(self) -> ErrorRecord | None:
         return self.errors[-1] if self.errors else None
 
     @property
@@ -310,45 +140,20 @@ class Trace(msgspec.Struct, kw_only=True):
             num_total_tokens=sum(last_total[i] for i in leaves),
         )
 
-    def _leaves(self) -> list[int]:
-        has_child = [False] * len(self.nodes)
-        for node in self.nodes:
-            if node.parent is not None and 0 <= node.parent < len(self.nodes):
-                has_child[node.parent] = True
-        return [i for i, parent in enumerate(has_child) if not parent]
-
-    def _path(self, leaf: int) -> list[int]:
-        path: list[int] = []
-        node: int | None = leaf
-        while node is not None and len(path) <= len(self.nodes):  # a bad parent link cannot loop
-            path.append(node)
-            node = self.nodes[node].parent
-        path.reverse()
-        return path
-
     @property
     def branches(self) -> list[Branch]:
         """One branch per leaf, leaves in node order."""
-        calls_at: dict[int, list[ModelCall]] = {}
-        for call in self.calls:
-            if call.node is not None:
-                calls_at.setdefault(call.node, []).append(call)
-        result = []
-        for leaf in self._leaves():
-            path = self._path(leaf)
-            calls = tuple(c for i in path for c in calls_at.get(i, ()))
-            result.append(Branch(tuple(path), calls))
-        return result
+        return branches(self)
 
     @property
     def num_branches(self) -> int:
-        return len(self._leaves())
+        return len(leaves(self))
 
     @property
     def messages(self) -> list[Message]:
         """The messages of the last branch."""
-        leaves = self._leaves()
-        return [self.nodes[i].message for i in self._path(leaves[-1])] if leaves else []
+        ends = leaves(self)
+        return [self.nodes[i].message for i in path_to(self, ends[-1])] if ends else []
 
     @property
     def num_turns(self) -> int:
@@ -378,8 +183,6 @@ class Trace(msgspec.Struct, kw_only=True):
     @property
     def token_drift(self) -> list[int]:
         """Turns (0-based along their branch) whose prompt re-tokenized the turn before."""
-        from .tokens import token_drift  # tokens.py reads these structs
-
         return token_drift(self)
 
     @property
@@ -411,8 +214,8 @@ class Trace(msgspec.Struct, kw_only=True):
             self.stop_condition = condition
 
     def record_error(self, exc: BaseException) -> None:
-        """Append ``exc`` as an Error, mark the trace not ok, and stop it with ``error``."""
-        self.errors.append(Error.from_exception(exc))
+        """Append ``exc`` as an ``ErrorRecord``, mark the trace not ok, and stop it with ``error``."""
+        self.errors.append(ErrorRecord.from_exception(exc))
         self.ok = False
         self.stop("error")
 

@@ -17,6 +17,8 @@ from typing import Any, Self
 
 from aiohttp import web
 
+from .._errors import WireError
+
 DEFAULT_READ_TIMEOUT = 60.0
 """Seconds a client has to send a request's headers, and then its whole body."""
 
@@ -24,15 +26,6 @@ LINGERING_TIME = 1.0
 """Seconds the server goes on reading (and dropping) a body it refused without reading, so
 that the client, still sending, gets to read the refusal. aiohttp's default is 10 s, which
 a client that stops sending turns into 10 s of a held connection."""
-
-
-class BodyError(Exception):
-    """A request body that could not be read: ``status`` and ``message`` are the answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class Handlers:
@@ -124,14 +117,14 @@ class HTTPService:
         otherwise hold the handler forever (aiohttp has no body deadline).
 
         Raises:
-            BodyError: 413 over ``max_body``, 408 too slow, 400 the client hung up.
+            WireError: 413 over ``max_body``, 408 too slow, 400 the client hung up.
         """
         try:
             async with asyncio.timeout(self.read_timeout):
                 return await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise BodyError(413, f"request body over {self.max_body} bytes") from None
+            raise WireError(f"request body over {self.max_body} bytes", status=413) from None
         except TimeoutError:
-            raise BodyError(408, f"request body not received within {self.read_timeout:g}s") from None
+            raise WireError(f"request body not received within {self.read_timeout:g}s", status=408) from None
         except ConnectionError:  # the client hung up mid-body: nobody to answer, not our bug
-            raise BodyError(400, "connection lost while reading the request body") from None
+            raise WireError("connection lost while reading the request body") from None

@@ -42,7 +42,7 @@ from .._errors import Refusal, RolloutError, UpstreamError, WireError
 from .._record.messages import Response
 from .._record.wire import encode_response, parse_request
 from .._record.wire_stream import sse_events
-from .http_service import DEFAULT_READ_TIMEOUT, BodyError, Handlers, HTTPService
+from .http_service import DEFAULT_READ_TIMEOUT, Handlers, HTTPService
 
 log = logging.getLogger("rollout_ray")
 
@@ -191,8 +191,8 @@ class HTTPInterception(HTTPService, Interception):
     async def _chat_registered(self, request: web.Request, reg: _Registration) -> web.StreamResponse:
         try:
             body = await self.read_body(request)
-        except BodyError as e:
-            return _error(e.status, e.message)
+        except WireError as e:
+            return _error(e.status, str(e))
         digest = hashlib.blake2b(body, digest_size=16).digest()
         retry = _retry_count(request) > 0
         if retry and digest == reg.last_hash and reg.last_response is not None:

@@ -26,9 +26,9 @@ from aiohttp import web
 from .._core.runtime import Runtime
 from .._core.tools import call_tool, index_toolsets, tool_specs
 from .._core.toolset import DEFAULT_CALL_TIMEOUT, Toolset
-from .._errors import SandboxError, ToolInputError, ToolsetError
+from .._errors import SandboxError, ToolInputError, ToolsetError, WireError
 from .._record.trace import ToolCallRecord
-from .http_service import DEFAULT_READ_TIMEOUT, BodyError, Handlers, HTTPService
+from .http_service import DEFAULT_READ_TIMEOUT, Handlers, HTTPService
 
 log = logging.getLogger("rollout_ray")
 
@@ -127,8 +127,8 @@ class ToolServer(HTTPService):
         try:
             call = _CALL.decode(await self.read_body(request))
             args = call.arguments
-        except BodyError as e:
-            return _error(e.status, e.message)
+        except WireError as e:
+            return _error(e.status, str(e))
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
             return _error(400, f"invalid tool call body: {e}")
         except RecursionError:  # msgspec's answer to JSON nested past the recursion limit

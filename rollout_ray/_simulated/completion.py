@@ -18,7 +18,7 @@ probability ``1 - (1 - error_rate) * exp(-temperature_error * T)``: ``error_rate
 (0 by default), growing towards 1 with T. So a tool-calling rollout, too, fails more often
 the hotter it samples (a pass@k curve), and is always right at T = 0 by default.
 
-Without token capture a choice costs what the policy's estimate says (``policy.py``). With
+Without token capture a choice costs what the policy's estimate says (``answers.py``). With
 it, its ids are ``encode(body) + [<|im_end|>]`` (the body as the chat template renders an
 assistant message, ``template.py``): a text answer longer than the request's cap is cut to
 ``cap`` ids (finish ``"length"``, no ``<|im_end|>``), tool calls are never cut.
@@ -34,9 +34,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .answers import cap_completion, respond
 from .config import SimulatedModelConfig
 from .logprobs import Scored, score
-from .policy import cap_completion, respond
 from .request import ChatCall
 from .template import body, text_of, tool_call_text
 from .tokenizer import IM_END, TOOL_CALL, decode, encode, token_text

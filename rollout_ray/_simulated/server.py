@@ -38,6 +38,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from .answers import prompt_tokens
 from .attempts import Attempt, Attempts
 from .completion import Choice, Draw, choose
 from .config import SimulatedModelConfig
@@ -57,7 +58,6 @@ from .dialects import (
 from .engine import Engine, Flight
 from .generate import add_token_routes
 from .plain import plain_events
-from .policy import prompt_tokens
 from .request import ChatCall, Invalid, parse
 from .sse import SSE
 from .template import render

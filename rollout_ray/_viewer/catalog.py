@@ -1,6 +1,6 @@
 """Which runs the viewer shows: the directories it was given, and the runs under them.
 
-A directory holding ``manifest.json`` is a run; any other directory is searched for runs a few
+A run directory (``RunLayout.holds_run``) is a run; any other directory is searched for runs a few
 levels down (a directory of runs, or of sweeps). A run's id is its path relative to the
 directory given (or the run directory's own name), so ids are stable across rescans.
 """
@@ -14,7 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._record.store import MANIFEST_NAME, read_manifest, shard_paths
+from .._record.run_layout import MANIFEST, RunLayout
+from .._record.store import read_manifest, shard_paths
 
 MAX_DEPTH = 3
 """How deep under a given directory runs are looked for (runs/<sweep>/<point> is 2)."""
@@ -35,7 +36,7 @@ class RunEntry:
 
 
 def is_run(path: Path) -> bool:
-    return (path / MANIFEST_NAME).is_file()
+    return RunLayout(path).holds_run()
 
 
 def find_runs(paths: list[Path]) -> dict[str, RunEntry]:
@@ -51,7 +52,7 @@ def find_runs(paths: list[Path]) -> dict[str, RunEntry]:
         found = [root] if is_run(root) else _runs_under(root, MAX_DEPTH)
         if not found:
             raise NotARunDirectory(
-                f"{root} is not a run directory (no {MANIFEST_NAME}) and holds no runs "
+                f"{root} is not a run directory (no {MANIFEST}) and holds no runs "
                 f"within {MAX_DEPTH} levels"
             )
         for run in found:

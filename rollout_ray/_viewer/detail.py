@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from .._driver.finalize import FinalizeConfig, finalize
-from .._errors import CorruptShard
+from .._errors import CorruptRun
 from .._record.messages import AssistantMessage, Content, ImagePart, ToolMessage
 from .._record.trace import Trace, decode_trace
 from .index import RunIndex, unreadable_is_corrupt
@@ -30,7 +30,7 @@ def read_trace(index: RunIndex, position: int) -> Trace:
     """Decode the trace of index row ``position`` from its shard.
 
     Raises:
-        CorruptShard: the shard cannot be read, or its row is not the rollout the index says.
+        CorruptRun: the shard cannot be read, or its row is not the rollout the index says.
     """
     shard = int(index.table["_shard"][position].as_py())
     row = int(index.table["_row"][position].as_py())
@@ -50,19 +50,19 @@ def _read_row(path: Path, row: int, rollout_id: str) -> bytes:
                 break
             first += size
         else:
-            raise CorruptShard(path, f"row {row} is past the shard's {first} rows")
+            raise CorruptRun.shard(path, f"row {row} is past the shard's {first} rows")
         batches = shard.iter_batches(batch_size=_BATCH, row_groups=[group], columns=["rollout_id", "trace"])
         for batch in batches:
             if row - first < batch.num_rows:
                 at = row - first
                 if batch.column(0)[at].as_py() != rollout_id:
-                    raise CorruptShard(path, f"row {row} is not rollout {rollout_id}; was the shard replaced?")
+                    raise CorruptRun.shard(path, f"row {row} is not rollout {rollout_id}; was the shard replaced?")
                 blob = batch.column(1)[at].as_py()
                 if blob is None:
-                    raise CorruptShard(path, f"row {row} has no trace")
+                    raise CorruptRun.shard(path, f"row {row} has no trace")
                 return blob
             first += batch.num_rows
-    raise CorruptShard(path, f"row {row} not found")
+    raise CorruptRun.shard(path, f"row {row} not found")
 
 
 def trace_view(trace: Trace) -> dict[str, Any]:

@@ -24,9 +24,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._driver.finalize import counted_reward
-from .._errors import CorruptShard
+from .._errors import CorruptRun
 from .._record.arrow import SCALAR_COLUMNS, TRACE_SCHEMA, check_schema
-from .._record.store import MANIFEST_NAME, SHARDS_DIR, read_manifest, shard_paths
+from .._record.run_layout import RunLayout
+from .._record.store import read_manifest, shard_paths
 
 INDEX_COLUMNS: tuple[str, ...] = tuple(
     c for c in SCALAR_COLUMNS if c not in ("rewards", "reward_weights", "metrics", "task_hash")
@@ -74,7 +75,7 @@ class RunIndex:
         return [c for c in self.table.column_names if c not in INDEX_COLUMNS and not c.startswith("_")]
 
     def shard_path(self, shard: int) -> Path:
-        return self.run_dir / SHARDS_DIR / self.keys[shard][0]
+        return RunLayout(self.run_dir).folder() / self.keys[shard][0]
 
     def locate(self, rollout_id: str) -> int | None:
         """The index row of ``rollout_id`` (its first, should a retry reuse an id), or None."""
@@ -95,7 +96,7 @@ def build_index(run_dir: Path, previous: RunIndex | None = None) -> RunIndex:
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
-        CorruptShard: a shard cannot be read, or holds rows of another run than the manifest's.
+        CorruptRun: a shard cannot be read, or holds rows of another run than the manifest's.
         SchemaMismatch: a shard lacks a scalar column or has a newer schema version.
     """
     keys = shard_keys(run_dir)
@@ -106,9 +107,10 @@ def build_index(run_dir: Path, previous: RunIndex | None = None) -> RunIndex:
     start = 0
     if previous is not None and previous.keys and keys[: len(previous.keys)] == previous.keys:
         parts, complete, start = [previous.stored], set(previous.complete), len(previous.keys)
-    run_id = read_manifest(run_dir).run_id if (run_dir / MANIFEST_NAME).exists() else None
+    layout = RunLayout(run_dir)
+    run_id = read_manifest(run_dir).run_id if layout.holds_run() else None
     for shard in range(start, len(keys)):
-        table = read_scalars(run_dir / SHARDS_DIR / keys[shard][0], run_id)
+        table = read_scalars(layout.folder() / keys[shard][0], run_id)
         extras = {c for c in table.column_names if c not in INDEX_COLUMNS}
         complete = extras if complete is None else complete & extras
         n = table.num_rows
@@ -139,7 +141,7 @@ def read_scalars(path: Path, run_id: str | None = None) -> pa.Table:
     """One shard's ``INDEX_COLUMNS`` and any stored extra scalar column (never the conversation).
 
     Raises:
-        CorruptShard: unreadable, or rows of another run than ``run_id`` (when given).
+        CorruptRun: unreadable, or rows of another run than ``run_id`` (when given).
         SchemaMismatch: a scalar column is missing, or the schema version is newer.
     """
     with unreadable_is_corrupt(path):
@@ -153,7 +155,7 @@ def read_scalars(path: Path, run_id: str | None = None) -> pa.Table:
     # As read_run does: rows of two runs in one directory are refused, never mixed.
     found = set(pc.unique(table["run_id"]).to_pylist()) if run_id is not None and table.num_rows else set()
     if found - {run_id}:
-        raise CorruptShard(path, f"it holds rows of run {', '.join(sorted(map(str, found - {run_id})))}, "
+        raise CorruptRun.shard(path, f"it holds rows of run {', '.join(sorted(map(str, found - {run_id})))}, "
                                  f"not of this run ({run_id})")
     return table
 
@@ -165,13 +167,13 @@ def _is_scalar(type_: pa.DataType) -> bool:
 
 @contextmanager
 def unreadable_is_corrupt(path: Path) -> Iterator[None]:
-    """Turn a failure to read a shard into ``CorruptShard`` (a vanished file stays one)."""
+    """Turn a failure to read a shard into ``CorruptRun`` (a vanished file stays one)."""
     try:
         yield
-    except (FileNotFoundError, CorruptShard):
+    except (FileNotFoundError, CorruptRun):
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptShard(path, f"{type(exc).__name__}: {exc}") from exc
+        raise CorruptRun.shard(path, f"{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from aiohttp import web
 
-from .._errors import CorruptShard, SchemaMismatch
+from .._errors import CorruptRun, SchemaMismatch
 from .._record.store import read_manifest
 from .catalog import NotARunDirectory, RunEntry, describe, find_runs
 from .detail import read_trace, siblings, trace_view
@@ -120,7 +120,7 @@ class Viewer:
     def _render(self, table: pa.Table) -> bytes:
         assert self.plot is not None
         with self._plot_lock, tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "report.png")
+            path = os.path.join(tmp, "plot.png")
             self.plot(table, path)
             return Path(path).read_bytes()
 
@@ -169,7 +169,7 @@ def _errors_middleware(loopback_only: bool) -> Any:
             return _json({"error": str(exc)}, 400)
         except (NotFound, FileNotFoundError) as exc:
             return _json({"error": str(exc)}, 404)
-        except (CorruptShard, SchemaMismatch, ValueError) as exc:  # a damaged run or manifest
+        except (CorruptRun, SchemaMismatch, ValueError) as exc:  # a damaged run or manifest
             return _json({"error": str(exc)}, 500)
 
     return middleware

@@ -12,8 +12,8 @@ import pytest
 
 from rollout_ray import read_run
 from rollout_ray._cli import main as cli
-from rollout_ray._cli.arguments import UsageError
 from rollout_ray._cli.runs import served_model
+from rollout_ray._errors import UsageError
 from rollout_ray._record.arrow import table_to_traces
 from rollout_ray._record.store import read_manifest
 

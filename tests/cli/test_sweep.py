@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from rollout_ray._cli import main as cli
-from rollout_ray._cli.eval import make_executor
+from rollout_ray._cli.drive import make_executor
 from rollout_ray._cli.grid import SweepGrid, expand, load_sweep
 from rollout_ray._cli.summary import summarize
 from rollout_ray._core.limits import LIMIT_FIELDS
 from rollout_ray._driver.run_dir import stored_results
-from rollout_ray._errors import SweepConfigError
+from rollout_ray._errors import UsageError
 from rollout_ray._record.store import read_manifest, read_run
 
 ARITH = str(pathlib.Path(__file__).parents[2] / "examples" / "arith.py")
@@ -128,21 +128,21 @@ HEAD = f'taskset = "{ARITH}"\n'
 def test_a_bad_grid_file_names_the_key_and_the_file(tmp_path: pathlib.Path, body: str,
                                                      problems: list[str]) -> None:
     path = _write(tmp_path, body)
-    with pytest.raises(SweepConfigError) as info:
+    with pytest.raises(UsageError) as info:
         load_sweep(path)
     assert str(info.value).splitlines() == [f"{path}: {p}" for p in problems]
 
 
 def test_unknown_sampling_keys_list_every_known_one(tmp_path: pathlib.Path) -> None:
     path = _write(tmp_path, HEAD + "[grid]\nsampling = [{temprature = 0.7}]\n")
-    with pytest.raises(SweepConfigError, match=r"^.*: grid\.sampling\[0\]\.temprature: unknown key; expected "
+    with pytest.raises(UsageError, match=r"^.*: grid\.sampling\[0\]\.temprature: unknown key; expected "
                                                r"'frequency_penalty', .* or 'top_p'$"):
         load_sweep(path)
 
 
 def test_a_harness_that_is_not_a_function_of_the_taskset_is_named(tmp_path: pathlib.Path) -> None:
     path = _write(tmp_path, HEAD + '[grid]\nharness = ["harness", "nothere", "no_such_module_x:f", "math:pi"]\n')
-    with pytest.raises(SweepConfigError) as info:
+    with pytest.raises(UsageError) as info:
         load_sweep(path)
     assert info.value.problems == [
         ("grid.harness[1]", f"'nothere' is not a function of {ARITH}; name a function returning a "

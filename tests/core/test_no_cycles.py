@@ -2,7 +2,7 @@
 
 Every rollout's object graph (Rollout, its session, trace, harness session) in a reference
 cycle survives until a full collection: at thousands of rollouts a second that was a third
-of the driver's CPU (``_core/collector.py``). These tests keep it from coming back.
+of the driver's CPU (``_hosting/gc_tuning.py``). These tests keep it from coming back.
 """
 
 from __future__ import annotations

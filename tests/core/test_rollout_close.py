@@ -228,7 +228,7 @@ def test_b44_ok_written_only_at_close() -> None:
     r = make_rollout()
     run(r.open())
     run(r.step())
-    assert r.trace.ok is False and r.trace.has_error is True
+    assert r.trace.ok is False
     assert run(r.close()).ok is True
 
 

@@ -13,18 +13,19 @@ from typing import Any
 import pytest
 
 from rollout_ray import ChatHarness, ProviderError, ResumeMismatch, Trace
-from rollout_ray._core.executor import Executor, RolloutSpec
 from rollout_ray._driver.driver import Driver, EvalConfig
-from rollout_ray._driver.local_executor import LocalExecutor
 from rollout_ray._errors import InfrastructureLost
+from rollout_ray._hosting.executor import Executor, RolloutSpec, failed_trace
+from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray._record.store import read_run
-from rollout_ray.testing import ScriptedModel
+from rollout_ray.testing import ScriptedHarness, ScriptedModel
 
 from conftest import Echo, tasks
 
 
 class Flaky(Executor):
-    """LocalExecutor that loses the host of chosen (task idx, attempt) runs."""
+    """LocalExecutor that loses the host of chosen (task idx, attempt) runs: it returns them
+    lost, as every executor does (``failed_trace`` with an ``InfrastructureLost``)."""
 
     def __init__(self, lose: Any) -> None:
         self.inner = LocalExecutor()
@@ -41,7 +42,7 @@ class Flaky(Executor):
         idx = spec.task.data.idx
         self.calls[idx] += 1
         if self.lose(idx, self.calls[idx]):
-            raise InfrastructureLost("rollout actor died: ActorDiedError")
+            return failed_trace(spec, InfrastructureLost("rollout actor died: ActorDiedError"))
         return await self.inner.run(spec)
 
 
@@ -78,6 +79,45 @@ def test_lost_rollouts_are_retried_with_every_attempt_recorded() -> None:
         (0, ["InfrastructureLost"]), (1, ["InfrastructureLost"]), (2, [])]
     assert rows[0]["attempt"] == 0 and rows[0]["attempts"] == [{"attempt": 0, "errors": []}]
     assert flaky.calls == {0: 1, 1: 3}
+
+
+def test_a_rollout_lost_inside_the_local_executor_is_retried_like_one_lost_on_ray() -> None:
+    """One path for a lost rollout: the driver reads the trace's typed error, whichever
+    executor ran it and however the loss surfaced (here inside the rollout, as a node's lost
+    services do on Ray)."""
+    seen: Counter[int] = Counter()
+
+    async def lose_the_first_run(ctx: Any) -> None:
+        seen[ctx.data.idx] += 1
+        if seen[ctx.data.idx] == 1:
+            raise InfrastructureLost("the node's services were lost: ActorDiedError")
+
+    async def main() -> Any:
+        async with LocalExecutor() as ex:
+            driver = Driver(tasks(2), ScriptedHarness(before_segment=lose_the_first_run), ScriptedModel(default="4"),
+                            executor=ex, config=EvalConfig(samples_per_task=1, max_infra_retries=1))
+            return await driver.arun()
+
+    rows = sorted(asyncio.run(main()).samples.to_pylist(), key=lambda r: r["task_idx"])
+    assert [(r["ok"], r["attempt"]) for r in rows] == [(True, 1), (True, 1)]
+    assert [[e["type"] for e in a["errors"]] for a in rows[0]["attempts"]] == [["InfrastructureLost"], []]
+    assert seen == {0: 2, 1: 2}
+
+
+def test_an_executor_that_raises_infrastructure_lost_still_has_its_rollout_retried() -> None:
+    """An executor of one's own may raise the loss instead of returning it: same outcome."""
+
+    class Raises(Flaky):
+        async def run(self, spec: RolloutSpec) -> Trace:
+            trace = await super().run(spec)
+            if trace.errors and trace.errors[-1].is_a(InfrastructureLost):
+                raise InfrastructureLost(trace.errors[-1].message)
+            return trace
+
+    raises = Raises(lambda idx, call: idx == 1 and call == 1)
+    _, result = drive(2, executor=raises, config=EvalConfig(samples_per_task=1, max_infra_retries=1))
+    rows = {r["task_idx"]: r for r in result.samples.to_pylist()}
+    assert rows[1]["ok"] and rows[1]["attempt"] == 1 and raises.calls == {0: 1, 1: 2}
 
 
 def test_a_rollout_lost_for_good_fails_and_never_blocks_its_group() -> None:
@@ -186,10 +226,10 @@ class HangsOnce(ChatHarness):
 def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any, tmp_path: Any) -> None:
     import os
 
+    from rollout_ray._hosting.node_services import LEASE_SECONDS
     from rollout_ray._ray.calls import NAMESPACE
     from rollout_ray._ray.executor import RayExecutor
     from rollout_ray._ray.node_service_actor import SERVICES_PREFIX
-    from rollout_ray._serving.node_services import LEASE_SECONDS
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     fifo, marker = str(tmp_path / "started"), str(tmp_path / "marker")

@@ -11,7 +11,7 @@ import pytest
 
 from rollout_ray import ChatHarness, OpenAIModel, Request, UserMessage
 from rollout_ray._driver.driver import Driver
-from rollout_ray._driver.local_executor import LocalExecutor
+from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray.testing import ScriptedModel
 
 from conftest import tasks

@@ -11,7 +11,7 @@ import pytest
 
 from rollout_ray import ChatHarness, Request
 from rollout_ray._driver.driver import Driver, EvalConfig
-from rollout_ray._driver.local_executor import LocalExecutor
+from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray._record.store import read_run
 from rollout_ray._record.trace import decode_trace
 from rollout_ray.testing import ScriptedModel
@@ -112,7 +112,7 @@ def test_pause_lets_calls_in_flight_finish_and_calls_after_resume_carry_the_new_
     driver, seen, paused = asyncio.run(main())
     assert paused == [True]
     assert seen == [[[7]], [[7]], [[8]], [[8]]]  # none lost; the held calls went at 8
-    assert (driver.policy_version, driver.is_paused, driver.progress.done) == (8, False, 4)
+    assert (driver.policy_version, driver.executor.policy.paused, driver.progress.done) == (8, False, 4)
 
 
 def test_paused_context_bumps_on_success_and_keeps_the_version_on_failure() -> None:
@@ -135,14 +135,14 @@ def test_paused_context_bumps_on_success_and_keeps_the_version_on_failure() -> N
 
 
 def test_a_local_executor_keeps_its_policy_apart_from_the_process() -> None:
-    from rollout_ray._core.policy import process_policy
+    from rollout_ray._core.policy_gate import process_gate
 
-    before = process_policy().state()
+    before = process_gate().state()
 
     async def main() -> tuple[Any, Any]:
         async with LocalExecutor() as executor:
             await executor.set_policy(5, True)
-            return executor.policy.state(), process_policy().state()
+            return executor.policy.state(), process_gate().state()
 
     ours, process = asyncio.run(main())
     assert ours == (5, True) and process == before
@@ -151,8 +151,8 @@ def test_a_local_executor_keeps_its_policy_apart_from_the_process() -> None:
 def test_the_closer_waits_for_a_group_sent_back_and_ends_once_it_is_abandoned() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from rollout_ray._driver.closer import GroupCloser
     from rollout_ray._driver.finalize import FinalizeConfig
+    from rollout_ray._driver.group_finalizer import GroupFinalizer
     from rollout_ray._record.arrow import RolloutRecord
     from rollout_ray._record.trace import Trace, TraceTask
 
@@ -165,7 +165,7 @@ def test_the_closer_waits_for_a_group_sent_back_and_ends_once_it_is_abandoned() 
                 sent_back.set()
             return group_id != "b"
 
-        closer = GroupCloser(config=FinalizeConfig(), judge=None, store=None, io=ThreadPoolExecutor(1),
+        closer = GroupFinalizer(config=FinalizeConfig(), judge=None, store=None, io=ThreadPoolExecutor(1),
                              emit=lambda g: asyncio.sleep(0, emitted.append(g.group_id)), rows_per_write=256,
                              keep=keep, demand=demand)
         running = asyncio.create_task(closer.run())

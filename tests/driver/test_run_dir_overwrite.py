@@ -11,7 +11,7 @@ import pytest
 
 from rollout_ray import ChatHarness
 from rollout_ray._driver.driver import Driver, EvalConfig
-from rollout_ray._driver.local_executor import LocalExecutor
+from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray._record.store import read_manifest, read_run
 from rollout_ray.testing import ScriptedModel
 

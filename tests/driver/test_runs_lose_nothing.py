@@ -21,8 +21,7 @@ import pytest
 
 from rollout_ray import (
     ChatHarness,
-    CorruptManifest,
-    ForeignShard,
+    CorruptRun,
     LocalExecutor,
     ProviderError,
     ResumeMismatch,
@@ -116,9 +115,9 @@ def test_a_shard_of_another_run_is_refused(tmp_path: Path) -> None:
     _drive(tmp_path / "b", ScriptedModel(default="4"))
     stray = sorted((tmp_path / "b" / "shards").iterdir())[0]
     shutil.copy(stray, tmp_path / "a" / "shards" / "part-00099.parquet")
-    with pytest.raises(ForeignShard, match=r"part-00099\.parquet holds rows of run \w+, not of this run"):
+    with pytest.raises(CorruptRun, match=r"part-00099\.parquet holds rows of run \w+, not of this run"):
         read_run(tmp_path / "a")
-    with pytest.raises(ForeignShard):
+    with pytest.raises(CorruptRun):
         _drive(tmp_path / "a", ScriptedModel(default="4"), resume=True)
 
 
@@ -134,7 +133,7 @@ def test_a_truncated_manifest_is_one_clear_error(tmp_path: Path) -> None:
     _drive(tmp_path, ScriptedModel(default="4"), n=1)
     manifest = tmp_path / "manifest.json"
     manifest.write_bytes(manifest.read_bytes()[:20])
-    with pytest.raises(CorruptManifest, match=r"manifest\.json is not a readable run manifest"):
+    with pytest.raises(CorruptRun, match=r"manifest\.json is not a readable run manifest"):
         _drive(tmp_path, ScriptedModel(default="4"), n=1, resume=True)
 
 

@@ -24,10 +24,10 @@ from conftest import process_alive, wait_exit
 
 ray = pytest.importorskip("ray")
 
+from rollout_ray._hosting.node_services import LEASE_SECONDS  # noqa: E402
 from rollout_ray._ray.executor import RayExecutor  # noqa: E402
 from rollout_ray._ray.node_service_actor import node_service_actor  # noqa: E402
-from rollout_ray._ray.rollout_actor import RolloutActor  # noqa: E402
-from rollout_ray._serving.node_services import LEASE_SECONDS  # noqa: E402
+from rollout_ray._ray.rollout_handle import RolloutActor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.ray, pytest.mark.faults, pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
@@ -127,7 +127,7 @@ def test_a_session_the_services_no_longer_hold_is_an_infrastructure_loss() -> No
     """A rollout whose services were restarted between two calls (its next call reaches the
     new ones, which never saw its session) is retried, not failed as its harness's error."""
     from rollout_ray import InfrastructureLost
-    from rollout_ray._core.trace_sync import Cursor
+    from rollout_ray._hosting.trace_sync import Cursor
 
     services = _services()
     for method, args in (("sync", ("forgotten-secret", Cursor())),

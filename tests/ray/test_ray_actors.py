@@ -11,15 +11,16 @@ from typing import Any
 
 import pytest
 
-from rollout_ray import Harness, ProgramResult, Runtime, Task, TaskData, Trace, reward
+from rollout_ray import Harness, InfrastructureLost, ProgramResult, Runtime, Task, TaskData, Trace, reward
 
 from conftest import SLEEPER, wait_exit
 from conftest import process_alive as _alive
 
 ray = pytest.importorskip("ray")
 
-from rollout_ray._core.executor import RolloutSpec  # noqa: E402
-from rollout_ray._ray.rollout_actor import RolloutActor
+from rollout_ray._hosting.executor import RolloutSpec  # noqa: E402
+from rollout_ray._ray.executor import RayExecutor  # noqa: E402
+from rollout_ray._ray.rollout_handle import RolloutActor
 from rollout_ray._ray.runtime_actor import RuntimeActor  # noqa: E402
 from rollout_ray._runtimes.guardian import BUDGET  # noqa: E402
 from rollout_ray.testing import ScriptedModel  # noqa: E402
@@ -109,6 +110,45 @@ def test_killing_a_rollout_actor_mid_segment_removes_its_owned_runtimes(how: str
         await asyncio.to_thread(_wait_gone, borrowed_pid, 5.0)
 
     asyncio.run(main())
+
+
+class SaysThenBlocks(Harness):
+    """Writes ``started`` to a FIFO once its segment runs, then never returns."""
+
+    in_process = True
+
+    def __init__(self, fifo: str) -> None:
+        super().__init__("says-then-blocks")
+        self.fifo = fifo
+
+    async def launch(self, ctx: Any) -> ProgramResult:
+        await asyncio.to_thread(_write_fifo, self.fifo, "started")
+        await asyncio.Event().wait()
+        return ProgramResult(0)
+
+
+def test_a_rollout_whose_actor_died_comes_back_from_the_ray_executor_as_a_lost_trace() -> None:
+    """``Executor.run`` never raises the loss: it is the trace's typed error, as on every executor."""
+
+    async def main() -> Trace:
+        async with RayExecutor(actors=1, capacity=1, runtime="local") as executor:
+            fifo = _fifo()
+            running = asyncio.ensure_future(
+                executor.run(RolloutSpec(Task({"prompt": "hi"}), SaysThenBlocks(fifo), ScriptedModel(default="x"))))
+            await asyncio.to_thread(_read_started, fifo)
+            actor = executor._pool[0]
+            assert actor is not None
+            ray.kill(actor.actor, no_restart=True)
+            return await running
+
+    trace = asyncio.run(main())
+    assert not trace.ok and trace.is_completed and [e.type for e in trace.errors] == ["InfrastructureLost"]
+    assert trace.errors[0].is_a(InfrastructureLost) and trace.errors[0].message.startswith("rollout actor died: ")
+
+
+def _read_started(path: str) -> str:
+    with open(path) as f:
+        return f.read()
 
 
 def test_borrowed_runtime_survives_the_rollout_and_is_never_stopped_by_it() -> None:

@@ -33,7 +33,7 @@ ray = pytest.importorskip("ray")
 import calc_taskset  # noqa: E402
 from calc_taskset import ShellArith  # noqa: E402
 
-from rollout_ray._ray.rollout_actor import RolloutActor
+from rollout_ray._ray.rollout_handle import RolloutActor
 from rollout_ray._ray.runtime_actor import RuntimeActor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -109,6 +109,12 @@ def test_program_harness_runs_a_script_in_the_runtime(actor: Any) -> None:
     assert trace.num_turns == 2 and trace.reward == 1.0 and len(trace.tool_calls) == 1
 
 
+def _started_services(actor: Any) -> dict[str, bool]:
+    """Run in the rollout actor: whether it started its runtime actor, and used its node's
+    services, yet."""
+    return {"runtime_actor": actor._runtimes is not None, "node_services": actor._services.used}
+
+
 def test_runtime_actor_and_node_services_start_when_a_rollout_first_needs_them() -> None:
     """A cold start pays only for what its rollouts use: in-process chat needs neither, a tool
     that runs in the box needs the runtime actor, a program also the node's proxy."""
@@ -124,7 +130,7 @@ def test_runtime_actor_and_node_services_start_when_a_rollout_first_needs_them()
                          RolloutSpec(ShellArith(PROMPT), program, model)):
                 trace = None if spec is None else await fresh.run(spec)
                 seen.append((trace is None or (trace.ok and trace.reward == 1.0),
-                             await call(fresh.actor.started_services.remote())))
+                             await call(fresh.actor.__ray_call__.remote(_started_services))))
         finally:
             await fresh.aclose()
         return seen

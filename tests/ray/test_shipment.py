@@ -10,7 +10,7 @@ import types
 import pytest
 from ray import cloudpickle
 
-from rollout_ray._ray.shipment import Depot, MissingShipment, Shipper, deliver
+from rollout_ray._ray.shipment import MissingShipment, ShipmentPacker, ShipmentUnpacker, deliver
 
 
 def _module_defined_by_value() -> types.ModuleType:
@@ -39,53 +39,53 @@ def taskset():
 
 
 def test_a_class_body_is_sent_once_and_rows_refer_to_it(taskset) -> None:
-    shipper, depot = Shipper(), Depot()
-    first_blob, keys = shipper.pack(taskset.Row(answer=1))
-    first_bodies = shipper.bodies(keys)
+    packer, unpacker = ShipmentPacker(), ShipmentUnpacker()
+    first_blob, keys = packer.pack(taskset.Row(answer=1))
+    first_bodies = packer.bodies(keys)
     assert len(first_bodies) == 1  # the class, by value
-    second_blob, keys2 = shipper.pack(taskset.Row(answer=2))
-    assert keys2 == keys and shipper.bodies(keys2) == {}
+    second_blob, keys2 = packer.pack(taskset.Row(answer=2))
+    assert keys2 == keys and packer.bodies(keys2) == {}
     # The row alone is small: no class definition inside.
     assert len(second_blob) < len(pickle.dumps(first_bodies)) / 4
-    one = depot.unpack(first_blob, first_bodies)
-    two = depot.unpack(second_blob, {})
+    one = unpacker.unpack(first_blob, first_bodies)
+    two = unpacker.unpack(second_blob, {})
     assert (one.answer, two.answer) == (1, 2)
     assert type(one) is type(two)  # one class on the receiver, built once
 
 
 def test_shared_objects_arrive_once_and_stay_one_object(taskset) -> None:
-    shipper, depot = Shipper(), Depot()
+    packer, unpacker = ShipmentPacker(), ShipmentUnpacker()
     harness = taskset.Harness()
     received = []
     for answer in range(3):
-        blob, keys = shipper.pack({"h": harness, "row": taskset.Row(answer=answer)}, shared=(harness,))
-        received.append(depot.unpack(blob, shipper.bodies(keys)))
+        blob, keys = packer.pack({"h": harness, "row": taskset.Row(answer=answer)}, shared=(harness,))
+        received.append(unpacker.unpack(blob, packer.bodies(keys)))
     assert received[0]["h"] is received[2]["h"]
     assert [r["row"].answer for r in received] == [0, 1, 2]
 
 
 def test_a_receiver_without_a_body_says_which_key() -> None:
-    shipper = Shipper()
-    blob, keys = shipper.pack(Shipper)  # any class is shipped by key
-    shipper.bodies(keys)
+    packer = ShipmentPacker()
+    blob, keys = packer.pack(ShipmentPacker)  # any class is shipped by key
+    packer.bodies(keys)
     with pytest.raises(MissingShipment) as missing:
-        Depot().unpack(blob, {})
+        ShipmentUnpacker().unpack(blob, {})
     assert {missing.value.key} == keys
 
 
 def test_deliver_resends_every_body_when_the_receiver_lost_them(taskset) -> None:
-    shipper = Shipper()
-    depots = [Depot()]
+    packer = ShipmentPacker()
+    unpackers = [ShipmentUnpacker()]
     attempts: list[int] = []
 
     async def send(blob: bytes, bodies: dict[str, bytes]) -> int:
         attempts.append(len(bodies))
-        return depots[-1].unpack(blob, bodies).answer
+        return unpackers[-1].unpack(blob, bodies).answer
 
     async def main() -> list[int]:
-        got = [await deliver(shipper, taskset.Row(answer=1), send)]
-        depots.append(Depot())  # the receiver was replaced and knows nothing
-        got.append(await deliver(shipper, taskset.Row(answer=2), send))
+        got = [await deliver(packer, taskset.Row(answer=1), send)]
+        unpackers.append(ShipmentUnpacker())  # the receiver was replaced and knows nothing
+        got.append(await deliver(packer, taskset.Row(answer=2), send))
         return got
 
     assert asyncio.run(main()) == [1, 2]
@@ -93,7 +93,7 @@ def test_deliver_resends_every_body_when_the_receiver_lost_them(taskset) -> None
 
 
 def test_keys_are_content_hashes_shared_by_every_sender(taskset) -> None:
-    a, b = Shipper(), Shipper()
+    a, b = ShipmentPacker(), ShipmentPacker()
     assert a.key_of(taskset.Row) == b.key_of(taskset.Row)
     assert a.key_of(taskset.Row) != a.key_of(taskset.Harness)
 
@@ -102,34 +102,34 @@ def test_a_new_shared_object_per_message_costs_no_memory_that_grows() -> None:
     """Budgets built per spec: each is shipped, none is held once it is old."""
     from rollout_ray._core.limits import RolloutLimits
 
-    shipper, depot = Shipper(), Depot()
-    count = Shipper.REMEMBERED + 500
+    packer, unpacker = ShipmentPacker(), ShipmentUnpacker()
+    count = ShipmentPacker.REMEMBERED + 500
     for turns in range(1, count + 1):
         limits = RolloutLimits(max_turns=turns)
-        blob, keys = shipper.pack({"limits": limits}, shared=(limits,))
-        assert depot.unpack(blob, shipper.bodies(keys)) == {"limits": limits}
-    assert len(shipper._bodies) == len(shipper._by_key) == len(depot) == Shipper.REMEMBERED
+        blob, keys = packer.pack({"limits": limits}, shared=(limits,))
+        assert unpacker.unpack(blob, packer.bodies(keys)) == {"limits": limits}
+    assert len(packer._bodies) == len(packer._by_key) == len(unpacker) == ShipmentPacker.REMEMBERED
 
 
 def test_a_receiver_that_forgot_a_body_is_sent_it_again() -> None:
-    """The depot keeps the most recently used bodies; one it forgot is asked for again."""
+    """The unpacker keeps the most recently used bodies; one it forgot is asked for again."""
     from rollout_ray._core.limits import RolloutLimits
 
-    shipper, depot = Shipper(), Depot(remembered=2)
+    packer, unpacker = ShipmentPacker(), ShipmentUnpacker(remembered=2)
     first = RolloutLimits(max_turns=1)
     calls: list[bool] = []
 
     async def send(blob: bytes, bodies: dict[str, bytes]) -> object:
         calls.append(bool(bodies))
-        return depot.unpack(blob, bodies)
+        return unpacker.unpack(blob, bodies)
 
     async def main() -> None:
-        assert await deliver(shipper, first, send, shared=(first,)) == first
-        for turns in (2, 3):  # push ``first`` out of the depot (the shipper still has it)
+        assert await deliver(packer, first, send, shared=(first,)) == first
+        for turns in (2, 3):  # push ``first`` out of the unpacker (the packer still has it)
             other = RolloutLimits(max_turns=turns)
-            await deliver(shipper, other, send, shared=(other,))
+            await deliver(packer, other, send, shared=(other,))
         calls.clear()
-        assert await deliver(shipper, first, send, shared=(first,)) == first
+        assert await deliver(packer, first, send, shared=(first,)) == first
 
     asyncio.run(main())
     assert calls == [False, True]  # refused without the body, then sent with it

@@ -13,7 +13,7 @@ from rollout_ray import (
     AgentInfo,
     AgentSpan,
     AssistantMessage,
-    Error,
+    ErrorRecord,
     ImagePart,
     InterceptRecord,
     MessageNode,
@@ -88,13 +88,13 @@ def full_trace() -> Trace:
                 usage=Usage(prompt_tokens=10, completion_tokens=4, cached_input_tokens=2,
                             reasoning_tokens=1, cost=0.125),
                 time=TimeSpan(10.0, 12.5),
-                error=Error(type="ProviderError", message="slow", status_code=429, traceback="tb"),
+                error=ErrorRecord(type="ProviderError", message="slow", status_code=429, traceback="tb"),
                 policy=3, prompt_shared=0, prompt_ids=[7, 8],
             ),
             ModelCall(node=6, usage=Usage(prompt_tokens=20, completion_tokens=5), prompt_shared=5, prompt_ids=[9]),
             ModelCall(node=7, usage=Usage(prompt_tokens=22, completion_tokens=3)),
             # stored_ids is a blob's own: kept as it is on a call that sampled no node
-            ModelCall(error=Error(type="ProviderError", message="down", status_code=503), stored_ids=(1, 2)),
+            ModelCall(error=ErrorRecord(type="ProviderError", message="down", status_code=503), stored_ids=(1, 2)),
         ],
         request_rewrites=[InterceptRecord("redact")],
         response_rewrites=[InterceptRecord("censor")],
@@ -105,8 +105,9 @@ def full_trace() -> Trace:
         ok=True,
         stop_condition="max_turns",
         errors=[
-            Error(type="HarnessError", message="first"),
-            Error(type="TaskError", message="bad", status_code=502, traceback="Traceback..."),
+            ErrorRecord(type="HarnessError", message="first"),
+            ErrorRecord(type="TaskError", message="bad", status_code=502, traceback="Traceback...",
+                        lineage=["TaskError", "RolloutError", "Exception", "BaseException"]),
         ],
         timing=Timing(
             start=100.0,
@@ -120,7 +121,6 @@ def full_trace() -> Trace:
             ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5),
             ToolCallRecord("calc", "mul", "{}", True),
         ],
-        extra_usage=[Usage(prompt_tokens=3, completion_tokens=1)],
     )
 
 
@@ -311,7 +311,6 @@ TRACE_FIELDS_ACKNOWLEDGED = {
     "errors": "error_type, error_message, num_errors (the stored attempt's), attempts (every attempt's)",
     "timing": "started_at and the *_s span columns",
     "tool_calls": "num_tool_calls",
-    "extra_usage": "trace blob only",
 }
 """Where each Trace field lands in the table. A new Trace field fails the guard below until
 someone decides whether it needs a scalar column (appended to TRACE_SCHEMA) and lists it here."""

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from rollout_ray import Trace, TraceTask
+from rollout_ray._errors import CorruptRun
 from rollout_ray._record.arrow import (
     ARROW_SCHEMA_VERSION,
     TRACE_SCHEMA,
@@ -22,7 +23,6 @@ from rollout_ray._record.arrow import (
     table_to_traces,
 )
 from rollout_ray._record.store import (
-    CorruptShard,
     Manifest,
     ShardWriter,
     ShardWriterStatistics,
@@ -104,11 +104,11 @@ def test_a_truncated_shard_is_corrupt_and_nothing_is_returned(tmp_path: Path) ->
         rf"^shard {bad} is truncated or corrupt \(.+\); the run needs repair: move the file "
         r"aside and resume the run to redo its rollouts$"
     )
-    with pytest.raises(CorruptShard, match=pattern) as err:
+    with pytest.raises(CorruptRun, match=pattern) as err:
         read_run(tmp_path)
     assert err.value.path == bad
     assert isinstance(err.value, ValueError)
-    with pytest.raises(CorruptShard, match=pattern):
+    with pytest.raises(CorruptRun, match=pattern):
         done_keys(tmp_path)
 
 

@@ -206,5 +206,5 @@ def test_old_traces_decode_with_no_token_record() -> None:
         OldNode(None, {"role": "user", "content": "hi"}),
         OldNode(0, {"role": "assistant", "content": "yo"}, True)], calls=[OldCall(1)]))
     trace = decode_trace(blob)
-    assert trace.extra_usage == [] and trace.calls[0].policy is None and trace.nodes[1].mask is None
+    assert trace.calls[0].policy is None and trace.nodes[1].mask is None
     assert token_sequences(trace) == [] and token_drift(trace) == []

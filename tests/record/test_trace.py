@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pathlib
+import subprocess
+import sys
+
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -11,15 +15,18 @@ from rollout_ray import (
     AgentInfo,
     AgentSpan,
     AssistantMessage,
-    Error,
+    ErrorRecord,
     ImagePart,
+    InfrastructureLost,
     InterceptRecord,
     MessageNode,
     ModelCall,
     ProviderError,
     Reward,
+    RolloutError,
     RuntimeInfo,
     SystemMessage,
+    TaskError,
     TextPart,
     TimeSpan,
     TimeSplit,
@@ -69,7 +76,7 @@ def full_trace() -> Trace:
                 usage=Usage(prompt_tokens=10, completion_tokens=4, cached_input_tokens=2,
                             reasoning_tokens=1, cost=0.125),
                 time=TimeSpan(10.0, 12.5),
-                error=Error(type="ProviderError", message="slow", status_code=429, traceback="tb"),
+                error=ErrorRecord(type="ProviderError", message="slow", status_code=429, traceback="tb"),
                 policy=4, prompt_shared=2, prompt_ids=[9], stored_ids=(1, 3),
             )
         ],
@@ -81,7 +88,8 @@ def full_trace() -> Trace:
         is_completed=True,
         ok=True,
         stop_condition="max_turns",
-        errors=[Error(type="TaskError", message="bad", status_code=502, traceback="Traceback...")],
+        errors=[ErrorRecord(type="TaskError", message="bad", status_code=502, traceback="Traceback...",
+                            lineage=["TaskError", "RolloutError", "Exception", "BaseException"])],
         timing=Timing(
             start=100.0,
             boot=TimeSpan(100.5, 101.0),
@@ -91,7 +99,6 @@ def full_trace() -> Trace:
             scoring=TimeSpan(111.0, 112.0),
         ),
         tool_calls=[ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5)],
-        extra_usage=[Usage(prompt_tokens=3, completion_tokens=1)],
     )
 
 
@@ -280,13 +287,54 @@ def test_s3_record_error_appends_error_with_traceback():
     assert err.traceback.startswith("Traceback (most recent call last):\n")
     assert err.traceback.endswith("ValueError: boom\n")
     assert (trace.ok, trace.stop_condition, trace.is_completed) == (False, "error", True)
-    assert trace.has_error and trace.last_error is err
+    assert trace.last_error is err
 
 
 def test_s3_provider_error_has_no_traceback_and_keeps_status():
     trace = Trace(task=TraceTask(type="T"))
     trace.record_error(_raised(ProviderError("overloaded", 429)))
-    assert trace.errors == [Error("ProviderError", "overloaded", status_code=429, traceback=None)]
+    assert trace.errors == [ErrorRecord("ProviderError", "overloaded", status_code=429, traceback=None,
+                                        lineage=["ProviderError", "RolloutError", "Exception", "BaseException"])]
+
+
+class _TasksetProviderError(ProviderError):
+    """A taskset's own kind of provider failure."""
+
+
+def test_is_a_reads_the_recorded_lineage() -> None:
+    record = ErrorRecord.from_exception(_raised(_TasksetProviderError("quota", 429)))
+    assert record.lineage == ["_TasksetProviderError", "ProviderError", "RolloutError", "Exception", "BaseException"]
+    assert record.is_a(ProviderError) and record.is_a(RolloutError) and record.is_a((InfrastructureLost, ProviderError))
+    assert not record.is_a(InfrastructureLost) and not record.is_a(TaskError)
+    lost = ErrorRecord.from_exception(_raised(InfrastructureLost("gone")))
+    assert lost.is_a(InfrastructureLost) and not lost.is_a(RolloutError)
+
+
+def test_is_a_holds_in_a_process_that_never_imported_the_raising_class(tmp_path: pathlib.Path) -> None:
+    """The lineage travels with the record: a driver that decodes a taskset's error without
+    the taskset still knows it was a provider failure."""
+    (tmp_path / "my_taskset.py").write_text(
+        "from rollout_ray import ProviderError\n\nclass QuotaExceeded(ProviderError):\n    pass\n")
+    write = ("import sys; sys.path.insert(0, sys.argv[1]); import my_taskset\n"
+             "from rollout_ray import Trace, TraceTask, encode_trace\n"
+             "t = Trace(task=TraceTask(type='T')); t.record_error(my_taskset.QuotaExceeded('over quota', 429))\n"
+             "sys.stdout.buffer.write(encode_trace(t))\n")
+    blob = subprocess.run([sys.executable, "-c", write, str(tmp_path)], capture_output=True, check=True).stdout
+    read = ("import sys; from rollout_ray import ProviderError, TaskError, decode_trace\n"
+            "[e] = decode_trace(sys.stdin.buffer.read()).errors\n"
+            "print(e.type, e.is_a(ProviderError), e.is_a(TaskError), 'my_taskset' in sys.modules)\n")
+    answer = subprocess.run([sys.executable, "-c", read], input=blob, capture_output=True, check=True).stdout
+    assert answer.decode().split() == ["QuotaExceeded", "True", "False", "False"]
+
+
+def test_a_record_without_lineage_asks_this_process_for_its_class() -> None:
+    """Records written before lineages were kept: the class is looked up by its type name."""
+    assert ErrorRecord("OverlongPromptError", "long").is_a(ProviderError)
+    assert ErrorRecord("InfrastructureLost", "gone").is_a(InfrastructureLost)
+    assert ErrorRecord("TimeoutError", "slow").is_a(OSError)
+    assert not ErrorRecord("NoSuchError", "?").is_a(ProviderError)
+    old = msgspec.msgpack.encode({"type": "ProviderError", "message": "x"})  # a row of an older run
+    assert msgspec.msgpack.decode(old, type=ErrorRecord).is_a(RolloutError)
 
 
 def test_q3_record_error_keeps_an_earlier_stop():
@@ -302,7 +350,7 @@ def test_q3_record_error_keeps_an_earlier_stop():
 
 def _timed_trace(agent: AgentSpan, *durations: float) -> Trace:
     calls = [ModelCall(time=TimeSpan(50.0, 50.0 + d)) for d in durations]
-    calls.append(ModelCall(error=Error("ProviderError", "x"), time=TimeSpan(60.0, 61.0)))
+    calls.append(ModelCall(error=ErrorRecord("ProviderError", "x"), time=TimeSpan(60.0, 61.0)))
     return Trace(task=TraceTask(type="T"), calls=calls, timing=Timing(agent=agent))
 
 
@@ -340,7 +388,7 @@ def test_s3_is_truncated_on_limit_stops(condition):
 
 def test_s3_is_truncated_reads_the_last_error_free_call():
     trace = Trace(task=TraceTask(type="T"), stop_condition="agent_completed")
-    trace.calls = [ModelCall(finish_reason="length"), ModelCall(finish_reason="stop", error=Error("E", "x"))]
+    trace.calls = [ModelCall(finish_reason="length"), ModelCall(finish_reason="stop", error=ErrorRecord("E", "x"))]
     assert trace.is_truncated
     trace.calls.append(ModelCall(finish_reason="stop"))
     assert not trace.is_truncated
@@ -360,3 +408,10 @@ def test_s3_last_reply_is_the_stripped_last_sampled_assistant():
     assert trace.last_reply == "the answer"
     trace.nodes.append(MessageNode(2, AssistantMessage(None, tool_calls=[ToolCall("c", "f")]), sampled=True))
     assert trace.last_reply == ""
+
+
+def test_a_trace_written_with_the_dropped_extra_usage_field_still_reads() -> None:
+    """``extra_usage`` was never written; traces stored with it (always empty) decode without it."""
+    old = msgspec.msgpack.encode({"task": {"type": "T"}, "extra_usage": [], "ok": True})
+    trace = decode_trace(old)
+    assert trace.ok and not hasattr(trace, "extra_usage")

@@ -17,9 +17,9 @@ import pytest
 from image_rig import image_sandbox, needs_image, python_image, shared_cache
 
 from rollout_ray import Reward, Rollout, RolloutSpec, SandboxRuntime, Task, Trace, reward
-from rollout_ray._driver.local_executor import LocalExecutor
 from rollout_ray._errors import SandboxError
 from rollout_ray._harnesses.program import ProgramHarness
+from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray._runtimes import image_cache
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray.testing import ScriptedModel
@@ -182,7 +182,7 @@ def test_a_tasks_image_reaches_the_sandbox_through_the_local_executor(kind: str,
 
 @pytest.mark.ray
 def test_a_tasks_image_reaches_the_sandbox_of_a_ray_rollout_actor(ray_cluster: Any) -> None:
-    from rollout_ray._ray.rollout_actor import RolloutActor
+    from rollout_ray._ray.rollout_handle import RolloutActor
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     harness = ProgramHarness(["sh", "-c", f"python3 -c '{IMAGE_PYTHON}' > /tmp/v; python3 agent.py"],

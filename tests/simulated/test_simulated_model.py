@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sim_client import Client, assemble, events, serve, user
 
+from rollout_ray._simulated.answers import cap_completion, evaluate, prompt_tokens, respond
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.policy import cap_completion, evaluate, prompt_tokens, respond
 from rollout_ray._simulated.server import SimulatedModelServer
 
 CFG = SimulatedModelConfig()

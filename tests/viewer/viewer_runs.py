@@ -18,7 +18,7 @@ from rollout_ray._record.store import Manifest, ShardWriter, write_manifest
 from rollout_ray._record.trace import (
     AgentInfo,
     AgentSpan,
-    Error,
+    ErrorRecord,
     MessageNode,
     ModelCall,
     Reward,
@@ -43,7 +43,7 @@ def failed(i: int) -> bool:
     return i % 7 == 3
 
 
-def _error(i: int) -> Error:
+def _error(i: int) -> ErrorRecord:
     def call_tool() -> None:
         if i % 2:
             raise ToolsetError(f"tool 'add' crashed on rollout {i}")
@@ -52,9 +52,9 @@ def _error(i: int) -> Error:
     try:
         call_tool()
     except (ToolsetError, ProviderError) as exc:
-        error = Error.from_exception(exc)
+        error = ErrorRecord.from_exception(exc)
     # A provider error keeps no traceback of its own (it would be ours); give it one to show.
-    return error if error.traceback else Error(error.type, error.message, error.status_code,
+    return error if error.traceback else ErrorRecord(error.type, error.message, error.status_code,
                                                "Traceback (most recent call last):\n  upstream 503\n")
 
 

@@ -1,12 +1,12 @@
 """The driver's GC settings for a run: rarer young collections, what lives for the whole run
-frozen out of them, and all of it undone when the run ends (``_core/collector.py``)."""
+frozen out of them, and all of it undone when the run ends (``_hosting/gc_tuning.py``)."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from rollout_ray._core.collector import THRESHOLDS, tuned_for_rollouts
+from rollout_ray._hosting.gc_tuning import THRESHOLDS, tuned_for_rollouts
 
 
 class Node:

@@ -1,8 +1,8 @@
-"""GroupCloser: groups finalized many at once as their last samples close, then stored and streamed.
+"""GroupFinalizer: groups finalized many at once as their last samples close, then stored and streamed.
 
 Groups close one at a time, as their last samples finish. Finalizing each alone would build
 a table and run ``finalize`` per group — on the hot path, the largest cost of a rollout in
-the driver. The closer runs beside the rollouts: it takes every group that closed since it
+the driver. The finalizer runs beside the rollouts: it takes every group that closed since it
 last looked, builds one table, finalizes it in one call (the statistics are vectorised
 across groups), stores the rows, and puts each group on the stream in closing order. Under
 load the batches grow by themselves (up to one shard's rows), and finalizes are at least
@@ -52,7 +52,7 @@ WRITE_BYTES = 64 << 20
 class Group:
     """One finalized group: its samples (with advantages) and its one-row summary.
 
-    The closer hands out views of its batch's tables: ``samples`` and ``summary`` are sliced
+    The finalizer hands out views of its batch's tables: ``samples`` and ``summary`` are sliced
     on first use (a slice of the ~60-column table costs ~30 us, per group, and a run that
     only stores never asks).
     """
@@ -94,8 +94,9 @@ class Group:
         return batch_arrays(self.samples, pad_to=pad_to, pad_id=pad_id)
 
 
-class GroupCloser:
-    """Finalizes closed groups in batches, stores them, and hands them to ``emit``.
+class GroupFinalizer:
+    """Finalizes the groups closed since it last looked, in one table; stores them and hands
+    each to ``emit``.
 
     Args:
         config / judge: as ``finalize``.

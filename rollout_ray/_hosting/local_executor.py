@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from .._core.executor import Executor, RolloutSpec
-from .._core.lazy_runtime import LazyRuntime
-from .._core.policy import PolicyControl
+from .._core.policy_gate import PolicyGate
 from .._core.runtime import Runtime
 from .._record.trace import Trace
 from .._runtimes.host import RuntimeHost, runtime_kind
 from .._serving.proxy import HTTPInterception
 from .._serving.tool_server import ToolServer
+from .executor import Executor, RolloutSpec
+from .lazy_runtime import LazyRuntime
 
 
 class LocalExecutor(Executor):
@@ -35,7 +35,7 @@ class LocalExecutor(Executor):
         self._proxy: HTTPInterception | None = None
         self._tools: ToolServer | None = None
         self._runtimes: RuntimeHost | None = None
-        self.policy = PolicyControl()
+        self.policy = PolicyGate()
 
     async def start(self) -> None:
         self._proxy = await self._stack.enter_async_context(HTTPInterception())

@@ -2,7 +2,8 @@
 
 What a ``RolloutActor`` runs. It forwards ``open`` / ``step`` / ``close`` / ``abort`` to the
 ``Rollout`` core and adds no lifecycle logic; ``run`` does open → step → close in one call so
-a driver pays one actor call per rollout. Traces leave as msgpack bytes.
+a driver pays one actor call per rollout. It hands back ``Trace`` objects: how they cross
+to the driver is the Ray layer's business (``_ray/trace_wire``).
 """
 
 from __future__ import annotations
@@ -10,13 +11,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from .._errors import InfrastructureLost, UnknownRollout, error_class
+from .._core.interception import Interception
+from .._core.rollout import Rollout, ToolServerFactory
+from .._core.runtime import Runtime
 from .._record.messages import Message
-from .._record.trace import encode_trace
+from .._record.trace import Trace
 from .executor import RolloutSpec
-from .interception import Interception
-from .rollout import Rollout, ToolServerFactory
-from .runtime import Runtime
 
 
 class RolloutHost:
@@ -77,19 +77,18 @@ class RolloutHost:
     def _get(self, rollout_id: str) -> Rollout:
         rollout = self._rollouts.get(rollout_id)
         if rollout is None:
-            raise UnknownRollout(f"no open rollout {rollout_id!r} on this host")
+            raise KeyError(f"no open rollout {rollout_id!r} on this host")
         return rollout
 
     async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
         return await self._get(rollout_id).step(messages)
 
-    async def close(self, rollout_id: str) -> bytes:
+    async def close(self, rollout_id: str) -> Trace:
         rollout = self._get(rollout_id)
         try:
-            trace = await rollout.close()
+            return await rollout.close()
         finally:
             await self._release(rollout)
-        return encode_trace(trace)
 
     async def abort(self, rollout_id: str) -> None:
         rollout = self._rollouts.get(rollout_id)
@@ -99,27 +98,19 @@ class RolloutHost:
             finally:
                 await self._release(rollout)
 
-    async def run(self, spec: RolloutSpec) -> bytes:
-        """``Rollout.run`` (open → step → close) in one call: one actor call per rollout.
-
-        Raises:
-            InfrastructureLost: a service the rollout was served by (its node's proxy or tool
-                server) was lost under it: its outcome says nothing of the task, so the
-                caller retries it instead of recording it.
-        """
+    async def run(self, spec: RolloutSpec) -> Trace:
+        """``Rollout.run`` (open → step → close) in one call: one actor call per rollout. A
+        rollout whose services were lost under it comes back lost (its ``InfrastructureLost``
+        recorded), like any other outcome."""
         rollout = await self._admit(spec)
         try:
-            trace = await rollout.run()
+            return await rollout.run()
         finally:
             await self._release(rollout)
-        lost = next((e for e in trace.errors if _is_lost(e.type)), None)
-        if lost is not None:
-            raise InfrastructureLost(lost.message)
-        return encode_trace(trace)
 
-    async def trace(self, rollout_id: str) -> bytes:
+    def trace(self, rollout_id: str) -> Trace:
         """The current trace of an open rollout."""
-        return encode_trace(self._get(rollout_id).trace)
+        return self._get(rollout_id).trace
 
     async def _release(self, rollout: Rollout) -> None:
         # Only the first release of a rollout frees its room (close after abort is harmless).
@@ -133,8 +124,3 @@ class RolloutHost:
     async def shutdown(self) -> None:
         """Abort every open rollout (their owned runtimes are stopped)."""
         await asyncio.gather(*(self.abort(i) for i in list(self._rollouts)), return_exceptions=True)
-
-
-def _is_lost(type_name: str) -> bool:
-    cls = error_class(type_name)
-    return cls is not None and issubclass(cls, InfrastructureLost)

@@ -29,6 +29,8 @@ id, task, agent, version   rollout          out at registration (never change af
 rewards, metrics, info     rollout          out at registration (setup may write them);
                                             scoring runs on the owner after close
 ok, errors, timing         rollout          never (the rollout records failures itself)
+(extra_usage)              nobody           dropped: no side ever wrote it (a judge's usage,
+                                            off the graph); old traces with it still read
 =========================  ===============  ===============================================
 
 When: out once, at registration (after setup, so the copy sees what setup wrote); back after
@@ -45,12 +47,12 @@ from typing import Any
 
 import msgspec
 
+from .._core.hooks import Hook
+from .._core.limits import RolloutLimits
+from .._core.model import Model
+from .._core.session import RolloutSession
 from .._record.messages import Tool
 from .._record.trace import InterceptRecord, MessageNode, ModelCall, ToolCallRecord, Trace, decode_trace
-from .hooks import Hook
-from .limits import RolloutLimits
-from .model import Model
-from .session import RolloutSession
 
 
 class Cursor(msgspec.Struct, frozen=True):

@@ -1,4 +1,4 @@
-"""GroupCloser's writes: a slow run's groups within ``write_within`` seconds, a fast run's
+"""GroupFinalizer's writes: a slow run's groups within ``write_within`` seconds, a fast run's
 ``rows_per_write`` rows at once (fewer, larger shards), and everything at the end."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from rollout_ray._driver.closer import GroupCloser
 from rollout_ray._driver.finalize import FinalizeConfig
+from rollout_ray._driver.group_finalizer import GroupFinalizer
 from rollout_ray._record.arrow import RolloutRecord
 from rollout_ray._record.trace import Trace, TraceTask
 
@@ -41,7 +41,7 @@ def test_groups_are_written_when_due_or_a_write_is_full_and_the_rest_at_the_end(
 
     async def main() -> float:
         emitted: list[str] = []
-        closer = GroupCloser(config=FinalizeConfig(), judge=None, store=Store(), io=Inline(),  # type: ignore[arg-type]
+        closer = GroupFinalizer(config=FinalizeConfig(), judge=None, store=Store(), io=Inline(),  # type: ignore[arg-type]
                              emit=lambda g: asyncio.sleep(0, emitted.append(g.group_id)),
                              rows_per_write=3, write_within=2.0)
         running = asyncio.create_task(closer.run())
@@ -80,7 +80,7 @@ def test_while_groups_keep_closing_finalizes_are_gather_seconds_apart() -> None:
             at.append(asyncio.get_running_loop().time())
             return asyncio.sleep(0)
 
-        closer = GroupCloser(config=FinalizeConfig(), judge=None, store=None, io=Inline(), emit=emit,
+        closer = GroupFinalizer(config=FinalizeConfig(), judge=None, store=None, io=Inline(), emit=emit,
                              rows_per_write=1000, gather=0.1)
         running = asyncio.create_task(closer.run())
         t0 = asyncio.get_running_loop().time()

@@ -1,12 +1,12 @@
-"""Batched runs: many rollouts per actor call in each direction.
+"""Batched runs, the driver's side: many rollouts per actor call in each direction.
 
 One actor call per rollout costs, per rollout, a ``.remote()`` and a reply on the driver and a
 task receipt and a reply in the rollout actor: on Ray the largest share of a short rollout's
 CPU. Here the driver's side (``RunSender``) keeps at most one ``submit`` in flight per actor
-and sends every spec queued meanwhile with it; the actor's side (``RunBoard``) starts them and
-answers at once; one long-polling ``collect`` per actor brings back every trace finished since
-the last one. Under load both batches grow by themselves; an idle system sends a batch of one
-at once, so light load pays no extra latency.
+and sends every spec queued meanwhile with it; the actor's side (``run_receiver``) starts them
+and answers at once; one long-polling ``collect`` per actor brings back every trace finished
+since the last one. Under load both batches grow by themselves; an idle system sends a batch
+of one at once, so light load pays no extra latency.
 
 Each spec is pickled on its own (an unpicklable task fails its rollout only, never its
 batch), and each result comes back as that rollout's trace bytes or its exception. A driver
@@ -18,21 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import pickle
 from collections.abc import Callable, Iterable
-from functools import partial
 from typing import Any
 
 from ray.exceptions import RayActorError
 
 from .calls import call
-from .shipment import Depot, MissingShipment, Shipper
+from .shipment import MissingShipment, ShipmentPacker
 
 MAX_BATCH = 512
 """The most specs sent in one ``submit``."""
 
-Result = tuple[int, "bytes | BaseException | None"]
-"""One finished rollout: its id and its trace bytes, its exception, or ``None`` (cancelled)."""
 
 
 class RunSender:
@@ -46,7 +42,7 @@ class RunSender:
     def __init__(self, actor: Any, shared: Callable[[Any], Iterable[Any]]) -> None:
         self._actor = actor
         self._shared = shared
-        self._shipper = Shipper()
+        self._packer = ShipmentPacker()
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future[bytes]] = {}
         self._outbox: list[tuple[int, Any]] = []
@@ -93,12 +89,12 @@ class RunSender:
             if not items:
                 continue
             try:
-                failed = await self._submit(items, self._shipper.bodies(keys))
+                failed = await self._submit(items, self._packer.bodies(keys))
                 missing = [sid for sid, e in failed if isinstance(e, MissingShipment)]
                 if missing:  # the actor lacks a body (a later batch overtook the first)
                     again = [item for item in items if item[0] in set(missing)]
                     failed = [f for f in failed if not isinstance(f[1], MissingShipment)]
-                    failed += await self._submit(again, self._shipper.bodies(keys, resend=True))
+                    failed += await self._submit(again, self._packer.bodies(keys, resend=True))
             except RayActorError as e:
                 self._die(e)
                 return
@@ -115,7 +111,7 @@ class RunSender:
         keys: set[str] = set()
         for sid, spec in batch:
             try:
-                blob, spec_keys = self._shipper.pack(spec, self._shared(spec))
+                blob, spec_keys = self._packer.pack(spec, self._shared(spec))
             except Exception as e:  # noqa: BLE001 - e.g. a task that cannot be pickled
                 self._fail(sid, e)
                 continue
@@ -175,69 +171,3 @@ class RunSender:
         """Return once the actor has reported every rollout it accepted (cancelled ones too)."""
         while self._collector is not None and not self._collector.done():
             await asyncio.shield(self._collector)
-
-
-class RunBoard:
-    """The actor's side: starts submitted rollouts and hands back the finished ones.
-
-    Args:
-        run: runs one spec to its trace bytes (``RolloutHost.run``).
-    """
-
-    def __init__(self, run: Callable[[Any], Any]) -> None:
-        self._run = run
-        self._depot = Depot()
-        self._running: dict[int, asyncio.Task[bytes]] = {}
-        self._done: list[Result] = []
-        self._ready = asyncio.Event()
-
-    def submit(self, items: list[tuple[int, bytes]], bodies: dict[str, bytes]) -> list[tuple[int, Exception]]:
-        """Start each item; returns the items that could not be unpacked, with why."""
-        failed: list[tuple[int, Exception]] = []
-        for sid, blob in items:
-            try:
-                spec = self._depot.unpack(blob, bodies)
-            except Exception as e:  # noqa: BLE001 - that rollout fails (MissingShipment: sent again)
-                failed.append((sid, _portable(e)))
-                continue
-            task = asyncio.ensure_future(self._run(spec))
-            self._running[sid] = task
-            task.add_done_callback(partial(self._finished, sid))
-        return failed
-
-    def _finished(self, sid: int, task: asyncio.Task[bytes]) -> None:
-        self._running.pop(sid, None)
-        if task.cancelled():
-            result: bytes | BaseException | None = None
-        else:
-            error = task.exception()
-            result = task.result() if error is None else _portable(error)
-        self._done.append((sid, result))
-        self._ready.set()
-
-    async def collect(self) -> list[Result]:
-        """Every result since the last call; waits for one while rollouts run."""
-        while not self._done and self._running:
-            self._ready.clear()
-            await self._ready.wait()
-        done, self._done = self._done, []
-        return done
-
-    def cancel(self, sids: Iterable[int]) -> None:
-        for sid in sids:
-            task = self._running.get(sid)
-            if task is not None:
-                task.cancel()
-
-    def __len__(self) -> int:
-        return len(self._running)
-
-
-def _portable(error: BaseException) -> Exception:
-    """``error`` if it survives pickling (our errors do), else a ``RuntimeError`` naming it:
-    one unpicklable exception must not lose the whole batch of results it travels with."""
-    try:
-        pickle.loads(pickle.dumps(error))
-    except Exception:  # noqa: BLE001
-        return RuntimeError(f"{type(error).__name__}: {error}")
-    return error if isinstance(error, Exception) else RuntimeError(f"{type(error).__name__}: {error}")

@@ -2,7 +2,7 @@
 
 The driver owns the current policy version and the pause; ``Executor.set_policy`` carries
 both to every process where its rollouts make model calls or are charged agent time
-(``_core/policy``). Versions only go up. ``Driver`` inherits this.
+(``_core/policy_gate``). Versions only go up. ``Driver`` inherits this.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from .._core.executor import Executor
+from .._hosting.executor import Executor
 
 
 class PolicyOwner:
@@ -27,10 +27,6 @@ class PolicyOwner:
     def policy_version(self) -> int:
         """The current policy version: what a model call records when its server stamps none."""
         return self._policy_version
-
-    @property
-    def is_paused(self) -> bool:
-        return self._paused
 
     async def set_policy_version(self, version: int) -> None:
         """Make ``version`` current: the next model calls carry it.

@@ -5,7 +5,7 @@ What a node's services actor runs (one per node). A rollout registers its sessio
 tools, its toolsets under the session's state secret; a program of the rollout then talks
 to this process's proxy and tool server. The copy of the trace here is where turns are
 committed, hooks run and tool calls are recorded while the registration lives; the rollout
-pulls what was added as ``SessionDelta``s (see ``_core/trace_sync`` for who owns what).
+pulls what was added as ``SessionDelta``s (see ``_hosting/trace_sync`` for who owns what).
 Models are pooled by configuration: rollouts of one model share one keep-alive pool.
 
 Every registration has an owner (a rollout actor) holding a lease: the owner renews it every
@@ -28,11 +28,11 @@ from .._core.model import Model
 from .._core.runtime import Runtime
 from .._core.session import RolloutSession
 from .._core.toolset import Toolset
-from .._core.trace_sync import Cursor, SessionDelta, SessionSpec, delta
 from .._errors import InfrastructureLost
 from .._record.messages import Request
-from .proxy import HTTPInterception
-from .tool_server import ToolServer
+from .._serving.proxy import HTTPInterception
+from .._serving.tool_server import ToolServer
+from .trace_sync import Cursor, SessionDelta, SessionSpec, delta
 
 LEASE_SECONDS = 5.0
 """How long an owner's registrations live without a renewal."""
@@ -48,8 +48,8 @@ def lost_session() -> InfrastructureLost:
 
 
 @dataclass
-class _Served:
-    """A registration and how to end it."""
+class _Registration:
+    """One session or toolset registered here: how to end it, its owner, its session."""
 
     serving: contextlib.AbstractAsyncContextManager[Any]
     owner: str | None
@@ -70,8 +70,8 @@ class NodeServices:
         self._proxy = HTTPInterception(**kwargs, **({"max_body": max_body} if max_body else {}))
         self._tools = ToolServer(**kwargs)
         self._models: dict[bytes, Model] = {}
-        self._sessions: dict[str, _Served] = {}
-        self._toolsets: dict[str, _Served] = {}
+        self._sessions: dict[str, _Registration] = {}
+        self._toolsets: dict[str, _Registration] = {}
         self.lease = lease
         self._leases: dict[str, float] = {}
         """Owner → the monotonic time its registrations expire."""
@@ -97,7 +97,7 @@ class NodeServices:
         session = spec.session(self._pooled(spec.model))
         serving = self._proxy.serve(session)
         slot = await serving.__aenter__()
-        self._sessions[slot.model_secret] = _Served(serving, spec.owner, session)
+        self._sessions[slot.model_secret] = _Registration(serving, spec.owner, session)
         return slot
 
     def _session(self, secret: str) -> RolloutSession:
@@ -141,7 +141,7 @@ class NodeServices:
         serving = self._tools.serve(toolsets, runtime, state_secret, on_call=session.trace.tool_calls.append)
         urls = await serving.__aenter__()
         key = secrets.token_urlsafe(16)
-        self._toolsets[key] = _Served(serving, owner)
+        self._toolsets[key] = _Registration(serving, owner)
         return key, urls
 
     async def unregister_tools(self, key: str) -> None:

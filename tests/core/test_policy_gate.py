@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from rollout_ray import Request, RolloutTimeouts, SessionConcluded, UserMessage
-from rollout_ray._core.policy import PolicyControl, SegmentClock, process_policy
+from rollout_ray._core.policy_gate import PolicyGate, SegmentClock, process_gate
 from rollout_ray._core.session import RolloutSession
 from rollout_ray._record.trace import Trace, TraceTask
 from rollout_ray.testing import Reply, ScriptedHarness, ScriptedModel
@@ -30,8 +30,8 @@ class Stamping(ScriptedModel):
         return msgspec.structs.replace(response, policy_version=self.version)
 
 
-def versioned(version: int, paused: bool = False) -> PolicyControl:
-    policy = PolicyControl()
+def versioned(version: int, paused: bool = False) -> PolicyGate:
+    policy = PolicyGate()
     policy.set(version, paused)
     return policy
 
@@ -52,8 +52,8 @@ def test_every_call_records_the_current_version_unless_the_server_stamps_one() -
 
 def test_the_process_policy_is_the_default_and_unset_records_none() -> None:
     r = make_rollout()
-    assert r.policy is process_policy() and r.session.policy is process_policy()
-    assert [c.policy for c in run(make_rollout(policy=PolicyControl()).run()).calls] == [None]
+    assert r.policy is process_gate() and r.session.policy is process_gate()
+    assert [c.policy for c in run(make_rollout(policy=PolicyGate()).run()).calls] == [None]
 
 
 def test_not_paused_the_gate_costs_no_event() -> None:

@@ -6,10 +6,9 @@ import asyncio
 
 import pytest
 
-from rollout_ray import LocalInterception, decode_trace
-from rollout_ray._core.executor import RolloutSpec
-from rollout_ray._core.host import RolloutHost
-from rollout_ray._errors import UnknownRollout
+from rollout_ray import InfrastructureLost, LocalInterception
+from rollout_ray._hosting.executor import RolloutSpec
+from rollout_ray._hosting.host import RolloutHost
 from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel
 
 from conftest import EchoTask, run
@@ -25,10 +24,24 @@ def spec() -> RolloutSpec:
 
 def test_run_returns_the_closed_trace_and_frees_its_room() -> None:
     h = host(1)
-    trace = decode_trace(run(h.run(spec())))
+    trace = run(h.run(spec()))
     assert trace.ok and trace.stop_condition == "agent_completed" and trace.num_turns == 1
     assert h.open_ids() == [] and h.completed == 1
-    assert decode_trace(run(h.run(spec()))).ok  # the room was freed
+    assert run(h.run(spec())).ok  # the room was freed
+
+
+def test_a_rollout_whose_services_were_lost_comes_back_as_a_lost_trace() -> None:
+    """The host hands back the trace, lost or not: the driver reads ``is_a``, nothing is raised."""
+
+    async def lose_the_services(ctx: object) -> None:
+        raise InfrastructureLost("the node's services were lost: ActorDiedError")
+
+    lost = RolloutSpec(EchoTask({"prompt": "hi"}), ScriptedHarness(before_segment=lose_the_services),
+                       ScriptedModel(default="hello"))
+    h = host(1)
+    trace = run(h.run(lost))
+    assert not trace.ok and [e.type for e in trace.errors] == ["InfrastructureLost"]
+    assert trace.errors[0].is_a(InfrastructureLost) and h.open_ids() == [] and h.completed == 1
 
 
 def test_open_waits_for_room_when_capacity_is_reached() -> None:
@@ -47,7 +60,7 @@ def test_open_waits_for_room_when_capacity_is_reached() -> None:
         return h.open_ids()
 
     assert run(main()) == []
-    with pytest.raises(UnknownRollout):
+    with pytest.raises(KeyError, match="no open rollout"):
         run(h.close("nope"))
 
 

@@ -1,8 +1,8 @@
-"""Policy control: the policy version and the weight-update pause, as one process sees them.
+"""The policy gate: the policy version and the weight-update pause, as one process sees them.
 
 A trainer bumps the *policy version* after each weight update and *pauses* the model boundary
 while the weights change. The driver owns both; each process where model calls are made or
-agent time is charged holds one ``PolicyControl`` that the driver's executor keeps current
+agent time is charged holds one ``PolicyGate`` that the driver's executor keeps current
 (``Executor.set_policy``): the driver's own process for a ``LocalExecutor`` (one per
 executor), each rollout actor and, per rollout actor, its node's services on Ray.
 
@@ -35,8 +35,9 @@ def _now() -> float:
         return time.monotonic()
 
 
-class PolicyControl:
-    """The current policy version, the pause, and the clocks that stand still during one."""
+class PolicyGate:
+    """One process's policy version and pause: model calls wait at it while it is paused, and
+    the agent clocks of running segments stand still."""
 
     __slots__ = ("version", "paused", "_gate", "_paused_since", "_paused_total", "_clocks")
 
@@ -79,18 +80,18 @@ class PolicyControl:
             await self._gate.wait()
 
     def paused_seconds(self) -> float:
-        """Seconds this control has been paused so far, the running pause included."""
+        """Seconds this gate has been paused so far, the running pause included."""
         if self.paused:
             return self._paused_total + (_now() - self._paused_since)
         return self._paused_total
 
 
-_PROCESS_POLICY = PolicyControl()
+_PROCESS_GATE = PolicyGate()
 
 
-def process_policy() -> PolicyControl:
-    """The control of rollouts built without one (a rollout actor's: one per process)."""
-    return _PROCESS_POLICY
+def process_gate() -> PolicyGate:
+    """The gate of rollouts built without one (a rollout actor's: one per process)."""
+    return _PROCESS_GATE
 
 
 class SegmentClock:
@@ -107,7 +108,7 @@ class SegmentClock:
 
     __slots__ = ("policy", "started", "_base", "_paused_before", "_timeout")
 
-    def __init__(self, policy: PolicyControl, budget: float | None) -> None:
+    def __init__(self, policy: PolicyGate, budget: float | None) -> None:
         self.policy = policy
         self.started = _now()
         self._base = None if budget is None else self.started + max(0.0, budget)

@@ -1,0 +1,85 @@
+"""The layout of a run directory: every file and folder name in it, in one place.
+
+::
+
+    <run>/manifest.json                    the run's id, settings and versions (manifest.py)
+    <run>/.lock                            held by the one process writing the run (RunLock)
+    <run>/shards/part-00000.parquet ...    one row per rollout, in write order (store.py)
+    <run>/groups/part-00000.parquet ...    one row per finalized group
+    <run>/report.png                       ``rollout-ray report``'s plot, by default
+    <any of them>.tmp                      being written; renamed to its name once complete
+
+A directory is a run directory when it holds a manifest. Whatever reads or writes a run asks
+a ``RunLayout`` where each part is, and spells no name itself, so that opening everything
+relative to one directory descriptor will be a change of this module.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+LOCK = ".lock"
+SAMPLES = "shards"
+"""The folder of the trace tables' shards (one row per rollout)."""
+GROUPS = "groups"
+"""The folder of the finalized groups' shards (one row per group)."""
+REPORT_PLOT = "report.png"
+_SHARD = re.compile(r"^part-(\d+)\.parquet$")
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where each part of the run directory ``root`` is (nothing is read or made here)."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, run_dir: str | os.PathLike[str]) -> RunLayout:
+        return cls(Path(run_dir))
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / MANIFEST
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK
+
+    @property
+    def report_plot(self) -> Path:
+        return self.root / REPORT_PLOT
+
+    def folder(self, part: str = SAMPLES) -> Path:
+        """The folder of ``part``'s shards: ``SAMPLES`` or ``GROUPS``."""
+        return self.root / part
+
+    def shard(self, index: int, part: str = SAMPLES) -> Path:
+        """The ``index``-th shard of ``part`` (numbered from 0, in write order)."""
+        return self.folder(part) / f"part-{index:05d}.parquet"
+
+    def shards(self, part: str = SAMPLES) -> list[Path]:
+        """``part``'s final shards in write order (leftovers being written excluded)."""
+        folder = self.folder(part)
+        if not folder.is_dir():
+            return []
+        return sorted((p for p in folder.iterdir() if _SHARD.match(p.name)), key=shard_index)
+
+    def holds_run(self) -> bool:
+        """Whether it is a run directory (it holds a manifest)."""
+        return self.manifest.is_file()
+
+
+def shard_index(path: Path) -> int:
+    """A shard's number, from its name."""
+    match = _SHARD.match(path.name)
+    assert match is not None, path
+    return int(match.group(1))
+
+
+def being_written(path: Path) -> Path:
+    """The name ``path`` is written under until it is complete (then renamed to ``path``)."""
+    return path.with_name(path.name + ".tmp")
