@@ -232,7 +232,6 @@ def package_sources() -> list[tuple[str, str, bool]]:
     return [(module, path.read_text(), path.name == "__init__.py") for path, module in package_modules()]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 20: cycles removed by the structure branch")
 def test_no_import_cycle_anywhere_in_the_package() -> None:
     assert cycles(import_graph(package_sources())) == []
 

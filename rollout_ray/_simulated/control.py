@@ -35,15 +35,13 @@ Versions are non-negative integers here, written as strings on the wire as both 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from .engine import PAUSE_MODES, PauseMode
-
-if TYPE_CHECKING:
-    from .server import SimulatedModelServer
+from .served import Served
 
 __all__ = ["add_control_routes"]
 
@@ -88,7 +86,7 @@ def _version(value: Any, name: str) -> int:
 class _Control:
     """The control routes of one server."""
 
-    def __init__(self, server: SimulatedModelServer) -> None:
+    def __init__(self, server: Served) -> None:
         self.server, self.engine = server, server.engine
 
     async def abort_requests(self, request: web.Request) -> web.Response:
@@ -191,7 +189,7 @@ def _refusing(handler: Any) -> Any:
     return wrapped
 
 
-def add_control_routes(app: web.Application, server: SimulatedModelServer) -> None:
+def add_control_routes(app: web.Application, server: Served) -> None:
     """Add the abort, pause and weight routes of ``server.config.dialect`` to ``app``."""
     for method, path, handler in _Control(server).routes():
         app.router.add_route(method, path, _refusing(handler))

@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -44,12 +44,10 @@ from .decoding import Decoder, Token
 from .dialects import sglang_finish
 from .logprobs import TOP_MAX, Scored
 from .request import Capture, ChatCall, Invalid
+from .served import Served
 from .sse import SSE
 from .template import parse
 from .tokenizer import ENDOFTEXT, IM_END, IM_START, decode
-
-if TYPE_CHECKING:
-    from .server import SimulatedModelServer
 
 __all__ = ["add_token_routes"]
 
@@ -83,7 +81,7 @@ def _field(body: dict[str, Any], name: str, kind: type, low: int | None = None) 
     return value
 
 
-def _ask(raw: bytes, server: SimulatedModelServer, sglang: bool) -> _Ask:
+def _ask(raw: bytes, server: Served, sglang: bool) -> _Ask:
     try:
         body = _decode(raw)
     except msgspec.DecodeError:
@@ -175,7 +173,7 @@ def _meta(ask: _Ask, d: Decoder, rid: str, version: int, elapsed: float) -> dict
     return meta
 
 
-def add_token_routes(app: web.Application, server: SimulatedModelServer) -> None:
+def add_token_routes(app: web.Application, server: Served) -> None:
     """Add the token-in route of ``server.config.dialect`` to ``app``."""
     sglang = server.config.dialect == "sglang"
 
@@ -199,7 +197,7 @@ def add_token_routes(app: web.Application, server: SimulatedModelServer) -> None
     app.router.add_post("/generate" if sglang else "/inference/v1/generate", generate)
 
 
-async def _vllm(request: web.Request, server: SimulatedModelServer, ask: _Ask, d: Decoder, rid: str,
+async def _vllm(request: web.Request, server: Served, ask: _Ask, d: Decoder, rid: str,
                 flight: Any) -> web.StreamResponse:
     capture = ask.call.capture
     if not ask.call.stream:
@@ -234,7 +232,7 @@ async def _vllm(request: web.Request, server: SimulatedModelServer, ask: _Ask, d
     return sse.response
 
 
-async def _sglang(request: web.Request, server: SimulatedModelServer, ask: _Ask, d: Decoder, rid: str,
+async def _sglang(request: web.Request, server: Served, ask: _Ask, d: Decoder, rid: str,
                   flight: Any) -> web.StreamResponse:
     def answer() -> dict[str, Any]:
         new = d.ids[d.start :]

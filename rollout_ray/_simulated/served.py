@@ -1,0 +1,31 @@
+"""What the route modules (``control``, ``generate``) use of the simulated model's server: a
+protocol, so that they need not import ``server``, which adds their routes."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from .attempts import Attempts
+from .completion import Choice, Draw
+from .config import SimulatedModelConfig
+from .decoding import Decoder
+from .engine import Engine, Flight
+from .request import ChatCall
+
+
+class Served(Protocol):
+    """A simulated model server, as its routes see it."""
+
+    config: SimulatedModelConfig
+    engine: Engine
+    attempts: Attempts
+    stats: Any
+    policy_version: int
+
+    def plan(self, call: ChatCall, draw: Draw, index: int, version: int) -> Choice: ...
+
+    def flight(self, rid: str) -> AbstractContextManager[Flight]: ...
+
+    async def run(self, flight: Flight, decoders: list[Decoder], emit: Any = None) -> bool: ...
+
