@@ -2,7 +2,7 @@
 ``scripts/vllm_cpu/``), at the HTTP level: what a proxy can rely on to abort a model call,
 keep what it sampled, load new weights into the running server, and continue the call.
 
-The server (``conftest.vllm_dev``) runs with ``VLLM_SERVER_DEV_MODE=1`` (the ``/pause``,
+The server (``vllm_dev``, below) runs with ``VLLM_SERVER_DEV_MODE=1`` (the ``/pause``,
 ``/resume``, ``/abort_requests``, ``/collective_rpc``, ``/update_weight_version`` routes) and
 ``--enable-scale-out`` (the token-in route ``/inference/v1/generate``). Teacher-forced logprobs
 are ``/v1/completions`` with ``prompt_logprobs`` over the whole sequence (``Server.score``).
@@ -20,7 +20,18 @@ from typing import Any
 
 import aiohttp
 import pytest
-from vllm_server import NAME, DevServer, get, post
+from vllm_server import NAME, DevServer, get, post, serve_dev
+
+
+@pytest.fixture(scope="module")
+def vllm_dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
+    """One vLLM server per module with the dev routes (abort, pause, reload, versions) and the
+    token-in route, serving checkpoint A of the tiny model; ``.b`` is checkpoint B. Here, not
+    in a conftest.py: the suite's tests import helpers ``from conftest``, and a second
+    conftest module would shadow the first."""
+    with serve_dev(tmp_path_factory.mktemp("vllm-dev")) as server:
+        yield server
+
 
 pytestmark = [pytest.mark.real_server, pytest.mark.timeout(900)]
 
