@@ -34,11 +34,11 @@ sys.path.insert(0, str(ROOT))
 from rollout_ray import ChatHarness, Runtime  # noqa: E402
 from rollout_ray._cli.taskset import import_taskset  # noqa: E402
 from rollout_ray._core.interception import LocalInterception  # noqa: E402
-from rollout_ray._hosting.executor import RolloutSpec  # noqa: E402
 from rollout_ray._hosting.gc_tuning import tune_for_rollouts  # noqa: E402
 from rollout_ray._hosting.host import RolloutHost  # noqa: E402
+from rollout_ray._hosting.spec import RolloutSpec  # noqa: E402
 from rollout_ray._ray.remote_runtime import owned_runtime  # noqa: E402
-from rollout_ray._ray.trace_wire import trace_to_wire  # noqa: E402
+from rollout_ray._ray.wire import trace_to_wire  # noqa: E402
 from rollout_ray._record.messages import Request, Response, UserMessage  # noqa: E402
 from rollout_ray.testing import ScriptedModel  # noqa: E402
 

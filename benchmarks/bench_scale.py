@@ -217,7 +217,7 @@ def n_for(c: int, per_slot: int, min_n: int) -> int:
 
 def make_executor(actors: int, capacity: int, options: list[dict[str, Any]] | None) -> Any:
     from rollout_ray._ray.executor import RayExecutor
-    from rollout_ray._ray.rollout_handle import RolloutActor
+    from rollout_ray._ray.rollout_client import RolloutActor
 
     if options is None:
         return RayExecutor(actors=actors, capacity=capacity)

@@ -35,10 +35,10 @@ from rollout_ray import Task, Trace, reward  # noqa: E402
 from rollout_ray._core.harness import Harness  # noqa: E402
 from rollout_ray._core.runtime import ProgramResult, Runtime  # noqa: E402
 from rollout_ray._core.task import TaskData  # noqa: E402
-from rollout_ray._hosting.executor import RolloutSpec  # noqa: E402
+from rollout_ray._hosting.spec import RolloutSpec  # noqa: E402
 from rollout_ray._ray.calls import call  # noqa: E402
 from rollout_ray._ray.head import init_ray, lean_head  # noqa: E402
-from rollout_ray._ray.rollout_handle import RolloutActor  # noqa: E402
+from rollout_ray._ray.rollout_client import RolloutActor  # noqa: E402
 from rollout_ray.testing import ScriptedModel  # noqa: E402
 
 SLEEPER = ["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"]

@@ -75,7 +75,7 @@ from ._core.runtime import Runtime as Runtime
 from ._runtimes.local import LocalRuntime as LocalRuntime
 from ._runtimes.sandbox import SandboxRuntime as SandboxRuntime
 from ._core.rollout import Rollout as Rollout
-from ._hosting.executor import RolloutSpec as RolloutSpec
+from ._hosting.spec import RolloutSpec as RolloutSpec
 from ._harnesses.chat import ChatHarness as ChatHarness
 from ._harnesses.program import ProgramHarness as ProgramHarness
 from ._core.toolset import Toolset as Toolset
@@ -133,7 +133,7 @@ _LAZY = {
     "Finalized": "._driver.finalize",
     "finalize": "._driver.finalize",
     "SimulatedModelServer": "._simulated.server",
-    "RolloutActor": "._ray.rollout_handle",
+    "RolloutActor": "._ray.rollout_client",
     "RuntimeActor": "._ray.runtime_actor",
     "RemoteRuntime": "._ray.remote_runtime",
     "RayExecutor": "._ray.executor",

@@ -47,8 +47,9 @@ from rollout_ray import (
 from rollout_ray._driver.driver import Driver, EvalConfig
 from rollout_ray._errors import CorruptRun, InfrastructureLost
 from rollout_ray._harnesses.program import ProgramHarness
-from rollout_ray._hosting.executor import Executor, RolloutSpec
+from rollout_ray._hosting.executor import Executor
 from rollout_ray._hosting.local_executor import LocalExecutor
+from rollout_ray._hosting.spec import RolloutSpec
 from rollout_ray._record.arrow import table_to_traces
 from rollout_ray._record.messages import Request, UserMessage
 from rollout_ray._record.store import read_manifest, read_run, shard_paths
@@ -282,7 +283,7 @@ def tool_call_kill(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -
     """One rollout's runtime actor SIGKILLed while a tool's exec runs in it, then a second
     rollout on the same rollout actor; the facts, for the tests below."""
     ray_module()
-    from rollout_ray._ray.rollout_handle import RolloutActor
+    from rollout_ray._ray.rollout_client import RolloutActor
 
     fifo = str(tmp_path_factory.mktemp("tool-call") / "pid")
     os.mkfifo(fifo)

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from .._driver.driver import Progress
-from .._hosting.executor import Executor, RolloutSpec
+from .._hosting.executor import Executor
+from .._hosting.spec import RolloutSpec
 from .._record.trace import Trace
 from .extras import installed
 

@@ -14,7 +14,7 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 from .._record.messages import Request, Response
 from .._record.trace import Trace
@@ -89,7 +89,7 @@ def discover(obj: object, kind: HookKind) -> list[Hook]:
     decorated base method (B50).
     """
     hooks = []
-    for attr, spec in _decorated(type(obj)):
+    for attr, spec in _decorated(cast(type, obj.__class__)):  # mypy: type[object] is not Hashable
         if spec.kind == kind:
             fn = getattr(obj, attr)
             # Named like the function, as upstream (a hook made by a factory keeps its name).
@@ -220,6 +220,7 @@ def classify(task: Any) -> dict[str, list[Hook]]:
         sides["request_interceptors" if side is Request else "response_interceptors"].append(hook)
     for hook in task.hooks("stop"):
         side = boundary_of(hook.fn, allow_trace=True, name=hook.name)
-        key = {Request: "request_stops", Response: "response_stops"}.get(side, "trace_stops")
+        by_side: dict[type, str] = {Request: "request_stops", Response: "response_stops"}
+        key = by_side.get(side, "trace_stops")
         sides[key].append(hook)
     return sides

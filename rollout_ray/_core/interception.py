@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 
 from .._errors import Unauthorized
@@ -44,7 +44,7 @@ class Interception(ABC):
     """Serves rollout sessions to harnesses."""
 
     @abstractmethod
-    def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:
+    def serve(self, session: RolloutSession) -> AbstractAsyncContextManager[Slot]:
         """An async context manager: register ``session`` and yield its slot.
 
         On exit the session is unregistered and released (sealed: no late turn).
@@ -80,7 +80,7 @@ class LocalInterception(Interception):
         return len(self._sessions)
 
     @asynccontextmanager
-    async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:  # type: ignore[override]
+    async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:
         slot = Slot(self.base_url, secrets.token_urlsafe(16), secrets.token_urlsafe(16))
         self._sessions[slot.model_secret] = session
         try:

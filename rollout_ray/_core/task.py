@@ -184,9 +184,12 @@ class Task:
         elif kind == "reward":
             for name, plug in self.config.rewards.items():
                 base = decorated.get(name)
-                fn = plug.fn or (base.fn if base else None)
+                reward_fn = plug.fn or (base.fn if base else None)
+                if reward_fn is None:
+                    raise ValueError(f"TaskConfig.rewards[{name!r}] has no fn and the task no @reward {name!r} "
+                                     "to weigh: give fn=, or name one of the task's rewards")
                 weight = plug.weight if plug.weight is not None else (base.weight if base else 1.0)
-                decorated[name] = Hook(name, fn, base.priority if base else 0, weight)  # type: ignore[arg-type]
+                decorated[name] = Hook(name, reward_fn, base.priority if base else 0, weight)
         return sort_hooks(list(decorated.values()))
 
     async def score(self, trace: Trace, runtime: Any = None) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from .._errors import SandboxError, ToolInputError, ToolsetError
+from .._errors import RolloutError, SandboxError, ToolInputError, ToolsetError
 from .._record.messages import Tool, ToolCall
 from .._record.trace import ToolCallRecord
 from .runtime import Runtime
@@ -65,7 +65,8 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
         SandboxError: the rollout's runtime died under the tool.
     """
     started, deadline = time.monotonic(), asyncio.timeout(timeout)
-    fn, outcome, failure = None, None, None
+    fn, outcome = None, None
+    failure: RolloutError | None = None
     try:
         if isinstance(arguments, str):  # OpenAI tool calls carry their arguments as JSON text
             try:

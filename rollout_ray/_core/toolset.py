@@ -106,7 +106,7 @@ class _Probe:
     def __init__(self, annotation: Any, fn: Callable[..., Any]) -> None:
         self.__annotations__ = {"x": annotation}
         self.__globals__ = getattr(fn, "__globals__", {})
-        self.__module__ = getattr(fn, "__module__", None)
+        self.__module__ = getattr(fn, "__module__", None) or __name__
 
 
 class Toolset:

@@ -41,8 +41,9 @@ from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
 from .._errors import InfrastructureLost, ProviderError, ResumeMismatch
-from .._hosting.executor import Executor, RolloutSpec, failed_trace
+from .._hosting.executor import Executor, failed_trace
 from .._hosting.gc_tuning import tuned_for_rollouts
+from .._hosting.spec import RolloutSpec
 from .._record.arrow import RolloutRecord, warm_arrow
 from .._record.store import read_groups, read_run
 from .._record.trace import Trace

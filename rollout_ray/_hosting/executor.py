@@ -1,6 +1,6 @@
 """Executors: the interface between the driver and where its rollouts run.
 
-A ``RolloutSpec`` says what one rollout is; an executor runs it to a closed trace, whatever
+A ``RolloutSpec`` (``spec``) says what one rollout is; an executor runs it to a closed trace, whatever
 happens to it. Failures inside a rollout are on its trace; so is the loss of what hosted it
 (its actor, process, node or services): a *lost* rollout is a trace whose error is an
 ``InfrastructureLost`` (``ErrorRecord.is_a``), made by ``failed_trace`` when the executor
@@ -13,58 +13,10 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from .._core.harness import Harness
-from .._core.interception import Interception
-from .._core.limits import RolloutLimits, RolloutTimeouts
-from .._core.model import Model
-from .._core.policy_gate import PolicyGate
-from .._core.rollout import Rollout, ToolServerFactory
-from .._core.runtime import Runtime
-from .._core.task import Task
 from .._record.trace import AgentInfo, Timing, Trace
-
-
-@dataclass
-class RolloutSpec:
-    """One rollout to run: what, with which model, under which budgets, in which runtime.
-
-    ``runtime`` is a live runtime to borrow (e.g. from a ``RuntimeActor`` pool); ``None``
-    makes the rollout own a fresh one on its host.
-    """
-
-    task: Task
-    harness: Harness
-    model: Model
-    limits: RolloutLimits = field(default_factory=RolloutLimits)
-    timeouts: RolloutTimeouts = field(default_factory=RolloutTimeouts)
-    model_name: str | None = None
-    sampling: dict[str, Any] | None = None
-    has_user: bool = False
-    runtime: Runtime | None = None
-
-    def rollout(self, *, interception: Interception, runtime_factory: Callable[[str], Runtime],
-                tool_server: ToolServerFactory | None, policy: PolicyGate | None = None) -> Rollout:
-        """The ``Rollout`` this spec describes, served by the given services, under ``policy``
-        (default: the process's)."""
-        return Rollout(
-            self.task,
-            self.harness,
-            model=self.model,
-            runtime=self.runtime,
-            runtime_factory=runtime_factory,
-            interception=None if self.harness.in_process else interception,  # the host's, whatever the harness
-            tool_server=tool_server,
-            limits=self.limits,
-            timeouts=self.timeouts,
-            model_name=self.model_name,
-            sampling=self.sampling,
-            has_user=self.has_user,
-            policy=policy,
-        )
+from .spec import RolloutSpec
 
 
 def failed_trace(spec: RolloutSpec, error: BaseException) -> Trace:

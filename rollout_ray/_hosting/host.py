@@ -3,7 +3,7 @@
 What a ``RolloutActor`` runs. It forwards ``open`` / ``step`` / ``close`` / ``abort`` to the
 ``Rollout`` core and adds no lifecycle logic; ``run`` does open → step → close in one call so
 a driver pays one actor call per rollout. It hands back ``Trace`` objects: how they cross
-to the driver is the Ray layer's business (``_ray/trace_wire``).
+to the driver is the Ray layer's business (``_ray/wire``).
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from .._core.interception import Interception
+from .._core.policy_gate import PolicyGate
 from .._core.rollout import Rollout, ToolServerFactory
 from .._core.runtime import Runtime
 from .._record.messages import Message
 from .._record.trace import Trace
-from .executor import RolloutSpec
+from .spec import RolloutSpec
 
 
 class RolloutHost:
@@ -48,8 +49,8 @@ class RolloutHost:
         self.completed = 0
 
     def _build(self, spec: RolloutSpec) -> Rollout:
-        return spec.rollout(interception=self._interception, runtime_factory=self._runtime_factory,
-                            tool_server=self._tool_server)
+        return build_rollout(spec, interception=self._interception, runtime_factory=self._runtime_factory,
+                             tool_server=self._tool_server)
 
     async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
         """Open a rollout; returns its id (the trace id) and ``Rollout.open``'s result."""
@@ -124,3 +125,25 @@ class RolloutHost:
     async def shutdown(self) -> None:
         """Abort every open rollout (their owned runtimes are stopped)."""
         await asyncio.gather(*(self.abort(i) for i in list(self._rollouts)), return_exceptions=True)
+
+
+def build_rollout(spec: RolloutSpec, *, interception: Interception, runtime_factory: Callable[..., Runtime],
+                  tool_server: ToolServerFactory | None, policy: PolicyGate | None = None) -> Rollout:
+    """The ``Rollout`` ``spec`` describes, served by the given services, under ``policy``
+    (default: the process's). An in-process harness is served by its own session, whatever
+    the host's interception."""
+    return Rollout(
+        spec.task,
+        spec.harness,
+        model=spec.model,
+        runtime=spec.runtime,
+        runtime_factory=runtime_factory,
+        interception=None if spec.harness.in_process else interception,
+        tool_server=tool_server,
+        limits=spec.limits,
+        timeouts=spec.timeouts,
+        model_name=spec.model_name,
+        sampling=spec.sampling,
+        has_user=spec.has_user,
+        policy=policy,
+    )

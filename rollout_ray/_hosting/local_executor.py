@@ -10,8 +10,10 @@ from .._record.trace import Trace
 from .._runtimes.host import RuntimeHost, runtime_kind
 from .._serving.proxy import HTTPInterception
 from .._serving.tool_server import ToolServer
-from .executor import Executor, RolloutSpec
+from .executor import Executor
+from .host import build_rollout
 from .lazy_runtime import LazyRuntime
+from .spec import RolloutSpec
 
 
 class LocalExecutor(Executor):
@@ -49,7 +51,7 @@ class LocalExecutor(Executor):
     async def run(self, spec: RolloutSpec) -> Trace:
         if self._proxy is None or self._tools is None:
             raise RuntimeError("LocalExecutor.run before start(); use 'async with LocalExecutor()'")
-        rollout = spec.rollout(interception=self._proxy, runtime_factory=self._new_runtime,
+        rollout = build_rollout(spec, interception=self._proxy, runtime_factory=self._new_runtime,
                                tool_server=self._tools.serve, policy=self.policy)
         return await rollout.run()
 

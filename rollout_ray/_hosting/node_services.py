@@ -66,9 +66,9 @@ class NodeServices:
 
     def __init__(self, *, host: str = "127.0.0.1", advertise_host: str | None = None,
                  max_body: int | None = None, lease: float = LEASE_SECONDS) -> None:
-        kwargs: dict[str, Any] = {"host": host, "advertise_host": advertise_host}
-        self._proxy = HTTPInterception(**kwargs, **({"max_body": max_body} if max_body else {}))
-        self._tools = ToolServer(**kwargs)
+        proxy_options: dict[str, Any] = {"max_body": max_body} if max_body else {}
+        self._proxy = HTTPInterception(host=host, advertise_host=advertise_host, **proxy_options)
+        self._tools = ToolServer(host=host, advertise_host=advertise_host)
         self._models: dict[bytes, Model] = {}
         self._sessions: dict[str, _Registration] = {}
         self._toolsets: dict[str, _Registration] = {}

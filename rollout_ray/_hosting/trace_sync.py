@@ -120,8 +120,13 @@ class SessionSpec:
 
     def session(self, model: Model) -> RolloutSession:
         """The serving side's session over a copy of the trace, calling ``model``."""
-        session = RolloutSession(decode_trace(self.trace), model, limits=self.limits,
-                                 model_name=self.model_name, sampling=self.sampling, **self.hooks)
+        hooks = self.hooks
+        session = RolloutSession(
+            decode_trace(self.trace), model, limits=self.limits, model_name=self.model_name,
+            sampling=self.sampling, trace_stops=hooks.get("trace_stops", ()),
+            request_stops=hooks.get("request_stops", ()), response_stops=hooks.get("response_stops", ()),
+            request_interceptors=hooks.get("request_interceptors", ()),
+            response_interceptors=hooks.get("response_interceptors", ()))
         session.prepared = set(self.prepared)
         return session
 

@@ -17,12 +17,13 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._errors import InfrastructureLost
-from .._hosting.executor import Executor, RolloutSpec, failed_trace
+from .._hosting.executor import Executor, failed_trace
+from .._hosting.spec import RolloutSpec
 from .._record.trace import Trace
 from .._runtimes.host import runtime_kind
 from .calls import SHUTDOWN_GRACE, call
 from .head import init_ray
-from .rollout_handle import RolloutActor
+from .rollout_client import RolloutActor
 
 log = logging.getLogger("rollout_ray")
 

@@ -30,7 +30,7 @@ from .._hosting.gc_tuning import tune_for_rollouts
 from .._hosting.node_services import NodeServices, lost_session
 from .._hosting.trace_sync import Cursor, SessionDelta, SessionSpec
 from .calls import NAMESPACE, SHUTDOWN_GRACE, stop_actor
-from .shipment import ShipmentUnpacker
+from .wire import ShipmentUnpacker
 
 SERVICES_PREFIX = "node-services:"
 

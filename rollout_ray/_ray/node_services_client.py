@@ -32,7 +32,7 @@ from .._record.messages import Request
 from .calls import call
 from .coalesce import Coalescer
 from .node_service_actor import node_service_actor
-from .shipment import ShipmentPacker, deliver
+from .wire import ShipmentPacker, deliver
 
 SERVICE_CALL_TIMEOUT = 30.0
 """Seconds a rollout actor waits for one call to its node's services before giving them up."""
@@ -120,7 +120,7 @@ class RayInterception(Interception):
             lambda items: services.call("unregister_many", items))
 
     @asynccontextmanager
-    async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:  # type: ignore[override]
+    async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:
         slot: Slot = await deliver(
             self._packer, SessionSpec.of(session, self._owner),
             lambda blob, bodies: self._register((blob, bodies)),

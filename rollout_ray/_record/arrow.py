@@ -275,7 +275,7 @@ def _token_columns(traces: Sequence[Trace], rows: list[list[TokenSequence] | Non
     inner = _offsets(len(s.input_ids) for s in sequences)
 
     def nested(name: str, dtype: type) -> pa.Array:
-        parts = [np.asarray(getattr(s, name), dtype) for s in sequences]
+        parts: list[np.ndarray] = [np.asarray(getattr(s, name), dtype) for s in sequences]
         values = np.concatenate(parts) if parts else np.empty(0, dtype)
         return pa.ListArray.from_arrays(outer, pa.ListArray.from_arrays(inner, pa.array(values)), mask=null)
 

@@ -23,8 +23,10 @@ from .trace_parts import MessageNode, ModelCall
 
 
 class Conversation(Protocol):
-    """What the walk reads of a trace: its nodes, and the model calls that committed them."""
+    """What the walk reads of a trace: its id (for messages), its nodes, and the model calls
+    that committed them."""
 
+    id: str
     nodes: list[MessageNode]
     calls: list[ModelCall]
 

@@ -90,7 +90,8 @@ def _row(column: pa.ListArray, k: int) -> list[np.ndarray] | None:
     return [flat[offsets[s] : offsets[s + 1]] for s in range(len(sequences))]
 
 
-def restore_ids(trace: Trace, input_ids: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]]) -> None:
+def restore_ids(trace: Trace, input_ids: Sequence[Sequence[int] | np.ndarray],
+                logprobs: Sequence[Sequence[float] | np.ndarray]) -> None:
     """Put back in ``trace`` the ids ``without_ids`` left to its row's ``input_ids`` and
     ``logprobs`` (the row's values, one array per sequence).
 

@@ -7,6 +7,7 @@ Each evolves by appending fields with defaults at its end (``TRACE_VERSION``).
 
 from __future__ import annotations
 
+import builtins
 import traceback as tb
 from typing import Any
 
@@ -96,7 +97,7 @@ class ErrorRecord(msgspec.Struct):
             lineage=[c.__name__ for c in type(exc).__mro__[:-1]],  # all but ``object``
         )
 
-    def is_a(self, kind: type[BaseException] | tuple[type[BaseException], ...]) -> bool:
+    def is_a(self, kind: builtins.type[BaseException] | tuple[builtins.type[BaseException], ...]) -> bool:
         """Whether the recorded exception was a ``kind`` (a class, or a tuple of them, as for
         ``isinstance``). Read from the lineage, so it holds in a process that never imported
         the class that was raised (a taskset's own subclass of ``ProviderError``, say)."""

@@ -111,7 +111,7 @@ class HTTPInterception(HTTPService, Interception):
         await super().stop()
 
     @asynccontextmanager
-    async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:  # type: ignore[override]
+    async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:
         if not self.base_url:
             raise RuntimeError("HTTPInterception.serve before start(); await start() first")
         slot = Slot(self.base_url, secrets.token_urlsafe(16), secrets.token_urlsafe(16))

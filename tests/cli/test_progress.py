@@ -9,7 +9,8 @@ import pytest
 
 from rollout_ray._cli.progress import PLAIN_EVERY, ProgressDisplay, Watched
 from rollout_ray._driver.driver import Progress
-from rollout_ray._hosting.executor import Executor, RolloutSpec
+from rollout_ray._hosting.executor import Executor
+from rollout_ray._hosting.spec import RolloutSpec
 from rollout_ray._record.trace import Reward, Trace, TraceTask
 
 from conftest import run

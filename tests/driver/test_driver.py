@@ -15,8 +15,9 @@ import pytest
 from rollout_ray import ChatHarness, ProviderError, ResumeMismatch, Trace
 from rollout_ray._driver.driver import Driver, EvalConfig
 from rollout_ray._errors import InfrastructureLost
-from rollout_ray._hosting.executor import Executor, RolloutSpec, failed_trace
+from rollout_ray._hosting.executor import Executor, failed_trace
 from rollout_ray._hosting.local_executor import LocalExecutor
+from rollout_ray._hosting.spec import RolloutSpec
 from rollout_ray._record.store import read_run
 from rollout_ray.testing import ScriptedHarness, ScriptedModel
 

@@ -1,4 +1,4 @@
-"""Rollouts reach a rollout actor in batches and come back in batches (``_ray/run_sender``, ``_ray/run_receiver``)."""
+"""Rollouts reach a rollout actor in batches and come back in batches (``_ray/rollout_client``'s ``RunSender``, ``_ray/rollout_actor``'s ``RunReceiver``)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from rollout_ray.testing import Reply, ScriptedModel
 
 ray = pytest.importorskip("ray")
 
-from rollout_ray._hosting.executor import RolloutSpec  # noqa: E402
+from rollout_ray._hosting.spec import RolloutSpec  # noqa: E402
 from rollout_ray._ray.executor import RayExecutor  # noqa: E402
-from rollout_ray._ray.rollout_handle import RolloutActor  # noqa: E402
+from rollout_ray._ray.rollout_client import RolloutActor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]

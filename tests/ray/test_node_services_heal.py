@@ -27,7 +27,7 @@ ray = pytest.importorskip("ray")
 from rollout_ray._hosting.node_services import LEASE_SECONDS  # noqa: E402
 from rollout_ray._ray.executor import RayExecutor  # noqa: E402
 from rollout_ray._ray.node_service_actor import node_service_actor  # noqa: E402
-from rollout_ray._ray.rollout_handle import RolloutActor  # noqa: E402
+from rollout_ray._ray.rollout_client import RolloutActor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.ray, pytest.mark.faults, pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]

@@ -10,7 +10,7 @@ import types
 import pytest
 from ray import cloudpickle
 
-from rollout_ray._ray.shipment import MissingShipment, ShipmentPacker, ShipmentUnpacker, deliver
+from rollout_ray._ray.wire import MissingShipment, ShipmentPacker, ShipmentUnpacker, deliver
 
 
 def _module_defined_by_value() -> types.ModuleType:

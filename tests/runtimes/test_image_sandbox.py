@@ -182,7 +182,7 @@ def test_a_tasks_image_reaches_the_sandbox_through_the_local_executor(kind: str,
 
 @pytest.mark.ray
 def test_a_tasks_image_reaches_the_sandbox_of_a_ray_rollout_actor(ray_cluster: Any) -> None:
-    from rollout_ray._ray.rollout_handle import RolloutActor
+    from rollout_ray._ray.rollout_client import RolloutActor
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     harness = ProgramHarness(["sh", "-c", f"python3 -c '{IMAGE_PYTHON}' > /tmp/v; python3 agent.py"],

@@ -428,7 +428,7 @@ def test_the_session_rays_own_ports_are_unreachable_from_the_sandbox(ray_cluster
 def test_a_ray_rollout_actor_runs_its_rollouts_in_sandboxes(ray_cluster: Any) -> None:
     """``RolloutActor.create(runtime="sandbox")``: the runtime actor hosts SandboxRuntimes, and
     the program reaches the node's proxy and tool server through the sandbox's relays."""
-    from rollout_ray._ray.rollout_handle import RolloutActor
+    from rollout_ray._ray.rollout_client import RolloutActor
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray_cluster.cloudpickle.register_pickle_by_value(calc_taskset)

@@ -11,6 +11,11 @@ Keys are content hashes, so they mean the same thing in every process and a rece
 by many senders (a node's services actor) pools equal objects. A receiver that lacks a key
 (it was replaced, or a later message overtook the first) raises ``MissingShipment``, and
 ``deliver`` sends again with every body attached.
+
+The traces that come back are here too: encoded on the actor's side (``trace_to_wire``) and
+decoded on the driver's (``trace_from_wire``), with a batch's ``Result``s; the host hands the
+actor ``Trace`` objects and the handle gives ``Trace`` objects back, so only this module
+knows the bytes of what crosses between a driver and its rollout actors.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from ray import cloudpickle
+
+from .._record.trace import Trace, decode_trace, encode_trace
 
 T = TypeVar("T")
 
@@ -57,7 +64,7 @@ class ShipmentPacker:
     It remembers the last ``REMEMBERED`` objects and bodies, so a caller that makes a new
     shared object per message (budgets built per spec) costs a pickle each, never memory
     that grows with the messages. The bound is above the keys one batch of messages refers
-    to (``run_sender.MAX_BATCH`` specs of a few keys each) before its bodies are taken.
+    to (``rollout_client.MAX_BATCH`` specs of a few keys each) before its bodies are taken.
     """
 
     REMEMBERED = 4096
@@ -148,3 +155,28 @@ class ShipmentUnpacker:
 
     def __len__(self) -> int:
         return len(self._objects)
+
+
+Result = tuple[int, "bytes | BaseException | None"]
+"""One finished rollout of a batch: its id and its trace (``trace_to_wire``), its exception,
+or ``None`` (cancelled)."""
+
+
+def trace_to_wire(trace: Trace) -> bytes:
+    """The actor's side: the trace as it crosses to the driver."""
+    return encode_trace(trace)
+
+
+def trace_from_wire(data: bytes) -> Trace:
+    """The driver's side: the trace ``trace_to_wire`` sent."""
+    return decode_trace(data)
+
+
+def portable(error: BaseException) -> Exception:
+    """``error`` if it survives pickling (our errors do), else a ``RuntimeError`` naming it:
+    one unpicklable exception must not lose the whole batch of results it travels with."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error if isinstance(error, Exception) else RuntimeError(f"{type(error).__name__}: {error}")
