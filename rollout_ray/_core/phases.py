@@ -6,8 +6,8 @@ harness's) under its deadline or rule, and raises a typed error for the rollout 
   interceptors (B15).
 * step: ``Segment`` — how one segment ended, and the failure it leaves (B22–B30), judged once
   the trace holds what the segment's serving side committed.
-* close: ``finalize_and_score`` — task finalize, then task and harness scoring together
-  (B41–B48).
+* close: ``finalize_and_score`` — the grader's files into the box (the agent is gone), task
+  finalize, then task and harness scoring together (B41–B48).
 """
 
 from __future__ import annotations
@@ -47,11 +47,23 @@ async def run_setup(task: Task, harness: Harness, trace: Trace, runtime: Any, ti
     if not _does_nothing(task, "setup", Task):
         with boundary(TaskError, "task setup"):
             async with asyncio.timeout_at(deadline):
-                await call_by_name(task.setup, {"trace": trace, "runtime": runtime})
+                await _task_setup(task, trace, runtime)
     if not _does_nothing(harness, "setup", Harness):
         with boundary(HarnessError, "harness setup"):
             async with asyncio.timeout_at(deadline):
                 await harness.setup(runtime)
+
+
+async def _task_setup(task: Task, trace: Trace, runtime: Any) -> None:
+    """The task's setup; a shareable one (``Task.setup_shareable``) runs once per group on a
+    machine whose runtimes share it: skipped when the runtime starts from its snapshot (which
+    its info names), frozen after it ran otherwise."""
+    key = task.setup_key
+    if key is not None and await runtime.claim_setup(key) is not None:
+        return
+    await call_by_name(task.setup, {"trace": trace, "runtime": runtime})
+    if key is not None:
+        await runtime.freeze_setup()
 
 
 async def harness_data(
@@ -133,6 +145,11 @@ async def finalize_and_score(task: Task, harness: Harness, trace: Trace, runtime
     """Task finalize, then task and harness scoring concurrently, each under its timeout."""
     timing = trace.timing
     timing.finalize.start = time.time()
+    files = task.grader_files()
+    if files:  # the agent is gone: its box gets what it must never have seen
+        with boundary(TaskError, "grader files"):
+            async with asyncio.timeout(timeouts.finalize):
+                runtime.grader_dir = await runtime.add_grader_files(files)
     if not _does_nothing(task, "finalize", Task):
         with boundary(TaskError, "task finalize"):
             async with asyncio.timeout(timeouts.finalize):

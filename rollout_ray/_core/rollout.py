@@ -405,6 +405,8 @@ class Rollout:
         close needs only the traces (B43)."""
         if self.runtime is None:
             return
+        # Now it knows what it ran over: its image's digest, the setup snapshot it started from.
+        self.trace.agent.runtime = self.runtime.info(borrowed=not self.owns_runtime)
         try:
             await self.harness.cleanup(self.trace, self.runtime)
         except Exception:

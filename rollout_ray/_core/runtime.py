@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
+from .._errors import SandboxError
 from .._record.trace import RuntimeInfo
 
 DEFAULT_OUTPUT_CAP = 1 << 20
@@ -54,6 +55,8 @@ class Runtime(ABC):
         self.name = name or f"rr-{uuid.uuid4().hex[:12]}"
         self.started = False
         self.stopped = False
+        self.grader_dir: str | None = None
+        """Where the grader's files are, as programs see it, once ``add_grader_files`` put them."""
         self._teardown_task: asyncio.Task[None] | None = None
 
     @property
@@ -103,6 +106,30 @@ class Runtime(ABC):
 
         ``None`` restores the permissive setup policy. Unrestricted runtimes ignore it.
         """
+
+    async def claim_setup(self, key: str) -> str | None:
+        """Share the task setup named ``key`` (``Task.setup_key``) with the other runtimes of
+        this machine: the first to claim it runs it, the others wait, then start from what it
+        froze. Call it before the setup ran anything. Returns the id of the setup snapshot this
+        runtime now stands on (the setup is done: skip it), or ``None``: run the setup, then
+        ``freeze_setup``. A kind that shares nothing (this one) always returns ``None``."""
+        return None
+
+    async def freeze_setup(self) -> str | None:
+        """After the setup this runtime claimed ran: freeze what it wrote as the snapshot the
+        others start from. Returns its id; ``None`` if nothing was frozen (this kind)."""
+        return None
+
+    async def add_grader_files(self, files: Mapping[str, bytes | str]) -> str:
+        """Put the grader's files (``Task.grader_files``: relative name -> content) in the box
+        once the agent is gone: every process of the box is killed first, and nothing the
+        agent wrote can replace them. Returns the directory holding them, as programs see it.
+
+        Raises:
+            SandboxError: this kind cannot keep them from the agent.
+        """
+        raise SandboxError(f"runtime {self.name!r} ({self.type}) cannot hold a task's grader files; "
+                           f"use SandboxRuntime or LocalRuntime")
 
     @abstractmethod
     async def _start(self) -> None: ...

@@ -125,6 +125,10 @@ class Task:
     """The behaviour paired with one ``TaskData``: setup, finalize, hooks and scoring."""
 
     data_type: ClassVar[type[TaskData]] = TaskData
+    setup_shareable: ClassVar[bool] = False
+    """``setup`` does not depend on the sample (no randomness, nothing of the trace): the samples
+    of a group on one machine then run it once, and the others start from a snapshot of what it
+    wrote (``Runtime.claim_setup``; image sandboxes share it, other runtimes run it per sample)."""
 
     def __init__(self, data: TaskData | Mapping[str, Any], config: TaskConfig | None = None):
         self.data: TaskData = (
@@ -160,6 +164,22 @@ class Task:
         key = digest if type(self).key is Task.key else self.key  # one hash per rollout, not two
         return TraceTask(type=type(self).__name__, key=key, hash=digest, idx=self.data.idx,
                          data=self.data.model_dump(mode="json"))
+
+    @property
+    def setup_key(self) -> str | None:
+        """What names this task's shareable setup (its class and data); ``None`` unless
+        ``setup_shareable``."""
+        if not self.setup_shareable:
+            return None
+        cls = type(self)
+        return f"{cls.__module__}.{cls.__qualname__}:{self.hash}"
+
+    def grader_files(self) -> Mapping[str, bytes | str]:
+        """Files the grader needs and the agent must never see (tests, a reference solution):
+        relative name -> content. They enter the runtime after the agent is gone, before
+        ``finalize`` (``Runtime.add_grader_files``), in ``runtime.grader_dir`` (a sandbox's
+        ``/.grader``, read-only). None by default."""
+        return {}
 
     async def setup(self, trace: Trace, runtime: Any) -> None:
         """Prepare the runtime for this task (called with the parameters it names)."""

@@ -111,6 +111,15 @@ class LazyRuntime(Runtime):
     async def write(self, path: str, data: bytes | str) -> None:
         await (await self._runtime()).write(path, data)
 
+    async def claim_setup(self, key: str) -> str | None:
+        return await (await self._runtime()).claim_setup(key)
+
+    async def freeze_setup(self) -> str | None:
+        return await (await self._runtime()).freeze_setup()
+
+    async def add_grader_files(self, files: Mapping[str, bytes | str]) -> str:
+        return await (await self._runtime()).add_grader_files(files)
+
 
 def _copy_of_lazy_runtime(inner: Runtime, started: bool, stopped: bool, routes: Sequence[str] | None,
                           provisioned: bool) -> LazyRuntime:

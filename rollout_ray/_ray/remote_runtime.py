@@ -7,18 +7,22 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import msgspec
 from ray.exceptions import RayActorError
 
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import RuntimeStopped, SandboxError
 from .._hosting.lazy_runtime import LazyRuntime
+from .._record.trace import RuntimeInfo
 from .._runtimes.sandbox import SandboxRuntime, sandbox_url
 from .calls import call
 
 CALL_TIMEOUT = 60.0
 """Seconds a call to the runtime actor may take (beyond an exec's own timeout)."""
 IMAGE_START_TIMEOUT = 3600.0
-"""Seconds starting a runtime over an image may take: its node may have to unpack it first."""
+"""Seconds starting a runtime over an image may take: its node may have to unpack it first;
+also the most a runtime waits for its group's setup run by another (``claim_setup``), whose
+wait ends anyway when the rollout ends (its runtime is stopped)."""
 
 
 class RemoteRuntime(Runtime):
@@ -42,6 +46,8 @@ class RemoteRuntime(Runtime):
         self._provisioning: asyncio.Future[Any] | None = None
         self.image = image
         """The image it runs over (``TaskData.image``), on the runtime actor's node."""
+        self._info: RuntimeInfo | None = None
+        """What the runtime actor last said of it (its image's digest, its setup snapshot)."""
 
     @property
     def _actor(self) -> Any:
@@ -57,6 +63,11 @@ class RemoteRuntime(Runtime):
     @property
     def id(self) -> str:
         return self._id or self.name
+
+    def info(self, *, borrowed: bool = False) -> RuntimeInfo:
+        if self._info is None:
+            return super().info(borrowed=borrowed)
+        return msgspec.structs.replace(self._info, name=self.name, borrowed=borrowed)
 
     async def _call(self, method: str, *args: Any, wait: float | None = CALL_TIMEOUT, **kwargs: Any) -> Any:
         try:
@@ -97,7 +108,7 @@ class RemoteRuntime(Runtime):
         if self._provisioning is None:  # concurrent first uses share one start
             self._provisioning = asyncio.ensure_future(self._provision_once())
         info = await asyncio.shield(self._provisioning)
-        self.type, self._id, self._provisioned = info.type, info.id, True
+        self.type, self._id, self._provisioned, self._info = info.type, info.id, True, info
 
     async def _provision_once(self) -> Any:
         return await self._call("create_started", self.name, owner=self._owner, image=self.image,
@@ -128,6 +139,19 @@ class RemoteRuntime(Runtime):
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
         await self._provision()
         return await self._call("read", self.name, path, max_bytes)
+
+    async def claim_setup(self, key: str) -> str | None:
+        await self._provision()
+        self._info = await self._call("claim_setup", self.name, key, wait=IMAGE_START_TIMEOUT)
+        return self._info.snapshot
+
+    async def freeze_setup(self) -> str | None:
+        await self._provision()
+        return await self._call("freeze_setup", self.name, wait=IMAGE_START_TIMEOUT)
+
+    async def add_grader_files(self, files: Mapping[str, bytes | str]) -> str:
+        await self._provision()
+        return await self._call("add_grader_files", self.name, dict(files))
 
     async def write(self, path: str, data: bytes | str) -> None:
         await self._provision()

@@ -181,6 +181,11 @@ class RuntimeInfo(msgspec.Struct):
     type: str
     name: str
     borrowed: bool = False
+    image: str | None = None
+    """The digest of the image it ran over (``TaskData.image``), if any."""
+    snapshot: str | None = None
+    """The setup snapshot it started from (``Task.setup_shareable``): the group's setup ran
+    in another sample's runtime; ``None`` when it ran its own."""
 
 
 class AgentInfo(msgspec.Struct):

@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
+import time
 from collections.abc import Iterable, Mapping
 
 from .._errors import SandboxError
@@ -155,6 +157,19 @@ class Cgroups:
             with contextlib.suppress(OSError), open(path) as f:
                 found.update(int(p) for p in f.read().split())
         return found
+
+    def kill(self, budget: float = KILL_BUDGET) -> bool:
+        """SIGKILL every process in the cgroups until none is left (``budget`` s at most), and
+        keep the cgroups; returns whether they are empty."""
+        deadline = time.monotonic() + budget  # real time: processes die in real time
+        while pids := self.pids():
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)  # killed processes leave their cgroup within microseconds to ms
+        return True
 
     def remove(self, budget: float = KILL_BUDGET) -> None:
         """SIGKILL every process in the cgroups and remove them (``budget`` s at most; 0: one

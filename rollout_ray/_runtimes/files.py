@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
 from collections.abc import Iterator
 
@@ -116,3 +117,14 @@ def replace_beneath(base: str, parts: list[str], data: bytes, what: str) -> None
         with contextlib.suppress(FileNotFoundError, IsADirectoryError):
             os.unlink(parts[-1], dir_fd=dir_fd)
     write_beneath(base, parts, data, what)
+
+
+def remove_tree(path: str) -> None:
+    """``rmtree`` that also removes read-only directories (Go's module cache makes them)."""
+    for parent, dirs, _ in os.walk(path):
+        for d in dirs:
+            p = os.path.join(parent, d)
+            if not os.path.islink(p):  # chmod follows links: never touch outside the tree
+                with contextlib.suppress(OSError):
+                    os.chmod(p, 0o700)
+    shutil.rmtree(path, ignore_errors=True)

@@ -2,9 +2,9 @@
 
 Run as a plain script (``python guardian.py ROOT TOKEN``), not as a module of the package, so
 it starts in milliseconds; it imports only the standard library. It detaches (double fork),
-prints its pid, and blocks reading its standard input, a pipe from the host; when the host
-exits — normally, by an exception, or by SIGKILL — the kernel closes the pipe, and the
-guardian, within ``BUDGET`` seconds:
+prints its pid, and blocks reading its standard input, a socket from the host (``keeper.py``);
+when the host exits — normally, by an exception, or by SIGKILL — the kernel closes the
+socket, and the guardian, within ``BUDGET`` seconds:
 
 1. kills every process in the host's cgroups, listed one directory a line in
    ``ROOT/.cgroups`` (``CGROUPS_FILE``), and removes them with their children (each
@@ -14,15 +14,25 @@ guardian, within ``BUDGET`` seconds:
    those that cleared their environment);
 3. unmounts every mount point under ROOT (a sandbox's disk-limit tmpfs), deepest first and
    lazily, so a busy mount cannot keep it from
-4. removing ROOT, the directory holding those runtimes' directories.
+4. removing ROOT, the directory holding those runtimes' directories;
+5. letting go of the leases the host handed it (``hold``): copies of the lock descriptors of
+   the cached images and snapshots the host's sandboxes were mounted over. A lease's lock
+   lives as long as any copy of its descriptor, so the host's death does not drop it while a
+   layer is still mounted: no eviction can remove a layer before step 3 unmounted it. Then it
+   removes the snapshots and unfinished snapshot builds no one else holds (``reap_snapshot``).
+
+Over the socket the host sends ``hold ID [STORE HEX]`` with a descriptor attached, and ``drop
+ID`` when it let that lease go itself.
 
 The helpers are shared with the runtimes, which import this file as a module.
 """
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 
@@ -141,6 +151,93 @@ def clean(root: str, token: str, budget: float = BUDGET) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
+# -- snapshots: removed by whoever lets go of them last ----------------------------------------
+
+
+def _locked_at_once(path: str) -> int | None:
+    """A descriptor of ``path`` locked exclusively, or ``None`` if someone holds it (or it is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def reap_snapshot(store: str, hex_key: str) -> bool:
+    """Remove snapshot ``hex_key`` of the snapshot store at ``store`` if no one holds it (its
+    owner's lock and its users' leases all free), and any build of it no one is making.
+    Returns whether the snapshot was removed."""
+    building = _locked_at_once(os.path.join(store, "locks", f"{hex_key}.lock"))
+    if building is not None:
+        try:
+            builds = os.path.join(store, "build")
+            for name in os.listdir(builds) if os.path.isdir(builds) else ():
+                if name.startswith(f"{hex_key}-"):
+                    shutil.rmtree(os.path.join(builds, name), ignore_errors=True)
+        finally:
+            os.close(building)
+    entry = os.path.join(store, "entries", hex_key)
+    held = []
+    try:
+        for name in ("owner", "snapshot.json"):
+            fd = _locked_at_once(os.path.join(entry, name))
+            if fd is None:
+                return False
+            held.append(fd)
+        trash = os.path.join(store, "trash", f"{hex_key}-{os.urandom(4).hex()}")
+        try:
+            os.rename(entry, trash)  # while locked: a lease taken meanwhile finds it gone
+        except OSError:
+            return False
+    finally:
+        for fd in held:
+            os.close(fd)
+    shutil.rmtree(trash, ignore_errors=True)
+    return True
+
+
+def _serve(channel: socket.socket) -> dict[str, tuple[int, list[str]]]:
+    """Keep what the host hands over until it goes (EOF); returns what is still held."""
+    held: dict[str, tuple[int, list[str]]] = {}
+    room = socket.CMSG_SPACE(4)
+    while True:
+        try:
+            message, ancillary, _, _ = channel.recvmsg(4096, room)
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+        if not message:
+            break
+        fds = [int.from_bytes(data[:4], sys.byteorder) for level, kind, data in ancillary
+               if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS]
+        words = message.decode(errors="replace").split()
+        if words[:1] == ["hold"] and len(words) >= 2 and fds:
+            held[words[1]] = (fds[0], words[2:4])
+        elif words[:1] == ["drop"] and len(words) == 2 and words[1] in held:
+            os.close(held.pop(words[1])[0])
+        else:
+            for fd in fds:
+                os.close(fd)
+    return held
+
+
+def let_go(held: dict[str, tuple[int, list[str]]]) -> None:
+    """Close the held leases, then remove the snapshots no one holds any more."""
+    for fd, _ in held.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    for _, where in held.values():
+        if len(where) == 2:
+            with contextlib.suppress(OSError):
+                reap_snapshot(*where)
+
+
 def main() -> None:
     root, token = sys.argv[1], sys.argv[2]
     # Detach: Ray kills a worker's direct children when the worker dies, which would take
@@ -152,9 +249,9 @@ def main() -> None:
     sys.stdout.write(f"{os.getpid()}\n")
     sys.stdout.flush()
     sys.stdout.close()
-    while sys.stdin.buffer.read(65536):
-        pass
+    held = _serve(socket.socket(fileno=0))
     clean(root, token)
+    let_go(held)  # only now: every layer they lease is unmounted
 
 
 if __name__ == "__main__":

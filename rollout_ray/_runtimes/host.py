@@ -27,6 +27,7 @@ from .._errors import RuntimeStopped
 from .._record.trace import RuntimeInfo
 from .cgroup import HostCgroups, tracking_controller
 from .guardian import HOST_MARKER
+from .keeper import Keeper, socket_pair
 from .local import LocalRuntime
 from .sandbox import SandboxRuntime, sandbox_unavailable
 
@@ -88,15 +89,17 @@ class RuntimeHost:
         self._closed = asyncio.Event()
         controllers = ("pids", "memory") if kind == "sandbox" else (tracking_controller(),)
         self._cgroups = HostCgroups(f"rollout-ray-host-{self.token[:16]}", controllers, self.root)
-        # The guardian reads our end of this pipe; the kernel closes it when we die.
-        launcher = subprocess.Popen(
-            [sys.executable, _GUARDIAN, self.root, self.token],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-        )
-        assert launcher.stdin is not None and launcher.stdout is not None
-        self._guardian_pipe = launcher.stdin
+        # The guardian reads the other end of this socket; the kernel closes ours when we die.
+        ours, theirs = socket_pair()
+        with theirs:
+            launcher = subprocess.Popen(
+                [sys.executable, _GUARDIAN, self.root, self.token],
+                stdin=theirs.fileno(),
+                stdout=subprocess.PIPE,
+                start_new_session=True,
+            )
+        assert launcher.stdout is not None
+        self.keeper = Keeper(ours)
         self.guardian_pid_value = int(launcher.stdout.readline())
         launcher.stdout.close()
         launcher.wait()  # the launcher exits at once; the detached guardian lives on
@@ -137,9 +140,13 @@ class RuntimeHost:
             self._forget_stopped()
             # Amortised: with many runtimes live, the next scan waits until as many more exist.
             self._prune_at = max(_PRUNE_AT, 2 * len(self._runtimes))
-        cls = SandboxRuntime if self.kind == "sandbox" else LocalRuntime
-        runtime = cls(name, root=self.root, env={**(env or {}), HOST_MARKER: self.token},
-                      cgroup_parents=self._cgroups.parents, image=image)
+        env = {**(env or {}), HOST_MARKER: self.token}
+        runtime: Runtime
+        if self.kind == "sandbox":
+            runtime = SandboxRuntime(name, root=self.root, env=env, cgroup_parents=self._cgroups.parents, image=image,
+                                     keeper=self.keeper)
+        else:
+            runtime = LocalRuntime(name, root=self.root, env=env, cgroup_parents=self._cgroups.parents, image=image)
         self._runtimes[name] = runtime
         self._owners[name] = owner
         return runtime
@@ -226,6 +233,20 @@ class RuntimeHost:
     async def info(self, name: str) -> RuntimeInfo:
         return self._get(name).info()
 
+    async def claim_setup(self, name: str, key: str, timeout: float | None = None) -> RuntimeInfo:
+        """``Runtime.claim_setup`` within ``timeout`` seconds; its info then says whether it
+        stands on a setup snapshot (``RuntimeInfo.snapshot``)."""
+        runtime = self._get(name)
+        async with asyncio.timeout(timeout):
+            await runtime.claim_setup(key)
+        return runtime.info()
+
+    async def freeze_setup(self, name: str) -> str | None:
+        return await self._get(name).freeze_setup()
+
+    async def add_grader_files(self, name: str, files: Mapping[str, bytes | str]) -> str:
+        return await self._get(name).add_grader_files(files)
+
     async def wait_closed(self) -> None:
         """Return when the host shuts down: a watcher's long call, which fails if the host dies."""
         await self._closed.wait()
@@ -236,7 +257,7 @@ class RuntimeHost:
         await asyncio.gather(*(r.stop() for r in self._runtimes.values()), return_exceptions=True)
         await asyncio.to_thread(self._cgroups.remove)
         await asyncio.to_thread(shutil.rmtree, self.root, True)
-        self._guardian_pipe.close()  # the guardian finds nothing left and exits
+        self.keeper.close()  # the guardian finds nothing left and exits
 
     def statistics(self) -> dict[str, Any]:
         live = self.names()

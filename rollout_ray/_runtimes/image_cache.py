@@ -7,6 +7,7 @@ Under the cache's root (``ROLLOUT_RAY_IMAGE_CACHE``, default ``~/.cache/rollout-
     v1/locks/<hex>.lock         held by the process unpacking image <hex>
     v1/build/<hex>-<random>/    an unpacking in progress, renamed to images/<hex> when complete
     v1/trash/                   evicted entries on their way out
+    v1/snapshots/               setup snapshots over these images (``snapshot.py``)
 
 * Once per node: the first process needing an image takes its lock, unpacks into a build
   directory and renames it into place; a process needing it meanwhile waits for the lock (up
@@ -37,8 +38,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .._errors import SandboxError
+from .files import remove_tree
 from .image import Image, ImageConfig, locate
-from .local import _remove_tree
+from .snapshot import SnapshotStore
 from .unpack import Unpacker, disk_usage
 
 DEFAULT_MAX_BYTES = 10 << 30
@@ -68,6 +70,11 @@ class ImageLease:
         self.unpacked = False
         """Whether this lease's call unpacked the image (else it was in the cache)."""
         self._fd: int | None = fd
+
+    @property
+    def fd(self) -> int | None:
+        """The descriptor holding the lease's lock (``None`` once released)."""
+        return self._fd
 
     def release(self) -> None:
         """Let the image be evicted again (idempotent)."""
@@ -105,6 +112,8 @@ class ImageCache:
         if max_bytes < 1:
             raise ValueError(f"`max_bytes` of the image cache must be >= 1, got {max_bytes}")
         self.max_bytes = max_bytes
+        self.snapshots = SnapshotStore(os.path.join(self.root, FORMAT, "snapshots"))
+        """The node's setup snapshots over these images (``snapshot.py``)."""
         self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
             weakref.WeakKeyDictionary())
 
@@ -196,7 +205,7 @@ class ImageCache:
         builds = self._dir("build")
         for stale in os.listdir(builds):  # left by a process that died unpacking it
             if stale.startswith(f"{hex_key}-"):
-                _remove_tree(os.path.join(builds, stale))
+                remove_tree(os.path.join(builds, stale))
         build = tempfile.mkdtemp(prefix=f"{hex_key}-", dir=builds)
         try:
             rootfs, scratch = os.path.join(build, "rootfs"), os.path.join(build, "scratch")
@@ -204,7 +213,7 @@ class ImageCache:
             os.mkdir(scratch, 0o700)
             started = time.monotonic()
             config = image.unpack(Unpacker(rootfs, max_bytes=self.max_bytes, what=f"image {image.spec!r}"), scratch)
-            _remove_tree(scratch)
+            remove_tree(scratch)
             info = {"key": image.key, "format": image.format, "source": image.spec, "env": list(config.env),
                     "working_dir": config.working_dir, "bytes": disk_usage(build),
                     "unpack_seconds": round(time.monotonic() - started, 3)}
@@ -212,7 +221,7 @@ class ImageCache:
                 json.dump(info, f)
             os.rename(build, os.path.join(self._dir("images"), hex_key))
         except BaseException:
-            _remove_tree(build)
+            remove_tree(build)
             raise
 
     # -- eviction ----------------------------------------------------------------------------
@@ -265,13 +274,13 @@ class ImageCache:
     def _clear_leftovers(self) -> None:
         trash = self._dir("trash")
         for name in os.listdir(trash):
-            _remove_tree(os.path.join(trash, name))
+            remove_tree(os.path.join(trash, name))
         builds, locks = self._dir("build"), self._dir("locks")
         for name in os.listdir(builds):
             lock = os.path.join(locks, name.split("-")[0] + ".lock")
             with contextlib.suppress(OSError), _held(lock) as free:
                 if free:  # nobody is unpacking it: a dead process's
-                    _remove_tree(os.path.join(builds, name))
+                    remove_tree(os.path.join(builds, name))
 
     def statistics(self) -> CacheStatistics:
         entries = self._entries()

@@ -1,18 +1,22 @@
 """The filesystem an image sandbox sees: its image, a private writable layer, no host file.
 
-At start, on the host (``mount_root``), in the runtime's base directory (its disk-limit tmpfs):
+At start, on the host (``mount_kit``, ``mount_root``), in the runtime's base directory (its
+disk-limit tmpfs):
 
 * ``root``: an overlay of the cached image (the read-only lower layer every sandbox on that
   image shares) under the runtime's own ``upper`` directory. Programs may write anywhere;
   their writes land in ``upper``, within the disk limit, seen by no other sandbox, kept
   across execs, gone at stop. ``upper`` is the whole of what the runtime's programs changed:
-  frozen, it is a snapshot a later sandbox can start from (as another lower layer).
+  frozen, it is a snapshot a later sandbox can start from (``snapshot.py``): its root is then
+  remade (``clear_layer``, ``mount_root``) over two lower layers, the snapshot above the image.
 * ``root/proc`` and ``root/dev``: directories, where every exec mounts its own ``/proc`` and
   ``/dev``;
 * ``root/.rollout-ray`` (``RUN_DIR``): the runtime's ``net`` directory, bound read-only — route
   sockets and ``forwarder.py`` — and in ``host/``, read-only, the base installation of the
   Python running rollout-ray and the directories of its C library. The forwarder runs with
   them through the host's dynamic loader, whatever the image holds (busybox has no Python).
+* ``root/.grader`` (``GRADER_DIR``): the runtime's ``grader`` directory, bound read-only: empty
+  while the agent runs, where the grader's files appear once it is gone (``grader.py``);
 * ``/etc/passwd`` and ``/etc/group``: the image's plus the sandbox user; ``/etc/hosts``: the
   runtime's; the work directory (the image's ``WorkingDir``, else ``/work``) and ``/tmp``
   (1777) made when missing.
@@ -20,9 +24,10 @@ At start, on the host (``mount_root``), in the runtime's base directory (its dis
 Each exec binds ``root`` as its ``/`` (submounts included) and mounts ``/proc`` and ``/dev``, so
 bwrap makes no mount point in a directory a program can write: a link a program planted
 cannot steer a mount or a ``mkdir`` onto the host (at setup, before its root is pivoted,
-bwrap resolves ``../oldroot/...`` to the host's). The three mount points cannot be replaced:
-a program cannot remove or rename a mount point of its own namespace (``EBUSY``), and every
-exec has its own ``/proc`` and ``/dev`` and the ``RUN_DIR`` bind mounted on them. The image's
+bwrap resolves ``../oldroot/...`` to the host's). The four mount points (``PINNED``) cannot be
+replaced: a program cannot remove or rename a mount point of its own namespace (``EBUSY``),
+and every exec has its own ``/proc`` and ``/dev`` and the ``RUN_DIR`` and ``GRADER_DIR`` binds
+mounted on them. The image's
 ``/usr``, ``/lib`` and ``/etc`` are what programs see; nothing of the host's but ``RUN_DIR``.
 Setting all this up is a few mounts at start (root or ``CAP_SYS_ADMIN``, as for the disk limit).
 """
@@ -37,10 +42,10 @@ import stat
 import sys
 
 from .._errors import SandboxError
-from .files import components, read_beneath, replace_beneath
+from .files import components, read_beneath, remove_tree, replace_beneath
 from .guardian import unmount
 from .image import ImageConfig
-from .layout import HOSTNAME, PATH, SANDBOX_UID, SANDBOX_USER, interpreter
+from .layout import GRADER_DIR, HOSTNAME, PATH, SANDBOX_UID, SANDBOX_USER, interpreter
 from .unpack import Unpacker
 
 RUN_DIR = "/.rollout-ray"
@@ -48,7 +53,9 @@ RUN_DIR = "/.rollout-ray"
 KIT = "host"
 """Subdirectory of ``RUN_DIR`` holding the host's Python and C library, read-only."""
 DEFAULT_WORKDIR = "/work"
-SUBDIRS = ("net", "upper", "overlay-work", "root")
+SUBDIRS = ("net", "upper", "overlay-work", "root", "grader")
+PINNED = ("proc", "dev", RUN_DIR.lstrip("/"), GRADER_DIR.lstrip("/"))
+"""Top-level directories of the root that are mount points in every exec (none is writable)."""
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
 _LIBC_NAMES = ("ld-", "libc.", "libc-", "libm.", "libm-", "libpython", "libpthread", "libdl", "libutil", "librt")
 
@@ -99,42 +106,64 @@ def host_kit() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     return tuple(binds), (inside(loader), "--library-path", library_path, inside(exe))
 
 
-def mount_root(base: str, lowerdir: str) -> list[str]:
-    """The overlay and the pinned mount points of the module docstring, under ``base``.
+def mount_kit(base: str) -> list[str]:
+    """The host's Python and C library under ``net/host``, read-only (see the module
+    docstring). Returns the mount points made; none are left when it raises."""
+    kit = os.path.join(base, "net", KIT)
+    mounted: list[str] = []
+    try:
+        os.mkdir(kit, 0o755)
+        for host, name in host_kit()[0]:
+            os.mkdir(os.path.join(kit, name), 0o755)
+            _bind(host, os.path.join(kit, name), read_only=True)
+            mounted.append(os.path.join(kit, name))
+    except BaseException:
+        unmount_all(mounted)
+        raise
+    return mounted
+
+
+def mount_root(base: str, lowers: list[str]) -> list[str]:
+    """The overlay of ``lowers`` (topmost first: a setup snapshot, then the image) under the
+    runtime's ``upper``, and its pinned mount points (see the module docstring).
 
     Returns the mount points made, to ``unmount_all`` at stop; none are left when it raises.
     """
-    for part in (lowerdir, base):
+    for part in (*lowers, base):
         if any(c in part for c in ",:\\"):
             raise SandboxError(f"path {part!r} holds ',', ':' or '\\', which an overlay mount cannot take; "
                                f"move the image cache (ROLLOUT_RAY_IMAGE_CACHE) or the runtime's root")
-    net, root = os.path.join(base, "net"), os.path.join(base, "root")
+    root = os.path.join(base, "root")
     mounted: list[str] = []
     try:
-        os.mkdir(os.path.join(net, KIT), 0o755)
-        for host, name in host_kit()[0]:
-            os.mkdir(os.path.join(net, KIT, name), 0o755)
-            _bind(host, os.path.join(net, KIT, name), read_only=True)
-            mounted.append(os.path.join(net, KIT, name))
-        options = (f"lowerdir={lowerdir},upperdir={os.path.join(base, 'upper')},"
+        options = (f"lowerdir={':'.join(lowers)},upperdir={os.path.join(base, 'upper')},"
                    f"workdir={os.path.join(base, 'overlay-work')},index=off,metacopy=off")
         _mount("overlay", root, "overlay", MS_NOSUID | MS_NODEV, options)
         mounted.append(root)
-        # Before any program ran, the tree is the image: only its own links can be there, and
-        # these names are top-level, so no link is followed on the way to them.
-        for name in ("proc", "dev", RUN_DIR.lstrip("/")):
+        # Before any program ran, the tree is its layers: only their own links can be there,
+        # and these names are top-level, so no link is followed on the way to them.
+        for name in PINNED:
             point = os.path.join(root, name)
             st = _lstat(point)
             if st is not None and not stat.S_ISDIR(st.st_mode):
                 os.unlink(point)
             if st is None or not stat.S_ISDIR(st.st_mode):
                 os.mkdir(point, 0o755)
-        _bind(net, os.path.join(root, RUN_DIR.lstrip("/")), read_only=True)
-        mounted.append(os.path.join(root, RUN_DIR.lstrip("/")))
+        for source, name in ((os.path.join(base, "net"), RUN_DIR), (os.path.join(base, "grader"), GRADER_DIR)):
+            _bind(source, os.path.join(root, name.lstrip("/")), read_only=True)
+            mounted.append(os.path.join(root, name.lstrip("/")))
     except BaseException:
         unmount_all(mounted)
         raise
     return mounted
+
+
+def clear_layer(base: str) -> None:
+    """Empty the runtime's ``upper`` and overlay work directories (its overlay unmounted)."""
+    for name in ("upper", "overlay-work"):
+        path = os.path.join(base, name)
+        remove_tree(path)
+        os.mkdir(path, 0o755)
 
 
 def unmount_all(points: list[str]) -> None:

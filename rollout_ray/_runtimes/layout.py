@@ -62,6 +62,8 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUN_DIR = "/run/rollout-ray"
 """Where the runtime's ``net`` directory is mounted inside: route sockets, ``forwarder.py``,
 ``passwd``, ``group``, ``hosts``."""
+GRADER_DIR = "/.grader"
+"""Where the grader's files appear, read-only, once the agent is gone (``grader.py``)."""
 FORWARDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forwarder.py")
 FORWARDER_INSIDE = f"{RUN_DIR}/forwarder.py"
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -74,7 +76,7 @@ ETC_SHARED = (
 """Host entries of ``/etc`` a sandbox sees (globs; those the host lacks are skipped)."""
 OWN_ETC = ("passwd", "group", "hosts")
 """``/etc`` files each runtime writes for itself (the snapshot links them into ``RUN_DIR``)."""
-SUBDIRS = ("work", "tmp", "net")
+SUBDIRS = ("work", "tmp", "net", "grader")
 """The runtime's directories, made in its base directory at start."""
 SNAPSHOT_FORMAT = 1
 """Bumped when ``_fill`` changes what a snapshot holds (it is part of the fingerprint)."""
@@ -158,22 +160,73 @@ def program_path() -> str:
 def _environment_args() -> tuple[str, ...]:
     """The running Python's links and its virtual environment (see the module docstring). Made
     after ``/tmp`` is mounted: a checkout under the host's ``/tmp`` (a CI clone) would
-    otherwise be hidden under the runtime's ``/tmp``; then these mount points live in the
-    runtime's own ``/tmp``, like anything else a program might write there."""
+    otherwise be hidden under the runtime's ``/tmp``. There, programs write: a link planted on
+    the way to a mount point bwrap makes would steer it (a ``mkdir``, a ``--symlink``) onto the
+    host, since bwrap resolves it before its root is pivoted. So what lies under ``/tmp`` is
+    built on the host instead, in a read-only skeleton bound over its top directory
+    (``_skeleton``): bwrap then makes nothing where a program writes."""
     exe, venv = interpreter(), _venv()
     names = {os.path.abspath(sys.executable)} if sys.executable else set()
-    args: list[str] = []
+    binds: list[tuple[str, str]] = []
     if venv is not None:
         version = f"python{sys.version_info.major}.{sys.version_info.minor}"
         names |= {os.path.join(venv, "bin", n) for n in ("python", "python3", version)}
         if _within(exe, (venv,)):  # an interpreter copied into the environment (--copies)
-            args += ["--ro-bind", exe, exe]
-        for path in [os.path.join(venv, "pyvenv.cfg"), *_site_packages(venv)]:
-            args += ["--ro-bind", path, path]
+            binds.append((exe, exe))
+        binds += [(p, p) for p in [os.path.join(venv, "pyvenv.cfg"), *_site_packages(venv)]]
     # Where a link itself is (not what it resolves to): under a system dir it already exists.
-    for name in sorted(n for n in names if n != exe and not _within(n, SYSTEM + (_base_prefix(),))):
-        args += ["--symlink", exe, name]
+    links = [(exe, n) for n in sorted(names) if n != exe and not _within(n, SYSTEM + (_base_prefix(),))]
+    args: list[str] = []
+    tops = sorted({top for _, dest in binds + links if (top := _writable_top(dest)) is not None})
+    for top in tops:
+        args += ["--ro-bind", _skeleton(top, tuple(binds), tuple(links)), top]
+    for source, dest in binds:
+        args += ["--ro-bind", source, dest]
+    for target, name in links:
+        if _writable_top(name) is None:
+            args += ["--symlink", target, name]
     return tuple(args)
+
+
+WRITABLE = ("/tmp", "/var/tmp")
+"""Where programs write, among the places bwrap makes mount points for the environment."""
+
+
+def _writable_top(path: str) -> str | None:
+    """The directory right under ``/tmp`` (or ``/var/tmp``) that holds ``path``, if any."""
+    for place in WRITABLE:
+        if _within(path, (place,)) and path != place:
+            return os.path.join(place, os.path.relpath(path, place).split(os.sep)[0])
+    return None
+
+
+@functools.cache
+def _skeleton(top: str, binds: tuple[tuple[str, str], ...], links: tuple[tuple[str, str], ...]) -> str:
+    """A private host directory holding, as they lie under ``top``, the mount points of
+    ``binds`` (empty directories and files) and the ``links``: bound read-only over ``top``,
+    it leaves bwrap nothing to make under a directory programs write. Removed at exit."""
+    skeleton = tempfile.mkdtemp(prefix="rollout-ray-tmp-skeleton-")
+    atexit.register(shutil.rmtree, skeleton, True)
+    os.chmod(skeleton, 0o755)
+
+    def inside(path: str) -> str:
+        return os.path.join(skeleton, os.path.relpath(path, top))
+
+    for source, dest in binds:
+        if _writable_top(dest) == top:
+            os.makedirs(os.path.dirname(inside(dest)), 0o755, exist_ok=True)
+            if os.path.isdir(source):
+                os.makedirs(inside(dest), 0o755, exist_ok=True)
+            else:
+                open(inside(dest), "a").close()
+    for target, name in links:
+        if _writable_top(name) == top:
+            os.makedirs(os.path.dirname(inside(name)), 0o755, exist_ok=True)
+            os.symlink(target, inside(name))
+    for parent, dirs, _ in os.walk(skeleton):
+        for d in dirs:
+            os.chmod(os.path.join(parent, d), 0o755)
+    return skeleton
 
 
 @functools.cache
@@ -203,6 +256,7 @@ def runtime_args(base: str, workdir: str) -> list[str]:
     ``/var/tmp`` could not be made."""
     return ["--bind", os.path.join(base, "tmp"), "/tmp", "--symlink", "../tmp", "/var/tmp",
             "--bind", workdir, workdir, "--ro-bind", os.path.join(base, "net"), RUN_DIR,
+            "--ro-bind", os.path.join(base, "grader"), GRADER_DIR,
             *_environment_args(), "--chdir", workdir, "--remount-ro", "/"]
 
 

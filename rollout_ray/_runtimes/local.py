@@ -44,7 +44,8 @@ from collections.abc import Mapping, Sequence
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import SandboxError
 from .cgroup import JOIN_CGROUPS, JOIN_FAILED, KILL_BUDGET, Cgroups, Parent, tracking_controller
-from .files import components, read_beneath, write_beneath
+from .files import components, read_beneath, remove_tree, write_beneath
+from .grader import write_grader_files
 from .guardian import pids_with_marker
 
 RUNTIME_MARKER = "ROLLOUT_RAY_RUNTIME"
@@ -74,17 +75,6 @@ async def _kill_marked(key: str, value: str, pgid: int | None = None) -> None:
         if not pids or time.monotonic() >= deadline:
             return
         await asyncio.sleep(0.01)
-
-
-def _remove_tree(path: str) -> None:
-    """``rmtree`` that also removes read-only directories (Go's module cache makes them)."""
-    for parent, dirs, _ in os.walk(path):
-        for d in dirs:
-            p = os.path.join(parent, d)
-            if not os.path.islink(p):  # chmod follows links: never touch outside the tree
-                with contextlib.suppress(OSError):
-                    os.chmod(p, 0o700)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class _Capture(asyncio.SubprocessProtocol):
@@ -194,7 +184,7 @@ class LocalRuntime(Runtime):
     async def _teardown(self) -> None:
         await self._kill_all()
         if self._workdir is not None:
-            await asyncio.to_thread(_remove_tree, self._workdir)
+            await asyncio.to_thread(remove_tree, self._workdir)
 
     async def _kill_all(self) -> None:
         """Kill every process of the runtime: its cgroups (removed, so nothing joins them
@@ -208,6 +198,28 @@ class LocalRuntime(Runtime):
         for proto, transport in list(self._live.items()):
             transport.close()  # kills the direct child if the scans could not see it yet
             await asyncio.wait([proto.exited], timeout=KILL_BUDGET)
+
+    async def _end_programs(self) -> None:
+        """Kill every process the runtime started and wait for its execs to end; the runtime
+        stays usable (the grader's turn comes next)."""
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._cgroups.kill)
+        if self._spawned:
+            await _kill_marked(RUNTIME_MARKER, self._token)
+        for proto in list(self._live):
+            await asyncio.wait([proto.exited], timeout=KILL_BUDGET)
+
+    async def add_grader_files(self, files: Mapping[str, bytes | str]) -> str:
+        """``Runtime.add_grader_files``: in ``.grader`` under the work directory, made anew
+        (whatever a program left there is removed, never followed) once every process of the
+        runtime is killed. Programs here run on the host: this keeps nothing from an agent
+        that looks for them elsewhere, as nothing of a local runtime does."""
+        workdir = self._require_running("add_grader_files")
+        await self._end_programs()
+        directory = os.path.join(workdir, ".grader")
+        await asyncio.to_thread(_fresh_dir, directory)
+        await asyncio.to_thread(write_grader_files, directory, files, f"grader files of runtime {self.name!r}")
+        return directory
 
     def _require_running(self, what: str) -> str:
         if not self.started or self.stopped or self._workdir is None:
@@ -392,6 +404,16 @@ class LocalRuntime(Runtime):
         if located is None:
             return await asyncio.to_thread(_host_write, path, payload)
         await asyncio.to_thread(write_beneath, *located, payload, f"{what} in runtime {self.name!r}")
+
+
+def _fresh_dir(path: str) -> None:
+    """An empty directory at ``path``, replacing whatever is there (a link is removed, not followed)."""
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.isdir(path) and not os.path.islink(path):
+            remove_tree(path)
+        else:
+            os.unlink(path)
+    os.mkdir(path, 0o755)
 
 
 def _host_read(path: str, max_bytes: int | None) -> bytes:

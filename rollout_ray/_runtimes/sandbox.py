@@ -54,15 +54,20 @@ from urllib.parse import urlsplit
 
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult
 from .._errors import SandboxError
+from .._record.trace import RuntimeInfo
 from .cgroup import Parent, cgroup_parent
 from .disk import full, mount_tmpfs, mount_unavailable
-from .files import components
-from .image_cache import ImageCache, ImageLease, default_image_cache
+from .files import components, remove_tree
+from .grader import write_grader_files
+from .image_cache import ImageCache, default_image_cache
 from .image_layout import RUN_DIR as IMAGE_RUN_DIR
 from .image_layout import SUBDIRS as IMAGE_SUBDIRS
-from .image_layout import host_kit, image_args, image_env, mount_root, prepare_root, unmount_all
+from .image_layout import host_kit, image_args, image_env, unmount_all
+from .image_root import ImageRoot
+from .keeper import Keeper
 from .layout import (
     FORWARDER_INSIDE,
+    GRADER_DIR,
     RUN_DIR,
     SUBDIRS,
     interpreter,
@@ -74,7 +79,7 @@ from .layout import (
     system_args,
     write_run_files,
 )
-from .local import LocalRuntime, _remove_tree
+from .local import LocalRuntime
 from .routes import LOOPBACK, Route, port_of, sandbox_url
 
 __all__ = ["SandboxRuntime", "bwrap_path", "sandbox_unavailable", "sandbox_url"]
@@ -131,6 +136,8 @@ class SandboxRuntime(LocalRuntime):
             save`` archive, a rootfs tarball, or a name in podman's or docker's local store;
             see ``image.py``); ``None``: the host's system, read-only.
         image_cache: where the image is unpacked (default: ``default_image_cache()``).
+        keeper: hands the leases of its image (and setup snapshot) to a host's guardian, which
+            keeps them until it has unmounted them if the host dies (``keeper.py``).
 
     Raises:
         ValueError: a limit is below 1, or ``root`` is under ``/etc`` or ``/proc`` (the
@@ -148,7 +155,7 @@ class SandboxRuntime(LocalRuntime):
         env: Mapping[str, str] | None = None, pass_env: Sequence[str] = (),
         pids_limit: int | None = 512, memory_limit: int | None = 4 << 30,
         disk_limit: int | None = 1 << 30, cgroup_parents: Mapping[str, Parent] | None = None,
-        image: str | None = None, image_cache: ImageCache | None = None,
+        image: str | None = None, image_cache: ImageCache | None = None, keeper: Keeper | None = None,
     ) -> None:
         super().__init__(name, root=root, env=env, pass_env=pass_env, cgroup_parents=cgroup_parents)
         if root is not None and (parent := replaced_parent(root)) is not None:
@@ -167,20 +174,34 @@ class SandboxRuntime(LocalRuntime):
         self._remote: dict[int, tuple[str, int]] = {}
         self.image = image
         self._image_cache = image_cache
-        self._lease: ImageLease | None = None
-        self._image_mounts: list[str] = []
+        self._keeper = keeper
+        self._image: ImageRoot | None = None
 
     @property
     def id(self) -> str:
         """The work directory once started (an image's: the runtime's directory), else the name."""
-        return self._base if self._lease is not None and self._base is not None else super().id
+        return self._base if self._image is not None and self._base is not None else super().id
+
+    def info(self, *, borrowed: bool = False) -> RuntimeInfo:
+        """As ``Runtime.info``, with the image's digest and the setup snapshot it started from."""
+        info = super().info(borrowed=borrowed)
+        if self._image is not None:
+            info.image, info.snapshot = self._image.lease.key, self._image.snapshot
+        return info
 
     async def _start(self) -> None:
+        cache = self._image_cache or default_image_cache()
         try:
             self._bwrap = bwrap_path()
-            if self.image is not None:
-                self._lease = await (self._image_cache or default_image_cache()).acquire(self.image)
-            self._base = os.path.abspath(tempfile.mkdtemp(prefix=self._dir_prefix(), dir=self._root))
+            lease = None if self.image is None else await cache.acquire(self.image)
+            try:
+                self._base = os.path.abspath(tempfile.mkdtemp(prefix=self._dir_prefix(), dir=self._root))
+            except BaseException:
+                if lease is not None:
+                    lease.release()
+                raise
+            if lease is not None:
+                self._image = ImageRoot(self._base, lease, cache, self._keeper)
             await asyncio.to_thread(self._make_dirs)
             limits: dict[str, int | None] = {**self._limits} or self._tracking()
             self._cgroups = await asyncio.to_thread(self._make_cgroups, limits)
@@ -189,7 +210,7 @@ class SandboxRuntime(LocalRuntime):
             if isinstance(e, OSError):
                 raise SandboxError(f"cannot start runtime {self.name!r}: {e}") from e
             raise
-        if self._lease is None:
+        if self._image is None:
             self._workdir = os.path.join(self._base, "work")
 
     def _make_dirs(self) -> None:
@@ -201,18 +222,17 @@ class SandboxRuntime(LocalRuntime):
                 raise SandboxError(f"cannot mount the disk limit of runtime {self.name!r}: {e}; "
                                    f"pass disk_limit=None to run without one") from e
             self._mounted = True
-        for sub in SUBDIRS if self._lease is None else IMAGE_SUBDIRS:
-            os.mkdir(os.path.join(self._base, sub), 0o700 if self._lease is None else 0o755)
+        for sub in SUBDIRS if self._image is None else IMAGE_SUBDIRS:
+            os.mkdir(os.path.join(self._base, sub), 0o755 if self._image is not None or sub == "grader" else 0o700)
         write_run_files(os.path.join(self._base, "net"), home=os.path.join(self._base, "work"))
-        if self._lease is None:
+        if self._image is None:
             prepare()  # builds the /etc snapshot once per process: here, off the event loop
             return
         try:
-            self._image_mounts = mount_root(self._base, self._lease.rootfs)
+            self._workdir = self._image.mount()
         except OSError as e:
             raise SandboxError(f"cannot mount image {self.image!r} for runtime {self.name!r}: {e}; an image "
                                f"sandbox needs the right to mount (root or CAP_SYS_ADMIN)") from e
-        self._workdir = prepare_root(self._path("root"), self._lease.config)
 
     async def _teardown(self) -> None:
         for route in self._routes.values():
@@ -222,15 +242,14 @@ class SandboxRuntime(LocalRuntime):
         await self._remove_base()
 
     async def _remove_base(self) -> None:
-        """Unmount the image's root and the disk limit (its files go with it), remove what
-        is left, then let the image go."""
+        """Unmount the image's root and let its layers go, unmount the disk limit (its files go
+        with it), then remove what is left."""
+        if self._image is not None:
+            await asyncio.to_thread(self._image.release)
         if self._base is not None:
-            mounts, self._image_mounts = self._image_mounts, []
-            await asyncio.to_thread(unmount_all, [self._base, *mounts] if self._mounted else mounts)
+            await asyncio.to_thread(unmount_all, [self._base] if self._mounted else [])
             self._mounted = False
-            await asyncio.to_thread(_remove_tree, self._base)
-        if self._lease is not None:
-            self._lease.release()
+            await asyncio.to_thread(remove_tree, self._base)
 
     def _path(self, sub: str) -> str:
         assert self._base is not None
@@ -238,11 +257,11 @@ class SandboxRuntime(LocalRuntime):
 
     def _spawn_dir(self, what: str) -> str:
         workdir = self._require_running(what)
-        return self._base if self._lease is not None and self._base is not None else workdir
+        return self._base if self._image is not None and self._base is not None else workdir
 
     def _host_env(self) -> dict[str, str]:
         env = super()._host_env()
-        env.update(image_env(self._lease.config) if self._lease is not None else {"PATH": program_path()})
+        env.update(image_env(self._image.lease.config) if self._image is not None else {"PATH": program_path()})
         env.update(HOME=self._workdir or "", TMPDIR="/tmp")
         for name in self._pass_env:  # named explicitly: passed as is
             if name in os.environ:
@@ -251,7 +270,7 @@ class SandboxRuntime(LocalRuntime):
 
     def _beneath(self, path: str, what: str) -> tuple[str, list[str]]:
         workdir = self._require_running(what)
-        if self._lease is not None:  # the whole filesystem is the sandbox's own
+        if self._image is not None:  # the whole filesystem is the sandbox's own
             inside = os.path.normpath(os.path.join(workdir, path))
             return self._path("root"), components(os.path.relpath(inside, "/")) or []
         full_path = os.path.normpath(os.path.join(workdir, path))
@@ -269,7 +288,7 @@ class SandboxRuntime(LocalRuntime):
         ``argv``; itself run by ``LocalRuntime`` (so joining the runtime's cgroups)."""
         workdir = self._require_running(f"program {argv[0]!r}")
         assert self._base is not None
-        if self._lease is None:
+        if self._image is None:
             layout, run_dir = [*system_args(), *runtime_args(self._base, workdir)], RUN_DIR
             forwarder = [interpreter(), "-I", "-S", FORWARDER_INSIDE]
         else:
@@ -320,6 +339,43 @@ class SandboxRuntime(LocalRuntime):
                 raise SandboxError(f"write {path!r} in runtime {self.name!r}: disk limit of "
                                    f"{self._disk_limit} bytes reached") from e
             raise
+
+    # -- a group's setup, the grader's files -------------------------------------------------
+
+    async def claim_setup(self, key: str) -> str | None:
+        """``Runtime.claim_setup``: over an image, the first runtime of this machine to claim
+        ``key`` runs the setup; the others wait for it, then stand on its snapshot, with their
+        own writable layer above it (``snapshot.py``). Over the host's system: ``None``.
+
+        Raises:
+            SandboxError: the runtime is not running, or its root could not be remade.
+        """
+        self._require_running("claim_setup")
+        if self._image is None:
+            return None
+        await self._end_programs()  # nothing may run on the root it may remake
+        try:
+            _, hex_key = await self._image.claim(key, gone=lambda: self.stopped)
+        except OSError as e:
+            raise SandboxError(f"runtime {self.name!r}: cannot start from setup snapshot of {key!r}: {e}") from e
+        return hex_key
+
+    async def freeze_setup(self) -> str | None:
+        """``Runtime.freeze_setup``: copy the writable layer (every process killed first) into
+        the machine's snapshots, owned by this process until the schedule moves on."""
+        self._require_running("freeze_setup")
+        if self._image is None:
+            return None
+        await self._end_programs()
+        return await asyncio.to_thread(self._image.freeze)
+
+    async def add_grader_files(self, files: Mapping[str, bytes | str]) -> str:
+        """``Runtime.add_grader_files``: under ``/.grader``, read-only (``grader.py``)."""
+        self._require_running("add_grader_files")
+        await self._end_programs()
+        await asyncio.to_thread(write_grader_files, self._path("grader"), files,
+                                f"grader files of runtime {self.name!r}")
+        return GRADER_DIR
 
     # -- network ----------------------------------------------------------------------------
 

@@ -1,0 +1,104 @@
+"""An image sandbox's filesystem as its runtime holds it: the image's lease, the mounts, and
+the setup snapshot it started from or is building.
+
+``image_layout`` says what the mounts are; ``snapshot`` how a group's setup is shared. This is
+the state in between, owned by one ``SandboxRuntime``: what it leases (each lease handed to
+the host's guardian too, when it has one: ``keeper.py``), what it mounted, and in what order
+it lets them go — unmount first, then the leases, so no layer goes while mounted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+
+from .._errors import SandboxError
+from .image_cache import ImageCache, ImageLease
+from .image_layout import clear_layer, mount_kit, mount_root, prepare_root, unmount_all
+from .keeper import Keeper
+from .snapshot import Held, snapshot_key
+
+
+class ImageRoot:
+    """The image ``lease`` mounted in ``base`` (a runtime's directory), from ``cache``."""
+
+    def __init__(self, base: str, lease: ImageLease, cache: ImageCache, keeper: Keeper | None) -> None:
+        self.base = base
+        self.lease = lease
+        self._cache = cache
+        self._keeper = keeper
+        self._kept = keeper.hold(lease.fd) if keeper is not None and lease.fd is not None else None
+        self._kit: list[str] = []
+        self._root: list[str] = []
+        self.snapshot: str | None = None
+        """The setup snapshot the root stands on (its hex), if any."""
+        self._snapshot_lease: Held | None = None
+        self._building: Held | None = None
+        self._setup_key = ""
+
+    @property
+    def rootfs(self) -> str:
+        return os.path.join(self.base, "root")
+
+    def mount(self) -> str:
+        """Mount the root over the image; returns the work directory as programs see it."""
+        self._kit = mount_kit(self.base)
+        self._root = mount_root(self.base, [self.lease.rootfs])
+        return prepare_root(self.rootfs, self.lease.config)
+
+    # -- a group's shared setup --------------------------------------------------------------------
+
+    async def claim(self, setup_key: str, gone: Callable[[], bool]) -> tuple[str, str | None]:
+        """Take the setup ``setup_key`` over this image: ``("snapshot", hex)`` when the root now
+        stands on its snapshot (nothing of this runtime's own writes is kept: call it before
+        its setup ran anything), ``("build", None)`` when this runtime runs it and ``freeze``s
+        it. Waits while another runtime of the node runs it (bounded by the caller)."""
+        if self.snapshot is not None or self._building is not None:
+            raise SandboxError("a runtime claims one setup, before it ran anything")
+        store = self._cache.snapshots
+        hex_key = snapshot_key(self.lease.key, setup_key)
+        outcome, held = await store.claim(hex_key, self._keeper, gone)
+        if outcome == "build":
+            self._building, self._setup_key = held, setup_key
+            return "build", None
+        self._snapshot_lease = held
+        await asyncio.to_thread(self._restack, held.layer)
+        self.snapshot = hex_key
+        return "snapshot", hex_key
+
+    def _restack(self, layer: str) -> None:
+        """Remake the root over ``layer`` above the image, with an empty writable layer."""
+        unmount_all(self._root)
+        self._root = []
+        clear_layer(self.base)
+        self._root = mount_root(self.base, [layer, self.lease.rootfs])
+        prepare_root(self.rootfs, self.lease.config)
+
+    def freeze(self) -> str | None:
+        """Freeze the writable layer as the snapshot this runtime claimed to build (its
+        programs done); returns its hex, or ``None`` if it claimed none."""
+        if self._building is None:
+            return None
+        building, self._building = self._building, None
+        held = self._cache.snapshots.freeze(building, os.path.join(self.base, "upper"),
+                                            {"setup": self._setup_key, "image": self.lease.key}, self._keeper)
+        return held.hex
+
+    # -- letting go ----------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Unmount everything, then let the snapshot, the build claim and the image go
+        (idempotent)."""
+        mounts, self._root, self._kit = [*self._kit, *self._root], [], []
+        unmount_all(mounts)
+        store = self._cache.snapshots
+        for held in (self._snapshot_lease, self._building):
+            if held is not None:
+                store.release(held)
+        self._snapshot_lease = self._building = None
+        if self._kept is not None and self._keeper is not None:
+            self._keeper.drop(self._kept)
+            self._kept = None
+        self.lease.release()
+

@@ -1,0 +1,201 @@
+"""A node's setup snapshots: a group's task setup, run once, frozen, and started from by the rest.
+
+A task whose setup does not depend on the sample (``Task.setup_shareable``) has its setup run
+in the first sample's sandbox; that sandbox's writable layer (everything setup wrote, an
+overlay upper directory) is then copied here, and every other sample of the group on this
+node mounts it as a read-only layer between its own writable layer and the image: it starts
+where setup left off, and what it writes stays its own (copy on write).
+
+Under the image cache's root (``v1/snapshots``)::
+
+    entries/<hex>/layer          the frozen layer: files, whiteouts and opaque directories as overlay made them
+    entries/<hex>/snapshot.json  what it is; sandboxes started from it hold shared locks on it (leases)
+    entries/<hex>/owner          its owner's exclusive lock: the process that built it keeps it for the group
+    locks/<hex>.lock             held by the sandbox running the setup, until it froze it (or stopped)
+    build/<hex>-<random>/        a snapshot being written, renamed into entries/ when complete
+    trash/                       snapshots on their way out
+
+``<hex>`` names the setup (the task's class and data) over one image. Single flight: the first
+sandbox to ``claim`` a setup takes its lock and runs it; the others wait for the lock, then find
+the snapshot (or, if the first one's setup failed, one of them runs it). Nothing is kept
+longer than someone holds it: a snapshot goes when its owner and every sandbox on it have let
+go (``guardian.reap_snapshot``, run by whoever lets go last: a sandbox at stop, the owner when
+the schedule moved on, or a dead process's guardian once it has unmounted everything).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .._errors import SandboxError
+from .files import remove_tree
+from .guardian import reap_snapshot
+from .keeper import Keeper
+from .unpack import disk_usage
+
+POLL = 0.02
+"""Seconds between looks at a setup another sandbox is running."""
+COPY_TIMEOUT = 3600.0
+
+
+def snapshot_key(image_key: str, setup_key: str) -> str:
+    """The hex naming ``setup_key`` (a task's shareable setup) over image ``image_key``."""
+    return hashlib.sha256(f"{image_key}\0{setup_key}".encode()).hexdigest()[:32]
+
+
+@dataclass
+class Held:
+    """A lock this process holds on a snapshot (a lease, an ownership or a build), with the
+    guardian's copy of it when a keeper was given."""
+
+    hex: str
+    fd: int
+    keeper: Keeper | None = None
+    kept: str | None = None
+    layer: str = ""
+    bytes: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+    def close(self) -> None:
+        """Let the lock go (idempotent); the guardian's copy first, so ours is the last."""
+        if self.keeper is not None and self.kept is not None:
+            self.keeper.drop(self.kept)
+            self.kept = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class SnapshotStore:
+    """The snapshots under ``root`` (see the module docstring); ``owned`` are this process's."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.owned: dict[str, Held] = {}
+
+    def _dir(self, name: str) -> str:
+        path = os.path.join(self.root, name)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
+    def _hold(self, held: Held, keeper: Keeper | None) -> Held:
+        if keeper is not None:
+            held.keeper, held.kept = keeper, keeper.hold(held.fd, (self.root, held.hex))
+        return held
+
+    # -- claiming ----------------------------------------------------------------------------
+
+    async def claim(self, hex_key: str, keeper: Keeper | None, gone: Callable[[], bool]) -> tuple[str, Held]:
+        """``("lease", held)``: the snapshot exists, start from ``held.layer``; or ``("build",
+        held)``: run the setup, then ``freeze``. Waits while another sandbox runs it; ``gone()``
+        true (the claiming runtime stopped) ends the wait with ``SandboxError``; the caller's
+        deadline bounds it."""
+        while True:
+            lease = self._lease(hex_key)
+            if lease is not None:
+                return "lease", self._hold(lease, keeper)
+            fd = os.open(os.path.join(self._dir("locks"), f"{hex_key}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                         0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+            else:
+                lease = self._lease(hex_key)  # finished between our two looks
+                if lease is not None:
+                    os.close(fd)
+                    return "lease", self._hold(lease, keeper)
+                return "build", self._hold(Held(hex_key, fd), keeper)
+            if gone():
+                raise SandboxError(f"setup snapshot {hex_key[:12]}: the runtime waiting for it stopped")
+            await asyncio.sleep(POLL)  # another process runs the setup: nothing here can signal us
+
+    def _lease(self, hex_key: str) -> Held | None:
+        entry = os.path.join(self._dir("entries"), hex_key)
+        meta = os.path.join(entry, "snapshot.json")
+        try:
+            fd = os.open(meta, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # fails only while it is being removed
+            if not os.path.samestat(os.fstat(fd), os.stat(meta)):
+                raise FileNotFoundError(meta)
+            size = int(json.loads(os.pread(fd, 1 << 16, 0)).get("bytes") or 0)
+        except (OSError, ValueError):
+            os.close(fd)
+            return None
+        return Held(hex_key, fd, layer=os.path.join(entry, "layer"), bytes=size)
+
+    # -- freezing ----------------------------------------------------------------------------
+
+    def freeze(self, build: Held, upper: str, about: dict[str, str], keeper: Keeper | None) -> Held:
+        """Copy ``upper`` (an idle sandbox's writable layer) into the store as the snapshot
+        ``build`` claimed, owned by this process; let the build lock go. Returns the ownership."""
+        builds = self._dir("build")
+        for stale in os.listdir(builds):  # left by a process that died freezing it
+            if stale.startswith(f"{build.hex}-"):
+                remove_tree(os.path.join(builds, stale))
+        work = tempfile.mkdtemp(prefix=f"{build.hex}-", dir=builds)
+        try:
+            copy_layer(upper, os.path.join(work, "layer"))
+            size = disk_usage(os.path.join(work, "layer"))
+            with open(os.path.join(work, "snapshot.json"), "w") as f:
+                json.dump({**about, "hex": build.hex, "bytes": size, "created": time.time()}, f)
+            owner = os.open(os.path.join(work, "owner"), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(owner, fcntl.LOCK_EX)  # nobody else can see it yet
+            os.rename(work, os.path.join(self._dir("entries"), build.hex))
+        except BaseException:
+            remove_tree(work)
+            raise
+        finally:
+            build.close()
+        held = self._hold(Held(build.hex, owner, bytes=size), keeper)
+        self.owned[build.hex] = held
+        return held
+
+    # -- letting go ----------------------------------------------------------------------------
+
+    def release(self, held: Held) -> None:
+        """Let a lease (or a build claim) go; remove the snapshot if no one holds it any more."""
+        held.close()
+        with contextlib.suppress(OSError):
+            reap_snapshot(self.root, held.hex)
+
+    def let_go(self, keep: Callable[[str], bool] = lambda hex_key: False) -> list[str]:
+        """Give up this process's ownership of every snapshot ``keep`` does not want; each
+        goes once no sandbox runs on it. Returns the hexes let go."""
+        gone = [h for h in self.owned if not keep(h)]
+        for hex_key in gone:
+            self.release(self.owned.pop(hex_key))
+        return gone
+
+    def owned_bytes(self) -> int:
+        return sum(h.bytes for h in self.owned.values())
+
+
+def copy_layer(source: str, dest: str) -> None:
+    """Copy an overlay's writable layer as root, keeping what makes it one: whiteouts (0/0
+    character devices), ``trusted.overlay.*`` attributes (opaque directories), owners and
+    modes. No link is followed (``cp -a`` copies links as links).
+
+    Raises:
+        SandboxError: the copy failed (e.g. the node's disk is full).
+    """
+    try:
+        done = subprocess.run(["cp", "-a", "--no-dereference", "--preserve=all", "--", source, dest],
+                              capture_output=True, text=True, timeout=COPY_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"freezing a setup snapshot took over {COPY_TIMEOUT:g}s") from None
+    if done.returncode != 0:
+        raise SandboxError(f"cannot freeze a setup snapshot: cp: {done.stderr.strip()[-300:]}")
