@@ -22,7 +22,7 @@ socket, and the guardian, within ``BUDGET`` seconds:
    removes the snapshots and unfinished snapshot builds no one else holds (``reap_snapshot``).
 
 Over the socket the host sends ``hold ID [STORE HEX]`` with a descriptor attached, and ``drop
-ID`` when it let that lease go itself.
+ID`` when it lets that lease go itself (answered ``dropped`` once the copy is closed).
 
 The helpers are shared with the runtimes, which import this file as a module.
 """
@@ -191,6 +191,7 @@ def reap_snapshot(store: str, hex_key: str) -> bool:
             held.append(fd)
         trash = os.path.join(store, "trash", f"{hex_key}-{os.urandom(4).hex()}")
         try:
+            os.makedirs(os.path.dirname(trash), 0o700, exist_ok=True)
             os.rename(entry, trash)  # while locked: a lease taken meanwhile finds it gone
         except OSError:
             return False
@@ -219,8 +220,10 @@ def _serve(channel: socket.socket) -> dict[str, tuple[int, list[str]]]:
         words = message.decode(errors="replace").split()
         if words[:1] == ["hold"] and len(words) >= 2 and fds:
             held[words[1]] = (fds[0], words[2:4])
-        elif words[:1] == ["drop"] and len(words) == 2 and words[1] in held:
-            os.close(held.pop(words[1])[0])
+        elif words[:1] == ["drop"] and len(words) == 2:
+            if words[1] in held:
+                os.close(held.pop(words[1])[0])
+            channel.send(b"dropped")  # the host's lock may be the last one now: it reaps
         else:
             for fd in fds:
                 os.close(fd)

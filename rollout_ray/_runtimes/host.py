@@ -27,6 +27,7 @@ from .._errors import RuntimeStopped
 from .._record.trace import RuntimeInfo
 from .cgroup import HostCgroups, tracking_controller
 from .guardian import HOST_MARKER
+from .image_cache import default_image_cache
 from .keeper import Keeper, socket_pair
 from .local import LocalRuntime
 from .sandbox import SandboxRuntime, sandbox_unavailable
@@ -255,6 +256,7 @@ class RuntimeHost:
         """Stop every runtime and let the guardian go; the host is unusable afterwards."""
         self._closed.set()
         await asyncio.gather(*(r.stop() for r in self._runtimes.values()), return_exceptions=True)
+        await asyncio.to_thread(default_image_cache().snapshots.let_go)  # each goes once unused
         await asyncio.to_thread(self._cgroups.remove)
         await asyncio.to_thread(shutil.rmtree, self.root, True)
         self.keeper.close()  # the guardian finds nothing left and exits

@@ -53,6 +53,9 @@ import sys
 import sysconfig
 import tempfile
 
+from . import skeleton
+from .skeleton import Bind, Link
+
 SANDBOX_UID = 1000
 SANDBOX_USER = "sandbox"
 HOSTNAME = "rollout-ray"
@@ -130,7 +133,7 @@ def _base_prefix() -> str:
 def _python_args() -> list[str]:
     exe, roots = interpreter(), {_base_prefix()}
     # An interpreter outside its base installation brings its own tree, unless it was copied
-    # into a virtual environment (then only the file is bound, by _environment_args).
+    # into a virtual environment (then only the file is bound, by _environment).
     if not _within(exe, (*roots, os.path.abspath(sys.prefix))):
         roots.add(os.path.dirname(os.path.dirname(exe)))
     return [a for r in sorted(roots) if not _visible(r) for a in ("--ro-bind", r, r)]
@@ -157,76 +160,34 @@ def program_path() -> str:
 
 
 @functools.cache
-def _environment_args() -> tuple[str, ...]:
-    """The running Python's links and its virtual environment (see the module docstring). Made
-    after ``/tmp`` is mounted: a checkout under the host's ``/tmp`` (a CI clone) would
-    otherwise be hidden under the runtime's ``/tmp``. There, programs write: a link planted on
-    the way to a mount point bwrap makes would steer it (a ``mkdir``, a ``--symlink``) onto the
-    host, since bwrap resolves it before its root is pivoted. So what lies under ``/tmp`` is
-    built on the host instead, in a read-only skeleton bound over its top directory
-    (``_skeleton``): bwrap then makes nothing where a program writes."""
+def _environment() -> tuple[tuple[Bind, ...], tuple[Link, ...]]:
+    """The running Python's links and its virtual environment (see the module docstring), as
+    binds and links. Made after ``/tmp`` is mounted: a checkout under the host's ``/tmp`` (a CI
+    clone) would otherwise be hidden under the runtime's ``/tmp`` (``skeleton.py`` keeps bwrap
+    from making their mount points where programs write)."""
     exe, venv = interpreter(), _venv()
     names = {os.path.abspath(sys.executable)} if sys.executable else set()
-    binds: list[tuple[str, str]] = []
+    binds: list[Bind] = []
     if venv is not None:
         version = f"python{sys.version_info.major}.{sys.version_info.minor}"
         names |= {os.path.join(venv, "bin", n) for n in ("python", "python3", version)}
         if _within(exe, (venv,)):  # an interpreter copied into the environment (--copies)
-            binds.append((exe, exe))
-        binds += [(p, p) for p in [os.path.join(venv, "pyvenv.cfg"), *_site_packages(venv)]]
+            binds.append((exe, exe, False))
+        binds += [(p, p, False) for p in [os.path.join(venv, "pyvenv.cfg"), *_site_packages(venv)]]
     # Where a link itself is (not what it resolves to): under a system dir it already exists.
     links = [(exe, n) for n in sorted(names) if n != exe and not _within(n, SYSTEM + (_base_prefix(),))]
-    args: list[str] = []
-    tops = sorted({top for _, dest in binds + links if (top := _writable_top(dest)) is not None})
-    for top in tops:
-        args += ["--ro-bind", _skeleton(top, tuple(binds), tuple(links)), top]
-    for source, dest in binds:
-        args += ["--ro-bind", source, dest]
-    for target, name in links:
-        if _writable_top(name) is None:
-            args += ["--symlink", target, name]
-    return tuple(args)
+    return tuple(binds), tuple(links)
 
 
-WRITABLE = ("/tmp", "/var/tmp")
-"""Where programs write, among the places bwrap makes mount points for the environment."""
+def _runtime_mounts(base: str, workdir: str) -> tuple[list[Bind], list[Link]]:
+    """The work directory (read-write, at its host path) and the environment."""
+    binds, links = _environment()
+    return [(workdir, workdir, True), *binds], list(links)
 
 
-def _writable_top(path: str) -> str | None:
-    """The directory right under ``/tmp`` (or ``/var/tmp``) that holds ``path``, if any."""
-    for place in WRITABLE:
-        if _within(path, (place,)) and path != place:
-            return os.path.join(place, os.path.relpath(path, place).split(os.sep)[0])
-    return None
-
-
-@functools.cache
-def _skeleton(top: str, binds: tuple[tuple[str, str], ...], links: tuple[tuple[str, str], ...]) -> str:
-    """A private host directory holding, as they lie under ``top``, the mount points of
-    ``binds`` (empty directories and files) and the ``links``: bound read-only over ``top``,
-    it leaves bwrap nothing to make under a directory programs write. Removed at exit."""
-    skeleton = tempfile.mkdtemp(prefix="rollout-ray-tmp-skeleton-")
-    atexit.register(shutil.rmtree, skeleton, True)
-    os.chmod(skeleton, 0o755)
-
-    def inside(path: str) -> str:
-        return os.path.join(skeleton, os.path.relpath(path, top))
-
-    for source, dest in binds:
-        if _writable_top(dest) == top:
-            os.makedirs(os.path.dirname(inside(dest)), 0o755, exist_ok=True)
-            if os.path.isdir(source):
-                os.makedirs(inside(dest), 0o755, exist_ok=True)
-            else:
-                open(inside(dest), "a").close()
-    for target, name in links:
-        if _writable_top(name) == top:
-            os.makedirs(os.path.dirname(inside(name)), 0o755, exist_ok=True)
-            os.symlink(target, inside(name))
-    for parent, dirs, _ in os.walk(skeleton):
-        for d in dirs:
-            os.chmod(os.path.join(parent, d), 0o755)
-    return skeleton
+def make_skeletons(base: str, workdir: str) -> None:
+    """The runtime's skeletons under its ``/tmp`` (``skeleton.py``), at its start."""
+    skeleton.make(base, *_runtime_mounts(base, workdir))
 
 
 @functools.cache
@@ -255,9 +216,8 @@ def runtime_args(base: str, workdir: str) -> list[str]:
     prefix, where an absolute ``/tmp`` would point out of it and a work directory under
     ``/var/tmp`` could not be made."""
     return ["--bind", os.path.join(base, "tmp"), "/tmp", "--symlink", "../tmp", "/var/tmp",
-            "--bind", workdir, workdir, "--ro-bind", os.path.join(base, "net"), RUN_DIR,
-            "--ro-bind", os.path.join(base, "grader"), GRADER_DIR,
-            *_environment_args(), "--chdir", workdir, "--remount-ro", "/"]
+            "--ro-bind", os.path.join(base, "net"), RUN_DIR, "--ro-bind", os.path.join(base, "grader"), GRADER_DIR,
+            *skeleton.args(base, *_runtime_mounts(base, workdir)), "--chdir", workdir, "--remount-ro", "/"]
 
 
 def write_run_files(directory: str, home: str) -> None:

@@ -71,6 +71,7 @@ from .layout import (
     RUN_DIR,
     SUBDIRS,
     interpreter,
+    make_skeletons,
     namespace_args,
     prepare,
     program_path,
@@ -227,6 +228,7 @@ class SandboxRuntime(LocalRuntime):
         write_run_files(os.path.join(self._base, "net"), home=os.path.join(self._base, "work"))
         if self._image is None:
             prepare()  # builds the /etc snapshot once per process: here, off the event loop
+            make_skeletons(self._base, os.path.join(self._base, "work"))
             return
         try:
             self._workdir = self._image.mount()

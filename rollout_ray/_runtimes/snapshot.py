@@ -131,9 +131,13 @@ class SnapshotStore:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # fails only while it is being removed
             if not os.path.samestat(os.fstat(fd), os.stat(meta)):
                 raise FileNotFoundError(meta)
+            if not _owned(os.path.join(entry, "owner")):
+                raise FileNotFoundError(meta)  # its owner is gone: never started from again
             size = int(json.loads(os.pread(fd, 1 << 16, 0)).get("bytes") or 0)
         except (OSError, ValueError):
             os.close(fd)
+            with contextlib.suppress(OSError):
+                reap_snapshot(self.root, hex_key)
             return None
         return Held(hex_key, fd, layer=os.path.join(entry, "layer"), bytes=size)
 
@@ -182,6 +186,19 @@ class SnapshotStore:
 
     def owned_bytes(self) -> int:
         return sum(h.bytes for h in self.owned.values())
+
+
+def _owned(path: str) -> bool:
+    """Whether a process holds the owner lock ``path`` (a snapshot whose owner let go, or died,
+    is left to its last users: the setup it froze may be another version's by now)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def copy_layer(source: str, dest: str) -> None:
