@@ -21,7 +21,7 @@ socket, and the guardian, within ``BUDGET`` seconds:
    layer is still mounted: no eviction can remove a layer before step 3 unmounted it. Then it
    removes the snapshots and unfinished snapshot builds no one else holds (``reap_snapshot``).
 
-Over the socket the host sends ``hold ID [STORE HEX]`` with a descriptor attached, and ``drop
+Over the socket the host sends ``hold ID [STORE ENTRY]`` with a descriptor attached, and ``drop
 ID`` when it lets that lease go itself (answered ``dropped`` once the copy is closed).
 
 The helpers are shared with the runtimes, which import this file as a module.
@@ -168,10 +168,11 @@ def _locked_at_once(path: str) -> int | None:
     return fd
 
 
-def reap_snapshot(store: str, hex_key: str) -> bool:
-    """Remove snapshot ``hex_key`` of the snapshot store at ``store`` if no one holds it (its
-    owner's lock and its users' leases all free), and any build of it no one is making.
-    Returns whether the snapshot was removed."""
+def reap_snapshot(store: str, entry_name: str) -> bool:
+    """Remove snapshot ``entry_name`` (``<hex>.<generation>``) of the snapshot store at
+    ``store`` if no one holds it (its owner's lock and its users' leases all free), and any
+    build of its setup ``<hex>`` no one is making. Returns whether the snapshot was removed."""
+    hex_key = entry_name.split(".")[0]
     building = _locked_at_once(os.path.join(store, "locks", f"{hex_key}.lock"))
     if building is not None:
         try:
@@ -181,7 +182,7 @@ def reap_snapshot(store: str, hex_key: str) -> bool:
                     shutil.rmtree(os.path.join(builds, name), ignore_errors=True)
         finally:
             os.close(building)
-    entry = os.path.join(store, "entries", hex_key)
+    entry = os.path.join(store, "entries", entry_name)
     held = []
     try:
         for name in ("owner", "snapshot.json"):
@@ -189,7 +190,7 @@ def reap_snapshot(store: str, hex_key: str) -> bool:
             if fd is None:
                 return False
             held.append(fd)
-        trash = os.path.join(store, "trash", f"{hex_key}-{os.urandom(4).hex()}")
+        trash = os.path.join(store, "trash", f"{entry_name}-{os.urandom(4).hex()}")
         try:
             os.makedirs(os.path.dirname(trash), 0o700, exist_ok=True)
             os.rename(entry, trash)  # while locked: a lease taken meanwhile finds it gone

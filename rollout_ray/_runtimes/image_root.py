@@ -32,7 +32,7 @@ class ImageRoot:
         self._kit: list[str] = []
         self._root: list[str] = []
         self.snapshot: str | None = None
-        """The setup snapshot the root stands on (its hex), if any."""
+        """The setup snapshot the root stands on (its entry, ``<hex>.<gen>``), if any."""
         self._snapshot_lease: Held | None = None
         self._building: Held | None = None
         self._setup_key = ""
@@ -64,8 +64,8 @@ class ImageRoot:
             return "build", None
         self._snapshot_lease = held
         await asyncio.to_thread(self._restack, held.layer)
-        self.snapshot = hex_key
-        return "snapshot", hex_key
+        self.snapshot = held.entry
+        return "snapshot", held.entry
 
     def _restack(self, layer: str) -> None:
         """Remake the root over ``layer`` above the image, with an empty writable layer."""
@@ -83,7 +83,7 @@ class ImageRoot:
         building, self._building = self._building, None
         held = self._cache.snapshots.freeze(building, os.path.join(self.base, "upper"),
                                             {"setup": self._setup_key, "image": self.lease.key}, self._keeper)
-        return held.hex
+        return held.entry
 
     # -- letting go ----------------------------------------------------------------------------
 

@@ -8,14 +8,16 @@ where setup left off, and what it writes stays its own (copy on write).
 
 Under the image cache's root (``v1/snapshots``)::
 
-    entries/<hex>/layer          the frozen layer: files, whiteouts and opaque directories as overlay made them
-    entries/<hex>/snapshot.json  what it is; sandboxes started from it hold shared locks on it (leases)
-    entries/<hex>/owner          its owner's exclusive lock: the process that built it keeps it for the group
+    entries/<hex>.<gen>/layer          the frozen layer: files, whiteouts and opaque directories as overlay made them
+    entries/<hex>.<gen>/snapshot.json  what it is; sandboxes started from it hold shared locks on it (leases)
+    entries/<hex>.<gen>/owner          its owner's exclusive lock: the process that built it keeps it for the group
     locks/<hex>.lock             held by the sandbox running the setup, until it froze it (or stopped)
     build/<hex>-<random>/        a snapshot being written, renamed into entries/ when complete
     trash/                       snapshots on their way out
 
-``<hex>`` names the setup (the task's class and data) over one image. Single flight: the first
+``<hex>`` names the setup (the task's class and data) over one image; ``<gen>`` one freezing of
+it (a snapshot whose owner let go is never started from again: its setup may be another
+version's by now; the next claim builds a new one beside it). Single flight: the first
 sandbox to ``claim`` a setup takes its lock and runs it; the others wait for the lock, then find
 the snapshot (or, if the first one's setup failed, one of them runs it). Nothing is kept
 longer than someone holds it: a snapshot goes when its owner and every sandbox on it have let
@@ -34,6 +36,7 @@ import os
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -60,6 +63,8 @@ class Held:
 
     hex: str
     fd: int
+    entry: str = ""
+    """Its directory's name under ``entries`` (``<hex>.<gen>``); ``""`` for a build claim."""
     keeper: Keeper | None = None
     kept: str | None = None
     layer: str = ""
@@ -90,7 +95,7 @@ class SnapshotStore:
 
     def _hold(self, held: Held, keeper: Keeper | None) -> Held:
         if keeper is not None:
-            held.keeper, held.kept = keeper, keeper.hold(held.fd, (self.root, held.hex))
+            held.keeper, held.kept = keeper, keeper.hold(held.fd, (self.root, held.entry or held.hex))
         return held
 
     # -- claiming ----------------------------------------------------------------------------
@@ -121,7 +126,15 @@ class SnapshotStore:
             await asyncio.sleep(POLL)  # another process runs the setup: nothing here can signal us
 
     def _lease(self, hex_key: str) -> Held | None:
-        entry = os.path.join(self._dir("entries"), hex_key)
+        """A lease on the snapshot of ``hex_key`` that has an owner, if one exists."""
+        entries = self._dir("entries")
+        for name in sorted(n for n in os.listdir(entries) if n.split(".")[0] == hex_key):
+            lease = self._lease_entry(hex_key, os.path.join(entries, name))
+            if lease is not None:
+                return lease
+        return None
+
+    def _lease_entry(self, hex_key: str, entry: str) -> Held | None:
         meta = os.path.join(entry, "snapshot.json")
         try:
             fd = os.open(meta, os.O_RDONLY | os.O_CLOEXEC)
@@ -137,9 +150,9 @@ class SnapshotStore:
         except (OSError, ValueError):
             os.close(fd)
             with contextlib.suppress(OSError):
-                reap_snapshot(self.root, hex_key)
+                reap_snapshot(self.root, os.path.basename(entry))
             return None
-        return Held(hex_key, fd, layer=os.path.join(entry, "layer"), bytes=size)
+        return Held(hex_key, fd, os.path.basename(entry), layer=os.path.join(entry, "layer"), bytes=size)
 
     # -- freezing ----------------------------------------------------------------------------
 
@@ -158,13 +171,16 @@ class SnapshotStore:
                 json.dump({**about, "hex": build.hex, "bytes": size, "created": time.time()}, f)
             owner = os.open(os.path.join(work, "owner"), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
             fcntl.flock(owner, fcntl.LOCK_EX)  # nobody else can see it yet
-            os.rename(work, os.path.join(self._dir("entries"), build.hex))
+            entry = f"{build.hex}.{uuid.uuid4().hex[:8]}"
+            os.rename(work, os.path.join(self._dir("entries"), entry))
         except BaseException:
             remove_tree(work)
             raise
         finally:
             build.close()
-        held = self._hold(Held(build.hex, owner, bytes=size), keeper)
+        held = self._hold(Held(build.hex, owner, entry, bytes=size), keeper)
+        if build.hex in self.owned:  # one it let go of is never started from: no longer needed
+            self.release(self.owned.pop(build.hex))
         self.owned[build.hex] = held
         return held
 
@@ -174,15 +190,15 @@ class SnapshotStore:
         """Let a lease (or a build claim) go; remove the snapshot if no one holds it any more."""
         held.close()
         with contextlib.suppress(OSError):
-            reap_snapshot(self.root, held.hex)
+            reap_snapshot(self.root, held.entry or held.hex)
 
     def let_go(self, keep: Callable[[str], bool] = lambda hex_key: False) -> list[str]:
-        """Give up this process's ownership of every snapshot ``keep`` does not want; each
-        goes once no sandbox runs on it. Returns the hexes let go."""
-        gone = [h for h in self.owned if not keep(h)]
-        for hex_key in gone:
-            self.release(self.owned.pop(hex_key))
-        return gone
+        """Give up this process's ownership of every snapshot whose hex ``keep`` does not want;
+        each goes once no sandbox runs on it. Returns their entries."""
+        gone = [self.owned.pop(h) for h in list(self.owned) if not keep(h)]
+        for held in gone:
+            self.release(held)
+        return [held.entry for held in gone]
 
     def owned_bytes(self) -> int:
         return sum(h.bytes for h in self.owned.values())
