@@ -43,6 +43,7 @@ from .._core.task import Task
 from .._errors import InfrastructureLost, ProviderError, ResumeMismatch
 from .._hosting.executor import Executor, failed_trace
 from .._hosting.gc_tuning import tuned_for_rollouts
+from .._hosting.lookahead import lookahead
 from .._hosting.spec import RolloutSpec
 from .._record.arrow import RolloutRecord, warm_arrow
 from .._record.store import read_groups, read_run
@@ -301,7 +302,9 @@ class Driver(PolicyOwner):
             log.warning("the executor runs at most %d rollouts at once, below max_in_flight=%d: "
                         "the rest wait for room in it", bound, self.config.max_in_flight)
         async with asyncio.TaskGroup() as tg:
-            for position, task, group_id, sample_idx in self._plan():
+            # The executor hears what comes next (warm sandboxes per image, setup snapshots kept).
+            async for position, task, group_id, sample_idx in lookahead(
+                    self._plan(), self.config.max_in_flight, self.executor.prepare, task_of=lambda item: item[1]):
                 await slots.acquire()
                 if self._halt.is_set():
                     slots.release()

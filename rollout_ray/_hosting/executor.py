@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
+from .._core.task import Task
 from .._record.trace import AgentInfo, Timing, Trace
 from .spec import RolloutSpec
 
@@ -60,6 +62,12 @@ class Executor(ABC):
         process's (``process_gate()``), which an executor sharing it may set. An executor
         wrapping another forwards the call to it.
         """
+
+    async def prepare(self, upcoming: Sequence[Task], admitted: Sequence[Task] = ()) -> None:
+        """The schedule ahead (``lookahead``): the tasks of the next rollouts the driver will
+        admit, in order (one per sample), and of those it admitted last, which may still be
+        starting. An executor whose nodes run images starts their sandboxes ahead (a warm
+        pool per image) and keeps the setup snapshots still needed. This one does nothing."""
 
     def statistics(self) -> dict[str, Any]:
         return {}

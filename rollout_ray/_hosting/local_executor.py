@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 
 from .._core.policy_gate import PolicyGate
 from .._core.runtime import Runtime
+from .._core.task import Task
 from .._record.trace import Trace
 from .._runtimes.host import RuntimeHost, runtime_kind
 from .._serving.proxy import HTTPInterception
@@ -13,6 +15,7 @@ from .._serving.tool_server import ToolServer
 from .executor import Executor
 from .host import build_rollout
 from .lazy_runtime import LazyRuntime
+from .lookahead import wanted
 from .spec import RolloutSpec
 
 
@@ -57,6 +60,12 @@ class LocalExecutor(Executor):
 
     async def set_policy(self, version: int | None, paused: bool) -> None:
         self.policy.set(version, paused)
+
+    async def prepare(self, upcoming: Sequence[Task], admitted: Sequence[Task] = ()) -> None:
+        """Its host's warm pool starts sandboxes for the upcoming rollouts over images; its setup
+        snapshots no longer needed are let go."""
+        if self._runtimes is not None:
+            await self._runtimes.prepare(*wanted(upcoming, admitted))
 
     def _new_runtime(self, name: str, image: str | None = None) -> Runtime:
         assert self._runtimes is not None

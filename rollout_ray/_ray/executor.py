@@ -16,14 +16,18 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .._core.task import Task
 from .._errors import InfrastructureLost
 from .._hosting.executor import Executor, failed_trace
+from .._hosting.lookahead import wanted
 from .._hosting.spec import RolloutSpec
 from .._record.trace import Trace
 from .._runtimes.host import runtime_kind
+from .._runtimes.start_gate import StartLimits
 from .calls import SHUTDOWN_GRACE, call
 from .head import init_ray
 from .rollout_client import RolloutActor
+from .start_limiter import create_limiter
 
 log = logging.getLogger("rollout_ray")
 
@@ -66,12 +70,16 @@ class RayExecutor(Executor):
             ``"local"`` or ``"sandbox"``.
         probe_interval / probe_timeout: how often each actor is pinged, and how long it may
             take to answer before it counts as hung.
+        sandbox_starts: the cluster's cap on sandbox starts (at once, a second), shared by every
+            driver of the cluster (the first one's holds); each node has its own too
+            (``ROLLOUT_RAY_NODE_STARTS``, ``ROLLOUT_RAY_NODE_START_RATE``). Default: none.
     """
 
     def __init__(self, *, actors: int | None = None, capacity: int | None = None, address: str | None = None,
                  actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
                  replacement_options: Mapping[str, Any] | None = None, runtime: str = "auto",
-                 probe_interval: float = 2.0, probe_timeout: float = 30.0) -> None:
+                 probe_interval: float = 2.0, probe_timeout: float = 30.0,
+                 sandbox_starts: StartLimits | None = None) -> None:
         if (actors is not None and actors < 1) or (capacity is not None and capacity < 1):
             raise ValueError(f"actors and capacity must be >= 1, got {actors} and {capacity}")
         options: list[dict[str, Any]] | dict[str, Any] | None
@@ -97,11 +105,16 @@ class RayExecutor(Executor):
         self._shipped: set[type] = set()
         self.replaced = 0
         self._started_ray = False
+        self.sandbox_starts = sandbox_starts
+        self._limiter: Any = None
+        self._prepared: tuple[dict[str, int], list[tuple[str, str]]] | None = None
 
     async def start(self) -> None:
         if not ray.is_initialized():
             init_ray(self.address)
             self._started_ray = True
+        if self.sandbox_starts is not None:  # before the actors: their runtime actors look it up
+            self._limiter = create_limiter(self.sandbox_starts)
         if self.actors is None:
             self.actors = default_actors()
         options = self._options
@@ -198,6 +211,23 @@ class RayExecutor(Executor):
             return failed_trace(spec, InfrastructureLost(f"rollout actor died: {type(e).__name__}"))
         finally:
             self._load[index] -= 1
+
+    async def prepare(self, upcoming: Sequence[Task], admitted: Sequence[Task] = ()) -> None:
+        """Each actor's runtime actor hears its share of the rollouts coming over each image (its
+        warm pool fills) and the shareable setups still needed; only when that changed, and
+        never for a taskset without images."""
+        images, setups = wanted(upcoming, admitted)
+        actors = [a for a in self._pool if a is not None]
+        share = {image: -(-n // len(actors)) for image, n in images.items()} if actors else {}
+        message = (share, sorted(setups))
+        if not actors or message == self._prepared or (self._prepared is None and not images and not setups):
+            return
+        self._prepared = message
+        outcomes = await asyncio.gather(*(call(a.actor.prepare.remote(*message), timeout=self.probe_timeout)
+                                          for a in actors), return_exceptions=True)
+        for outcome in outcomes:  # a dead or slow actor misses a warm pool: its rollouts start cold
+            if isinstance(outcome, BaseException) and not isinstance(outcome, (RayActorError, TimeoutError)):
+                raise outcome
 
     def _ship_by_value(self, spec: RolloutSpec) -> None:
         for cls in (type(spec.task), type(spec.harness), type(spec.model)):

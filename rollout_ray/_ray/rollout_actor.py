@@ -167,6 +167,12 @@ class _RolloutActor:
     def ping(self) -> None:
         """Answers at once unless the actor's event loop is stuck (``RayExecutor`` probes it)."""
 
+    async def prepare(self, images: dict[str, int], setups: list[tuple[str, str]]) -> None:
+        """The schedule ahead, for its runtime actor (``RuntimeHost.prepare``): started now if
+        rollouts over images are coming."""
+        if images or self._runtimes is not None:
+            await call(self._runtime_actor().prepare.remote(images, setups), timeout=PROBE_TIMEOUT)
+
     async def set_policy(self, version: int | None, paused: bool) -> None:
         """This actor's rollouts, and its sessions at the node's services, see ``version`` and
         the pause. Paused here first and resumed here last, so no agent clock runs while the

@@ -7,10 +7,23 @@ from typing import Any
 import ray
 
 from .._runtimes.host import RuntimeHost
+from .._runtimes.start_gate import node_gate
 from .calls import SHUTDOWN_GRACE, stop_actor
 from .remote_runtime import RemoteRuntime
+from .start_limiter import ClusterStartGate, find_limiter
 
-RuntimeActorClass = ray.remote(num_cpus=0, max_concurrency=1000)(RuntimeHost)
+
+class _RuntimeActor(RuntimeHost):
+    """A ``RuntimeHost`` whose sandbox starts pass the node's gate, then the cluster's, when a
+    driver set cluster caps (``start_limiter``)."""
+
+    def __init__(self, root: str | None = None, *, kind: str = "auto") -> None:
+        limiter = find_limiter()
+        gates = None if limiter is None else (node_gate(), ClusterStartGate(limiter))
+        super().__init__(root, kind=kind, start_gates=gates)
+
+
+RuntimeActorClass = ray.remote(num_cpus=0, max_concurrency=1000)(_RuntimeActor)
 """``RuntimeHost`` made remote; a ``RolloutActor`` creates one for the runtimes it owns."""
 
 

@@ -12,18 +12,20 @@ dead rollout owned.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
-from .._errors import RuntimeStopped
+from .._errors import RuntimeStopped, SandboxError
 from .._record.trace import RuntimeInfo
 from .cgroup import HostCgroups, tracking_controller
 from .guardian import HOST_MARKER
@@ -31,12 +33,18 @@ from .image_cache import default_image_cache
 from .keeper import Keeper, socket_pair
 from .local import LocalRuntime
 from .sandbox import SandboxRuntime, sandbox_unavailable
+from .start_gate import StartGate, node_gate
+from .warm_pool import DEFAULT_MAX_IDLE, WarmPool
 
 _GUARDIAN = os.path.join(os.path.dirname(__file__), "guardian.py")
 
 
 _PRUNE_AT = 1024
 """Runtimes held before the stopped ones are forgotten."""
+POOL_OWNER = "warm-pool"
+"""The owner of a warm pool's members until a rollout's runtime adopts one."""
+CHECK_TIMEOUT = 60.0
+"""Seconds a pool member's first ``true`` may take."""
 
 
 RUNTIME_KINDS = ("auto", "local", "sandbox")
@@ -77,9 +85,13 @@ class RuntimeHost:
     Args:
         root: the directory under which the host's runtimes live (default: a new temp dir).
         kind: the runtime kind it makes (``auto``: see ``runtime_kind``).
+        start_gates: the caps on sandbox starts its sandboxes pass (``start_gate.py``);
+            default: the node's (``node_gate``).
+        max_idle: the most idle sandboxes its warm pool keeps (``warm_pool.py``).
     """
 
-    def __init__(self, root: str | None = None, *, kind: str = "auto") -> None:
+    def __init__(self, root: str | None = None, *, kind: str = "auto", start_gates: Sequence[StartGate] | None = None,
+                 max_idle: int = DEFAULT_MAX_IDLE) -> None:
         self.kind, _ = runtime_kind(kind)
         self.root = root or tempfile.mkdtemp(prefix="rollout-ray-host-")
         self.token = uuid.uuid4().hex
@@ -88,7 +100,7 @@ class RuntimeHost:
         self._gone: set[str] = set()
         self._prune_at = _PRUNE_AT
         self._closed = asyncio.Event()
-        controllers = ("pids", "memory") if kind == "sandbox" else (tracking_controller(),)
+        controllers = ("pids", "memory") if self.kind == "sandbox" else (tracking_controller(),)
         self._cgroups = HostCgroups(f"rollout-ray-host-{self.token[:16]}", controllers, self.root)
         # The guardian reads the other end of this socket; the kernel closes ours when we die.
         ours, theirs = socket_pair()
@@ -104,6 +116,9 @@ class RuntimeHost:
         self.guardian_pid_value = int(launcher.stdout.readline())
         launcher.stdout.close()
         launcher.wait()  # the launcher exits at once; the detached guardian lives on
+        self._gates = tuple(start_gates) if start_gates is not None else (node_gate(),)
+        self.pool = WarmPool(self._start_member, self._stop_member, max_idle)
+        self._members = itertools.count()
 
     def guardian_pid(self) -> int:
         """Process id of the guardian (tests wait for it to finish cleaning)."""
@@ -131,12 +146,20 @@ class RuntimeHost:
         """``create``, returning the runtime itself, for a caller in this process to drive.
 
         It is the guardian's to clean up if this process dies; its caller starts and stops it.
+        Over an image, it may be a member of the warm pool: started already.
 
         Raises:
             SandboxError: an ``image`` for a host of local runtimes.
         """
         if name in self._runtimes or name in self._gone:
             raise ValueError(f"runtime {name!r} already exists on this host")
+        member = self.pool.take(image) if image is not None and self.kind == "sandbox" and env is None else None
+        if member is not None:  # warm: started before it was asked for
+            self._adopt(member, name, owner)
+            return member
+        return self._make(name, owner, env, image)
+
+    def _make(self, name: str, owner: str | None, env: Mapping[str, str] | None, image: str | None) -> Runtime:
         if len(self._runtimes) >= self._prune_at:
             self._forget_stopped()
             # Amortised: with many runtimes live, the next scan waits until as many more exist.
@@ -145,7 +168,7 @@ class RuntimeHost:
         runtime: Runtime
         if self.kind == "sandbox":
             runtime = SandboxRuntime(name, root=self.root, env=env, cgroup_parents=self._cgroups.parents, image=image,
-                                     keeper=self.keeper)
+                                     keeper=self.keeper, start_gates=self._gates)
         else:
             runtime = LocalRuntime(name, root=self.root, env=env, cgroup_parents=self._cgroups.parents, image=image)
         self._runtimes[name] = runtime
@@ -173,9 +196,51 @@ class RuntimeHost:
         """
         if name in self._gone:
             raise RuntimeStopped(f"runtime {name!r} is stopped or unknown on this host")
-        if name not in self._runtimes:
-            await self.create(name, owner=owner, image=image)
-        return await self.start(name)
+        runtime = self._runtimes.get(name) or self.new_runtime(name, owner=owner, image=image)
+        cold, started = not runtime.started, time.monotonic()
+        await self.start(name)
+        if cold and image is not None:
+            self.pool.measured(image, time.monotonic() - started)
+        return runtime.info()
+
+    # -- the warm pool -----------------------------------------------------------------------
+
+    async def prepare(self, images: Mapping[str, int], setups: Collection[tuple[str, str]] = ()) -> None:
+        """The schedule ahead (``Executor.prepare``): how many rollouts over each image may come
+        to this host (its warm pool fills to what it measured they need, and drops what is
+        no longer coming), and which shareable setups ``(image, setup key)`` are still to come
+        (the setup snapshots it owns of others are let go)."""
+        surplus = self.pool.want(images if self.kind == "sandbox" else {})
+        await asyncio.gather(*(self.stop(m.name) for m in surplus), return_exceptions=True)
+        wanted = set(setups)
+        await asyncio.to_thread(default_image_cache().snapshots.let_go, lambda held: held.label in wanted)
+
+    async def _start_member(self, image: str) -> SandboxRuntime:
+        runtime = self._make(f"pool-{next(self._members)}-{self.token[:8]}", POOL_OWNER, None, image)
+        assert isinstance(runtime, SandboxRuntime)
+        started = time.monotonic()
+        try:
+            await runtime.start()
+            check = await runtime.exec(["true"], timeout=CHECK_TIMEOUT)
+            if check.exit_code != 0:
+                raise SandboxError(f"a sandbox over image {image!r} cannot run `true`: exit {check.exit_code}, "
+                                   f"{check.stderr.strip()[-200:]}")
+        except BaseException:
+            await self.stop(runtime.name)
+            raise
+        self.pool.measured(image, time.monotonic() - started)
+        return runtime
+
+    async def _stop_member(self, runtime: SandboxRuntime) -> None:
+        await self.stop(runtime.name)
+
+    def _adopt(self, member: Runtime, name: str, owner: str | None) -> None:
+        """A pool member becomes runtime ``name`` of ``owner``."""
+        self._runtimes.pop(member.name, None)
+        self._owners.pop(member.name, None)
+        member.name = name
+        self._runtimes[name] = member
+        self._owners[name] = owner
 
     async def start(self, name: str) -> RuntimeInfo:
         runtime = self._get(name)
@@ -255,6 +320,7 @@ class RuntimeHost:
     async def shutdown(self) -> None:
         """Stop every runtime and let the guardian go; the host is unusable afterwards."""
         self._closed.set()
+        await self.pool.close()  # its members are among the runtimes
         await asyncio.gather(*(r.stop() for r in self._runtimes.values()), return_exceptions=True)
         await asyncio.to_thread(default_image_cache().snapshots.let_go)  # each goes once unused
         await asyncio.to_thread(self._cgroups.remove)
@@ -263,4 +329,7 @@ class RuntimeHost:
 
     def statistics(self) -> dict[str, Any]:
         live = self.names()
-        return {"runtimes": len(live), "owners": len({self._owners[n] for n in live})}
+        found: dict[str, Any] = {"runtimes": len(live), "owners": len({self._owners[n] for n in live})}
+        if self.pool.stats:  # once an image was asked for
+            found["pool"] = self.pool.statistics()
+        return found

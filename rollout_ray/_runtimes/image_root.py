@@ -21,10 +21,11 @@ from .snapshot import Held, snapshot_key
 
 
 class ImageRoot:
-    """The image ``lease`` mounted in ``base`` (a runtime's directory), from ``cache``."""
+    """The image ``lease`` (of image ``spec``) mounted in ``base`` (a runtime's directory), from ``cache``."""
 
-    def __init__(self, base: str, lease: ImageLease, cache: ImageCache, keeper: Keeper | None) -> None:
+    def __init__(self, base: str, lease: ImageLease, cache: ImageCache, keeper: Keeper | None, spec: str) -> None:
         self.base = base
+        self.spec = spec
         self.lease = lease
         self._cache = cache
         self._keeper = keeper
@@ -82,7 +83,8 @@ class ImageRoot:
             return None
         building, self._building = self._building, None
         held = self._cache.snapshots.freeze(building, os.path.join(self.base, "upper"),
-                                            {"setup": self._setup_key, "image": self.lease.key}, self._keeper)
+                                            {"setup": self._setup_key, "image": self.lease.key}, self._keeper,
+                                            label=(self.spec, self._setup_key))
         return held.entry
 
     # -- letting go ----------------------------------------------------------------------------

@@ -199,6 +199,12 @@ class LocalRuntime(Runtime):
             transport.close()  # kills the direct child if the scans could not see it yet
             await asyncio.wait([proto.exited], timeout=KILL_BUDGET)
 
+    def intact(self) -> bool:
+        """Whether the runtime still holds what it was started with (its directory, its
+        cgroups): a warm pool hands out no other. Cheap: no program runs."""
+        return (self.started and not self.stopped and self._workdir is not None and os.path.isdir(self._workdir)
+                and all(os.path.isdir(d) for d in (self._cgroups.dirs if self._cgroups is not None else ())))
+
     async def _end_programs(self) -> None:
         """Kill every process the runtime started and wait for its execs to end; the runtime
         stays usable (the grader's turn comes next)."""

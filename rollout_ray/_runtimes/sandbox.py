@@ -82,6 +82,7 @@ from .layout import (
 )
 from .local import LocalRuntime
 from .routes import LOOPBACK, Route, port_of, sandbox_url
+from .start_gate import StartGate, admitted
 
 __all__ = ["SandboxRuntime", "bwrap_path", "sandbox_unavailable", "sandbox_url"]
 
@@ -139,6 +140,8 @@ class SandboxRuntime(LocalRuntime):
         image_cache: where the image is unpacked (default: ``default_image_cache()``).
         keeper: hands the leases of its image (and setup snapshot) to a host's guardian, which
             keeps them until it has unmounted them if the host dies (``keeper.py``).
+        start_gates: caps on sandbox starts its start passes, once its image is unpacked
+            (``start_gate.py``: a host gives the node's and the cluster's).
 
     Raises:
         ValueError: a limit is below 1, or ``root`` is under ``/etc`` or ``/proc`` (the
@@ -157,6 +160,7 @@ class SandboxRuntime(LocalRuntime):
         pids_limit: int | None = 512, memory_limit: int | None = 4 << 30,
         disk_limit: int | None = 1 << 30, cgroup_parents: Mapping[str, Parent] | None = None,
         image: str | None = None, image_cache: ImageCache | None = None, keeper: Keeper | None = None,
+        start_gates: Sequence[StartGate] = (),
     ) -> None:
         super().__init__(name, root=root, env=env, pass_env=pass_env, cgroup_parents=cgroup_parents)
         if root is not None and (parent := replaced_parent(root)) is not None:
@@ -176,12 +180,22 @@ class SandboxRuntime(LocalRuntime):
         self.image = image
         self._image_cache = image_cache
         self._keeper = keeper
+        self._gates = tuple(start_gates)
         self._image: ImageRoot | None = None
 
     @property
     def id(self) -> str:
         """The work directory once started (an image's: the runtime's directory), else the name."""
         return self._base if self._image is not None and self._base is not None else super().id
+
+    def intact(self) -> bool:
+        """As ``LocalRuntime.intact``, and its mounts (disk limit, image root) still mounted."""
+        if not super().intact() or self._base is None:
+            return False
+        points = [self._base] if self._mounted else []
+        if self._image is not None:
+            points += [self._path("root"), os.path.join(self._path("root"), IMAGE_RUN_DIR.lstrip("/"))]
+        return all(os.path.ismount(p) for p in points)
 
     def info(self, *, borrowed: bool = False) -> RuntimeInfo:
         """As ``Runtime.info``, with the image's digest and the setup snapshot it started from."""
@@ -202,10 +216,11 @@ class SandboxRuntime(LocalRuntime):
                     lease.release()
                 raise
             if lease is not None:
-                self._image = ImageRoot(self._base, lease, cache, self._keeper)
-            await asyncio.to_thread(self._make_dirs)
-            limits: dict[str, int | None] = {**self._limits} or self._tracking()
-            self._cgroups = await asyncio.to_thread(self._make_cgroups, limits)
+                self._image = ImageRoot(self._base, lease, cache, self._keeper, self.image or "")
+            async with admitted(self._gates):
+                await asyncio.to_thread(self._make_dirs)
+                limits: dict[str, int | None] = {**self._limits} or self._tracking()
+                self._cgroups = await asyncio.to_thread(self._make_cgroups, limits)
         except (OSError, SandboxError) as e:
             await self._remove_base()
             if isinstance(e, OSError):

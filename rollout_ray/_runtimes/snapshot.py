@@ -69,6 +69,8 @@ class Held:
     kept: str | None = None
     layer: str = ""
     bytes: int = 0
+    label: tuple[str, str] = ("", "")
+    """What it is a snapshot of: ``(image as the task names it, setup key)``."""
     last_used: float = field(default_factory=time.monotonic)
 
     def close(self) -> None:
@@ -156,9 +158,11 @@ class SnapshotStore:
 
     # -- freezing ----------------------------------------------------------------------------
 
-    def freeze(self, build: Held, upper: str, about: dict[str, str], keeper: Keeper | None) -> Held:
+    def freeze(self, build: Held, upper: str, about: dict[str, str], keeper: Keeper | None,
+               label: tuple[str, str] = ("", "")) -> Held:
         """Copy ``upper`` (an idle sandbox's writable layer) into the store as the snapshot
-        ``build`` claimed, owned by this process; let the build lock go. Returns the ownership."""
+        ``build`` claimed, owned by this process; let the build lock go. Returns the ownership,
+        ``label``ed (image, setup key) for ``let_go``."""
         builds = self._dir("build")
         for stale in os.listdir(builds):  # left by a process that died freezing it
             if stale.startswith(f"{build.hex}-"):
@@ -178,7 +182,7 @@ class SnapshotStore:
             raise
         finally:
             build.close()
-        held = self._hold(Held(build.hex, owner, entry, bytes=size), keeper)
+        held = self._hold(Held(build.hex, owner, entry, bytes=size, label=label), keeper)
         if build.hex in self.owned:  # one it let go of is never started from: no longer needed
             self.release(self.owned.pop(build.hex))
         self.owned[build.hex] = held
@@ -192,10 +196,10 @@ class SnapshotStore:
         with contextlib.suppress(OSError):
             reap_snapshot(self.root, held.entry or held.hex)
 
-    def let_go(self, keep: Callable[[str], bool] = lambda hex_key: False) -> list[str]:
-        """Give up this process's ownership of every snapshot whose hex ``keep`` does not want;
-        each goes once no sandbox runs on it. Returns their entries."""
-        gone = [self.owned.pop(h) for h in list(self.owned) if not keep(h)]
+    def let_go(self, keep: Callable[[Held], bool] = lambda held: False) -> list[str]:
+        """Give up this process's ownership of every snapshot ``keep`` does not want (by its
+        ``label``); each goes once no sandbox runs on it. Returns their entries."""
+        gone = [self.owned.pop(h) for h, held in list(self.owned.items()) if not keep(held)]
         for held in gone:
             self.release(held)
         return [held.entry for held in gone]

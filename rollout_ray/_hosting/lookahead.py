@@ -1,0 +1,57 @@
+"""The schedule ahead: a driver tells its executor which tasks come next (``Executor.prepare``),
+so the nodes can start sandboxes over their images before those rollouts ask for one, and keep
+a group's setup snapshot while its samples are still to come.
+
+``lookahead`` wraps the driver's plan: it reads ``window`` items ahead, and every quarter
+window of admissions (and when the plan ends) calls ``prepare`` with the tasks of the next
+``window`` items and of the last ``window`` admitted (which may still be starting). What the
+executor does with it is its own business (``wanted``: the sandboxes per image and the
+shareable setups it implies).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
+
+from .._core.task import Task
+
+T = TypeVar("T")
+
+Prepare = Callable[[Sequence[Task], Sequence[Task]], Awaitable[None]]
+"""``prepare(upcoming, admitted)``: ``Executor.prepare``."""
+
+
+async def lookahead(plan: Iterator[T], window: int, prepare: Prepare, task_of: Callable[[T], Task]) -> AsyncIterator[T]:
+    """``plan``'s items, with ``prepare`` told what comes next (see the module docstring)."""
+    ahead: deque[T] = deque()
+    admitted: deque[Task] = deque(maxlen=window)
+    every = max(1, window // 4)
+    since, done = every, False
+    while True:
+        while not done and len(ahead) < window:
+            try:
+                ahead.append(next(plan))
+            except StopIteration:
+                done = True
+        if since >= every or not ahead:
+            await prepare([task_of(item) for item in ahead], list(admitted))
+            since = 0
+        if not ahead:
+            return
+        item = ahead.popleft()
+        admitted.append(task_of(item))
+        since += 1
+        yield item
+
+
+def wanted(upcoming: Iterable[Task], admitted: Iterable[Task] = ()) -> tuple[dict[str, int], set[tuple[str, str]]]:
+    """What a schedule asks of the nodes: how many of the upcoming rollouts run over each image
+    (sandboxes to start ahead), and the shareable setups ``(image, setup key)`` of upcoming or
+    admitted ones (snapshots to keep)."""
+    upcoming = list(upcoming)
+    images = Counter(t.data.image for t in upcoming if t.data.image is not None)
+    setups = {(t.data.image, key) for t in (*upcoming, *admitted)
+              if t.data.image is not None and (key := t.setup_key) is not None}
+    return dict(images), setups
