@@ -201,6 +201,7 @@ class Rollout:
         await runtime.prepare_setup()
         self.trace.timing.boot.end = self.trace.timing.setup.start = _now()
         await run_setup(self.task, self.harness, self.trace, runtime, self.timeouts)
+        self.trace.agent.runtime = runtime.info(borrowed=not self.owns_runtime)  # its image, its setup snapshot
         with boundary(ToolsetError, "building tool servers"):
             toolsets = self.task.toolsets(self.task.config)
         slot = await self._stack.enter_async_context(self.interception.serve(self.session))
