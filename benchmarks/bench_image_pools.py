@@ -165,10 +165,14 @@ async def bench_concurrent(image: str, n: int, parallel: int) -> dict[str, objec
         # All alive at once; their programs a few at a time (a thousand at once is a thousand
         # processes on 2 cores, shared).
         room = asyncio.Semaphore(parallel)
+        took: list[float] = []
 
         async def one(name: str) -> Any:
             async with room:
-                return await host.exec(name, ["sh", "-c", "echo $$ > /work/pid; cat /work/pid"])
+                t = time.perf_counter()
+                result = await host.exec(name, ["sh", "-c", "echo $$ > /work/pid; cat /work/pid"])
+                took.append(time.perf_counter() - t)
+                return result
 
         results = await asyncio.gather(*(one(name) for name in names))
         execs = time.perf_counter() - t0 - started
@@ -180,6 +184,7 @@ async def bench_concurrent(image: str, n: int, parallel: int) -> dict[str, objec
         await host.shutdown()
     total = time.perf_counter() - t0
     return {"n": n, "alive_at_once": alive, "start_s": round(started, 2), "exec_s": round(execs, 2),
+            "exec_p50_ms": round(1000 * percentile(took, 0.5)), "exec_p99_ms": round(1000 * percentile(took, 0.99)),
             "stop_s": round(stopped, 2), "total_s": round(total, 2),
             "left_processes": len(pids_with_marker(HOST_MARKER, token)), "left_mounts": len(mounts_under(root)),
             "left_root": os.path.exists(root), "left_cgroups": sum(os.path.isdir(d) for d in cgroups),
@@ -205,6 +210,9 @@ async def main(args: argparse.Namespace) -> None:
     await bench_cold(image, 1)  # the image unpacked (once per machine), the caches warm
     print(f"# {platform.python_version()}, {os.cpu_count()} CPUs, commit {source_version()}, "
           f"load {os.getloadavg()[0]:.1f}")
+    if args.only_concurrent:
+        print(f"concurrent: {await bench_concurrent(image, args.concurrent, args.exec_parallel)}")
+        return
     HANDED_OUT.clear()
     cold = await bench_cold(image, args.samples)
     cold_started = HANDED_OUT[:]
@@ -235,6 +243,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--setup-seconds", type=float, default=2.0, help="the group setup's sleep")
     parser.add_argument("--idle", type=int, default=100, help="idle sandboxes measured for memory")
     parser.add_argument("--concurrent", type=int, default=1000, help="sandboxes alive at once in the scale run")
+    parser.add_argument("--only-concurrent", action="store_true", help="the scale run alone")
     parser.add_argument("--exec-parallel", type=int, default=8, help="programs running at once in the scale run")
     return parser.parse_args(argv)
 
