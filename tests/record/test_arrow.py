@@ -63,7 +63,8 @@ def full_trace() -> Trace:
         ),
         agent=AgentInfo(
             harness="scripted", model="m-1",
-            runtime=RuntimeInfo(id="/tmp/x", type="memory", name="rt", borrowed=True),
+            runtime=RuntimeInfo(id="/tmp/x", type="memory", name="rt", borrowed=True, image="sha256:ab",
+                                snapshot="cd.1"),
             name="solver", trainable=False,
         ),
         tools=[Tool(name="grep", description="search", parameters={"type": "object"}, strict=True)],
