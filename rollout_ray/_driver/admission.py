@@ -9,21 +9,23 @@ group sent back for a stale re-run stays open.
 off-policyness). The trainer takes ``B`` groups per policy version. Let ``v`` be the
 current version, ``s`` the groups streamed since ``v`` became current (at most ``B``
 counted: past that the trainer holds its batch and the next group is consumed under
-``v + 1`` at the earliest) and ``o`` the open groups. Streamed in turn, the open groups
-and one more admitted now are consumed under versions ``v``, ..., ``v + ⌊(s + o) / B⌋``, so
-the new group, which starts under ``v``, is consumed within ``k`` versions of it while
+``v + 1`` at the earliest) and ``o`` the open groups. Streamed in turn, the open groups and
+one more admitted now are consumed under versions ``v``, ..., ``v + ⌊(s + o) / B⌋``, so the
+new group, which starts under ``v``, is consumed within ``k`` versions of it while
 
     s + o < (k + 1) × B
 
 and admission waits otherwise: a trainer that lags holds rollouts back instead of paying
 for them in re-runs. This is AReaL's ``admitted + running ≤ (k + version + 1) × B`` with
-versions and the count taken from the current version rather than from 0, so that a
+the versions and the count taken from the current version rather than from 0, so that a
 trainer taking more or fewer than ``B`` groups in one version does not shift every later
-bound. A group is consumed in closing order, not admission order, so one that finishes
-after groups admitted after it may still end older than ``k``: the finalize check
-(``staleness``) is the fallback. When nothing is open and the consumer waits, one group is
-admitted whatever the count (a trainer that takes more than ``B`` groups per version is
-not left waiting forever; the driver warns once).
+bound. Every open group counts as if it will pass the keep rule (no over-sampling: a group
+that passed beyond the forecast would arrive too stale); a rejected group frees its place at
+once, and the trainer may wait a rollout's time for its replacement. It bounds a count, not
+each group: a group consumed after groups admitted after it (it ran longer) may still end
+older than ``k``, and the finalize check (``staleness``) is the fallback. When nothing is
+open and the consumer waits, one group is admitted whatever the count (a trainer that takes
+more than ``B`` groups per version is not left waiting forever; the driver warns once).
 
 **A wanted number of groups** (``max_groups=N``): a group is admitted while the groups
 admitted and not rejected are fewer than ``N``; a rejected one makes room for the next
