@@ -2,9 +2,9 @@
 so the nodes can start sandboxes over their images before those rollouts ask for one, and keep
 a group's setup snapshot while its samples are still to come.
 
-``lookahead`` wraps the driver's plan: it reads ``window`` items ahead, and every quarter
-window of admissions (and when the plan ends) calls ``prepare`` with the tasks of the next
-``window`` items and of the last ``window`` admitted (which may still be starting). What the
+``lookahead`` wraps the driver's plan: it reads ``window`` rollouts ahead, and every quarter
+window of admitted rollouts (and when the plan ends) calls ``prepare`` with the tasks of the
+next ``window`` rollouts and of the last ``window`` admitted (which may still be starting). What the
 executor does with it is its own business (``wanted``: the sandboxes per image and the
 shareable setups it implies).
 """
@@ -23,26 +23,32 @@ Prepare = Callable[[Sequence[Task], Sequence[Task]], Awaitable[None]]
 """``prepare(upcoming, admitted)``: ``Executor.prepare``."""
 
 
-async def lookahead(plan: Iterator[T], window: int, prepare: Prepare, task_of: Callable[[T], Task]) -> AsyncIterator[T]:
-    """``plan``'s items, with ``prepare`` told what comes next (see the module docstring)."""
-    ahead: deque[T] = deque()
+async def lookahead(plan: Iterator[T], window: int, prepare: Prepare,
+                    tasks_of: Callable[[T], Sequence[Task]]) -> AsyncIterator[T]:
+    """``plan``'s items (each with its rollouts' tasks, ``tasks_of``: a group's samples), with
+    ``prepare`` told what comes next (see the module docstring); ``window`` counts rollouts."""
+    ahead: deque[tuple[T, Sequence[Task]]] = deque()
     admitted: deque[Task] = deque(maxlen=window)
     every = max(1, window // 4)
-    since, done = every, False
+    since, done, coming = every, False, 0
     while True:
-        while not done and len(ahead) < window:
+        while not done and coming < window:
             try:
-                ahead.append(next(plan))
+                item = next(plan)
             except StopIteration:
                 done = True
+            else:
+                ahead.append((item, tasks_of(item)))
+                coming += len(ahead[-1][1])
         if since >= every or not ahead:
-            await prepare([task_of(item) for item in ahead], list(admitted))
+            await prepare([t for _, tasks in ahead for t in tasks][:window], list(admitted))
             since = 0
         if not ahead:
             return
-        item = ahead.popleft()
-        admitted.append(task_of(item))
-        since += 1
+        item, tasks = ahead.popleft()
+        coming -= len(tasks)
+        admitted.extend(tasks)
+        since += len(tasks)
         yield item
 
 

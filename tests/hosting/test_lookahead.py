@@ -25,13 +25,28 @@ def test_the_window_is_told_ahead_every_quarter_and_once_more_at_the_end() -> No
         calls.append(([t.data.idx for t in upcoming], [t.data.idx for t in admitted]))
 
     async def main() -> list[int]:
-        return [t.data.idx async for t in lookahead(iter(tasks), 4, prepare, task_of=lambda t: t)]
+        return [t.data.idx async for t in lookahead(iter(tasks), 4, prepare, tasks_of=lambda t: [t])]
 
     assert asyncio.run(main()) == list(range(10))
     assert calls[0] == ([0, 1, 2, 3], [])
     assert calls[1] == ([1, 2, 3, 4], [0])  # every quarter of the window: every admission here
     assert calls[-1] == ([], [6, 7, 8, 9])  # the end: nothing coming, the last ones still starting
     assert len(calls) == 11
+
+
+def test_a_group_counts_as_its_samples() -> None:
+    """The driver plans groups: the window counts their rollouts, not the groups."""
+    calls: list[tuple[list[int], list[int]]] = []
+    groups = [(i, [Task({"idx": i, "prompt": "p"})] * 3) for i in range(3)]
+
+    async def prepare(upcoming: Sequence[Task], admitted: Sequence[Task]) -> None:
+        calls.append(([t.data.idx for t in upcoming], [t.data.idx for t in admitted]))
+
+    async def main() -> list[int]:
+        return [g async for g, _ in lookahead(iter(groups), 4, prepare, tasks_of=lambda g: g[1])]
+
+    assert asyncio.run(main()) == [0, 1, 2]
+    assert calls == [([0, 0, 0, 1], []), ([1, 1, 1, 2], [0, 0, 0]), ([2, 2, 2], [0, 1, 1, 1]), ([], [1, 2, 2, 2])]
 
 
 def test_what_a_schedule_asks_of_the_nodes() -> None:
