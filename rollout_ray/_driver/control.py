@@ -58,9 +58,10 @@ def write_run_file(path: Path, data: bytes, mode: int) -> None:
 class ControlServer(HTTPService):
     """Serves ``steering`` for the run directory ``run_dir`` (``start`` … ``aclose``)."""
 
-    def __init__(self, steering: Steering, run_dir: str, *, run_id: str, every: float = STATUS_EVERY) -> None:
+    def __init__(self, steering: Steering, run_dir: str, *, run_id: str, every: float | None = None) -> None:
         super().__init__(max_body=MAX_BODY)
-        self.steering, self.layout, self.run_id, self.every = steering, RunLayout.of(run_dir), run_id, every
+        self.steering, self.layout, self.run_id = steering, RunLayout.of(run_dir), run_id
+        self.every = STATUS_EVERY if every is None else every
         self.token = secrets.token_urlsafe(32)
         self._writer: asyncio.Task[None] | None = None
 
