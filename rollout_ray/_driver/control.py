@@ -33,7 +33,7 @@ from aiohttp import web
 from .._errors import WireError
 from .._record.run_layout import RunLayout, being_written
 from .._serving.http_service import HTTPService
-from .steering import Steering, StallRule
+from .steering import StallRule, Steering
 
 log = logging.getLogger("rollout_ray")
 
