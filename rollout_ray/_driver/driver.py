@@ -117,7 +117,9 @@ class Driver(PolicyOwner):
         self._on_progress, self._progress_every = on_progress, progress_every
         self._callback_error: Exception | None = None
         self._manifest_config = manifest_config or {}
-        total = len(tasks) * config.samples_per_task if hasattr(tasks, "__len__") else None  # type: ignore[arg-type]
+        # With max_groups the rollouts to run are not known ahead (a rejected group is replaced).
+        sized = hasattr(tasks, "__len__") and config.max_groups is None
+        total = len(tasks) * config.samples_per_task if sized else None  # type: ignore[arg-type]
         self.progress = Progress(total=total)
         self.run_id = uuid.uuid4().hex
         self.status: Literal["completed", "halted"] = "completed"

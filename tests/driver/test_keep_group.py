@@ -83,8 +83,9 @@ def test_max_groups_admits_further_tasks_of_an_endless_taskset_until_the_kept_gr
 
 def test_max_groups_without_a_rule_runs_only_that_many_groups_of_a_long_taskset() -> None:
     executor = Timed()
-    _, groups = drive(EvalConfig(samples_per_task=3, max_in_flight=64, max_groups=4), tasks(100), executor)
+    driver, groups = drive(EvalConfig(samples_per_task=3, max_in_flight=64, max_groups=4), tasks(100), executor)
     assert len(groups) == 4 and len(executor.started) == 12
+    assert driver.progress.total is None  # not 300: no progress bar or ETA promises rollouts that never run
 
 
 def test_one_infrastructure_loss_reruns_the_sample_and_the_group_streams_complete() -> None:
