@@ -16,8 +16,9 @@ from .._core.rollout import Rollout
 
 PHASES = ("queued", "boot", "setup", "agent", "model call", "tool call", "scoring")
 """The phases a live rollout is reported in, in the order they run. ``queued``: the driver
-started it and no host reports it yet (it waits for room, or is on its way). ``tool call``
-is not told apart from ``agent`` yet: a rollout running a tool is reported in ``agent``."""
+started it and no host reports it yet (it waits for room, or is on its way). A program
+harness's model and tool calls go through its node's services, not its host: such a rollout
+reads ``agent`` throughout its agent phase."""
 
 
 def phase_of(rollout: Rollout) -> tuple[str, float]:
@@ -29,6 +30,9 @@ def phase_of(rollout: Rollout) -> tuple[str, float]:
         calling = rollout.session.calling
         if calling:
             return "model call", min(call.time.start for call in calling)
+        tools = rollout._local_tools  # an in-process harness's; a program's run at the node's tool server
+        if tools is not None and tools.calling:
+            return "tool call", min(tools.calling)
         return "agent", timing.agent.start
     if timing.setup.start:
         return "setup", timing.setup.start
