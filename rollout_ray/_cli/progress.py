@@ -18,9 +18,10 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from .._core.task import Task
 from .._driver.driver import Progress
 from .._hosting.executor import Executor
 from .._hosting.spec import RolloutSpec
@@ -56,6 +57,16 @@ class Watched(Executor):
 
     def statistics(self) -> dict[str, Any]:
         return self.inner.statistics()
+
+    async def live(self) -> dict[str, Any]:
+        return await self.inner.live()
+
+    async def prepare(self, upcoming: Sequence[Task], admitted: Sequence[Task] = ()) -> None:
+        await self.inner.prepare(upcoming, admitted)  # eval's warm pools: issue 23
+
+    @property
+    def looks_ahead(self) -> bool:
+        return self.inner.looks_ahead
 
     @property
     def mean_reward(self) -> float | None:

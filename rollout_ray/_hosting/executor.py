@@ -67,10 +67,23 @@ class Executor(ABC):
         """The schedule ahead (``lookahead``): the tasks of the next rollouts the driver will
         admit, in order (one per sample), and of those it admitted last, which may still be
         starting. An executor whose nodes run images starts their sandboxes ahead (a warm
-        pool per image) and keeps the setup snapshots still needed. This one does nothing."""
+        pool per image) and keeps the setup snapshots still needed. This one does nothing.
+        An executor wrapping another forwards the call (and ``looks_ahead``) to it."""
+
+    @property
+    def looks_ahead(self) -> bool:
+        """Whether ``prepare`` uses the schedule: only then does the driver read tasks ahead of
+        what it admits (``max_in_flight`` rollouts' worth)."""
+        return False
 
     def statistics(self) -> dict[str, Any]:
         return {}
+
+    async def live(self) -> dict[str, Any]:
+        """Where its rollouts are now, as ``_hosting/live.live_report`` says (a live run's
+        status polls it every few seconds); this one knows nothing. An executor wrapping
+        another forwards the call to it."""
+        return {"rollouts": [], "servers": []}
 
     @property
     def max_in_flight(self) -> int | None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
+from typing import Any
 
 from .._core.policy_gate import PolicyGate
+from .._core.rollout import Rollout
 from .._core.runtime import Runtime
 from .._core.task import Task
 from .._record.trace import Trace
@@ -15,6 +17,7 @@ from .._serving.tool_server import ToolServer
 from .executor import Executor
 from .host import build_rollout
 from .lazy_runtime import LazyRuntime
+from .live import live_report
 from .lookahead import wanted
 from .spec import RolloutSpec
 
@@ -41,6 +44,7 @@ class LocalExecutor(Executor):
         self._tools: ToolServer | None = None
         self._runtimes: RuntimeHost | None = None
         self.policy = PolicyGate()
+        self._running: dict[int, tuple[str, Rollout]] = {}
 
     async def start(self) -> None:
         self._proxy = await self._stack.enter_async_context(HTTPInterception())
@@ -56,10 +60,21 @@ class LocalExecutor(Executor):
             raise RuntimeError("LocalExecutor.run before start(); use 'async with LocalExecutor()'")
         rollout = build_rollout(spec, interception=self._proxy, runtime_factory=self._new_runtime,
                                tool_server=self._tools.serve, policy=self.policy)
-        return await rollout.run()
+        self._running[id(rollout)] = (spec.label, rollout)
+        try:
+            return await rollout.run()
+        finally:
+            del self._running[id(rollout)]
+
+    async def live(self) -> dict[str, Any]:
+        return live_report(self._running.values())
 
     async def set_policy(self, version: int | None, paused: bool) -> None:
         self.policy.set(version, paused)
+
+    @property
+    def looks_ahead(self) -> bool:
+        return True
 
     async def prepare(self, upcoming: Sequence[Task], admitted: Sequence[Task] = ()) -> None:
         """Its host's warm pool starts sandboxes for the upcoming rollouts over images; its setup

@@ -26,7 +26,12 @@ Prepare = Callable[[Sequence[Task], Sequence[Task]], Awaitable[None]]
 async def lookahead(plan: Iterator[T], window: int, prepare: Prepare,
                     tasks_of: Callable[[T], Sequence[Task]]) -> AsyncIterator[T]:
     """``plan``'s items (each with its rollouts' tasks, ``tasks_of``: a group's samples), with
-    ``prepare`` told what comes next (see the module docstring); ``window`` counts rollouts."""
+    ``prepare`` told what comes next (see the module docstring); ``window`` counts rollouts.
+    A ``window`` of 0: the items as they come, nothing read ahead, ``prepare`` never called."""
+    if window <= 0:
+        for item in plan:
+            yield item
+        return
     ahead: deque[tuple[T, Sequence[Task]]] = deque()
     admitted: deque[Task] = deque(maxlen=window)
     every = max(1, window // 4)

@@ -49,6 +49,39 @@ def test_a_group_counts_as_its_samples() -> None:
     assert calls == [([0, 0, 0, 1], []), ([1, 1, 1, 2], [0, 0, 0]), ([2, 2, 2], [0, 1, 1, 1]), ([], [1, 2, 2, 2])]
 
 
+def test_an_executor_that_does_not_look_ahead_has_nothing_read_ahead() -> None:
+    """The driver reads one task per group it admits (issue 21) unless its executor uses the
+    schedule: then ``max_in_flight`` rollouts' worth more."""
+    read: list[int] = []
+
+    def plan() -> Any:
+        for i in range(3):
+            read.append(i)
+            yield i
+
+    async def prepare(upcoming: Sequence[Task], admitted: Sequence[Task]) -> None:
+        raise AssertionError("told nothing")
+
+    async def main() -> list[int]:
+        seen = []
+        async for i in lookahead(plan(), 0, prepare, tasks_of=lambda i: [Task({"prompt": "p"})]):
+            seen.append((i, list(read)))
+        return seen
+
+    assert asyncio.run(main()) == [(0, [0]), (1, [0, 1]), (2, [0, 1, 2])]
+
+
+def test_evals_progress_wrapper_passes_the_schedule_on() -> None:
+    """``rollout-ray eval`` wraps its executor (``Watched``): the warm pools are fed through it."""
+    from rollout_ray._cli.progress import Watched
+
+    inner = Recording()
+    watched = Watched(inner)
+    assert watched.looks_ahead  # as its inner executor's
+    asyncio.run(watched.prepare([Task({"prompt": "p"})], []))
+    assert inner.prepared == [(0, 1, 0)]
+
+
 def test_what_a_schedule_asks_of_the_nodes() -> None:
     upcoming = [Task({"prompt": "p", "image": "a.tar"}), Task({"prompt": "p", "image": "a.tar"}),
                 Task({"prompt": "p", "image": "b.tar"}), Task({"prompt": "p"}),
