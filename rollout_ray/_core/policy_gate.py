@@ -136,7 +136,7 @@ class PolicyGate:
             self._warned = True
             log.warning("interrupt: %d model calls in flight cannot be interrupted (their model client has no "
                         "token-in route to continue them: a plain OpenAI-compatible server, or token capture "
-                        "off); they finish under the old weights, as with interrupt=False", unarmed)
+                        "off); they run to their end, as with interrupt=False", unarmed)
 
     @contextmanager
     def watch(self) -> Iterator[Interrupt]:

@@ -238,9 +238,12 @@ class RolloutSession:
             raise
 
     def _prefix(self, request: Request) -> tuple[list[int] | None, int]:
-        """The ids the request's branch already has, and how many of its messages they hold."""
+        """The ids the request's branch already has, and how many of its messages they hold;
+        none when the tools changed since the last call (the prompt lists them)."""
         parent, _ = self.graph.resolve(request.messages)
-        return (None, 0) if parent is None else branch_prefix(self.trace, path_to(self.trace, parent))
+        if parent is None or (request.tools or []) != self.trace.tools:
+            return None, 0
+        return branch_prefix(self.trace, path_to(self.trace, parent))
 
     def _tokens_left(self) -> int | None:
         """Completion tokens the rollout's token caps still allow (``None``: no cap)."""

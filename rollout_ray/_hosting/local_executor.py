@@ -55,8 +55,10 @@ class LocalExecutor(Executor):
                                tool_server=self._tools.serve, policy=self.policy)
         return await rollout.run()
 
-    async def set_policy(self, version: int | None, paused: bool) -> None:
-        self.policy.set(version, paused)
+    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False) -> None:
+        self.policy.set(version, paused, interrupt)
+        if paused and interrupt:
+            await self.policy.until_stopped()
 
     def _new_runtime(self, name: str, image: str | None = None) -> Runtime:
         assert self._runtimes is not None

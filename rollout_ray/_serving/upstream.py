@@ -200,6 +200,11 @@ class OpenAIModel(Model):
         self.__dict__.update(state)
         self._tokens = TokenIn(self._client, self._headers, self.timeout, self.stream)
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers of every request (its content type, the API key's authorization)."""
+        return dict(self._headers)
+
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             if self._max_connections is None:
