@@ -183,6 +183,7 @@ class Sampler:
 async def scenario(s: Scenario, urls: list[str], args: argparse.Namespace, servers: Servers) -> Row:
     before = await servers.sampled()
     model = OpenAIModel(urls, name="simulated", token_capture="vllm", timeout=120, stream=args.stream)
+    await reload_weights(model, "/checkpoints/step-0", 0)  # the servers are shared: each scenario starts at 0
     generation = args.tokens * args.per_token
     total = args.rollouts * max(2, round((args.updates * args.every + generation) / generation))
     config = EvalConfig(max_in_flight=args.rollouts, sampling={"temperature": 1.0}, **s.config)
