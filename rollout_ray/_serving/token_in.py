@@ -130,7 +130,10 @@ class TokenIn:
         params = dict(rendered["sampling_params"])
         prompt = await self._prompt(server, full, chat, call)
         limit = params.get("max_tokens")
-        if isinstance(limit, int) and prompt is not full:  # keep within the context the render allowed
+        asked = chat.get("max_completion_tokens") or chat.get("max_tokens")
+        # The render caps max_tokens at what the context leaves after its prompt; only then does a
+        # longer prompt of ours shorten the reply (kept ids may outnumber their re-rendering).
+        if isinstance(limit, int) and prompt is not full and (not isinstance(asked, int) or limit < asked):
             params["max_tokens"] = min(limit, len(full) + limit - len(prompt))
             if params["max_tokens"] < 1:
                 raise OverlongPromptError(f"the prompt of {len(prompt)} token ids leaves no room in the context "

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from rollout_ray import Request, RolloutSession, SystemMessage, Tool, ToolMessage, Trace, TraceTask, UserMessage
+from rollout_ray._core.model import CallContext
 from rollout_ray._record.tokens import full_prompt, token_sequences
 from rollout_ray._record.wire import encode_request
 from rollout_ray._serving.upstream import OpenAIModel
@@ -102,3 +103,29 @@ def test_changed_tools_start_a_new_sequence_rather_than_keep_a_stale_system_prom
     trace = asyncio.run(main())
     assert trace.token_drift == [1]  # the system prompt lists the new tool: the server's prompt
     assert '"more"' in decode(full_prompt(trace, trace.calls[1]) or [])
+
+
+
+def test_kept_ids_longer_than_the_servers_rendering_leave_the_reply_the_length_asked() -> None:
+    """A turn's kept ids (the previous prompt and sampled reply) may be longer than the server's
+    rendering of that history (the tiny vLLM renders a sampled tool call of 38 ids, junk
+    arguments parsed away, in fewer). The reply may still be as long as asked: only the context
+    window may shorten it (there a third tool turn got 22 of its 64 tokens and stopped inside
+    its tool call)."""
+    messages = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"},
+                {"role": "user", "content": "Go on."}]
+    kept = render(messages[:1]) + encode("5 and some more") + [IM_END]  # sampled longer than it renders
+
+    async def main() -> Any:
+        async with SimulatedModelServer(SimulatedModelConfig(ttft=0, scale_out=True)) as server:
+            assert server.base_url is not None
+            model = OpenAIModel(server.base_url, name="simulated", token_capture="vllm")
+            try:
+                chat = {"model": "simulated", "messages": messages, "max_tokens": 20}
+                return await model._tokens.start(model.pool.servers[0], chat, CallContext(kept, 2, None))
+            finally:
+                await model.aclose()
+
+    partial = asyncio.run(main())
+    assert partial.prompt[: len(kept)] == kept and len(partial.prompt) > len(render(messages))
+    assert partial.params["max_tokens"] == 20
