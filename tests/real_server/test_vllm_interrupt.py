@@ -34,9 +34,9 @@ from rollout_ray import (
     Task,
     Trace,
     reload_weights,
+    table_to_traces,
 )
 from rollout_ray._record.tokens import full_prompt, token_sequences
-from rollout_ray._record.trace import decode_trace
 
 
 @pytest.fixture(scope="module")
@@ -347,7 +347,7 @@ def test_driver_paused_with_interrupt_loads_b_and_the_rollouts_continue_under_it
     assert samples["ok"].to_pylist() == [True] * n
     assert (samples["policy_min"].to_pylist(), samples["policy_max"].to_pylist()) == ([0] * n, [1] * n)
     assert json.loads(get(vllm_dev.root + "/weight_info")[1]) == {"weight_version": "1"}
-    rollouts = [split(decode_trace(blob)) for blob in samples["trace"].to_pylist()]
+    rollouts = [split(trace) for trace in table_to_traces(samples)]  # the ids are in the token columns
     post(vllm_dev.root + "/reset_prefix_cache")
     for prompt, ids, logprobs, kept in rollouts:  # B is loaded
         assert close(logprobs[kept:], vllm_dev.score(prompt + ids[:kept], ids[kept:]))  # B's
@@ -390,4 +390,8 @@ def test_a_multi_turn_tool_rollout_is_one_training_sequence(vllm_dev: DevServer)
         assert prompts[k][:len(prompts[k - 1]) + len(nodes[k - 1].token_ids)] == \
             prompts[k - 1] + nodes[k - 1].token_ids  # type: ignore[operator]
     assert sequence.input_ids[:len(prompts[0])] == prompts[0] and prompts[0][0] == 1  # <|im_start|>
+    for prompt, node in zip(prompts, nodes):  # the model's ids after that very prompt: under the
+        # tool grammar a logprob is the masked distribution's, never below the model's own
+        scored = vllm_dev.score(prompt, node.token_ids)  # type: ignore[arg-type]
+        assert all(lp >= raw - 1e-3 for lp, raw in zip(node.logprobs, scored, strict=True)), (node.logprobs, scored)
     print(f"\n{len(trace.calls)} turns, one sequence of {len(sequence.input_ids)} ids ({len(sampled)} sampled)")
