@@ -12,8 +12,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from rollout_ray import Driver, EvalConfig, Harness, Request, RolloutSession, Task, Trace, TraceTask, UserMessage, \
-    reload_weights
+from rollout_ray import (
+    Driver,
+    EvalConfig,
+    Harness,
+    Request,
+    RolloutSession,
+    Task,
+    Trace,
+    TraceTask,
+    UserMessage,
+    reload_weights,
+)
 from rollout_ray._core.policy_gate import PolicyGate
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
@@ -44,11 +54,16 @@ def session(model: OpenAIModel, version: int = 3, **kwargs: Any) -> RolloutSessi
     return RolloutSession(Trace(task=TraceTask(type="T")), model, policy=gate, sampling=dict(SAMPLING), **kwargs)
 
 
-async def freeze_after(server: SimulatedModelServer, tokens: int) -> None:
-    """Freeze the engine once a generation in flight has produced ``tokens`` tokens."""
-    due = (tokens + 0.5) * server.config.per_token + server.config.ttft
+async def freeze_after(server: SimulatedModelServer, tokens: int, every: int = 0) -> None:
+    """Freeze the engine once a generation in flight has produced ``tokens`` tokens (and each
+    one ``every``: on a loaded machine a generation may be admitted well after the others)."""
+    due, each = ((n + 0.5) * server.config.per_token + server.config.ttft for n in (tokens, every))
+    def ready() -> bool:
+        elapsed = [f.elapsed() for f in list(server.engine.flights.values())]
+        return any(e >= due for e in elapsed) and all(e >= each for e in elapsed)
+
     async with asyncio.timeout(30):
-        while not any(f.elapsed() >= due for f in list(server.engine.flights.values())):
+        while not ready():
             await asyncio.sleep(server.config.per_token / 4)
     await server.engine.pause("keep")
 
@@ -80,7 +95,7 @@ async def update_mid_generation(executor: Any, tasks: list[Task], harness: Harne
         async with asyncio.timeout(60):
             while len(server.engine.flights) < len(tasks):
                 await asyncio.sleep(0.001)
-        await freeze_after(server, 40)
+        await freeze_after(server, 40, every=1 if interrupt else 0)  # each has tokens of version 3
         if not interrupt:
             server.engine.resume()  # the calls run on
         generating = []
