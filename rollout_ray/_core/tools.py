@@ -10,7 +10,8 @@
   alive) raises ``SandboxError``: the rollout fails, it does not go on without its box;
 * anything else the tool raised, or its timeout, is an error *result* the model sees.
 
-Every call that reached a toolset is reported as a ``ToolCallRecord``.
+Every call that reached a toolset is reported as a ``ToolCallRecord``, its arguments and
+error cut at ``MAX_TOOL_CALL_CHARS`` (``_record/capped``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import msgspec
 
 from .._errors import RolloutError, SandboxError, ToolInputError, ToolsetError
+from .._record.capped import MAX_TOOL_CALL_CHARS, capped
 from .._record.messages import Tool, ToolCall
 from .._record.trace import ToolCallRecord
 from .runtime import Runtime
@@ -92,12 +94,20 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
             error = str(failure)
         else:
             error = f"{type(failure).__name__}: {failure}"
-        on_call(ToolCallRecord(toolset.name, name, msgspec.json.encode(arguments).decode(), error is None, error,
-                               time.monotonic() - started))
+        on_call(_record(toolset.name, name, arguments, error, time.monotonic() - started))
     if failure is not None:
         raise failure
     assert outcome is not None
     return outcome
+
+
+def _record(server: str, name: str, arguments: Any, error: str | None, seconds: float) -> ToolCallRecord:
+    """The call's record, its texts cut at ``MAX_TOOL_CALL_CHARS``: a rollout's trace lives
+    as long as the rollout, and what a program sends its tools must not grow it unbounded."""
+    text = msgspec.json.encode(arguments).decode()
+    return ToolCallRecord(server, name, capped(text, MAX_TOOL_CALL_CHARS), error is None,
+                          None if error is None else capped(error, MAX_TOOL_CALL_CHARS), seconds,
+                          arguments_chars=len(text) if len(text) > MAX_TOOL_CALL_CHARS else None)
 
 
 class LocalTools:
