@@ -6,7 +6,8 @@ a random token and yields ``{name: url}``. The URL is the capability: an unknown
 ``POST <url>/call`` with ``{"name", "arguments"}`` answers ``{"content"}``,
 ``{"content", "is_error": true}`` when the tool raised or timed out (the model sees it, as
 with MCP), or 400 / 404 / 408 / 413 ``{"error"}``, or 503 when the tool failed because the
-rollout's runtime died (``SandboxError`` and the runtime no longer alive). Each call is
+rollout's runtime died (``SandboxError`` and the runtime no longer alive, or
+``InfrastructureLost``: its host died). Each call is
 reported to ``on_call`` as a ``ToolCallRecord`` (its arguments cut at a cap:
 ``_core/tools``).
 
@@ -31,7 +32,7 @@ from aiohttp import web
 from .._core.runtime import Runtime
 from .._core.tools import call_tool, index_toolsets, tool_specs
 from .._core.toolset import DEFAULT_CALL_TIMEOUT, Toolset
-from .._errors import SandboxError, ToolInputError, ToolsetError, WireError
+from .._errors import InfrastructureLost, SandboxError, ToolInputError, ToolsetError, WireError
 from .._record.trace import ToolCallRecord
 from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
 
@@ -163,9 +164,10 @@ class ToolServer(HTTPService):
                                       on_call=reg.on_call)
         except ToolInputError as e:  # the caller's fault: 4xx
             return _error(e.status_code or 400, str(e))
-        except SandboxError as e:
-            # Not the tool's fault: the box is gone, and with it the rollout. A 503 makes the
-            # harness stop, and the rollout fail with SandboxError, not go on without it.
+        except (SandboxError, InfrastructureLost) as e:
+            # Not the tool's fault: the box is gone (or its host), and with it the rollout. A
+            # 503 makes the harness stop, and the rollout fail with SandboxError (or be lost
+            # and run again), not go on without it.
             return _error(503, f"the rollout's runtime died: {type(e).__name__}: {e}")
         if outcome.error is not None:  # the tool's fault: the model sees it as the result
             return web.json_response({"content": outcome.content, "is_error": True})
