@@ -93,7 +93,8 @@ def ray_cluster() -> Iterator[Any]:
     from rollout_ray._ray.head import lean_head
 
     with lean_head():  # as init_ray starts a private Ray: the suite runs on what users get
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # "local": a cluster another process left in /tmp/ray/ray_current_cluster is not ours.
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import it
     try:
         yield ray
