@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .._core.aio import unwrapped
 from .._core.harness import Harness
-from .._core.limits import RolloutLimits, RolloutTimeouts
+from .._core.limits import LIMIT_FIELDS, RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
 from .._errors import InfrastructureLost, ProviderError, ResumeMismatch
@@ -300,6 +300,10 @@ class Driver(PolicyOwner):
         if bound is not None and bound < self.config.max_in_flight:
             log.warning("the executor runs at most %d rollouts at once, below max_in_flight=%d: "
                         "the rest wait for room in it", bound, self.config.max_in_flight)
+        limits, timeouts = self.config.limits, self.config.timeouts
+        if all(getattr(limits, name) is None for name in LIMIT_FIELDS) and timeouts.agent is None:
+            log.warning("EvalConfig sets no turn, token or time limit: an agent that never stops runs forever; "
+                        "set limits=RolloutLimits(max_turns=...) or timeouts=RolloutTimeouts(agent=...)")
         async with asyncio.TaskGroup() as tg:
             for position, task, group_id, sample_idx in self._plan():
                 await slots.acquire()
