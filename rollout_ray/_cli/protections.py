@@ -10,7 +10,7 @@ Its summary also says where rollouts ran when ``--runtime auto`` fell back to ``
 
 from __future__ import annotations
 
-from .._driver.driver import EvalConfig
+from .._driver.eval_config import EvalConfig
 from .._errors import UsageError
 from .._runtimes.host import runtime_kind
 from .._runtimes.sandbox import sandbox_unavailable
