@@ -126,14 +126,16 @@ class HTTPService:
         read_timeout: a request's headers, and then its whole body, must arrive within this
             many seconds (else the connection is closed, or the request answered 408).
         max_requests_per_rollout / max_body_bytes_per_rollout: what one registration may have
-            in flight at once (``admitted``).
+            in flight at once (``admitted``; ``None``: no share, for a server whose callers are
+            not rollouts, such as a driver's control server).
         body_budget: the body bytes in flight it shares with other servers (default: its own,
             of ``DEFAULT_MAX_BODY_BYTES_IN_FLIGHT``).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
-                 max_body: int, read_timeout: float = DEFAULT_READ_TIMEOUT, max_requests_per_rollout: int,
-                 max_body_bytes_per_rollout: int, body_budget: BodyBudget | None = None) -> None:
+                 max_body: int, read_timeout: float = DEFAULT_READ_TIMEOUT,
+                 max_requests_per_rollout: int | None = None, max_body_bytes_per_rollout: int | None = None,
+                 body_budget: BodyBudget | None = None) -> None:
         self.host, self.port = host, port
         self.advertise_host = advertise_host or host
         self.max_body, self.read_timeout = max_body, read_timeout
@@ -194,9 +196,10 @@ class HTTPService:
         budget = self.body_budget
         if declared is not None and declared > self.max_body:
             raise Refused(413, f"request body over {self.max_body} bytes")
-        if inflight.requests >= self.max_requests_per_rollout:
+        if self.max_requests_per_rollout is not None and inflight.requests >= self.max_requests_per_rollout:
             raise Refused(429, f"more than {self.max_requests_per_rollout} requests of this rollout in flight")
-        if inflight.body_bytes + size > self.max_body_bytes_per_rollout:
+        if (self.max_body_bytes_per_rollout is not None
+                and inflight.body_bytes + size > self.max_body_bytes_per_rollout):
             raise Refused(429, f"more than {self.max_body_bytes_per_rollout} body bytes of this rollout in flight")
         if budget.held + size > budget.limit:
             raise Refused(503, f"the node holds {budget.limit} body bytes in flight; retry shortly")
