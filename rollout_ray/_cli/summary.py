@@ -198,6 +198,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  {name:<14} {total:>12,} {mean:12.1f}")
     if "token_rows" in summary:
         lines.append(token_data(summary))
+    lines += summary.get("protections", [])  # the budgets that held, and where rollouts ran
     time_line = _time_line(summary.get("time") or {})
     if time_line:
         lines.append(time_line)

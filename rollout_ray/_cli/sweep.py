@@ -54,6 +54,7 @@ from .grid import (
     load_sweep,
 )
 from .interrupt import Signals
+from .protections import with_finite_defaults
 from .runs import continue_command
 from .warmup import warm_up
 
@@ -129,9 +130,10 @@ def _complete(sweep: Sweep, point: Point, run_dir: str) -> bool:
 
 def point_config(sweep: Sweep, point: Point) -> EvalConfig:
     base = sweep.file.base
-    return eval_config(sweep.module, samples=base.samples, max_in_flight=base.max_in_flight,
-                       model_name=point.model.upstream(), limits=point.limits, sampling=point.sampling,
-                       finalize={"pass_k": sorted(base.pass_k)} if base.pass_k else None)
+    config = eval_config(sweep.module, samples=base.samples, max_in_flight=base.max_in_flight,
+                         model_name=point.model.upstream(), limits=point.limits, sampling=point.sampling,
+                         finalize={"pass_k": sorted(base.pass_k)} if base.pass_k else None)
+    return with_finite_defaults(config)[0]  # as eval's: no point runs an endless agent forever
 
 
 def _record(sweep: Sweep, point: Point) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from .._core.aio import unwrapped
 from .._core.harness import Harness
+from .._core.limits import LIMIT_FIELDS
 from .._core.model import Model
 from .._core.task import Task
 from .._errors import ProviderError, ResumeMismatch
@@ -321,6 +322,10 @@ class Driver(PolicyOwner):
         if bound is not None and bound < self.config.max_in_flight:
             log.warning("the executor runs at most %d rollouts at once, below max_in_flight=%d: "
                         "the rest wait for room in it", bound, self.config.max_in_flight)
+        limits, timeouts = self.config.limits, self.config.timeouts
+        if all(getattr(limits, name) is None for name in LIMIT_FIELDS) and timeouts.agent is None:
+            log.warning("EvalConfig sets no turn, token or time limit: an agent that never stops runs forever; "
+                        "set limits=RolloutLimits(max_turns=...) or timeouts=RolloutTimeouts(agent=...)")
         planned = self._plan()
         async with asyncio.TaskGroup() as tg:
             while await self._admission.room():

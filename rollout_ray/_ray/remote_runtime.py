@@ -10,7 +10,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
-from .._errors import RuntimeStopped, SandboxError
+from .._errors import InfrastructureLost, RuntimeStopped, SandboxError
 from .._hosting.lazy_runtime import LazyRuntime
 from .._runtimes.sandbox import SandboxRuntime, sandbox_url
 from .calls import call
@@ -66,7 +66,8 @@ class RemoteRuntime(Runtime):
             raise
         except RayActorError as e:
             self.stopped = True
-            raise SandboxError(f"runtime {self.name!r}: its runtime actor died ({type(e).__name__})") from None
+            # The process hosting the box died, not the box: the rollout is lost, and retried.
+            raise InfrastructureLost(f"runtime {self.name!r}: its runtime actor died ({type(e).__name__})") from None
         except TimeoutError:
             raise SandboxError(f"runtime {self.name!r}: its runtime actor did not answer {method} "
                                f"within {wait:g}s") from None

@@ -205,8 +205,8 @@ class _RolloutActor:
     async def _replace_dead_runtime_actor(self) -> None:
         """Long-poll the runtime actor; if it dies, new rollouts get a new one.
 
-        The rollouts whose runtimes it held fail with ``SandboxError`` (their box is gone);
-        without a replacement every later rollout of this actor would too.
+        The rollouts whose runtimes it held are lost (``InfrastructureLost``: their box's host
+        is gone) and run again; without a replacement every later rollout of this actor would be.
         """
         while True:
             try:

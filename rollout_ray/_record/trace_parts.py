@@ -139,6 +139,12 @@ class MessageNode(msgspec.Struct):
     advantages: list[float] | None = None
     mask: list[bool] | None = None
     """Per id of ``token_ids``, whether it counts in the loss; ``None``: all of them."""
+    original_chars: int | None = None
+    """The characters of the message's texts as it arrived, when a text was cut at the cap
+    (``capped.py``); ``None``: recorded whole."""
+    original_digest: bytes | None = None
+    """``message_hash`` of the message as it arrived, when it was cut: later requests, which
+    carry it whole, still match it."""
 
 
 class ModelCall(msgspec.Struct):
@@ -203,7 +209,11 @@ class AgentInfo(msgspec.Struct):
 
 
 class ToolCallRecord(msgspec.Struct):
-    """One tool call: toolset (``server``), tool, JSON arguments, outcome, seconds taken."""
+    """One tool call: toolset (``server``), tool, JSON arguments, outcome, seconds taken.
+
+    ``arguments`` and ``error`` keep at most ``capped.MAX_TOOL_CALL_CHARS`` characters each
+    (a marker ends a cut one).
+    """
 
     server: str
     name: str
@@ -211,3 +221,5 @@ class ToolCallRecord(msgspec.Struct):
     ok: bool
     error: str | None = None
     duration: float = 0.0
+    arguments_chars: int | None = None
+    """The length of the arguments' JSON when it was cut; ``None``: recorded whole."""

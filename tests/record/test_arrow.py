@@ -78,7 +78,8 @@ def full_trace() -> Trace:
                         sampled=True, timestamp=3.0, token_ids=[1, 2, 3],
                         logprobs=[-0.5, -0.25, 0.0], advantages=[0.5, 0.5, 0.5],
                         mask=[True, True, False]),
-            MessageNode(4, ToolMessage(tool_call_id="c1", content="found", name="grep")),
+            MessageNode(4, ToolMessage(tool_call_id="c1", content="found", name="grep"), original_chars=9000,
+                        original_digest=b"\x01" * 16),
             MessageNode(5, AssistantMessage(content="A"), sampled=True, token_ids=[4], logprobs=[-1.0]),
             MessageNode(5, AssistantMessage(content="B"), sampled=True),
         ],
@@ -120,7 +121,7 @@ def full_trace() -> Trace:
             scoring=TimeSpan(111.25, 112.0),
         ),
         tool_calls=[
-            ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5),
+            ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5, arguments_chars=90),
             ToolCallRecord("calc", "mul", "{}", True),
         ],
     )
