@@ -47,6 +47,7 @@ from .._hosting.spec import RolloutSpec
 from .._record.arrow import RolloutRecord, warm_arrow
 from .._record.store import read_groups, read_run
 from .._record.trace import Trace
+from .bounded_call import JUDGE_TIMEOUT
 from .finalize import FinalizeConfig
 from .group_finalizer import Group, GroupFinalizer
 from .policy_owner import PolicyOwner
@@ -85,6 +86,9 @@ class EvalConfig(BaseModel):
     """Versions a rollout's oldest turn may lag the current policy version when its group is
     handed to the consumer; an older one is dropped and re-run (0: synchronous on-policy;
     see ``_driver/staleness``). ``None``: all kept."""
+    judge_timeout: float = Field(JUDGE_TIMEOUT, gt=0)
+    """Seconds the group judge may take on one group; past it the group's ``judge_error``
+    says so and the run goes on (``_driver/bounded_call``)."""
 
 
 @dataclass
@@ -269,7 +273,7 @@ class Driver(PolicyOwner):
             await self._announce_policy()
             finalizer = self._finalizer = GroupFinalizer(
                 config=self.config.finalize, judge=self.judge, store=self._store, io=self._io, emit=queue.put,
-                rows_per_write=self.config.rows_per_shard,
+                rows_per_write=self.config.rows_per_shard, judge_timeout=self.config.judge_timeout,
                 **({} if self.config.max_staleness is None else {"keep": self._fresh_or_rerun, "demand": demand}))
             # A lazy taskset is checked as it is planned, while rollouts run.
             with tuned_for_rollouts(), unwrapped(ResumeMismatch):
