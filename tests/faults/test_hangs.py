@@ -56,8 +56,8 @@ class Row:
     scenario: str
     injected: str
     outcome: str
-    detected: float
-    """Seconds from the hang to the framework's outcome."""
+    detected: float | None
+    """Seconds from the hang to the framework's outcome (``None``: nothing had to be)."""
     meanwhile: str
     lost: int
     leftovers: int
@@ -73,7 +73,7 @@ class _Table:
         if not ROWS:
             return
         header = ("scenario", "injected", "became", "detected", "run showed meanwhile", "lost", "left")
-        cells = [header, *[(r.scenario, r.injected, r.outcome, f"{r.detected:.2f}s", r.meanwhile, str(r.lost),
+        cells = [header, *[(r.scenario, r.injected, r.outcome, "-" if r.detected is None else f"{r.detected:.2f}s", r.meanwhile, str(r.lost),
                             str(r.leftovers)) for r in ROWS]]
         widths = [max(len(row[k]) for row in cells) for k in range(len(header))]
         terminalreporter.section("hang injection")
@@ -397,3 +397,100 @@ def test_a_judge_that_never_returns_fails_its_groups_and_the_run_goes_on(private
     assert 0.5 <= detected < 10
     report(Row("judge never returns", "the group judge blocks forever", "judge_error on its 2 groups; 4 rows ok",
                detected, seen[0], 4 - len(rows), still_running()))
+
+
+# -- 6. a rollout actor frozen -------------------------------------------------------------------
+
+
+class FreezesOnce(ChatHarness):
+    """The first attempt of each task writes its actor's pid to a marker and waits; later
+    attempts answer."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__(retries=0)
+        self.folder = folder
+
+    async def launch(self, ctx: Any) -> Any:
+        marker = os.path.join(self.folder, f"task-{ctx.data.idx}")
+        if not os.path.exists(marker):
+            with open(marker + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(marker + ".tmp", marker)
+            await asyncio.Event().wait()  # frozen from outside meanwhile
+        return await super().launch(ctx)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_frozen_rollout_actor_is_killed_and_its_rollouts_retried(ray_cluster: Any, tmp_path: Path) -> None:
+    ray = ray_cluster
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import it
+    from rollout_ray._ray.executor import RayExecutor
+
+    async def main() -> tuple[RunResult, float, str, list[int]]:
+        inner = RayExecutor(actors=1, capacity=2, probe_interval=0.2, probe_timeout=1.0)
+        async with inner:
+            timed = Timed(inner)
+            driver = Driver(tasks(2), FreezesOnce(str(tmp_path)), ScriptedModel(default="4"), executor=timed,
+                            config=EvalConfig(samples_per_task=1, max_infra_retries=1))
+            running = asyncio.ensure_future(driver.arun())
+            markers = [tmp_path / "task-0", tmp_path / "task-1"]
+            await until(lambda: all(m.exists() for m in markers), 30, "both first attempts to start")
+            (pid,) = {int(m.read_text()) for m in markers}
+            os.kill(pid, signal.SIGSTOP)  # hung, not dead: Ray alone would wait on it forever
+            frozen = time.monotonic()
+            seen = meanwhile(driver, timed)
+            async with asyncio.timeout(60):
+                result = await running
+            pids = [pid, *[await a.actor.pid.remote() for a in inner._pool if a is not None]]
+        return result, first_outcome(timed, frozen), seen, pids
+
+    result, detected, seen, pids = asyncio.run(main())
+    rows = result.samples.to_pylist()
+    assert [(r["ok"], r["attempt"], r["reward"]) for r in rows] == [(True, 1, 1.0)] * 2
+    assert [[[e["type"] for e in a["errors"]] for a in r["attempts"]] for r in rows] == [
+        [["InfrastructureLost"], []]] * 2
+    for pid in pids:  # the frozen actor (killed though stopped) and its replacement (stopped with the pool)
+        wait_exit(pid, 10.0)
+    assert 1.0 <= detected < 10
+    report(Row("rollout actor frozen", "SIGSTOP of the actor mid-rollout",
+               f"probe timed out (1s), killed; {outcomes(result.samples)}", detected, seen, lost(result, 2),
+               sum(process_alive(p) for p in pids)))
+
+
+# -- 7. a raylet frozen ---------------------------------------------------------------------------
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("health", ["default", "strict"])
+def test_a_raylet_frozen_for_30s_loses_no_rollout(health: str, tmp_path: Path) -> None:
+    """A two-node ``Cluster`` of its own, in a subprocess (see ``raylet_freeze.py``): the
+    session's Ray is not touched, and the raylet is resumed by pid whatever happens.
+
+    With Ray's own health checks a node is declared dead after 5 missed checks of up to 10 s:
+    a raylet frozen for 30 s is not, and the rollouts already on its node go on (a call to an
+    actor does not pass through its raylet). With strict ones it is dead within a second, and
+    its rollouts are retried on the head node."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, str(HERE / "raylet_freeze.py"), "4", "30", health], env=env,
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=240, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("FACTS ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    facts = json.loads(lines[-1].removeprefix("FACTS "))
+    rows = facts["rows"]
+    keys = {(r["group_id"], r["sample_idx"]) for r in rows}
+    assert facts["status"] == "completed" and len(rows) == 4 and len(keys) == 4  # all, once each
+    assert all(r["ok"] for r in rows) and facts["on_b"] > 0 and facts["frozen_for"] >= 30
+    assert facts["ended_frozen"]  # the run did not wait for the raylet
+    retried = sum(r["attempt"] == 1 for r in rows)
+    if health == "default":
+        assert facts["detected"] is None and retried == 0
+        outcome = f"not declared dead: its {facts['on_b']} rollouts went on, 4 ok while frozen"
+    else:
+        assert facts["detected"] is not None and retried == facts["on_b"]
+        outcome = f"declared dead: its {facts['on_b']} rollouts retried on the head, 4 ok while frozen"
+    report(Row(f"raylet frozen 30 s ({health} health check)", "SIGSTOP of a worker node's raylet, SIGCONT at 30 s",
+               outcome, facts["detected"], facts["meanwhile"], 4 - len(rows), len(facts["leftover"])))
