@@ -458,6 +458,42 @@ def test_a_frozen_rollout_actor_is_killed_and_its_rollouts_retried(ray_cluster: 
                sum(process_alive(p) for p in pids)))
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_frozen_rollout_actor_used_without_an_executor_fails_its_rollouts(ray_cluster: Any, tmp_path: Path) -> None:
+    """``RolloutActor.run`` alone (no executor, so no probe): its channel's own watchdog."""
+    ray = ray_cluster
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    from ray.exceptions import RayActorError
+
+    from rollout_ray._ray.rollout_client import RolloutActor
+
+    async def main() -> tuple[BaseException | Trace, float, int]:
+        actor = RolloutActor.create(capacity=2)
+        actor.runs.collect_wait, actor.runs.answer_timeout = 0.2, 1.0
+        try:
+            spec = RolloutSpec(tasks(1)[0], FreezesOnce(str(tmp_path)), ScriptedModel(default="4"))
+            running = asyncio.ensure_future(actor.run(spec))
+            marker = tmp_path / "task-0"
+            await until(marker.exists, 30, "the rollout to start")
+            pid = int(marker.read_text())
+            os.kill(pid, signal.SIGSTOP)
+            frozen = time.monotonic()
+            async with asyncio.timeout(30):
+                (outcome,) = await asyncio.gather(running, return_exceptions=True)
+            return outcome, time.monotonic() - frozen, pid
+        finally:
+            await actor.aclose(grace=1.0)
+
+    outcome, detected, pid = asyncio.run(main())
+    assert isinstance(outcome, RayActorError), outcome
+    wait_exit(pid, 10.0)
+    assert detected < 10
+    report(Row("rollout actor frozen, no executor", "SIGSTOP of a RolloutActor used alone",
+               "collect unanswered (0.2 + 1s), killed: run() raised RayActorError", detected,
+               "(no driver: the caller's run() was waiting)", 0, int(process_alive(pid))))
+
+
 # -- 7. a raylet frozen ---------------------------------------------------------------------------
 
 
