@@ -50,6 +50,7 @@ from .._record.trace import Trace
 from .bounded_call import JUDGE_TIMEOUT
 from .finalize import FinalizeConfig
 from .group_finalizer import Group, GroupFinalizer
+from .otel import export_rollout
 from .policy_owner import PolicyOwner
 from .run_dir import RunDirectory
 from .staleness import split_stale
@@ -407,6 +408,7 @@ class Driver(PolicyOwner):
                 trace, ran = await self.executor.run(spec), True
             except Exception as e:  # noqa: BLE001 - e.g. a task that cannot be pickled: this rollout fails, not the run
                 trace, ran = failed_trace(spec, e), False
+            export_rollout(trace, run_id=self.run_id, attempt=attempt)  # OpenTelemetry spans, when configured
             retryable = lost(trace) or (ran and self.config.retry_failed and not trace.ok)
             counts.append(len(trace.errors))
             if not retryable or retries >= self.config.max_infra_retries:
