@@ -56,9 +56,10 @@ def export_rollout(trace: Trace, *, run_id: str | None = None, attempt: int = 0)
     tracer = otel.get_tracer(TRACER_NAME)
     start, end = _bounds(trace)
     ids = {"rollout.id": trace.id, "rollout.task": trace.task.type}
-    root = tracer.start_span("rollout", start_time=_ns(start), attributes=rollout_attributes(trace, run_id, attempt))
+    root = tracer.start_span("rollout", start_time=_ns(start))
     if not root.is_recording():
         return
+    root.set_attributes(rollout_attributes(trace, run_id, attempt))
     if not trace.ok and trace.last_error is not None:
         root.set_status(otel.Status(otel.StatusCode.ERROR, f"{trace.last_error.type}: {trace.last_error.message}"))
     in_root = otel.set_span_in_context(root)
