@@ -64,9 +64,7 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
         ToolInputError: unknown tool, or arguments that do not fit it (nothing ran).
         SandboxError: the rollout's runtime died under the tool.
     """
-    if toolset.call_timeout is not None:  # the toolset's own bound wins over the server's
-        timeout = toolset.call_timeout
-    started, began, deadline = time.monotonic(), time.time(), asyncio.timeout(timeout)
+    started, deadline = time.monotonic(), asyncio.timeout(timeout)
     fn, outcome = None, None
     failure: RolloutError | None = None
     try:
@@ -95,7 +93,7 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
         else:
             error = f"{type(failure).__name__}: {failure}"
         on_call(ToolCallRecord(toolset.name, name, msgspec.json.encode(arguments).decode(), error is None, error,
-                               time.monotonic() - started, started=began))
+                               time.monotonic() - started))
     if failure is not None:
         raise failure
     assert outcome is not None

@@ -1,7 +1,7 @@
 """OpenTelemetry spans of each rollout attempt, built in the driver from its returned trace.
 
 One ``rollout`` span per attempt, with a child per phase the trace timed (boot, setup, agent,
-finalize, scoring) and, under ``agent``, one per model call and tool call; each carries the
+finalize, scoring) and, under ``agent``, one per model call; each carries the
 rollout id and task as attributes. The spans are made from the trace's recorded times once it
 is back, so they come from the process where the user configured OpenTelemetry (the driver),
 whichever executor ran the rollout, and the rollout's own code waits on nothing for them.
@@ -68,13 +68,13 @@ def export_rollout(trace: Trace, *, run_id: str | None = None, attempt: int = 0)
             continue
         child = tracer.start_span(f"rollout.{phase}", context=in_root, start_time=_ns(span.start), attributes=ids)
         if phase == "agent":
-            _agent_steps(tracer, trace, otel.set_span_in_context(child), ids)
+            _model_calls(tracer, trace, otel.set_span_in_context(child), ids)
         child.end(end_time=_ns(span.end or end))
     root.end(end_time=_ns(end))
 
 
-def _agent_steps(tracer: Any, trace: Trace, context: Any, ids: dict[str, Any]) -> None:
-    """The model calls and tool calls inside the agent phase."""
+def _model_calls(tracer: Any, trace: Trace, context: Any, ids: dict[str, Any]) -> None:
+    """The model calls inside the agent phase."""
     assert otel is not None
     for call in trace.calls:
         if not call.time.start:
@@ -86,11 +86,3 @@ def _agent_steps(tracer: Any, trace: Trace, context: Any, ids: dict[str, Any]) -
         if call.error is not None:
             span.set_status(otel.Status(otel.StatusCode.ERROR, f"{call.error.type}: {call.error.message}"))
         span.end(end_time=_ns(call.time.end or call.time.start))
-    for tool_call in trace.tool_calls:
-        if not tool_call.started:  # recorded before tool calls had a start time
-            continue
-        span = tracer.start_span("rollout.tool_call", context=context, start_time=_ns(tool_call.started),
-                                 attributes={**ids, "tool.name": tool_call.name, "tool.toolset": tool_call.server})
-        if not tool_call.ok:
-            span.set_status(otel.Status(otel.StatusCode.ERROR, tool_call.error or "failed"))
-        span.end(end_time=_ns(tool_call.started + tool_call.duration))

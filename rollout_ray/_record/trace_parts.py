@@ -202,5 +202,3 @@ class ToolCallRecord(msgspec.Struct):
     ok: bool
     error: str | None = None
     duration: float = 0.0
-    started: float = 0.0
-    """Wall-clock epoch seconds when the call began (0: recorded before this field was)."""

@@ -118,7 +118,7 @@ def full_trace() -> Trace:
             scoring=TimeSpan(111.25, 112.0),
         ),
         tool_calls=[
-            ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5, started=1700000000.5),
+            ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5),
             ToolCallRecord("calc", "mul", "{}", True),
         ],
     )

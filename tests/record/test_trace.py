@@ -98,7 +98,7 @@ def full_trace() -> Trace:
             finalize=TimeSpan(110.0, 111.0),
             scoring=TimeSpan(111.0, 112.0),
         ),
-        tool_calls=[ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5, started=1700000000.5)],
+        tool_calls=[ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5)],
     )
 
 
