@@ -1,10 +1,10 @@
 """OpenTelemetry spans of each rollout attempt, built in the driver from its returned trace.
 
 One ``rollout`` span per attempt, with a child per phase the trace timed (boot, setup, agent,
-finalize, scoring) and, under ``agent``, one per model call; each carries the
-rollout id and task as attributes. The spans are made from the trace's recorded times once it
-is back, so they come from the process where the user configured OpenTelemetry (the driver),
-whichever executor ran the rollout, and the rollout's own code waits on nothing for them.
+finalize, scoring) and, under ``agent``, one per model call; each carries the rollout id and
+task as attributes. The spans are made from the trace's recorded times once it is back, so
+they come from the process where the user configured OpenTelemetry (the driver), whichever
+executor ran the rollout, and the rollout's own code waits on nothing for them.
 
 Nothing happens unless OpenTelemetry is installed (the ``[otel]`` extra) and the user set a
 tracer provider that records (``trace.set_tracer_provider`` with an exporter, or
