@@ -64,6 +64,8 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
         ToolInputError: unknown tool, or arguments that do not fit it (nothing ran).
         SandboxError: the rollout's runtime died under the tool.
     """
+    if toolset.call_timeout is not None:  # the toolset's own bound wins over the server's
+        timeout = toolset.call_timeout
     started, deadline = time.monotonic(), asyncio.timeout(timeout)
     fn, outcome = None, None
     failure: RolloutError | None = None
