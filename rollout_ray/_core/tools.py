@@ -69,6 +69,8 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
         SandboxError: the rollout's runtime died under the tool.
         InfrastructureLost: the process hosting the runtime died under the tool.
     """
+    if toolset.call_timeout is not None:  # the toolset's own bound wins over the server's
+        timeout = toolset.call_timeout
     started, deadline = time.monotonic(), asyncio.timeout(timeout)
     fn, outcome = None, None
     failure: RolloutError | InfrastructureLost | None = None

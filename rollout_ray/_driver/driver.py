@@ -295,6 +295,7 @@ class Driver(PolicyOwner):
         return GroupFinalizer(
             config=config.finalize, judge=self.judge, store=self._store, io=self._io, emit=emit,
             rows_per_write=config.rows_per_shard, capacity=config.finished_buffer, rule=config.keep_group,
+            judge_timeout=config.judge_timeout,
             rejected=rejected,
             **({} if config.max_staleness is None else {"keep": self._fresh_or_rerun, "demand": demand}))
 
@@ -385,7 +386,7 @@ class Driver(PolicyOwner):
                     self._steering.executor, lambda: self._spec(task, f"{group_id}#{sample_idx}"),
                     self._redo.pop((group_id, sample_idx), None),
                     retries=self.config.max_infra_retries, retry_failed=self.config.retry_failed,
-                    on_retry=self._retried)
+                    on_retry=self._retried, run_id=self.run_id)
             finally:
                 self.progress.in_flight -= 1
             self._count(trace)

@@ -15,6 +15,7 @@ sets it, then forwards it to the node's services for the sessions of its program
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -87,11 +88,15 @@ class RunReceiver:
         self._done.append((sid, result))
         self._ready.set()
 
-    async def collect(self) -> list[Result]:
-        """Every result since the last call; waits for one while rollouts run."""
-        while not self._done and self._running:
-            self._ready.clear()
-            await self._ready.wait()
+    async def collect(self, wait: float | None = None) -> list[Result]:
+        """Every result since the last call; waits for one while rollouts run, ``wait``
+        seconds at most (``None``: as long as they run). An empty answer says the actor is
+        alive: its caller bounds its own wait on the call by it."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                while not self._done and self._running:
+                    self._ready.clear()
+                    await self._ready.wait()
         done, self._done = self._done, []
         return done
 
@@ -252,8 +257,8 @@ class _RolloutActor:
         self._watch()
         return self._receiver.submit(items, bodies)
 
-    async def collect(self) -> list[Result]:
-        return await self._receiver.collect()
+    async def collect(self, wait: float | None = None) -> list[Result]:
+        return await self._receiver.collect(wait)
 
     async def cancel(self, sids: list[int]) -> None:
         self._receiver.cancel(sids)

@@ -7,6 +7,7 @@
     <run>/shards/part-00000.parquet ...    one row per rollout, in write order (store.py)
     <run>/groups/part-00000.parquet ...    one row per finalized group
     <run>/report.png                       ``rollout-ray report``'s plot, by default
+    <run>/scores/v2/ ...                   a rescore's scores (score_versions.py; below)
     <run>/control.json                     a live driver's control endpoint and token (0600)
     <run>/status.json                      a live driver's status, refreshed every few seconds
     <any of them>.tmp                      being written; renamed to its name once complete
@@ -97,3 +98,34 @@ def shard_index(path: Path) -> int:
 def being_written(path: Path) -> Path:
     """The name ``path`` is written under until it is complete (then renamed to ``path``)."""
     return path.with_name(path.name + ".tmp")
+
+
+# -- score versions (``rollout-ray rescore``; read by score_versions.py) -----------------------
+#
+#     <run>/scores/v<n>/samples.parquet     the score columns of every row it scored, by key
+#     <run>/scores/v<n>/groups.parquet      the groups finalized again with them
+#     <run>/scores/v<n>/version.json        what made it: when, the taskset, how many rows
+#     <run>/scores/v<n>.tmp/                being written; renamed to v<n> once complete
+#
+# Version 1 is what the shards hold; a rescore adds version n + 1 and never changes another.
+
+SCORES = "scores"
+"""The folder of the score versions a rescore added."""
+SCORE_SAMPLES = "samples.parquet"
+SCORE_GROUPS = "groups.parquet"
+SCORE_INFO = "version.json"
+_VERSION = re.compile(r"^v(\d+)$")
+
+
+def score_version(layout: RunLayout, number: int) -> Path:
+    """The folder of score version ``number`` (>= 2) of the run ``layout`` describes."""
+    return layout.root / SCORES / f"v{number}"
+
+
+def score_versions(layout: RunLayout) -> list[int]:
+    """The numbers of the complete score versions a rescore added, in order (none: ``[]``)."""
+    folder = layout.root / SCORES
+    if not folder.is_dir():
+        return []
+    found = (_VERSION.match(p.name) for p in folder.iterdir() if p.is_dir())
+    return sorted(int(m.group(1)) for m in found if m)

@@ -37,6 +37,8 @@ from .manifest import read_manifest as read_manifest
 from .manifest import runtime_versions as runtime_versions
 from .manifest import write_manifest as write_manifest
 from .run_layout import GROUPS, SAMPLES, RunLayout, being_written, shard_index
+from .score_versions import KEY as SCORE_KEY
+from .score_versions import read_version
 
 _SCHEMA_NAMES = frozenset(TRACE_SCHEMA.names)
 
@@ -184,11 +186,14 @@ _KEY = ("run_id", "group_id", "sample_idx")
 
 
 def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = None, *,
-             conversation: bool = True) -> pa.Table:
+             conversation: bool = True, scores: int | None = None) -> pa.Table:
     """Read the run into one table: the latest row of each ``(group_id, sample_idx)``, in
     write order, with every column (``TRACE_SCHEMA``'s, the group columns the driver adds,
     a judge's) or only ``columns``; ``conversation=False`` leaves out the two large ones
     (``messages``, ``trace``). Shards missing a column another has get nulls there.
+
+    ``scores``: which score version the score columns come from (``score_versions``): the
+    latest a rescore wrote (``None``), or ``1``, the scores the rollouts were stored with.
 
     Either every shard is read or an exception is raised: never partial or mixed data.
 
@@ -197,11 +202,17 @@ def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = No
         CorruptRun: a shard cannot be read (the run needs repair) or holds rows of another
             run, or the run's manifest cannot be read.
         SchemaMismatch: a shard lacks a requested column or has a newer schema version.
+        ValueError: the run has no score version ``scores``.
     """
+    version = read_version(run_dir, scores)
     if columns is None and not conversation:
         columns = [c for c in _stored_columns(run_dir) if c not in CONVERSATION_COLUMNS]
-    wanted = None if columns is None else [*columns, *(k for k in _KEY if k not in columns)]
+        columns += [c for c in (version.samples.column_names if version else ()) if c not in columns]
+    keys = (*_KEY, *SCORE_KEY) if version else _KEY
+    wanted = None if columns is None else [*columns, *(k for k in keys if k not in columns)]
     tables = [table for _, table in _own_shards(run_dir, wanted)]
+    if version is not None:  # the rows of the shards it saw; later ones (a resume's) keep theirs
+        tables = [version.overlay(t) if i < version.shards else t for i, t in enumerate(tables)]
     if not tables:
         names = TRACE_SCHEMA.names if columns is None else list(columns)
         return TRACE_SCHEMA.empty_table().select(names)
@@ -216,18 +227,22 @@ def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = No
     return table.select(list(columns))
 
 
-def read_groups(run_dir: str | os.PathLike[str]) -> pa.Table:
+def read_groups(run_dir: str | os.PathLike[str], *, scores: int | None = None) -> pa.Table:
     """The run's finalized groups, one row each (the latest of a group finalized again):
     ``group_id``, ``n`` samples, ``n_valid`` counted (every sample: a failed one counts as
     reward 0), ``n_failed``, ``n_correct``, reward ``mean`` / ``std`` / ``min`` / ``max``,
     ``best_reward``, ``pass_at_<k>`` and ``judge_error`` (the judge's failure on the group, if
-    it failed). ``read_run`` has the per-sample side of the same numbers.
+    it failed). ``read_run`` has the per-sample side of the same numbers; ``scores`` as there.
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
         CorruptRun: a groups shard cannot be read.
+        ValueError: the run has no score version ``scores``.
     """
     shard_paths(run_dir)  # the run directory must exist
+    version = read_version(run_dir, scores)
+    if version is not None:
+        return version.groups
     tables = []
     for path in RunLayout.of(run_dir).shards(GROUPS):
         with _unreadable_is_corrupt(path):

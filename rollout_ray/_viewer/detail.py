@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from .._driver.finalize import FinalizeConfig, finalize
 from .._errors import CorruptRun
 from .._record.messages import AssistantMessage, Content, ImagePart, ToolMessage
+from .._record.score_versions import rescored_trace
 from .._record.trace import Trace, decode_trace
 from .index import RunIndex, unreadable_is_corrupt
 
@@ -38,7 +39,14 @@ def read_trace(index: RunIndex, position: int) -> Trace:
     path = index.shard_path(shard)
     with unreadable_is_corrupt(path):
         blob = _read_row(path, row, expected)
-    return decode_trace(blob)
+    trace = decode_trace(blob)
+    version = index.scores
+    if version is not None and shard < version.shards:  # a rescore's scores, as the index shows them
+        scored = version.row(index.table["group_id"][position].as_py(), index.table["sample_idx"][position].as_py(),
+                             expected)
+        if scored is not None:
+            trace = rescored_trace(trace, scored)
+    return trace
 
 
 def _read_row(path: Path, row: int, rollout_id: str) -> bytes:

@@ -5,7 +5,8 @@ Laziness: the index holds only the scalar columns of the shards (no ``messages``
 (``_shard``, ``_row``). It is keyed by every shard's (name, mtime, size): a request on an
 unchanged run reuses it, and since shards are only ever appended, a run still being written
 costs only its new shards. It shows what ``read_run`` returns: the latest row of each
-``(group_id, sample_idx)``, and never a shard of another run. Sorting, filtering and paging
+``(group_id, sample_idx)``, with the latest score version's columns (a rescore's), and never a
+shard of another run. Sorting, filtering and paging
 run with ``pyarrow.compute`` over this index; one rollout's ``trace`` is read from its shard
 when its page is opened (``detail.read_trace``).
 """
@@ -27,6 +28,7 @@ from .._driver.finalize import counted_reward
 from .._errors import CorruptRun
 from .._record.arrow import SCALAR_COLUMNS, TRACE_SCHEMA, check_schema
 from .._record.run_layout import RunLayout
+from .._record.score_versions import ScoreVersion, latest_version, read_version
 from .._record.store import read_manifest, shard_paths
 
 INDEX_COLUMNS: tuple[str, ...] = tuple(
@@ -69,6 +71,9 @@ class RunIndex:
     position in this table."""
     complete: frozenset[str]
     """Stored extra columns (e.g. ``advantage``) present in every shard."""
+    scores: ScoreVersion | None = None
+    """The latest score version a rescore wrote (``None``: the shards' own scores), which
+    ``table`` shows on the rows it scored (``_record/score_versions``)."""
 
     @property
     def extras(self) -> list[str]:
@@ -100,7 +105,9 @@ def build_index(run_dir: Path, previous: RunIndex | None = None) -> RunIndex:
         SchemaMismatch: a shard lacks a scalar column or has a newer schema version.
     """
     keys = shard_keys(run_dir)
-    if previous is not None and previous.keys == keys:
+    number = latest_version(run_dir)
+    same_scores = previous is not None and (previous.scores.number if previous.scores else 1) == number
+    if previous is not None and previous.keys == keys and same_scores:
         return previous
     parts: list[pa.Table] = []
     complete: set[str] | None = None
@@ -123,8 +130,12 @@ def build_index(run_dir: Path, previous: RunIndex | None = None) -> RunIndex:
     stored = pa.concat_tables(parts, promote_options="permissive")
     stored = stored.select([c for c in stored.column_names if not c.startswith("_")] + ["_shard", "_row"])
     table = _latest_per_key(stored)
+    version = previous.scores if previous is not None and same_scores else read_version(run_dir, number)
+    if version is not None:  # the rows of the shards it saw, its scalar columns
+        scalars = [f.name for f in version.samples.schema if _is_scalar(f.type)]
+        table = version.overlay(table, table["_shard"].to_numpy() < version.shards, scalars)
     table = table.append_column("_pos", pa.array(np.arange(table.num_rows, dtype=np.int64)))
-    return RunIndex(run_dir, keys, stored, table, frozenset(complete or ()))
+    return RunIndex(run_dir, keys, stored, table, frozenset(complete or ()), version)
 
 
 def _latest_per_key(stored: pa.Table) -> pa.Table:
