@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from .._driver.driver import EvalConfig, RunResult, group_id_of
 from .._driver.run_dir import changed_settings as _changed
 from .._driver.run_dir import stored_results
-from .._errors import UsageError
+from .._errors import CorruptRun, UsageError
 from .._hosting.executor import Executor
 from .._record.run_layout import RunLayout
 from .._record.store import done_keys, read_manifest
@@ -76,7 +76,7 @@ def _sweep(args: argparse.Namespace) -> int:
         base = sweep.file.base.model_copy(update={k: v for k, v in overrides.items() if v})
         out = args.out or os.path.join("runs", "sweep-" + os.path.splitext(os.path.basename(args.grid))[0])
         plan = preflight(sweep, out, resume=args.resume)
-    except UsageError as e:
+    except (UsageError, CorruptRun) as e:  # CorruptRun: a point's run directory is a link
         print("\n".join(f"rollout-ray sweep: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
     copy = os.path.join(out, "grid.toml")

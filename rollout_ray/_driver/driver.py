@@ -281,17 +281,23 @@ class Driver(PolicyOwner):
                     finally:
                         finalizer.finish()
         finally:
-            # Also on cancellation: what was finalized is kept, so a resume will not redo it.
-            if finalizer is not None:
-                await finalizer.flush()
-            self._io.shutdown(wait=True)
-            if self._store is not None:
-                self._store.close()
-            if self.progress.stale:
-                log.info("staleness: %d rollouts dropped as older than max_staleness=%s versions "
-                         "and re-run", self.progress.stale, self.config.max_staleness)
-            self._report(force=True)
-            await queue.put(None)
+            try:
+                # Also on cancellation: what was finalized is kept, so a resume will not redo it.
+                if finalizer is not None:
+                    await finalizer.flush()
+            finally:
+                # A write that failed (a link planted in the run dir, a full disk) still ends the
+                # stream, and closes the store: the consumer re-raises the error, never waits on.
+                self._io.shutdown(wait=True)
+                try:
+                    if self._store is not None:
+                        self._store.close()
+                finally:
+                    if self.progress.stale:
+                        log.info("staleness: %d rollouts dropped as older than max_staleness=%s versions "
+                                 "and re-run", self.progress.stale, self.config.max_staleness)
+                    self._report(force=True)
+                    await queue.put(None)
 
     async def _rollouts(self) -> None:
         """Every planned sample, at most ``max_in_flight`` at once, until done or halted."""
