@@ -193,15 +193,29 @@ def iter_shards(
         yield folder.path / name, _read_shard(folder, name, columns)
 
 
+ROW_GROUP_ROWS = 1_000
+"""Rows of a shard's row group at most."""
+ROW_GROUP_BYTES = 16 << 20
+"""Bytes of a row group (in memory, before encoding) at most, unless one row is larger."""
+
+
 def write_shard(table: pa.Table, sink: BinaryIO) -> None:
     """Write ``table`` as one shard's Parquet to ``sink``."""
-    # Row groups of 1,000: reading one rollout's trace (the viewer) decodes 1,000 rows, not
-    # the shard's 10,000. Pages are closed every 16 rows at most: a trace can be large, and
-    # Parquet checks a page's size once per write batch (1,024 rows by default), so a
-    # shard written from one large chunk built a whole column chunk in one page (the
-    # writer's transient peak was 3x the shard's traces; +1 us per row).
-    pq.write_table(table, sink, compression="zstd", write_page_checksum=True, row_group_size=1000,
+    # Row groups of 1,000 rows and at most ~16 MiB: reading one rollout's trace (the viewer)
+    # decodes its row group's traces up to it, and pyarrow reads no single row, so the bound
+    # on that cost is the row group's bytes (0.5 MiB traces: 32 rows, not 1,000). Pages are
+    # closed every 16 rows at most: a trace can be large, and Parquet checks a page's size
+    # once per write batch (1,024 rows by default), so a shard written from one large chunk
+    # built a whole column chunk in one page (the writer's transient peak was 3x the shard's
+    # traces; +1 us per row).
+    rows = ROW_GROUP_ROWS
+    if table.num_rows and table.nbytes > ROW_GROUP_BYTES:
+        rows = max(1, min(rows, ROW_GROUP_BYTES * table.num_rows // table.nbytes))
+    pq.write_table(table, sink, compression="zstd", write_page_checksum=True, row_group_size=rows,
                    write_batch_size=16)
+
+
+_KEY = ("run_id", "group_id", "sample_idx")
 
 
 def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = None, *,
