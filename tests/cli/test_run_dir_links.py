@@ -151,3 +151,18 @@ def test_the_red_teams_manifest_scenario_then_a_clean_run(tmp_path: Path, report
     done, _ = evaluate(tmp_path, "r")
     assert done.returncode == 0, done.stderr[-3000:]
     assert read_run(tmp_path / "r").num_rows == 8 and victim.read_text() == PRECIOUS
+
+
+@pytest.mark.parametrize("planted", ["grid.toml", "comparison.parquet", "comparison.csv"])
+def test_a_sweep_writes_its_own_files_through_no_link(tmp_path: Path, planted: str, report: Report) -> None:
+    """A sweep's directory holds its points' run directories and is shared as they are."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'taskset = "{ARITH}"\n[base]\nsamples = 1\nlimit = 1\nexecutor = "local"\n')
+    victim = outside_file(tmp_path)
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / planted).symlink_to(victim)
+    done, seconds = cli(tmp_path, "sweep", str(grid), "--out", "s")
+    assert refused(done) == "rollout-ray sweep: " + LINK.format(path=f"s/{planted}")
+    assert victim.read_text() == PRECIOUS and (tmp_path / "s" / planted).is_symlink()
+    report(f"21§1 planted s/{planted}", "link to an outside file; sweep --out s", "refused: exit 2, names it",
+           "outside file intact", seconds)
