@@ -5,11 +5,14 @@ the user's choice."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -128,6 +131,45 @@ def test_a_run_directory_that_is_a_link_is_refused_by_every_command(tmp_path: Pa
     assert (real / "manifest.json").read_bytes() == manifest and not (real / "report.png").exists()
     report("21§1 run dir is a link", "r -> a run; eval --resume, report, view", "each refused: exit 2",
            "the run untouched", seconds)
+
+
+def view_statuses(cwd: Path, root: str, *paths: str) -> list[tuple[int, Any]]:
+    """GET each path from a real ``rollout-ray view ROOT`` process: (status, JSON body)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([*CLI, "view", root, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=cwd, env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert " at http://127.0.0.1:" in line, line
+        url = line.split(" at ", 1)[1].split()[0]
+        out: list[tuple[int, Any]] = []
+        for path in paths:
+            try:
+                with urllib.request.urlopen(url + path, timeout=30) as response:
+                    out.append((response.status, json.load(response)))
+            except urllib.error.HTTPError as e:
+                with e:
+                    out.append((e.code, json.load(e)))
+        return out
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+def test_the_viewer_command_follows_no_link_out_of_its_root(tmp_path: Path, stored: Path, report: Report) -> None:
+    shutil.copytree(stored, tmp_path / "root" / "mine", symlinks=True)
+    theirs = shutil.copytree(stored, tmp_path / "private" / "theirs", symlinks=True)
+    (tmp_path / "root" / "ext").symlink_to(theirs, target_is_directory=True)  # a run, linked in
+    (tmp_path / "root" / "more").symlink_to(theirs.parent, target_is_directory=True)  # a folder of runs
+    started = time.monotonic()
+    (_, runs), *served = view_statuses(tmp_path, "root", "api/runs", "api/run?run=ext", "api/rollouts?run=ext",
+                                       "api/rollouts?run=more/theirs", "api/rollouts?run=mine")
+    seconds = time.monotonic() - started
+    assert [r["id"] for r in runs["runs"]] == ["mine"]
+    assert [status for status, _ in served] == [404, 404, 404, 200] and len(served[-1][1]["rows"]) == 8
+    report("21§1 rollout-ray view: run linked in", "root/ext -> a run outside, root/more -> its folder",
+           "neither listed nor served (404)", "0 rows of theirs served", seconds)
 
 
 def test_a_link_among_the_parents_is_the_users_choice(tmp_path: Path) -> None:
