@@ -33,6 +33,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Self
 
+import pyarrow as pa
+
 from .._errors import CorruptRun
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
@@ -130,6 +132,17 @@ class RunFiles:
         fd = self._open(name, _READ)
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb", buffering=0)
+
+    def arrow_reader(self, name: str) -> pa.NativeFile:
+        """The regular file ``name``, open for Arrow (Parquet) to read. Raises as ``reader``.
+
+        A file of Arrow's own, not a Python file: Arrow's I/O threads read ahead, and one that
+        releases a Python file's buffer as the interpreter exits aborts the process. It is
+        opened through this process's descriptor of the file checked here (``/proc/self/fd``),
+        which names that file, not the path: nothing swapped in since is read.
+        """
+        with self.reader(name) as f:
+            return pa.OSFile(f"/proc/self/fd/{f.fileno()}")
 
     def read_bytes(self, name: str) -> bytes:
         """The content of the regular file ``name``. Raises as ``reader``."""

@@ -306,7 +306,7 @@ def _stored_columns(run_dir: str | os.PathLike[str]) -> list[str]:
     """Every column any shard has, in first-seen order (schemas only: no data is read)."""
     names: dict[str, None] = dict.fromkeys(TRACE_SCHEMA.names)
     for folder, name in shard_files(run_dir):
-        with folder.reader(name) as f, _unreadable_is_corrupt(folder.path / name):
+        with folder.arrow_reader(name) as f, _unreadable_is_corrupt(folder.path / name):
             names.update(dict.fromkeys(pq.read_schema(f).names))
     return list(names)
 
@@ -349,7 +349,7 @@ def _read_shard(folder: RunFiles, name: str, columns: Sequence[str] | None, *, t
     """Shard ``name`` of ``folder``: ``columns`` of a trace table (checked against
     ``TRACE_SCHEMA``), or all of another table (``trace_schema=False``: groups)."""
     path = folder.path / name
-    with folder.reader(name) as f:
+    with folder.arrow_reader(name) as f:
         with _unreadable_is_corrupt(path):
             shard = pq.ParquetFile(f, page_checksum_verification=True)
         with shard:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -142,13 +141,13 @@ def _read_keys(entry: RunEntry) -> tuple[tuple[str, int, int], ...]:
         st = folder.stat(name)
         key = (str(folder.path / name), st.st_mtime_ns, st.st_size)
         if key not in _KEYS_CACHE:
-            with folder.reader(name) as f:
+            with folder.arrow_reader(name) as f:
                 _KEYS_CACHE[key] = _shard_keys(f)
         keys.append(key)
     return tuple(keys)
 
 
-def _shard_keys(source: BinaryIO) -> pa.Table:
+def _shard_keys(source: pa.NativeFile) -> pa.Table:
     """The shard's ``(group_id, sample_idx)`` rows."""
     try:
         return pq.read_table(source, columns=["group_id", "sample_idx"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,14 +41,14 @@ def read_trace(index: RunIndex, position: int) -> Trace:
     row = int(index.table["_row"][position].as_py())
     expected = index.table["rollout_id"][position].as_py()
     name = index.shard_name(shard)
-    with index.layout.open() as run, run.folder(SAMPLES) as folder, folder.reader(name) as f:
+    with index.layout.open() as run, run.folder(SAMPLES) as folder, folder.arrow_reader(name) as f:
         path = folder.path / name
         with unreadable_is_corrupt(path):
             blob = _read_row(f, path, row, expected)
     return decode_trace(blob)
 
 
-def _read_row(source: BinaryIO, path: Path, row: int, rollout_id: str) -> bytes:
+def _read_row(source: pa.NativeFile, path: Path, row: int, rollout_id: str) -> bytes:
     """Row ``row``'s trace: only its row group is read, streamed, and decoded ``_BATCH`` rows at
     a time up to the row (pyarrow reads no single row; the writer bounds a row group's bytes)."""
     with pq.ParquetFile(source, page_checksum_verification=True, pre_buffer=False, buffer_size=_BUFFER) as shard:

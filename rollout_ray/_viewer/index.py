@@ -163,7 +163,7 @@ def read_scalars(folder: RunFiles, name: str, run_id: str | None = None) -> tupl
         SchemaMismatch: a scalar column is missing, or the schema version is newer.
     """
     path = folder.path / name
-    with folder.reader(name) as f:
+    with folder.arrow_reader(name) as f:
         with unreadable_is_corrupt(path):
             footer = pq.read_metadata(f)
             schema = footer.schema.to_arrow_schema()
