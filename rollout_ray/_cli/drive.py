@@ -146,5 +146,8 @@ async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harn
 
 
 def header(label: str, tasks: list[Task], config: EvalConfig, where: str, out: str) -> str:
-    return (f"{label}: {len(tasks)} tasks × {config.samples_per_task} samples, model: {where}, "
+    tasks_text = f"{len(tasks)} tasks"
+    if config.max_groups is not None and config.max_groups < len(tasks):
+        tasks_text = f"{config.max_groups} groups from {len(tasks)} tasks (max_groups)"
+    return (f"{label}: {tasks_text} × {config.samples_per_task} samples, model: {where}, "
             f"run dir: {out}")

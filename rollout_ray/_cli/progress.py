@@ -81,6 +81,7 @@ class ProgressDisplay:
         self.started = clock() if started is None else started
         self._first: tuple[float, int] | None = None  # (when, done) at the first finished rollout
         self._last_line = -PLAIN_EVERY
+        self._held: dict[str, Any] | None = None  # the latest counts not yet written (plain mode)
         self._bar: Any = None
 
     def rate(self, done: int) -> float | None:
@@ -108,11 +109,20 @@ class ProgressDisplay:
         if self.tty:
             self._show_bar(f)
         elif f["wall"] - self._last_line >= PLAIN_EVERY or (f["total"] is not None and f["done"] >= f["total"]):
-            self._last_line = f["wall"]
-            self.stream.write(plain_line(f) + "\n")
-            self.stream.flush()
+            self._write_plain(f)
+        else:
+            self._held = f
+
+    def _write_plain(self, f: dict[str, Any]) -> None:
+        self._last_line, self._held = f["wall"], None
+        self.stream.write(plain_line(f) + "\n")
+        self.stream.flush()
 
     def close(self) -> None:
+        # A run with no known total (max_groups) never reaches "done >= total": its last
+        # counts, held back by the line rate, are written here so the log ends on them.
+        if self._held is not None:
+            self._write_plain(self._held)
         if self._bar is not None:
             self._bar.close()
             self._bar = None

@@ -52,6 +52,7 @@ def summarize(samples: pa.Table, groups: pa.Table, *, timing: dict[str, float | 
         "ok": ok,
         "failed": n - ok,
         "groups": groups.num_rows,
+        "rejected": _rejected(groups),
         "mean_reward": sum(rewards) / len(rewards) if rewards else math.nan,
         "pass_at": _pass_at(groups),
         "metrics": _metrics(samples),
@@ -98,6 +99,14 @@ def first_line(message: str, limit: int = MESSAGE_CHARS) -> str:
     if len(lines[0]) > limit:
         return lines[0][: limit - 1].rstrip() + "…"
     return lines[0] + (" …" if len(lines) > 1 else "")
+
+
+def _rejected(groups: pa.Table) -> dict[str, int]:
+    """Groups kept from the stream, by the rule that refused them (``keep_rule``): stored and
+    counted in every figure here, not handed to a trainer."""
+    if not groups.num_rows or "rejected" not in groups.column_names:
+        return {}
+    return dict(Counter(r.split(":", 1)[0].split(" ", 1)[0] for r in groups["rejected"].to_pylist() if r).most_common())
 
 
 def _judge_failures(groups: pa.Table) -> tuple[int, str | None]:
@@ -165,6 +174,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"groups {summary['groups']}",
         f"mean reward {summary['mean_reward']:.4f}  ({FAILED_RULE}, here and in pass@k)",
     ]
+    if summary.get("rejected"):
+        lines.append(f"groups not streamed  {_counts(summary['rejected'])}  (stored, and counted above)")
     if summary["pass_at"]:
         lines.append("pass@k  " + "  ".join(f"pass@{k} {v:.4f}" for k, v in sorted(summary["pass_at"].items())))
     if summary.get("metrics"):

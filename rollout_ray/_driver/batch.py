@@ -5,8 +5,11 @@ per branch, and one more for each turn whose chat template drifted (``_record/to
 ``sample_idx`` and ``branch`` map the rows back. A sample is left out when it has no token
 ids, no advantage, or it failed: a failed sample counts as reward 0 in its siblings'
 advantages (``finalize``), but what it sampled before failing is not trained on (the failure
-may be the provider's or the machine's, not the policy's). Rows are padded on the right, to
-``pad_to`` or to the longest sequence.
+may be the provider's or the machine's, not the policy's). A sample whose tokens are masked
+(the samples' ``masked`` column, e.g. ``"stale"``: older than ``max_staleness`` with
+``stale_samples="mask"``) keeps its rows, its reward having counted in its group's baseline,
+with ``loss_mask`` and ``advantages`` 0 and the reason in ``masked``. Rows are padded on the
+right, to ``pad_to`` or to the longest sequence.
 
 =================  ===============  =======================================================
 array              dtype, shape     value
@@ -19,6 +22,8 @@ array              dtype, shape     value
 ``advantages``     float32 [R, T]   the sample's advantage where ``loss_mask`` is 1, else 0.0
 ``sample_idx``     int64 [R]        the row's sample in the group
 ``branch``         int64 [R]        the row's branch in that sample's trace
+``masked``         str [R]          why the row's tokens are masked from the loss (``""``:
+                                    they are not)
 =================  ===============  =======================================================
 """
 
@@ -67,7 +72,10 @@ def batch_arrays(samples: pa.Table, *, pad_to: int | None = None, pad_id: int = 
         out[at] = values
         return out
 
+    masked = np.repeat(np.array(kept["masked"].fill_null("").to_pylist() if "masked" in present
+                                else [""] * kept.num_rows, dtype=str), per_sample)
     loss_mask = padded(_flat(kept["loss_mask"])[0], np.float32)
+    loss_mask[masked != ""] = 0.0
     advantage = np.repeat(_numpy(kept["advantage"], np.float32), per_sample)
     return {
         "input_ids": padded(ids, np.int64, pad_id),
@@ -77,6 +85,7 @@ def batch_arrays(samples: pa.Table, *, pad_to: int | None = None, pad_id: int = 
         "advantages": loss_mask * advantage[:, None],
         "sample_idx": sample_idx,
         "branch": branch,
+        "masked": masked,
     }
 
 

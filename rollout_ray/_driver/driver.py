@@ -1,24 +1,25 @@
 """The driver: tasks × samples rollouts, bounded in flight, into Arrow and finalized groups.
 
-Each (task, sample) is scheduled once; at most ``max_in_flight`` run at a time, so memory
-stays flat however many tasks there are. A task's identity in a run is its position in the
-taskset (``group_id_of``): two identical tasks are two groups. Every scheduled sample ends as
-exactly one record: a rollout lost to infrastructure is retried up to ``max_infra_retries``
-times (each attempt's errors kept on the final trace, oldest first, and numbered in the
-record's ``attempts``) and then recorded as failed — so a group always
-completes and is never blocked by one bad sample. Task and harness failures are data and are
-not retried unless ``retry_failed``. ``breaker`` consecutive provider failures halt the run:
+Each (task, sample) is scheduled once; at most ``max_in_flight`` run at a time and at most
+``finished_buffer`` finished groups wait to be finalized, so memory stays flat however many
+tasks there are. A task's identity in a run is its position in the taskset (``group_id_of``): two identical
+tasks are two groups. Every scheduled sample ends as exactly one record: a rollout lost to
+infrastructure is retried up to ``max_infra_retries`` times (each attempt's errors kept on
+the final trace, oldest first, and numbered in the record's ``attempts``) and then recorded
+as failed — so a group always completes and is never blocked by one bad sample (it is then
+stored but not streamed: ``keep_rule``). Task and harness failures are data and are not
+retried unless ``retry_failed``. ``breaker`` consecutive provider failures halt the run:
 nothing new is scheduled and the status says why.
 
 Records stream into Parquet shards when a run directory is given (and a rerun with
 ``resume=True`` skips every (group, sample) already stored); each group is finalized (group
 statistics, advantages, best-of-n, pass@k) the moment its last sample closes, and handed to
-the consumer of ``groups()`` through a bounded queue.
+the consumer of ``groups()`` through a bounded queue unless the keep rule refuses it.
 
-For asynchronous RL the driver owns the policy version and the weight-update pause
-(``pause`` / ``resume`` / ``paused``, carried to wherever model calls are made by
-``Executor.set_policy``; see ``_core/policy_gate``), and with ``max_staleness`` drops and re-runs
-a finished rollout too old for the current version when its group is handed on (``staleness``).
+A group is started when ``admission`` allows (the staleness bound, ``max_groups``). For
+asynchronous RL the driver owns the policy version and the weight-update pause
+(``PolicyOwner``; ``_core/policy_gate``), and with ``max_staleness`` a rollout still too old
+when its group is handed on is re-run or masked (``staleness``).
 """
 
 from __future__ import annotations
@@ -29,99 +30,34 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
 
 from .._core.aio import unwrapped
 from .._core.harness import Harness
-from .._core.limits import RolloutLimits, RolloutTimeouts
 from .._core.model import Model
 from .._core.task import Task
-from .._errors import InfrastructureLost, ProviderError, ResumeMismatch
-from .._hosting.executor import Executor, failed_trace
+from .._errors import ProviderError, ResumeMismatch
+from .._hosting.executor import Executor
 from .._hosting.gc_tuning import tuned_for_rollouts
 from .._hosting.spec import RolloutSpec
 from .._record.arrow import RolloutRecord, warm_arrow
 from .._record.store import read_groups, read_run
 from .._record.trace import Trace
-from .finalize import FinalizeConfig
-from .group_finalizer import Group, GroupFinalizer
+from .admission import Admission
+from .attempts import run_attempts
+from .eval_config import EvalConfig
+from .group_finalizer import Group, GroupFinalizer, Masks
 from .policy_owner import PolicyOwner
+from .progress import Progress, RunResult
 from .run_dir import RunDirectory
 from .staleness import split_stale
 
+__all__ = ["Driver", "EvalConfig", "Group", "Progress", "RunResult", "group_id_of"]
+
 log = logging.getLogger("rollout_ray")
-
-
-class EvalConfig(BaseModel):
-    """How a run is driven (user config)."""
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, use_attribute_docstrings=True)
-
-    samples_per_task: int = Field(1, ge=1)
-    """n: rollouts per task; the samples of one task form a group."""
-    max_in_flight: int = Field(64, ge=1)
-    """Rollouts running at once (backpressure)."""
-    max_infra_retries: int = Field(2, ge=0)
-    """Retries of a rollout whose host died."""
-    retry_failed: bool = False
-    """Also retry rollouts that failed inside (task or harness errors), up to the same count."""
-    breaker: int = Field(10, ge=1)
-    """Consecutive provider failures that halt the run."""
-    rows_per_shard: int = Field(1000, ge=1)
-    """Rows per Parquet shard, at most: finalized groups are written when this many are
-    buffered, or 2 s after the first of them was (``group_finalizer.WRITE_WITHIN``), or 64 MiB of them."""
-    stream_buffer: int = Field(64, ge=1)
-    """Finalized groups waiting for the consumer before the driver waits too."""
-    limits: RolloutLimits = RolloutLimits()
-    timeouts: RolloutTimeouts = RolloutTimeouts()
-    model_name: str | None = None
-    sampling: dict[str, Any] = Field(default_factory=dict)
-    finalize: FinalizeConfig = FinalizeConfig()
-    max_staleness: int | None = Field(None, ge=0)
-    """Versions a rollout's oldest turn may lag the current policy version when its group is
-    handed to the consumer; an older one is dropped and re-run (0: synchronous on-policy;
-    see ``_driver/staleness``). ``None``: all kept."""
-
-
-@dataclass
-class Progress:
-    """Counters of a running driver, for progress displays."""
-
-    total: int | None
-    done: int = 0
-    failed: int = 0
-    in_flight: int = 0
-    retried: int = 0
-    skipped: int = 0
-    stale: int = 0
-    """Rollouts dropped as too old for the policy version (``max_staleness``) and re-run."""
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def rate(self) -> float:
-        elapsed = time.monotonic() - self.started
-        return self.done / elapsed if elapsed > 0 else 0.0
-
-    @property
-    def eta(self) -> float | None:
-        if self.total is None or not self.rate:
-            return None
-        return (self.total - self.skipped - self.done) / self.rate
-
-
-@dataclass(frozen=True)
-class RunResult:
-    status: Literal["completed", "halted"]
-    reason: str
-    samples: pa.Table
-    groups: pa.Table
-    run_dir: str | None
-    stale: int = 0
-    """Rollouts dropped as stale and re-run."""
 
 
 def group_id_of(position: int, task: Task) -> str:
@@ -146,7 +82,8 @@ class Driver(PolicyOwner):
         overwrite: replace the run stored in ``run_dir`` (only a run directory: one with a
             manifest; never through a symbolic link).
         judge: cross-trace hook for ``finalize`` (called once per group's table).
-        on_progress: called with ``Progress`` at most every ``progress_every`` seconds.
+        on_progress: called with ``Progress`` at most every ``progress_every`` seconds; if it
+            raises, the run stops and fails with its error.
         policy_version: the policy version the run starts at (``set_policy_version``).
     """
 
@@ -169,14 +106,17 @@ class Driver(PolicyOwner):
         policy_version: int = 0,
     ) -> None:
         self.tasks, self.harness, self.model, self.executor = tasks, harness, model, executor
-        self.config = config or EvalConfig()
+        self.config = config = config or EvalConfig()
         if resume and overwrite:
             raise ValueError("resume and overwrite exclude each other: continue the run, or replace it")
         self.run_dir, self.resume_run, self.keep_failed, self.judge = run_dir, resume, keep_failed, judge
         self.overwrite = overwrite
         self._on_progress, self._progress_every = on_progress, progress_every
+        self._callback_error: Exception | None = None
         self._manifest_config = manifest_config or {}
-        total = len(tasks) * self.config.samples_per_task if hasattr(tasks, "__len__") else None  # type: ignore[arg-type]
+        # With max_groups the rollouts to run are not known ahead (a rejected group is replaced).
+        sized = hasattr(tasks, "__len__") and config.max_groups is None
+        total = len(tasks) * config.samples_per_task if sized else None  # type: ignore[arg-type]
         self.progress = Progress(total=total)
         self.run_id = uuid.uuid4().hex
         self.status: Literal["completed", "halted"] = "completed"
@@ -192,6 +132,8 @@ class Driver(PolicyOwner):
         self._store: RunDirectory | None = None
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ray-shards")
         self._init_policy(policy_version)
+        self._admission = Admission(version=policy_version, max_staleness=config.max_staleness,
+                                    batch_groups=config.batch_groups, max_groups=config.max_groups)
         self._tg: asyncio.TaskGroup | None = None
         self._slots: asyncio.Semaphore | None = None
         self._group_tasks: dict[str, tuple[int, Task]] = {}
@@ -200,7 +142,7 @@ class Driver(PolicyOwner):
     # -- public API -------------------------------------------------------------------------
 
     async def groups(self) -> AsyncIterator[Group]:
-        """Finalized groups as they complete (the trainer stream).
+        """Finalized groups as they complete (the trainer stream), those the keep rule keeps.
 
         To stop early, iterate inside ``contextlib.aclosing(driver.groups())``: leaving it
         cancels the rollouts in flight at once and keeps what completed (a resume skips it).
@@ -208,11 +150,18 @@ class Driver(PolicyOwner):
         queue: asyncio.Queue[Group | None] = asyncio.Queue(self.config.stream_buffer)
         demand = asyncio.Semaphore(0)  # with max_staleness, a group is finalized when asked for
         producer = asyncio.create_task(self._drive(queue, demand))
+        admission = self._admission
         try:
             while True:
                 demand.release()
-                if (group := await queue.get()) is None:
+                if waits := queue.empty():
+                    admission.consumer_waits(True)
+                group = await queue.get()
+                if waits:
+                    admission.consumer_waits(False)
+                if group is None:
                     break
+                admission.stream()
                 yield group
             await producer  # re-raise a driver failure
         finally:
@@ -229,11 +178,13 @@ class Driver(PolicyOwner):
         """
         async for _ in self.groups():
             pass
+        p = self.progress
+        counts = {"stale": p.stale, "masked": p.masked, "held": p.held, "rejected": p.rejected}
         if self.run_dir is not None:
             return RunResult(self.status, self.reason, read_run(self.run_dir, conversation=False),
-                             read_groups(self.run_dir), self.run_dir, self.progress.stale)
+                             read_groups(self.run_dir), self.run_dir, **counts)
         samples, groups = self._finalizer.tables() if self._finalizer is not None else (pa.table({}), pa.table({}))
-        return RunResult(self.status, self.reason, samples, groups, self.run_dir, self.progress.stale)
+        return RunResult(self.status, self.reason, samples, groups, self.run_dir, **counts)
 
     def run(self) -> RunResult:
         """The run on an event loop of its own, for callers without one (blocks until it ends).
@@ -259,20 +210,33 @@ class Driver(PolicyOwner):
         finally:
             await self.model.aclose()
 
+    async def _set_policy(self, *args: Any, **kwargs: Any) -> None:
+        await super()._set_policy(*args, **kwargs)
+        self._admission.version(self._policy_version)  # a new version may admit more
+
     # -- the run ----------------------------------------------------------------------------
 
     async def _drive(self, queue: asyncio.Queue[Group | None], demand: asyncio.Semaphore) -> None:
+        """The run, then the end of the stream: also after a failure (the consumer re-raises
+        it), not after a cancellation (the consumer left)."""
+        try:
+            await self._drive_run(queue, demand)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            await queue.put(None)
+            raise
+        await queue.put(None)
+
+    async def _drive_run(self, queue: asyncio.Queue[Group | None], demand: asyncio.Semaphore) -> None:
         finalizer = None
         warm_arrow()  # in a thread, beside the first rollouts: not on the loop at the first group
         try:
             self._open_store()
             await self._announce_policy()
-            finalizer = self._finalizer = GroupFinalizer(
-                config=self.config.finalize, judge=self.judge, store=self._store, io=self._io, emit=queue.put,
-                rows_per_write=self.config.rows_per_shard,
-                **({} if self.config.max_staleness is None else {"keep": self._fresh_or_rerun, "demand": demand}))
+            finalizer = self._finalizer = self._make_finalizer(queue, demand)
             # A lazy taskset is checked as it is planned, while rollouts run.
-            with tuned_for_rollouts(), unwrapped(ResumeMismatch):
+            with tuned_for_rollouts(), unwrapped(ResumeMismatch), self._error_unwrapped():
                 async with asyncio.TaskGroup() as tg:
                     self._tg = tg  # where stale samples run again, while the finalizer runs
                     tg.create_task(finalizer.run())
@@ -286,34 +250,75 @@ class Driver(PolicyOwner):
                 if finalizer is not None:
                     await finalizer.flush()
             finally:
-                # A write that failed (a link planted in the run dir, a full disk) still ends the
-                # stream, and closes the store: the consumer re-raises the error, never waits on.
+                # A write that failed (a link planted in the run dir, a full disk) still closes
+                # the store: the run's lock is released.
                 self._io.shutdown(wait=True)
-                try:
-                    if self._store is not None:
-                        self._store.close()
-                finally:
-                    if self.progress.stale:
-                        log.info("staleness: %d rollouts dropped as older than max_staleness=%s versions "
-                                 "and re-run", self.progress.stale, self.config.max_staleness)
+                if self._store is not None:
+                    self._store.close()
+                if self.progress.stale:
+                    log.info("staleness: %d rollouts dropped as older than max_staleness=%s versions "
+                             "and re-run", self.progress.stale, self.config.max_staleness)
+                if self._callback_error is None:
                     self._report(force=True)
-                    await queue.put(None)
+
+    def _make_finalizer(self, queue: asyncio.Queue[Group | None], demand: asyncio.Semaphore) -> GroupFinalizer:
+        config = self.config
+
+        async def emit(group: Group) -> None:
+            self._admission.passes()
+            await queue.put(group)
+
+        def rejected(group_id: str, reason: str) -> None:
+            self._admission.reject()
+            self.progress.rejected += 1
+            log.debug("group %s stored, not streamed: %s", group_id, reason)
+
+        return GroupFinalizer(
+            config=config.finalize, judge=self.judge, store=self._store, io=self._io, emit=emit,
+            rows_per_write=config.rows_per_shard, capacity=config.finished_buffer, rule=config.keep_group,
+            rejected=rejected,
+            **({} if config.max_staleness is None else {"keep": self._fresh_or_rerun, "demand": demand}))
+
+    @contextmanager
+    def _error_unwrapped(self) -> Iterator[None]:
+        """The one error that failed the run (the progress callback's, a keep rule's), not
+        the task groups' wrapping of it."""
+        try:
+            yield
+        except BaseExceptionGroup as group:
+            if self._callback_error is not None:
+                raise self._callback_error from None
+            leaves = group.exceptions
+            while len(leaves) == 1 and isinstance(leaves[0], BaseExceptionGroup):
+                leaves = leaves[0].exceptions
+            if len(leaves) == 1:
+                raise leaves[0] from None
+            raise
 
     async def _rollouts(self) -> None:
-        """Every planned sample, at most ``max_in_flight`` at once, until done or halted."""
+        """Every planned sample, at most ``max_in_flight`` at once, group by group as admission
+        allows, until done or halted."""
         slots = self._slots = asyncio.Semaphore(self.config.max_in_flight)
         bound = self.executor.max_in_flight
         if bound is not None and bound < self.config.max_in_flight:
             log.warning("the executor runs at most %d rollouts at once, below max_in_flight=%d: "
                         "the rest wait for room in it", bound, self.config.max_in_flight)
+        planned = self._plan()
         async with asyncio.TaskGroup() as tg:
-            for position, task, group_id, sample_idx in self._plan():
-                await slots.acquire()
-                if self._halt.is_set():
-                    slots.release()
-                    break
-                self.progress.in_flight += 1
-                tg.create_task(self._one(position, task, group_id, sample_idx, slots))
+            while await self._admission.room():
+                self.progress.held = self._admission.held
+                group = next(planned, None)
+                if group is None:
+                    return
+                position, task, group_id, todo = group
+                self._admission.admit()
+                for sample_idx in todo:
+                    await slots.acquire()
+                    if self._halt.is_set():
+                        slots.release()
+                        return
+                    self.progress.in_flight += 1
+                    tg.create_task(self._one(position, task, group_id, sample_idx, slots))
 
     def _open_store(self) -> None:
         if self.run_dir is None:
@@ -331,54 +336,66 @@ class Driver(PolicyOwner):
             # A taskset in memory is checked whole before anything runs; a lazy one as planned.
             for position, task in enumerate(self.tasks):
                 self._store.check_task(position, group_id_of(position, task))
+        if self._store.groups_at and self.config.max_groups is not None:
+            self._admission.resumed(read_groups(self.run_dir))
 
-    def _plan(self) -> Iterator[tuple[int, Task, str, int]]:
+    def _plan(self) -> Iterator[tuple[int, Task, str, list[int]]]:
+        """Each group with samples to run, and those samples; a task is read when its group is planned."""
         done = self._done
         for position, task in enumerate(self.tasks):
             group_id = group_id_of(position, task)
             if self._store is not None:
                 self._store.check_task(position, group_id)
             self._group_sizes[group_id] = self.config.samples_per_task
-            for sample_idx in range(self.config.samples_per_task):
-                if (group_id, sample_idx) in done:
-                    self.progress.skipped += 1
-                    continue
-                yield position, task, group_id, sample_idx
+            todo = [i for i in range(self.config.samples_per_task) if (group_id, i) not in done]
+            self.progress.skipped += self.config.samples_per_task - len(todo)
+            if todo:
+                yield position, task, group_id, todo
 
     async def _one(self, position: int, task: Task, group_id: str, sample_idx: int,
                    slots: asyncio.Semaphore) -> None:
+        """One sample; its slot is held until its record is in (and, if it closes its group,
+        until the group is queued for the finalizer: ``finished_buffer``)."""
         try:
-            trace, attempt, attempts = await self._attempts(task, self._redo.pop((group_id, sample_idx), None))
+            try:
+                trace, attempt, attempts = await run_attempts(
+                    self.executor, lambda: self._spec(task), self._redo.pop((group_id, sample_idx), None),
+                    retries=self.config.max_infra_retries, retry_failed=self.config.retry_failed,
+                    on_retry=self._retried)
+            finally:
+                self.progress.in_flight -= 1
+            self._count(trace)
+            members = self._pending.setdefault(group_id, [])
+            members.append(RolloutRecord(trace, self.run_id, group_id, sample_idx, attempt, position, attempts))
+            if len(members) == self._group_sizes[group_id]:
+                del self._pending[group_id]
+                if self.config.max_staleness is not None:
+                    self._group_tasks[group_id] = (position, task)
+                assert self._finalizer is not None
+                await self._finalizer.close(group_id, members)
         finally:
             slots.release()
-            self.progress.in_flight -= 1
-        self._count(trace)
-        members = self._pending.setdefault(group_id, [])
-        members.append(RolloutRecord(trace, self.run_id, group_id, sample_idx, attempt, position, attempts))
-        if len(members) == self._group_sizes[group_id]:
-            del self._pending[group_id]
-            if self.config.max_staleness is not None:
-                self._group_tasks[group_id] = (position, task)
-            assert self._finalizer is not None
-            self._finalizer.close(group_id, members)
         self._report()
 
-    def _fresh_or_rerun(self, group_id: str, members: list[RolloutRecord]) -> bool:
+    def _fresh_or_rerun(self, group_id: str, members: list[RolloutRecord]) -> Masks | None:
         """As the finalizer finalizes a group (``max_staleness``): keep it if no member is too old
-        for the current policy; else drop those, run their samples again and keep the group
-        pending until they are back (``staleness``)."""
+        for the current policy; else mask those (``stale_samples="mask"``: the masks), or drop
+        them, run their samples again and keep the group pending until they are back (``None``)."""
         position, task = self._group_tasks.pop(group_id)
         assert self.config.max_staleness is not None and self._tg is not None
         fresh, stale = split_stale(members, self._policy_version, self.config.max_staleness)
         if not stale:
-            return True
+            return {}
+        if self.config.stale_samples == "mask":
+            self.progress.masked += len(stale)
+            return {record.sample_idx: "stale" for record in stale}
         self._pending[group_id] = fresh
         for record in stale:
             self.progress.stale += 1
             self.progress.done -= 1
             self.progress.failed -= not record.trace.ok
             self._tg.create_task(self._again(position, task, group_id, record.sample_idx))
-        return False
+        return None
 
     async def _again(self, position: int, task: Task, group_id: str, sample_idx: int) -> None:
         """A stale sample's new run, when there is room (a halted run leaves its group incomplete)."""
@@ -391,33 +408,13 @@ class Driver(PolicyOwner):
         self.progress.in_flight += 1
         await self._one(position, task, group_id, sample_idx, self._slots)
 
-    async def _attempts(self, task: Task, earlier: RolloutRecord | None) -> tuple[Trace, int, tuple[int, ...]]:
-        """Run ``task`` until it is not lost (or the retries are spent). Returns its trace,
-        carrying the errors of every earlier attempt first (``earlier``: a resumed run's
-        stored record, whose attempts come first and are numbered on from), the trace's
-        attempt number and how many errors each attempt left (``RolloutRecord.attempts``)."""
-        history = earlier.attempt_errors() if earlier is not None else []
-        errors = [e for attempt_errors in history for e in attempt_errors]
-        counts = [len(attempt_errors) for attempt_errors in history]
-        attempt = earlier.attempt + 1 if earlier is not None else 0
-        retries = 0
-        while True:
-            spec = RolloutSpec(task, self.harness, self.model, limits=self.config.limits,
-                               timeouts=self.config.timeouts, model_name=self.config.model_name,
-                               sampling=dict(self.config.sampling))
-            try:
-                trace, ran = await self.executor.run(spec), True
-            except Exception as e:  # noqa: BLE001 - e.g. a task that cannot be pickled: this rollout fails, not the run
-                trace, ran = failed_trace(spec, e), False
-            retryable = lost(trace) or (ran and self.config.retry_failed and not trace.ok)
-            counts.append(len(trace.errors))
-            if not retryable or retries >= self.config.max_infra_retries:
-                trace.errors[:0] = errors  # earlier attempts first (B52)
-                return trace, attempt, tuple(counts)
-            errors.extend(trace.errors)
-            attempt += 1
-            retries += 1
-            self.progress.retried += 1
+    def _spec(self, task: Task) -> RolloutSpec:
+        c = self.config
+        return RolloutSpec(task, self.harness, self.model, limits=c.limits, timeouts=c.timeouts,
+                           model_name=c.model_name, sampling=dict(c.sampling))
+
+    def _retried(self) -> None:
+        self.progress.retried += 1
 
     def _count(self, trace: Trace) -> None:
         self.progress.done += 1
@@ -431,17 +428,21 @@ class Driver(PolicyOwner):
                 self.reason = (f"circuit breaker: {self._provider_streak} consecutive provider "
                                f"failures (last: {last.message[:200]})")
                 self._halt.set()
+                self._admission.stop()
         else:
             self._provider_streak = 0
 
     def _report(self, force: bool = False) -> None:
+        """Call ``on_progress`` when due. If it raises, the run fails with its error: raised
+        here, and by ``groups`` / ``arun`` (the callback is not called again)."""
         now = time.monotonic()
-        if self._on_progress is not None and (force or now - self._last_report >= self._progress_every):
+        if self._on_progress is None or self._callback_error is not None:
+            return
+        if force or now - self._last_report >= self._progress_every:
             self._last_report = now
-            self._on_progress(self.progress)
+            try:
+                self._on_progress(self.progress)
+            except Exception as e:
+                self._callback_error = e
+                raise
 
-
-def lost(trace: Trace) -> bool:
-    """Whether a rollout's host or services were lost under it (an ``InfrastructureLost`` among
-    its errors): its outcome says nothing of the task, so it is run again."""
-    return not trace.ok and any(error.is_a(InfrastructureLost) for error in trace.errors)

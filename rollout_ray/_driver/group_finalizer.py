@@ -9,15 +9,23 @@ load the batches grow by themselves (up to one shard's rows), and finalizes are 
 ``GATHER`` seconds apart while groups keep closing; with nothing else to do, a group is handed
 on at once.
 
+Closed groups wait in a bounded queue (``capacity``): ``close`` waits for room, so when the
+finalizer, its writes or the consumer of the stream fall behind, the rollouts that finish
+groups wait, and with them the driver's admission. Memory stays flat however many groups a
+run has.
+
 A judge that raises fails the judging of its own group (``judge_error`` on the group's
-summary), not the run.
+summary), not the run. A group the keep rule refuses (``keep_rule``) is stored with its
+reason (``rejected`` on its summary) and handed to ``rejected`` instead of the stream.
 
 ``keep`` (the driver's staleness control) sees each group just before it is finalized,
 stored and streamed: a group it sends back (some members were too old for the current
 policy version and run again) is closed again later, and ``run`` does not end while one is
-out, unless it is ``abandon``-ed. With ``keep``, a group is taken only when the consumer
-asks for one (a unit of ``demand``): a group finalized ahead would wait in the stream,
-growing older, so the check holds at the moment the trainer receives the group.
+out, unless it is ``abandon``-ed; a group it keeps may have members whose tokens are to be
+masked from the loss (the samples' ``masked`` column: the reason, or null). With ``keep``, a
+group is taken only when the consumer asks for one (a unit of ``demand``): a group finalized
+ahead would wait in the stream, growing older, so the check holds at the moment the trainer
+receives the group.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,7 +42,9 @@ import pyarrow as pa
 
 from .._record.arrow import RolloutRecord, records_to_table
 from .batch import batch_arrays
+from .eval_config import KeepGroup
 from .finalize import FinalizeConfig, GroupJudge, finalize
+from .keep_rule import rejections
 from .run_dir import RunDirectory
 
 log = logging.getLogger("rollout_ray")
@@ -94,6 +105,19 @@ class Group:
         return batch_arrays(self.samples, pad_to=pad_to, pad_id=pad_id)
 
 
+Masks = dict[int, str]
+"""Sample index → why its tokens are masked from the loss, for the members of a kept group."""
+
+
+@dataclass(frozen=True)
+class FinalizerStatistics:
+    waiting: int
+    """Closed groups waiting to be finalized now."""
+    most_waiting: int
+    """The most that ever waited at once (at most ``capacity``)."""
+    capacity: int
+
+
 class GroupFinalizer:
     """Finalizes the groups closed since it last looked, in one table; stores them and hands
     each to ``emit``.
@@ -102,41 +126,55 @@ class GroupFinalizer:
         config / judge: as ``finalize``.
         store: the run directory (``None``: keep the tables in memory, ``tables()``).
         io: the one thread that writes shards (writes stay in order and off the loop).
-        emit: awaited with each finalized group, in closing order (the trainer stream).
+        emit: awaited with each finalized group that is streamed, in closing order.
         rows_per_write: rows buffered before they are written (or ``write_within`` seconds
             after the first of them was, or ``WRITE_BYTES`` of them: whichever comes first).
-        keep: asked of each group before it is finalized; ``False`` sends it back (it will
-            be closed again).
+        capacity: closed groups waiting to be finalized, at most (``close`` waits for room).
+        rule: ``EvalConfig.keep_group``; a group it refuses (or one with a lost member) is
+            stored, not emitted, and its id and reason go to ``rejected``.
+        keep: asked of each group before it is finalized; ``None`` sends it back (it will
+            be closed again), else the masks of its members.
         demand: with ``keep``, released by the consumer once per group it asks for.
         write_within / gather: see ``WRITE_WITHIN`` and ``GATHER`` (``gather`` does not apply
             with ``keep``: a group is finalized when it is asked for).
     """
 
     def __init__(self, *, config: FinalizeConfig, judge: GroupJudge | None, store: RunDirectory | None,
-                 io: Executor, emit: Callable[[Group], Any], rows_per_write: int,
-                 keep: Callable[[str, list[RolloutRecord]], bool] | None = None,
+                 io: Executor, emit: Callable[[Group], Any], rows_per_write: int, capacity: int = 1 << 30,
+                 rule: KeepGroup | None = None, rejected: Callable[[str, str], None] = lambda *_: None,
+                 keep: Callable[[str, list[RolloutRecord]], Masks | None] | None = None,
                  demand: asyncio.Semaphore | None = None, write_within: float = WRITE_WITHIN,
                  gather: float = GATHER) -> None:
         if (keep is None) != (demand is None):
             raise ValueError("keep and demand go together: pass both or neither")
         self.config, self.judge, self.store, self.io, self.emit = config, judge, store, io, emit
-        self.rows_per_write, self.keep, self.demand = rows_per_write, keep, demand
+        self.rows_per_write, self.capacity, self.rule, self.rejected = rows_per_write, capacity, rule, rejected
+        self.keep, self.demand = keep, demand
         self.write_within, self.gather = write_within, gather
         self._finalized_at = -float("inf")  # loop time of the last finalize
         self._out: set[str] = set()
         self._closed: list[tuple[str, list[RolloutRecord]]] = []
-        self._ready = asyncio.Event()
+        self._most_waiting = 0
+        self._masks: dict[str, Masks] = {}
+        self._ready, self._room = asyncio.Event(), asyncio.Event()
         self._finished = False
         self._unwritten: list[tuple[pa.Table, pa.Table]] = []
         self._unwritten_rows = self._unwritten_bytes = 0
         self._write_due = 0.0  # loop time by which what is unwritten is written
         self._memory: list[tuple[pa.Table, pa.Table]] = []
 
-    def close(self, group_id: str, members: list[RolloutRecord]) -> None:
-        """A group's last sample finished: finalize it soon."""
+    async def close(self, group_id: str, members: list[RolloutRecord]) -> None:
+        """A group's last sample finished: finalize it soon. Waits while ``capacity`` groups wait."""
+        while len(self._closed) >= self.capacity:
+            self._room.clear()
+            await self._room.wait()
         self._out.discard(group_id)
         self._closed.append((group_id, sorted(members, key=lambda r: r.sample_idx)))
+        self._most_waiting = max(self._most_waiting, len(self._closed))
         self._ready.set()
+
+    def statistics(self) -> FinalizerStatistics:
+        return FinalizerStatistics(len(self._closed), self._most_waiting, self.capacity)
 
     def abandon(self, group_id: str) -> None:
         """A group sent back by ``keep`` will not be closed again (the run halted)."""
@@ -166,16 +204,24 @@ class GroupFinalizer:
             if self.keep is None:
                 await self._gathered()
             batch = self._take() if self.keep is None else await self._asked_for()
-            groups, tables = self._finalize(batch)
+            self._room.set()
+            groups, tables, reasons = self._finalize(batch)
             for samples, summaries in tables:  # stored (or buffered to be) before handed on
                 await self._keep(samples, summaries)
             for group in groups:
-                await self.emit(group)
+                if group.group_id in reasons:
+                    self.rejected(group.group_id, reasons[group.group_id])
+                else:
+                    await self.emit(group)
+            if self.demand is not None and batch and len(reasons) == len(batch):
+                self.demand.release()  # still asked for: the next group answers it
 
     async def _gathered(self) -> None:
-        """Until ``gather`` seconds after the last finalize, unless a write's rows closed."""
+        """Until ``gather`` seconds after the last finalize, unless a write's rows closed or
+        the queue is full (groups wait to close)."""
         wait = self._finalized_at + self.gather - asyncio.get_running_loop().time()
-        if wait > 0 and sum(len(members) for _, members in self._closed) < self.rows_per_write:
+        if (wait > 0 and len(self._closed) < self.capacity
+                and sum(len(members) for _, members in self._closed) < self.rows_per_write):
             await asyncio.sleep(wait)
         self._finalized_at = asyncio.get_running_loop().time()
 
@@ -184,7 +230,9 @@ class GroupFinalizer:
         assert self.keep is not None and self.demand is not None
         await self.demand.acquire()
         group_id, members = self._closed.pop(0)
-        if self.keep(group_id, members):
+        masks = self.keep(group_id, members)
+        if masks is not None:
+            self._masks[group_id] = masks
             return [(group_id, members)]
         self._out.add(group_id)
         self.demand.release()  # still asked for: the next group answers it
@@ -241,24 +289,56 @@ class GroupFinalizer:
     # -- finalizing -------------------------------------------------------------------------
 
     def _finalize(self, batch: list[tuple[str, list[RolloutRecord]]]
-                  ) -> tuple[list[Group], list[tuple[pa.Table, pa.Table]]]:
-        """Every group of ``batch`` finalized, in order, and the tables that hold them (the
-        batch's two, from one ``finalize`` call, if nothing fails)."""
+                  ) -> tuple[list[Group], list[tuple[pa.Table, pa.Table]], dict[str, str]]:
+        """Every group of ``batch`` finalized, in order; the tables that hold them (the
+        batch's two, from one ``finalize`` call, if nothing fails; else one pair per group),
+        their summaries with ``rejected``; the reasons of the groups refused."""
         if not batch:
-            return [], []
-        table = records_to_table([r for _, members in batch for r in members])
+            return [], [], {}
+        table = self._table([r for _, members in batch for r in members])
         try:
             result = finalize(table, self.config, self.judge)
         except Exception:  # noqa: BLE001 - find the group whose judge raised: one at a time
             if self.judge is None:
                 raise
-            groups = [self._finalize_alone(group_id, members) for group_id, members in batch]
-            return groups, [(g.samples, g.summary) for g in groups]
-        summaries = result.groups.append_column("judge_error", pa.nulls(result.groups.num_rows, pa.string()))
-        return _split(batch, result.samples, summaries), [(result.samples, summaries)]
+            tables = [self._finalize_alone(group_id, members) for group_id, members in batch]
+        else:
+            tables = [(result.samples, result.groups.append_column(
+                "judge_error", pa.nulls(result.groups.num_rows, pa.string())))]
+        views: dict[str, Group] = {}
 
-    def _finalize_alone(self, group_id: str, members: list[RolloutRecord]) -> Group:
-        table = records_to_table(members)
+        def samples_of(group_id: str) -> pa.Table:
+            if not views:
+                views.update((g.group_id, g) for g in self._groups(batch, tables))
+            return views[group_id].samples
+
+        summaries = pa.concat_tables([s for _, s in tables]) if len(tables) > 1 else tables[0][1]
+        reasons = rejections(batch, summaries, samples_of, self.rule)
+        tables = [(samples, summaries.append_column("rejected", pa.array(
+            [reasons.get(g) for g in summaries.column("group_id").to_pylist()], pa.string())))
+            for samples, summaries in tables]
+        return self._groups(batch, tables), tables, reasons
+
+    @staticmethod
+    def _groups(batch: list[tuple[str, list[RolloutRecord]]], tables: list[tuple[pa.Table, pa.Table]]) -> list[Group]:
+        """The groups of ``batch`` as views of ``tables`` (one pair for the batch, or one per group)."""
+        if len(tables) > 1:
+            return [Group(group_id, samples, summary) for (group_id, _), (samples, summary) in zip(batch, tables)]
+        return _split(batch, *tables[0])
+
+    def _table(self, records: list[RolloutRecord]) -> pa.Table:
+        """``records`` as a table; with ``keep``, with the ``masked`` column (why a sample's
+        tokens are masked from the loss, or null)."""
+        table = records_to_table(records)
+        if self.keep is None:
+            return table
+        masked = [self._masks.get(r.group_id, {}).get(r.sample_idx) for r in records]
+        for group_id in {r.group_id for r in records}:
+            self._masks.pop(group_id, None)
+        return table.append_column("masked", pa.array(masked, pa.string()))
+
+    def _finalize_alone(self, group_id: str, members: list[RolloutRecord]) -> tuple[pa.Table, pa.Table]:
+        table = self._table(members)
         judge_error = None
         try:
             result = finalize(table, self.config, self.judge)
@@ -266,9 +346,8 @@ class GroupFinalizer:
             log.warning("group %s: judge failed: %s: %s", group_id, type(e).__name__, e)
             judge_error = f"{type(e).__name__}: {e}"
             result = finalize(table, self.config)
-        summary = result.groups.append_column("judge_error", pa.array([judge_error] * result.groups.num_rows,
-                                                                        pa.string()))
-        return Group(group_id, result.samples, summary)
+        return result.samples, result.groups.append_column(
+            "judge_error", pa.array([judge_error] * result.groups.num_rows, pa.string()))
 
 
 def _split(batch: list[tuple[str, list[RolloutRecord]]], samples: pa.Table, summaries: pa.Table) -> list[Group]:

@@ -1,4 +1,4 @@
-"""Staleness control: finished rollouts too old for the current policy are dropped and re-run.
+"""Staleness control: finished rollouts too old for the current policy are re-run (or masked).
 
 In asynchronous RL the trainer updates the weights while rollouts run, so a rollout may have
 been sampled, in part or in whole, by older versions of the policy. Each model call records
@@ -11,8 +11,10 @@ in the stream and grow older), so every group a trainer receives holds the bound
 moment. ``max_staleness=0`` is synchronous on-policy RL: only rollouts sampled entirely by
 the current version are kept. A rollout that made no versioned call is never stale.
 
-Rollouts are not held back to spare re-runs: a trainer slower than its rollouts pays for
-those finished too early with re-runs (their count is ``Progress.stale``).
+This check is the fallback: with ``batch_groups`` the driver holds admission back so that
+rollouts seldom end this stale (``admission``), and with ``stale_samples="mask"`` a stale
+sample is kept in its group with its tokens masked instead of being re-run. Re-runs are
+counted in ``Progress.stale``, masked samples in ``Progress.masked``.
 """
 
 from __future__ import annotations

@@ -227,3 +227,15 @@ def test_each_time_figure_says_what_it_counts_and_none_disagrees(
     assert not any(s.startswith("wall") for s in report)
     assert re.fullmatch(r"rollouts' span [\d.]+s \(first start to last end, from the stored spans\)  "
                         r"[\d.]+ rollouts/s over it", report[-2]), report[-2]
+
+
+def test_groups_a_keep_rule_refused_are_named_in_the_header_summary_and_progress(tmp_path: pathlib.Path) -> None:
+    """max_groups=3 from 8 tasks, odd tasks refused: 5 groups run and stored, 2 not streamed."""
+    result = _run("eval", TASKSETS / "keep_rule.py", "--executor", "local", "--samples", "2", "--out", tmp_path / "r")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "3 groups from 8 tasks (max_groups) × 2 samples" in result.stderr.splitlines()[0]
+    assert result.stderr.splitlines()[-1].startswith("done 10  failed 0  in flight 0")
+    lines = result.stdout.splitlines()
+    assert lines[0] == "rollouts 10  ok 10  failed 0  groups 5"
+    assert "groups not streamed  keep_group=2  (stored, and counted above)" in lines
+    assert read_run(tmp_path / "r", ["task_idx"]).num_rows == 10

@@ -72,6 +72,21 @@ def test_a_plain_line_every_few_seconds_and_at_the_end() -> None:
     assert lines[-1].startswith("done 4/4  failed 0") and "rollouts/s  ETA 0s" in lines[-1]
 
 
+def test_a_run_with_no_known_total_ends_its_log_on_the_last_counts() -> None:
+    """max_groups: no total, so no "done >= total" line; close writes the held-back counts."""
+    clock, stream = Clock(), io.StringIO()
+    display = ProgressDisplay(stream, clock=clock, tty=False)
+    p = Progress(total=None)
+    for done in range(1, 11):
+        p.done = done
+        display.update(p)
+    display.close()
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("done 1  failed 0") and lines[-1].startswith("done 10  failed 0")
+    display.close()
+    assert len(stream.getvalue().splitlines()) == len(lines)  # written once
+
+
 def test_the_running_mean_reward_comes_from_the_traces_handed_back() -> None:
     watched = Watched(_Rewarding([1.0, 0.0, 0.5]))
     for _ in range(3):

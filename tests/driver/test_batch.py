@@ -77,6 +77,7 @@ def test_a_group_batches_one_row_per_sequence_padded_to_the_longest() -> None:
                        [0, 0, -0.375, -0.375, 0, 0, 0]],
         "sample_idx": [0, 1, 1],
         "branch": [0, 0, 1],
+        "masked": ["", "", ""],
     }
     assert set(batch) == set(expected)
     for name, values in expected.items():
@@ -84,7 +85,7 @@ def test_a_group_batches_one_row_per_sequence_padded_to_the_longest() -> None:
     dtypes = {name: array.dtype for name, array in batch.items()}
     assert dtypes == {"input_ids": np.int64, "attention_mask": np.int64, "loss_mask": np.float32,
                       "old_logprobs": np.float32, "advantages": np.float32, "sample_idx": np.int64,
-                      "branch": np.int64}
+                      "branch": np.int64, "masked": np.dtype("<U1")}
 
 
 def test_pad_to_and_pad_id_set_the_width_and_the_padding() -> None:
@@ -107,7 +108,20 @@ def test_a_group_without_token_ids_batches_to_empty_arrays() -> None:
     batch = Group("g", samples, samples.slice(0, 0)).batch(pad_to=4)
     assert {name: array.shape for name, array in batch.items()} == {
         "input_ids": (0, 4), "attention_mask": (0, 4), "loss_mask": (0, 4), "old_logprobs": (0, 4),
-        "advantages": (0, 4), "sample_idx": (0,), "branch": (0,)}
+        "advantages": (0, 4), "sample_idx": (0,), "branch": (0,), "masked": (0,)}
+
+
+def test_a_masked_sample_keeps_its_rows_with_no_loss_and_says_why() -> None:
+    """Sample 1 (two branches) was stale: its reward 0 still counted in the mean (the
+    advantages of the others are those of ``group()``), its rows train nothing."""
+    samples = group().samples
+    samples = samples.append_column("masked", pa.array([None, "stale", None, None], pa.string()))
+    batch = Group("g", samples, samples.slice(0, 0)).batch()
+    assert batch["masked"].tolist() == ["", "stale", "stale"] and batch["sample_idx"].tolist() == [0, 1, 1]
+    assert batch["loss_mask"][1:].sum() == 0 and batch["advantages"][1:].sum() == 0
+    np.testing.assert_array_equal(batch["input_ids"], group().batch()["input_ids"])
+    np.testing.assert_array_equal(batch["advantages"][0], group().batch()["advantages"][0])
+    np.testing.assert_array_equal(batch["old_logprobs"], group().batch()["old_logprobs"])
 
 
 def test_samples_without_token_columns_are_refused() -> None:

@@ -121,22 +121,26 @@ def test_an_executor_that_raises_infrastructure_lost_still_has_its_rollout_retri
     assert rows[1]["ok"] and rows[1]["attempt"] == 1 and raises.calls == {0: 1, 1: 2}
 
 
-def test_a_rollout_lost_for_good_fails_and_never_blocks_its_group() -> None:
-    flaky = Flaky(lambda idx, call: idx == 0)
+def test_a_rollout_lost_for_good_fails_never_blocks_its_group_and_keeps_it_from_the_stream() -> None:
+    """Its retries spent, a lost sample is recorded as failed and its group completes and is
+    stored, with the reason it is not streamed: a machine's failure is no reward 0 to learn from."""
 
-    async def main() -> list[Any]:
-        async with flaky:
+    async def main(stream: bool) -> Any:
+        async with Flaky(lambda idx, call: idx == 0) as flaky:
             driver = Driver(tasks(2), ChatHarness(retries=0), ScriptedModel(default="4"), executor=flaky,
                             config=EvalConfig(samples_per_task=2, max_infra_retries=1))
-            return [g async for g in driver.groups()]
+            return [g.group_id async for g in driver.groups()] if stream else await driver.arun()
 
-    groups = asyncio.run(main())
-    assert len(groups) == 2
-    lost = next(g for g in groups if g.group_id.startswith("0-"))
-    rows = lost.samples.to_pylist()
+    assert [g[:2] for g in asyncio.run(main(stream=True))] == ["1-"]
+    result = asyncio.run(main(stream=False))
+    rows = [r for r in result.samples.to_pylist() if r["group_id"].startswith("0-")]
     assert [(r["ok"], r["error_type"], r["num_errors"], len(r["attempts"])) for r in rows] == [
         (False, "InfrastructureLost", 1, 2)] * 2
-    assert lost.summary["n_failed"].to_pylist() == [2]
+    summaries = {r["group_id"][:2]: r for r in result.groups.to_pylist()}
+    assert summaries["0-"]["n_failed"] == 2 and summaries["1-"]["rejected"] is None
+    assert summaries["0-"]["rejected"] == ("lost: sample(s) [0, 1] lost to the infrastructure on every attempt; "
+                                           "a resume runs them again")
+    assert result.rejected == 1
 
 
 def test_circuit_breaker_halts_after_consecutive_provider_failures() -> None:
@@ -287,3 +291,28 @@ def test_a_resume_over_a_changed_taskset_is_refused(tmp_path: Path, lazy: bool) 
     with pytest.raises(ResumeMismatch, match=r"task 1 is not the task stored at that position \(group 1-"):
         run(["a", "x", "b", "c"], resume=True)
     assert read_run(out, ["reward"]).num_rows == 8
+
+
+@pytest.mark.parametrize("fails_at", [1, 3])
+def test_a_progress_callback_that_raises_fails_the_run_with_its_error_not_a_hang(fails_at: int) -> None:
+    """Raised at the first report (rollouts still running) or only at the last (the report at
+    the end): ``arun`` raises that error, within a bound, and the callback is not called again."""
+    from conftest import run
+    from driver_fakes import Timed
+
+    calls = 0
+
+    def display(progress: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if progress.done >= fails_at:
+            raise ValueError("display broke")
+
+    async def main() -> Any:
+        driver = Driver(tasks(3), ChatHarness(), ScriptedModel(), executor=Timed(duration=lambda idx: 1.0 + idx),
+                        config=EvalConfig(max_in_flight=3), on_progress=display, progress_every=0)
+        return await asyncio.wait_for(driver.arun(), 60)  # the virtual clock: a hang fails at once
+
+    with pytest.raises(ValueError, match="^display broke$"):
+        run(main())
+    assert calls == fails_at

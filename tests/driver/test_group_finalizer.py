@@ -46,16 +46,16 @@ def test_groups_are_written_when_due_or_a_write_is_full_and_the_rest_at_the_end(
                              rows_per_write=3, write_within=2.0)
         running = asyncio.create_task(closer.run())
         t0 = asyncio.get_running_loop().time()
-        closer.close("slow", member("slow"))
+        await closer.close("slow", member("slow"))
         await asyncio.sleep(1.5)
         assert emitted == ["slow"] and writes == []  # handed on at once, written when due
         await asyncio.sleep(1.0)
         assert writes == [(1, pytest.approx(t0 + 2.0, abs=0.01))]
         for group_id in ("b", "c", "d", "e"):  # a burst: one full write now, the rest when due
-            closer.close(group_id, member(group_id))
+            await closer.close(group_id, member(group_id))
         await asyncio.sleep(0.1)
         assert [rows for rows, _ in writes] == [1, 3] and writes[1][1] == pytest.approx(t0 + 2.5, abs=0.01)
-        closer.close("last", member("last"))
+        await closer.close("last", member("last"))
         closer.finish()
         await running
         await closer.flush()  # the driver's end of run: what is buffered is written at once
@@ -85,7 +85,7 @@ def test_while_groups_keep_closing_finalizes_are_gather_seconds_apart() -> None:
         running = asyncio.create_task(closer.run())
         t0 = asyncio.get_running_loop().time()
         for i in range(100):
-            closer.close(f"g{i}", member(f"g{i}"))
+            await closer.close(f"g{i}", member(f"g{i}"))
             await asyncio.sleep(0.01)
         closer.finish()
         await running

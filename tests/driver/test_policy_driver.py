@@ -160,17 +160,17 @@ def test_the_closer_waits_for_a_group_sent_back_and_ends_once_it_is_abandoned() 
         emitted: list[str] = []
         demand, sent_back = asyncio.Semaphore(0), asyncio.Event()
 
-        def keep(group_id: str, members: Any) -> bool:
+        def keep(group_id: str, members: Any) -> dict[int, str] | None:
             if group_id == "b":
                 sent_back.set()
-            return group_id != "b"
+            return None if group_id == "b" else {}
 
         closer = GroupFinalizer(config=FinalizeConfig(), judge=None, store=None, io=ThreadPoolExecutor(1),
                              emit=lambda g: asyncio.sleep(0, emitted.append(g.group_id)), rows_per_write=256,
                              keep=keep, demand=demand)
         running = asyncio.create_task(closer.run())
         for group_id in ("a", "b"):
-            closer.close(group_id, [RolloutRecord(Trace(task=TraceTask(type="T")), "run", group_id, 0)])
+            await closer.close(group_id, [RolloutRecord(Trace(task=TraceTask(type="T")), "run", group_id, 0)])
         closer.finish()
         demand.release()
         demand.release()

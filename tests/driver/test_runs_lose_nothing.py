@@ -176,7 +176,8 @@ def test_the_end_of_a_run_reads_no_conversation_back(tmp_path: Path, report: Any
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert facts["rows"] == 800 and facts["stored_trace_mib"] > 40
-    # Arrow's peak over the whole run: a few shards' worth, not the whole run's conversations.
-    assert facts["arrow_peak_mib"] < facts["stored_trace_mib"] / 3
+    # Arrow's peak over the whole run: a few shards' worth (~16 MiB here, more when a loaded
+    # machine lets finished groups gather), not the whole run's conversations (all of them).
+    assert facts["arrow_peak_mib"] < facts["stored_trace_mib"] / 2
     report("10§6 memory at the end of a run", f"800 rollouts, {facts['stored_trace_mib']:.0f} MiB of traces",
            f"Arrow peak {facts['arrow_peak_mib']:.0f} MiB", "flat (was the whole run)", time.monotonic() - t0)
