@@ -132,6 +132,11 @@ class Unauthorized(Refusal):
         super().__init__("unknown or missing rollout secret")
 
 
+class RolloutCancelled(RolloutError):
+    """An operator cancelled the rollout (``rollout-ray ctl cancel``): a failure, retried as
+    failures are (``retry_failed``)."""
+
+
 class InfrastructureLost(Exception):
     """The rollout's host died (actor, worker or node): the rollout's outcome is unknown."""
 

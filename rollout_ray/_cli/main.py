@@ -4,6 +4,7 @@
     rollout-ray report RUN_DIR [--plot PNG]
     rollout-ray sweep GRID.toml [--out DIR] [--resume] [--executor ray|local]
     rollout-ray view [RUN_DIR ...] [--port P]
+    rollout-ray ctl RUN_DIR status|cancel ROLLOUT|requeue ROLLOUT|set max-in-flight N|pause|resume|stop
     rollout-ray serve-model [--host H] [--port P] [--ttft S] ...
     rollout-ray --version
 
@@ -81,6 +82,9 @@ def parser() -> argparse.ArgumentParser:
     from .view import add_view_arguments
 
     add_view_arguments(_command(sub, "view", help="browse run directories in a local web page"))
+    from .ctl import add_ctl_arguments
+
+    add_ctl_arguments(_command(sub, "ctl", help="see and steer a live run"))
     serve = _command(sub, "serve-model", help="serve the built-in simulated OpenAI-compatible model")
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
     serve.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")

@@ -57,6 +57,9 @@ class Watched(Executor):
     def statistics(self) -> dict[str, Any]:
         return self.inner.statistics()
 
+    async def live(self) -> dict[str, Any]:
+        return await self.inner.live()
+
     @property
     def mean_reward(self) -> float | None:
         return self.reward_sum / self.traces if self.traces else None

@@ -118,6 +118,8 @@ class RolloutSession:
         """Requests in flight count against the limits (see ``_core/admission``)."""
         self.prepared: set[bytes] = set()
         """Hashes of user turns already rewritten by ``prepare_users`` (not intercepted again)."""
+        self.calling: list[ModelCall] = []
+        """Model calls waiting on the upstream now (a live run's status reads their start)."""
 
     @property
     def stopped(self) -> bool:
@@ -168,6 +170,7 @@ class RolloutSession:
             time=TimeSpan(start=time.time()),
             policy=policy.version,  # the server's own stamp, if any, replaces it (record_tokens)
         )
+        self.calling.append(call)
         try:
             response = await self._complete(request, sampling)
             call.usage, call.finish_reason = response.usage, response.finish_reason
@@ -200,6 +203,7 @@ class RolloutSession:
             raise
         finally:
             call.time.end = time.time()
+            self.calling.remove(call)
             if not self.released:
                 self.trace.calls.append(call)
 

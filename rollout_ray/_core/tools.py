@@ -122,6 +122,8 @@ class LocalTools:
                 self._owners[spec.name] = toolset
                 self._specs.append(spec)
         self._runtime, self._on_call, self._timeout = runtime, on_call, timeout
+        self.calling: list[float] = []
+        """When each tool call running now began (a live run's status reads them)."""
 
     def specs(self) -> list[Tool]:
         """Every tool, as offered to the model."""
@@ -135,8 +137,13 @@ class LocalTools:
         toolset = self._owners.get(call.name)
         if toolset is None:
             raise ToolInputError(f"unknown tool {call.name!r}", 404)
-        return await call_tool(toolset, call.name, call.arguments, self._runtime, timeout=self._timeout,
-                               on_call=self._on_call)
+        started = time.time()
+        self.calling.append(started)
+        try:
+            return await call_tool(toolset, call.name, call.arguments, self._runtime, timeout=self._timeout,
+                                   on_call=self._on_call)
+        finally:
+            self.calling.remove(started)
 
 
 def tool_specs(specs: Sequence[Tool]) -> list[Mapping[str, Any]]:

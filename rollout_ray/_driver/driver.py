@@ -48,12 +48,15 @@ from .._record.store import read_groups, read_run
 from .._record.trace import Trace
 from .admission import Admission
 from .attempts import run_attempts
+from .control import ControlServer
 from .eval_config import EvalConfig
 from .group_finalizer import Group, GroupFinalizer, Masks
 from .policy_owner import PolicyOwner
 from .progress import Progress, RunResult
 from .run_dir import RunDirectory
+from .slots import Slots
 from .staleness import split_stale
+from .steering import Steering
 
 __all__ = ["Driver", "EvalConfig", "Group", "Progress", "RunResult", "group_id_of"]
 
@@ -135,7 +138,9 @@ class Driver(PolicyOwner):
         self._admission = Admission(version=policy_version, max_staleness=config.max_staleness,
                                     batch_groups=config.batch_groups, max_groups=config.max_groups)
         self._tg: asyncio.TaskGroup | None = None
-        self._slots: asyncio.Semaphore | None = None
+        # Steered while it runs (``rollout-ray ctl``: steering, control); the rollouts run through it.
+        self._slots = Slots(config.max_in_flight)
+        self._steering = Steering(executor, self.progress, self._slots, stop=self._stopped_by_operator)
         self._group_tasks: dict[str, tuple[int, Task]] = {}
         """With ``max_staleness``: the task of each group closed and not yet finalized."""
 
@@ -210,6 +215,18 @@ class Driver(PolicyOwner):
         finally:
             await self.model.aclose()
 
+    def stop(self, reason: str = "stopped") -> None:
+        """Admit no more rollouts: those in flight finish and are stored, and the run ends
+        ``halted`` with ``reason`` (a resume runs the rest)."""
+        if not self._halt.is_set():
+            self.status, self.reason = "halted", reason
+            self._halt.set()
+            self._admission.stop()
+            self._slots.resume()
+
+    def _stopped_by_operator(self) -> None:
+        self.stop("stopped by the operator (rollout-ray ctl stop)")
+
     async def _set_policy(self, *args: Any, **kwargs: Any) -> None:
         await super()._set_policy(*args, **kwargs)
         self._admission.version(self._policy_version)  # a new version may admit more
@@ -229,10 +246,13 @@ class Driver(PolicyOwner):
         await queue.put(None)
 
     async def _drive_run(self, queue: asyncio.Queue[Group | None], demand: asyncio.Semaphore) -> None:
-        finalizer = None
+        finalizer = control = None
         warm_arrow()  # in a thread, beside the first rollouts: not on the loop at the first group
         try:
             self._open_store()
+            if self.run_dir is not None:
+                control = ControlServer(self._steering, self.run_dir, run_id=self.run_id)
+                await control.start()
             await self._announce_policy()
             finalizer = self._finalizer = self._make_finalizer(queue, demand)
             # A lazy taskset is checked as it is planned, while rollouts run.
@@ -253,6 +273,8 @@ class Driver(PolicyOwner):
                 # A write that failed (a link planted in the run dir, a full disk) still closes
                 # the store: the run's lock is released.
                 self._io.shutdown(wait=True)
+                if control is not None:
+                    await control.aclose(self.status, self.reason)
                 if self._store is not None:
                     self._store.close()
                 if self.progress.stale:
@@ -298,7 +320,7 @@ class Driver(PolicyOwner):
     async def _rollouts(self) -> None:
         """Every planned sample, at most ``max_in_flight`` at once, group by group as admission
         allows, until done or halted."""
-        slots = self._slots = asyncio.Semaphore(self.config.max_in_flight)
+        slots = self._slots
         bound = self.executor.max_in_flight
         if bound is not None and bound < self.config.max_in_flight:
             log.warning("the executor runs at most %d rollouts at once, below max_in_flight=%d: "
@@ -353,13 +375,14 @@ class Driver(PolicyOwner):
                 yield position, task, group_id, todo
 
     async def _one(self, position: int, task: Task, group_id: str, sample_idx: int,
-                   slots: asyncio.Semaphore) -> None:
+                   slots: Slots) -> None:
         """One sample; its slot is held until its record is in (and, if it closes its group,
         until the group is queued for the finalizer: ``finished_buffer``)."""
         try:
             try:
                 trace, attempt, attempts = await run_attempts(
-                    self.executor, lambda: self._spec(task), self._redo.pop((group_id, sample_idx), None),
+                    self._steering.executor, lambda: self._spec(task, f"{group_id}#{sample_idx}"),
+                    self._redo.pop((group_id, sample_idx), None),
                     retries=self.config.max_infra_retries, retry_failed=self.config.retry_failed,
                     on_retry=self._retried)
             finally:
@@ -399,7 +422,7 @@ class Driver(PolicyOwner):
 
     async def _again(self, position: int, task: Task, group_id: str, sample_idx: int) -> None:
         """A stale sample's new run, when there is room (a halted run leaves its group incomplete)."""
-        assert self._slots is not None and self._finalizer is not None
+        assert self._finalizer is not None
         await self._slots.acquire()
         if self._halt.is_set():
             self._slots.release()
@@ -408,10 +431,10 @@ class Driver(PolicyOwner):
         self.progress.in_flight += 1
         await self._one(position, task, group_id, sample_idx, self._slots)
 
-    def _spec(self, task: Task) -> RolloutSpec:
+    def _spec(self, task: Task, label: str = "") -> RolloutSpec:
         c = self.config
         return RolloutSpec(task, self.harness, self.model, limits=c.limits, timeouts=c.timeouts,
-                           model_name=c.model_name, sampling=dict(c.sampling))
+                           model_name=c.model_name, sampling=dict(c.sampling), label=label)
 
     def _retried(self) -> None:
         self.progress.retried += 1

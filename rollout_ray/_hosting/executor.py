@@ -64,6 +64,12 @@ class Executor(ABC):
     def statistics(self) -> dict[str, Any]:
         return {}
 
+    async def live(self) -> dict[str, Any]:
+        """Where its rollouts are now, as ``_hosting/live.live_report`` says (a live run's
+        status polls it every few seconds); this one knows nothing. An executor wrapping
+        another forwards the call to it."""
+        return {"rollouts": [], "servers": []}
+
     @property
     def max_in_flight(self) -> int | None:
         """Rollouts this executor runs at once, at most; ``None``: no bound of its own."""

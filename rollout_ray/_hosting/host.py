@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .._core.interception import Interception
 from .._core.policy_gate import PolicyGate
@@ -17,6 +18,7 @@ from .._core.rollout import Rollout, ToolServerFactory
 from .._core.runtime import Runtime
 from .._record.messages import Message
 from .._record.trace import Trace
+from .live import live_report
 from .spec import RolloutSpec
 
 
@@ -46,6 +48,8 @@ class RolloutHost:
         self._runtime_factory = runtime_factory
         self._tool_server = tool_server
         self._rollouts: dict[str, Rollout] = {}
+        self._labels: dict[str, str] = {}
+        """The driver's label of each open rollout (``RolloutSpec.label``), by trace id."""
         self.completed = 0
 
     def _build(self, spec: RolloutSpec) -> Rollout:
@@ -73,6 +77,7 @@ class RolloutHost:
             self._room.release()
             raise
         self._rollouts[rollout.trace.id] = rollout
+        self._labels[rollout.trace.id] = spec.label
         return rollout
 
     def _get(self, rollout_id: str) -> Rollout:
@@ -115,9 +120,14 @@ class RolloutHost:
 
     async def _release(self, rollout: Rollout) -> None:
         # Only the first release of a rollout frees its room (close after abort is harmless).
+        self._labels.pop(rollout.trace.id, None)
         if self._rollouts.pop(rollout.trace.id, None) is not None:
             self.completed += 1
             self._room.release()
+
+    def live(self) -> dict[str, Any]:
+        """Where each open rollout is now (``live.live_report``)."""
+        return live_report((self._labels.get(i, ""), r) for i, r in self._rollouts.items())
 
     def open_ids(self) -> list[str]:
         return list(self._rollouts)

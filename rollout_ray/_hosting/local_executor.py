@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
+from typing import Any
 
 from .._core.policy_gate import PolicyGate
+from .._core.rollout import Rollout
 from .._core.runtime import Runtime
 from .._record.trace import Trace
 from .._runtimes.host import RuntimeHost, runtime_kind
@@ -13,6 +15,7 @@ from .._serving.tool_server import ToolServer
 from .executor import Executor
 from .host import build_rollout
 from .lazy_runtime import LazyRuntime
+from .live import live_report
 from .spec import RolloutSpec
 
 
@@ -38,6 +41,7 @@ class LocalExecutor(Executor):
         self._tools: ToolServer | None = None
         self._runtimes: RuntimeHost | None = None
         self.policy = PolicyGate()
+        self._running: dict[int, tuple[str, Rollout]] = {}
 
     async def start(self) -> None:
         self._proxy = await self._stack.enter_async_context(HTTPInterception())
@@ -53,7 +57,14 @@ class LocalExecutor(Executor):
             raise RuntimeError("LocalExecutor.run before start(); use 'async with LocalExecutor()'")
         rollout = build_rollout(spec, interception=self._proxy, runtime_factory=self._new_runtime,
                                tool_server=self._tools.serve, policy=self.policy)
-        return await rollout.run()
+        self._running[id(rollout)] = (spec.label, rollout)
+        try:
+            return await rollout.run()
+        finally:
+            del self._running[id(rollout)]
+
+    async def live(self) -> dict[str, Any]:
+        return live_report(self._running.values())
 
     async def set_policy(self, version: int | None, paused: bool) -> None:
         self.policy.set(version, paused)

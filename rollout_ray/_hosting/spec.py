@@ -35,3 +35,6 @@ class RolloutSpec:
     sampling: dict[str, Any] | None = None
     has_user: bool = False
     runtime: Runtime | None = None
+    label: str = ""
+    """The driver's name for the sample this rollout runs (``<group id>#<sample>``): what a
+    host's ``live`` report calls it, so the driver can tell which of its rollouts is where."""

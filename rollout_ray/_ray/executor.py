@@ -28,6 +28,8 @@ from .rollout_client import RolloutActor
 log = logging.getLogger("rollout_ray")
 
 _SPREAD = {"scheduling_strategy": "SPREAD"}
+LIVE_TIMEOUT = 5.0
+"""Seconds a rollout actor has to answer a live run's status poll."""
 UNCAPPED = 1_000_000
 """An actor's capacity when the executor sets none: the caller's bound is the only one."""
 
@@ -239,6 +241,21 @@ class RayExecutor(Executor):
                             version, paused, self.probe_timeout)
             elif isinstance(outcome, BaseException) and not isinstance(outcome, RayActorError):
                 raise outcome
+
+    async def live(self) -> dict[str, Any]:
+        """Every actor's ``live`` report, merged; an actor that does not answer within
+        ``LIVE_TIMEOUT`` (dead, hung, busy) is left out: its rollouts read as queued."""
+        actors = [a for a in self._pool if a is not None]
+        answers = await asyncio.gather(*(call(a.actor.live.remote(), timeout=LIVE_TIMEOUT) for a in actors),
+                                       return_exceptions=True)
+        merged: dict[str, Any] = {"rollouts": [], "servers": []}
+        for answer in answers:
+            if isinstance(answer, dict):
+                merged["rollouts"] += answer["rollouts"]
+                merged["servers"] += answer["servers"]
+            elif not isinstance(answer, (TimeoutError, RayActorError)):
+                log.warning("a rollout actor's live report failed: %r", answer)
+        return merged
 
     def statistics(self) -> dict[str, Any]:
         return {"actors": len(self._pool), "replaced": self.replaced, "in_flight": sum(self._load)}

@@ -260,6 +260,9 @@ class _RolloutActor:
     def open_ids(self) -> list[str]:
         return self.host.open_ids()
 
+    def live(self) -> dict[str, Any]:
+        return self.host.live()
+
     async def shutdown(self) -> None:
         await self.host.shutdown()
         if self._runtimes is not None:

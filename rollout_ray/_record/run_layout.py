@@ -7,6 +7,8 @@
     <run>/shards/part-00000.parquet ...    one row per rollout, in write order (store.py)
     <run>/groups/part-00000.parquet ...    one row per finalized group
     <run>/report.png                       ``rollout-ray report``'s plot, by default
+    <run>/control.json                     a live driver's control endpoint and token (0600)
+    <run>/status.json                      a live driver's status, refreshed every few seconds
     <any of them>.tmp                      being written; renamed to its name once complete
 
 A directory is a run directory when it holds a manifest. Whatever reads or writes a run asks
@@ -31,6 +33,10 @@ SAMPLES = "shards"
 GROUPS = "groups"
 """The folder of the finalized groups' shards (one row per group)."""
 REPORT_PLOT = "report.png"
+CONTROL = "control.json"
+"""A live driver's control endpoint and its token (``_driver/control``), readable by its owner only."""
+STATUS = "status.json"
+"""A live driver's status for outside monitors, replaced whole every few seconds."""
 _SHARD = re.compile(r"^part-(\d+)\.parquet$")
 
 
@@ -69,6 +75,14 @@ class RunLayout:
     @property
     def report_plot(self) -> Path:
         return self.root / REPORT_PLOT
+
+    @property
+    def control(self) -> Path:
+        return self.root / CONTROL
+
+    @property
+    def status(self) -> Path:
+        return self.root / STATUS
 
     def folder(self, part: str = SAMPLES) -> Path:
         """The folder of ``part``'s shards: ``SAMPLES`` or ``GROUPS``."""

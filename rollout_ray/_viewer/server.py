@@ -10,6 +10,7 @@ Routes (all GET; ``run`` is a run id from ``/api/runs``, ``id`` a rollout id)::
     /api/rollout?run=&id=     one rollout, decoded from its trace
     /api/siblings?run=&id=    its group: reward, ok and advantage of each sample
     /api/plot.png?run=        the report's plot of the run, rendered on demand
+    /api/live?run=            a live run's status, from its status.json (``live``)
 
 Index builds, trace reads and plots run in worker threads, so the event loop stays free.
 Bound to loopback, the server answers only requests whose ``Host`` is a loopback name: a
@@ -37,6 +38,7 @@ from .._record.store import read_manifest
 from .catalog import NotARunDirectory, RunEntry, describe, find_runs
 from .detail import read_trace, siblings, trace_view
 from .index import BadQuery, Query, RunIndex, build_index, overview, page, select
+from .live import live_status
 
 STATIC_DIR = Path(__file__).parent / "static"
 PlotFn = Callable[[pa.Table, str], object]
@@ -152,6 +154,7 @@ def create_app(viewer: Viewer, *, loopback_only: bool = True) -> web.Application
     app.router.add_get("/api/rollout", handlers.rollout)
     app.router.add_get("/api/siblings", handlers.siblings)
     app.router.add_get("/api/plot.png", handlers.plot)
+    app.router.add_get("/api/live", handlers.live)
     return app
 
 
@@ -227,6 +230,11 @@ class _Handlers:
         manifest = await asyncio.to_thread(read_manifest, entry.layout)
         recorded = manifest.config.get("eval", {}).get("finalize")
         return _json(await asyncio.to_thread(siblings, index, position, recorded))
+
+    async def live(self, request: web.Request) -> web.Response:
+        """A live run's status (``live``)."""
+        entry = self.viewer.entry(request.query.get("run"))
+        return _json(await asyncio.to_thread(live_status, entry.path))
 
     async def plot(self, request: web.Request) -> web.Response:
         png = await self.viewer.plot_png(self.viewer.entry(request.query.get("run")).id)

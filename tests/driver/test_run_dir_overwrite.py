@@ -43,7 +43,7 @@ def test_overwrite_replaces_the_stored_run(tmp_path: Path) -> None:
     result = drive(1, run_dir, overwrite=True)
     assert read_manifest(run_dir).run_id != first
     assert result.samples.num_rows == 1 and read_run(str(run_dir)).num_rows == 1
-    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "groups", "manifest.json", "shards"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "groups", "manifest.json", "shards", "status.json"]
     assert (outside / "keep.txt").read_text() == "mine"  # the link was removed, not followed
 
 

@@ -123,18 +123,42 @@ const COLUMNS = [
 async function runView(token, runId, params) {
   const query = { run: runId, offset: params.get("offset") || "0", limit: String(PAGE_SIZE) };
   for (const name of [...FILTERS, "sort", "order"]) if (params.get(name)) query[name] = params.get(name);
-  const [run, result] = await Promise.all([api("run", { run: runId }), api("rollouts", query)]);
+  const [run, result, live] = await Promise.all([api("run", { run: runId }), api("rollouts", query),
+    api("live", { run: runId })]);
   lastRunHash.set(runId, location.hash);
   setCrumbs(h("a", { href: "#/runs" }, "runs"), h("span", {}, runId));
   const columns = COLUMNS.filter(([key]) => key !== "advantage" || run.extras.includes("advantage"));
   show(token, "run",
     h("h1", {}, `Run ${runId}`),
+    live.live ? livePanel(token, live.status) : null,
     runSummary(run),
     plots(run),
     filterForm(run, runId, params),
     h("p", { class: "matched" }, `${num(result.matched)} matching of ${num(result.total)} rollouts`),
     rolloutTable(runId, params, columns, result.rows),
     pager(runId, params, result));
+}
+
+// -- a live run: its driver's status.json, refreshed ---------------------------------------
+
+const LIVE_REFRESH_MS = 3000;
+
+function livePanel(token, s) {
+  setTimeout(() => { if (token === renderToken) route(); }, LIVE_REFRESH_MS);
+  const p = s.progress;
+  const phases = Object.entries(s.phases).filter(([, n]) => n).map(([name, n]) => `${name} ${n}`).join("  ");
+  const rows = s.rollouts.map((r) => h("tr", { class: r.stalled ? "stalled" : null },
+    h("td", {}, r.stalled ? h("span", { class: "badge failed" }, "stalled") : ""),
+    h("td", {}, r.id ? short(r.id) : "–"), h("td", {}, r.label), h("td", { class: "num" }, r.task),
+    h("td", {}, r.phase), h("td", { class: "num" }, `${r.age.toFixed(1)} s`)));
+  return h("section", { class: "live" },
+    h("h2", {}, `Live: ${s.state}`),
+    h("p", {}, `done ${num(p.done)}${p.total === null ? "" : " of " + num(p.total - p.skipped)}, failed ${num(p.failed)}, `
+      + `in flight ${num(p.in_flight)} (max ${num(s.max_in_flight)}), ${num(p.rate, 2)} rollouts/s, stalled ${num(s.stalled)}`
+      + ` — updated ${when(s.updated_at)} UTC`),
+    h("p", {}, phases ? `phases: ${phases}` : "nothing in flight"),
+    rows.length ? table(["", "rollout", "label", "task", "phase", "age"].map((x) => h("th", {}, x)), rows,
+      { class: "grid live-rollouts" }) : null);
 }
 
 function runSummary(run) {
