@@ -150,9 +150,10 @@ class RunFiles:
             return f.read()
 
     @contextmanager
-    def replacing(self, name: str) -> Iterator[BinaryIO]:
+    def replacing(self, name: str, *, mode: int = 0o644) -> Iterator[BinaryIO]:
         """A file to write ``name``'s new content to: once the block ends without an error, it
         replaces ``name`` atomically and durably; on an error, ``name`` is left as it was.
+        The new file has permissions ``mode``, whatever the umask.
 
         Raises:
             CorruptRun: ``name`` or ``<name>.tmp`` is a link, or not a regular file.
@@ -160,7 +161,9 @@ class RunFiles:
         tmp = name + TMP_SUFFIX
         if self.exists(name):
             self.stat(name)  # a link planted under the final name is refused too, not replaced
-        f = os.fdopen(self._create(tmp), "wb")
+        fd = self._create(tmp)
+        os.fchmod(fd, mode)
+        f = os.fdopen(fd, "wb")
         try:
             with f:
                 yield f
@@ -173,9 +176,9 @@ class RunFiles:
             raise
         self.fsync()
 
-    def write_bytes(self, name: str, data: bytes) -> None:
+    def write_bytes(self, name: str, data: bytes, *, mode: int = 0o644) -> None:
         """Replace ``name`` with ``data``, atomically and durably. Raises as ``replacing``."""
-        with self.replacing(name) as f:
+        with self.replacing(name, mode=mode) as f:
             f.write(data)
 
     def lock_file(self, name: str) -> int:

@@ -234,7 +234,7 @@ class _Handlers:
     async def live(self, request: web.Request) -> web.Response:
         """A live run's status (``live``)."""
         entry = self.viewer.entry(request.query.get("run"))
-        return _json(await asyncio.to_thread(live_status, entry.path))
+        return _json(await asyncio.to_thread(live_status, entry.layout))
 
     async def plot(self, request: web.Request) -> web.Response:
         png = await self.viewer.plot_png(self.viewer.entry(request.query.get("run")).id)

@@ -155,3 +155,18 @@ def test_clearing_a_run_removes_links_inside_and_follows_none(tmp_path: Path, ou
         run.remove_all(keep=[LOCK], last=MANIFEST)
     assert os.listdir(run_dir) == [LOCK]
     assert outside.read_bytes() == PRECIOUS and os.listdir(elsewhere) == ["keep"]
+
+
+@pytest.mark.parametrize("name", ["status.json", "control.json"])
+def test_the_live_drivers_files_are_written_through_no_link(tmp_path: Path, outside: Path, name: str) -> None:
+    from rollout_ray._driver.control import write_run_file
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / f"{name}.tmp").symlink_to(outside)
+    with pytest.raises(CorruptRun, match=link_message(run_dir / f"{name}.tmp")):
+        write_run_file(run_dir / name, b"{}", 0o600)
+    assert outside.read_bytes() == PRECIOUS
+    (run_dir / f"{name}.tmp").unlink()
+    write_run_file(run_dir / name, b"{}", 0o600)
+    assert (run_dir / name).read_bytes() == b"{}" and (run_dir / name).stat().st_mode & 0o777 == 0o600

@@ -4,6 +4,7 @@ refused, and a link inside a run is an error naming it."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -65,3 +66,12 @@ def test_a_run_directory_given_that_is_a_link_is_refused(tmp_path: Path) -> None
     (tmp_path / "runs" / "link").symlink_to(tmp_path / "run", target_is_directory=True)
     with pytest.raises(NotARunDirectory, match="holds no runs"):
         Viewer([tmp_path / "runs"])
+
+
+def test_a_status_json_link_is_not_read_the_run_is_not_live(tmp_path: Path) -> None:
+    """A live run's status.json is read as the run's other files: through no link."""
+    run = write_run(tmp_path / "run", 4)
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"state": "running", "updated_at": time.time(), "secret": "s3cret"}))
+    (run / "status.json").symlink_to(secret)
+    assert get(Viewer([run]), "/api/live", run="run") == {"live": False, "status": None}
