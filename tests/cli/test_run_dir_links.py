@@ -110,7 +110,7 @@ def test_overwrite_removes_links_inside_and_follows_none(tmp_path: Path, stored:
     done, seconds = evaluate(tmp_path, "r", "--overwrite")
     assert done.returncode == 0, done.stderr[-3000:]
     assert read_manifest(run).run_id != first and read_run(run).num_rows == 8
-    assert sorted(os.listdir(run)) == [".lock", "groups", "manifest.json", "shards"]
+    assert sorted(os.listdir(run)) == [".lock", "groups", "manifest.json", "shards", "status.json"]
     assert victim.read_text() == PRECIOUS and os.listdir(elsewhere) == ["keep"]
     report("21§1 --overwrite, links inside", "file, folder and shards/ links", "removed, never followed",
            "outside files intact", seconds)
