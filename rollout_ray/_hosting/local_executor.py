@@ -66,8 +66,10 @@ class LocalExecutor(Executor):
     async def live(self) -> dict[str, Any]:
         return live_report(self._running.values())
 
-    async def set_policy(self, version: int | None, paused: bool) -> None:
-        self.policy.set(version, paused)
+    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False) -> None:
+        self.policy.set(version, paused, interrupt)
+        if paused and interrupt:
+            await self.policy.until_stopped()
 
     def _new_runtime(self, name: str, image: str | None = None) -> Runtime:
         assert self._runtimes is not None

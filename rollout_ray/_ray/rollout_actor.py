@@ -167,18 +167,22 @@ class _RolloutActor:
     def ping(self) -> None:
         """Answers at once unless the actor's event loop is stuck (``RayExecutor`` probes it)."""
 
-    async def set_policy(self, version: int | None, paused: bool) -> None:
+    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False) -> None:
         """This actor's rollouts, and its sessions at the node's services, see ``version`` and
-        the pause. Paused here first and resumed here last, so no agent clock runs while the
-        node's proxy holds calls."""
+        the pause (``interrupt``: their calls in flight are interrupted, and this returns once
+        they stopped). Paused here first and resumed here last, so no agent clock runs while
+        the node's proxy holds calls."""
+        gate = process_gate()
         if paused:
-            process_gate().set(version, paused)
+            gate.set(version, paused, interrupt)
         try:
             if self._services.used:  # else the first registrations there carry it
-                await self._services.call("set_policy", self._owner, version, paused)
+                await self._services.call("set_policy", self._owner, version, paused, interrupt)
         except InfrastructureLost:
             pass  # replaced services learn it with the next registrations
-        process_gate().set(version, paused)
+        gate.set(version, paused)
+        if paused and interrupt:
+            await gate.until_stopped()
 
     def policy(self) -> tuple[int | None, bool]:
         """``(version, paused)`` as this actor's rollouts see it."""

@@ -218,9 +218,10 @@ class RolloutActor:
         owner = uuid.uuid4().hex
         return cls(RolloutActorClass.options(**options).remote(capacity, runtime, owner, policy), owner)
 
-    async def set_policy(self, version: int | None, paused: bool, timeout: float | None = None) -> None:
+    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False,
+                         timeout: float | None = None) -> None:
         """``_RolloutActor.set_policy``, bounded by ``timeout`` seconds."""
-        await call(self.actor.set_policy.remote(version, paused), timeout=timeout)
+        await call(self.actor.set_policy.remote(version, paused, interrupt), timeout=timeout)
 
     async def policy(self) -> tuple[int | None, bool]:
         return tuple(await call(self.actor.policy.remote()))  # type: ignore[return-value]

@@ -162,6 +162,15 @@ class ModelCall(msgspec.Struct):
     """Only in a run table's ``trace`` blob (schema version 3): this turn's ``prompt_ids`` and
     its node's ``token_ids`` (and ``logprobs``, when float32 holds them) are kept once, in the
     table's token columns, and this counts them; the reader puts them back (``token_store.py``)."""
+    token_policy: list[tuple[int | None, int]] | None = None
+    """The policy version of each completion id, run-length encoded: ``(version, count)`` in
+    order (a call interrupted by a weight update and continued has one run per version);
+    ``None``: every id has ``policy`` (``tokens.completion_versions``)."""
+    interrupts: int = 0
+    """How many times the call was interrupted (``Driver.paused(interrupt=True)``) and continued."""
+    dropped: dict[str, str] | None = None
+    """Request fields the harness sent that did not go upstream, each with why
+    (``_core/upstream_fields``)."""
 
 
 class TraceTask(msgspec.Struct):
