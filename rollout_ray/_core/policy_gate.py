@@ -55,13 +55,15 @@ def _now() -> float:
 class Interrupt:
     """One model call's interrupt while it is upstream (``PolicyGate.watch``)."""
 
-    __slots__ = ("fired", "armed", "_event", "_gate")
+    __slots__ = ("fired", "armed", "plain", "_event", "_gate")
 
     def __init__(self, gate: PolicyGate) -> None:
         self.fired = False
         """Whether an interrupting pause reached the call."""
         self.armed = False
         """Whether the call's client can stop and continue it (``arm``)."""
+        self.plain = False
+        """Whether the call went upstream on a route that cannot be continued (``cannot_continue``)."""
         self._event: asyncio.Event | None = None
         self._gate = gate
 
@@ -69,6 +71,13 @@ class Interrupt:
         """The client can stop this call at its server and continue it: an interrupting pause
         waits for it to stop (``PolicyGate.until_stopped``)."""
         self.armed = True
+
+    def cannot_continue(self) -> None:
+        """The client sends this call on a route it cannot stop and continue (no token in):
+        an interrupt lets it finish, said once per process in the log."""
+        self.plain = True
+        if self.fired:
+            self._gate.warn_plain(1)
 
     async def wait(self) -> None:
         """Return once the call is interrupted."""
@@ -128,15 +137,20 @@ class PolicyGate:
             self._interrupt()
 
     def _interrupt(self) -> None:
-        unarmed = 0
+        plain = 0
         for call in self._calls:
             call.fire()
-            unarmed += not call.armed
-        if unarmed and not self._warned:
+            plain += call.plain
+        self.warn_plain(plain)
+
+    def warn_plain(self, calls: int) -> None:
+        """Say once that interrupted ``calls`` run to their end (a call still choosing its route
+        when the interrupt fires is counted once it goes out on the plain one)."""
+        if calls and not self._warned:
             self._warned = True
             log.warning("interrupt: %d model calls in flight cannot be interrupted (their model client has no "
                         "token-in route to continue them: a plain OpenAI-compatible server, or token capture "
-                        "off); they run to their end, as with interrupt=False", unarmed)
+                        "off); they run to their end, as with interrupt=False", calls)
 
     @contextmanager
     def watch(self) -> Iterator[Interrupt]:

@@ -243,12 +243,18 @@ class OpenAIModel(Model):
                 if auto:  # servers of one model may differ; each is asked once
                     dialect = await self._detect(server)
                 if partial is not None or await self._takes_ids(server, dialect, model):
+                    if call.interrupt is not None:
+                        # from here the call can be stopped and continued: an interrupt that
+                        # fires while its prompt is built stops it before it is sent
+                        call.interrupt.arm()
                     chat = msgspec.json.decode(encode_request(request, sampling, model=model or self.name, stream=False))
                     if partial is None:
                         partial = await self._tokens.start(server, chat, call)
                     wants = sampling.get("logprobs") is True
                     response = await self._tokens.continue_(server, chat, partial, call, wants)
                 else:
+                    if call.interrupt is not None:
+                        call.interrupt.cannot_continue()
                     body = self._body(request, model, sampling, dialect)
                     response = await self._attempt(server, body, {**headers, "X-Request-Id": uuid.uuid4().hex},
                                                    dialect, sampling)

@@ -138,9 +138,10 @@ def test_a_call_its_server_aborted_alone_is_continued_at_once() -> None:
     assert call.interrupts == 1 and response.token_ids == whole.token_ids
 
 
-def test_an_interrupt_before_the_generation_is_sent_continues_from_nothing() -> None:
+def test_an_interrupt_before_the_generation_is_sent_continues_from_nothing(caplog: pytest.LogCaptureFixture) -> None:
     """The pause lands while the call is still rendering its prompt: nothing was sampled, the
-    whole reply is the new version's."""
+    whole reply is the new version's, and the log does not say it could not be interrupted."""
+    caplog.set_level(logging.WARNING, logger="rollout_ray")
 
     async def main() -> Any:
         async with served() as (server, model):
@@ -159,3 +160,4 @@ def test_an_interrupt_before_the_generation_is_sent_continues_from_nothing() -> 
 
     response, call = asyncio.run(main())
     assert call.interrupts == 1 and call.policy == 4 and call.token_policy is None and response.token_ids
+    assert not [r for r in caplog.records if "cannot be interrupted" in r.getMessage()]
