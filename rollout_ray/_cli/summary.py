@@ -256,8 +256,9 @@ def _counts(counts: dict[Any, int]) -> str:
     return "  ".join(f"{k}={v}" for k, v in counts.items())
 
 
-def plot(samples: pa.Table, path: str) -> str:
-    """Write a PNG: the reward distribution and the time per span. Returns ``path``."""
+def plot(samples: pa.Table, path: Any) -> Any:
+    """Write a PNG to ``path`` (a file name, or a binary file): the reward distribution and the
+    time per span. Returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a window

@@ -266,19 +266,23 @@ class Driver(PolicyOwner):
                     finally:
                         finalizer.finish()
         finally:
-            # Also on cancellation: what was finalized is kept, so a resume will not redo it.
-            if finalizer is not None:
-                await finalizer.flush()
-            self._io.shutdown(wait=True)
-            if control is not None:
-                await control.aclose(self.status, self.reason)
-            if self._store is not None:
-                self._store.close()
-            if self.progress.stale:
-                log.info("staleness: %d rollouts dropped as older than max_staleness=%s versions "
-                         "and re-run", self.progress.stale, self.config.max_staleness)
-            if self._callback_error is None:
-                self._report(force=True)
+            try:
+                # Also on cancellation: what was finalized is kept, so a resume will not redo it.
+                if finalizer is not None:
+                    await finalizer.flush()
+            finally:
+                # A write that failed (a link planted in the run dir, a full disk) still closes
+                # the store: the run's lock is released.
+                self._io.shutdown(wait=True)
+                if control is not None:
+                    await control.aclose(self.status, self.reason)
+                if self._store is not None:
+                    self._store.close()
+                if self.progress.stale:
+                    log.info("staleness: %d rollouts dropped as older than max_staleness=%s versions "
+                             "and re-run", self.progress.stale, self.config.max_staleness)
+                if self._callback_error is None:
+                    self._report(force=True)
 
     def _make_finalizer(self, queue: asyncio.Queue[Group | None], demand: asyncio.Semaphore) -> GroupFinalizer:
         config = self.config
