@@ -25,6 +25,7 @@ import functools
 import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,8 +38,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._errors import CorruptRun, TaskError
-from .manifest import fsync_path
-from .run_layout import SCORE_GROUPS, SCORE_INFO, SCORE_SAMPLES, RunLayout, score_version, score_versions
+from .run_files import TMP_SUFFIX
+from .run_layout import SCORE_GROUPS, SCORE_INFO, SCORE_SAMPLES, SCORES, RunLayout, score_version, score_versions
 from .trace import Reward, Trace
 
 KEY = ("group_id", "sample_idx", "rollout_id")
@@ -215,9 +216,12 @@ def read_version(run_dir: str | os.PathLike[str], number: int | None = None) -> 
         raise ValueError(f"scores={number}: the run {layout.root} has score versions {have}")
     folder = score_version(layout, number)
     try:
-        samples = pq.read_table(folder / SCORE_SAMPLES)
-        groups = pq.read_table(folder / SCORE_GROUPS)
-        info = json.loads((folder / SCORE_INFO).read_text())
+        with layout.open() as run, run.folder(SCORES) as scores, scores.folder(folder.name) as files:
+            with files.arrow_reader(SCORE_SAMPLES) as f:
+                samples = pq.read_table(f)
+            with files.arrow_reader(SCORE_GROUPS) as f:
+                groups = pq.read_table(f)
+            info = json.loads(files.read_bytes(SCORE_INFO))
     except (pa.ArrowException, OSError, ValueError) as e:
         raise CorruptRun.shard(folder, f"score version {number} cannot be read: {type(e).__name__}: {e}") from e
     return ScoreVersion(number, samples, groups, info)
@@ -230,17 +234,22 @@ def write_version(run_dir: str | os.PathLike[str], samples: pa.Table, groups: pa
     run's lock."""
     layout = RunLayout.of(run_dir)
     number = max([1, *score_versions(layout)]) + 1
-    final = score_version(layout, number)
-    partial = final.with_name(final.name + ".tmp")
-    if partial.exists():
-        shutil.rmtree(partial)  # a rescore cut short
-    partial.mkdir(parents=True)
-    pq.write_table(samples, partial / SCORE_SAMPLES, compression="zstd")
-    pq.write_table(groups, partial / SCORE_GROUPS, compression="zstd")
-    (partial / SCORE_INFO).write_text(json.dumps({"version": number, "created": time.time(), **info}, indent=2))
-    for name in (SCORE_SAMPLES, SCORE_GROUPS, SCORE_INFO):
-        fsync_path(partial / name)
-    fsync_path(partial)
-    os.replace(partial, final)
-    fsync_path(final.parent)
+    final = score_version(layout, number).name
+    partial = final + TMP_SUFFIX
+    # Through the run directory's descriptors, as every file of a run: no link is followed.
+    with layout.open() as run, run.folder(SCORES, create=True) as scores:
+        if scores.exists(partial):  # a rescore cut short
+            if stat.S_ISDIR(os.stat(partial, dir_fd=scores.fd, follow_symlinks=False).st_mode):
+                shutil.rmtree(partial, dir_fd=scores.fd)
+            else:
+                os.unlink(partial, dir_fd=scores.fd)
+        with scores.folder(partial, create=True) as files:
+            with files.replacing(SCORE_SAMPLES) as f:
+                pq.write_table(samples, f, compression="zstd")
+            with files.replacing(SCORE_GROUPS) as f:
+                pq.write_table(groups, f, compression="zstd")
+            files.write_bytes(SCORE_INFO, json.dumps({"version": number, "created": time.time(), **info},
+                                                     indent=2).encode())
+        os.replace(partial, final, src_dir_fd=scores.fd, dst_dir_fd=scores.fd)
+        scores.fsync()
     return number

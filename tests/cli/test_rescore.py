@@ -191,3 +191,16 @@ def test_a_scoring_function_that_never_returns_is_that_rollouts_failure(rescored
     assert after["score_error"].to_pylist() == ["rescoring did not finish within 0.5s"] * 2 + [None] * 4
     assert after["ok"].to_pylist() == [False] * 2 + [True] * 4
     assert sorted(p.name for p in (run / "scores").iterdir()) == ["v2", "v3"]
+
+
+def test_a_scores_folder_that_is_a_link_is_refused_and_nothing_written_through_it(rescored: dict[str, Any],
+                                                                                   tmp_path: Path) -> None:
+    """A run directory someone else can write: ``scores`` planted as a link to an outside folder."""
+    out, outside = tmp_path / "run", tmp_path / "outside"
+    shutil.copytree(rescored["out"], out, symlinks=True)
+    (out / "scores").rename(outside)
+    (out / "scores").symlink_to(outside)
+    refused = _run("rescore", out, "--taskset", rescored["right"])
+    assert refused.returncode == 2 and "is a symbolic link" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in outside.iterdir()) == ["v2"]  # nothing written through the link
