@@ -52,6 +52,7 @@ from ._core.interception import LocalInterception as LocalInterception
 from ._core.interception import Slot as Slot
 from ._serving.proxy import HTTPInterception as HTTPInterception
 from ._serving.upstream import OpenAIModel as OpenAIModel
+from ._serving.weights import reload_weights as reload_weights
 
 # Hooks and budgets
 from ._core.hooks import intercept as intercept
@@ -159,7 +160,7 @@ __all__ = [
     "AssistantMessage", "ImagePart", "Message", "Request", "Response", "SystemMessage",
     "TextPart", "Tool", "ToolCall", "ToolMessage", "Usage", "UserMessage", "Model",
     "RolloutSession", "ChatClient", "Interception", "LocalInterception", "Slot",
-    "HTTPInterception", "OpenAIModel", "SimulatedModelConfig", "SimulatedModelServer",
+    "HTTPInterception", "OpenAIModel", "SimulatedModelConfig", "SimulatedModelServer", "reload_weights",
     # hooks and budgets
     "intercept", "metric", "reward", "stop", "RolloutLimits", "RolloutTimeouts",
     # task, harness, runtime, rollout

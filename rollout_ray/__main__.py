@@ -4,4 +4,5 @@ import sys
 
 from ._cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a spawned worker process imports it (rescore's pool)
+    sys.exit(main())

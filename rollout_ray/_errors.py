@@ -200,6 +200,12 @@ class CorruptRun(ValueError):
         """A manifest that cannot be read."""
         return cls(path, f"{path} is not a readable run manifest ({reason}); restore it or start a new run")
 
+    @classmethod
+    def link(cls, path: Path) -> CorruptRun:
+        """A symbolic link in a run directory, or one given as a run directory: never followed."""
+        return cls(path, f"{path} is a symbolic link; a run directory and what it holds are never reached through "
+                         "one: remove the link, or pass the directory itself")
+
 
 CorruptShard = ForeignShard = CorruptManifest = CorruptRun
 """Former names of ``CorruptRun`` (no caller told them apart), kept importable."""

@@ -92,8 +92,9 @@ def ray_cluster() -> Iterator[Any]:
     ray = pytest.importorskip("ray")
     from rollout_ray._ray.head import lean_head
 
+    # address="local": a Ray cluster someone else runs on this machine (its /tmp/ray file) is not joined
     with lean_head():  # as init_ray starts a private Ray: the suite runs on what users get
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import it
     try:
         yield ray

@@ -315,22 +315,24 @@ def tool_call_kill(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.mark.ray
 def test_runtime_actor_killed_mid_tool_call(tool_call_kill: dict[str, Any], report: Any) -> None:
     trace, host = tool_call_kill["trace"], tool_call_kill["host"]
-    died = f"SandboxError: runtime {trace.id!r}: its runtime actor died (ActorDiedError)"
+    died = f"InfrastructureLost: runtime {trace.id!r}: its runtime actor died (ActorDiedError)"
     assert [(c.name, c.ok, c.error) for c in trace.tool_calls] == [("stall", False, died)]
     assert trace.num_turns == 1 and len(trace.calls) == 1  # the tool-call turn, once; no answer after
-    assert not trace.ok and trace.last_error is not None and trace.last_error.type == "SandboxError"
+    assert not trace.ok and trace.last_error is not None and trace.last_error.type == "InfrastructureLost"
     wait_exit(tool_call_kill["pid"], 5.0)  # the runtime's processes and files go with its host
     wait_exit(host["guardian"], 5.0)
     assert not os.path.exists(host["root"])
     assert tool_call_kill["seconds"] < 30  # a hang guard
-    report("2 runtime actor killed", "SIGKILL mid tool call", "processes + files gone, not retried",
-           "1 failed: SandboxError (runtime died)", tool_call_kill["seconds"])
+    report("2 runtime actor killed", "SIGKILL mid tool call", "processes + files gone; lost, so run again",
+           "0 failed: InfrastructureLost (retried: ray/test_lost_runtime_actor)", tool_call_kill["seconds"])
 
 
 @pytest.mark.ray
-def test_runtime_death_in_a_tool_fails_the_rollout(tool_call_kill: dict[str, Any]) -> None:
+def test_runtime_actor_death_in_a_tool_loses_the_rollout(tool_call_kill: dict[str, Any]) -> None:
+    """Its host died, not its box: an infrastructure loss, which the driver and a resume run
+    again, not a failure of the task (issue 21 §5)."""
     trace = tool_call_kill["trace"]
-    assert not trace.ok and trace.last_error is not None and trace.last_error.type == "SandboxError"
+    assert not trace.ok and trace.last_error is not None and trace.last_error.is_a(InfrastructureLost)
 
 
 @pytest.mark.ray
@@ -523,7 +525,7 @@ def test_simulated_model_faults_are_retried_or_recorded(report: Any, private_tmp
 
     async def main() -> tuple[Any, Any, float]:
         async with SimulatedModelServer(faults) as server, LocalExecutor() as executor:
-            model = OpenAIModel(server.base_url, timeout=0.3, retries=4, backoff=0.01, max_backoff=0.05)  # type: ignore[arg-type]
+            model = OpenAIModel(server.base_url, timeout=2.0, retries=4, backoff=0.01, max_backoff=0.05)  # type: ignore[arg-type]
             driver = Driver(tasks(40), ChatHarness(retries=0), model, executor=executor,
                             config=EvalConfig(samples_per_task=1, max_in_flight=40))
             t0 = time.monotonic()
@@ -541,7 +543,6 @@ def test_simulated_model_faults_are_retried_or_recorded(report: Any, private_tmp
     assert len(failed) == stats.by_fault["malformed"]  # a malformed answer is final, never re-sampled
     assert {(t.last_error.type, t.last_error.status_code) for t in failed} == {("ProviderError", 502)}  # type: ignore[union-attr]
     assert all(t.num_turns == 1 for t in traces if t.ok) and result.status == "completed"
-    assert seconds < 10
     faults = ", ".join(f"{n}×{k}" for k, n in sorted(stats.by_fault.items()))
     report("4 simulated model faults", faults, f"{40 - len(failed)}/40 ok, {transient} retries",
            f"{len(failed)} ProviderError 502 (malformed)", seconds)

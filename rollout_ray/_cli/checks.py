@@ -11,7 +11,7 @@ from typing import Any
 
 from .._core.sampling import unknown_sampling
 from .._driver.driver import EvalConfig
-from .._errors import RunInUse, UsageError
+from .._errors import CorruptRun, RunInUse, UsageError
 from .._record.manifest import RunLock
 from .._record.run_layout import MANIFEST, RunLayout
 
@@ -21,8 +21,8 @@ def warn(message: str) -> None:
 
 
 def check_out(out: str, *, resume: bool, overwrite: bool) -> None:
-    """``--out`` can hold this run: a directory (or one to make), and not a run unless
-    ``resume`` continues it or ``overwrite`` replaces it (only a run directory, not a link)."""
+    """``--out`` can hold this run: a directory (or one to make), not a link, and not a run
+    unless ``resume`` continues it or ``overwrite`` replaces it (only a run directory)."""
     if resume and overwrite:
         raise UsageError("--resume and --overwrite exclude each other: continue the run in --out, or replace it")
     path = os.path.normpath(out)
@@ -36,10 +36,11 @@ def check_out(out: str, *, resume: bool, overwrite: bool) -> None:
         raise UsageError(f"--out {out}: {ancestor} is a file, not a directory; choose another --out")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise UsageError(f"--out {out}: cannot write in {ancestor} (permission denied); choose another --out")
+    if os.path.islink(path):
+        raise UsageError(f"--out {out} is a symbolic link; a run directory is never reached through one: pass the "
+                         "directory itself")
     holds_run = RunLayout.of(path).holds_run()
     if overwrite:
-        if os.path.islink(path):
-            raise UsageError(f"--overwrite: {out} is a symbolic link; pass the run directory itself")
         if not holds_run and os.path.isdir(path) and os.listdir(path):
             raise UsageError(f"--overwrite: {out} is not a run directory (no {MANIFEST}); "
                              "nothing there is replaced: choose another --out")
@@ -50,7 +51,7 @@ def check_out(out: str, *, resume: bool, overwrite: bool) -> None:
         lock = RunLock(path)
         try:
             lock.acquire()
-        except RunInUse as e:
+        except (RunInUse, CorruptRun) as e:
             raise UsageError(str(e)) from None
         lock.release()
 

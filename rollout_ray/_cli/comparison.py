@@ -85,8 +85,9 @@ def _ms(seconds: float | None) -> str:
     return _number(None if seconds is None else seconds * 1000, ".1f")
 
 
-def plot_comparison(table: pa.Table, path: str) -> str:
-    """Write a PNG: mean reward ± sem per point, and p50 (bar) to p95 (whisker) per span."""
+def plot_comparison(table: pa.Table, path: Any) -> Any:
+    """Write a PNG to ``path`` (a file name, or a binary file): mean reward ± sem per point, and
+    p50 (bar) to p95 (whisker) per span."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a window

@@ -15,8 +15,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .._errors import UsageError
-from .._record.run_layout import RunLayout
+from .._errors import CorruptRun, UsageError
+from .._record.run_layout import CONTROL, STATUS, RunLayout
 from .arguments import integer, number
 
 TIMEOUT = 30.0
@@ -63,20 +63,22 @@ def _ctl(args: argparse.Namespace) -> int:
 def _endpoint(run_dir: str) -> tuple[str, str]:
     layout = RunLayout.of(run_dir)
     try:
-        info = json.loads(layout.control.read_text())
+        with layout.open() as run:  # no link followed: the token is the run's own
+            info = json.loads(run.read_bytes(CONTROL))
     except FileNotFoundError:
         state = _final_state(layout)
         raise UsageError(f"{run_dir}: no live run (no control.json{state}); start one with "
                          "`rollout-ray eval ... --out RUN_DIR`") from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, CorruptRun) as e:
         raise UsageError(f"{run_dir}: cannot read its control.json ({e})") from None
     return info["url"], info["token"]
 
 
 def _final_state(layout: RunLayout) -> str:
     try:
-        return f"; its last status says {json.loads(layout.status.read_text())['state']}"
-    except (OSError, ValueError, KeyError):
+        with layout.open() as run:
+            return f"; its last status says {json.loads(run.read_bytes(STATUS))['state']}"
+    except (OSError, ValueError, KeyError, CorruptRun):
         return ""
 
 

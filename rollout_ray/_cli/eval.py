@@ -33,6 +33,14 @@ from .arguments import integer, json_object, k_list, number, one_line
 from .checks import check_address, check_api_key, check_out, check_pass_k, check_sampling
 from .drive import TOKEN_CAPTURES, drive, eval_config, header, make_executor, open_model, version
 from .interrupt import Signals
+from .protections import (
+    DEFAULT_AGENT_TIMEOUT,
+    DEFAULT_MAX_TURNS,
+    budgets_line,
+    check_sandbox,
+    runtime_line,
+    with_finite_defaults,
+)
 from .runs import RUNS_ROOT, continue_command, latest_run, served_model
 from .summary import format_summary, stored_token_rows, summarize
 from .taskset import import_taskset, taskset_harness, taskset_tasks
@@ -80,12 +88,15 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                             "the server's own, found once per server by its info route (GET /version: vLLM, "
                             "GET /get_model_info: SGLang; neither: nothing is asked or stored); off: never")
     limits = p.add_argument_group("limits (per rollout)")
-    limits.add_argument("--max-turns", metavar="N", type=integer(0), help="model calls")
+    limits.add_argument("--max-turns", metavar="N", type=integer(0),
+                        help=f"model calls (default: {DEFAULT_MAX_TURNS}, unless the taskset's config sets it)")
     limits.add_argument("--max-tokens-total", metavar="N", type=integer(0), help="input + output tokens over all turns")
     limits.add_argument("--max-input-tokens", metavar="N", type=integer(0), help="input tokens over all turns")
     limits.add_argument("--max-output-tokens", metavar="N", type=integer(0), help="output tokens over all turns")
     limits.add_argument("--timeout-setup", type=number(above=0), metavar="S", help="seconds for task and harness setup")
-    limits.add_argument("--timeout-agent", type=number(above=0), metavar="S", help="seconds for the agent, all segments")
+    limits.add_argument("--timeout-agent", type=number(above=0), metavar="S",
+                        help=f"seconds for the agent, all segments (default: {DEFAULT_AGENT_TIMEOUT:g}, unless the "
+                             "taskset's config sets it)")
     where = p.add_argument_group("where rollouts run")
     where.add_argument("--executor", choices=["ray", "local"], default="ray",
                        help="ray: rollout actors (default); local: this process, no Ray")
@@ -94,7 +105,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     where.add_argument("--runtime", choices=["auto", "local", "sandbox"], default="auto",
                        help="runtime of each rollout: sandbox (bubblewrap: unprivileged, only the system "
                             "and the framework routes; the default where the machine runs one), local "
-                            "(a private dir on the host, no isolation), auto (sandbox, else local)")
+                            "(a private dir on the host, no isolation), auto (sandbox, else local, said at "
+                            "the start and in the summary); sandbox never falls back: refused where it cannot run")
     where.add_argument("--actors", metavar="N", type=integer(1), default=None,
                        help="rollout actors (ray executor; default: one per CPU of the cluster, at most 32; "
                             "for the private local Ray, of this machine)")
@@ -134,6 +146,8 @@ class _Plan:
     config: EvalConfig
     out: str
     model_name: str | None
+    defaulted: list[str]
+    """The budgets per rollout that are the CLI's defaults (``protections``)."""
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -142,7 +156,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     tasks = taskset_tasks(module, args.taskset, args.limit)
     harness = taskset_harness(module, args.taskset)
     check_sampling(args.sampling)
-    config = _config(module, args)
+    config, defaulted = with_finite_defaults(_config(module, args))
     check_pass_k(config, given=args.pass_k is not None)
     check_api_key(args.api_key_env, model_url=args.model_url)
     if args.out:
@@ -158,7 +172,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         model_name = served_model(args.model_url, os.environ.get(_api_key_env(args)))
         config = config.model_copy(update={"model_name": model_name})
     check_address(args.executor, args.address)
-    return _Plan(module, tasks, harness, config, out, model_name)
+    check_sandbox(args.runtime, remote=args.executor == "ray" and bool(args.address or os.environ.get("RAY_ADDRESS")))
+    return _Plan(module, tasks, harness, config, out, model_name, defaulted)
 
 
 def _api_key_env(args: argparse.Namespace) -> str:
@@ -219,7 +234,8 @@ async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: Signals) -
         return _interrupted(args, plan, signals.received)
     summary = summarize(result.samples, result.groups, timing={**timing, "wall": time.monotonic() - started},
                         status=result.status, reason=result.reason)
-    summary.update(token_rows=stored_token_rows(plan.out), token_capture=capture)
+    summary.update(token_rows=stored_token_rows(plan.out), token_capture=capture,
+                   protections=[budgets_line(plan.config, plan.defaulted), runtime_line(args.runtime)])
     print(format_summary(summary))
     print(f"run dir: {plan.out}")
     if result.status != "completed":

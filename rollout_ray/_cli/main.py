@@ -2,6 +2,7 @@
 
     rollout-ray eval TASKSET [--out DIR] [--resume] [--model-url URL] [--samples N] ...
     rollout-ray report RUN_DIR [--plot PNG]
+    rollout-ray rescore RUN_DIR [--taskset FILE] [--workers N]
     rollout-ray sweep GRID.toml [--out DIR] [--resume] [--executor ray|local]
     rollout-ray view [RUN_DIR ...] [--port P]
     rollout-ray ctl RUN_DIR status|cancel ROLLOUT|requeue ROLLOUT|set max-in-flight N|pause|resume|stop
@@ -79,6 +80,9 @@ def parser() -> argparse.ArgumentParser:
     from .sweep import add_sweep_arguments
 
     add_sweep_arguments(_command(sub, "sweep", help="eval every point of a grid and compare them"))
+    from .rescore import add_rescore_arguments
+
+    add_rescore_arguments(_command(sub, "rescore", help="score a stored run again, without a model or a sandbox"))
     from .view import add_view_arguments
 
     add_view_arguments(_command(sub, "view", help="browse run directories in a local web page"))

@@ -52,8 +52,11 @@ class Watched(Executor):
     def max_in_flight(self) -> int | None:
         return self.inner.max_in_flight
 
-    async def set_policy(self, version: int | None, paused: bool) -> None:
-        await self.inner.set_policy(version, paused)
+    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False) -> None:
+        if interrupt:
+            await self.inner.set_policy(version, paused, interrupt=True)
+        else:  # an executor written before interrupts takes two arguments
+            await self.inner.set_policy(version, paused)
 
     def statistics(self) -> dict[str, Any]:
         return self.inner.statistics()

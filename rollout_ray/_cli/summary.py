@@ -198,6 +198,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  {name:<14} {total:>12,} {mean:12.1f}")
     if "token_rows" in summary:
         lines.append(token_data(summary))
+    lines += summary.get("protections", [])  # the budgets that held, and where rollouts ran
     time_line = _time_line(summary.get("time") or {})
     if time_line:
         lines.append(time_line)
@@ -255,8 +256,9 @@ def _counts(counts: dict[Any, int]) -> str:
     return "  ".join(f"{k}={v}" for k, v in counts.items())
 
 
-def plot(samples: pa.Table, path: str) -> str:
-    """Write a PNG: the reward distribution and the time per span. Returns ``path``."""
+def plot(samples: pa.Table, path: Any) -> Any:
+    """Write a PNG to ``path`` (a file name, or a binary file): the reward distribution and the
+    time per span. Returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a window

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -40,8 +39,9 @@ import pyarrow.parquet as pq
 from .._driver.driver import EvalConfig, RunResult, group_id_of
 from .._driver.run_dir import changed_settings as _changed
 from .._driver.run_dir import stored_results
-from .._errors import UsageError
+from .._errors import CorruptRun, RunInUse, UsageError
 from .._hosting.executor import Executor
+from .._record.run_files import RunFiles
 from .._record.run_layout import RunLayout
 from .._record.store import done_keys, read_manifest
 from .comparison import comparison_row, comparison_table, format_comparison, plot_comparison
@@ -54,8 +54,11 @@ from .grid import (
     load_sweep,
 )
 from .interrupt import Signals
+from .protections import with_finite_defaults
 from .runs import continue_command
 from .warmup import warm_up
+
+GRID_COPY = "grid.toml"
 
 
 def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,15 +79,16 @@ def _sweep(args: argparse.Namespace) -> int:
         base = sweep.file.base.model_copy(update={k: v for k, v in overrides.items() if v})
         out = args.out or os.path.join("runs", "sweep-" + os.path.splitext(os.path.basename(args.grid))[0])
         plan = preflight(sweep, out, resume=args.resume)
-    except UsageError as e:
+        _copy_grid(args.grid, out)
+    except (UsageError, CorruptRun) as e:  # CorruptRun: a link where a point or the sweep's file is
         print("\n".join(f"rollout-ray sweep: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
-    copy = os.path.join(out, "grid.toml")
-    if not (os.path.exists(copy) and os.path.samefile(args.grid, copy)):  # resumed from its own copy
-        shutil.copyfile(args.grid, copy)
     signals = Signals()
     try:
         table = asyncio.run(_run_until_signalled(sweep, out, plan, base, signals))
+    except (CorruptRun, RunInUse) as e:  # a link planted in a point or the sweep's folder, a point in use
+        print(f"rollout-ray sweep: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # before the event loop took the signal over
         return _interrupted(args, sweep, out, signal.SIGINT)
     if table is None:
@@ -129,9 +133,10 @@ def _complete(sweep: Sweep, point: Point, run_dir: str) -> bool:
 
 def point_config(sweep: Sweep, point: Point) -> EvalConfig:
     base = sweep.file.base
-    return eval_config(sweep.module, samples=base.samples, max_in_flight=base.max_in_flight,
-                       model_name=point.model.upstream(), limits=point.limits, sampling=point.sampling,
-                       finalize={"pass_k": sorted(base.pass_k)} if base.pass_k else None)
+    config = eval_config(sweep.module, samples=base.samples, max_in_flight=base.max_in_flight,
+                         model_name=point.model.upstream(), limits=point.limits, sampling=point.sampling,
+                         finalize={"pass_k": sorted(base.pass_k)} if base.pass_k else None)
+    return with_finite_defaults(config)[0]  # as eval's: no point runs an endless agent forever
 
 
 def _record(sweep: Sweep, point: Point) -> dict[str, Any]:
@@ -207,11 +212,30 @@ async def run_sweep(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBas
                   f"failed {row['failed']}/{row['rollouts']}", file=sys.stderr)
             rows.append(row)
     table = comparison_table(rows)
-    pq.write_table(table, os.path.join(out, "comparison.parquet"))
-    pyarrow.csv.write_csv(table, os.path.join(out, "comparison.csv"))
-    if installed("matplotlib"):
-        plot_comparison(table, os.path.join(out, "comparison.png"))
+    # Written as a run directory's files are (``run_files``): a sweep's directory may be shared
+    # as a run's is, and a link planted under one of these names is refused, never written through.
+    with RunFiles.open(out, create=True) as folder:
+        with folder.replacing("comparison.parquet") as f:
+            pq.write_table(table, f)
+        with folder.replacing("comparison.csv") as f:
+            pyarrow.csv.write_csv(table, f)
+        if installed("matplotlib"):
+            with folder.replacing("comparison.png") as f:
+                plot_comparison(table, f)
     return table
+
+
+def _copy_grid(grid: str, out: str) -> None:
+    """Keep the grid file in ``out`` (``grid.toml``), unless the sweep was resumed from that copy.
+
+    Raises:
+        CorruptRun: ``out`` or its ``grid.toml`` is a link (never written through).
+    """
+    with RunFiles.open(out, create=True) as folder:
+        if folder.exists(GRID_COPY) and os.path.samestat(os.stat(grid), folder.stat(GRID_COPY)):
+            return
+        with open(grid, "rb") as f:
+            folder.write_bytes(GRID_COPY, f.read())
 
 
 async def _run_point(sweep: Sweep, point: Point, config: EvalConfig, executor: Executor, run_dir: str,

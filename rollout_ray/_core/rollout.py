@@ -14,12 +14,13 @@ Deliberate differences from upstream, each keeping the observable outcome:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
 import warnings
-from collections.abc import Callable, Sequence
-from contextlib import AsyncExitStack, suppress
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import Any
 
 from .._errors import HarnessError, InfrastructureLost, RolloutError, SandboxError, TaskError, ToolsetError, boundary
@@ -45,8 +46,29 @@ context manager yielding ``{server name: url}``; ``on_call`` receives each ``Too
 (e.g. ``ToolServer.serve``)."""
 
 
+TEARDOWN_TIMEOUT = 60.0
+"""Seconds each step of a rollout's teardown may take (closing the harness session, leaving
+the services, the harness's cleanup, stopping an owned runtime): a step that hangs is logged
+and left behind, and the rollout still returns its trace (docs/lifecycle.md B41). The phases
+before it have budgets of their own (``RolloutTimeouts``)."""
+
+
 def _now() -> float:
     return time.time()
+
+
+@asynccontextmanager
+async def _teardown_step(rollout_id: str, what: str) -> AsyncIterator[None]:
+    """Bound one teardown step by ``TEARDOWN_TIMEOUT``; a step that overruns is logged, not
+    raised (a runtime's stop goes on in the background: it is shielded)."""
+    deadline = asyncio.timeout(TEARDOWN_TIMEOUT)
+    try:
+        async with deadline:
+            yield
+    except TimeoutError:
+        if not deadline.expired():
+            raise  # the step's own, not the bound's
+        log.warning("rollout %s: %s did not finish within %gs; left behind", rollout_id, what, TEARDOWN_TIMEOUT)
 
 
 class Rollout:
@@ -381,7 +403,8 @@ class Rollout:
         if self.harness_session is None:
             return
         try:
-            await self.harness_session.close()
+            async with _teardown_step(self.trace.id, "closing the harness session"):
+                await self.harness_session.close()
         except Exception:
             # The trajectory is complete; a transport teardown failure must not discard it.
             log.warning("rollout %s: harness session close failed", self.trace.id, exc_info=True)
@@ -399,7 +422,8 @@ class Rollout:
         """Close the harness session and leave the tool servers and the interception."""
         await self._close_harness_session()
         with suppress(Exception):
-            await self._stack.aclose()
+            async with _teardown_step(self.trace.id, "leaving the services"):
+                await self._stack.aclose()
 
     async def _clean_runtime(self) -> None:
         """Harness cleanup, then stop an owned runtime: last, since env-level judging after
@@ -409,12 +433,14 @@ class Rollout:
         # Now it knows what it ran over: its image's digest, the setup snapshot it started from.
         self.trace.agent.runtime = self.runtime.info(borrowed=not self.owns_runtime)
         try:
-            await self.harness.cleanup(self.trace, self.runtime)
+            async with _teardown_step(self.trace.id, "the harness's cleanup"):
+                await self.harness.cleanup(self.trace, self.runtime)
         except Exception:
             log.warning("rollout %s: harness cleanup failed", self.trace.id, exc_info=True)
         if self.owns_runtime:
             try:
-                await self.runtime.stop()
+                async with _teardown_step(self.trace.id, "stopping the runtime"):
+                    await self.runtime.stop()
             except Exception:
                 log.warning("rollout %s: runtime teardown failed", self.trace.id, exc_info=True)
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from .._errors import SandboxError
+from .._errors import InfrastructureLost, SandboxError
 from .._record.trace import RuntimeInfo
 
 DEFAULT_OUTPUT_CAP = 1 << 20
@@ -85,11 +85,18 @@ class Runtime(ABC):
         await asyncio.shield(self._teardown_task)
 
     async def alive(self) -> bool:
-        """True when the box can still run a program (runs ``true`` in it)."""
+        """True when the box can still run a program (runs ``true`` in it).
+
+        Raises:
+            InfrastructureLost: the process hosting the box died: whether the box could
+                run a program is not the box's to answer.
+        """
         if self.stopped or not self.started:
             return False
         try:
             result = await self.exec(["true"], timeout=10.0)
+        except InfrastructureLost:
+            raise
         except Exception:
             return False
         return result.exit_code == 0

@@ -3,7 +3,15 @@
 Every model request of a rollout goes through ``chat``:
 
     released? stopped? → admission → limits → trace @stops → request @intercepts → request @stops
-    → policy gate (waits while paused) → model call → response @intercepts → response @stops → commit the turn with its usage
+    → policy gate (waits while paused) → the fields that go upstream → model call (continued
+    across interrupts) → response @intercepts → response @stops → commit the turn with its usage
+
+The fields that go upstream (``_core/upstream_fields``): the operator's ``sampling`` over the
+harness's allowed fields, the reply's length clamped to the rollout's token budget left; the
+rest is dropped and recorded on the call (``ModelCall.dropped``). The model call
+(``_core/generation``) may be interrupted by a weight update and continued from its partial
+output; the model is told the token ids the branch already has (``tokens.branch_prefix``) so
+a token-in client builds the prompt from them.
 
 A refusal raises ``TurnRefused`` (HTTP 400 ``rollout stopped: <name>``) and stops the trace;
 a released session raises ``SessionConcluded`` (409) and never commits a late turn. Failures
@@ -33,7 +41,7 @@ from .._errors import (
     TurnRefused,
     UpstreamError,
 )
-from .._record.graph import ConversationGraph
+from .._record.graph import ConversationGraph, path_to
 from .._record.messages import (
     AssistantMessage,
     Message,
@@ -43,14 +51,16 @@ from .._record.messages import (
     UserMessage,
     message_hash,
 )
-from .._record.tokens import record_tokens
+from .._record.tokens import branch_prefix, record_tokens
 from .._record.trace import ErrorRecord, InterceptRecord, ModelCall, TimeSpan, Trace
 from .admission import Admission
+from .generation import generate
 from .hooks import Hook, call_by_type, resolve
 from .limits import RolloutLimits
 from .model import SESSION_ID, Model
 from .policy_gate import PolicyGate, process_gate
 from .sampling import SAMPLING_FIELDS
+from .upstream_fields import upstream_fields
 
 _CODEC_ENCODER = msgspec.msgpack.Encoder()
 _REQUEST_DECODER = msgspec.msgpack.Decoder(Request)
@@ -136,7 +146,8 @@ class RolloutSession:
         """Run one model request through the whole pipeline and commit the turn.
 
         ``params`` are the harness's other request fields (``max_tokens``, ``tool_choice``,
-        ...); the rollout's sampling settings override them.
+        ...): the allowed ones go upstream, under the rollout's sampling settings
+        (``_core/upstream_fields``).
 
         Raises:
             SessionConcluded: the session was released.
@@ -154,14 +165,16 @@ class RolloutSession:
                 self._record_tools(request)
                 self.trace.stop(stop_name)
                 raise TurnRefused(stop_name)
-            return await self._sample(request, {**(params or {}), **self.sampling})
+            return await self._sample(request, params or {})
 
-    async def _sample(self, request: Request, sampling: dict[str, Any]) -> Response:
+    async def _sample(self, request: Request, params: dict[str, Any]) -> Response:
         policy = self.policy
         if policy.paused:  # a weight update: wait before anything goes upstream
             await policy.wait()
             self._check_open()
         self.error = None
+        sampling, dropped = upstream_fields(params, self.sampling, extra=self.model.forward_fields,
+                                            tokens_left=self._tokens_left())
         recorded = {k: v for k, v in sampling.items() if k in SAMPLING_FIELDS}
         call = ModelCall(
             model=self.model_name,
@@ -169,10 +182,11 @@ class RolloutSession:
             endpoint="/chat/completions",
             time=TimeSpan(start=time.time()),
             policy=policy.version,  # the server's own stamp, if any, replaces it (record_tokens)
+            dropped=dropped or None,
         )
         self.calling.append(call)
         try:
-            response = await self._complete(request, sampling)
+            response = await self._complete(request, sampling, call)
             call.usage, call.finish_reason = response.usage, response.finish_reason
             if self.released:
                 raise SessionConcluded()
@@ -207,11 +221,12 @@ class RolloutSession:
             if not self.released:
                 self.trace.calls.append(call)
 
-    async def _complete(self, request: Request, sampling: dict[str, Any]) -> Response:
+    async def _complete(self, request: Request, sampling: dict[str, Any], call: ModelCall) -> Response:
         token = SESSION_ID.set(self.trace.id)
         try:
-            return await self.model.complete(request, model=self.model_name, sampling=sampling)
-        except RolloutError:
+            return await generate(self.model, request, name=self.model_name, sampling=sampling, policy=self.policy,
+                                  call=call, prefix=self._prefix(request), check_open=self._check_open)
+        except (RolloutError, Refusal):
             raise
         except Exception as e:
             raise UpstreamError(f"model client failed: {type(e).__name__}: {e}") from e
@@ -225,6 +240,24 @@ class RolloutSession:
         except RolloutError as e:
             self.error = e
             raise
+
+    def _prefix(self, request: Request) -> tuple[list[int] | None, int]:
+        """The ids the request's branch already has, and how many of its messages they hold;
+        none when the tools changed since the last call (the prompt lists them)."""
+        parent, _ = self.graph.resolve(request.messages)
+        if parent is None or (request.tools or []) != self.trace.tools:
+            return None, 0
+        return branch_prefix(self.trace, path_to(self.trace, parent))
+
+    def _tokens_left(self) -> int | None:
+        """Completion tokens the rollout's token caps still allow (``None``: no cap)."""
+        limits = self.limits
+        if limits.max_output_tokens is None and limits.max_total_tokens is None:
+            return None
+        counts = self.trace.counts()
+        left = [cap - used for cap, used in ((limits.max_output_tokens, counts.num_output_tokens),
+                                             (limits.max_total_tokens, counts.num_total_tokens)) if cap is not None]
+        return min(left)
 
     def _check_open(self) -> None:
         if self.released:

@@ -8,9 +8,12 @@
   anything runs (``status_code`` 404 / 400);
 * the rollout's box died under the tool (a ``SandboxError`` and the runtime no longer
   alive) raises ``SandboxError``: the rollout fails, it does not go on without its box;
+* the process hosting the box died (its runtime actor) raises ``InfrastructureLost``: the
+  rollout is lost, not failed, and is run again;
 * anything else the tool raised, or its timeout, is an error *result* the model sees.
 
-Every call that reached a toolset is reported as a ``ToolCallRecord``.
+Every call that reached a toolset is reported as a ``ToolCallRecord``, its arguments and
+error cut at ``MAX_TOOL_CALL_CHARS`` (``_record/capped``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Any
 
 import msgspec
 
-from .._errors import RolloutError, SandboxError, ToolInputError, ToolsetError
+from .._errors import InfrastructureLost, RolloutError, SandboxError, ToolInputError, ToolsetError
+from .._record.capped import MAX_TOOL_CALL_CHARS, capped
 from .._record.messages import Tool, ToolCall
 from .._record.trace import ToolCallRecord
 from .runtime import Runtime
@@ -63,10 +67,13 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
     Raises:
         ToolInputError: unknown tool, or arguments that do not fit it (nothing ran).
         SandboxError: the rollout's runtime died under the tool.
+        InfrastructureLost: the process hosting the runtime died under the tool.
     """
+    if toolset.call_timeout is not None:  # the toolset's own bound wins over the server's
+        timeout = toolset.call_timeout
     started, deadline = time.monotonic(), asyncio.timeout(timeout)
     fn, outcome = None, None
-    failure: RolloutError | None = None
+    failure: RolloutError | InfrastructureLost | None = None
     try:
         if isinstance(arguments, str):  # OpenAI tool calls carry their arguments as JSON text
             try:
@@ -77,11 +84,11 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
         async with deadline:
             outcome = ToolOutcome(_text(await _invoke(fn, kwargs)))
     except Exception as e:
-        if fn is None and isinstance(e, ToolInputError):
+        if (fn is None and isinstance(e, ToolInputError)) or isinstance(e, InfrastructureLost):
             failure = e
-        elif isinstance(e, SandboxError) and not (runtime is not None and await runtime.alive()):
-            failure = e
-        else:
+        elif isinstance(e, SandboxError):
+            failure = await _box_gone(e, runtime)
+        if failure is None:
             expired = isinstance(e, TimeoutError) and deadline.expired()
             text = f"tool {name!r} timed out after {timeout:g}s" if expired else f"{type(e).__name__}: {e}"
             outcome = ToolOutcome(text, error=text)
@@ -92,12 +99,30 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
             error = str(failure)
         else:
             error = f"{type(failure).__name__}: {failure}"
-        on_call(ToolCallRecord(toolset.name, name, msgspec.json.encode(arguments).decode(), error is None, error,
-                               time.monotonic() - started))
+        on_call(_record(toolset.name, name, arguments, error, time.monotonic() - started))
     if failure is not None:
         raise failure
     assert outcome is not None
     return outcome
+
+
+async def _box_gone(error: SandboxError, runtime: Runtime | None) -> SandboxError | InfrastructureLost | None:
+    """What a tool's ``SandboxError`` fails the rollout with: itself if the box died, the loss
+    if the box's host did (asking is how it shows), ``None`` if the box lives (the tool's own
+    failure: a result the model sees)."""
+    try:
+        return None if runtime is not None and await runtime.alive() else error
+    except InfrastructureLost as lost:
+        return lost
+
+
+def _record(server: str, name: str, arguments: Any, error: str | None, seconds: float) -> ToolCallRecord:
+    """The call's record, its texts cut at ``MAX_TOOL_CALL_CHARS``: a rollout's trace lives
+    as long as the rollout, and what a program sends its tools must not grow it unbounded."""
+    text = msgspec.json.encode(arguments).decode()
+    return ToolCallRecord(server, name, capped(text, MAX_TOOL_CALL_CHARS), error is None,
+                          None if error is None else capped(error, MAX_TOOL_CALL_CHARS), seconds,
+                          arguments_chars=len(text) if len(text) > MAX_TOOL_CALL_CHARS else None)
 
 
 class LocalTools:

@@ -118,6 +118,10 @@ class Toolset:
     """
 
     name: ClassVar[str] = "toolset"
+    call_timeout: ClassVar[float | None] = None
+    """Seconds one call of these tools may run before it is answered as an error; ``None``:
+    the server's (``DEFAULT_CALL_TIMEOUT``). A tool that waits on something outside (a
+    service that never answers) fails that call, not the rollout."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -15,6 +15,7 @@ from .._hosting.executor import Executor, failed_trace
 from .._hosting.spec import RolloutSpec
 from .._record.arrow import RolloutRecord
 from .._record.trace import Trace
+from .otel import export_rollout
 
 
 def lost(trace: Trace) -> bool:
@@ -24,14 +25,15 @@ def lost(trace: Trace) -> bool:
 
 
 async def run_attempts(executor: Executor, spec: Callable[[], RolloutSpec], earlier: RolloutRecord | None, *,
-                       retries: int, retry_failed: bool, on_retry: Callable[[], None]
+                       retries: int, retry_failed: bool, on_retry: Callable[[], None], run_id: str | None = None
                        ) -> tuple[Trace, int, tuple[int, ...]]:
     """Run ``spec()`` on ``executor`` until it is not lost (or ``retries`` are spent).
 
     Returns its trace, carrying the errors of every earlier attempt first (``earlier``: a
     resumed run's stored record, whose attempts come first and are numbered on from), the
     trace's attempt number and how many errors each attempt left (``RolloutRecord.attempts``).
-    ``on_retry`` is called before each retry.
+    ``on_retry`` is called before each retry. Each attempt's trace becomes OpenTelemetry
+    spans (``otel``; ``run_id`` is their attribute), when the user configured a provider.
     """
     history = earlier.attempt_errors() if earlier is not None else []
     errors = [e for attempt_errors in history for e in attempt_errors]
@@ -44,6 +46,7 @@ async def run_attempts(executor: Executor, spec: Callable[[], RolloutSpec], earl
             trace, ran = await executor.run(this), True
         except Exception as e:  # noqa: BLE001 - e.g. a task that cannot be pickled: this rollout fails, not the run
             trace, ran = failed_trace(this, e), False
+        export_rollout(trace, run_id=run_id, attempt=attempt)
         retryable = lost(trace) or (ran and retry_failed and not trace.ok)
         counts.append(len(trace.errors))
         if not retryable or retried >= retries:

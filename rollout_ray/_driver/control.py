@@ -31,7 +31,7 @@ from typing import Any
 from aiohttp import web
 
 from .._errors import WireError
-from .._record.run_layout import RunLayout, being_written
+from .._record.run_layout import RunLayout
 from .._serving.http_service import HTTPService
 from .steering import StallRule, Steering
 
@@ -45,14 +45,8 @@ MAX_BODY = 4096
 def write_run_file(path: Path, data: bytes, mode: int) -> None:
     """Replace ``path`` (a file of the run directory) whole with ``data``, created with
     ``mode``; never through a link. Readers see the old file or the new, never a part."""
-    tmp = being_written(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    try:
-        os.fchmod(fd, mode)  # whatever the umask, and a leftover .tmp of another mode
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    with RunLayout.of(path.parent).open() as run:  # run_files: relative to the directory, no link
+        run.write_bytes(path.name, data, mode=mode)
 
 
 class ControlServer(HTTPService):

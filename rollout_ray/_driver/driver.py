@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from .._core.aio import unwrapped
 from .._core.harness import Harness
+from .._core.limits import LIMIT_FIELDS
 from .._core.model import Model
 from .._core.task import Task
 from .._errors import ProviderError, ResumeMismatch
@@ -266,19 +267,23 @@ class Driver(PolicyOwner):
                     finally:
                         finalizer.finish()
         finally:
-            # Also on cancellation: what was finalized is kept, so a resume will not redo it.
-            if finalizer is not None:
-                await finalizer.flush()
-            self._io.shutdown(wait=True)
-            if control is not None:
-                await control.aclose(self.status, self.reason)
-            if self._store is not None:
-                self._store.close()
-            if self.progress.stale:
-                log.info("staleness: %d rollouts dropped as older than max_staleness=%s versions "
-                         "and re-run", self.progress.stale, self.config.max_staleness)
-            if self._callback_error is None:
-                self._report(force=True)
+            try:
+                # Also on cancellation: what was finalized is kept, so a resume will not redo it.
+                if finalizer is not None:
+                    await finalizer.flush()
+            finally:
+                # A write that failed (a link planted in the run dir, a full disk) still closes
+                # the store: the run's lock is released.
+                self._io.shutdown(wait=True)
+                if control is not None:
+                    await control.aclose(self.status, self.reason)
+                if self._store is not None:
+                    self._store.close()
+                if self.progress.stale:
+                    log.info("staleness: %d rollouts dropped as older than max_staleness=%s versions "
+                             "and re-run", self.progress.stale, self.config.max_staleness)
+                if self._callback_error is None:
+                    self._report(force=True)
 
     def _make_finalizer(self, queue: asyncio.Queue[Group | None], demand: asyncio.Semaphore) -> GroupFinalizer:
         config = self.config
@@ -295,6 +300,7 @@ class Driver(PolicyOwner):
         return GroupFinalizer(
             config=config.finalize, judge=self.judge, store=self._store, io=self._io, emit=emit,
             rows_per_write=config.rows_per_shard, capacity=config.finished_buffer, rule=config.keep_group,
+            judge_timeout=config.judge_timeout,
             rejected=rejected,
             **({} if config.max_staleness is None else {"keep": self._fresh_or_rerun, "demand": demand}))
 
@@ -322,6 +328,10 @@ class Driver(PolicyOwner):
         if bound is not None and bound < self.config.max_in_flight:
             log.warning("the executor runs at most %d rollouts at once, below max_in_flight=%d: "
                         "the rest wait for room in it", bound, self.config.max_in_flight)
+        limits, timeouts = self.config.limits, self.config.timeouts
+        if all(getattr(limits, name) is None for name in LIMIT_FIELDS) and timeouts.agent is None:
+            log.warning("EvalConfig sets no turn, token or time limit: an agent that never stops runs forever; "
+                        "set limits=RolloutLimits(max_turns=...) or timeouts=RolloutTimeouts(agent=...)")
         # The executor hears what comes next (warm sandboxes per image, setup snapshots kept).
         window = self.config.max_in_flight if self.executor.looks_ahead else 0
         planned = lookahead(self._plan(), window, self.executor.prepare,
@@ -384,7 +394,7 @@ class Driver(PolicyOwner):
                     self._steering.executor, lambda: self._spec(task, f"{group_id}#{sample_idx}"),
                     self._redo.pop((group_id, sample_idx), None),
                     retries=self.config.max_infra_retries, retry_failed=self.config.retry_failed,
-                    on_retry=self._retried)
+                    on_retry=self._retried, run_id=self.run_id)
             finally:
                 self.progress.in_flight -= 1
             self._count(trace)

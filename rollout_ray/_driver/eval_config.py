@@ -9,6 +9,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from .._core.limits import RolloutLimits, RolloutTimeouts
+from .bounded_call import JUDGE_TIMEOUT
 from .finalize import FinalizeConfig
 
 KeepGroup = Literal["nonzero_std"] | Callable[[pa.Table], bool]
@@ -65,6 +66,9 @@ class EvalConfig(BaseModel):
     """Groups to stream, then end the run. Tasks are admitted, in taskset order, only while
     the groups admitted and not rejected are fewer: a rejected group is replaced by the next
     task, and a taskset longer than needed (an iterator) is read no further. ``None``: every task."""
+    judge_timeout: float = Field(JUDGE_TIMEOUT, gt=0)
+    """Seconds the group judge may take on one group; past it the group's ``judge_error``
+    says so and the run goes on (``_driver/bounded_call``)."""
 
     @field_serializer("keep_group", when_used="json")
     def _keep_group_name(self, rule: KeepGroup | None) -> str | None:

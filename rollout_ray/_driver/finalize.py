@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .._record.arrow import TRACE_SCHEMA
+from .bounded_call import JUDGE_TIMEOUT, call_within
 
 __all__ = ["FinalizeConfig", "Finalized", "GroupJudge", "counted_reward", "finalize", "pass_at_k"]
 
@@ -97,15 +98,18 @@ _DEFAULT = FinalizeConfig()  # frozen, so one shared default is safe
 
 
 def finalize(
-    table: pa.Table, config: FinalizeConfig = _DEFAULT, judge: GroupJudge | None = None
+    table: pa.Table, config: FinalizeConfig = _DEFAULT, judge: GroupJudge | None = None, *,
+    judge_timeout: float = JUDGE_TIMEOUT,
 ) -> Finalized:
     """Score every group of ``table`` by ``group_id``. See the module docstring for failures.
 
     ``judge`` is called once per group, with that group's rows of ``samples`` in input
-    order. It may return ``None`` or a mapping of new ``reward_*`` / ``metric_*`` column
-    names to one value per row. Those columns are appended to ``samples``, null for groups
-    that returned nothing. Group columns ``table`` already has (a stored run's) are replaced.
-    Raises ValueError on a bad input table or a bad judge result.
+    order, and waited for ``judge_timeout`` seconds at most (``bounded_call``). It may return
+    ``None`` or a mapping of new ``reward_*`` / ``metric_*`` column names to one value per
+    row. Those columns are appended to ``samples``, null for groups that returned nothing.
+    Group columns ``table`` already has (a stored run's) are replaced.
+    Raises ValueError on a bad input table or a bad judge result, ``CallTimeout`` (a
+    ``TimeoutError``) when the judge overran on a group.
     """
     _check_input(table)
     table = table.drop_columns([c for c in table.column_names if _is_group_column(c)])
@@ -115,7 +119,7 @@ def finalize(
     groups = _group_summary(gidx, group_ids, eff, failed, config)
     samples = _with_group_columns(table, gidx, eff, groups, config)
     if judge is not None:
-        samples = _apply_judge(samples, gidx, group_ids, judge)
+        samples = _apply_judge(samples, gidx, group_ids, judge, judge_timeout)
     return Finalized(samples=samples, groups=groups)
 
 
@@ -246,7 +250,7 @@ def _encode(col: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
 
 
 def _apply_judge(
-    samples: pa.Table, gidx: np.ndarray, group_ids: pa.Array, judge: GroupJudge
+    samples: pa.Table, gidx: np.ndarray, group_ids: pa.Array, judge: GroupJudge, timeout: float
 ) -> pa.Table:
     order = np.argsort(gidx, kind="stable")  # stable: input order within a group
     bounds = np.concatenate([[0], np.cumsum(np.bincount(gidx, minlength=len(group_ids)))])
@@ -255,7 +259,7 @@ def _apply_judge(
     valid: dict[str, np.ndarray] = {}
     for g in range(len(group_ids)):
         lo, hi = int(bounds[g]), int(bounds[g + 1])
-        out = judge(grouped.slice(lo, hi - lo))
+        out = call_within(judge, grouped.slice(lo, hi - lo), timeout, f"the judge on group {group_ids[g].as_py()!r}")
         if out is None:
             continue
         where = f"judge result for group {group_ids[g].as_py()!r}"

@@ -42,6 +42,7 @@ import pyarrow as pa
 
 from .._record.arrow import RolloutRecord, records_to_table
 from .batch import batch_arrays
+from .bounded_call import JUDGE_TIMEOUT
 from .eval_config import KeepGroup
 from .finalize import FinalizeConfig, GroupJudge, finalize
 from .keep_rule import rejections
@@ -137,6 +138,7 @@ class GroupFinalizer:
         demand: with ``keep``, released by the consumer once per group it asks for.
         write_within / gather: see ``WRITE_WITHIN`` and ``GATHER`` (``gather`` does not apply
             with ``keep``: a group is finalized when it is asked for).
+        judge_timeout: as ``finalize``'s.
     """
 
     def __init__(self, *, config: FinalizeConfig, judge: GroupJudge | None, store: RunDirectory | None,
@@ -144,13 +146,14 @@ class GroupFinalizer:
                  rule: KeepGroup | None = None, rejected: Callable[[str, str], None] = lambda *_: None,
                  keep: Callable[[str, list[RolloutRecord]], Masks | None] | None = None,
                  demand: asyncio.Semaphore | None = None, write_within: float = WRITE_WITHIN,
-                 gather: float = GATHER) -> None:
+                 gather: float = GATHER, judge_timeout: float = JUDGE_TIMEOUT) -> None:
         if (keep is None) != (demand is None):
             raise ValueError("keep and demand go together: pass both or neither")
         self.config, self.judge, self.store, self.io, self.emit = config, judge, store, io, emit
         self.rows_per_write, self.capacity, self.rule, self.rejected = rows_per_write, capacity, rule, rejected
         self.keep, self.demand = keep, demand
         self.write_within, self.gather = write_within, gather
+        self.judge_timeout = judge_timeout
         self._finalized_at = -float("inf")  # loop time of the last finalize
         self._out: set[str] = set()
         self._closed: list[tuple[str, list[RolloutRecord]]] = []
@@ -297,7 +300,7 @@ class GroupFinalizer:
             return [], [], {}
         table = self._table([r for _, members in batch for r in members])
         try:
-            result = finalize(table, self.config, self.judge)
+            result = finalize(table, self.config, self.judge, judge_timeout=self.judge_timeout)
         except Exception:  # noqa: BLE001 - find the group whose judge raised: one at a time
             if self.judge is None:
                 raise
@@ -341,7 +344,7 @@ class GroupFinalizer:
         table = self._table(members)
         judge_error = None
         try:
-            result = finalize(table, self.config, self.judge)
+            result = finalize(table, self.config, self.judge, judge_timeout=self.judge_timeout)
         except Exception as e:  # noqa: BLE001 - a judge's failure is its group's
             log.warning("group %s: judge failed: %s: %s", group_id, type(e).__name__, e)
             judge_error = f"{type(e).__name__}: {e}"

@@ -15,8 +15,6 @@ new samples. A group id starts with its task's position in the taskset (``group_
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections import Counter
 from typing import Any
 
@@ -55,7 +53,8 @@ class RunDirectory:
         config: what the manifest records; its ``eval`` entry is the driver's ``EvalConfig``.
         resume: continue the run stored there (else it must hold none, unless ``overwrite``).
         overwrite: replace the run stored there: everything in the directory goes. Only a
-            run directory (one with a manifest) is cleared, never through a symbolic link.
+            run directory (one with a manifest) is cleared; a link inside is removed, never
+            followed.
         keep_failed: on resume, keep rollouts that failed for infrastructure or provider
             reasons instead of redoing them.
         samples_per_task: n, to know which stored groups are incomplete.
@@ -85,13 +84,11 @@ class RunDirectory:
         Raises:
             RunInUse: another process writes this run.
             FileExistsError: it holds a run and neither ``resume`` nor ``overwrite`` is on.
-            ValueError: ``overwrite`` of a symbolic link.
             ResumeMismatch: resuming with other settings than the run was made with.
-            CorruptRun: what is stored cannot be trusted.
+            CorruptRun: what is stored cannot be trusted, or the directory (or a file the run
+                opens in it) is a symbolic link.
         """
-        if self.overwrite and os.path.islink(os.path.normpath(self.path)):
-            raise ValueError(f"{self.path} is a symbolic link; overwrite replaces only a run directory itself")
-        os.makedirs(self.path, exist_ok=True)
+        RunLayout.of(self.path).open(create=True).close()
         self._lock.acquire()
         try:
             holds_run = RunLayout.of(self.path).holds_run()
@@ -134,10 +131,13 @@ class RunDirectory:
             raise ResumeMismatch.taskset(self.path, position, min(stored - {group_id}), group_id)
 
     def close(self) -> None:
-        for writer in (self._samples, self._groups):
-            if writer is not None:
-                writer.close()
-        self._lock.release()
+        """Write what is buffered and release the lock (also when the write fails)."""
+        try:
+            for writer in (self._samples, self._groups):
+                if writer is not None:
+                    writer.close()
+        finally:
+            self._lock.release()
 
     def _check_settings(self, stored: dict[str, Any]) -> None:
         def decisive(config: dict[str, Any]) -> dict[str, Any]:
@@ -176,12 +176,8 @@ def clear_run(path: str) -> None:
 
     Links inside are removed, never followed. The manifest goes last: a clear that is cut
     short leaves a run directory, which a second overwrite clears."""
-    entries = [e for e in os.scandir(path) if e.name != LOCK]
-    for entry in sorted(entries, key=lambda e: e.name == MANIFEST):
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
-        else:
-            os.unlink(entry.path)
+    with RunLayout.of(path).open() as run:
+        run.remove_all(keep=[LOCK], last=MANIFEST)
 
 
 class _Agent(msgspec.Struct):

@@ -53,10 +53,12 @@ class Executor(ABC):
         """Run one rollout to its closed trace; a rollout whose host died is a lost one
         (``failed_trace(spec, InfrastructureLost(...))``), returned, not raised."""
 
-    async def set_policy(self, version: int | None, paused: bool) -> None:
+    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False) -> None:
         """Make every rollout it runs see policy ``version`` and the pause (``_core/policy_gate``):
         while paused, their model calls wait before going upstream and their agent clocks
-        stand still. Returns once every place where its rollouts make model calls knows.
+        stand still. Returns once every place where its rollouts make model calls knows;
+        ``interrupt`` (with ``paused``): once their calls in flight that can be interrupted
+        have stopped at their servers too.
 
         This one does nothing: a rollout built without a policy of its own obeys the
         process's (``process_gate()``), which an executor sharing it may set. An executor

@@ -69,8 +69,10 @@ class LocalExecutor(Executor):
     async def live(self) -> dict[str, Any]:
         return live_report(self._running.values())
 
-    async def set_policy(self, version: int | None, paused: bool) -> None:
-        self.policy.set(version, paused)
+    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False) -> None:
+        self.policy.set(version, paused, interrupt)
+        if paused and interrupt:
+            await self.policy.until_stopped()
 
     @property
     def looks_ahead(self) -> bool:

@@ -30,6 +30,7 @@ from .._core.session import RolloutSession
 from .._core.toolset import Toolset
 from .._errors import InfrastructureLost
 from .._record.messages import Request
+from .._serving.http_service import DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, BodyBudget
 from .._serving.proxy import HTTPInterception
 from .._serving.tool_server import ToolServer
 from .trace_sync import Cursor, SessionDelta, SessionSpec, delta
@@ -62,13 +63,19 @@ class NodeServices:
     Args:
         host / advertise_host / max_body: as for ``HTTPInterception`` (``max_body`` for the
             proxy only).
+        max_body_bytes_in_flight: request body bytes the proxy and the tool server hold at
+            once, together (``BodyBudget``).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", advertise_host: str | None = None,
-                 max_body: int | None = None, lease: float = LEASE_SECONDS) -> None:
+                 max_body: int | None = None, lease: float = LEASE_SECONDS,
+                 max_body_bytes_in_flight: int = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT) -> None:
         proxy_options: dict[str, Any] = {"max_body": max_body} if max_body else {}
-        self._proxy = HTTPInterception(host=host, advertise_host=advertise_host, **proxy_options)
-        self._tools = ToolServer(host=host, advertise_host=advertise_host)
+        # One bound on the request bodies the node holds, whichever server they arrive at.
+        self.body_budget = BodyBudget(max_body_bytes_in_flight)
+        self._proxy = HTTPInterception(host=host, advertise_host=advertise_host, body_budget=self.body_budget,
+                                       **proxy_options)
+        self._tools = ToolServer(host=host, advertise_host=advertise_host, body_budget=self.body_budget)
         self._models: dict[bytes, Model] = {}
         self._sessions: dict[str, _Registration] = {}
         self._toolsets: dict[str, _Registration] = {}

@@ -254,17 +254,18 @@ class RayExecutor(Executor):
     _policy_state: tuple[int | None, bool] | None = None
     """The last ``set_policy``: an actor created later (a replacement) starts with it."""
 
-    async def set_policy(self, version: int | None, paused: bool) -> None:
+    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False) -> None:
         """Every actor of the pool, and through each its node's services, sees ``version``
-        and the pause; returns once they all answered. An actor that died is skipped (its
-        replacement starts with them); one that does not answer within ``probe_timeout`` is
-        logged, and the probe kills it as hung."""
-        if self._policy_state == (version, paused):
+        and the pause (``interrupt``: and has stopped its interrupted calls); returns once
+        they all answered. An actor that died is skipped (its replacement starts with them);
+        one that does not answer within ``probe_timeout`` is logged, and the probe kills it
+        as hung."""
+        if self._policy_state == (version, paused) and not interrupt:
             return
         self._policy_state = (version, paused)
         actors = [a for a in self._pool if a is not None]
-        outcomes = await asyncio.gather(*(a.set_policy(version, paused, timeout=self.probe_timeout) for a in actors),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(*(a.set_policy(version, paused, interrupt, timeout=self.probe_timeout)
+                                          for a in actors), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, TimeoutError):
                 log.warning("a rollout actor did not take policy version=%s paused=%s within %gs",

@@ -91,13 +91,17 @@ class _NodeServiceActor(NodeServices):
             gate = self._policies[owner] = PolicyGate()
         return gate
 
-    def set_policy(self, owner: str | None, version: int | None, paused: bool) -> None:
-        """The policy of ``owner``'s sessions (``Executor.set_policy``, through its actor).
+    async def set_policy(self, owner: str | None, version: int | None, paused: bool, interrupt: bool = False) -> None:
+        """The policy of ``owner``'s sessions (``Executor.set_policy``, through its actor);
+        ``interrupt``: returns once their interrupted calls stopped.
 
         It renews ``owner``'s lease: an owner that dies before it registers anything leaves
         no policy behind for good (a live one's next registration brings it back)."""
         self.renew(owner)
-        self._policy(owner).set(version, paused)
+        gate = self._policy(owner)
+        gate.set(version, paused, interrupt)
+        if paused and interrupt:
+            await gate.until_stopped()
 
     def policy(self, owner: str | None) -> tuple[int | None, bool]:
         """``(version, paused)`` of ``owner``'s sessions."""
@@ -126,7 +130,7 @@ class _NodeServiceActor(NodeServices):
         ``policy`` is the registering owner's ``(owner, version, paused)``, applied first.
         """
         if policy is not None:
-            self.set_policy(*policy)
+            await self.set_policy(*policy)
         return [await _outcome(self.register(self._unpacker.unpack(blob, bodies))) for blob, bodies in items]
 
     async def unregister_many(self, items: list[tuple[str, Cursor]]) -> list[Any]:

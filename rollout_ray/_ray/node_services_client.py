@@ -4,7 +4,7 @@ server that serve its rollouts' sessions and toolsets there.
 ``NodeServicesRef`` is a rollout actor's handle on the services actor of its node
 (``node_service_actor``); every call is bounded, and one to services that died or hang
 raises ``InfrastructureLost`` (the rollouts it broke are retried, not recorded as failures
-of their task) while the next goes to their replacement. ``RayInterception`` and
+of their task) at once, while the next waits for their replacement. ``RayInterception`` and
 ``RayToolServer`` register through it: registrations travel as shipments (each class and
 model once) in coalesced batches, and what the node's copy of a trace added comes back
 through ``_hosting/trace_sync``. Once it used them, the rollout actor renews its lease every
@@ -37,6 +37,9 @@ from .wire import ShipmentPacker, deliver
 SERVICE_CALL_TIMEOUT = 30.0
 """Seconds a rollout actor waits for one call to its node's services before giving them up."""
 
+_ABOUT_HELD_REGISTRATIONS = frozenset({"sync", "prepare_users", "unregister_many", "unregister_tools_many"})
+"""Calls about a session or toolsets registered earlier: while the services recover, what
+they ask about was held by the lost ones."""
 
 
 class NodeServicesRef:
@@ -74,16 +77,22 @@ class NodeServicesRef:
         """``method(*args)`` on the node's services.
 
         Raises:
-            InfrastructureLost: they died or hung; raised once they answer again (or after
-                ``SERVICE_CALL_TIMEOUT``), so that the retry of a rollout lands on live ones.
+            InfrastructureLost: they died or hung. Raised at once, so the rollouts they broke
+                are retried within seconds (a replacement takes ~10 s to start on a busy
+                node); the calls after it wait until the services answer again (at most
+                ``SERVICE_CALL_TIMEOUT``), so that the retries land on live ones, except a
+                call about a registration, which the lost services held: it raises at once.
         """
+        if self._recovery is not None and not self._recovery.done():
+            if method in _ABOUT_HELD_REGISTRATIONS:  # held by the lost services: nothing to wait for
+                raise InfrastructureLost("the node's services were lost; their replacement is starting")
+            await asyncio.shield(self._recovery)
         actor = self.actor
         try:
             return await call(getattr(actor, method).remote(*args), timeout=SERVICE_CALL_TIMEOUT)
         except (RayActorError, TimeoutError) as e:
             if self._recovery is None or self._recovery.done():
                 self._recovery = asyncio.ensure_future(self._until_alive())
-            await asyncio.shield(self._recovery)
             raise InfrastructureLost(f"the node's services were lost: {type(e).__name__}") from None
 
     async def _until_alive(self) -> None:

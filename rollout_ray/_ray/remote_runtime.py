@@ -11,7 +11,7 @@ import msgspec
 from ray.exceptions import RayActorError
 
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
-from .._errors import RuntimeStopped, SandboxError
+from .._errors import InfrastructureLost, RuntimeStopped, SandboxError
 from .._hosting.lazy_runtime import LazyRuntime
 from .._record.trace import RuntimeInfo
 from .._runtimes.sandbox import SandboxRuntime, sandbox_url
@@ -77,7 +77,8 @@ class RemoteRuntime(Runtime):
             raise
         except RayActorError as e:
             self.stopped = True
-            raise SandboxError(f"runtime {self.name!r}: its runtime actor died ({type(e).__name__})") from None
+            # The process hosting the box died, not the box: the rollout is lost, and retried.
+            raise InfrastructureLost(f"runtime {self.name!r}: its runtime actor died ({type(e).__name__})") from None
         except TimeoutError:
             raise SandboxError(f"runtime {self.name!r}: its runtime actor did not answer {method} "
                                f"within {wait:g}s") from None

@@ -15,6 +15,7 @@ sets it, then forwards it to the node's services for the sessions of its program
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -87,11 +88,15 @@ class RunReceiver:
         self._done.append((sid, result))
         self._ready.set()
 
-    async def collect(self) -> list[Result]:
-        """Every result since the last call; waits for one while rollouts run."""
-        while not self._done and self._running:
-            self._ready.clear()
-            await self._ready.wait()
+    async def collect(self, wait: float | None = None) -> list[Result]:
+        """Every result since the last call; waits for one while rollouts run, ``wait``
+        seconds at most (``None``: as long as they run). An empty answer says the actor is
+        alive: its caller bounds its own wait on the call by it."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                while not self._done and self._running:
+                    self._ready.clear()
+                    await self._ready.wait()
         done, self._done = self._done, []
         return done
 
@@ -173,18 +178,22 @@ class _RolloutActor:
         if images or self._runtimes is not None:
             await call(self._runtime_actor().prepare.remote(images, setups), timeout=PROBE_TIMEOUT)
 
-    async def set_policy(self, version: int | None, paused: bool) -> None:
+    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False) -> None:
         """This actor's rollouts, and its sessions at the node's services, see ``version`` and
-        the pause. Paused here first and resumed here last, so no agent clock runs while the
-        node's proxy holds calls."""
+        the pause (``interrupt``: their calls in flight are interrupted, and this returns once
+        they stopped). Paused here first and resumed here last, so no agent clock runs while
+        the node's proxy holds calls."""
+        gate = process_gate()
         if paused:
-            process_gate().set(version, paused)
+            gate.set(version, paused, interrupt)
         try:
             if self._services.used:  # else the first registrations there carry it
-                await self._services.call("set_policy", self._owner, version, paused)
+                await self._services.call("set_policy", self._owner, version, paused, interrupt)
         except InfrastructureLost:
             pass  # replaced services learn it with the next registrations
-        process_gate().set(version, paused)
+        gate.set(version, paused)
+        if paused and interrupt:
+            await gate.until_stopped()
 
     def policy(self) -> tuple[int | None, bool]:
         """``(version, paused)`` as this actor's rollouts see it."""
@@ -207,8 +216,8 @@ class _RolloutActor:
     async def _replace_dead_runtime_actor(self) -> None:
         """Long-poll the runtime actor; if it dies, new rollouts get a new one.
 
-        The rollouts whose runtimes it held fail with ``SandboxError`` (their box is gone);
-        without a replacement every later rollout of this actor would too.
+        The rollouts whose runtimes it held are lost (``InfrastructureLost``: their box's host
+        is gone) and run again; without a replacement every later rollout of this actor would be.
         """
         while True:
             try:
@@ -254,8 +263,8 @@ class _RolloutActor:
         self._watch()
         return self._receiver.submit(items, bodies)
 
-    async def collect(self) -> list[Result]:
-        return await self._receiver.collect()
+    async def collect(self, wait: float | None = None) -> list[Result]:
+        return await self._receiver.collect(wait)
 
     async def cancel(self, sids: list[int]) -> None:
         self._receiver.cancel(sids)

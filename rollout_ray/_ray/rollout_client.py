@@ -1,7 +1,8 @@
 """The driver's side of a rollout actor: the ``RolloutActor`` handle.
 
 ``RolloutActor.create`` starts the actor (``rollout_actor``); ``run`` sends a spec through
-the batched channel (``RunSender``, below) and comes back with the trace; the per-verb calls
+the batched channel (``RunSender``, below) and comes back with the trace (an actor that stops
+answering is killed, so its rollouts fail rather than wait: ``ANSWER_TIMEOUT``); the per-verb calls
 (``open`` / ``step`` / ``close`` / ``abort``) are for callers that feed user turns. Specs
 travel as shipments: the taskset's classes, the harness and the model cross once per actor.
 
@@ -24,6 +25,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import ray
 from ray.exceptions import RayActorError
 
 from .._hosting.spec import RolloutSpec
@@ -36,6 +38,12 @@ from .wire import MissingShipment, ShipmentPacker, deliver, trace_from_wire
 
 MAX_BATCH = 512
 """The most specs sent in one ``submit``."""
+COLLECT_WAIT = 10.0
+"""Seconds a ``collect`` waits in the actor for a finished rollout before it answers empty."""
+ANSWER_TIMEOUT = 30.0
+"""Seconds beyond ``COLLECT_WAIT`` an actor that answered before may take to answer a
+``collect``; past them it is hung (its event loop stuck, or its process stopped): it is
+killed, and every rollout it held fails with Ray's ``RayActorError``."""
 
 
 
@@ -63,6 +71,9 @@ class RunSender:
         self._cancels: set[asyncio.Task[None]] = set()
         self.answered = False
         """The actor answered a call of this channel: it was placed and started."""
+        self.collect_wait, self.answer_timeout = COLLECT_WAIT, ANSWER_TIMEOUT
+        """The watchdog on the actor (``COLLECT_WAIT``, ``ANSWER_TIMEOUT``): a caller without
+        ``RayExecutor``'s probe has one too."""
         self.submits = 0
         self.collects = 0
 
@@ -140,7 +151,10 @@ class RunSender:
     async def _collect(self) -> None:
         while self._awaiting:
             try:
-                results = await call(self._actor.collect.remote())
+                results = await self._collect_once()
+            except TimeoutError:
+                ray.kill(self._actor, no_restart=True)  # hung: the next collect fails, and so does every rollout
+                continue
             except RayActorError as e:
                 self._die(e)
                 return
@@ -156,6 +170,22 @@ class RunSender:
                     future.set_exception(RuntimeError("rollout cancelled in the actor"))
                 else:
                     future.set_result(result)
+
+    async def _collect_once(self) -> list[Any]:
+        """One ``collect``, bounded once the actor has answered a call: before, it may still
+        be waiting to be placed, which is not hanging.
+
+        Raises:
+            TimeoutError: the actor answered before, and not this within its bound.
+        """
+        pending = asyncio.ensure_future(call(self._actor.collect.remote(self.collect_wait)))
+        try:
+            while not self.answered:
+                if (await asyncio.wait({pending}, timeout=self.collect_wait))[0]:
+                    return pending.result()  # type: ignore[no-any-return]
+            return await asyncio.wait_for(pending, self.collect_wait + self.answer_timeout)  # type: ignore[no-any-return]
+        finally:
+            pending.cancel()
 
     async def _cancel(self, sids: list[int]) -> None:
         try:
@@ -218,9 +248,10 @@ class RolloutActor:
         owner = uuid.uuid4().hex
         return cls(RolloutActorClass.options(**options).remote(capacity, runtime, owner, policy), owner)
 
-    async def set_policy(self, version: int | None, paused: bool, timeout: float | None = None) -> None:
+    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False,
+                         timeout: float | None = None) -> None:
         """``_RolloutActor.set_policy``, bounded by ``timeout`` seconds."""
-        await call(self.actor.set_policy.remote(version, paused), timeout=timeout)
+        await call(self.actor.set_policy.remote(version, paused, interrupt), timeout=timeout)
 
     async def policy(self) -> tuple[int | None, bool]:
         return tuple(await call(self.actor.policy.remote()))  # type: ignore[return-value]

@@ -21,7 +21,14 @@ message>>>>), the last being the stored one. The trace keeps every attempt's err
 first (B52); the error columns (``error_type``, ``error_message``, ``num_errors``) describe
 the stored attempt only, so a rollout that succeeded on a retry has none.
 
-In the same version the ids are stored once: a row's ``trace`` blob leaves out the ids and
+Schema version 4 appended the policy versions: ``token_policy`` (list<list<int32>>), aligned
+with ``input_ids``, the version that sampled each completion id (null on prompt ids and where
+no version is known), and ``policy_min`` / ``policy_max``, the oldest and newest version the
+rollout's model calls sampled with (``tokens.policy_range``; a call interrupted by a weight
+update and continued holds ids of two). Tables of versions 1 to 3 lack them and are read with
+nulls there.
+
+In version 3 the ids are stored once: a row's ``trace`` blob leaves out the ids and
 logprobs its token columns hold, and ``table_to_traces`` puts them back from those columns
 (``token_store.py``). Blobs of versions 1 and 2 hold their ids and are read as they are.
 """
@@ -42,14 +49,14 @@ import pyarrow as pa
 
 from .._errors import SchemaMismatch
 from .token_store import has_stored_ids, restore_rows, without_ids
-from .tokens import TokenSequence, has_tokens, token_drift, token_sequences
+from .tokens import TokenSequence, has_tokens, policy_range, token_drift, token_sequences
 from .trace import ErrorRecord, Trace
 from .wire import wire_message
 
 # WARNING: the schema evolves by appending columns at the end of TRACE_SCHEMA, never by
 # retyping, renaming or reordering one. Bump only for an incompatible change: a reader refuses
 # a table whose version is newer than the one it knows.
-ARROW_SCHEMA_VERSION = 3
+ARROW_SCHEMA_VERSION = 4
 
 VERSION_KEY = b"rollout_ray.schema_version"
 """The schema-metadata key holding ``ARROW_SCHEMA_VERSION`` (ASCII digits)."""
@@ -105,26 +112,34 @@ _CONVERSATION_FIELDS = [
 _ERROR = pa.struct([pa.field("type", pa.string()), pa.field("message", pa.string())])
 _ATTEMPT = pa.struct([pa.field("attempt", pa.int32()), pa.field("errors", pa.list_(_ERROR))])
 _HISTORY_FIELDS = [pa.field("attempts", pa.list_(_ATTEMPT))]
+_POLICY_TOKEN_FIELD = pa.field("token_policy", pa.list_(pa.list_(pa.int32())))
+_POLICY_FIELDS = [_POLICY_TOKEN_FIELD, pa.field("policy_min", pa.int64()), pa.field("policy_max", pa.int64())]
 
 TRACE_SCHEMA: pa.Schema = pa.schema(
-    _SCALAR_FIELDS + _CONVERSATION_FIELDS + _HISTORY_FIELDS,
+    _SCALAR_FIELDS + _CONVERSATION_FIELDS + _HISTORY_FIELDS + _POLICY_FIELDS,
     metadata={VERSION_KEY: str(ARROW_SCHEMA_VERSION).encode()},
 )
 """One row per rollout; see the module docstring for the column sets."""
 
 SCALAR_COLUMNS: tuple[str, ...] = tuple(f.name for f in _SCALAR_FIELDS)
-"""The small columns: everything but the conversation."""
+"""The small columns of the first schema version: everything but the conversation (the
+policy range, appended later, is small too: ``POLICY_COLUMNS``)."""
 
-CONVERSATION_COLUMNS: tuple[str, ...] = tuple(f.name for f in _CONVERSATION_FIELDS)
+TOKEN_COLUMNS: tuple[str, ...] = (*(f.name for f in _TOKEN_FIELDS), _POLICY_TOKEN_FIELD.name)
+"""The training sequences of each rollout, and each id's policy version (null: it has no
+token ids)."""
+
+CONVERSATION_COLUMNS: tuple[str, ...] = ("messages", "trace", *TOKEN_COLUMNS)
 """The large columns: the last branch's messages (JSON), the whole trace (msgpack), the tokens."""
-
-TOKEN_COLUMNS: tuple[str, ...] = tuple(f.name for f in _TOKEN_FIELDS)
-"""The training sequences of each rollout (null: it has no token ids)."""
 
 HISTORY_COLUMNS: tuple[str, ...] = tuple(f.name for f in _HISTORY_FIELDS)
 """Every attempt of the sample and its errors (small, but nested: not a scalar)."""
 
-_ADDED_IN = {**dict.fromkeys(TOKEN_COLUMNS, 2), **dict.fromkeys(HISTORY_COLUMNS, 3)}
+POLICY_COLUMNS: tuple[str, ...] = ("policy_min", "policy_max")
+"""The oldest and newest policy version a rollout sampled with (small; null: none recorded)."""
+
+_ADDED_IN = {**dict.fromkeys(TOKEN_COLUMNS[:5], 2), **dict.fromkeys(HISTORY_COLUMNS, 3),
+             **dict.fromkeys(("token_policy", *POLICY_COLUMNS), 4)}
 """Columns appended after version 1, by the version that added them."""
 
 _SCHEMA_NAMES = frozenset(TRACE_SCHEMA.names)
@@ -210,6 +225,7 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
     history = [r.attempt_errors() for r in records]
     last_errors = [h[-1][-1] if h[-1] else None for h in history]
     timings = [t.timing for t in traces]
+    ranges = [policy_range(t) for t in traces]
     columns: dict[str, Any] = {
         "run_id": [r.run_id for r in records],
         "rollout_id": [t.id for t in traces],
@@ -253,6 +269,8 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
         "trace": [_ENCODER.encode(t if r is None else without_ids(t)) for t, r in zip(traces, sequences)],
         **_token_columns(traces, sequences),
         "attempts": [_attempts_row(r.attempt, h) for r, h in zip(records, history)],
+        "policy_min": [low for low, _ in ranges],
+        "policy_max": [high for _, high in ranges],
     }
     arrays = [_to_array(columns[f.name], f.type) for f in TRACE_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=TRACE_SCHEMA)
@@ -268,7 +286,7 @@ def _attempts_row(attempt: int, history: list[list[ErrorRecord]]) -> list[dict[s
 def _token_columns(traces: Sequence[Trace], rows: list[list[TokenSequence] | None]) -> dict[str, pa.Array]:
     """The token columns of ``traces``' sequences (``None``: the row's are null)."""
     if all(r is None for r in rows):
-        return {f.name: pa.nulls(len(traces), f.type) for f in _TOKEN_FIELDS}
+        return {f.name: pa.nulls(len(traces), f.type) for f in (*_TOKEN_FIELDS, _POLICY_TOKEN_FIELD)}
     null = pa.array([r is None for r in rows])
     outer = _offsets(len(r or ()) for r in rows)
     sequences = [s for r in rows for s in r or ()]
@@ -287,6 +305,9 @@ def _token_columns(traces: Sequence[Trace], rows: list[list[TokenSequence] | Non
                                                  mask=null),
         "token_drift": pa.array([token_drift(t) if r is not None else None for t, r in zip(traces, rows)],
                                 pa.list_(pa.int32())),
+        "token_policy": pa.ListArray.from_arrays(
+            outer, pa.ListArray.from_arrays(inner, pa.array([v for s in sequences for v in s.policy], pa.int32())),
+            mask=null),
     }
 
 

@@ -7,6 +7,9 @@ longest prefix that matches existing nodes (by parent and message identity) is r
 rest is the new tail, committed as non-sampled nodes followed by the sampled reply. A
 request that diverges from an earlier branch forks a new branch.
 
+A message is recorded with its texts cut at ``max_message_chars`` (``capped.py``), and
+indexed by its identity as it arrived, so the next request, which carries it whole, matches.
+
 The walk reads any ``Conversation`` (a ``Trace`` is one), so the token record and the trace
 both call it without importing each other.
 """
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from .capped import MAX_MESSAGE_CHARS, cap_message, text_chars
 from .messages import AssistantMessage, Message, message_hash
 from .trace_parts import MessageNode, ModelCall
 
@@ -76,13 +80,19 @@ def branches(conversation: Conversation) -> list[Branch]:
 
 
 class ConversationGraph:
-    """An index over ``trace.nodes``; the session is its only writer."""
+    """An index over ``trace.nodes``; the session is its only writer.
 
-    def __init__(self, trace: Conversation) -> None:
+    Args:
+        trace: the conversation it indexes and appends to.
+        max_message_chars: characters a committed message keeps of each of its texts.
+    """
+
+    def __init__(self, trace: Conversation, *, max_message_chars: int = MAX_MESSAGE_CHARS) -> None:
         self.trace = trace
+        self.max_message_chars = max_message_chars
         self._index: dict[tuple[int | None, bytes], int] = {}
         for i, node in enumerate(trace.nodes):
-            self._index[(node.parent, message_hash(node.message))] = i
+            self._index[(node.parent, _identity(node))] = i
 
     def resolve(self, messages: Sequence[Message]) -> tuple[int | None, int]:
         """``(last matched node, number of matched messages)`` for the longest known prefix."""
@@ -102,14 +112,26 @@ class ConversationGraph:
         parent, matched = self.resolve(messages)
         now = time.time()
         for message in messages[matched:]:
-            parent = self.append(MessageNode(parent, message, sampled=False, timestamp=now))
+            parent = self.append(self._node(parent, message, sampled=False, timestamp=now))
         if reply is not None:
-            parent = self.append(MessageNode(parent, reply, sampled=True, timestamp=now))
+            parent = self.append(self._node(parent, reply, sampled=True, timestamp=now))
         return parent
+
+    def _node(self, parent: int | None, message: Message, *, sampled: bool, timestamp: float) -> MessageNode:
+        kept = cap_message(message, self.max_message_chars)
+        if kept is message:
+            return MessageNode(parent, message, sampled=sampled, timestamp=timestamp)
+        return MessageNode(parent, kept, sampled=sampled, timestamp=timestamp, original_chars=text_chars(message),
+                           original_digest=message_hash(message))
 
     def append(self, node: MessageNode) -> int:
         """Append a node to the trace and index it (also copies nodes a live session committed elsewhere)."""
         self.trace.nodes.append(node)
         index = len(self.trace.nodes) - 1
-        self._index[(node.parent, message_hash(node.message))] = index
+        self._index[(node.parent, _identity(node))] = index
         return index
+
+
+def _identity(node: MessageNode) -> bytes:
+    """What a request's message must hash to to be ``node``: the message as it arrived."""
+    return node.original_digest or message_hash(node.message)

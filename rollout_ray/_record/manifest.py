@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from .._errors import CorruptRun, RunInUse
 from .arrow import ARROW_SCHEMA_VERSION
-from .run_layout import RunLayout, being_written
+from .run_layout import LOCK, MANIFEST, RunLayout
 
 # WARNING: the manifest evolves by appending fields with defaults at the end of Manifest,
 # never by retyping or reordering. Bump only for an incompatible change.
@@ -64,55 +64,59 @@ class Manifest(msgspec.Struct, kw_only=True):
     """The manifest format's own version."""
 
 
-def write_manifest(run_dir: str | os.PathLike[str], manifest: Manifest) -> Path:
-    """Atomically write the manifest of ``run_dir`` (creating ``run_dir``); return its path."""
+def write_manifest(run_dir: str | os.PathLike[str] | RunLayout, manifest: Manifest) -> Path:
+    """Atomically write the manifest of ``run_dir`` (creating ``run_dir``); return its path.
+
+    Raises:
+        CorruptRun: ``run_dir``, the manifest or its ``.tmp`` is a link (never written through).
+    """
     layout = RunLayout.of(run_dir)
-    layout.root.mkdir(parents=True, exist_ok=True)
-    path = layout.manifest
-    tmp = being_written(path)
-    with open(tmp, "wb") as f:
-        f.write(msgspec.json.format(msgspec.json.encode(manifest), indent=2) + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_path(layout.root)
-    return path
+    with layout.open(create=True) as run:
+        run.write_bytes(MANIFEST, msgspec.json.format(msgspec.json.encode(manifest), indent=2) + b"\n")
+    return layout.manifest
 
 
-def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
+def read_manifest(run_dir: str | os.PathLike[str] | RunLayout) -> Manifest:
     """Read the manifest of ``run_dir``.
 
     Raises:
         FileNotFoundError: the run has no manifest.
-        CorruptRun: the manifest is not valid JSON or not a manifest.
+        CorruptRun: the manifest is not valid JSON or not a manifest, or it (or the run
+            directory) is a link.
     """
-    path = RunLayout.of(run_dir).manifest
+    layout = RunLayout.of(run_dir)
+    with layout.open() as run:
+        data = run.read_bytes(MANIFEST)
     try:
-        return msgspec.json.decode(path.read_bytes(), type=Manifest)
+        return msgspec.json.decode(data, type=Manifest)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise CorruptRun.manifest(path, str(e)) from None
+        raise CorruptRun.manifest(layout.manifest, str(e)) from None
 
 
 class RunLock:
     """An exclusive lock on a run directory, held by the one process writing it.
 
     ``flock`` on the run's lock file: the kernel releases it when the holder exits, however
-    it exits, so a crashed writer never leaves the run locked.
+    it exits, so a crashed writer never leaves the run locked. The file is opened without
+    following a link and is truncated only once locked, so a planted ``.lock`` is refused.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.path = RunLayout.of(run_dir).lock
+    def __init__(self, run_dir: str | os.PathLike[str] | RunLayout) -> None:
+        self._layout = RunLayout.of(run_dir)
+        self.path = self._layout.lock
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Raises ``RunInUse`` at once if another writer holds it."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Raises ``RunInUse`` at once if another writer holds it, ``CorruptRun`` if the lock
+        file (or the run directory) is a link."""
+        with self._layout.open() as run:
+            fd = run.lock_file(LOCK)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise RunInUse(str(self.path.parent), f"pid {holder}") from None
+            raise RunInUse(str(self._layout.root), f"pid {holder}") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -121,12 +125,3 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor releases the lock
             self._fd = None
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file, or a directory: a rename is durable only once its entry is on disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

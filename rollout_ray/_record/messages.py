@@ -160,7 +160,11 @@ class Response(msgspec.Struct):
     """The sampling log-probability of each of ``token_ids``."""
     policy_version: int | None = None
     """The policy version the server said produced this reply (``X-Policy-Version``, or
-    SGLang's ``weight_version``), if it said one."""
+    SGLang's ``weight_version``), if it said one; for a reply continued after an interrupt,
+    the version it was begun under."""
+    token_versions: list[int | None] | None = None
+    """The policy version of each of ``token_ids``, where the server said it (vLLM's
+    ``weight_versions`` spans); ``None`` entries, or ``None``: it did not say."""
 
 
 def message_hash(message: Message) -> bytes:

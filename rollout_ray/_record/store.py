@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import BinaryIO, Self
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,11 +32,13 @@ from .arrow import CONVERSATION_COLUMNS, TRACE_SCHEMA, check_schema, newer_colum
 from .manifest import MANIFEST_VERSION as MANIFEST_VERSION
 from .manifest import Manifest as Manifest
 from .manifest import RunLock as RunLock
-from .manifest import fsync_path
 from .manifest import read_manifest as read_manifest
 from .manifest import runtime_versions as runtime_versions
 from .manifest import write_manifest as write_manifest
-from .run_layout import GROUPS, SAMPLES, RunLayout, being_written, shard_index
+from .run_files import RunFiles
+from .run_layout import GROUPS, SAMPLES, RunLayout, shard_index, shard_name, shard_names
+from .score_versions import KEY as SCORE_KEY
+from .score_versions import read_version
 
 _SCHEMA_NAMES = frozenset(TRACE_SCHEMA.names)
 
@@ -65,16 +67,15 @@ class ShardWriter:
     from a smaller buffer. Numbering continues after the folder's existing shards.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], *, rows_per_shard: int = 10_000,
+    def __init__(self, run_dir: str | os.PathLike[str] | RunLayout, *, rows_per_shard: int = 10_000,
                  part: str = SAMPLES) -> None:
         if rows_per_shard < 1:
             raise ValueError(f"`rows_per_shard` must be >= 1, got {rows_per_shard}")
         self._part = part
         self._layout = RunLayout.of(run_dir)
-        self._dir = self._layout.folder(part)
-        self._dir.mkdir(parents=True, exist_ok=True)
+        with self._layout.open(create=True) as run, run.folder(part, create=True) as folder:
+            existing = shard_names(folder.names())
         self._rows_per_shard = rows_per_shard
-        existing = self._layout.shards(part)
         self._next_index = shard_index(existing[-1]) + 1 if existing else 0
         self._buffer: list[pa.Table] = []
         self._buffered_rows = 0
@@ -136,59 +137,98 @@ class ShardWriter:
             raise RuntimeError("ShardWriter is closed; open a new one to append to the run")
 
     def _write_shard(self, table: pa.Table) -> None:
-        path = self._layout.shard(self._next_index, self._part)
-        tmp = being_written(path)
-        # Row groups of 1,000: reading one rollout's trace (the viewer) decodes 1,000 rows, not
-        # the shard's 10,000. Pages are closed every 16 rows at most: a trace can be large, and
-        # Parquet checks a page's size once per write batch (1,024 rows by default), so a
-        # shard written from one large chunk built a whole column chunk in one page (the
-        # writer's transient peak was 3x the shard's traces; +1 us per row).
-        pq.write_table(table, tmp, compression="zstd", write_page_checksum=True, row_group_size=1000,
-                       write_batch_size=16)
-        fsync_path(tmp)
-        os.replace(tmp, path)
-        fsync_path(self._dir)
+        name = shard_name(self._next_index)
+        with self._layout.open() as run, run.folder(self._part) as folder:
+            with folder.replacing(name) as f:
+                write_shard(table, f)
+            size = folder.stat(name).st_size
         self._next_index += 1
         self._shards += 1
         self._rows += table.num_rows
-        self._bytes += path.stat().st_size
+        self._bytes += size
 
 
-def shard_paths(run_dir: str | os.PathLike[str]) -> list[Path]:
+def shard_paths(run_dir: str | os.PathLike[str] | RunLayout) -> list[Path]:
     """The run's final shards in write order (``*.tmp`` leftovers excluded).
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
+        CorruptRun: ``run_dir`` or its shards' folder is a link.
     """
-    directory = Path(run_dir)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"run directory {directory} does not exist")
-    return RunLayout(directory).shards()
+    return [folder.path / name for folder, name in shard_files(run_dir)]
+
+
+def shard_files(run_dir: str | os.PathLike[str] | RunLayout, part: str = SAMPLES) -> Iterator[tuple[RunFiles, str]]:
+    """Each final shard of ``part``, in write order: its folder (open while the iteration is
+    at it) and its name.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` does not exist.
+        CorruptRun: ``run_dir`` or the folder is a link.
+    """
+    layout = RunLayout.of(run_dir)
+    try:
+        run = layout.open()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"run directory {layout.root} does not exist") from None
+    with run:
+        try:
+            folder = run.folder(part)
+        except FileNotFoundError:
+            return
+    with folder:
+        for name in shard_names(folder.names()):
+            yield folder, name
 
 
 def iter_shards(
-    run_dir: str | os.PathLike[str], columns: Sequence[str] | None = None
+    run_dir: str | os.PathLike[str] | RunLayout, columns: Sequence[str] | None = None
 ) -> Iterator[tuple[Path, pa.Table]]:
     """Yield ``(path, table)`` for each shard in write order, reading one at a time.
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
-        CorruptRun: a shard cannot be read (raised when the iteration reaches it).
+        CorruptRun: a shard cannot be read (raised when the iteration reaches it), or is a link.
         SchemaMismatch: a shard lacks a requested column or has a newer schema version.
     """
-    for path in shard_paths(run_dir):
-        yield path, _read_shard(path, columns)
+    for folder, name in shard_files(run_dir):
+        yield folder.path / name, _read_shard(folder, name, columns)
+
+
+ROW_GROUP_ROWS = 1_000
+"""Rows of a shard's row group at most."""
+ROW_GROUP_BYTES = 16 << 20
+"""Bytes of a row group (in memory, before encoding) at most, unless one row is larger."""
+
+
+def write_shard(table: pa.Table, sink: BinaryIO) -> None:
+    """Write ``table`` as one shard's Parquet to ``sink``."""
+    # Row groups of 1,000 rows and at most ~16 MiB: reading one rollout's trace (the viewer)
+    # decodes its row group's traces up to it, and pyarrow reads no single row, so the bound
+    # on that cost is the row group's bytes (0.5 MiB traces: 32 rows, not 1,000). Pages are
+    # closed every 16 rows at most: a trace can be large, and Parquet checks a page's size
+    # once per write batch (1,024 rows by default), so a shard written from one large chunk
+    # built a whole column chunk in one page (the writer's transient peak was 3x the shard's
+    # traces; +1 us per row).
+    rows = ROW_GROUP_ROWS
+    if table.num_rows and table.nbytes > ROW_GROUP_BYTES:
+        rows = max(1, min(rows, ROW_GROUP_BYTES * table.num_rows // table.nbytes))
+    pq.write_table(table, sink, compression="zstd", write_page_checksum=True, row_group_size=rows,
+                   write_batch_size=16)
 
 
 _KEY = ("run_id", "group_id", "sample_idx")
 
 
 def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = None, *,
-             conversation: bool = True) -> pa.Table:
+             conversation: bool = True, scores: int | None = None) -> pa.Table:
     """Read the run into one table: the latest row of each ``(group_id, sample_idx)``, in
     write order, with every column (``TRACE_SCHEMA``'s, the group columns the driver adds,
     a judge's) or only ``columns``; ``conversation=False`` leaves out the two large ones
     (``messages``, ``trace``). Shards missing a column another has get nulls there.
+
+    ``scores``: which score version the score columns come from (``score_versions``): the
+    latest a rescore wrote (``None``), or ``1``, the scores the rollouts were stored with.
 
     Either every shard is read or an exception is raised: never partial or mixed data.
 
@@ -197,11 +237,17 @@ def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = No
         CorruptRun: a shard cannot be read (the run needs repair) or holds rows of another
             run, or the run's manifest cannot be read.
         SchemaMismatch: a shard lacks a requested column or has a newer schema version.
+        ValueError: the run has no score version ``scores``.
     """
+    version = read_version(run_dir, scores)
     if columns is None and not conversation:
         columns = [c for c in _stored_columns(run_dir) if c not in CONVERSATION_COLUMNS]
-    wanted = None if columns is None else [*columns, *(k for k in _KEY if k not in columns)]
+        columns += [c for c in (version.samples.column_names if version else ()) if c not in columns]
+    keys = (*_KEY, *SCORE_KEY) if version else _KEY
+    wanted = None if columns is None else [*columns, *(k for k in keys if k not in columns)]
     tables = [table for _, table in _own_shards(run_dir, wanted)]
+    if version is not None:  # the rows of the shards it saw; later ones (a resume's) keep theirs
+        tables = [version.overlay(t) if i < version.shards else t for i, t in enumerate(tables)]
     if not tables:
         names = TRACE_SCHEMA.names if columns is None else list(columns)
         return TRACE_SCHEMA.empty_table().select(names)
@@ -216,22 +262,23 @@ def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = No
     return table.select(list(columns))
 
 
-def read_groups(run_dir: str | os.PathLike[str]) -> pa.Table:
+def read_groups(run_dir: str | os.PathLike[str], *, scores: int | None = None) -> pa.Table:
     """The run's finalized groups, one row each (the latest of a group finalized again):
     ``group_id``, ``n`` samples, ``n_valid`` counted (every sample: a failed one counts as
     reward 0), ``n_failed``, ``n_correct``, reward ``mean`` / ``std`` / ``min`` / ``max``,
     ``best_reward``, ``pass_at_<k>`` and ``judge_error`` (the judge's failure on the group, if
-    it failed). ``read_run`` has the per-sample side of the same numbers.
+    it failed). ``read_run`` has the per-sample side of the same numbers; ``scores`` as there.
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
         CorruptRun: a groups shard cannot be read.
+        ValueError: the run has no score version ``scores``.
     """
-    shard_paths(run_dir)  # the run directory must exist
-    tables = []
-    for path in RunLayout.of(run_dir).shards(GROUPS):
-        with _unreadable_is_corrupt(path):
-            tables.append(pq.read_table(path))
+    shard_paths(run_dir)  # the run directory must exist (and be no link)
+    version = read_version(run_dir, scores)
+    if version is not None:
+        return version.groups
+    tables = [_read_shard(folder, name, None, trace_schema=False) for folder, name in shard_files(run_dir, GROUPS)]
     if not tables:
         return pa.table({})
     table = pa.concat_tables(tables, promote_options="permissive")
@@ -261,7 +308,8 @@ def done_keys(run_dir: str | os.PathLike[str]) -> set[tuple[str, int]]:
 
 def _own_shards(run_dir: str | os.PathLike[str], columns: Sequence[str] | None) -> Iterator[tuple[Path, pa.Table]]:
     """``iter_shards``, refusing a shard that holds rows of another run than the manifest's."""
-    run_id = read_manifest(run_dir).run_id if RunLayout.of(run_dir).holds_run() else None
+    layout = RunLayout.of(run_dir)
+    run_id = read_manifest(layout).run_id if layout.holds_run() else None
     for path, table in iter_shards(run_dir, columns):
         if run_id is not None and table.num_rows and "run_id" in table.column_names:
             found = set(table.column("run_id").unique().to_pylist())
@@ -273,9 +321,9 @@ def _own_shards(run_dir: str | os.PathLike[str], columns: Sequence[str] | None) 
 def _stored_columns(run_dir: str | os.PathLike[str]) -> list[str]:
     """Every column any shard has, in first-seen order (schemas only: no data is read)."""
     names: dict[str, None] = dict.fromkeys(TRACE_SCHEMA.names)
-    for path in shard_paths(run_dir):
-        with _unreadable_is_corrupt(path):
-            names.update(dict.fromkeys(pq.read_schema(path).names))
+    for folder, name in shard_files(run_dir):
+        with folder.arrow_reader(name) as f, _unreadable_is_corrupt(folder.path / name):
+            names.update(dict.fromkeys(pq.read_schema(f).names))
     return list(names)
 
 
@@ -313,21 +361,28 @@ def _latest_per_key(table: pa.Table) -> pa.Table:
     return table.take(pa.array(sorted(last.values()), pa.int64()))
 
 
-def _read_shard(path: Path, columns: Sequence[str] | None) -> pa.Table:
-    with _unreadable_is_corrupt(path):
-        shard = pq.ParquetFile(path, page_checksum_verification=True)
-    with shard:
+def _read_shard(folder: RunFiles, name: str, columns: Sequence[str] | None, *, trace_schema: bool = True) -> pa.Table:
+    """Shard ``name`` of ``folder``: ``columns`` of a trace table (checked against
+    ``TRACE_SCHEMA``), or all of another table (``trace_schema=False``: groups)."""
+    path = folder.path / name
+    with folder.arrow_reader(name) as f:
         with _unreadable_is_corrupt(path):
-            schema = shard.schema_arrow
-        # Checked before reading, so a missing column is a SchemaMismatch, not a CorruptRun.
-        # Columns beyond TRACE_SCHEMA (group and judge columns) may be absent from a shard,
-        # and so may one appended to TRACE_SCHEMA after the shard's version.
-        newer = newer_columns(schema)
-        check_schema(schema, None if columns is None else
-                     [c for c in columns if c in _SCHEMA_NAMES and c not in newer])
-        present = None if columns is None else [c for c in columns if c in schema.names]
-        with _unreadable_is_corrupt(path):
-            return shard.read(columns=present)
+            shard = pq.ParquetFile(f, page_checksum_verification=True)
+        with shard:
+            if not trace_schema:
+                with _unreadable_is_corrupt(path):
+                    return shard.read()
+            with _unreadable_is_corrupt(path):
+                schema = shard.schema_arrow
+            # Checked before reading, so a missing column is a SchemaMismatch, not a CorruptRun.
+            # Columns beyond TRACE_SCHEMA (group and judge columns) may be absent from a shard,
+            # and so may one appended to TRACE_SCHEMA after the shard's version.
+            newer = newer_columns(schema)
+            check_schema(schema, None if columns is None else
+                         [c for c in columns if c in _SCHEMA_NAMES and c not in newer])
+            present = None if columns is None else [c for c in columns if c in schema.names]
+            with _unreadable_is_corrupt(path):
+                return shard.read(columns=present)
 
 
 @contextmanager
@@ -336,7 +391,7 @@ def _unreadable_is_corrupt(path: Path) -> Iterator[None]:
     # vanished file is not damage.
     try:
         yield
-    except FileNotFoundError:
+    except (FileNotFoundError, CorruptRun):
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise CorruptRun.shard(path, f"{type(exc).__name__}: {exc}") from exc

@@ -24,6 +24,12 @@ and turn k+1 was sampled on the re-rendered context, not on the spliced one. The
 a new sequence is its prompt, recomputed once more by the trainer. ``token_drift`` (and
 ``Trace.token_drift``) lists the drifted turns.
 
+**Versions.** Each completion id records the policy version that sampled it
+(``completion_versions``: ``ModelCall.token_policy``, run-length, or the call's ``policy``): a
+call interrupted by a weight update and continued holds ids of two versions. A sequence's
+``policy`` is aligned to its ``input_ids``, ``None`` on prompt ids; ``policy_range`` is the
+oldest and newest version a rollout's calls sampled with.
+
 ``logprobs`` is aligned to ``input_ids``: 0.0 on prompt ids (system, user and tool ids, the
 template's, and earlier completions that a new sequence repeats as prompt), NaN at a sampled
 id whose logprob the server did not return. A sequence
@@ -36,15 +42,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .graph import Conversation, leaves, path_to
 from .trace_parts import MessageNode, ModelCall
 
 __all__ = [
-    "Lengths", "TokenSequence", "full_prompt", "has_tokens", "record_tokens", "sequence_turns", "token_drift",
-    "token_sequences",
+    "Lengths", "TokenSequence", "branch_prefix", "completion_versions", "full_prompt", "has_tokens", "policy_range", "record_tokens",
+    "sequence_turns", "token_drift", "token_sequences",
 ]  # fmt: skip
 
 
@@ -61,6 +67,9 @@ class TokenSequence:
     """The sampling logprob of each completion id (NaN: not returned); 0.0 on prompt ids."""
     turns: tuple[int, ...]
     """The sampled nodes whose completions it trains, in order."""
+    policy: list[int | None] = field(default_factory=list)
+    """The policy version that sampled each id where the loss mask says sampled, ``None`` on
+    prompt ids (and where no version is known)."""
 
 
 def record_tokens(trace: Conversation, call: ModelCall, response: Any, *, rewritten: bool = False) -> None:
@@ -77,6 +86,12 @@ def record_tokens(trace: Conversation, call: ModelCall, response: Any, *, rewrit
     completion = getattr(response, "token_ids", None)
     if completion is None or call.node is None or rewritten:
         return
+    versions = getattr(response, "token_versions", None)
+    if versions and len(versions) == len(completion):
+        if versions[0] is not None:
+            call.policy = versions[0]
+        runs = _runs(versions)
+        call.token_policy = None if len(runs) == 1 and runs[0][0] == call.policy else runs
     node = trace.nodes[call.node]
     node.token_ids = completion
     node.logprobs = getattr(response, "token_logprobs", None)
@@ -86,6 +101,49 @@ def record_tokens(trace: Conversation, call: ModelCall, response: Any, *, rewrit
     previous = _previous_sequence(trace, call.node, _turn_calls(trace))
     shared = _common_prefix(previous, prompt)
     call.prompt_shared, call.prompt_ids = shared, prompt[shared:]
+
+
+def completion_versions(call: ModelCall, size: int) -> list[int | None]:
+    """The policy version of each of the ``size`` completion ids of ``call``."""
+    if call.token_policy is None:
+        return [call.policy] * size
+    versions = [v for v, count in call.token_policy for _ in range(count)]
+    return versions if len(versions) == size else [call.policy] * size
+
+
+def policy_range(trace: Conversation) -> tuple[int | None, int | None]:
+    """The oldest and the newest policy version the trace's model calls sampled with
+    (``(None, None)``: none recorded one)."""
+    seen = [v for call in trace.calls
+            for v in ((r[0] for r in call.token_policy) if call.token_policy else (call.policy,)) if v is not None]
+    return (min(seen), max(seen)) if seen else (None, None)
+
+
+def _runs(versions: list[int | None]) -> list[tuple[int | None, int]]:
+    runs: list[tuple[int | None, int]] = []
+    for v in versions:
+        if runs and runs[-1][0] == v:
+            runs[-1] = (v, runs[-1][1] + 1)
+        else:
+            runs.append((v, 1))
+    return runs
+
+
+def branch_prefix(trace: Conversation, path: list[int]) -> tuple[list[int] | None, int]:
+    """The ids of the nearest turn on ``path`` (node indices from the root down) through its
+    completion, and how many nodes of ``path`` they hold (``(None, 0)``: no turn on it has ids).
+    What a token-in client builds the next prompt on."""
+    turns = _turn_calls(trace)
+    if not turns:
+        return None, 0
+    for k in range(len(path) - 1, -1, -1):
+        call = turns.get(path[k])
+        if call is not None:
+            prompt = full_prompt(trace, call)
+            if prompt is None:
+                return None, 0
+            return prompt + (trace.nodes[path[k]].token_ids or []), k + 1
+    return None, 0
 
 
 def has_tokens(trace: Conversation) -> bool:
@@ -144,9 +202,9 @@ def token_sequences(trace: Conversation) -> list[TokenSequence]:
     for b, members, new in sequence_turns(trace, turns, _own_lengths(trace, turns)):
         if b != path:  # a path's first sequence begins at its root
             ids, path = [], b
-        ids, mask, logprobs = _assemble(trace, ids, members, turns)
+        ids, mask, logprobs, policy = _assemble(trace, ids, members, turns)
         if new:
-            result.append(TokenSequence(b, ids, mask, logprobs, tuple(members)))
+            result.append(TokenSequence(b, ids, mask, logprobs, tuple(members), policy))
     return result
 
 
@@ -232,22 +290,27 @@ def _branch_runs(trace: Conversation, path: list[int], turns: dict[int, ModelCal
         yield members
 
 
-def _assemble(trace: Conversation, previous: list[int], members: list[int],
-              turns: dict[int, ModelCall]) -> tuple[list[int], list[int], list[float]]:
-    """A sequence's ids, loss mask and logprobs: the ids it shares with the ``previous`` one on
-    its path (prompt: mask 0, logprob 0.0), then each turn's new prompt ids and completion."""
+def _assemble(trace: Conversation, previous: list[int], members: list[int], turns: dict[int, ModelCall]
+              ) -> tuple[list[int], list[int], list[float], list[int | None]]:
+    """A sequence's ids, loss mask, logprobs and versions: the ids it shares with the
+    ``previous`` one on its path (prompt: mask 0, logprob 0.0, no version), then each turn's
+    new prompt ids and completion."""
     shared = turns[members[0]].prompt_shared
     ids, mask, logprobs = previous[:shared], [0] * shared, [0.0] * shared
+    policy: list[int | None] = [None] * shared
     for i in members:
         prompt = turns[i].prompt_ids or []
         ids += prompt
         mask += [0] * len(prompt)
         logprobs += [0.0] * len(prompt)
+        policy += [None] * len(prompt)
         node = trace.nodes[i]
-        ids += node.token_ids or []
+        completion = node.token_ids or []
+        ids += completion
         mask += _completion_mask(trace, i, node)
         logprobs += _completion_logprobs(trace, i, node)
-    return ids, mask, logprobs
+        policy += completion_versions(turns[i], len(completion))
+    return ids, mask, logprobs, policy
 
 
 def _completion_mask(trace: Conversation, i: int, node: MessageNode) -> list[int]:

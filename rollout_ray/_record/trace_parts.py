@@ -139,6 +139,12 @@ class MessageNode(msgspec.Struct):
     advantages: list[float] | None = None
     mask: list[bool] | None = None
     """Per id of ``token_ids``, whether it counts in the loss; ``None``: all of them."""
+    original_chars: int | None = None
+    """The characters of the message's texts as it arrived, when a text was cut at the cap
+    (``capped.py``); ``None``: recorded whole."""
+    original_digest: bytes | None = None
+    """``message_hash`` of the message as it arrived, when it was cut: later requests, which
+    carry it whole, still match it."""
 
 
 class ModelCall(msgspec.Struct):
@@ -162,6 +168,15 @@ class ModelCall(msgspec.Struct):
     """Only in a run table's ``trace`` blob (schema version 3): this turn's ``prompt_ids`` and
     its node's ``token_ids`` (and ``logprobs``, when float32 holds them) are kept once, in the
     table's token columns, and this counts them; the reader puts them back (``token_store.py``)."""
+    token_policy: list[tuple[int | None, int]] | None = None
+    """The policy version of each completion id, run-length encoded: ``(version, count)`` in
+    order (a call interrupted by a weight update and continued has one run per version);
+    ``None``: every id has ``policy`` (``tokens.completion_versions``)."""
+    interrupts: int = 0
+    """How many times the call was interrupted (``Driver.paused(interrupt=True)``) and continued."""
+    dropped: dict[str, str] | None = None
+    """Request fields the harness sent that did not go upstream, each with why
+    (``_core/upstream_fields``)."""
 
 
 class TraceTask(msgspec.Struct):
@@ -199,7 +214,11 @@ class AgentInfo(msgspec.Struct):
 
 
 class ToolCallRecord(msgspec.Struct):
-    """One tool call: toolset (``server``), tool, JSON arguments, outcome, seconds taken."""
+    """One tool call: toolset (``server``), tool, JSON arguments, outcome, seconds taken.
+
+    ``arguments`` and ``error`` keep at most ``capped.MAX_TOOL_CALL_CHARS`` characters each
+    (a marker ends a cut one).
+    """
 
     server: str
     name: str
@@ -207,3 +226,5 @@ class ToolCallRecord(msgspec.Struct):
     ok: bool
     error: str | None = None
     duration: float = 0.0
+    arguments_chars: int | None = None
+    """The length of the arguments' JSON when it was cut; ``None``: recorded whole."""

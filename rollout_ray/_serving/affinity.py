@@ -2,10 +2,18 @@
 
 A session's first call goes to the server with the fewest calls in flight (ties rotate), and
 its later calls to the same server, so a multi-turn rollout reuses that server's prefix
-cache. A server that cannot be reached, or fails ``max_failures`` times in a row (a
-transient status or a timeout), is out of rotation for ``cooldown`` seconds; its sessions
-move to another server and stay there. After the cooldown the server is tried again. When
-every server is out, the one back soonest is tried anyway: a call is never refused here.
+cache.
+
+A server's health is judged across sessions, never from one session's requests: a request
+can fail because of what it asks (a huge prompt times out), and one rollout must not take a
+healthy server away from every rollout of the node. So a server is out of rotation for
+``cooldown`` seconds only once ``failing_sessions`` different sessions failed on it since
+its last success, and either it could not be reached or ``max_failures`` attempts in a row
+failed (a transient status or a timeout). A session that fails on its server moves alone:
+at once when the server cannot be reached, after ``max_failures`` failures in a row
+otherwise; its new server then keeps it, and the call moves on there at once. After the cooldown the server is tried again.
+When every server is out, the one back soonest is tried anyway: a call is never refused
+here. A call without a session (a library caller, not a rollout) counts as every session.
 """
 
 from __future__ import annotations
@@ -13,7 +21,9 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .._core.model import SESSION_ID
 
 __all__ = ["Server", "ServerPool"]
 
@@ -28,7 +38,9 @@ class Server:
     """The API root, e.g. ``http://127.0.0.1:8000/v1``."""
     inflight: int = 0
     failures: int = 0
-    """Consecutive failed attempts."""
+    """Consecutive failed attempts, of any session."""
+    failing: set[str] = field(default_factory=set)
+    """The sessions with a failed attempt here since its last success."""
     down_until: float = 0.0
     """Out of rotation until this ``clock()`` time."""
     dialect: str | None = _UNKNOWN
@@ -49,35 +61,52 @@ class Server:
         return self.url[:-3] if self.url.endswith("/v1") else self.url
 
 
+@dataclass
+class _Stick:
+    """A session's server, and its own failures there in a row."""
+
+    server: Server
+    strikes: int = 0
+
+
 class ServerPool:
     """Picks a server per call; remembers each session's server (at most ``max_sessions``).
+
+    The session of a call is the context's ``SESSION_ID`` (the rollout's trace id), read by
+    ``failed`` and ``succeeded`` too.
 
     Args:
         urls: the servers' API roots (at least one).
         cooldown: seconds a failed server stays out of rotation.
         max_failures: consecutive failed attempts (transient status, timeout) that take a
-            server out; one that cannot be reached is out at once.
+            server out, or move one session off it.
+        failing_sessions: different sessions that must have failed on a server since its
+            last success before it is taken out.
         clock: monotonic seconds (tests pass a fake).
     """
 
     def __init__(self, urls: Sequence[str], *, cooldown: float = 10.0, max_failures: int = 3,
-                 max_sessions: int = 1 << 16, clock: Callable[[], float] = time.monotonic) -> None:
+                 failing_sessions: int = 2, max_sessions: int = 1 << 16,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not urls:
             raise ValueError("`base_url` must name at least one server")
         if not cooldown >= 0:
             raise ValueError(f"`cooldown` must be >= 0, got {cooldown}")
         if max_failures < 1:
             raise ValueError(f"`max_failures` must be >= 1, got {max_failures}")
+        if failing_sessions < 1:
+            raise ValueError(f"`failing_sessions` must be >= 1, got {failing_sessions}")
         self.servers = [Server(u.rstrip("/")) for u in urls]
         self.cooldown, self.max_failures, self.max_sessions = cooldown, max_failures, max_sessions
+        self.failing_sessions = failing_sessions
         self.clock = clock
-        self._sticky: OrderedDict[str, Server] = OrderedDict()
+        self._sticky: OrderedDict[str, _Stick] = OrderedDict()
         self._turn = 0
 
     def fresh(self) -> ServerPool:
         """A pool of the same servers and settings, knowing nothing yet (for a copy)."""
         return ServerPool([s.url for s in self.servers], cooldown=self.cooldown, max_failures=self.max_failures,
-                          max_sessions=self.max_sessions, clock=self.clock)
+                          failing_sessions=self.failing_sessions, max_sessions=self.max_sessions, clock=self.clock)
 
     def pick(self, session: str | None) -> Server:
         """The server for the next call of ``session`` (``None``: no affinity)."""
@@ -87,33 +116,65 @@ class ServerPool:
         now = self.clock()
         if session is not None:
             sticky = self._sticky.get(session)
-            if sticky is not None and sticky.down_until <= now:
-                return sticky
+            if sticky is not None and sticky.server.down_until <= now:
+                return sticky.server
+        server = self._least_loaded(now)
+        if session is not None:
+            self._stick(session, server)
+        return server
+
+    def _least_loaded(self, now: float, besides: Server | None = None) -> Server:
+        servers = [s for s in self.servers if s is not besides]
         up = [s for s in servers if s.down_until <= now] or [min(servers, key=lambda s: s.down_until)]
         self._turn += 1
         start = self._turn % len(up)
-        server = min(up[start:] + up[:start], key=lambda s: s.inflight)
-        if session is not None:
-            self._sticky[session] = server
-            self._sticky.move_to_end(session)
-            if len(self._sticky) > self.max_sessions:
-                self._sticky.popitem(last=False)
-        return server
+        return min(up[start:] + up[:start], key=lambda s: s.inflight)
+
+    def _stick(self, session: str, server: Server) -> None:
+        self._sticky[session] = _Stick(server)
+        self._sticky.move_to_end(session)
+        if len(self._sticky) > self.max_sessions:
+            self._sticky.popitem(last=False)
 
     def succeeded(self, server: Server) -> None:
         server.failures = 0
+        server.failing.clear()
+        sticky = self._sticky.get(SESSION_ID.get() or "")
+        if sticky is not None:
+            sticky.strikes = 0
 
     def failed(self, server: Server, *, unreachable: bool) -> bool:
-        """Count a failed attempt; returns whether it took ``server`` out of rotation while
-        another server is in it (the call can move on at once)."""
+        """Count a failed attempt of the context's session; returns whether the call can move
+        on to another server at once (``server`` was taken out of rotation, or the session
+        was moved off it, while another server is in rotation)."""
+        session = SESSION_ID.get()
         server.failures += 1
-        if not unreachable and server.failures < self.max_failures:
+        if session is not None and len(server.failing) < self.failing_sessions:
+            server.failing.add(session)
+        widely = session is None or len(server.failing) >= self.failing_sessions
+        if widely and (unreachable or server.failures >= self.max_failures):
+            server.failures = 0
+            server.failing.clear()
+            now = self.clock()
+            server.down_until = now + self.cooldown
+            return any(s.down_until <= now for s in self.servers)
+        return session is not None and self._strike(session, server, unreachable)
+
+    def _strike(self, session: str, server: Server, unreachable: bool) -> bool:
+        """One more failure of ``session`` on its server; past ``max_failures`` in a row (or
+        at once if it cannot be reached) the session alone moves to another server."""
+        sticky = self._sticky.get(session)
+        if sticky is None or sticky.server is not server or len(self.servers) == 1:
             return False
-        server.failures = 0
+        sticky.strikes += 1
+        if not unreachable and sticky.strikes < self.max_failures:
+            return False
         now = self.clock()
-        server.down_until = now + self.cooldown
-        return any(s.down_until <= now for s in self.servers)
+        other = self._least_loaded(now, besides=server)
+        self._stick(session, other)
+        return other.down_until <= now
 
     def session_server(self, session: str) -> Server | None:
         """The server ``session`` is on, if it has one."""
-        return self._sticky.get(session)
+        sticky = self._sticky.get(session)
+        return sticky.server if sticky is not None else None

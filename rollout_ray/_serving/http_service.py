@@ -6,6 +6,13 @@ advertises ``advertise_host``), a body cap (413), a bound on how long a client m
 send its headers (aiohttp's keep-alive timer runs from a connection's start until they are
 complete) and then its body (``read_body``: 408), and the tracking of a registration's
 requests in flight, so that unregistering it cancels them.
+
+And the bounds on memory (``admitted``), checked before a body is read, whose bytes are
+reserved as declared (``max_body`` when undeclared, until read) for as long as its request
+is handled: one rollout's requests and body bytes in flight (429 beyond its share), and the
+body bytes in flight of every rollout of the servers that share a ``BodyBudget`` (a node's
+proxy and tool server: 503 with ``Retry-After`` beyond it). So no rollout, and no set of
+rollouts, grows a node's services past a bound.
 """
 
 from __future__ import annotations
@@ -13,11 +20,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Self
 
 from aiohttp import web
 
 from .._errors import WireError
+
+DEFAULT_MAX_BODY_BYTES_IN_FLIGHT = 64 << 20
+"""Request body bytes a server (a node's proxy and tool server together) holds at once."""
 
 DEFAULT_READ_TIMEOUT = 60.0
 """Seconds a client has to send a request's headers, and then its whole body."""
@@ -51,6 +62,57 @@ class Handlers:
             task.cancel()
 
 
+class BodyBudget:
+    """Request body bytes in flight, across every registration of the servers sharing it."""
+
+    def __init__(self, limit: int = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT) -> None:
+        if limit < 1:
+            raise ValueError(f"`limit` must be >= 1 byte, got {limit}")
+        self.limit = limit
+        self.held = 0
+        self.peak = 0
+        """The most bytes held at once (for the tests' and benchmarks' figures)."""
+
+
+@dataclass
+class InFlight:
+    """One registration's requests in flight, and the body bytes reserved for them."""
+
+    requests: int = 0
+    body_bytes: int = 0
+
+
+class Refused(Exception):
+    """A request answered before its body is read (``status``: 413, 429 or 503)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Reservation:
+    """The body bytes reserved for one request; ``settle`` shrinks it to the body read."""
+
+    def __init__(self, budget: BodyBudget, inflight: InFlight, size: int) -> None:
+        self._budget, self._inflight, self.size = budget, inflight, size
+        budget.held += size
+        budget.peak = max(budget.peak, budget.held)
+        inflight.requests += 1
+        inflight.body_bytes += size
+
+    def settle(self, actual: int) -> None:
+        if actual < self.size:
+            self._budget.held -= self.size - actual
+            self._inflight.body_bytes -= self.size - actual
+            self.size = actual
+
+    def release(self) -> None:
+        self._budget.held -= self.size
+        self._inflight.body_bytes -= self.size
+        self._inflight.requests -= 1
+        self.size = 0
+
+
 class HTTPService:
     """An aiohttp server; subclasses add their routes in ``_routes``.
 
@@ -63,13 +125,23 @@ class HTTPService:
         max_body: request bodies larger than this are answered 413.
         read_timeout: a request's headers, and then its whole body, must arrive within this
             many seconds (else the connection is closed, or the request answered 408).
+        max_requests_per_rollout / max_body_bytes_per_rollout: what one registration may have
+            in flight at once (``admitted``; ``None``: no share, for a server whose callers are
+            not rollouts, such as a driver's control server).
+        body_budget: the body bytes in flight it shares with other servers (default: its own,
+            of ``DEFAULT_MAX_BODY_BYTES_IN_FLIGHT``).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
-                 max_body: int, read_timeout: float = DEFAULT_READ_TIMEOUT) -> None:
+                 max_body: int, read_timeout: float = DEFAULT_READ_TIMEOUT,
+                 max_requests_per_rollout: int | None = None, max_body_bytes_per_rollout: int | None = None,
+                 body_budget: BodyBudget | None = None) -> None:
         self.host, self.port = host, port
         self.advertise_host = advertise_host or host
         self.max_body, self.read_timeout = max_body, read_timeout
+        self.max_requests_per_rollout = max_requests_per_rollout
+        self.max_body_bytes_per_rollout = max_body_bytes_per_rollout
+        self.body_budget = body_budget or BodyBudget()
         self.base_url = ""
         self._runner: web.AppRunner | None = None
 
@@ -110,8 +182,40 @@ class HTTPService:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def read_body(self, request: web.Request) -> bytes:
-        """The whole body, within ``read_timeout`` seconds.
+    @contextmanager
+    def admitted(self, request: web.Request, inflight: InFlight) -> Iterator[Reservation]:
+        """Reserve ``request``'s body bytes for the block, before it is read.
+
+        Raises:
+            Refused: 413 a declared body over ``max_body``; 429 the registration has
+                ``max_requests_per_rollout`` requests or ``max_body_bytes_per_rollout`` body
+                bytes in flight; 503 the shared ``body_budget`` is spent.
+        """
+        declared = request.content_length
+        size = self.max_body if declared is None else declared
+        budget = self.body_budget
+        if declared is not None and declared > self.max_body:
+            raise Refused(413, f"request body over {self.max_body} bytes")
+        if self.max_requests_per_rollout is not None and inflight.requests >= self.max_requests_per_rollout:
+            raise Refused(429, f"more than {self.max_requests_per_rollout} requests of this rollout in flight")
+        if (self.max_body_bytes_per_rollout is not None
+                and inflight.body_bytes + size > self.max_body_bytes_per_rollout):
+            raise Refused(429, f"more than {self.max_body_bytes_per_rollout} body bytes of this rollout in flight")
+        if budget.held + size > budget.limit:
+            raise Refused(503, f"the node holds {budget.limit} body bytes in flight; retry shortly")
+        reservation = Reservation(budget, inflight, size)
+        try:
+            yield reservation
+        finally:
+            reservation.release()
+
+    @staticmethod
+    def refusal_headers(refused: Refused) -> dict[str, str]:
+        """What a refusal's answer says besides its body: when to come back, if at all."""
+        return {"Retry-After": "1"} if refused.status == 503 else {}
+
+    async def read_body(self, request: web.Request, reservation: Reservation | None = None) -> bytes:
+        """The whole body, within ``read_timeout`` seconds; ``reservation`` shrinks to its size.
 
         Bounded: a client that sends its headers and then stalls or trickles its body would
         otherwise hold the handler forever (aiohttp has no body deadline).
@@ -121,7 +225,10 @@ class HTTPService:
         """
         try:
             async with asyncio.timeout(self.read_timeout):
-                return await request.read()
+                body = await request.read()
+            if reservation is not None:
+                reservation.settle(len(body))
+            return body
         except web.HTTPRequestEntityTooLarge:
             raise WireError(f"request body over {self.max_body} bytes", status=413) from None
         except TimeoutError:

@@ -6,8 +6,9 @@ pipeline itself lives in ``RolloutSession``; this module only maps HTTP onto it:
 
 * unknown or missing secret → 401; a body over ``max_body`` → 413 (refused before it is read
   when its length is declared); more requests, or more body bytes, of one rollout in flight
-  than its share → 429 before the body is read; a body not received within
-  ``read_timeout`` → 408; malformed JSON or a wrong shape → 400 naming the field; a refused
+  than its share → 429 before the body is read, and more body bytes in flight than the
+  node's ``BodyBudget`` → 503 with ``Retry-After`` (``HTTPService.admitted``); a body not
+  received within ``read_timeout`` → 408; malformed JSON or a wrong shape → 400 naming the field; a refused
   turn → 400 ``rollout stopped: <name>``; a released session → 409 ``rollout concluded``;
   provider errors → their status; a hook failure or a model client that raised something
   else → 502; our own bugs → 500.
@@ -42,7 +43,7 @@ from .._errors import Refusal, RolloutError, UpstreamError, WireError
 from .._record.messages import Response
 from .._record.wire import encode_response, parse_request
 from .._record.wire_stream import sse_events
-from .http_service import DEFAULT_READ_TIMEOUT, Handlers, HTTPService
+from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
 
 log = logging.getLogger("rollout_ray")
 
@@ -64,34 +65,34 @@ class _Registration:
     last_response: Response | None = None
     inflight: dict[bytes, asyncio.Future[Response | None]] = field(default_factory=dict)
     handlers: Handlers = field(default_factory=Handlers)
-    requests: int = 0
-    """Requests of the rollout being handled now."""
-    body_bytes: int = 0
-    """Body bytes those requests declared (reserved before reading)."""
+    held: InFlight = field(default_factory=InFlight)
+    """The rollout's requests being handled now, and the body bytes reserved for them."""
 
 
-def _error(status: int, message: str, *, kind: str = "rollout_error", param: str | None = None) -> web.Response:
+def _error(status: int, message: str, *, kind: str = "rollout_error", param: str | None = None,
+           headers: dict[str, str] | None = None) -> web.Response:
     body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return web.Response(status=status, body=msgspec.json.encode(body), content_type="application/json")
+    return web.Response(status=status, body=msgspec.json.encode(body), content_type="application/json",
+                        headers=headers)
 
 
 class HTTPInterception(HTTPService, Interception):
     """The proxy server. ``await start()`` before ``serve``; ``await stop()`` at the end.
 
-    Args: as ``HTTPService`` (``max_body`` defaults to ``DEFAULT_MAX_BODY``), and
-        max_requests_per_rollout / max_body_bytes_per_rollout: what one rollout may have in
-            flight at once; beyond either, a request is answered 429 before its body is read,
-            so no rollout can grow the shared proxy's memory past its share.
+    Args: as ``HTTPService`` (``max_body`` defaults to ``DEFAULT_MAX_BODY``). Beyond
+        ``max_requests_per_rollout`` or ``max_body_bytes_per_rollout`` in flight, a request is
+        answered 429 before its body is read, so no rollout can grow the shared proxy's memory
+        past its share; beyond ``body_budget``, 503, so no set of rollouts can.
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
                  max_body: int = DEFAULT_MAX_BODY, read_timeout: float = DEFAULT_READ_TIMEOUT,
                  max_requests_per_rollout: int = DEFAULT_MAX_REQUESTS_PER_ROLLOUT,
-                 max_body_bytes_per_rollout: int = DEFAULT_MAX_BODY_BYTES_PER_ROLLOUT) -> None:
+                 max_body_bytes_per_rollout: int = DEFAULT_MAX_BODY_BYTES_PER_ROLLOUT,
+                 body_budget: BodyBudget | None = None) -> None:
         super().__init__(host=host, port=port, advertise_host=advertise_host, max_body=max_body,
-                         read_timeout=read_timeout)
-        self.max_requests_per_rollout = max_requests_per_rollout
-        self.max_body_bytes_per_rollout = max_body_bytes_per_rollout
+                         read_timeout=read_timeout, max_requests_per_rollout=max_requests_per_rollout,
+                         max_body_bytes_per_rollout=max_body_bytes_per_rollout, body_budget=body_budget)
         self._by_model: dict[str, _Registration] = {}
         self._by_state: dict[str, _Registration] = {}
 
@@ -167,30 +168,18 @@ class HTTPInterception(HTTPService, Interception):
         registration = self._lookup(request, self._by_model)
         if registration is None:
             return _error(401, "unknown or missing rollout secret", kind="authentication_error")
-        declared = request.content_length
-        reserve = self.max_body if declared is None else declared
-        refusal = None
-        if declared is not None and declared > self.max_body:
-            refusal = _error(413, f"request body over {self.max_body} bytes")
-        elif registration.requests >= self.max_requests_per_rollout:
-            refusal = _error(429, f"more than {self.max_requests_per_rollout} requests of this rollout in flight")
-        elif registration.body_bytes + reserve > self.max_body_bytes_per_rollout:
-            refusal = _error(429, f"more than {self.max_body_bytes_per_rollout} body bytes of this rollout in flight")
-        if refusal is not None:
+        try:
+            with self.admitted(request, registration.held) as reservation, registration.handlers.track():
+                return await self._chat_registered(request, registration, reservation)
+        except Refused as e:
+            refusal = _error(e.status, str(e), headers=self.refusal_headers(e))
             refusal.force_close()  # the body is never read into memory: no keep-alive after it
             return refusal
-        registration.requests += 1
-        registration.body_bytes += reserve
-        try:
-            with registration.handlers.track():
-                return await self._chat_registered(request, registration)
-        finally:
-            registration.requests -= 1
-            registration.body_bytes -= reserve
 
-    async def _chat_registered(self, request: web.Request, reg: _Registration) -> web.StreamResponse:
+    async def _chat_registered(self, request: web.Request, reg: _Registration,
+                               reservation: Reservation) -> web.StreamResponse:
         try:
-            body = await self.read_body(request)
+            body = await self.read_body(request, reservation)
         except WireError as e:
             return _error(e.status, str(e))
         digest = hashlib.blake2b(body, digest_size=16).digest()

@@ -6,8 +6,14 @@ a random token and yields ``{name: url}``. The URL is the capability: an unknown
 ``POST <url>/call`` with ``{"name", "arguments"}`` answers ``{"content"}``,
 ``{"content", "is_error": true}`` when the tool raised or timed out (the model sees it, as
 with MCP), or 400 / 404 / 408 / 413 ``{"error"}``, or 503 when the tool failed because the
-rollout's runtime died (``SandboxError`` and the runtime no longer alive). Each call is
-reported to ``on_call`` as a ``ToolCallRecord``.
+rollout's runtime died (``SandboxError`` and the runtime no longer alive, or
+``InfrastructureLost``: its host died). Each call is
+reported to ``on_call`` as a ``ToolCallRecord`` (its arguments cut at a cap:
+``_core/tools``).
+
+Bounded as the proxy is (``HTTPService.admitted``): more calls, or more body bytes, of one
+rollout in flight than its share → 429 before the body is read; more body bytes in flight
+than the ``BodyBudget`` it shares with the node's proxy → 503 with ``Retry-After``.
 """
 
 
@@ -26,13 +32,19 @@ from aiohttp import web
 from .._core.runtime import Runtime
 from .._core.tools import call_tool, index_toolsets, tool_specs
 from .._core.toolset import DEFAULT_CALL_TIMEOUT, Toolset
-from .._errors import SandboxError, ToolInputError, ToolsetError, WireError
+from .._errors import InfrastructureLost, SandboxError, ToolInputError, ToolsetError, WireError
 from .._record.trace import ToolCallRecord
-from .http_service import DEFAULT_READ_TIMEOUT, Handlers, HTTPService
+from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
 
 log = logging.getLogger("rollout_ray")
 
 DEFAULT_MAX_BODY = 16 << 20
+
+DEFAULT_MAX_CALLS_PER_ROLLOUT = 16
+"""Tool calls of one rollout in flight at once; more are answered 429."""
+
+DEFAULT_MAX_CALL_BYTES_PER_ROLLOUT = 32 << 20
+"""Call body bytes of one rollout in flight at once; more are answered 429."""
 
 
 class _Call(msgspec.Struct):
@@ -50,24 +62,32 @@ class _Registration:
     state_secret: str
     on_call: Callable[[ToolCallRecord], None] | None
     handlers: Handlers = field(default_factory=Handlers)
+    held: InFlight = field(default_factory=InFlight)
+    """The rollout's calls being handled now, and the body bytes reserved for them."""
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
 
 
 class ToolServer(HTTPService):
     """Serves the toolsets of many rollouts; ``await start()`` first, ``await stop()`` last.
 
     A tool call running over ``call_timeout`` seconds is answered as an error. Other
-    arguments as ``HTTPService`` (``max_body`` defaults to ``DEFAULT_MAX_BODY``).
+    arguments as ``HTTPService`` (``max_body`` defaults to ``DEFAULT_MAX_BODY``; a rollout's
+    share of calls in flight to ``DEFAULT_MAX_CALLS_PER_ROLLOUT`` and
+    ``DEFAULT_MAX_CALL_BYTES_PER_ROLLOUT``).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
                  call_timeout: float = DEFAULT_CALL_TIMEOUT, max_body: int = DEFAULT_MAX_BODY,
-                 read_timeout: float = DEFAULT_READ_TIMEOUT) -> None:
+                 read_timeout: float = DEFAULT_READ_TIMEOUT,
+                 max_requests_per_rollout: int = DEFAULT_MAX_CALLS_PER_ROLLOUT,
+                 max_body_bytes_per_rollout: int = DEFAULT_MAX_CALL_BYTES_PER_ROLLOUT,
+                 body_budget: BodyBudget | None = None) -> None:
         super().__init__(host=host, port=port, advertise_host=advertise_host, max_body=max_body,
-                         read_timeout=read_timeout)
+                         read_timeout=read_timeout, max_requests_per_rollout=max_requests_per_rollout,
+                         max_body_bytes_per_rollout=max_body_bytes_per_rollout, body_budget=body_budget)
         self.call_timeout = call_timeout
         self._registrations: dict[str, _Registration] = {}
 
@@ -120,12 +140,18 @@ class ToolServer(HTTPService):
             return _error(404, f"no tool server named {request.match_info['server']!r}")
         if request.method == "GET":
             return web.json_response({"tools": tool_specs(toolset.specs())})
-        with registration.handlers.track():
-            return await self._call(request, registration, toolset)
-
-    async def _call(self, request: web.Request, reg: _Registration, toolset: Toolset) -> web.Response:
         try:
-            call = _CALL.decode(await self.read_body(request))
+            with self.admitted(request, registration.held) as reservation, registration.handlers.track():
+                return await self._call(request, registration, toolset, reservation)
+        except Refused as e:
+            refusal = _error(e.status, str(e), self.refusal_headers(e))
+            refusal.force_close()  # the body is never read into memory: no keep-alive after it
+            return refusal
+
+    async def _call(self, request: web.Request, reg: _Registration, toolset: Toolset,
+                    reservation: Reservation) -> web.Response:
+        try:
+            call = _CALL.decode(await self.read_body(request, reservation))
             args = call.arguments
         except WireError as e:
             return _error(e.status, str(e))
@@ -138,9 +164,10 @@ class ToolServer(HTTPService):
                                       on_call=reg.on_call)
         except ToolInputError as e:  # the caller's fault: 4xx
             return _error(e.status_code or 400, str(e))
-        except SandboxError as e:
-            # Not the tool's fault: the box is gone, and with it the rollout. A 503 makes the
-            # harness stop, and the rollout fail with SandboxError, not go on without it.
+        except (SandboxError, InfrastructureLost) as e:
+            # Not the tool's fault: the box is gone (or its host), and with it the rollout. A
+            # 503 makes the harness stop, and the rollout fail with SandboxError (or be lost
+            # and run again), not go on without it.
             return _error(503, f"the rollout's runtime died: {type(e).__name__}: {e}")
         if outcome.error is not None:  # the tool's fault: the model sees it as the result
             return web.json_response({"content": outcome.content, "is_error": True})

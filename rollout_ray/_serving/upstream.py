@@ -35,6 +35,17 @@ extensions, and the ``Response`` carries them (``prompt_token_ids``, ``token_ids
   should a server so found refuse a call with 400 naming a capture field (a gateway whose
   ``/version`` is its own), the call is sent again without them, as are all later ones.
 
+Token in, token out (``token_in``): a server with vLLM's scale-out routes (``vllm serve
+--enable-scale-out``; the simulated model with ``scale_out=True``) is sent token ids, not text:
+each turn's prompt is built on the ids the branch already has, and a call can be interrupted by
+a weight update and continued from its partial output (``token_in.py``). ``"auto"`` (the
+default) asks each vLLM-dialect server once whether it answers the render route. Other servers
+get the Chat Completions route as below, and their calls cannot be interrupted: an
+interrupting pause lets them finish (``_core/policy_gate``).
+
+Every request carries ``X-Request-Id`` (a fresh id per request), which vLLM and SGLang name the
+request by: what an abort names.
+
 The harness still gets what it asked for: ``logprobs.content`` only if it asked
 ``logprobs: true`` (with its ``top_logprobs``); the capture's own fields never reach it.
 With ``token_capture=None`` nothing is added to the request or read from the answer.
@@ -43,42 +54,43 @@ With ``token_capture=None`` nothing is added to the request or read from the ans
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import math
 import random
 import resource
-import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import aiohttp
 import msgspec
 
-from .._core.model import SESSION_ID, Model
-from .._errors import OverlongPromptError, ProviderError, WireError
+from .._core.model import SESSION_ID, CallContext, Interrupted, Model
+from .._errors import ProviderError, WireError
 from .._record.messages import Request, Response
 from .._record.wire import encode_request, parse_response
 from .._record.wire_stream import StreamAssembler
 from .affinity import Server, ServerPool
+from .token_in import Partial, TokenIn
+from .upstream_wire import (
+    POLICY_HEADER,
+    LineSplitter,
+    Transient,
+    check_status,
+    int_or_none,
+    names,
+    refuses_extensions,
+    sse_data,
+    unreachable,
+)
+
+__all__ = ["POLICY_HEADER", "LineSplitter", "OpenAIModel", "TokenCapture"]
 
 TokenCapture = Literal["vllm", "sglang", "auto"]
-POLICY_HEADER = "X-Policy-Version"
 SESSION_HEADER = "X-Session-ID"
 PROBE_TIMEOUT = 10.0
 """Seconds for one dialect probe of ``token_capture="auto"``."""
 _PROBES = (("/get_model_info", "sglang", "model_path"), ("/version", "vllm", "version"))
 """``token_capture="auto"``: the info route of each dialect, and a key its JSON answer holds."""
 
-_CONTEXT_PHRASES = (
-    "context length",
-    "context_length",
-    "maximum context",
-    "context window",
-    "prompt is too long",
-    "too many tokens",
-)
-TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
-"""Provider statuses retried: rate limited, or the server (or a gateway) failed for now."""
 _jitter = random.Random()
 
 
@@ -90,17 +102,6 @@ def _raise_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError):
             pass  # not allowed here: the soft limit stands, and a call beyond it fails as 503
-
-
-class _Transient(Exception):
-    """An attempt failed in a way worth retrying; ``error`` is what to raise if not retried."""
-
-    def __init__(self, error: ProviderError, retry_after: float | None = None, *,
-                 unreachable: bool = False) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.retry_after = retry_after
-        self.unreachable = unreachable
 
 
 def _extensions(dialect: str | None, sampling: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -136,6 +137,10 @@ class OpenAIModel(Model):
         token_capture: ``"vllm"``, ``"sglang"``, ``"auto"`` or ``None`` (off): which server's
             extensions ask for token ids and log-probabilities (see the module docstring).
         cooldown: seconds a failed server stays out of rotation (several servers).
+        token_in: send token ids to a server with the scale-out routes (``"auto"``: those of
+            the vLLM dialect that answer them; ``False``: never). Needs ``token_capture``.
+        forward_fields: a harness's request fields to send upstream beyond the default list
+            (``_core/sampling.FORWARDED_FIELDS``), e.g. ``{"top_k"}``.
 
     A request takes at most ``(retries + 1) * timeout + retries * max_backoff`` seconds, plus
     one ``timeout`` per server that a failure takes out of rotation (the call moves on).
@@ -157,6 +162,8 @@ class OpenAIModel(Model):
         max_backoff: float = 8.0,
         token_capture: TokenCapture | None = None,
         cooldown: float = 10.0,
+        token_in: bool | Literal["auto"] = "auto",
+        forward_fields: Sequence[str] = (),
     ) -> None:
         if retries < 0:
             raise ValueError(f"`retries` must be >= 0, got {retries}")
@@ -164,6 +171,8 @@ class OpenAIModel(Model):
             raise ValueError(f"`backoff` and `max_backoff` must be >= 0, got {backoff} and {max_backoff}")
         if token_capture not in (None, "vllm", "sglang", "auto"):
             raise ValueError(f"`token_capture` must be 'vllm', 'sglang', 'auto' or None, got {token_capture!r}")
+        if token_in not in (True, False, "auto"):
+            raise ValueError(f"`token_in` must be True, False or 'auto', got {token_in!r}")
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
         self.pool = ServerPool([base_url] if isinstance(base_url, str) else list(base_url), cooldown=cooldown)
         self.base_url = self.pool.servers[0].url
@@ -177,10 +186,24 @@ class OpenAIModel(Model):
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._probes: dict[int, asyncio.Lock] = {}
+        self.token_in = token_in
+        self.forward_fields = frozenset(forward_fields)
+        self._token_in_at: dict[str, bool] = {}
+        self._tokens = TokenIn(self._client, self._headers, timeout, stream)
 
     def __getstate__(self) -> dict[str, Any]:
         # The configuration travels; a live connection pool and the routing state never do.
-        return {**self.__dict__, "_session": None, "_probes": {}, "pool": self.pool.fresh()}
+        return {**self.__dict__, "_session": None, "_probes": {}, "pool": self.pool.fresh(), "_token_in_at": {},
+                "_tokens": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._tokens = TokenIn(self._client, self._headers, self.timeout, self.stream)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers of every request (its content type, the API key's authorization)."""
+        return dict(self._headers)
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -193,38 +216,74 @@ class OpenAIModel(Model):
     async def complete(
         self, request: Request, *, model: str | None, sampling: dict[str, Any]
     ) -> Response:
+        return await self.generate(request, model=model, sampling=sampling, call=CallContext())
+
+    async def generate(self, request: Request, *, model: str | None, sampling: dict[str, Any],
+                       call: CallContext) -> Response:
         n = sampling.get("n")
         if n is not None and n != 1:
             raise ProviderError(f"`n` must be 1, got {n!r}: a model call records one reply; "
                                 "send n requests for n replies", 400)
+        return await self._call(request, model, sampling, call, None)
+
+    async def resume(self, request: Request, interrupted: Interrupted, *, model: str | None,
+                     sampling: dict[str, Any], call: CallContext) -> Response:
+        return await self._call(request, model, sampling, call, interrupted.state)
+
+    async def _call(self, request: Request, model: str | None, sampling: dict[str, Any], call: CallContext,
+                    partial: Partial | None) -> Response:
         session = SESSION_ID.get()
         headers = self._headers if session is None else {**self._headers, SESSION_HEADER: session}
         auto = self.token_capture == "auto"
         dialect = self.token_capture
-        body = b"" if auto else self._body(request, model, sampling, dialect)
         attempt = 0
         while True:
             server = self.pool.pick(session)
             try:
                 if auto:  # servers of one model may differ; each is asked once
                     dialect = await self._detect(server)
+                if partial is not None or await self._takes_ids(server, dialect, model):
+                    if call.interrupt is not None:
+                        # from here the call can be stopped and continued: an interrupt that
+                        # fires while its prompt is built stops it before it is sent
+                        call.interrupt.arm()
+                    chat = msgspec.json.decode(encode_request(request, sampling, model=model or self.name, stream=False))
+                    if partial is None:
+                        partial = await self._tokens.start(server, chat, call)
+                    wants = sampling.get("logprobs") is True
+                    response = await self._tokens.continue_(server, chat, partial, call, wants)
+                else:
+                    if call.interrupt is not None:
+                        call.interrupt.cannot_continue()
                     body = self._body(request, model, sampling, dialect)
-                response = await self._attempt(server, body, headers, dialect, sampling)
+                    response = await self._attempt(server, body, {**headers, "X-Request-Id": uuid.uuid4().hex},
+                                                   dialect, sampling)
                 self.pool.succeeded(server)
                 return response
-            except _Transient as e:
+            except Transient as e:
                 if self.pool.failed(server, unreachable=e.unreachable):
                     continue  # that server is out, another is in: move on at once, as a fresh try
                 delay = self._delay(attempt, e.retry_after)
                 if attempt >= self.retries or delay is None:
                     raise e.error from None
             except ProviderError as e:
-                if not (auto and dialect is not None and _refuses_extensions(e)):
+                if not (auto and dialect is not None and refuses_extensions(e)):
                     raise
                 server.dialect = None  # its info route misled: it reads no capture field, ask none again
                 continue
             attempt += 1
             await asyncio.sleep(delay)
+
+    async def _takes_ids(self, server: Server, dialect: str | None, model: str | None) -> bool:
+        """Whether calls to ``server`` go as token ids (``token_in``)."""
+        if dialect != "vllm" or self.token_in is False:
+            return False
+        if self.token_in is True:
+            return True
+        known = self._token_in_at.get(server.url)
+        if known is None:
+            known = self._token_in_at[server.url] = await self._tokens.supported(server, model or self.name)
+        return known
 
     def _body(self, request: Request, model: str | None, sampling: dict[str, Any], dialect: str | None) -> bytes:
         return encode_request(request, sampling, model=model or self.name, stream=self._streams(dialect),
@@ -249,9 +308,8 @@ class OpenAIModel(Model):
                     async with self._client().get(server.root + route, headers=self._headers) as resp:
                         body = await resp.read()
             except (aiohttp.ClientError, TimeoutError) as e:
-                error = ProviderError(f"cannot reach the model at {server.root}: {e or type(e).__name__}", 503)
-                raise _Transient(error, unreachable=True) from None
-            if resp.status == 200 and _names(body, key):
+                raise unreachable(server.root, e) from None
+            if resp.status == 200 and names(body, key):
                 return dialect
         return None
 
@@ -267,7 +325,7 @@ class OpenAIModel(Model):
             return self.token_capture
         try:
             return await self._detect(self.pool.servers[0])
-        except _Transient as e:
+        except Transient as e:
             raise e.error from None
 
     def _delay(self, attempt: int, retry_after: float | None) -> float | None:
@@ -278,7 +336,7 @@ class OpenAIModel(Model):
 
     async def _attempt(self, server: Server, body: bytes, headers: dict[str, str], dialect: str | None,
                        sampling: dict[str, Any]) -> Response:
-        """One request; raises ``_Transient`` for a failure worth retrying."""
+        """One request; raises ``Transient`` for a failure worth retrying."""
         url = server.chat_url
         server.inflight += 1
         try:
@@ -286,14 +344,9 @@ class OpenAIModel(Model):
                 try:
                     resp = await self._client().post(url, data=body, headers=headers)
                 except aiohttp.ClientError as e:  # refused, reset or closed before any answer
-                    error = ProviderError(f"cannot reach the model at {url}: {e}", 503)
-                    raise _Transient(error, unreachable=True) from None
+                    raise unreachable(url, e) from None
                 async with resp:
-                    if resp.status >= 400:
-                        error = _provider_error(resp.status, await resp.text(errors="replace"))
-                        if resp.status in TRANSIENT_STATUSES:
-                            raise _Transient(error, _retry_after(resp.headers))
-                        raise error
+                    await check_status(resp)
                     capture = dialect is not None
                     wants = sampling.get("logprobs") is True
                     if self._streams(dialect):
@@ -302,11 +355,10 @@ class OpenAIModel(Model):
                         response = parse_response(await resp.read(), capture=capture, logprobs=wants)
                     version = resp.headers.get(POLICY_HEADER)
                     if version is not None:
-                        response.policy_version = _int_or_none(version)
+                        response.policy_version = int_or_none(version)
                     return response
         except TimeoutError:
-            error = ProviderError(f"model request timed out after {self.timeout:g}s", 504)
-            raise _Transient(error) from None
+            raise Transient(ProviderError(f"model request timed out after {self.timeout:g}s", 504)) from None
         except aiohttp.ClientError as e:  # the answer began, then broke off: final
             raise ProviderError(f"the model's answer from {url} was cut short: {e}", 502) from None
         except WireError as e:
@@ -320,92 +372,12 @@ class OpenAIModel(Model):
             self._session = None
 
 
-def _int_or_none(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-_EXTENSION_FIELDS = ("return_token_ids", "return_prompt_token_ids", "return_tokens_as_token_ids")
-
-
-def _refuses_extensions(error: ProviderError) -> bool:
-    """Whether the provider refused a call for a token-capture field it does not know."""
-    return error.status_code == 400 and any(name in str(error) for name in _EXTENSION_FIELDS)
-
-
-def _names(body: bytes, key: str) -> bool:
-    """Whether ``body`` is a JSON object holding ``key``: an info route's answer."""
-    try:
-        value = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return False
-    return isinstance(value, dict) and key in value
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds the provider asks us to wait (``Retry-After``: seconds or an HTTP date)."""
-    value = headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError):
-            return None
-    return None if math.isnan(seconds) else max(0.0, seconds)
-
-
-def _provider_error(status: int, text: str) -> ProviderError:
-    detail = text[:1000]
-    if status == 400 and any(p in text.lower() for p in _CONTEXT_PHRASES):
-        return OverlongPromptError(f"provider rejected an overlong prompt: {detail}", status)
-    return ProviderError(f"provider answered {status}: {detail}", status)
 
 
 async def _assemble(resp: aiohttp.ClientResponse, capture: bool, logprobs: bool) -> Response:
     assembler = StreamAssembler(capture=capture, logprobs=logprobs)
-    lines = LineSplitter()
-    async for block in resp.content.iter_any():
-        for line in lines.feed(block):
-            if _feed_line(assembler, line):
-                return assembler.response()
-    for line in lines.end():
-        _feed_line(assembler, line)
+    async for data in sse_data(resp):
+        assembler.feed(data)
+        if assembler.done:
+            break
     return assembler.response()
-
-
-def _feed_line(assembler: StreamAssembler, line: bytes) -> bool:
-    """Feed one SSE line; returns whether the stream is over."""
-    line = line.strip()
-    if line.startswith(b"data:"):
-        assembler.feed(line[5:].strip())
-    return assembler.done
-
-
-class LineSplitter:
-    """Cuts network reads into lines. A stream has a line per token and two per event; one
-    await per line (``async for line in resp.content``) cost more than the rest of the
-    assembly, so what has arrived is split here. Linear in the bytes, however they arrive."""
-
-    def __init__(self) -> None:
-        self._pending: list[bytes] = []
-
-    def feed(self, block: bytes) -> list[bytes]:
-        """The lines ``block`` completes (without their ``\\n``)."""
-        head, newline, tail = block.rpartition(b"\n")
-        if not newline:
-            self._pending.append(block)
-            return []
-        self._pending.append(head)
-        lines = b"".join(self._pending).split(b"\n")
-        self._pending = [tail] if tail else []
-        return lines
-
-    def end(self) -> list[bytes]:
-        """The last line, if the stream did not end with a newline."""
-        rest, self._pending = b"".join(self._pending), []
-        return [rest] if rest else []

@@ -51,6 +51,10 @@ class SimulatedModelConfig(BaseModel):
     policy_version: int = Field(0, ge=0)
     """The policy version the server starts at (the ``X-Policy-Version`` header). The version
     is the model's weights: it tunes the log-probabilities and the preamble (``completion.py``)."""
+    scale_out: bool = False
+    """vLLM's ``--enable-scale-out``: the render, derender and token-route abort routes answer
+    (``rendering.py``); without it they answer 403, as vLLM's do. The token-in route itself
+    (``/inference/v1/generate``) always answers."""
     preamble_tokens: int = Field(0, ge=0)
     """Words (a token each, drawn per policy version) that open every answer's content: long
     completions, to interrupt and continue. 0: answers are just the answer."""

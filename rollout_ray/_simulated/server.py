@@ -58,6 +58,7 @@ from .dialects import (
 from .engine import Engine, Flight
 from .generate import add_token_routes
 from .plain import plain_events
+from .rendering import add_rendering_routes
 from .request import ChatCall, Invalid, parse
 from .sse import SSE
 from .template import render
@@ -124,6 +125,7 @@ class SimulatedModelServer:
         app.router.add_post("/admin/policy_version", self._set_policy_version)
         if self.config.dialect == "vllm":
             app.router.add_get("/version", self._version)
+            add_rendering_routes(app, self)
         else:
             app.router.add_get("/model_info", self._model_info)
             app.router.add_get("/get_model_info", self._model_info)

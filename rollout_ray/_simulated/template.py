@@ -37,7 +37,7 @@ from typing import Any
 
 from .tokenizer import IM_END, IM_START, SPECIAL_TOKENS, decode, encode
 
-__all__ = ["Parsed", "body", "parse", "render", "text_of", "tool_call_text"]
+__all__ = ["GENERATION_HEADER", "Parsed", "assistant", "body", "parse", "render", "text_of", "tool_call_text"]
 
 GENERATION_HEADER = "assistant\n"
 TOOLS_PREAMBLE = "# Tools\nYou may call one or more functions. Function signatures:\n<tools>"
@@ -141,7 +141,9 @@ def _tools(system: str) -> tuple[str | None, list[Any] | None]:
     return (system[: at - 2] if at else None), tools
 
 
-def _assistant(text: str, calls_before: int) -> dict[str, Any]:
+def assistant(text: str, calls_before: int) -> dict[str, Any]:
+    """An assistant message from its text: the content, then its Hermes tool calls, whose ids
+    count on from ``calls_before`` (the calls of the conversation before it)."""
     cut = text.find("\n<tool_call>")
     if cut < 0:
         return {"role": "assistant", "content": text}
@@ -162,7 +164,7 @@ def parse(ids: list[int]) -> Parsed:
             if content is not None:
                 messages.append({"role": "system", "content": content})
         elif role == "assistant":
-            messages.append(_assistant(text, sum(len(m.get("tool_calls", ())) for m in messages)))
+            messages.append(assistant(text, sum(len(m.get("tool_calls", ())) for m in messages)))
         else:
             messages.append({"role": role, "content": text})
     return Parsed(messages, tools, completion)

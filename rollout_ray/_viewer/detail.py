@@ -1,7 +1,7 @@
 """One rollout for its page: its trace read from its shard, as JSON-ready data, and its siblings.
 
-Only the row's shard is opened, only its row group holding the row is decoded, and only the
-``rollout_id`` and ``trace`` columns, batch by batch up to the row. Everything shown comes from
+Only the row's shard is opened, only its row group holding the row is read (streamed), and only
+the ``rollout_id`` and ``trace`` columns, a few rows at a time up to the row. Everything shown comes from
 the lossless ``trace`` column, so the page sees every field the rollout recorded.
 """
 
@@ -20,29 +20,46 @@ from pydantic import ValidationError
 from .._driver.finalize import FinalizeConfig, finalize
 from .._errors import CorruptRun
 from .._record.messages import AssistantMessage, Content, ImagePart, ToolMessage
+from .._record.run_layout import SAMPLES
+from .._record.score_versions import rescored_trace
 from .._record.trace import Trace, decode_trace
 from .index import RunIndex, unreadable_is_corrupt
 
-_BATCH = 256
+_BATCH = 16
+"""Rows decoded at a time on the way to the row (traces can be MiBs each)."""
+_BUFFER = 1 << 20
+"""Bytes read from the shard at a time: the row group's trace column is streamed, not read whole."""
 
 
 def read_trace(index: RunIndex, position: int) -> Trace:
     """Decode the trace of index row ``position`` from its shard.
 
     Raises:
-        CorruptRun: the shard cannot be read, or its row is not the rollout the index says.
+        CorruptRun: the shard cannot be read, is a link, or its row is not the rollout the
+            index says.
     """
     shard = int(index.table["_shard"][position].as_py())
     row = int(index.table["_row"][position].as_py())
     expected = index.table["rollout_id"][position].as_py()
-    path = index.shard_path(shard)
-    with unreadable_is_corrupt(path):
-        blob = _read_row(path, row, expected)
-    return decode_trace(blob)
+    name = index.shard_name(shard)
+    with index.layout.open() as run, run.folder(SAMPLES) as folder, folder.arrow_reader(name) as f:
+        path = folder.path / name
+        with unreadable_is_corrupt(path):
+            blob = _read_row(f, path, row, expected)
+    trace = decode_trace(blob)
+    version = index.scores
+    if version is not None and shard < version.shards:  # a rescore's scores, as the index shows them
+        scored = version.row(index.table["group_id"][position].as_py(), index.table["sample_idx"][position].as_py(),
+                             expected)
+        if scored is not None:
+            trace = rescored_trace(trace, scored)
+    return trace
 
 
-def _read_row(path: Path, row: int, rollout_id: str) -> bytes:
-    with pq.ParquetFile(path, page_checksum_verification=True) as shard:
+def _read_row(source: pa.NativeFile, path: Path, row: int, rollout_id: str) -> bytes:
+    """Row ``row``'s trace: only its row group is read, streamed, and decoded ``_BATCH`` rows at
+    a time up to the row (pyarrow reads no single row; the writer bounds a row group's bytes)."""
+    with pq.ParquetFile(source, page_checksum_verification=True, pre_buffer=False, buffer_size=_BUFFER) as shard:
         first = 0
         for group in range(shard.num_row_groups):
             size = shard.metadata.row_group(group).num_rows
@@ -51,7 +68,8 @@ def _read_row(path: Path, row: int, rollout_id: str) -> bytes:
             first += size
         else:
             raise CorruptRun.shard(path, f"row {row} is past the shard's {first} rows")
-        batches = shard.iter_batches(batch_size=_BATCH, row_groups=[group], columns=["rollout_id", "trace"])
+        batches = shard.iter_batches(batch_size=_BATCH, row_groups=[group], columns=["rollout_id", "trace"],
+                                     use_threads=False)
         for batch in batches:
             if row - first < batch.num_rows:
                 at = row - first

@@ -5,14 +5,14 @@ Laziness: the index holds only the scalar columns of the shards (no ``messages``
 (``_shard``, ``_row``). It is keyed by every shard's (name, mtime, size): a request on an
 unchanged run reuses it, and since shards are only ever appended, a run still being written
 costs only its new shards. It shows what ``read_run`` returns: the latest row of each
-``(group_id, sample_idx)``, and never a shard of another run. Sorting, filtering and paging
+``(group_id, sample_idx)``, with the latest score version's columns (a rescore's), and never a
+shard of another run. Sorting, filtering and paging
 run with ``pyarrow.compute`` over this index; one rollout's ``trace`` is read from its shard
 when its page is opened (``detail.read_trace``).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -26,14 +26,24 @@ import pyarrow.parquet as pq
 from .._driver.finalize import counted_reward
 from .._errors import CorruptRun
 from .._record.arrow import SCALAR_COLUMNS, TRACE_SCHEMA, check_schema
-from .._record.run_layout import RunLayout
-from .._record.store import read_manifest, shard_paths
+from .._record.run_files import RunFiles
+from .._record.run_layout import SAMPLES, RunLayout
+from .._record.score_versions import ScoreVersion, latest_version, read_version
+from .._record.store import read_manifest, shard_files
 
 INDEX_COLUMNS: tuple[str, ...] = tuple(
     c for c in SCALAR_COLUMNS if c not in ("rewards", "reward_weights", "metrics", "task_hash")
 )
 """The stored columns the index reads. The maps and the task hash (a fifth of the index's
 memory, never filtered on) are read from the trace, on the rollout's page."""
+
+LONG_CELL = 256
+"""A stored text column (a task's data field) whose cells hold more bytes than this on average
+is left out of the index: the index holds every row, and a page would send it for each. The
+rollout's page shows the task's data in full, from its trace."""
+
+CELL_CHARS = 300
+"""Text cells longer than this are cut in the table's rows (ending in ``…``)."""
 
 ROW_COLUMNS = (
     "rollout_id", "group_id", "sample_idx", "attempt", "task_type", "task_idx", "ok",
@@ -58,7 +68,7 @@ class BadQuery(ValueError):
 class RunIndex:
     """The scalar rows of a run, and which shard state they were read from."""
 
-    run_dir: Path
+    layout: RunLayout
     keys: tuple[ShardKey, ...]
     """(name, mtime_ns, size) of each shard, in write order."""
     stored: pa.Table
@@ -69,13 +79,18 @@ class RunIndex:
     position in this table."""
     complete: frozenset[str]
     """Stored extra columns (e.g. ``advantage``) present in every shard."""
+    long: frozenset[str] = frozenset()
+    """Stored extra text columns left out of the index: their cells are long (``LONG_CELL``)."""
+    scores: ScoreVersion | None = None
+    """The latest score version a rescore wrote (``None``: the shards' own scores), which
+    ``table`` shows on the rows it scored (``_record/score_versions``)."""
 
     @property
     def extras(self) -> list[str]:
         return [c for c in self.table.column_names if c not in INDEX_COLUMNS and not c.startswith("_")]
 
-    def shard_path(self, shard: int) -> Path:
-        return RunLayout(self.run_dir).folder() / self.keys[shard][0]
+    def shard_name(self, shard: int) -> str:
+        return self.keys[shard][0]
 
     def locate(self, rollout_id: str) -> int | None:
         """The index row of ``rollout_id`` (its first, should a retry reuse an id), or None."""
@@ -83,48 +98,61 @@ class RunIndex:
         return None if found < 0 else found
 
 
-def shard_keys(run_dir: Path) -> tuple[ShardKey, ...]:
+def shard_keys(layout: RunLayout) -> tuple[ShardKey, ...]:
     keys = []
-    for path in shard_paths(run_dir):
-        st = os.stat(path)
-        keys.append((path.name, st.st_mtime_ns, st.st_size))
+    for folder, name in shard_files(layout):
+        st = folder.stat(name)
+        keys.append((name, st.st_mtime_ns, st.st_size))
     return tuple(keys)
 
 
-def build_index(run_dir: Path, previous: RunIndex | None = None) -> RunIndex:
+def build_index(layout: RunLayout, previous: RunIndex | None = None) -> RunIndex:
     """The run's index, reusing ``previous`` when the shards are unchanged or only appended to.
 
     Raises:
-        FileNotFoundError: ``run_dir`` does not exist.
-        CorruptRun: a shard cannot be read, or holds rows of another run than the manifest's.
+        FileNotFoundError: the run directory does not exist.
+        CorruptRun: a shard cannot be read, holds rows of another run than the manifest's, or
+            is a link (as is the run directory).
         SchemaMismatch: a shard lacks a scalar column or has a newer schema version.
     """
-    keys = shard_keys(run_dir)
-    if previous is not None and previous.keys == keys:
+    keys = shard_keys(layout)
+    number = latest_version(layout.root)
+    same_scores = previous is not None and (previous.scores.number if previous.scores else 1) == number
+    if previous is not None and previous.keys == keys and same_scores:
         return previous
     parts: list[pa.Table] = []
     complete: set[str] | None = None
+    long: set[str] = set()
     start = 0
     if previous is not None and previous.keys and keys[: len(previous.keys)] == previous.keys:
         parts, complete, start = [previous.stored], set(previous.complete), len(previous.keys)
-    layout = RunLayout(run_dir)
-    run_id = read_manifest(run_dir).run_id if layout.holds_run() else None
-    for shard in range(start, len(keys)):
-        table = read_scalars(layout.folder() / keys[shard][0], run_id)
-        extras = {c for c in table.column_names if c not in INDEX_COLUMNS}
-        complete = extras if complete is None else complete & extras
-        n = table.num_rows
-        table = table.append_column("_shard", pa.array(np.full(n, shard, np.int32)))
-        parts.append(table.append_column("_row", pa.array(np.arange(n, dtype=np.int32))))
+        long = set(previous.long)
+    run_id = read_manifest(layout).run_id if layout.holds_run() else None
+    if start < len(keys):
+        with layout.open() as run, run.folder(SAMPLES) as folder:
+            for shard in range(start, len(keys)):
+                table, long_here = read_scalars(folder, keys[shard][0], run_id)
+                long |= long_here
+                extras = {c for c in table.column_names if c not in INDEX_COLUMNS} | long_here
+                complete = extras if complete is None else complete & extras
+                n = table.num_rows
+                table = table.append_column("_shard", pa.array(np.full(n, shard, np.int32)))
+                parts.append(table.append_column("_row", pa.array(np.arange(n, dtype=np.int32))))
     if not parts:
         parts = [TRACE_SCHEMA.empty_table().select(list(INDEX_COLUMNS)).append_column(
             "_shard", pa.array([], pa.int32())).append_column("_row", pa.array([], pa.int32()))]
-    # Old shards lack columns a newer writer appended: those come back null.
+    # Old shards lack columns a newer writer appended: those come back null. A column long
+    # in one shard is left out of all: a column is in the index whole, or not at all.
     stored = pa.concat_tables(parts, promote_options="permissive")
-    stored = stored.select([c for c in stored.column_names if not c.startswith("_")] + ["_shard", "_row"])
+    stored = stored.select([c for c in stored.column_names if not c.startswith("_") and c not in long]
+                           + ["_shard", "_row"])
     table = _latest_per_key(stored)
+    version = previous.scores if previous is not None and same_scores else read_version(layout.root, number)
+    if version is not None:  # the rows of the shards it saw, its scalar columns
+        scalars = [f.name for f in version.samples.schema if _is_scalar(f.type)]
+        table = version.overlay(table, table["_shard"].to_numpy() < version.shards, scalars)
     table = table.append_column("_pos", pa.array(np.arange(table.num_rows, dtype=np.int64)))
-    return RunIndex(run_dir, keys, stored, table, frozenset(complete or ()))
+    return RunIndex(layout, keys, stored, table, frozenset((complete or set()) - long), frozenset(long), version)
 
 
 def _latest_per_key(stored: pa.Table) -> pa.Table:
@@ -137,27 +165,62 @@ def _latest_per_key(stored: pa.Table) -> pa.Table:
     return stored.take(pa.array(np.sort(last["row_max"].to_numpy())))
 
 
-def read_scalars(path: Path, run_id: str | None = None) -> pa.Table:
-    """One shard's ``INDEX_COLUMNS`` and any stored extra scalar column (never the conversation).
+def read_scalars(folder: RunFiles, name: str, run_id: str | None = None) -> tuple[pa.Table, set[str]]:
+    """Shard ``name``'s ``INDEX_COLUMNS`` and stored extra scalar columns (never the
+    conversation), and the names of the extra text columns left out because they are long.
 
     Raises:
-        CorruptRun: unreadable, or rows of another run than ``run_id`` (when given).
+        CorruptRun: unreadable, a link, or rows of another run than ``run_id`` (when given).
         SchemaMismatch: a scalar column is missing, or the schema version is newer.
     """
-    with unreadable_is_corrupt(path):
-        shard = pq.ParquetFile(path, page_checksum_verification=True)
-    with shard:
-        schema = shard.schema_arrow
-        check_schema(schema, INDEX_COLUMNS)
-        extras = [f.name for f in schema if f.name not in TRACE_SCHEMA.names and _is_scalar(f.type)]
+    path = folder.path / name
+    with folder.arrow_reader(name) as f:
         with unreadable_is_corrupt(path):
-            table = shard.read(columns=[*INDEX_COLUMNS, *extras])
+            footer = pq.read_metadata(f)
+            schema = footer.schema.to_arrow_schema()
+        check_schema(schema, INDEX_COLUMNS)
+        stored = [field for field in schema if field.name not in TRACE_SCHEMA.names and _is_scalar(field.type)]
+        text = [field.name for field in stored if pa.types.is_string(field.type)]
+        long = _long_in_footer(footer, text)
+        # Text is read dictionary-encoded: one long value repeated on every row (a shared
+        # instruction) costs its size once while its cells' total size is measured.
+        with unreadable_is_corrupt(path):
+            with pq.ParquetFile(f, metadata=footer, page_checksum_verification=True,
+                                read_dictionary=[c for c in text if c not in long]) as shard:
+                table = shard.read(columns=[*INDEX_COLUMNS, *(c.name for c in stored if c.name not in long)])
+    for column in text:
+        if column not in long:
+            table = _decoded_if_short(table, column, long)
     # As read_run does: rows of two runs in one directory are refused, never mixed.
     found = set(pc.unique(table["run_id"]).to_pylist()) if run_id is not None and table.num_rows else set()
     if found - {run_id}:
         raise CorruptRun.shard(path, f"it holds rows of run {', '.join(sorted(map(str, found - {run_id})))}, "
                                  f"not of this run ({run_id})")
-    return table
+    return table, long
+
+
+def _long_in_footer(footer: pq.FileMetaData, names: list[str]) -> set[str]:
+    """The columns of ``names`` whose stored data (before compression) is long per row."""
+    if not names or not footer.num_rows:
+        return set()
+    leaf = {footer.schema.column(i).path: i for i in range(footer.num_columns)}
+    size = dict.fromkeys(names, 0)
+    for group in map(footer.row_group, range(footer.num_row_groups)):
+        for name in names:
+            size[name] += group.column(leaf[name]).total_uncompressed_size
+    return {name for name in names if size[name] > LONG_CELL * footer.num_rows}
+
+
+def _decoded_if_short(table: pa.Table, name: str, long: set[str]) -> pa.Table:
+    """``table`` with the dictionary-encoded text column ``name`` decoded, or without it
+    (added to ``long``) when its cells are long on average."""
+    column = table[name]
+    total = sum(pc.sum(pc.take(pc.binary_length(chunk.dictionary), chunk.indices)).as_py() or 0
+                for chunk in column.chunks)
+    if total > LONG_CELL * table.num_rows:
+        long.add(name)
+        return table.drop_columns([name])
+    return table.set_column(table.column_names.index(name), name, column.cast(pa.string()))
 
 
 def _is_scalar(type_: pa.DataType) -> bool:
@@ -299,10 +362,10 @@ def page(index: RunIndex, positions: pa.Array, offset: int, limit: int) -> list[
     """Rows ``offset .. offset + limit`` of ``positions`` as dicts of ``ROW_COLUMNS`` + extras."""
     chosen = positions.slice(offset, limit)
     rows = index.table.select([*ROW_COLUMNS, *index.extras]).take(chosen).to_pylist()
-    for row in rows:  # the table shows a line of it; the detail page has all of it
-        message = row.get("error_message")
-        if message and len(message) > 300:
-            row["error_message"] = message[:300] + "…"
+    for row in rows:  # the table shows a line of it; the rollout's page has all of it
+        for name, value in row.items():
+            if isinstance(value, str) and len(value) > CELL_CHARS:
+                row[name] = value[:CELL_CHARS] + "…"
     return rows
 
 
@@ -322,6 +385,7 @@ def overview(index: RunIndex, facet_limit: int = 200) -> dict[str, object]:
                    for name in ("stop_condition", "error_type", "task_type")},
         "columns": sortable(index),
         "extras": index.extras,
+        "long_columns": sorted(index.long),  # not in the table: on the rollout's page
         "stored_advantage": "advantage" in index.complete,
     }
 

@@ -11,7 +11,7 @@ import json
 import time
 from typing import Any
 
-from .._record.run_layout import RunLayout
+from .._record.run_layout import STATUS, RunLayout
 
 LIVE_STATES = ("running", "paused", "stopping")
 STALE_AFTER = 30.0
@@ -21,8 +21,9 @@ STALE_AFTER = 30.0
 def live_status(run_dir: Any) -> dict[str, Any]:
     """The run's status and whether it is live; no status file: not live."""
     try:
-        status = json.loads(RunLayout.of(run_dir).status.read_text())
-    except (OSError, ValueError):
+        with RunLayout.of(run_dir).open() as run:  # as the run's other files: through no link
+            status = json.loads(run.read_bytes(STATUS))
+    except (OSError, ValueError):  # CorruptRun (a link) too: not live
         return {"live": False, "status": None}
     fresh = time.time() - float(status.get("updated_at", 0)) < STALE_AFTER
     return {"live": status.get("state") in LIVE_STATES and fresh, "status": status}

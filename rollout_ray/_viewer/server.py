@@ -91,7 +91,7 @@ class Viewer:
         entry = self.entry(run_id)
         lock = self._locks.setdefault(run_id, asyncio.Lock())
         async with lock:
-            current = await asyncio.to_thread(build_index, entry.path, self._indexes.get(run_id))
+            current = await asyncio.to_thread(build_index, entry.layout, self._indexes.get(run_id))
             self._indexes[run_id] = current
             return current
 
@@ -195,7 +195,7 @@ class _Handlers:
         run_id = request.query.get("run")
         entry = self.viewer.entry(run_id)
         index = await self.viewer.index(entry.id)
-        manifest = await asyncio.to_thread(read_manifest, entry.path)
+        manifest = await asyncio.to_thread(read_manifest, entry.layout)
         return _json({"id": entry.id, "path": str(entry.path), "run_id": manifest.run_id,
                       "created": manifest.created, "config": manifest.config,
                       "plots": self.viewer.plot is not None, **overview(index)})
@@ -227,14 +227,14 @@ class _Handlers:
 
     async def siblings(self, request: web.Request) -> web.Response:
         entry, index, position = await self._locate(request)
-        manifest = await asyncio.to_thread(read_manifest, entry.path)
+        manifest = await asyncio.to_thread(read_manifest, entry.layout)
         recorded = manifest.config.get("eval", {}).get("finalize")
         return _json(await asyncio.to_thread(siblings, index, position, recorded))
 
     async def live(self, request: web.Request) -> web.Response:
         """A live run's status (``live``)."""
         entry = self.viewer.entry(request.query.get("run"))
-        return _json(await asyncio.to_thread(live_status, entry.path))
+        return _json(await asyncio.to_thread(live_status, entry.layout))
 
     async def plot(self, request: web.Request) -> web.Response:
         png = await self.viewer.plot_png(self.viewer.entry(request.query.get("run")).id)

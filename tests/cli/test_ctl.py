@@ -137,3 +137,15 @@ def test_ctl_steers_a_cli_run_on_ray(ray_cluster: Any, tmp_path: pathlib.Path,
     rows = read_run(str(out), ["task_idx", "ok", "error_type"]).to_pylist()
     assert sorted(r["task_idx"] for r in rows) == list(range(6))
     assert [r["error_type"] for r in rows if not r["ok"]] == ["RolloutCancelled"]
+
+
+def test_a_control_json_planted_as_a_link_is_not_read(tmp_path: pathlib.Path) -> None:
+    """Someone who can write the run directory links control.json to a file of theirs: ctl
+    would send its request (and the operator's intent) where that file points."""
+    run, theirs = tmp_path / "run", tmp_path / "theirs.json"
+    run.mkdir()
+    theirs.write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "x"}))
+    (run / "control.json").symlink_to(theirs)
+    done = subprocess.run([*CLI, "ctl", str(run), "status"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "cannot read its control.json" in done.stderr and "symbolic link" in done.stderr

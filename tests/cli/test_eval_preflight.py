@@ -93,7 +93,8 @@ def test_an_existing_run_needs_resume_or_overwrite(tmp_path: pathlib.Path) -> No
     ("file", "f/a/b", "--out {out}: {tmp}/f is a file, not a directory; choose another --out"),
     ("dir", "d", "--overwrite: {out} is not a run directory (no manifest.json); nothing there is replaced: "
                  "choose another --out"),
-    ("link", "l", "--overwrite: {out} is a symbolic link; pass the run directory itself"),
+    ("link", "l", "--out {out} is a symbolic link; a run directory is never reached through one: pass the "
+                  "directory itself"),
 ])
 def test_a_bad_out_is_one_line_before_ray(tmp_path: pathlib.Path, make: str, out: str, message: str) -> None:
     target = tmp_path / out.split("/")[0]

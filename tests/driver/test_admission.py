@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 import pytest
+from driver_fakes import Timed
 
 from rollout_ray import ChatHarness
 from rollout_ray._driver.admission import Admission
@@ -18,7 +19,6 @@ from rollout_ray._record.trace import decode_trace
 from rollout_ray.testing import ScriptedModel
 
 from conftest import run, tasks
-from driver_fakes import Timed
 
 
 async def admits(admission: Admission) -> bool:

@@ -297,8 +297,9 @@ def test_a_resume_over_a_changed_taskset_is_refused(tmp_path: Path, lazy: bool) 
 def test_a_progress_callback_that_raises_fails_the_run_with_its_error_not_a_hang(fails_at: int) -> None:
     """Raised at the first report (rollouts still running) or only at the last (the report at
     the end): ``arun`` raises that error, within a bound, and the callback is not called again."""
-    from conftest import run
     from driver_fakes import Timed
+
+    from conftest import run
 
     calls = 0
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from driver_fakes import Timed
 
 from rollout_ray import ChatHarness
 from rollout_ray._driver.driver import Driver, EvalConfig
 from rollout_ray.testing import ScriptedModel
 
 from conftest import run, tasks
-from driver_fakes import Timed
 
 pytestmark = pytest.mark.faults
 

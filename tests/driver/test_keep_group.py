@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from driver_fakes import Timed
 
 from rollout_ray import ChatHarness
 from rollout_ray._driver.driver import Driver, EvalConfig
@@ -18,7 +19,6 @@ from rollout_ray._record.store import read_groups, read_manifest
 from rollout_ray.testing import ScriptedModel
 
 from conftest import Echo, run, tasks
-from driver_fakes import Timed
 
 
 def split_rewards(idx: int, run: int) -> float:

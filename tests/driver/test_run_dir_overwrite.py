@@ -11,6 +11,7 @@ import pytest
 
 from rollout_ray import ChatHarness
 from rollout_ray._driver.driver import Driver, EvalConfig
+from rollout_ray._errors import CorruptRun
 from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray._record.store import read_manifest, read_run
 from rollout_ray.testing import ScriptedModel
@@ -54,12 +55,14 @@ def test_overwrite_removes_nothing_from_a_directory_that_holds_no_run(tmp_path: 
     assert (run_dir / "notes.txt").read_text() == "mine"
 
 
-def test_overwrite_never_goes_through_a_symbolic_link(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", [{"overwrite": True}, {"resume": True}, {}])
+def test_a_run_directory_that_is_a_symbolic_link_is_refused(tmp_path: Path, mode: dict[str, bool]) -> None:
     run_dir = tmp_path / "run"
     drive(1, run_dir)
     (tmp_path / "link").symlink_to(run_dir, target_is_directory=True)
-    with pytest.raises(ValueError, match=r"link is a symbolic link; overwrite replaces only a run directory itself$"):
-        drive(1, tmp_path / "link", overwrite=True)
+    with pytest.raises(CorruptRun, match=r"/link is a symbolic link; a run directory and what it holds are never "
+                                         r"reached through one: remove the link, or pass the directory itself$"):
+        drive(1, tmp_path / "link", **mode)
     assert read_run(str(run_dir)).num_rows == 1
 
 

@@ -63,6 +63,8 @@ def test_resume_redoes_provider_failures_and_keeps_their_errors(tmp_path: Path, 
     second = _drive(tmp_path / "run", ScriptedModel(default="4"), resume=True)
     rows = second.samples.to_pylist()
     assert [(r["ok"], r["reward"]) for r in rows] == [(True, 1.0)] * 4  # redone, not kept as failures
+    # The error columns describe the final attempt (issue 21 §5), the earlier ones are its history.
+    assert [(r["error_type"], r["error_message"], r["num_errors"]) for r in rows] == [(None, None, 0)] * 4
     traces = {t.task.idx: t for t in _traces(tmp_path / "run")}
     assert all([e.type for e in t.errors] == ["ProviderError"] for t in traces.values())  # history kept
     kept = tmp_path / "kept"

@@ -40,6 +40,7 @@ from rollout_ray import (
     reward,
     table_to_traces,
 )
+from rollout_ray._record.graph import path_to
 from rollout_ray._record.tokens import full_prompt, token_sequences
 from rollout_ray._record.wire import encode_request
 from rollout_ray._serving.proxy import HTTPInterception
@@ -72,7 +73,7 @@ TASK = {"prompt": "What is 2 + 2?", "system_prompt": "Answer with a number."}
 def upstream(trace: Trace, call: ModelCall) -> dict[str, Any]:
     """The body rollout_ray sent upstream for ``call`` (its messages and tools), rebuilt from
     the trace: the conversation on the path to the node the call sampled."""
-    path = trace._path(call.node)[:-1]  # type: ignore[arg-type]
+    path = path_to(trace, call.node)[:-1]  # type: ignore[arg-type]
     request = Request([trace.nodes[i].message for i in path], trace.tools or None)
     return msgspec.json.decode(encode_request(request, {}, model=NAME, stream=False))
 

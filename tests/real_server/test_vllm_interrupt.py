@@ -20,7 +20,23 @@ from typing import Any
 
 import aiohttp
 import pytest
+from calc_taskset import Arith
 from vllm_server import NAME, DevServer, get, post, serve_dev
+
+from rollout_ray import (
+    ChatHarness,
+    Driver,
+    EvalConfig,
+    LocalExecutor,
+    LocalRuntime,
+    OpenAIModel,
+    Rollout,
+    Task,
+    Trace,
+    reload_weights,
+    table_to_traces,
+)
+from rollout_ray._record.tokens import full_prompt, token_sequences
 
 
 @pytest.fixture(scope="module")
@@ -274,3 +290,108 @@ def test_pause_keep_then_a_reload_continues_the_calls_in_flight_under_the_new_we
     assert close(answer.logprobs[cut:], vllm_dev.score(prompt + answer.ids[:cut], answer.ids[cut:]))
     vllm_dev.load(vllm_dev.a, "0")
     assert close(answer.logprobs[:cut], vllm_dev.score(prompt, answer.ids[:cut]))
+
+
+# -- the package on the real server: Driver.paused(interrupt=True), token in / token out ------
+
+
+class Long(Task):
+    """One long reply per rollout, scored by nothing."""
+
+
+def split(trace: Trace) -> tuple[list[int], list[int], list[float], int]:
+    """A one-call rollout's prompt ids, sampled ids, their logprobs, and how many tokens the
+    old version sampled (its ``token_policy``: version 0, then version 1)."""
+    (call,) = trace.calls
+    assert call.error is None and call.interrupts == 1, call
+    (old, kept), (new, rest) = call.token_policy  # type: ignore[misc]
+    (sequence,) = token_sequences(trace)
+    prompt = [i for i, m in zip(sequence.input_ids, sequence.loss_mask) if not m]
+    ids = [i for i, m in zip(sequence.input_ids, sequence.loss_mask) if m]
+    logprobs = [lp for lp, m in zip(sequence.logprobs, sequence.loss_mask) if m]
+    assert (old, new) == (0, 1) and kept > 0 and rest > 0 and kept + rest == len(ids) == LONG, call.token_policy
+    assert sequence.input_ids == prompt + ids  # one turn: the prompt, then every sampled id
+    assert [v for v, m in zip(sequence.policy, sequence.loss_mask) if m] == [0] * kept + [1] * rest
+    return prompt, ids, logprobs, kept
+
+
+def test_driver_paused_with_interrupt_loads_b_and_the_rollouts_continue_under_it(vllm_dev: DevServer) -> None:
+    """Issue 22 §1 through the package: rollouts generate under checkpoint A (version 0);
+    ``Driver.paused(version=1, interrupt=True)`` stops them at the server, ``reload_weights``
+    loads B into the running server; after the block each call continues from what it sampled
+    (token in). Each rollout is one reply whose tokens before the switch are A's (A's
+    teacher-forced logprobs, not B's) and after it B's (not A's)."""
+    n = 2
+    tasks = [Long({"idx": i, "prompt": f"Count to {1000 + i}."}) for i in range(n)]
+    config = EvalConfig(max_in_flight=n, sampling={"max_tokens": LONG, **SAMPLED})
+
+    async def main() -> Any:
+        model = OpenAIModel(vllm_dev.base_url, name=NAME, token_capture="vllm")
+        try:
+            async with LocalExecutor(runtime="local") as executor:
+                driver = Driver(tasks, ChatHarness(retries=0), model, executor=executor, config=config,
+                                policy_version=0)
+                tokens = metric(vllm_dev, "vllm:generation_tokens_total")
+                running = asyncio.ensure_future(driver.arun())
+                # Both generating, and some tokens sampled by A: then the pause interrupts them midway.
+                await until(lambda: metric(vllm_dev, "vllm:num_requests_running") == n and
+                            metric(vllm_dev, "vllm:generation_tokens_total") - tokens >= 20 * n, 300)
+                async with driver.paused(version=1, interrupt=True):
+                    await reload_weights(model, str(vllm_dev.b), 1)
+                return await asyncio.wait_for(running, 600)
+        finally:
+            await model.aclose()
+
+    result = asyncio.run(main())
+    samples = result.samples
+    assert samples["ok"].to_pylist() == [True] * n
+    assert (samples["policy_min"].to_pylist(), samples["policy_max"].to_pylist()) == ([0] * n, [1] * n)
+    assert json.loads(get(vllm_dev.root + "/weight_info")[1]) == {"weight_version": "1"}
+    rollouts = [split(trace) for trace in table_to_traces(samples)]  # the ids are in the token columns
+    post(vllm_dev.root + "/reset_prefix_cache")
+    for prompt, ids, logprobs, kept in rollouts:  # B is loaded
+        assert close(logprobs[kept:], vllm_dev.score(prompt + ids[:kept], ids[kept:]))  # B's
+        assert not close(logprobs[:kept], vllm_dev.score(prompt, ids[:kept]))  # not B's
+    vllm_dev.load(vllm_dev.a, "0")
+    for prompt, ids, logprobs, kept in rollouts:
+        assert close(logprobs[:kept], vllm_dev.score(prompt, ids[:kept]))  # A's
+        assert not close(logprobs[kept:], vllm_dev.score(prompt + ids[:kept], ids[kept:]))  # not A's
+    print(f"\ntokens under A / under B per rollout: {[(k, LONG - k) for *_, k in rollouts]}")
+
+
+def test_a_multi_turn_tool_rollout_is_one_training_sequence(vllm_dev: DevServer) -> None:
+    """Issue 22 §2 on the tiny model, whose template re-tokenizes a past tool call (on the
+    text route every tool turn drifts: ``test_vllm_cpu``). Token in: turn k+1's prompt is turn
+    k's prompt and sampled ids, then the new messages' ids; the rollout is one sequence, no
+    drift, every sampled id once with its logprob, and the tool calls were read back from the
+    ids (the agent called ``add``)."""
+    model = OpenAIModel(vllm_dev.base_url, name=NAME, token_capture="vllm")
+    asked = {"max_tokens": 64, "seed": 3, "tool_choice": "required"}
+    rollout = Rollout(Arith({"prompt": "What is 2 + 3? Use add.", "system_prompt": "Use the tools."}),
+                      ChatHarness(retries=0, max_calls=3), model=model, runtime_factory=LocalRuntime, sampling=asked)
+
+    async def main() -> Trace:
+        try:
+            return await rollout.run()
+        finally:
+            await model.aclose()
+
+    trace = asyncio.run(main())
+    assert trace.ok and trace.errors == [], trace.errors
+    assert len(trace.calls) == 3 and len(trace.tool_messages) >= 2
+    nodes = [trace.nodes[c.node] for c in trace.calls]  # type: ignore[index]
+    assert all(node.message.tool_calls for node in nodes)
+    assert trace.token_drift == []
+    (sequence,) = token_sequences(trace)
+    sampled = [(i, lp) for i, m, lp in zip(sequence.input_ids, sequence.loss_mask, sequence.logprobs) if m]
+    assert sampled == [(i, lp) for n in nodes for i, lp in zip(n.token_ids, n.logprobs)]  # type: ignore[arg-type]
+    prompts = [full_prompt(trace, call) for call in trace.calls]
+    for k in range(1, len(prompts)):  # turn k+1 grows turn k's ids, never re-tokenizes them
+        assert prompts[k][:len(prompts[k - 1]) + len(nodes[k - 1].token_ids)] == \
+            prompts[k - 1] + nodes[k - 1].token_ids  # type: ignore[operator]
+    assert sequence.input_ids[:len(prompts[0])] == prompts[0] and prompts[0][0] == 1  # <|im_start|>
+    for prompt, node in zip(prompts, nodes):  # the model's ids after that very prompt: under the
+        # tool grammar a logprob is the masked distribution's, never below the model's own
+        scored = vllm_dev.score(prompt, node.token_ids)  # type: ignore[arg-type]
+        assert all(lp >= raw - 1e-3 for lp, raw in zip(node.logprobs, scored, strict=True)), (node.logprobs, scored)
+    print(f"\n{len(trace.calls)} turns, one sequence of {len(sequence.input_ids)} ids ({len(sampled)} sampled)")

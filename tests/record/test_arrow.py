@@ -38,6 +38,7 @@ from rollout_ray._record.arrow import (
     ARROW_SCHEMA_VERSION,
     CONVERSATION_COLUMNS,
     HISTORY_COLUMNS,
+    POLICY_COLUMNS,
     SCALAR_COLUMNS,
     TOKEN_COLUMNS,
     TRACE_SCHEMA,
@@ -78,7 +79,8 @@ def full_trace() -> Trace:
                         sampled=True, timestamp=3.0, token_ids=[1, 2, 3],
                         logprobs=[-0.5, -0.25, 0.0], advantages=[0.5, 0.5, 0.5],
                         mask=[True, True, False]),
-            MessageNode(4, ToolMessage(tool_call_id="c1", content="found", name="grep")),
+            MessageNode(4, ToolMessage(tool_call_id="c1", content="found", name="grep"), original_chars=9000,
+                        original_digest=b"\x01" * 16),
             MessageNode(5, AssistantMessage(content="A"), sampled=True, token_ids=[4], logprobs=[-1.0]),
             MessageNode(5, AssistantMessage(content="B"), sampled=True),
         ],
@@ -91,6 +93,7 @@ def full_trace() -> Trace:
                 time=TimeSpan(10.0, 12.5),
                 error=ErrorRecord(type="ProviderError", message="slow", status_code=429, traceback="tb"),
                 policy=3, prompt_shared=0, prompt_ids=[7, 8],
+                token_policy=[(3, 2), (4, 1)], interrupts=1, dropped={"logit_bias": "not forwarded"},
             ),
             ModelCall(node=6, usage=Usage(prompt_tokens=20, completion_tokens=5), prompt_shared=5, prompt_ids=[9]),
             ModelCall(node=7, usage=Usage(prompt_tokens=22, completion_tokens=3)),
@@ -119,7 +122,7 @@ def full_trace() -> Trace:
             scoring=TimeSpan(111.25, 112.0),
         ),
         tool_calls=[
-            ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5),
+            ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5, arguments_chars=90),
             ToolCallRecord("calc", "mul", "{}", True),
         ],
     )
@@ -276,21 +279,27 @@ V2_COLUMNS = V1_COLUMNS + ("input_ids", "loss_mask", "logprobs", "token_branch",
 V3_COLUMNS = V2_COLUMNS + ("attempts",)
 """Version 3 appended every attempt's errors."""
 
+V4_COLUMNS = V3_COLUMNS + ("token_policy", "policy_min", "policy_max")
+"""Version 4 appended the policy version of each id and the rollout's oldest and newest."""
+
 
 def test_schema_is_versioned_and_only_appends() -> None:
-    assert ARROW_SCHEMA_VERSION == 3  # 3: attempts; the trace blob leaves its token ids to the token columns
-    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"3"}
-    assert tuple(TRACE_SCHEMA.names) == V3_COLUMNS
-    assert SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS == tuple(TRACE_SCHEMA.names)
+    assert ARROW_SCHEMA_VERSION == 4  # 4: the policy versions of each id, and the rollout's range
+    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"4"}
+    assert tuple(TRACE_SCHEMA.names) == V4_COLUMNS
+    assert set(SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS) == set(TRACE_SCHEMA.names)
+    assert len(SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS) == len(TRACE_SCHEMA.names)
     assert CONVERSATION_COLUMNS == ("messages", "trace", *TOKEN_COLUMNS)
+    assert TOKEN_COLUMNS == (*V2_COLUMNS[len(V1_COLUMNS):], "token_policy")
     assert records_to_table([full_record()]).schema.metadata == TRACE_SCHEMA.metadata
 
 
 def test_every_scalar_column_is_derived_from_the_record() -> None:
     """Each scalar column has a non-null value for a full record: none is left unfilled."""
     [row] = records_to_table([full_record()]).to_pylist()
-    assert [name for name in SCALAR_COLUMNS if row[name] is None] == []
-    assert set(row) == set(SCALAR_COLUMNS) | set(CONVERSATION_COLUMNS) | set(HISTORY_COLUMNS)
+    assert [name for name in SCALAR_COLUMNS + POLICY_COLUMNS if row[name] is None] == []
+    assert set(row) == set(SCALAR_COLUMNS) | set(CONVERSATION_COLUMNS) | set(HISTORY_COLUMNS) | set(POLICY_COLUMNS)
+    assert (row["policy_min"], row["policy_max"]) == (3, 4)  # the first call's runs: 3 then 4
 
 
 TRACE_FIELDS_ACKNOWLEDGED = {
@@ -344,14 +353,14 @@ def test_a_mistyped_column_is_a_schema_mismatch() -> None:
 
 def test_a_newer_schema_version_is_refused() -> None:
     table = records_to_table([full_record()])
-    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"4"})
+    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"5"})
     with pytest.raises(
         SchemaMismatch,
-        match=r"^trace table has schema version 4, newer than version 3 known here; "
+        match=r"^trace table has schema version 5, newer than version 4 known here; "
         r"upgrade rollout_ray to read it$",
     ):
         check_schema(newer)
-    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 4"):
+    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 5"):
         table_to_traces(newer)
     check_schema(table.replace_schema_metadata({b"rollout_ray.schema_version": b"1"}))
 

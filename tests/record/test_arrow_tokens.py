@@ -84,10 +84,37 @@ def written_by(version: int, rows: list[RolloutRecord]) -> pa.Table:
     table = records_to_table(rows)
     blobs = pa.array([encode_trace(r.trace) for r in rows], pa.binary())
     table = table.set_column(table.column_names.index("trace"), "trace", blobs)
-    table = table.drop_columns(["attempts"])  # appended in version 3
+    table = table.drop_columns(["attempts", *VERSION_4])  # appended in versions 3 and 4
     if version == 1:
-        table = table.drop_columns(list(TOKEN_COLUMNS))
+        table = table.drop_columns([c for c in TOKEN_COLUMNS if c not in VERSION_4])
     return table.replace_schema_metadata({b"rollout_ray.schema_version": str(version).encode()})
+
+
+VERSION_4 = ("token_policy", "policy_min", "policy_max")
+"""The columns schema version 4 appended: each id's policy version, the rollout's range."""
+
+
+def written_by_3(rows: list[RolloutRecord]) -> pa.Table:
+    """A table as schema version 3 wrote it: the ids in the token columns only, no versions."""
+    table = records_to_table(rows).drop_columns(list(VERSION_4))
+    return table.replace_schema_metadata({b"rollout_ray.schema_version": b"3"})
+
+
+def test_a_version_3_shard_is_read_beside_a_version_4_one_with_null_versions(tmp_path: Path) -> None:
+    old, new, plain = records()
+    writer = ShardWriter(tmp_path, rows_per_shard=1)
+    writer.write(written_by_3([RolloutRecord(old.trace, "run", "old", 0)]))
+    writer.write(records_to_table([new, plain]))
+    writer.close()
+    table = read_run(tmp_path)
+    assert table.column("group_id").to_pylist() == ["old", "g1", "g2"]
+    assert table.column("token_policy").to_pylist()[0] is None and table.column("policy_min").to_pylist()[0] is None
+    assert len(table.column("token_policy").to_pylist()[1]) == 3  # the new shard's, one per sequence
+    assert table_to_traces(table)[0] == old.trace  # its ids come back from its token columns
+    only = ShardWriter(tmp_path / "v3")
+    only.write(written_by_3([old]))
+    only.close()
+    assert read_run(tmp_path / "v3").column_names == [n for n in TRACE_SCHEMA.names if n not in VERSION_4]
 
 
 def old_shard(rows: list[RolloutRecord]) -> pa.Table:
@@ -110,7 +137,8 @@ def test_a_version_1_shard_is_still_read_beside_version_2_ones(tmp_path: Path) -
     only.write(old_shard([old]))
     only.close()
     check_schema(pq.read_schema(next((only_old / "shards").iterdir())))
-    assert read_run(only_old).column_names == [n for n in TRACE_SCHEMA.names if n not in (*TOKEN_COLUMNS, "attempts")]
+    assert read_run(only_old).column_names == [n for n in TRACE_SCHEMA.names
+                                               if n not in (*TOKEN_COLUMNS, "attempts", *VERSION_4)]
 
 
 def test_token_columns_read_with_pandas(tmp_path: Path) -> None:

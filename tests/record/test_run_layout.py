@@ -10,7 +10,7 @@ import pathlib
 from rollout_ray import ChatHarness
 from rollout_ray._driver.driver import Driver, EvalConfig
 from rollout_ray._hosting.local_executor import LocalExecutor
-from rollout_ray._record.run_layout import GROUPS, LOCK, MANIFEST, REPORT_PLOT, SAMPLES, RunLayout, shard_index
+from rollout_ray._record.run_layout import GROUPS, LOCK, MANIFEST, REPORT_PLOT, SAMPLES, STATUS, RunLayout, shard_index
 from rollout_ray.testing import ScriptedModel
 
 from conftest import tasks
@@ -65,6 +65,6 @@ def test_a_run_the_driver_writes_is_the_layout_it_describes(tmp_path: pathlib.Pa
     asyncio.run(main())
     layout = RunLayout(tmp_path)
     assert layout.holds_run() and not RunLayout(tmp_path / "nothing").holds_run()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([MANIFEST, LOCK, SAMPLES, GROUPS])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([MANIFEST, LOCK, SAMPLES, GROUPS, STATUS])  # status.json stays with the final state
     assert [shard_index(p) for p in layout.shards()] == [0, 1] and layout.shards()[0] == layout.shard(0)
     assert [p.parent for p in layout.shards(GROUPS)] == [layout.folder(GROUPS)] * len(layout.shards(GROUPS))

@@ -151,6 +151,7 @@ def test_hand_built_branches_give_one_sequence_each() -> None:
         loss_mask=[0, 0, 0, 1, 1, 0, 0, 1],
         logprobs=[0.0, 0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.0],
         turns=(2, 4),
+        policy=[None] * 8,  # no call recorded a version
     )
     assert (second.branch, second.input_ids, second.turns) == (1, [1, 2, 3, 10, 11, 4, 6, 30, 31], (2, 5))
     assert second.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1, 0]  # the node's mask drops its last id

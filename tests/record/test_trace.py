@@ -67,7 +67,8 @@ def full_trace() -> Trace:
             MessageNode(0, user, timestamp=2.0),
             MessageNode(1, asst, sampled=True, timestamp=3.0, token_ids=[1, 2, 3],
                         logprobs=[-0.5, -0.25, 0.0], advantages=[0.5, 0.5, 0.5], mask=[True, True, False]),
-            MessageNode(2, ToolMessage(tool_call_id="c1", content="found", name="grep"), timestamp=4.0),
+            MessageNode(2, ToolMessage(tool_call_id="c1", content="found", name="grep"), timestamp=4.0,
+                        original_chars=9000, original_digest=b"\x01" * 16),
             MessageNode(3, AssistantMessage(content="prompt-supplied"), timestamp=5.0),
         ],
         calls=[
@@ -79,6 +80,7 @@ def full_trace() -> Trace:
                 time=TimeSpan(10.0, 12.5),
                 error=ErrorRecord(type="ProviderError", message="slow", status_code=429, traceback="tb"),
                 policy=4, prompt_shared=2, prompt_ids=[9], stored_ids=(1, 3),
+                token_policy=[(4, 1), (5, 2)], interrupts=1, dropped={"logit_bias": "not forwarded"},
             )
         ],
         request_rewrites=[InterceptRecord("redact")],
@@ -99,7 +101,7 @@ def full_trace() -> Trace:
             finalize=TimeSpan(110.0, 111.0),
             scoring=TimeSpan(111.0, 112.0),
         ),
-        tool_calls=[ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5)],
+        tool_calls=[ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5, arguments_chars=90)],
     )
 
 

@@ -6,10 +6,13 @@ pass when the test says so.
 
 from __future__ import annotations
 
+import asyncio
+from contextlib import AsyncExitStack
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from capture_rig import QUESTION, Rig, recording_server, rig, run
 
 from rollout_ray import RolloutSession, Trace, TraceTask
@@ -103,16 +106,18 @@ def test_a_killed_server_is_taken_out_its_sessions_move_and_it_returns_after_the
     run(main)
 
 
-def test_a_server_failing_with_5xx_is_taken_out_after_max_failures_and_the_call_moves_on() -> None:
+def test_a_server_failing_with_5xx_for_two_sessions_is_taken_out_and_each_call_moves_on() -> None:
     async def main() -> None:
         configs = [SimulatedModelConfig(ttft=0, rate_5xx=1.0), *three()[:2]]
         async with rig(*configs, backoff=0, retries=2) as r:
-            r.model.pool.clock = Clock()
-            opened = [await r.open_session() for _ in range(3)]
+            clock = r.model.pool.clock = Clock()
+            opened = [await r.open_session() for _ in range(6)]
             landed = [await turn(r, slot, [], "What is 2+2?") for _, slot in opened]
-            assert 0 not in landed
-            assert r.servers[0].stats.requests == 3 and set(r.servers[0].stats.by_status) <= {500, 502, 503}
-            assert r.model.pool.servers[0].down_until > 0
+            assert 0 not in landed  # every call moved on: the session alone, then everyone
+            # The third session's three failures moved it alone; the fifth's one failure was
+            # a second session's, which took the server out.
+            assert r.servers[0].stats.requests == 4 and set(r.servers[0].stats.by_status) <= {500, 502, 503}
+            assert r.model.pool.servers[0].down_until == clock.now + 10.0
 
     run(main)
 
@@ -158,3 +163,61 @@ def test_base_url_needs_a_server_and_token_capture_a_known_dialect() -> None:
         OpenAIModel([])
     with pytest.raises(ValueError, match=r"^`token_capture` must be 'vllm', 'sglang', 'auto' or None, got 'tgi'$"):
         OpenAIModel("http://a/v1", token_capture="tgi")  # type: ignore[arg-type]
+
+
+HUGE = 256 << 10
+"""Requests larger than this time out upstream, as a huge prompt would on a real server."""
+
+
+@pytest.mark.faults
+def test_one_rollouts_timeouts_take_no_server_away_from_the_others(report: Any) -> None:
+    """Issue 21 §5: a rollout whose requests time out (they are huge) moves itself, not the
+    server's other sessions, and the server stays in rotation (two sessions failing there is
+    the server's fault, and takes it out: the 5xx test above)."""
+    held = asyncio.Event()
+
+    async def answer(request: web.Request) -> web.Response:
+        if len(await request.read()) > HUGE:
+            await held.wait()  # set as the test ends: only the model's timeout ends it before
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": "4"},
+                                               "finish_reason": "stop"}], "model": "plain"})
+
+    async def main() -> float:
+        async with recording_server(answer) as (a, _, _), recording_server(answer) as (b, _, _), \
+                HTTPInterception() as proxy, aiohttp.ClientSession() as client, AsyncExitStack() as stack:
+            stack.callback(held.set)
+            model = OpenAIModel([a, b], timeout=0.3, retries=2, backoff=0)
+            stack.push_async_callback(model.aclose)
+            pool = model.pool
+            clock = pool.clock = Clock()
+
+            async def call(slot: Slot, text: str) -> int:
+                auth = {"Authorization": f"Bearer {slot.model_secret}"}
+                body = {"messages": [{"role": "user", "content": text}]}
+                async with client.post(f"{slot.base_url}/v1/chat/completions", json=body, headers=auth) as resp:
+                    return resp.status
+
+            async def opened() -> tuple[RolloutSession, Slot]:
+                session = RolloutSession(Trace(task=TraceTask(type="T")), model)
+                return session, await stack.enter_async_context(proxy.serve(session))
+
+            sessions = [await opened() for _ in range(4)]
+            for _, slot in sessions:
+                assert await call(slot, "What is 2+2?") == 200
+            on = [pool.session_server(s.trace.id) for s, _ in sessions]
+            assert on[0] is on[2] and on[1] is on[3] and on[0] is not on[1]  # two sessions on each
+            server = on[0]
+            assert server is not None
+            victim, attacker = sessions[0], sessions[2]
+            assert await call(attacker[1], "x" * (2 * HUGE)) == 504  # 3 timeouts there, 1 after it moved
+            out_for = max(0.0, server.down_until - clock.now)
+            assert out_for == 0.0, "one session's timeouts took the server out of rotation"
+            assert pool.session_server(attacker[0].trace.id) is not server  # it moved, alone
+            assert await call(victim[1], "What is 3+3?") == 200
+            assert pool.session_server(victim[0].trace.id) is server  # the victim stayed
+            return out_for
+
+    out_for = run(main)
+    report("21§5 one rollout's timeouts", "3 upstream timeouts of one rollout (huge requests)",
+           "server stays in rotation; the victim's session stays", "0 s out of rotation (was 10 s; 10 s once 2 sessions fail)",
+           out_for)

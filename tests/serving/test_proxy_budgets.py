@@ -92,7 +92,7 @@ def test_an_identical_streamed_retry_joins_the_request_in_flight(report: Any) ->
             first = asyncio.create_task(_stream(client, slot, body))
             await model.arrived.wait()
             retry = asyncio.create_task(_stream(client, slot, body, retry=1))
-            await _when(lambda: len(_registration(session).inflight) == 1 and _registration(session).requests == 2,
+            await _when(lambda: len(_registration(session).inflight) == 1 and _registration(session).held.requests == 2,
                         "the retry to reach the proxy")
             model.gate.set()
             return await first, await retry
@@ -160,10 +160,10 @@ def test_a_rollout_gets_its_share_of_the_proxy_not_more(report: Any) -> None:
             writer.close()
             stalled = [await _raw(server.port, slot.model_secret, 15 * mib, b"{") for _ in range(2)]
             registration = _registration(session)
-            await _when(lambda: registration.requests == 2, "two stalled bodies in flight")
+            await _when(lambda: registration.held.requests == 2, "two stalled bodies in flight")
             reader, writer = await _raw(server.port, slot.model_secret, 15 * mib, b"{")
             over = await _status(reader)
-            high = registration.body_bytes
+            high = registration.held.body_bytes
             for _, w in [*stalled, (reader, writer)]:
                 w.close()
             return huge, over, high
@@ -183,7 +183,7 @@ def test_too_many_requests_of_one_rollout_in_flight_are_429() -> None:
     async def main() -> list[int]:
         async with proxy(session, max_requests_per_rollout=2) as (_, (slot,), client):
             sent = [asyncio.create_task(post(client, slot, _body(i))) for i in range(2)]
-            await _when(lambda: _registration(session).requests == 2, "two requests in flight")
+            await _when(lambda: _registration(session).held.requests == 2, "two requests in flight")
             status, _ = await post(client, slot, _body(9))
             model.gate.set()
             return [status, *[s for s, _ in await asyncio.gather(*sent)]]
@@ -204,7 +204,7 @@ def test_a_client_that_hangs_up_mid_stream_logs_no_error(caplog: pytest.LogCaptu
             writer.close()  # the client hangs up while its answer is being sampled
             await writer.wait_closed()
             model.gate.set()
-            await _when(lambda: _registration(session).requests == 0, "the handler to finish")
+            await _when(lambda: _registration(session).held.requests == 0, "the handler to finish")
 
     t0 = time.monotonic()
     run(main)

@@ -77,10 +77,10 @@ class WatchedProxy(HTTPInterception):
     entered: asyncio.Event
     left: asyncio.Event
 
-    async def _chat_registered(self, request: Any, reg: Any) -> Any:
+    async def _chat_registered(self, request: Any, reg: Any, *rest: Any) -> Any:
         self.entered.set()
         try:
-            return await super()._chat_registered(request, reg)
+            return await super()._chat_registered(request, reg, *rest)
         finally:
             self.left.set()
 
@@ -89,10 +89,10 @@ class WatchedTools(ToolServer):
     entered: asyncio.Event
     left: asyncio.Event
 
-    async def _call(self, request: Any, reg: Any, toolset: Toolset) -> Any:
+    async def _call(self, request: Any, reg: Any, toolset: Toolset, *rest: Any) -> Any:
         self.entered.set()
         try:
-            return await super()._call(request, reg, toolset)
+            return await super()._call(request, reg, toolset, *rest)
         finally:
             self.left.set()
 

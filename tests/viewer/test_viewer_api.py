@@ -12,12 +12,11 @@ import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import aiohttp
 import pyarrow as pa
 import pytest
-from viewer_runs import HOSTILE, failed, make_trace, rollout_id, write_run
+from viewer_runs import HOSTILE, failed, get, make_trace, rollout_id, serve_requests, write_run
 
 from rollout_ray._cli.summary import plot
 from rollout_ray._driver.finalize import finalize
@@ -33,34 +32,6 @@ N = 200
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_run(tmp_path_factory.mktemp("runs") / "arith", N, rows_per_shard=64)
-
-
-def call(viewer: Viewer, *requests: str | tuple[str, dict[str, str]]) -> list[tuple[int, Any]]:
-    """GET each request (a path, or a path and its headers) from a server on a free port."""
-
-    async def go() -> list[tuple[int, Any]]:
-        runner, url = await start(viewer)
-        try:
-            async with aiohttp.ClientSession() as session:
-                out = []
-                for request in requests:
-                    path, headers = request if isinstance(request, tuple) else (request, {})
-                    async with session.get(url + path.lstrip("/"), headers=headers) as response:
-                        body: Any = await response.read()
-                        if response.content_type == "application/json":
-                            body = json.loads(body)
-                        out.append((response.status, body))
-                return out
-        finally:
-            await runner.cleanup()
-
-    return asyncio.run(go())
-
-
-def get(viewer: Viewer, path: str, **params: Any) -> Any:
-    status, body = call(viewer, f"{path}?{urlencode(params)}")[0]
-    assert status == 200, body
-    return body
 
 
 def rows(viewer: Viewer, **params: Any) -> dict[str, Any]:
@@ -116,7 +87,7 @@ def test_sort_by_a_column_either_way_with_ties_in_write_order(run_dir: Path) -> 
     assert top == [rollout_id(i) for i in range(N) if rollout_id(i) in set(top)]
     up = rows(viewer, sort="task_idx")["rows"]
     assert [r["task_idx"] for r in up] == sorted(r["task_idx"] for r in up)
-    status, body = call(viewer, "/api/rollouts?run=arith&sort=messages")[0]
+    status, body = serve_requests(viewer, "/api/rollouts?run=arith&sort=messages")[0]
     assert status == 400 and "cannot sort by 'messages'" in body["error"]
 
 
@@ -142,8 +113,9 @@ def test_each_filter_keeps_exactly_the_matching_rollouts(run_dir: Path, params: 
 
 
 def test_a_filter_value_that_does_not_parse_is_a_400(run_dir: Path) -> None:
-    answers = call(Viewer([run_dir]), "/api/rollouts?run=arith&reward_min=high", "/api/rollouts?run=arith&ok=maybe",
-                   "/api/rollouts?run=nope", "/api/rollout?run=arith&id=nope")
+    answers = serve_requests(Viewer([run_dir]), "/api/rollouts?run=arith&reward_min=high",
+                             "/api/rollouts?run=arith&ok=maybe", "/api/rollouts?run=nope",
+                             "/api/rollout?run=arith&id=nope")
     assert [status for status, _ in answers] == [400, 400, 404, 404]
     assert "reward_min must be a number" in answers[0][1]["error"]
 
@@ -202,7 +174,7 @@ def test_model_output_comes_back_verbatim_and_the_page_never_parses_it_as_html(r
     assert r["messages"][1]["text"] == HOSTILE
     source = (STATIC_DIR / "app.js").read_text()
     assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(|new Function", source)
-    status, html = call(Viewer([run_dir]), "/")[0]
+    status, html = serve_requests(Viewer([run_dir]), "/")[0]
     assert status == 200 and b'<script src="/static/app.js"' in html
 
 
@@ -225,9 +197,9 @@ def test_the_page_is_served_with_a_strict_policy_and_foreign_hosts_are_refused(r
 
 
 def test_the_plot_is_drawn_on_demand(run_dir: Path) -> None:
-    (status, png), = call(Viewer([run_dir], plot=plot), "/api/plot.png?run=arith")
+    (status, png), = serve_requests(Viewer([run_dir], plot=plot), "/api/plot.png?run=arith")
     assert status == 200 and png.startswith(b"\x89PNG")
-    assert call(Viewer([run_dir]), "/api/plot.png?run=arith")[0][0] == 404
+    assert serve_requests(Viewer([run_dir]), "/api/plot.png?run=arith")[0][0] == 404
     assert not (run_dir / "report.png").exists()
 
 
@@ -235,7 +207,8 @@ def test_the_index_reads_scalar_columns_once_and_only_new_shards_after(tmp_path:
     run = write_run(tmp_path / "live", 100, rows_per_shard=50)
     reads: list[str] = []
     real = index_module.read_scalars
-    monkeypatch.setattr(index_module, "read_scalars", lambda path, run_id: reads.append(path.name) or real(path, run_id))
+    monkeypatch.setattr(index_module, "read_scalars",
+                        lambda folder, name, run_id: reads.append(name) or real(folder, name, run_id))
     viewer = Viewer([run])
     assert get(viewer, "/api/run", run="live")["rollouts"] == 100
     first = viewer._indexes["live"]
@@ -255,7 +228,7 @@ def test_a_corrupt_shard_is_reported_not_hidden(tmp_path: Path) -> None:
     run = write_run(tmp_path / "broken", 20, rows_per_shard=10)
     shard = run / "shards" / "part-00001.parquet"
     shard.write_bytes(shard.read_bytes()[:200])
-    status, body = call(Viewer([run]), "/api/rollouts?run=broken")[0]
+    status, body = serve_requests(Viewer([run]), "/api/rollouts?run=broken")[0]
     assert status == 500 and "part-00001.parquet" in body["error"] and "corrupt" in body["error"]
 
 
@@ -289,7 +262,7 @@ def test_a_shard_of_another_run_is_refused_not_mixed_in(tmp_path: Path) -> None:
     run = write_run(tmp_path / "mixed", 4)
     with ShardWriter(run) as writer:
         writer.write(records_to_table([RolloutRecord(make_trace(9), "some-other-run", "g00009", 0)]))
-    status, body = call(Viewer([run]), "/api/rollouts?run=mixed")[0]
+    status, body = serve_requests(Viewer([run]), "/api/rollouts?run=mixed")[0]
     assert status == 500 and "part-00001.parquet" in body["error"] and "some-other-run" in body["error"]
 
 

@@ -8,9 +8,17 @@ markup, to check that the page shows it as text.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
 
+import aiohttp
+
+from rollout_ray._driver.run_dir import with_filter_columns
 from rollout_ray._errors import ProviderError, ToolsetError
 from rollout_ray._record.arrow import RolloutRecord, records_to_table
 from rollout_ray._record.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, Usage, UserMessage
@@ -30,6 +38,7 @@ from rollout_ray._record.trace import (
     Trace,
     TraceTask,
 )
+from rollout_ray._viewer.server import Viewer, start
 
 SAMPLES = 4
 HOSTILE = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script> & "quotes"'
@@ -100,13 +109,47 @@ def make_trace(i: int, t: float = 1_750_000_000.0) -> Trace:
 
 
 def write_run(run_dir: Path, n: int, *, rows_per_shard: int = 1000, run_id: str = "run-test",
-              config: dict | None = None) -> Path:
-    """A run directory of ``n`` rows (see the module docstring); returns ``run_dir``."""
+              config: dict | None = None, shape: Callable[[int, Trace], Trace] | None = None) -> Path:
+    """A run directory of ``n`` rows (see the module docstring); returns ``run_dir``.
+
+    ``shape(i, trace)``: row ``i``'s trace, changed; its rows are then stored as the driver
+    stores them (with the task's data as ``data_<field>`` columns)."""
     write_manifest(run_dir, Manifest(run_id=run_id, config=config or {"taskset": "tests/arith.py",
                                                                        "model": "simulated"}))
     with ShardWriter(run_dir, rows_per_shard=rows_per_shard) as writer:
         for start in range(0, n, 1000):
-            records = [RolloutRecord(make_trace(i), run_id, f"g{i // SAMPLES:05d}", i % SAMPLES)
+            records = [RolloutRecord(make_trace(i) if shape is None else shape(i, make_trace(i)), run_id,
+                                     f"g{i // SAMPLES:05d}", i % SAMPLES)
                        for i in range(start, min(n, start + 1000))]
-            writer.write(records_to_table(records))
+            table = records_to_table(records)
+            writer.write(table if shape is None else with_filter_columns(table, {}))
     return run_dir
+
+
+def serve_requests(viewer: Viewer, *requests: str | tuple[str, dict[str, str]]) -> list[tuple[int, Any]]:
+    """GET each request (a path, or a path and its headers) from a server on a free port."""
+
+    async def go() -> list[tuple[int, Any]]:
+        runner, url = await start(viewer)
+        try:
+            async with aiohttp.ClientSession() as session:
+                out = []
+                for request in requests:
+                    path, headers = request if isinstance(request, tuple) else (request, {})
+                    async with session.get(url + path.lstrip("/"), headers=headers) as response:
+                        body: Any = await response.read()
+                        if response.content_type == "application/json":
+                            body = json.loads(body)
+                        out.append((response.status, body))
+                return out
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(go())
+
+
+def get(viewer: Viewer, path: str, **params: Any) -> Any:
+    """The JSON of a GET that must succeed."""
+    status, body = serve_requests(viewer, f"{path}?{urlencode(params)}")[0]
+    assert status == 200, body
+    return body

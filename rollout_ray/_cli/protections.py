@@ -1,0 +1,81 @@
+"""Defaults that protect a CLI run: finite budgets per rollout, and no silent loss of isolation.
+
+An agent loop that never stops would run forever under ``EvalConfig()``'s defaults (no turn,
+token or time limit): the CLI fills what neither its flags nor the taskset's config set with
+``DEFAULT_MAX_TURNS`` and ``DEFAULT_AGENT_TIMEOUT``, and its summary says which budgets held.
+Its summary also says where rollouts ran when ``--runtime auto`` fell back to ``LocalRuntime``
+(which isolates nothing: a program reads what the host's user reads), as the start does; and
+``--runtime sandbox`` refuses to start where the sandbox cannot run, never falling back.
+"""
+
+from __future__ import annotations
+
+from .._driver.eval_config import EvalConfig
+from .._errors import UsageError
+from .._runtimes.host import runtime_kind
+from .._runtimes.sandbox import sandbox_unavailable
+
+DEFAULT_MAX_TURNS = 100
+"""Model calls per rollout when neither ``--max-turns`` nor the taskset's config sets them."""
+
+DEFAULT_AGENT_TIMEOUT = 1800.0
+"""Seconds for a rollout's agent when neither ``--timeout-agent`` nor the taskset's config
+sets them."""
+
+
+def with_finite_defaults(config: EvalConfig) -> tuple[EvalConfig, list[str]]:
+    """``config`` with the CLI's turn and agent-time defaults where it sets none, and the
+    names of the budgets that came from these defaults."""
+    defaulted = []
+    limits, timeouts = config.limits, config.timeouts
+    update: dict[str, object] = {}
+    if limits.max_turns is None:
+        update["limits"] = type(limits)(**{**vars(limits), "max_turns": DEFAULT_MAX_TURNS})
+        defaulted.append("max_turns")
+    if timeouts.agent is None:
+        update["timeouts"] = type(timeouts)(**{**vars(timeouts), "agent": DEFAULT_AGENT_TIMEOUT})
+        defaulted.append("agent")
+    return (config.model_copy(update=update) if update else config), defaulted
+
+
+def budgets_line(config: EvalConfig, defaulted: list[str]) -> str:
+    """The summary's line of a rollout's budgets, saying which are the CLI's defaults."""
+    def mark(name: str) -> str:
+        return " (default)" if name in defaulted else ""
+
+    limits, timeouts = config.limits, config.timeouts
+    parts = [f"max_turns {limits.max_turns}{mark('max_turns')}" if limits.max_turns is not None
+             else "max_turns none"]
+    tokens = [f"{name} {value}" for name, value in (("max_input_tokens", limits.max_input_tokens),
+                                                    ("max_output_tokens", limits.max_output_tokens),
+                                                    ("max_total_tokens", limits.max_total_tokens))
+              if value is not None]
+    parts += tokens or ["tokens no cap"]
+    parts.append(f"agent {timeouts.agent:g}s{mark('agent')}" if timeouts.agent is not None else "agent no time limit")
+    return "budgets per rollout  " + "  ".join(parts)
+
+
+def runtime_line(requested: str) -> str:
+    """The summary's line of where rollouts ran, saying so when nothing isolated them."""
+    kind, reason = runtime_kind(requested)
+    if reason is not None:
+        return (f"runtime  LocalRuntime: --runtime auto fell back, no sandbox on this machine ({reason}); "
+                "rollouts were isolated neither from each other nor from the host")
+    if kind == "local":
+        return "runtime  LocalRuntime (--runtime local): rollouts isolated neither from each other nor from the host"
+    return "runtime  sandbox"
+
+
+def check_sandbox(requested: str, *, remote: bool) -> None:
+    """``--runtime sandbox`` on a machine that cannot run it is refused before anything
+    starts (on a remote cluster, ``remote``, its nodes are not this machine's to judge).
+
+    Raises:
+        UsageError: naming the reason, and ``--runtime local`` as the way to run unisolated.
+    """
+    if requested != "sandbox" or remote:
+        return
+    reason = sandbox_unavailable()
+    if reason is not None:
+        raise UsageError(f"--runtime sandbox: this machine cannot run the sandbox ({reason}); install what it "
+                         "needs, or pass --runtime local to run rollouts without isolation")
