@@ -38,22 +38,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._errors import CorruptRun, TaskError
+from .arrow import TRACE_SCHEMA
 from .run_files import TMP_SUFFIX
 from .run_layout import SCORE_GROUPS, SCORE_INFO, SCORE_SAMPLES, SCORES, RunLayout, score_version, score_versions
 from .trace import Reward, Trace
 
 KEY = ("group_id", "sample_idx", "rollout_id")
 """What a version's row is matched on."""
-_SCORES = pa.map_(pa.string(), pa.float64())
 OUTCOME_FIELDS = [
-    pa.field("ok", pa.bool_()),
-    pa.field("error_type", pa.string()),
-    pa.field("error_message", pa.string()),
-    pa.field("num_errors", pa.int32()),
-    pa.field("reward", pa.float64()),
-    pa.field("rewards", _SCORES),
-    pa.field("reward_weights", _SCORES),
-    pa.field("metrics", _SCORES),
+    *(TRACE_SCHEMA.field(name) for name in ("ok", "error_type", "error_message", "num_errors", "reward", "rewards",
+                                            "reward_weights", "metrics")),
     pa.field("rescored", pa.bool_()),
     pa.field("score_error", pa.string()),
 ]
