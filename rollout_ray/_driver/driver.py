@@ -217,6 +217,11 @@ class Driver(PolicyOwner):
         finally:
             await self.model.aclose()
 
+    async def live_status(self) -> dict[str, Any]:
+        """The run now, as ``rollout-ray ctl RUN status`` shows it: the rollouts in flight by
+        phase with their age and the stalled ones, progress, the model servers (``steering``)."""
+        return await self._steering.status()
+
     def stop(self, reason: str = "stopped") -> None:
         """Admit no more rollouts: those in flight finish and are stored, and the run ends
         ``halted`` with ``reason`` (a resume runs the rest)."""

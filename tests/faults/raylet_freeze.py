@@ -75,11 +75,11 @@ def node_with(resource: str) -> str:
     return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and resource in n["Resources"])
 
 
-def progress_line(driver: Driver, executor: RayExecutor) -> str:
-    p = driver.progress
-    stats = executor.statistics()
-    return (f"in flight {p.in_flight}, done {p.done}/{p.total}, retried {p.retried}; "
-            + ", ".join(f"{k} {v}" for k, v in stats.items()))
+def status_line(status: dict[str, Any]) -> str:
+    """What ``rollout-ray ctl RUN status`` showed (``Driver.live_status``), in a table cell."""
+    phases = ", ".join(f"{n} {phase}" for phase, n in status["phases"].items() if n) or "nothing in flight"
+    p = status["progress"]
+    return f"ctl status: {phases}; stalled {status['stalled']}; done {p['done']}/{p['total']}, retried {p['retried']}"
 
 
 async def run(raylet: int, n_tasks: int, freeze: float) -> dict[str, Any]:
@@ -101,10 +101,12 @@ async def run(raylet: int, n_tasks: int, freeze: float) -> dict[str, Any]:
         frozen = time.monotonic()
         try:
             await asyncio.sleep(1.0)  # the hang holds: what does the run show?
-            facts["meanwhile"] = progress_line(driver, executor)
+            # asked meanwhile, answered when the actors' polls return (each bounded by 5 s)
+            status = asyncio.ensure_future(driver.live_status())
             while driver.progress.retried < len(on_b) and time.monotonic() - frozen < 5:
                 await asyncio.sleep(0.05)
             facts["detected"] = time.monotonic() - frozen if driver.progress.retried >= len(on_b) else None
+            facts["meanwhile"] = status_line(await asyncio.wait_for(status, 30))
             await gate.open.remote()
             result = await asyncio.wait_for(running, 90)
             facts["ended_frozen"] = time.monotonic() - frozen < freeze

@@ -7,9 +7,8 @@ row to the table printed at the end of the session: what hung, what the framewor
 seconds from the hang to that outcome, what the run showed meanwhile, rollouts lost (rows
 missing from the run) and what was left behind (connections, processes, threads, actors).
 
-"What the run showed meanwhile" is ``meanwhile(driver, executor)``: the run's progress and
-its executor's statistics, read once the hang holds and before it is detected. When the
-driver serves its status (``rollout-ray ctl RUN status``), that column reads it instead.
+"What the run showed meanwhile" is ``meanwhile(driver)``: what ``rollout-ray ctl RUN status``
+shows (``Driver.live_status``), read once the hang holds and before it is detected.
 """
 
 from __future__ import annotations
@@ -90,12 +89,18 @@ def hang_table(request: pytest.FixtureRequest) -> None:
         plugins.register(_Table(), "rollout-ray-hang-table")
 
 
-def meanwhile(driver: Driver, executor: Executor) -> str:
-    """What an operator sees of the run now: its progress and its executor's statistics."""
-    p = driver.progress
-    seen = f"in flight {p.in_flight}, done {p.done}/{p.total}, failed {p.failed}, retried {p.retried}"
-    stats = executor.statistics()
-    return seen + ("; " + ", ".join(f"{k} {v}" for k, v in stats.items()) if stats else "")
+async def meanwhile(driver: Driver) -> str:
+    """What ``rollout-ray ctl RUN status`` shows of the run now (``Driver.live_status``)."""
+    return status_line(await driver.live_status())
+
+
+def status_line(status: dict[str, Any]) -> str:
+    """A ``ctl status`` answer in a table cell: phases in flight, the oldest, stalled, done."""
+    phases = ", ".join(f"{n} {phase}" for phase, n in status["phases"].items() if n) or "nothing in flight"
+    oldest = status["rollouts"][0] if status["rollouts"] else None
+    age = f"; oldest {oldest['age']:.1f}s in {oldest['phase']}" if oldest else ""
+    p = status["progress"]
+    return f"ctl status: {phases}{age}; stalled {status['stalled']}; done {p['done']}/{p['total']}"
 
 
 def report(row: Row) -> None:
@@ -123,6 +128,9 @@ class Timed(Executor):
 
     def statistics(self) -> dict[str, Any]:
         return self.inner.statistics()
+
+    async def live(self) -> dict[str, Any]:
+        return await self.inner.live()
 
     @property
     def max_in_flight(self) -> int | None:
@@ -242,7 +250,7 @@ def test_a_model_server_that_hangs_fails_the_rollout_as_a_provider_error(mode: s
             running = asyncio.ensure_future(driver.arun())
             async with asyncio.timeout(10):
                 await server.arrived.wait()
-            seen = meanwhile(driver, timed)
+            seen = await meanwhile(driver)
             async with asyncio.timeout(30):
                 result = await running
             await model.aclose()
@@ -288,7 +296,7 @@ def test_a_tool_server_that_never_answers_fails_the_call_not_the_rollout(private
             running = asyncio.ensure_future(driver.arun())
             async with asyncio.timeout(10):
                 await tools_server.arrived.wait()
-            seen = meanwhile(driver, timed)
+            seen = await meanwhile(driver)
             async with asyncio.timeout(30):
                 result = await running
             await until(lambda: tools_server.open == 0, 5, "the tool's connection to close")
@@ -337,7 +345,7 @@ def test_a_program_that_ignores_sigterm_is_killed_with_its_tree(private_tmp: Pat
             running = asyncio.ensure_future(driver.arun())
             await until(pids_file.exists, 10, "the program to start")
             started = time.monotonic()
-            seen = meanwhile(driver, timed)
+            seen = await meanwhile(driver)
             async with asyncio.timeout(30):
                 result = await running
             return result, first_outcome(timed, started), seen, [int(p) for p in pids_file.read_text().split()]
@@ -363,12 +371,14 @@ def test_a_judge_that_never_returns_fails_its_groups_and_the_run_goes_on(private
     hung_at: list[float] = []
 
     async def main() -> tuple[list[Any], float, int]:
+        loop = asyncio.get_running_loop()
         async with LocalExecutor() as inner:
             timed = Timed(inner)
 
             def judge(group: pa.Table) -> dict[str, list[float]]:
                 hung_at.append(time.monotonic())
-                seen.append(meanwhile(driver, timed))  # the driver's loop waits on this call
+                # the judge runs off the driver's loop, which answers ctl status meanwhile
+                seen.append(asyncio.run_coroutine_threadsafe(meanwhile(driver), loop).result(10))
                 release.wait()  # "forever": until the test lets it go, after the run
                 return {}
 
@@ -439,7 +449,7 @@ def test_a_frozen_rollout_actor_is_killed_and_its_rollouts_retried(ray_cluster: 
             (pid,) = {int(m.read_text()) for m in markers}
             os.kill(pid, signal.SIGSTOP)  # hung, not dead: Ray alone would wait on it forever
             frozen = time.monotonic()
-            seen = meanwhile(driver, timed)
+            seen = await meanwhile(driver)
             async with asyncio.timeout(60):
                 result = await running
             pids = [pid, *[await a.actor.pid.remote() for a in inner._pool if a is not None]]
