@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,7 +28,21 @@ from rollout_ray.testing import ScriptedModel
 pytestmark = needs_image
 
 AGENT_SOURCE = (Path(__file__).resolve().parents[2] / "examples" / "agent_program.py").read_text()
-IMAGE_PYTHON = "import sys; print(sys.prefix, sys.version.split()[0])"
+IMAGE_PYTHON = ("import os, sys; st = os.stat(os.path.realpath(sys.executable)); "
+                "print(sys.prefix, sys.version.split()[0], st.st_dev, st.st_ino)")
+"""What a sandbox's ``python3`` is: its prefix, version, and the file it runs (device, inode)."""
+
+
+def on_the_images_python(line: str | bytes) -> bool:
+    """Whether ``IMAGE_PYTHON``'s line came from a Python under /usr that is not the host's
+    file: the host's Debian Python may be the very version the image has (a venv made with
+    /usr/bin/python3), so only the file tells them apart (a bind mount keeps device and inode)."""
+    prefix, _, dev, ino = (line.decode() if isinstance(line, bytes) else line).split()
+    host = shutil.which("python3", path="/usr/bin:/bin")
+    if host is None:
+        return prefix == "/usr"
+    st = os.stat(os.path.realpath(host))
+    return prefix == "/usr" and (int(dev), int(ino)) != (st.st_dev, st.st_ino)
 
 
 def run(main: Any) -> Any:
@@ -132,15 +147,15 @@ def test_an_agent_program_runs_on_the_images_python(tmp_path: Path) -> None:
 
     trace, version = run(main)
     assert trace.errors == [] and (trace.ok, trace.rewards) == (True, {"correct": Reward(1.0)})
-    assert version.split()[0] == "/usr" and version.split()[1] != sys.version.split()[0]  # Debian's, not ours
+    assert on_the_images_python(version)  # the image's Python, not the host's
     assert os.listdir(tmp_path) == []
 
 
 class Checked(Task):
-    """Records whether the program ran on the image's Python (it wrote its prefix to /tmp/v)."""
+    """Records whether the program ran on the image's Python (it wrote IMAGE_PYTHON's line to /tmp/v)."""
 
     async def finalize(self, trace: Trace, runtime: Any) -> None:
-        trace.metrics["prefix_is_usr"] = float((await runtime.read("/tmp/v")).split()[0] == b"/usr")
+        trace.metrics["on_image_python"] = float(on_the_images_python(await runtime.read("/tmp/v")))
 
 
 VERSION_AGENT = """
@@ -177,7 +192,7 @@ def test_a_tasks_image_reaches_the_sandbox_through_the_local_executor(kind: str,
         assert trace.errors[0].message.endswith(f"image {python_image()!r} needs a SandboxRuntime, and this runtime "
                                                 f"is local (use runtime='sandbox' on a machine that runs sandboxes)")
         return
-    assert trace.errors == [] and trace.metrics["prefix_is_usr"] == 1.0
+    assert trace.errors == [] and trace.metrics["on_image_python"] == 1.0
 
 
 @pytest.mark.ray
@@ -199,6 +214,6 @@ def test_a_tasks_image_reaches_the_sandbox_of_a_ray_rollout_actor(ray_cluster: A
             await actor.aclose()
 
     trace = asyncio.run(main())
-    assert trace.errors == [] and trace.metrics["prefix_is_usr"] == 1.0
+    assert trace.errors == [] and trace.metrics["on_image_python"] == 1.0
     assert trace.agent.runtime is not None and trace.agent.runtime.type == "sandbox"
 
