@@ -208,10 +208,7 @@ class GroupFinalizer:
                 await self._gathered()
             batch = self._take() if self.keep is None else await self._asked_for()
             self._room.set()
-            if self.judge is None:
-                groups, tables, reasons = self._finalize(batch)
-            else:  # a judge may take its time (up to judge_timeout): the loop goes on meanwhile
-                groups, tables, reasons = await asyncio.get_running_loop().run_in_executor(None, self._finalize, batch)
+            groups, tables, reasons = self._finalize(batch)
             for samples, summaries in tables:  # stored (or buffered to be) before handed on
                 await self._keep(samples, summaries)
             for group in groups:
