@@ -193,7 +193,7 @@ def test_rollout_actor_killed_mid_segment(ray_cluster: Any, report: Any, how: st
                 driver = Driver(tasks(4), Parked(gate), ScriptedModel(default="4"), executor=watched,  # type: ignore[arg-type]
                                 config=EvalConfig(samples_per_task=1, max_infra_retries=retries))
                 running = asyncio.ensure_future(driver.arun())
-                arrived = await first(gate.until.remote(4), running, timeout=30)
+                arrived = await first(gate.until.remote(4), running, timeout=120)
                 victim_pid = arrived[0][0]
                 pids = [await a.actor.pid.remote() for a in executor._pool]  # type: ignore[union-attr]
                 victim = executor._pool[pids.index(victim_pid)]
