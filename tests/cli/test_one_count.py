@@ -5,13 +5,11 @@ time figures say what they count. Real CLI processes."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
 import subprocess
 import sys
 import threading
-import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -22,6 +20,8 @@ from rollout_ray import read_groups, read_run
 ROOT = pathlib.Path(__file__).parents[2]
 TASKSETS = ROOT / "tests" / "cli" / "tasksets"
 ARITH = ROOT / "examples" / "arith.py"
+from view_api import view_api
+
 CLI = [sys.executable, "-m", "rollout_ray"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # each test runs two to four CLI processes
@@ -29,25 +29,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # each test runs two 
 
 def _run(*argv: str | pathlib.Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *map(str, argv)], capture_output=True, text=True, timeout=120)
-
-
-def _view_api(run_dir: pathlib.Path, *paths: str) -> list[dict]:
-    """GET each path from a real `rollout-ray view RUN_DIR` process."""
-    proc = subprocess.Popen([*CLI, "view", str(run_dir), "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("viewing 1 run(s) at http://127.0.0.1:"), line
-        url = line.split(" at ", 1)[1].split()[0]
-        out = []
-        for path in paths:
-            with urllib.request.urlopen(url + path, timeout=30) as response:
-                out.append(json.load(response))
-        return out
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +51,7 @@ def test_identical_tasks_are_six_rows_in_three_groups_in_every_reader(
     assert "rollouts 6  ok 6  failed 0  groups 3" in stdout.splitlines()
     assert report.splitlines()[0] == "rollouts 6  ok 6  failed 0  groups 3"
 
-    runs, run, page = _view_api(out, "api/runs", "api/run?run=run", "api/rollouts?run=run&limit=100")
+    runs, run, page = view_api(out, "api/runs", "api/run?run=run", "api/rollouts?run=run&limit=100")
     assert runs["runs"][0]["rollouts"] == 6
     assert (run["rollouts"], run["groups"]) == (6, 3)
     assert page["total"] == 6 and len({(r["group_id"], r["sample_idx"]) for r in page["rows"]}) == 6

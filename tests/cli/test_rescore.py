@@ -4,16 +4,14 @@ processes — a deliberately wrong reward fixed after the run, and every reader 
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from view_api import view_api
 
 from rollout_ray._record.arrow import table_to_traces
 from rollout_ray._record.store import read_groups, read_run
@@ -67,25 +65,6 @@ def _run(*argv: str | Path, timeout: float = 120) -> subprocess.CompletedProcess
     return subprocess.run([*CLI, *map(str, argv)], capture_output=True, text=True, timeout=timeout)
 
 
-def _view_api(run_dir: Path, *paths: str) -> list[Any]:
-    """GET each path from a real ``rollout-ray view RUN_DIR`` process."""
-    proc = subprocess.Popen([*CLI, "view", str(run_dir), "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("viewing 1 run(s) at http://127.0.0.1:"), line
-        url = line.split(" at ", 1)[1].split()[0]
-        out = []
-        for path in paths:
-            with urllib.request.urlopen(url + path, timeout=30) as response:
-                out.append(json.load(response))
-        return out
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def rescored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A run made with a wrong reward (eval, local executor), then rescored with the right one."""
@@ -129,11 +108,11 @@ def test_report_shows_the_new_scores(rescored: dict[str, Any]) -> None:
 
 def test_the_viewer_shows_the_new_scores(rescored: dict[str, Any]) -> None:
     out = rescored["out"]
-    run, page = _view_api(out, "api/run?run=run", "api/rollouts?run=run&limit=100")
+    run, page = view_api(out, "api/run?run=run", "api/rollouts?run=run&limit=100")
     assert run["mean_reward"] == 1.0
     assert [r["reward"] for r in page["rows"]] == [1.0] * 6
     rid = page["rows"][0]["rollout_id"]
-    one, group = _view_api(out, f"api/rollout?run=run&id={rid}", f"api/siblings?run=run&id={rid}")
+    one, group = view_api(out, f"api/rollout?run=run&id={rid}", f"api/siblings?run=run&id={rid}")
     assert (one["ok"], one["reward"], one["rewards"]) == (True, 1.0, [{"name": "correct", "score": 1.0, "weight": 1.0}])
     assert group["mean_reward"] == 1.0 and [r["reward"] for r in group["rows"]] == [1.0, 1.0]
 
