@@ -8,6 +8,7 @@ Under the cache's root (``ROLLOUT_RAY_IMAGE_CACHE``, default ``~/.cache/rollout-
     v1/build/<hex>-<random>/    an unpacking in progress, renamed to images/<hex> when complete
     v1/trash/                   evicted entries on their way out
     v1/snapshots/               setup snapshots over these images (``snapshot.py``)
+    v1/kit/<hex>/               the host Python's files image sandboxes relay routes with (``kit.py``)
 
 * Once per node: the first process needing an image takes its lock, unpacks into a build
   directory and renames it into place; a process needing it meanwhile waits for the lock (up
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 from .._errors import SandboxError
 from .files import own_dir, remove_tree
 from .image import Image, ImageConfig, locate
+from .kit import kit_dir
 from .snapshot import SnapshotStore
 from .unpack import Unpacker, usage
 
@@ -154,6 +156,10 @@ class ImageCache:
                 os.mkdir(own, 0o700)
             own_dir(own, "image cache directory")
         return path
+
+    def kit(self) -> str:
+        """The host Python's files an image sandbox relays its routes with (``kit.py``)."""
+        return kit_dir(self._dir("kit"))
 
     # -- leases ------------------------------------------------------------------------------
 
