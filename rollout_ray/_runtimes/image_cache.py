@@ -49,6 +49,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .._errors import SandboxError
+from .cache_locks import held, lock, still_at
 from .files import own_dir, remove_tree
 from .image import Image, ImageConfig, locate
 from .kit import kit_dir
@@ -60,7 +61,6 @@ DEFAULT_MAX_INODES = 4_000_000
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 UNPACK_TIMEOUT = 3600.0
 """Seconds a process waits for another one unpacking the same image."""
-POLL = 0.02
 FORMAT = "v1"
 """Bumped when what an unpacked tree holds changes: older trees are then never used."""
 
@@ -98,18 +98,6 @@ class ImageLease:
         if self._fd is not None:
             os.close(self._fd)  # drops the shared lock
             self._fd = None
-
-
-def _lock(fd: int, mode: int, deadline: float, what: str) -> None:
-    """``flock(fd, mode)``, polling until ``deadline``. Raises ``SandboxError`` past it."""
-    while True:
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise SandboxError(f"{what}: still locked by another process after {UNPACK_TIMEOUT:g}s") from None
-            time.sleep(POLL)  # another process holds it: nothing in this one can signal us
 
 
 class ImageCache:
@@ -210,8 +198,8 @@ class ImageCache:
         if fd is None:
             return None
         try:
-            _lock(fd, fcntl.LOCK_SH, deadline, f"image {hex_key[:12]}")
-            if not _still_at(fd, meta):  # evicted between our open and our lock
+            lock(fd, fcntl.LOCK_SH, deadline, f"image {hex_key[:12]}", UNPACK_TIMEOUT)
+            if not still_at(fd, meta):  # evicted between our open and our lock
                 os.close(fd)
                 return None
             info = json.loads(os.pread(fd, 1 << 20, 0))
@@ -230,7 +218,7 @@ class ImageCache:
     def _build_lock(self, hex_key: str, deadline: float, spec: str) -> Iterator[None]:
         fd = os.open(os.path.join(self._dir("locks"), f"{hex_key}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            _lock(fd, fcntl.LOCK_EX, deadline, f"unpacking image {spec!r}")
+            lock(fd, fcntl.LOCK_EX, deadline, f"unpacking image {spec!r}", UNPACK_TIMEOUT)
             yield
         finally:
             os.close(fd)
@@ -358,8 +346,8 @@ class ImageCache:
             remove_tree(os.path.join(trash, name))
         builds, locks = self._dir("build"), self._dir("locks")
         for name in os.listdir(builds):
-            lock = os.path.join(locks, name.split("-")[0] + ".lock")
-            with contextlib.suppress(OSError), _held(lock) as free:
+            lock_file = os.path.join(locks, name.split("-")[0] + ".lock")
+            with contextlib.suppress(OSError), held(lock_file) as free:
                 if free:  # nobody is unpacking it: a dead process's
                     remove_tree(os.path.join(builds, name))
 
@@ -375,31 +363,8 @@ class ImageCache:
             fd = self._open_meta(hex_key, planted="ignore")
             if fd is None:
                 return False
-            with _held(fd) as free:
+            with held(fd) as free:
                 return free
-        return False
-
-
-@contextlib.contextmanager
-def _held(path: str | int) -> Iterator[bool]:
-    """Whether ``path`` (or an open descriptor, then closed) could be locked exclusively at
-    once (held for the block if so)."""
-    fd = path if isinstance(path, int) else os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-        else:
-            yield True
-    finally:
-        os.close(fd)
-
-
-def _still_at(fd: int, path: str) -> bool:
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
-    except FileNotFoundError:
         return False
 
 

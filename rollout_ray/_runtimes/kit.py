@@ -72,13 +72,15 @@ def host_kit() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
         SandboxError: the probe failed, or shows no dynamic loader.
     """
     exe = interpreter()
+    why = f"no answer within {PROBE_TIMEOUT:g}s"
     try:
         done = subprocess.run([exe, "-I", "-S", "-c", _PROBE, FORWARDER], capture_output=True, text=True,
                               timeout=PROBE_TIMEOUT, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        why = done.stderr.strip()[-300:]
         found = json.loads(done.stdout)
     except (subprocess.TimeoutExpired, OSError, ValueError):
         raise SandboxError(f"image sandboxes run the route relay on this host's Python ({exe}), which could not "
-                           f"load it: {done.stderr.strip()[-300:] if 'done' in locals() else 'no answer'}") from None
+                           f"load it: {why}") from None
     prefix = _prefix(exe)
     wanted = {exe}
     wanted.update(os.path.realpath(m) for m in found["modules"] if os.path.isfile(m))
@@ -107,13 +109,11 @@ def kit_dir(root: str) -> str:
     Python (named by what it holds); its ``tree`` is what the sandbox mounts, its ``empty``
     the overlay's second layer (a read-only overlay needs two)."""
     files, _ = host_kit()
-    about = [KIT_FORMAT, *((path, inside, *_version(path)) for path, inside in files)]
-    name = hashlib.sha256(json.dumps(about).encode()).hexdigest()[:32]
-    final = os.path.join(root, name)
+    final = os.path.join(root, _kit_name())
     if os.path.isdir(os.path.join(final, "tree")):
         own_dir(final, "image sandbox kit")
         return final
-    work = tempfile.mkdtemp(prefix=f"{name}-", dir=root)
+    work = tempfile.mkdtemp(prefix=f"{_kit_name()}-", dir=root)
     try:
         os.mkdir(os.path.join(work, "empty"), 0o755)
         for path, inside in files:
@@ -133,6 +133,14 @@ def kit_dir(root: str) -> str:
         raise
     own_dir(final, "image sandbox kit")
     return final
+
+
+@functools.cache
+def _kit_name() -> str:
+    """What the kit holds, as a name: the host's files, at their versions (an upgraded Python
+    gets a new kit). Once per process: a sandbox start stats nothing."""
+    about = [KIT_FORMAT, *((path, inside, *_version(path)) for path, inside in host_kit()[0])]
+    return hashlib.sha256(json.dumps(about).encode()).hexdigest()[:32]
 
 
 def _version(path: str) -> tuple[int, int]:
