@@ -11,8 +11,9 @@ So, once per node and host Python (``kit_dir``), those files are linked (or copi
 filesystems) into a directory of the image cache, laid out as the installation is (Python
 finds its standard library from its executable's place): ``python/...`` for files of the
 installation, ``lib/`` for the C libraries outside it. Which files: what a probe run of the
-interpreter (``-I -S``, as the relay runs) loaded after importing the relay, plus every
-codec (the locale picks one at startup). Each sandbox mounts the directory read-only as an
+interpreter (``-I -S``, as the relay runs) loaded after importing the relay, with their
+bytecode caches (the relay compiles nothing at each exec), plus every codec (the locale
+picks one at startup). Each sandbox mounts the directory read-only as an
 overlay named by descriptor (``/proc/self/fd/N``), so its mount table names no host path.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -36,7 +38,7 @@ RUN_DIR = "/.rollout-ray"
 """Where the runtime's ``net`` directory is inside (top level: it cannot be moved away)."""
 KIT = "host"
 """Subdirectory of ``RUN_DIR`` where the kit is, read-only."""
-KIT_FORMAT = 1
+KIT_FORMAT = 2
 """Bumped when what a kit directory holds changes."""
 PROBE_TIMEOUT = 60.0
 _LIBC_NAMES = ("ld-", "libc.", "libc-", "libm.", "libm-", "libpython", "libpthread", "libdl", "libutil", "librt")
@@ -45,7 +47,8 @@ import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("rollout_ray_forwarder", sys.argv[1])
 spec.loader.exec_module(importlib.util.module_from_spec(spec))
 import encodings
-modules = [getattr(m, "__file__", None) for m in list(sys.modules.values())]
+loaded = list(sys.modules.values())
+modules = [getattr(m, a, None) for m in loaded for a in ("__file__", "__cached__")]
 with open("/proc/self/maps") as f:
     mapped = [line.split(maxsplit=5)[-1].strip() for line in f if line.count(" ") >= 5]
 print(json.dumps({"modules": [m for m in modules if m], "mapped": mapped, "encodings": encodings.__path__[0]}))
@@ -85,7 +88,11 @@ def host_kit() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     wanted = {exe}
     wanted.update(os.path.realpath(m) for m in found["modules"] if os.path.isfile(m))
     with os.scandir(found["encodings"]) as codecs:
-        wanted.update(os.path.realpath(e.path) for e in codecs if e.is_file() and e.name.endswith(".py"))
+        for codec in (e.path for e in codecs if e.is_file() and e.name.endswith(".py")):
+            wanted.add(os.path.realpath(codec))
+            compiled = importlib.util.cache_from_source(codec)  # the relay compiles nothing
+            if os.path.isfile(compiled):
+                wanted.add(os.path.realpath(compiled))
     libraries = {os.path.realpath(p) for p in found["mapped"]
                  if p.startswith("/") and os.path.basename(p).startswith(_LIBC_NAMES) and os.path.isfile(p)}
     wanted.update(libraries)
