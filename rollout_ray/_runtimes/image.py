@@ -13,7 +13,7 @@ digest naming it in the cache) and a way to ``unpack`` it, layers in order, into
   named by the sha256 of the file (computed once per process and file version);
 * a name in the local store of ``podman`` or ``docker`` (anything that is no path and names
   no file): named by the engine's image ID, exported with ``save`` only when not cached (the
-  export must prove that ID: its config's or its manifest's digest).
+  export must prove that ID: its config's, its manifest's or its index's digest).
 
 Images of every file format are named by what determines their tree: the config's digest
 (the config lists each layer's uncompressed digest, checked as it is applied), or the whole
@@ -225,17 +225,20 @@ def _config_digest(manifest: dict[str, Any], spec: str) -> str:
     return str(digest)
 
 
-def _manifest(files: _Files, spec: str) -> tuple[str, dict[str, Any]]:
-    """(digest, manifest) of the image an OCI layout's ``index.json`` leads to."""
+def _manifest(files: _Files, spec: str) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """(digests, manifest) of the image an OCI layout's ``index.json`` leads to: the digests
+    of the indexes on the way and of the manifest (last)."""
     document = files.json("index.json", spec)
+    chain: list[str] = []
     for _ in range(4):  # an index may point at an index (one per platform)
         descriptor = _pick(document, spec)
         digest = descriptor.get("digest")
+        chain.append(str(digest))
         data = _read(files, _blob(digest, spec), spec)
         _check(data, digest, f"image {spec!r}: manifest {digest}")
         document = json.loads(data)
         if descriptor.get("mediaType") not in _INDEX_TYPES and "layers" in document:
-            return digest, document
+            return tuple(chain), document
     raise SandboxError(f"image {spec!r}: index.json leads to no image manifest")
 
 
@@ -249,10 +252,11 @@ def _read(files: _Files, name: str, spec: str) -> bytes:
 class _LayoutImage(Image):
     format = "oci"
 
-    def __init__(self, spec: str, path: str, key: str, manifest_key: str) -> None:
+    def __init__(self, spec: str, path: str, key: str, manifest_keys: tuple[str, ...]) -> None:
         super().__init__(spec, key)
         self.path = path
-        self.manifest_key = manifest_key
+        self.manifest_keys = manifest_keys
+        """The digests of its manifest and of the indexes leading to it."""
 
     def unpack(self, unpacker: Unpacker, scratch: str) -> ImageConfig:
         with _files(self.spec, self.path) as files:
@@ -301,8 +305,8 @@ def _layout(spec: str, path: str) -> Image:
         raise SandboxError(f"image {spec!r} is a directory but no OCI image layout (no index.json); pack a "
                            f"root filesystem as a tarball instead (tar -C DIR -czf rootfs.tar.gz .)")
     with _files(spec, path) as files:
-        manifest_key, manifest = _manifest(files, spec)
-    return _LayoutImage(spec, path, _config_digest(manifest, spec), manifest_key)
+        manifest_keys, manifest = _manifest(files, spec)
+    return _LayoutImage(spec, path, _config_digest(manifest, spec), manifest_keys)
 
 
 # -- archives: an OCI layout in a tar, docker save, a rootfs tarball --------------------------
@@ -355,8 +359,8 @@ def _archive(spec: str, path: str, version: tuple[int, ...]) -> Image:
     """The image in archive ``path`` (cached per file ``version``: hashing a tarball is slow)."""
     with _files(spec, path) as files:
         if files.exists("index.json") and files.exists("oci-layout"):
-            manifest_key, manifest = _manifest(files, spec)
-            return _LayoutImage(spec, path, _config_digest(manifest, spec), manifest_key)
+            manifest_keys, manifest = _manifest(files, spec)
+            return _LayoutImage(spec, path, _config_digest(manifest, spec), manifest_keys)
         if files.exists("manifest.json"):
             config_name = _docker_entry(files, spec)["Config"]
             key = "sha256:" + hashlib.sha256(_read(files, config_name, spec)).hexdigest()
@@ -385,7 +389,7 @@ class _EngineImage(Image):
         finally:
             os.unlink(archive)
         # The engine's ID is its image's config digest (podman, docker's own store) or its
-        # manifest's (docker's containerd store): the export must prove one of them.
-        if self.key in (exported.proved, getattr(exported, "manifest_key", None)):
+        # index's or manifest's (docker's containerd store): the export must prove one of them.
+        if self.key == exported.proved or self.key in getattr(exported, "manifest_keys", ()):
             self.proved = self.key
         return config

@@ -18,7 +18,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from image_rig import member, oci_blobs, oci_layout, sha, tar_bytes
+from image_rig import docker_archive, member, oci_blobs, oci_layout, sha, tar_bytes
 
 from rollout_ray._errors import SandboxError
 from rollout_ray._runtimes.image import locate
@@ -144,3 +144,25 @@ def test_setup_snapshots_count_toward_the_cache_bound(tmp_path: Path) -> None:
     assert [e.removeprefix("sha256:") for e in [locate(two).key]] == \
         os.listdir(tmp_path / "cache" / "v1" / "images")  # one was evicted: the snapshot takes its room
     cache.snapshots.let_go()
+
+
+def test_an_engine_export_that_does_not_prove_its_id_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine (or whatever answers as one on PATH) naming image A's ID but exporting
+    another image files nothing under A's key."""
+    from test_image_cache import FAKE_ENGINE
+
+    trusted = rootfs(tmp_path, "trusted", member("marker", b"trusted"))
+    other = docker_archive([tar_bytes(None, [member("marker", b"other")])], tmp_path / "other.tar")
+    engines = tmp_path / "bin"
+    engines.mkdir()
+    (engines / "docker").write_text(FAKE_ENGINE.format(archive=other, image_id=locate(trusted).key,
+                                                       log=tmp_path / "log"))
+    (engines / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{engines}:/usr/bin:/bin")
+    cache = ImageCache(str(tmp_path / "cache"))
+    with pytest.raises(SandboxError, match=r"^image 'app:1' is named sha256:\w+ but its content proves None; "
+                                           r"refusing it"):
+        cache.lease("app:1")
+    lease = cache.lease(trusted)
+    assert (Path(lease.rootfs) / "marker").read_bytes() == b"trusted"
+    lease.release()
