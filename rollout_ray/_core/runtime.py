@@ -130,7 +130,9 @@ class Runtime(ABC):
     async def add_grader_files(self, files: Mapping[str, bytes | str]) -> str:
         """Put the grader's files (``Task.grader_files``: relative name -> content) in the box
         once the agent is gone: every process of the box is killed first, and nothing the
-        agent wrote can replace them. Returns the directory holding them, as programs see it.
+        agent wrote can replace them. Returns the directory holding them, as programs see it;
+        every exec from then on is the grader's and starts there, ``HOME`` there, with neither
+        the current directory nor the user's site-packages on Python's module path.
 
         Raises:
             SandboxError: this kind cannot keep them from the agent.

@@ -178,7 +178,7 @@ class Task:
         """Files the grader needs and the agent must never see (tests, a reference solution):
         relative name -> content. They enter the runtime after the agent is gone, before
         ``finalize`` (``Runtime.add_grader_files``), in ``runtime.grader_dir`` (a sandbox's
-        ``/.grader``, read-only). None by default."""
+        ``/.grader``, read-only), where the grader's execs start. None by default."""
         return {}
 
     async def setup(self, trace: Trace, runtime: Any) -> None:

@@ -119,8 +119,25 @@ def replace_beneath(base: str, parts: list[str], data: bytes, what: str) -> None
     write_beneath(base, parts, data, what)
 
 
+def own_dir(path: str, what: str) -> None:
+    """Check that ``path`` is a directory of this user's, no link, that no one else may write to.
+
+    Raises:
+        SandboxError: it is not (naming it, and saying to remove it).
+    """
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise SandboxError(f"{what} {path!r} is a symbolic link or not a directory of this user's; remove it "
+                           f"(nothing is followed or removed through it)")
+
+
 def remove_tree(path: str) -> None:
-    """``rmtree`` that also removes read-only directories (Go's module cache makes them)."""
+    """``rmtree`` that also removes read-only directories (Go's module cache makes them); a
+    link at ``path`` is removed itself, never followed."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            os.unlink(path)
+            return
     for parent, dirs, _ in os.walk(path):
         for d in dirs:
             p = os.path.join(parent, d)

@@ -10,8 +10,19 @@ agent's turn is over, the runtime kills every process it has left, then writes t
 the host side into its ``grader`` directory (``write_grader_files``): the next exec, a fresh
 one, sees them; nothing the agent wrote is among them or can replace them.
 
-What the grader runs them with is the box's: a program the agent replaced in a writable image
-stays replaced. A grader that must not trust the box's tools ships its checker among its files.
+Once they are in, every exec is the grader's, and starts where the agent left nothing
+(``grading_env``): in the grader's directory, with ``HOME`` there, Python told to put neither
+the current directory nor the user's site-packages on its module path (``PYTHONSAFEPATH``,
+``PYTHONNOUSERSITE``). So ``python3 -m pytest /.grader/tests`` imports no ``pytest.py``,
+``sitecustomize.py`` or ``.pth`` file the agent left in its work directory or ``~/.local``,
+and tools find no dotfile of the agent's (``~/.gitconfig``). The work directory is the
+agent's output: data to check, read by absolute path, not code to import.
+
+What the grader runs them with is otherwise the box's: over the host's system, its programs
+and the virtual environment are read-only, the agent changed none; over a writable image, a
+program or library the agent could write (a file of the image its user owns, a world-writable
+directory) stays as the agent left it. A grader that must not trust the box's tools ships its
+checker among its files.
 """
 
 from __future__ import annotations
@@ -20,6 +31,12 @@ import os
 from collections.abc import Mapping
 
 from .files import components, make_dir_beneath, remove_tree, write_beneath
+
+
+def grading_env(directory: str) -> dict[str, str]:
+    """The environment of the grader's execs, whose files are in ``directory`` (as programs
+    see it): nothing the agent wrote on Python's module path, no dotfile of its own."""
+    return {"HOME": directory, "PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1"}
 
 
 def grader_parts(name: str) -> list[str]:

@@ -5,14 +5,21 @@ digest naming it in the cache) and a way to ``unpack`` it, layers in order, into
 
 * an OCI image layout (``oci-layout``, ``index.json``, ``blobs/sha256/...``), as a directory
   or a tar of one — what ``docker save`` writes since Docker 25 (with a ``manifest.json``
-  beside it); named by its manifest's digest. An index of several platforms gives this
+  beside it); named by its config's digest (the image ID). An index of several platforms gives this
   machine's (``linux/amd64``, ...);
 * a ``docker save`` / ``podman save`` archive (``manifest.json``, a config, a ``layer.tar``
   per layer); named by its config's digest (the image ID);
 * a plain rootfs tarball (``.tar``, ``.tar.gz``, ``.tar.xz``, ...): one layer, no whiteouts;
   named by the sha256 of the file (computed once per process and file version);
 * a name in the local store of ``podman`` or ``docker`` (anything that is no path and names
-  no file): named by the engine's image ID, exported with ``save`` only when not cached.
+  no file): named by the engine's image ID, exported with ``save`` only when not cached (the
+  export must prove that ID: its config's, its manifest's or its index's digest).
+
+Images of every file format are named by what determines their tree: the config's digest
+(the config lists each layer's uncompressed digest, checked as it is applied), or the whole
+file's for a rootfs tarball. ``unpack`` sets ``proved`` to the digest its content showed; the
+cache files a tree under ``key`` only when the two agree, so no archive can put its tree
+under another image's name (a config must be an image config: ``rootfs.diff_ids``).
 
 Every digest is checked as it is read: the manifest and config against their descriptors,
 each layer as stored against the manifest and, uncompressed, against the config's
@@ -70,6 +77,8 @@ class Image(ABC):
     def __init__(self, spec: str, key: str) -> None:
         self.spec = spec
         self.key = key
+        self.proved: str | None = None
+        """The digest the content read by the last ``unpack`` proved (``None`` before)."""
 
     @abstractmethod
     def unpack(self, unpacker: Unpacker, scratch: str) -> ImageConfig:
@@ -210,17 +219,26 @@ def _pick(index: dict[str, Any], spec: str) -> dict[str, Any]:
                        f"linux/{_arch()}; save only the one you mean")
 
 
-def _manifest(files: _Files, spec: str) -> tuple[str, dict[str, Any]]:
-    """(digest, manifest) of the image an OCI layout's ``index.json`` leads to."""
+def _config_digest(manifest: dict[str, Any], spec: str) -> str:
+    digest = (manifest.get("config") or {}).get("digest")
+    _blob(digest, spec)  # refuses anything but a sha256 digest
+    return str(digest)
+
+
+def _manifest(files: _Files, spec: str) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """(digests, manifest) of the image an OCI layout's ``index.json`` leads to: the digests
+    of the indexes on the way and of the manifest (last)."""
     document = files.json("index.json", spec)
+    chain: list[str] = []
     for _ in range(4):  # an index may point at an index (one per platform)
         descriptor = _pick(document, spec)
         digest = descriptor.get("digest")
+        chain.append(str(digest))
         data = _read(files, _blob(digest, spec), spec)
         _check(data, digest, f"image {spec!r}: manifest {digest}")
         document = json.loads(data)
         if descriptor.get("mediaType") not in _INDEX_TYPES and "layers" in document:
-            return digest, document
+            return tuple(chain), document
     raise SandboxError(f"image {spec!r}: index.json leads to no image manifest")
 
 
@@ -234,20 +252,39 @@ def _read(files: _Files, name: str, spec: str) -> bytes:
 class _LayoutImage(Image):
     format = "oci"
 
-    def __init__(self, spec: str, path: str, key: str) -> None:
+    def __init__(self, spec: str, path: str, key: str, manifest_keys: tuple[str, ...]) -> None:
         super().__init__(spec, key)
         self.path = path
+        self.manifest_keys = manifest_keys
+        """The digests of its manifest and of the indexes leading to it."""
 
     def unpack(self, unpacker: Unpacker, scratch: str) -> ImageConfig:
         with _files(self.spec, self.path) as files:
             _, manifest = _manifest(files, self.spec)
-            config_digest = (manifest.get("config") or {}).get("digest")
+            config_digest = _config_digest(manifest, self.spec)
             data = _read(files, _blob(config_digest, self.spec), self.spec)
             _check(data, config_digest, f"image {self.spec!r}: config")
-            config = json.loads(data)
+            config = _image_config(data, self.spec)
             layers = [d.get("digest") for d in manifest.get("layers") or ()]
             _apply_all(files, [_blob(d, self.spec) for d in layers], layers, config, unpacker, self.spec)
+        self.proved = config_digest
         return ImageConfig.parse(config)
+
+
+def _image_config(data: bytes, spec: str) -> dict[str, Any]:
+    """An image config (its ``rootfs.diff_ids`` a list): anything else (a manifest passed off
+    as a config, say) is refused."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    try:
+        config = json.loads(data)
+    except ValueError:
+        config = None
+    rootfs = config.get("rootfs") if isinstance(config, dict) else None
+    if not isinstance(rootfs, dict) or not isinstance(rootfs.get("diff_ids"), list):
+        raise SandboxError(f"image {spec!r}: its config {digest} is no image config (no rootfs.diff_ids); "
+                           f"refusing it")
+    assert isinstance(config, dict)
+    return config
 
 
 def _apply_all(files: _Files, names: list[str], digests: list[str | None], config: dict[str, Any],
@@ -268,8 +305,8 @@ def _layout(spec: str, path: str) -> Image:
         raise SandboxError(f"image {spec!r} is a directory but no OCI image layout (no index.json); pack a "
                            f"root filesystem as a tarball instead (tar -C DIR -czf rootfs.tar.gz .)")
     with _files(spec, path) as files:
-        key, _ = _manifest(files, spec)
-    return _LayoutImage(spec, path, key)
+        manifest_keys, manifest = _manifest(files, spec)
+    return _LayoutImage(spec, path, _config_digest(manifest, spec), manifest_keys)
 
 
 # -- archives: an OCI layout in a tar, docker save, a rootfs tarball --------------------------
@@ -285,9 +322,11 @@ class _DockerArchive(Image):
     def unpack(self, unpacker: Unpacker, scratch: str) -> ImageConfig:
         with _files(self.spec, self.path) as files:
             entry = _docker_entry(files, self.spec)
-            config = json.loads(_read(files, entry["Config"], self.spec))
+            data = _read(files, entry["Config"], self.spec)
+            config = _image_config(data, self.spec)
             names = [str(n) for n in entry.get("Layers") or ()]
             _apply_all(files, names, [None] * len(names), config, unpacker, self.spec)
+        self.proved = "sha256:" + hashlib.sha256(data).hexdigest()
         return ImageConfig.parse(config)
 
 
@@ -311,6 +350,7 @@ class _RootfsTarball(Image):
     def unpack(self, unpacker: Unpacker, scratch: str) -> ImageConfig:
         with open(self.path, "rb") as f:
             apply_layer(f, unpacker, layered=False, what=f"image {self.spec!r}", digest=self.key)
+        self.proved = self.key  # apply_layer checked the whole file against it
         return ImageConfig()
 
 
@@ -319,8 +359,8 @@ def _archive(spec: str, path: str, version: tuple[int, ...]) -> Image:
     """The image in archive ``path`` (cached per file ``version``: hashing a tarball is slow)."""
     with _files(spec, path) as files:
         if files.exists("index.json") and files.exists("oci-layout"):
-            key, _ = _manifest(files, spec)
-            return _LayoutImage(spec, path, key)
+            manifest_keys, manifest = _manifest(files, spec)
+            return _LayoutImage(spec, path, _config_digest(manifest, spec), manifest_keys)
         if files.exists("manifest.json"):
             config_name = _docker_entry(files, spec)["Config"]
             key = "sha256:" + hashlib.sha256(_read(files, config_name, spec)).hexdigest()
@@ -344,7 +384,12 @@ class _EngineImage(Image):
         engine.export(self.engine, self.spec, archive)
         try:
             st = os.stat(archive)
-            return _archive(self.spec, archive, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)).unpack(
-                unpacker, scratch)
+            exported = _archive(self.spec, archive, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+            config = exported.unpack(unpacker, scratch)
         finally:
             os.unlink(archive)
+        # The engine's ID is its image's config digest (podman, docker's own store) or its
+        # index's or manifest's (docker's containerd store): the export must prove one of them.
+        if self.key == exported.proved or self.key in getattr(exported, "manifest_keys", ()):
+            self.proved = self.key
+        return config

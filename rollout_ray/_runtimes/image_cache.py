@@ -8,6 +8,7 @@ Under the cache's root (``ROLLOUT_RAY_IMAGE_CACHE``, default ``~/.cache/rollout-
     v1/build/<hex>-<random>/    an unpacking in progress, renamed to images/<hex> when complete
     v1/trash/                   evicted entries on their way out
     v1/snapshots/               setup snapshots over these images (``snapshot.py``)
+    v1/kit/<hex>/               the host Python's files image sandboxes relay routes with (``kit.py``)
 
 * Once per node: the first process needing an image takes its lock, unpacks into a build
   directory and renames it into place; a process needing it meanwhile waits for the lock (up
@@ -19,17 +20,27 @@ Under the cache's root (``ROLLOUT_RAY_IMAGE_CACHE``, default ``~/.cache/rollout-
   entry away sees it gone and unpacks it again.
 * Bounded: after each unpack, the images least recently leased that no one holds are evicted
   until the cache holds at most ``max_bytes`` (``ROLLOUT_RAY_IMAGE_CACHE_BYTES``, default 10
-  GiB). Images in use are never evicted, so the cache can exceed its bound while they run.
+  GiB), counted as the disk counts them (a block per file, directory and link besides the
+  content), setup snapshots included, and at most ``max_inodes`` files and directories
+  (``ROLLOUT_RAY_IMAGE_CACHE_INODES``, default 4 million). Images in use are never evicted,
+  and snapshots are their owners' to let go, so the cache can exceed its bound while they run.
+* Its own directories are opened without following a link: a link planted as ``v1/trash``
+  or ``v1/locks`` refuses the cache (nothing is removed through it), and one planted as an
+  image's entry is removed and the image unpacked again (never used as that image).
+* An entry is filed under the digest it proved: the image's config, as read while unpacking,
+  must have the digest the image was named by (``Image.unpack`` checks it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import functools
 import json
 import os
+import stat
 import tempfile
 import time
 import uuid
@@ -38,15 +49,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .._errors import SandboxError
-from .files import remove_tree
+from .cache_locks import held, lock, still_at
+from .files import own_dir, remove_tree
 from .image import Image, ImageConfig, locate
+from .kit import kit_dir
 from .snapshot import SnapshotStore
-from .unpack import Unpacker, disk_usage
+from .unpack import Unpacker, usage
 
 DEFAULT_MAX_BYTES = 10 << 30
+DEFAULT_MAX_INODES = 4_000_000
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 UNPACK_TIMEOUT = 3600.0
 """Seconds a process waits for another one unpacking the same image."""
-POLL = 0.02
 FORMAT = "v1"
 """Bumped when what an unpacked tree holds changes: older trees are then never used."""
 
@@ -57,6 +71,9 @@ class CacheStatistics:
     bytes: int
     in_use: int
     max_bytes: int
+    snapshot_bytes: int = 0
+    """Bytes the node's setup snapshots take: counted toward ``max_bytes``, not in ``bytes``."""
+    inodes: int = 0
 
 
 class ImageLease:
@@ -83,18 +100,6 @@ class ImageLease:
             self._fd = None
 
 
-def _lock(fd: int, mode: int, deadline: float, what: str) -> None:
-    """``flock(fd, mode)``, polling until ``deadline``. Raises ``SandboxError`` past it."""
-    while True:
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise SandboxError(f"{what}: still locked by another process after {UNPACK_TIMEOUT:g}s") from None
-            time.sleep(POLL)  # another process holds it: nothing in this one can signal us
-
-
 class ImageCache:
     """Unpacked images under ``root``, at most ``max_bytes`` of them not in use.
 
@@ -103,30 +108,46 @@ class ImageCache:
             ``~/.cache/rollout-ray/images``); created 0700, and refused when someone else
             owns it or others may write to it.
         max_bytes: the bound (default: ``ROLLOUT_RAY_IMAGE_CACHE_BYTES``, else 10 GiB).
+        max_inodes: the bound in files and directories (default:
+            ``ROLLOUT_RAY_IMAGE_CACHE_INODES``, else 4 million).
     """
 
-    def __init__(self, root: str | None = None, max_bytes: int | None = None) -> None:
+    def __init__(self, root: str | None = None, max_bytes: int | None = None,
+                 max_inodes: int | None = None) -> None:
         self.root = os.path.abspath(root or os.environ.get("ROLLOUT_RAY_IMAGE_CACHE") or _default_root())
         if max_bytes is None:
             max_bytes = int(os.environ.get("ROLLOUT_RAY_IMAGE_CACHE_BYTES") or DEFAULT_MAX_BYTES)
         if max_bytes < 1:
             raise ValueError(f"`max_bytes` of the image cache must be >= 1, got {max_bytes}")
         self.max_bytes = max_bytes
+        if max_inodes is None:
+            max_inodes = int(os.environ.get("ROLLOUT_RAY_IMAGE_CACHE_INODES") or DEFAULT_MAX_INODES)
+        if max_inodes < 1:
+            raise ValueError(f"`max_inodes` of the image cache must be >= 1, got {max_inodes}")
+        self.max_inodes = max_inodes
         self.snapshots = SnapshotStore(os.path.join(self.root, FORMAT, "snapshots"))
         """The node's setup snapshots over these images (``snapshot.py``)."""
         self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
             weakref.WeakKeyDictionary())
 
     def _dir(self, name: str) -> str:
+        """The cache's directory ``name`` (made when missing), checked to be a directory of
+        this user's and no link: everything under it is then reached through real directories."""
         path = os.path.join(self.root, FORMAT, name)
-        if not os.path.isdir(path):
-            os.makedirs(self.root, mode=0o700, exist_ok=True)
-            st = os.lstat(self.root)
-            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                raise SandboxError(f"image cache {self.root!r} is not this user's own or others may write to it; "
-                                   f"set ROLLOUT_RAY_IMAGE_CACHE to a directory of yours")
-            os.makedirs(path, mode=0o700, exist_ok=True)
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        st = os.stat(self.root)  # the root is the user's choice: it may be a link
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise SandboxError(f"image cache {self.root!r} is not this user's own or others may write to it; "
+                               f"set ROLLOUT_RAY_IMAGE_CACHE to a directory of yours")
+        for own in (os.path.dirname(path), path):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(own, 0o700)
+            own_dir(own, "image cache directory")
         return path
+
+    def kit(self) -> str:
+        """The host Python's files an image sandbox relays its routes with (``kit.py``)."""
+        return kit_dir(self._dir("kit"))
 
     # -- leases ------------------------------------------------------------------------------
 
@@ -173,16 +194,18 @@ class ImageCache:
 
     def _try_lease(self, hex_key: str, deadline: float) -> ImageLease | None:
         meta = os.path.join(self._dir("images"), hex_key, "image.json")
-        try:
-            fd = os.open(meta, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        fd = self._open_meta(hex_key, planted="remove")
+        if fd is None:
             return None
         try:
-            _lock(fd, fcntl.LOCK_SH, deadline, f"image {hex_key[:12]}")
-            if not _still_at(fd, meta):  # evicted between our open and our lock
+            lock(fd, fcntl.LOCK_SH, deadline, f"image {hex_key[:12]}", UNPACK_TIMEOUT)
+            if not still_at(fd, meta):  # evicted between our open and our lock
                 os.close(fd)
                 return None
             info = json.loads(os.pread(fd, 1 << 20, 0))
+            if not stat.S_ISDIR(os.lstat(os.path.join(os.path.dirname(meta), "rootfs")).st_mode):
+                raise SandboxError(f"image cache entry {os.path.dirname(meta)!r} holds no rootfs directory; "
+                                   f"remove the entry")
             os.utime(fd)  # the last lease: what eviction orders by
         except BaseException:
             os.close(fd)
@@ -195,10 +218,43 @@ class ImageCache:
     def _build_lock(self, hex_key: str, deadline: float, spec: str) -> Iterator[None]:
         fd = os.open(os.path.join(self._dir("locks"), f"{hex_key}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            _lock(fd, fcntl.LOCK_EX, deadline, f"unpacking image {spec!r}")
+            lock(fd, fcntl.LOCK_EX, deadline, f"unpacking image {spec!r}", UNPACK_TIMEOUT)
             yield
         finally:
             os.close(fd)
+
+    def _open_meta(self, hex_key: str, planted: str) -> int | None:
+        """A descriptor of entry ``hex_key``'s ``image.json``, reached without following a link
+        (``None`` when there is none). An entry or ``image.json`` that is no real directory or
+        file is no entry the cache made: ``planted="remove"`` removes it (never following it),
+        else it is ignored."""
+        images = os.open(self._dir("images"), _DIR_FLAGS)
+        try:
+            try:
+                entry = os.open(hex_key, _DIR_FLAGS, dir_fd=images)
+            except FileNotFoundError:
+                return None
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                if planted == "remove":
+                    os.unlink(hex_key, dir_fd=images)  # a link or a file: unlink never follows it
+                return None
+            try:
+                return os.open("image.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                               dir_fd=entry)
+            except FileNotFoundError:
+                return None
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+                if planted == "remove":
+                    os.unlink("image.json", dir_fd=entry)
+                return None
+            finally:
+                os.close(entry)
+        finally:
+            os.close(images)
 
     def _build(self, image: Image, hex_key: str) -> None:
         """Unpack ``image`` into a build directory and rename it into place (its lock held)."""
@@ -212,10 +268,16 @@ class ImageCache:
             os.mkdir(rootfs, 0o755)
             os.mkdir(scratch, 0o700)
             started = time.monotonic()
-            config = image.unpack(Unpacker(rootfs, max_bytes=self.max_bytes, what=f"image {image.spec!r}"), scratch)
+            unpacker = Unpacker(rootfs, max_bytes=self.max_bytes, max_inodes=self.max_inodes,
+                                what=f"image {image.spec!r}")
+            config = image.unpack(unpacker, scratch)
+            if image.proved != image.key:
+                raise SandboxError(f"image {image.spec!r} is named {image.key} but its content proves "
+                                   f"{image.proved}; refusing it (it was changed, or claims another image's name)")
             remove_tree(scratch)
+            size, inodes = usage(build)
             info = {"key": image.key, "format": image.format, "source": image.spec, "env": list(config.env),
-                    "working_dir": config.working_dir, "bytes": disk_usage(build),
+                    "working_dir": config.working_dir, "bytes": size, "inodes": inodes,
                     "unpack_seconds": round(time.monotonic() - started, 3)}
             with open(os.path.join(build, "image.json"), "w") as f:
                 json.dump(info, f)
@@ -226,38 +288,45 @@ class ImageCache:
 
     # -- eviction ----------------------------------------------------------------------------
 
-    def _entries(self) -> list[tuple[float, str, int]]:
-        """(last lease, hex key, bytes) of every unpacked image."""
-        images = self._dir("images")
+    def _entries(self) -> list[tuple[float, str, int, int]]:
+        """(last lease, hex key, bytes, inodes) of every unpacked image."""
         found = []
-        for hex_key in os.listdir(images):
-            meta = os.path.join(images, hex_key, "image.json")
+        for hex_key in os.listdir(self._dir("images")):
             with contextlib.suppress(OSError, ValueError):
-                with open(meta) as f:
-                    size = int(json.load(f).get("bytes") or 0)
-                found.append((os.stat(meta).st_mtime, hex_key, size))
+                fd = self._open_meta(hex_key, planted="ignore")
+                if fd is None:
+                    continue
+                try:
+                    info = json.loads(os.pread(fd, 1 << 20, 0))
+                    found.append((os.fstat(fd).st_mtime, hex_key, int(info.get("bytes") or 0),
+                                  int(info.get("inodes") or 0)))
+                finally:
+                    os.close(fd)
         return found
 
     def evict(self, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
-        """Evict the least recently leased images no one holds (nor in ``keep``) until the cache
-        is within ``max_bytes``; clear what dead processes left. Returns the evicted keys."""
+        """Evict the least recently leased images no one holds (nor in ``keep``) until the cache,
+        its setup snapshots included, is within ``max_bytes`` and ``max_inodes``; clear what
+        dead processes left. Returns the evicted keys."""
         entries = sorted(self._entries())
-        total = sum(size for _, _, size in entries)
+        snapshot_bytes, snapshot_inodes = self.snapshots.usage()
+        total = snapshot_bytes + sum(e[2] for e in entries)
+        inodes = snapshot_inodes + sum(e[3] for e in entries)
         evicted = []
-        for _, hex_key, size in entries:
-            if total <= self.max_bytes:
+        for _, hex_key, size, count in entries:
+            if total <= self.max_bytes and inodes <= self.max_inodes:
                 break
             if hex_key not in keep and self._evict_unused(hex_key):
                 total -= size
+                inodes -= count
                 evicted.append("sha256:" + hex_key)
         self._clear_leftovers()
         return evicted
 
     def _evict_unused(self, hex_key: str) -> bool:
         entry = os.path.join(self._dir("images"), hex_key)
-        try:
-            fd = os.open(os.path.join(entry, "image.json"), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        fd = self._open_meta(hex_key, planted="ignore")
+        if fd is None:
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -277,41 +346,25 @@ class ImageCache:
             remove_tree(os.path.join(trash, name))
         builds, locks = self._dir("build"), self._dir("locks")
         for name in os.listdir(builds):
-            lock = os.path.join(locks, name.split("-")[0] + ".lock")
-            with contextlib.suppress(OSError), _held(lock) as free:
+            lock_file = os.path.join(locks, name.split("-")[0] + ".lock")
+            with contextlib.suppress(OSError), held(lock_file) as free:
                 if free:  # nobody is unpacking it: a dead process's
                     remove_tree(os.path.join(builds, name))
 
     def statistics(self) -> CacheStatistics:
         entries = self._entries()
-        in_use = sum(not self._unused(hex_key) for _, hex_key, _ in entries)
-        return CacheStatistics(len(entries), sum(size for _, _, size in entries), in_use, self.max_bytes)
+        in_use = sum(not self._unused(e[1]) for e in entries)
+        snapshot_bytes, snapshot_inodes = self.snapshots.usage()
+        return CacheStatistics(len(entries), sum(e[2] for e in entries), in_use, self.max_bytes, snapshot_bytes,
+                               snapshot_inodes + sum(e[3] for e in entries))
 
     def _unused(self, hex_key: str) -> bool:
-        with contextlib.suppress(OSError), _held(os.path.join(self._dir("images"), hex_key, "image.json")) as free:
-            return free
-        return False
-
-
-@contextlib.contextmanager
-def _held(path: str) -> Iterator[bool]:
-    """Whether ``path`` could be locked exclusively at once (held for the block if so)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-        else:
-            yield True
-    finally:
-        os.close(fd)
-
-
-def _still_at(fd: int, path: str) -> bool:
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
-    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            fd = self._open_meta(hex_key, planted="ignore")
+            if fd is None:
+                return False
+            with held(fd) as free:
+                return free
         return False
 
 

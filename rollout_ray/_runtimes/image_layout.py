@@ -36,28 +36,23 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import os
 import stat
-import sys
+from collections.abc import Iterator
 
 from .._errors import SandboxError
 from .files import components, read_beneath, remove_tree, replace_beneath
 from .guardian import unmount
 from .image import ImageConfig
-from .layout import GRADER_DIR, HOSTNAME, PATH, SANDBOX_UID, SANDBOX_USER, interpreter
+from .kit import KIT, RUN_DIR, host_kit  # noqa: F401  (host_kit: the sandbox's)
+from .layout import GRADER_DIR, HOSTNAME, PATH, SANDBOX_UID, SANDBOX_USER
 from .unpack import Unpacker
 
-RUN_DIR = "/.rollout-ray"
-"""Where the runtime's ``net`` directory is inside (top level: it cannot be moved away)."""
-KIT = "host"
-"""Subdirectory of ``RUN_DIR`` holding the host's Python and C library, read-only."""
 DEFAULT_WORKDIR = "/work"
 SUBDIRS = ("net", "upper", "overlay-work", "root", "grader")
 PINNED = ("proc", "dev", RUN_DIR.lstrip("/"), GRADER_DIR.lstrip("/"))
 """Top-level directories of the root that are mount points in every exec (none is writable)."""
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
-_LIBC_NAMES = ("ld-", "libc.", "libc-", "libm.", "libm-", "libpython", "libpthread", "libdl", "libutil", "librt")
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -74,53 +69,32 @@ def _bind(source: str, target: str, *, read_only: bool) -> None:
         _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
-def _within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
+def _fd_path(fd: int) -> str:
+    """A directory as a mount option names it: by this process's descriptor, so the sandbox's
+    mount table shows no host path (and no ',' or ':' of a path can break the options)."""
+    return f"/proc/self/fd/{fd}"
 
 
-@functools.cache
-def host_kit() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
-    """``(binds, argv)``: the host directories to show under ``RUN_DIR/host`` (host path, name
-    there), and the command prefix that runs the host's Python inside through its loader."""
-    exe = interpreter()
-    prefix = os.path.realpath(sys.base_prefix)
-    if not _within(exe, prefix):  # an interpreter outside its base installation brings its own tree
-        prefix = os.path.dirname(os.path.dirname(exe))
-    binds = [(prefix, "python")]
-    with open("/proc/self/maps") as f:
-        mapped = {line.split(maxsplit=5)[-1].strip() for line in f if line.count(" ") >= 5}
-    libraries = sorted(p for p in mapped if p.startswith("/") and os.path.basename(p).startswith(_LIBC_NAMES))
-
-    def inside(path: str) -> str:
-        for host, name in binds:
-            if _within(path, host):
-                return os.path.join(RUN_DIR, KIT, name, os.path.relpath(path, host))
-        binds.append((os.path.dirname(path), f"lib{len(binds)}"))
-        return inside(path)
-
-    loader = next((p for p in libraries if os.path.basename(p).startswith("ld-")), None)
-    if loader is None:
-        raise SandboxError("image sandboxes need the host's dynamic loader (ld-*.so), which this process does "
-                           "not show in /proc/self/maps")
-    library_path = ":".join(dict.fromkeys(os.path.dirname(inside(p)) for p in libraries))
-    return tuple(binds), (inside(loader), "--library-path", library_path, inside(exe))
-
-
-def mount_kit(base: str) -> list[str]:
-    """The host's Python and C library under ``net/host``, read-only (see the module
-    docstring). Returns the mount points made; none are left when it raises."""
-    kit = os.path.join(base, "net", KIT)
-    mounted: list[str] = []
+@contextlib.contextmanager
+def _opened(paths: list[str]) -> Iterator[list[str]]:
+    fds: list[int] = []
     try:
-        os.mkdir(kit, 0o755)
-        for host, name in host_kit()[0]:
-            os.mkdir(os.path.join(kit, name), 0o755)
-            _bind(host, os.path.join(kit, name), read_only=True)
-            mounted.append(os.path.join(kit, name))
-    except BaseException:
-        unmount_all(mounted)
-        raise
-    return mounted
+        for path in paths:
+            fds.append(os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        yield [_fd_path(fd) for fd in fds]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def mount_kit(base: str, kit: str) -> list[str]:
+    """The kit (``kit.py``: the host Python's files the relay runs with) under ``net/host``,
+    read-only. Returns the mount points made; none are left when it raises."""
+    point = os.path.join(base, "net", KIT)
+    os.mkdir(point, 0o755)
+    with _opened([os.path.join(kit, "tree"), os.path.join(kit, "empty")]) as (tree, empty):
+        _mount("overlay", point, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, f"lowerdir={tree}:{empty}")
+    return [point]
 
 
 def mount_root(base: str, lowers: list[str]) -> list[str]:
@@ -129,16 +103,13 @@ def mount_root(base: str, lowers: list[str]) -> list[str]:
 
     Returns the mount points made, to ``unmount_all`` at stop; none are left when it raises.
     """
-    for part in (*lowers, base):
-        if any(c in part for c in ",:\\"):
-            raise SandboxError(f"path {part!r} holds ',', ':' or '\\', which an overlay mount cannot take; "
-                               f"move the image cache (ROLLOUT_RAY_IMAGE_CACHE) or the runtime's root")
     root = os.path.join(base, "root")
     mounted: list[str] = []
     try:
-        options = (f"lowerdir={':'.join(lowers)},upperdir={os.path.join(base, 'upper')},"
-                   f"workdir={os.path.join(base, 'overlay-work')},index=off,metacopy=off")
-        _mount("overlay", root, "overlay", MS_NOSUID | MS_NODEV, options)
+        with _opened([*lowers, os.path.join(base, "upper"), os.path.join(base, "overlay-work")]) as named:
+            options = (f"lowerdir={':'.join(named[:-2])},upperdir={named[-2]},workdir={named[-1]},"
+                       f"index=off,metacopy=off")
+            _mount("overlay", root, "overlay", MS_NOSUID | MS_NODEV, options)
         mounted.append(root)
         # Before any program ran, the tree is its layers: only their own links can be there,
         # and these names are top-level, so no link is followed on the way to them.

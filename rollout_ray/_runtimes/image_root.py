@@ -44,7 +44,7 @@ class ImageRoot:
 
     def mount(self) -> str:
         """Mount the root over the image; returns the work directory as programs see it."""
-        self._kit = mount_kit(self.base)
+        self._kit = mount_kit(self.base, self._cache.kit())
         self._root = mount_root(self.base, [self.lease.rootfs])
         return prepare_root(self.rootfs, self.lease.config)
 

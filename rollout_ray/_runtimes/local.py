@@ -45,7 +45,7 @@ from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import SandboxError
 from .cgroup import JOIN_CGROUPS, JOIN_FAILED, KILL_BUDGET, Cgroups, Parent, tracking_controller
 from .files import components, read_beneath, remove_tree, write_beneath
-from .grader import write_grader_files
+from .grader import grading_env, write_grader_files
 from .guardian import pids_with_marker
 
 RUNTIME_MARKER = "ROLLOUT_RAY_RUNTIME"
@@ -145,6 +145,8 @@ class LocalRuntime(Runtime):
         self._cgroups: Cgroups | None = None
         self._live: dict[_Capture, asyncio.SubprocessTransport] = {}
         self._spawned = False
+        self._grader_dir: str | None = None
+        """Where the grader's files are, once they are in: its execs start there (``grader.py``)."""
 
     @property
     def id(self) -> str:
@@ -225,6 +227,7 @@ class LocalRuntime(Runtime):
         directory = os.path.join(workdir, ".grader")
         await asyncio.to_thread(_fresh_dir, directory)
         await asyncio.to_thread(write_grader_files, directory, files, f"grader files of runtime {self.name!r}")
+        self._grader_dir = directory
         return directory
 
     def _require_running(self, what: str) -> str:
@@ -234,8 +237,9 @@ class LocalRuntime(Runtime):
         return self._workdir
 
     def _spawn_dir(self, what: str) -> str:
-        """The host directory programs are spawned in."""
-        return self._require_running(what)
+        """The host directory programs are spawned in: the grader's, once its files are in."""
+        workdir = self._require_running(what)
+        return self._grader_dir or workdir
 
     def _beneath(self, path: str, what: str) -> tuple[str, list[str]] | None:
         """``(directory, components beneath it)`` of ``path``, or ``None`` for a host path
@@ -254,6 +258,8 @@ class LocalRuntime(Runtime):
 
     def _program_env(self, extra: Mapping[str, str] | None, exec_token: str) -> dict[str, str]:
         env = self._host_env()
+        if self._grader_dir is not None:
+            env.update(grading_env(self._grader_dir))
         env.update(self._env)
         env.update(extra or {})
         env[RUNTIME_MARKER] = self._token

@@ -311,6 +311,8 @@ class SandboxRuntime(LocalRuntime):
         else:
             layout, run_dir = image_args(self._base, workdir), IMAGE_RUN_DIR
             forwarder = [*host_kit()[1], "-I", "-S", f"{IMAGE_RUN_DIR}/forwarder.py"]
+        if self._grader_dir is not None:  # the grader's execs start in its clean directory
+            layout = [*layout, "--chdir", self._grader_dir]
         command = [self._bwrap, *namespace_args(), *layout, "--"]
         if self._routes:
             command += forwarder
@@ -392,6 +394,7 @@ class SandboxRuntime(LocalRuntime):
         await self._end_programs()
         await asyncio.to_thread(write_grader_files, self._path("grader"), files,
                                 f"grader files of runtime {self.name!r}")
+        self._grader_dir = GRADER_DIR
         return GRADER_DIR
 
     # -- network ----------------------------------------------------------------------------

@@ -41,10 +41,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._errors import SandboxError
-from .files import remove_tree
+from .files import own_dir, remove_tree
 from .guardian import reap_snapshot
 from .keeper import Keeper
-from .unpack import disk_usage
+from .unpack import usage
 
 POLL = 0.02
 """Seconds between looks at a setup another sandbox is running."""
@@ -91,8 +91,12 @@ class SnapshotStore:
         self.owned: dict[str, Held] = {}
 
     def _dir(self, name: str) -> str:
+        """Directory ``name`` of the store (made when missing), checked to be no link."""
         path = os.path.join(self.root, name)
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        for own in (self.root, path):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(own, 0o700)
+            own_dir(own, "setup snapshot directory")
         return path
 
     def _hold(self, held: Held, keeper: Keeper | None) -> Held:
@@ -170,9 +174,9 @@ class SnapshotStore:
         work = tempfile.mkdtemp(prefix=f"{build.hex}-", dir=builds)
         try:
             copy_layer(upper, os.path.join(work, "layer"))
-            size = disk_usage(os.path.join(work, "layer"))
+            size, inodes = usage(os.path.join(work, "layer"))
             with open(os.path.join(work, "snapshot.json"), "w") as f:
-                json.dump({**about, "hex": build.hex, "bytes": size, "created": time.time()}, f)
+                json.dump({**about, "hex": build.hex, "bytes": size, "inodes": inodes, "created": time.time()}, f)
             owner = os.open(os.path.join(work, "owner"), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
             fcntl.flock(owner, fcntl.LOCK_EX)  # nobody else can see it yet
             entry = f"{build.hex}.{uuid.uuid4().hex[:8]}"
@@ -203,6 +207,22 @@ class SnapshotStore:
         for held in gone:
             self.release(held)
         return [held.entry for held in gone]
+
+    def usage(self) -> tuple[int, int]:
+        """``(bytes, inodes)`` the store's snapshots take (as frozen; what the image cache's
+        bound counts beside its images)."""
+        entries = self._dir("entries")
+        size = inodes = 0
+        for name in os.listdir(entries):
+            with contextlib.suppress(OSError, ValueError):
+                fd = os.open(os.path.join(entries, name, "snapshot.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    info = json.loads(os.pread(fd, 1 << 16, 0))
+                finally:
+                    os.close(fd)
+                size += int(info.get("bytes") or 0)
+                inodes += int(info.get("inodes") or 0)
+        return size, inodes
 
     def owned_bytes(self) -> int:
         return sum(h.bytes for h in self.owned.values())

@@ -16,8 +16,12 @@ directory only this process writes to (the cache's private build directory) — 
 * ``layered`` (an OCI or ``docker save`` layer): ``.wh.NAME`` deletes ``NAME`` from the layers
   below and ``.wh..wh..opq`` empties its directory of what the layers below put there.
 
-``max_bytes`` bounds what the layers may write in all: a small archive that unpacks to more
-(a compression bomb) is refused before it fills the disk. ``apply_layer`` reads one layer
+``max_bytes`` bounds what the layers may write in all, as the disk counts it: file content in
+whole blocks, and a block for each directory, link and file's metadata (an archive of empty
+directories and long link targets takes disk too); ``max_inodes`` bounds the files,
+directories and links made. A small archive that unpacks to more (a compression bomb) is
+refused before it fills the disk or its inode table. A whiteout must name a file (``.wh.``,
+``.wh..`` and ``.wh...`` name none: refused). ``apply_layer`` reads one layer
 (gzip, bzip2, xz or plain tar) and checks its digests, as stored and uncompressed, as it
 streams by.
 """
@@ -42,6 +46,8 @@ OPAQUE = ".wh..wh..opq"
 MAX_LINKS = 40
 """Directory links followed while resolving one name, as the kernel allows."""
 CHUNK = 1 << 20
+BLOCK = 4096
+"""What the disk takes at least for a file's content, a directory or a long link's target."""
 
 
 def relative_parts(name: str, what: str) -> list[str]:
@@ -78,12 +84,16 @@ def _remove(path: str) -> None:
 class Unpacker:
     """Applies layers, in the order given, to ``root`` (see the module docstring)."""
 
-    def __init__(self, root: str, *, max_bytes: int | None = None, what: str = "image") -> None:
+    def __init__(self, root: str, *, max_bytes: int | None = None, max_inodes: int | None = None,
+                 what: str = "image") -> None:
         self.root = root
         self.max_bytes = max_bytes
+        self.max_inodes = max_inodes
         self.what = what
         self.written = 0
-        """Bytes of file content written so far."""
+        """Bytes written so far as the disk counts them: content in blocks, a block per inode."""
+        self.inodes = 0
+        """Files, directories and links made so far (removed ones are not taken back)."""
         self.skipped: list[str] = []
         """Members left out: device nodes and kinds a rootfs cannot hold."""
 
@@ -141,6 +151,8 @@ class Unpacker:
             if layered and name == OPAQUE:
                 self._opaque(parent, created)
             elif layered and name.startswith(WHITEOUT):
+                if name[len(WHITEOUT):] in ("", ".", ".."):
+                    raise SandboxError(f"{self.what}: whiteout {member.name!r} names no file; refusing the image")
                 hidden = (*parent, name[len(WHITEOUT):])
                 if hidden not in created:  # a whiteout hides the layers below, not its own
                     _remove(self._path(list(hidden)))
@@ -158,19 +170,24 @@ class Unpacker:
         if member.isdir():
             st = _lstat(path)
             if st is None or not stat.S_ISDIR(st.st_mode):
+                self._charge(BLOCK)
                 _remove(path)
                 os.mkdir(path, 0o755)
             os.chmod(path, member.mode & 0o1777)  # sticky kept (/tmp), setgid dropped
             return True
         if member.isfile():
+            self._charge(BLOCK + -(-member.size // BLOCK) * BLOCK)
             _remove(path)
             self._copy(member, tar, path)
         elif member.issym():
+            self._charge(BLOCK + len(os.fsencode(member.linkname)))
             _remove(path)
             os.symlink(member.linkname, path)
         elif member.islnk():
+            self._charge(0)  # a name, no inode: counted so that names alone stay bounded
             self._hard_link(member, path)
         elif member.isfifo():
+            self._charge(BLOCK)
             _remove(path)
             os.mkfifo(path, member.mode & 0o777)
         else:
@@ -179,11 +196,18 @@ class Unpacker:
         os.utime(path, ns=(int(member.mtime * 10**9),) * 2, follow_symlinks=False)
         return True
 
-    def _copy(self, member: tarfile.TarInfo, tar: tarfile.TarFile, path: str) -> None:
-        self.written += member.size
+    def _charge(self, size: int) -> None:
+        """Count one more inode taking ``size`` bytes of disk; refuse the image past a bound."""
+        self.written += size
+        self.inodes += 1
         if self.max_bytes is not None and self.written > self.max_bytes:
             raise SandboxError(f"{self.what} unpacks to more than {self.max_bytes} bytes, the image "
                                f"cache's bound; raise it (ROLLOUT_RAY_IMAGE_CACHE_BYTES) to use this image")
+        if self.max_inodes is not None and self.inodes > self.max_inodes:
+            raise SandboxError(f"{self.what} unpacks to more than {self.max_inodes} files and directories, the "
+                               f"image cache's bound; raise it (ROLLOUT_RAY_IMAGE_CACHE_INODES) to use this image")
+
+    def _copy(self, member: tarfile.TarInfo, tar: tarfile.TarFile, path: str) -> None:
         source = tar.extractfile(member)
         assert source is not None  # a regular file
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -212,8 +236,12 @@ def _lstat(path: str) -> os.stat_result | None:
         return None
 
 
-def disk_usage(root: str) -> int:
-    """Bytes ``root`` takes on disk (allocated blocks; a file with several links counted once)."""
+
+
+def usage(root: str) -> tuple[int, int]:
+    """``(bytes, inodes)`` ``root`` takes on disk: allocated blocks, and at least a block per
+    inode (a tmpfs allocates none to a directory or a link, but holds their metadata in
+    memory); a file with several links counted once."""
     seen: set[tuple[int, int]] = set()
     total = 0
     for parent, dirs, files in os.walk(root):
@@ -221,8 +249,8 @@ def disk_usage(root: str) -> int:
             st = os.lstat(os.path.join(parent, name))
             if (st.st_dev, st.st_ino) not in seen:
                 seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
-    return total
+                total += max(st.st_blocks * 512, BLOCK)
+    return total, len(seen)
 
 
 # -- reading a layer, its digests checked as it streams by ------------------------------------

@@ -4,6 +4,7 @@ read by a fresh exec for scoring, as the task declared them."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -77,6 +78,38 @@ def test_an_agent_process_still_running_is_killed_before_the_files_arrive(
             result = await asyncio.wait_for(watching, 10)
             assert result.exit_code != 0
             assert (await rt.exec(["sh", "-c", "cat /tmp/stolen; echo end"])).stdout == "end\n"
+
+    asyncio.run(main())
+
+
+PLANT = """
+printf 'import shutil\\nshutil.copytree("/.grader", "/tmp/stolen")\\nprint("1 passed")\\n' > pytest.py
+site=$(python3 -m site --user-site) && mkdir -p "$site" && cp pytest.py "$site/" &&
+echo "import os; os.makedirs('/tmp/pth-ran', exist_ok=True)" > "$site/agent.pth"
+echo "import pytest" > sitecustomize.py; cp sitecustomize.py usercustomize.py; echo planted
+"""
+
+
+@pytest.mark.parametrize("box", BOXES)
+def test_a_grader_imports_nothing_the_agent_left(box: Callable[..., SandboxRuntime], tmp_path: Path) -> None:
+    """Issue 32 §3: an agent's ``./pytest.py`` (or one in its user site-packages, or a ``.pth``
+    there) is not what ``python3 -m pytest`` runs once the grader's turn came: the grader's
+    execs start in ``/.grader`` with ``HOME`` there, no user site and no current directory on
+    the module path."""
+    async def main() -> None:
+        async with running(box(root=str(tmp_path))) as rt:
+            workdir = rt.workdir or "/nowhere"
+            planted = await rt.exec(["sh", "-c", PLANT])
+            assert planted.stdout.endswith("planted\n"), planted.stderr
+            assert await rt.add_grader_files(FILES) == "/.grader"
+            graded = await rt.exec(["python3", "-m", "pytest", "--version"])
+            assert "1 passed" not in graded.stdout, graded.stdout
+            script = "pwd; echo $HOME; ls -A /tmp; python3 -c 'import sys; print(sys.path)'"
+            lines = (await rt.exec(["sh", "-c", script])).stdout.splitlines()
+            assert lines[:2] == ["/.grader", "/.grader"], lines
+            assert "stolen" not in lines and "pth-ran" not in lines, lines
+            path = ast.literal_eval(lines[-1])
+            assert "" not in path and not any(".local" in p or p.startswith(workdir) for p in path), path
 
     asyncio.run(main())
 
