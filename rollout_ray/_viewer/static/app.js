@@ -131,6 +131,7 @@ async function runView(token, runId, params) {
   show(token, "run",
     h("h1", {}, `Run ${runId}`),
     live.live ? livePanel(token, live.status) : null,
+    live.error ? h("p", { class: "error-banner" }, live.error) : null,
     runSummary(run),
     plots(run),
     filterForm(run, runId, params),
