@@ -227,6 +227,7 @@ async def drive(module: Any, model: Any, executor: Any, config: Any, n: int, gro
         wall = time.perf_counter() - t0
         if report:
             mark("end")
+        result.samples  # read from the run directory when first asked for: before it is removed
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     progress = getattr(driver, "progress", None)

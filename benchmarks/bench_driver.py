@@ -549,6 +549,7 @@ async def measure(label: str, executor: Any, module: Any, model: Any, n: int, co
             after, busy1 = cpu_now(), machine_busy()
             row.rss_end = status_kib("VmRSS") * 1024
         row.rss_peak = max(sampler.peak, row.rss_end)
+        samples = result.samples  # read from the run directory when asked for: before it goes
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     by_kind: dict[str, float] = defaultdict(float)
@@ -560,7 +561,6 @@ async def measure(label: str, executor: Any, module: Any, model: Any, n: int, co
     row.cpu_s = sum(by_kind.values())
     row.others_cores = max(0.0, (busy1 - busy0) - row.cpu_s) / row.wall
     row.failed, row.done = driver.progress.failed, driver.progress.done
-    samples = result.samples
     if samples.num_rows:
         row.correct = sum(samples.column("reward").to_pylist()) / samples.num_rows
         for name in ("boot_s", "setup_s", "agent_s", "agent_model_s", "agent_harness_s", "finalize_s", "scoring_s"):

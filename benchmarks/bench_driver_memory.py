@@ -10,7 +10,8 @@ for it (``EvalConfig.finished_buffer``). At each progress report (every 0.5 s): 
 the driver's VmRSS, and the groups finished and waiting to be finalized. Printed: those at the
 first report, at each quarter of the run and at the last; first → last RSS, the most groups
 ever waiting (the finalizer's own count where it keeps one, else the most seen at a report),
-wall time and rollouts/s.
+wall time and rollouts/s. The run is ``Driver.arun``, so its end counts too: the RSS once it
+returned (its ``RunResult`` held), and the peak (VmHWM) over the whole run.
 
     python benchmarks/bench_driver_memory.py                 # N = 100,000, C = 256
     python benchmarks/bench_driver_memory.py --n 20000
@@ -66,7 +67,8 @@ def waiting_groups(driver: Driver) -> int:
     return 0 if finalizer is None else len(finalizer._closed)
 
 
-async def measure(n: int, concurrency: int) -> tuple[list[tuple[float, int, float, int]], float, int | None]:
+async def measure(n: int, concurrency: int
+                  ) -> tuple[list[tuple[float, int, float, int]], float, int | None, tuple[float, float]]:
     reports: list[tuple[float, int, float, int]] = []  # (seconds, done, RSS MiB, waiting)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-driver-memory-") as root:
@@ -80,12 +82,12 @@ async def measure(n: int, concurrency: int) -> tuple[list[tuple[float, int, floa
         driver = Driver((Question({"idx": i}) for i in range(n)), ChatHarness(), ScriptedModel(), executor=Instant(),
                         config=EvalConfig(samples_per_task=1, max_in_flight=concurrency),
                         run_dir=str(Path(root) / "run"), on_progress=on_progress, progress_every=0.5)
-        async for _ in driver.groups():
-            pass
+        result = await driver.arun()
         wall = time.monotonic() - started
-        assert driver.progress.done == n, driver.progress
+        end = (status_kib("VmRSS") / 1024, status_kib("VmHWM") / 1024)  # the result still held
+        assert driver.progress.done == n == result.samples.num_rows, (driver.progress, result.samples.num_rows)
         statistics = getattr(driver._finalizer, "statistics", None)  # a bounded finalizer counts its most
-    return reports, wall, statistics().most_waiting if statistics is not None else None
+    return reports, wall, statistics().most_waiting if statistics is not None else None, end
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=256, help="max_in_flight (default 256)")
     args = p.parse_args(argv)
     gc.collect()
-    reports, wall, most_waiting = asyncio.run(measure(args.n, args.concurrency))
+    reports, wall, most_waiting, (after, peak) = asyncio.run(measure(args.n, args.concurrency))
     marks = sorted({0, *(len(reports) * q // 4 for q in (1, 2, 3)), len(reports) - 1})
     rows = [[f"{reports[i][0]:.1f}", f"{reports[i][1]:,}", f"{reports[i][2]:.0f}", f"{reports[i][3]:,}"]
             for i in marks]
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"RSS first report → last: {first[2]:.0f} → {last[2]:.0f} MiB (from a quarter of the run: "
           f"{quarter[2]:.0f} → {last[2]:.0f}); most groups waiting: {most:,}; wall {wall:.1f} s, "
           f"{args.n / wall:,.0f} rollouts/s")
+    print(f"arun's end: RSS last report → once arun returned: {last[2]:.0f} → {after:.0f} MiB "
+          f"({after - last[2]:+.0f}); peak RSS (VmHWM) {peak:.0f} MiB")
     return 0
 
 

@@ -23,6 +23,7 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import os
 import secrets
 from pathlib import Path
@@ -40,6 +41,9 @@ log = logging.getLogger("rollout_ray")
 STATUS_EVERY = 2.0
 """Seconds between two writes of ``status.json``."""
 MAX_BODY = 4096
+MAX_IN_FLIGHT = 1_000_000
+"""The largest ``max-in-flight`` a live run accepts: far above what one driver can run at once,
+low enough that a typo (``10**100``) is refused instead of silently lifting every bound."""
 
 
 def write_run_file(path: Path, data: bytes, mode: int) -> None:
@@ -103,10 +107,10 @@ class ControlServer(HTTPService):
         if not self._authorized(request):
             return _answer(401, error="wrong or missing token: use the token in the run directory's control.json")
         after = request.query.get("stall_after")
-        try:
-            rule = None if after is None else StallRule(after=float(after))
-        except ValueError:
-            return _answer(400, error=f"stall_after must be seconds, got {after!r}")
+        seconds = None if after is None else _seconds(after)
+        if after is not None and seconds is None:  # as the CLI's --stall-after: finite, >= 0
+            return _answer(400, error=f"stall_after must be a finite number of seconds >= 0, got {after!r}")
+        rule = None if seconds is None else StallRule(after=seconds)
         return _answer(200, **await self.steering.status(rule))
 
     async def _command(self, request: web.Request) -> web.Response:
@@ -129,8 +133,9 @@ def _run_command(steering: Steering, name: str, body: dict[str, Any]) -> web.Res
         return _answer(200, done=f"{name} {ref}")
     if name == "max-in-flight":
         n = body.get("n")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            return _answer(400, error=f"max-in-flight must be an integer >= 1, got {n!r}")
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_IN_FLIGHT:
+            shown = n if not isinstance(n, int) or abs(n) < 10**18 else f"{n:.3e}"  # not 100 digits
+            return _answer(400, error=f"max-in-flight must be an integer >= 1 and <= {MAX_IN_FLIGHT}, got {shown!r}")
         steering.slots.resize(n)
         return _answer(200, done=f"max-in-flight {n}")
     if name == "pause":
@@ -140,6 +145,15 @@ def _run_command(steering: Steering, name: str, body: dict[str, Any]) -> web.Res
     elif name == "stop":
         steering.stop()
     return _answer(200, done=name)
+
+
+def _seconds(text: str) -> float | None:
+    """``text`` as seconds (finite, >= 0), or None: nan, inf, 1e400 and negatives are not bounds."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _answer(status: int, **body: Any) -> web.Response:

@@ -46,7 +46,7 @@ from .._hosting.gc_tuning import tuned_for_rollouts
 from .._hosting.lookahead import lookahead
 from .._hosting.spec import RolloutSpec
 from .._record.arrow import RolloutRecord, warm_arrow
-from .._record.store import read_groups, read_run
+from .._record.store import read_groups
 from .._record.trace import Trace
 from .admission import Admission
 from .attempts import run_attempts
@@ -179,17 +179,15 @@ class Driver(PolicyOwner):
     async def arun(self) -> RunResult:
         """Drive the whole run; returns every sample (finalized) and one row per group.
 
-        With a run directory, the samples are read back at the end without the two large
-        conversation columns (memory stays flat however large the run; ``read_run`` has
-        them), with the group columns each sample was stored with.
+        With a run directory, the result reads them from it when first asked for (memory
+        stays flat however large the run, its end too; see ``RunResult``).
         """
         async for _ in self.groups():
             pass
         p = self.progress
         counts = {"stale": p.stale, "masked": p.masked, "held": p.held, "rejected": p.rejected}
         if self.run_dir is not None:
-            return RunResult(self.status, self.reason, read_run(self.run_dir, conversation=False),
-                             read_groups(self.run_dir), self.run_dir, **counts)
+            return RunResult(self.status, self.reason, None, None, self.run_dir, **counts)
         samples, groups = self._finalizer.tables() if self._finalizer is not None else (pa.table({}), pa.table({}))
         return RunResult(self.status, self.reason, samples, groups, self.run_dir, **counts)
 

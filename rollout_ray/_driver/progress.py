@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import pyarrow as pa
+
+from .._record.store import read_groups, read_run
 
 
 @dataclass
@@ -41,12 +45,22 @@ class Progress:
         return (self.total - self.skipped - self.done) / self.rate
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RunResult:
+    """How a run ended, and what it produced: ``samples`` (every sample, finalized) and
+    ``groups`` (one row per group).
+
+    With a run directory, ``samples`` and ``groups`` are read from it the first time they are
+    asked for (then kept), not when the run ends: a 100,000-rollout run's samples are ~60 MiB
+    of Arrow, which a caller that streamed the groups, or wants a few columns
+    (``read_run(result.run_dir, columns)``), does not need. Keep the directory until then.
+    ``samples`` leaves out the two large conversation columns (``read_run`` has them)."""
+
     status: Literal["completed", "halted"]
     reason: str
-    samples: pa.Table
-    groups: pa.Table
+    _samples: pa.Table | None = field(repr=False)
+    """The samples; None: read from ``run_dir`` when asked for."""
+    _groups: pa.Table | None = field(repr=False)
     run_dir: str | None
     stale: int = 0
     """Rollouts dropped as stale and re-run."""
@@ -56,3 +70,27 @@ class RunResult:
     """Groups whose admission waited for the trainer."""
     rejected: int = 0
     """Groups stored but not streamed (the summary's ``rejected`` says why)."""
+
+    @property
+    def samples(self) -> pa.Table:
+        """Every sample, finalized, with the group columns it was stored with."""
+        if self._samples is None:
+            object.__setattr__(self, "_samples", self._read(lambda run_dir: read_run(run_dir, conversation=False)))
+        assert self._samples is not None
+        return self._samples
+
+    @property
+    def groups(self) -> pa.Table:
+        """One row per group."""
+        if self._groups is None:
+            object.__setattr__(self, "_groups", self._read(read_groups))
+        assert self._groups is not None
+        return self._groups
+
+    def _read(self, read: Callable[[str], pa.Table]) -> pa.Table:
+        if self.run_dir is None:  # not made by a driver: it gave both tables
+            raise ValueError("RunResult without a run directory must be given its samples and groups")
+        if not os.path.isdir(self.run_dir):
+            raise FileNotFoundError(f"the run directory {self.run_dir} is gone: RunResult reads its samples and "
+                                    "groups from it when first asked for; ask before removing it")
+        return read(self.run_dir)

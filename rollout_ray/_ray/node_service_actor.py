@@ -131,7 +131,12 @@ class _NodeServiceActor(NodeServices):
         """
         if policy is not None:
             await self.set_policy(*policy)
-        return [await _outcome(self.register(self._unpacker.unpack(blob, bodies))) for blob, bodies in items]
+        return [await _outcome(self._register_shipped(blob, bodies)) for blob, bodies in items]
+
+    async def _register_shipped(self, blob: bytes, bodies: dict[str, bytes]) -> Slot:
+        # Unpacked inside the item's outcome: one item lacking a body (replaced services, never
+        # sent it) answers MissingShipment alone, and the resends beside it still register.
+        return await self.register(self._unpacker.unpack(blob, bodies))
 
     async def unregister_many(self, items: list[tuple[str, Cursor]]) -> list[Any]:
         """Seal each session and answer what it added; a session not held here is lost."""
@@ -145,7 +150,10 @@ class _NodeServiceActor(NodeServices):
 
     async def register_tools_many(self, items: list[tuple[bytes, dict[str, bytes]]]) -> list[Any]:
         """Register each shipped ``(toolsets, runtime, state_secret, owner)``."""
-        return [await _outcome(self.register_tools(*self._unpacker.unpack(blob, bodies))) for blob, bodies in items]
+        return [await _outcome(self._register_tools_shipped(blob, bodies)) for blob, bodies in items]
+
+    async def _register_tools_shipped(self, blob: bytes, bodies: dict[str, bytes]) -> tuple[str, dict[str, str]]:
+        return await self.register_tools(*self._unpacker.unpack(blob, bodies))  # as _register_shipped
 
     async def unregister_tools_many(self, keys: list[str]) -> list[Any]:
         return [await _outcome(self.unregister_tools(key)) for key in keys]

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from ray import cloudpickle
 
+from .._errors import InfrastructureLost
 from .._record.trace import Trace, decode_trace, encode_trace
 
 T = TypeVar("T")
@@ -112,12 +113,23 @@ class ShipmentPacker:
 
 async def deliver(packer: ShipmentPacker, message: Any, send: Callable[[bytes, dict[str, bytes]], Awaitable[T]],
                   shared: Iterable[Any] = ()) -> T:
-    """``send(blob, bodies)`` the message; once more with every body if the receiver lacks one."""
+    """``send(blob, bodies)`` the message; once more with every body if the receiver lacks one.
+
+    Raises:
+        InfrastructureLost: the receiver lacks a body even of the message sent with all of
+            them: it was replaced (or lost what it held) under the message, as a dead actor
+            is a loss of the rollout's infrastructure; its rollout is run again.
+    """
     blob, keys = packer.pack(message, shared)
     try:
         return await send(blob, packer.bodies(keys))
     except MissingShipment:
+        pass
+    try:
         return await send(blob, packer.bodies(keys, resend=True))
+    except MissingShipment as e:
+        raise InfrastructureLost(f"the receiver lacks a body it was just sent ({e.key}): it was replaced "
+                                 "under the message") from None
 
 
 class _Unpickler(pickle.Unpickler):

@@ -108,6 +108,29 @@ _KEYS_CACHE: dict[tuple[str, int, int], pa.Table] = {}
 _ROWS_CACHE: dict[tuple[tuple[str, int, int], ...], int] = {}
 
 
+SIMULATED_SERVER = "the built-in simulated model server"
+
+
+def model_shown(record: object) -> dict[str, str | None] | None:
+    """The manifest's model as people read it: its ``name`` and where it is ``served``.
+
+    ``eval`` and ``sweep`` record ``{"url", "name"}`` or ``{"simulated": config}``
+    (``_cli/drive.open_model``); a program's ``Driver(manifest_config=...)`` may record a
+    bare name. None: the run records no model."""
+    if record is None:
+        return None
+    if not isinstance(record, dict):
+        return {"name": str(record), "served": None}
+    simulated = record.get("simulated")
+    if isinstance(simulated, dict):
+        return {"name": _text(simulated.get("model_name")) or "simulated", "served": SIMULATED_SERVER}
+    return {"name": _text(record.get("name")), "served": _text(record.get("url"))}
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
 def describe(entry: RunEntry) -> dict[str, object]:
     """What the runs list shows of a run: manifest facts, and its rollouts as ``read_run``
     counts them (the latest row of each ``(group_id, sample_idx)``: a rollout redone on resume
@@ -120,7 +143,7 @@ def describe(entry: RunEntry) -> dict[str, object]:
         return out
     config = manifest.config
     out |= {"run_id": manifest.run_id, "created": manifest.created,
-            "taskset": config.get("taskset"), "model": config.get("model")}
+            "taskset": config.get("taskset"), "model": model_shown(config.get("model"))}
     try:
         keys = _read_keys(entry)
     except (OSError, ValueError) as exc:  # a link where a shard is, a folder gone

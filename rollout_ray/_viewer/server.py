@@ -4,7 +4,8 @@ Routes (all GET; ``run`` is a run id from ``/api/runs``, ``id`` a rollout id)::
 
     /                         the page (static/index.html; static/app.js, static/style.css)
     /api/runs                 the runs: id, path, run_id, created, taskset, model, rollouts
-    /api/run?run=             one run: manifest config, counts, filter values, columns
+                              (model: ``{"name", "served"}``, where it is served)
+    /api/run?run=             one run: manifest config, its model, counts, filter values, columns
     /api/rollouts?run=&...    a page of rollouts: sort, order, offset, limit and the filters
                               reward_min, reward_max, ok, stop, error, task, group
     /api/rollout?run=&id=     one rollout, decoded from its trace
@@ -35,7 +36,7 @@ from aiohttp import web
 
 from .._errors import CorruptRun, SchemaMismatch
 from .._record.store import read_manifest
-from .catalog import NotARunDirectory, RunEntry, describe, find_runs
+from .catalog import NotARunDirectory, RunEntry, describe, find_runs, model_shown
 from .detail import read_trace, siblings, trace_view
 from .index import BadQuery, Query, RunIndex, build_index, overview, page, select
 from .live import live_status
@@ -198,6 +199,7 @@ class _Handlers:
         manifest = await asyncio.to_thread(read_manifest, entry.layout)
         return _json({"id": entry.id, "path": str(entry.path), "run_id": manifest.run_id,
                       "created": manifest.created, "config": manifest.config,
+                      "model": model_shown(manifest.config.get("model")),
                       "plots": self.viewer.plot is not None, **overview(index)})
 
     async def rollouts(self, request: web.Request) -> web.Response:

@@ -183,3 +183,18 @@ def test_a_scores_folder_that_is_a_link_is_refused_and_nothing_written_through_i
     assert refused.returncode == 2 and "is a symbolic link" in refused.stderr, refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in outside.iterdir()) == ["v2"]  # nothing written through the link
+
+
+def test_a_version_name_taken_by_a_plain_file_is_refused_in_one_line_and_nothing_is_left(
+        rescored: dict[str, Any], tmp_path: Path) -> None:
+    """``scores/v2`` a plain file (planted, or left by hand): no traceback, no ``scores/v2.tmp``."""
+    out = tmp_path / "run"
+    shutil.copytree(rescored["out"], out)
+    shutil.rmtree(out / "scores" / "v2")
+    (out / "scores" / "v2").write_text("not a version")
+    refused = _run("rescore", out, "--taskset", rescored["right"])
+    assert refused.returncode == 2 and refused.stdout == "", refused.stderr[-2000:]
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr[-2000:]
+    assert "scores/v2 is not a score version's folder" in refused.stderr and "move it aside" in refused.stderr
+    assert sorted(p.name for p in (out / "scores").iterdir()) == ["v2"]
+    assert (out / "scores" / "v2").read_text() == "not a version"

@@ -232,3 +232,20 @@ def test_stop_finishes_what_runs_stores_it_and_a_resume_runs_the_rest(tmp_path: 
     resumed = steered(run_dir, nothing, n=6, resume=True)
     assert resumed.status == "completed"
     assert sorted(read_run(str(run_dir), ["task_idx"])["task_idx"].to_pylist()) == list(range(6))
+
+
+def test_a_stall_bound_not_finite_or_negative_and_a_max_in_flight_beyond_its_bound_are_refused(
+        tmp_path: Path) -> None:
+    async def scenario(ctl: Ctl, model: Barrier, driver: Driver) -> None:
+        await ctl.until_status(in_call(2))
+        for bad in ("nan", "inf", "-inf", "-1", "1e400", "x"):  # the CLI's --stall-after refuses each
+            code, body = await ctl.call("GET", f"/status?stall_after={bad}")
+            assert code == 400 and "stall_after" in body["error"], (bad, code, body)
+        code, body = await ctl.call("POST", "/max-in-flight", {"n": 10**100})
+        assert code == 400 and f"<= {control.MAX_IN_FLIGHT}" in body["error"], body
+        assert (await ctl.status())["max_in_flight"] == 2  # unchanged
+        assert await ctl.call("POST", "/max-in-flight", {"n": control.MAX_IN_FLIGHT}) == (
+            200, {"done": f"max-in-flight {control.MAX_IN_FLIGHT}"})
+
+    result = steered(tmp_path / "run", scenario)
+    assert result.status == "completed" and result.samples.num_rows == 4

@@ -183,3 +183,28 @@ def test_the_end_of_a_run_reads_no_conversation_back(tmp_path: Path, report: Any
     assert facts["arrow_peak_mib"] < facts["stored_trace_mib"] / 2
     report("10§6 memory at the end of a run", f"800 rollouts, {facts['stored_trace_mib']:.0f} MiB of traces",
            f"Arrow peak {facts['arrow_peak_mib']:.0f} MiB", "flat (was the whole run)", time.monotonic() - t0)
+
+
+def test_the_end_of_a_run_reads_its_samples_only_when_asked_for(tmp_path: Path) -> None:
+    """Issue 32 §3: ``arun`` grew +117 MiB at its end for 100,000 tasks: it read the whole
+    samples table back (``bench_driver_memory.py``). Its end allocates no Arrow memory that
+    grows with the run; ``result.samples`` reads the same rows when asked for."""
+    n = 1500
+    run_dir = tmp_path / "run"
+
+    async def main() -> tuple[Any, int, int]:
+        async with LocalExecutor(runtime="local") as executor:
+            driver = Driver(tasks(n), ChatHarness(), ScriptedModel(default="4"), executor=executor,
+                            run_dir=str(run_dir), config=EvalConfig(samples_per_task=1, max_in_flight=64))
+            before = pa.total_allocated_bytes()
+            result = await driver.arun()
+            return result, before, pa.total_allocated_bytes()
+
+    result, before, at_end = asyncio.run(main())
+    samples, groups = result.samples, result.groups
+    assert samples.num_rows == n and groups.num_rows == n and all(samples["ok"].to_pylist())
+    assert samples.equals(read_run(run_dir, conversation=False)) and groups.equals(read_groups(run_dir))
+    assert "messages" not in samples.column_names
+    assert at_end - before < samples.nbytes / 4, (at_end - before, samples.nbytes)  # the table: ~1 MiB here
+    shutil.rmtree(run_dir)
+    assert result.samples is samples  # read once, then kept

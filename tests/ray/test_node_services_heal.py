@@ -247,3 +247,45 @@ def test_a_hung_rollout_actor_becomes_an_infrastructure_loss(report: Any, tmp_pa
 
 async def _exists(path: Path) -> bool:
     return path.exists()
+
+
+def test_replaced_services_answer_each_registration_of_a_batch_on_its_own() -> None:
+    """Issue 32 §3: killing the services actor left in-flight rollouts failed with
+    ``MissingShipment`` (7 of 8, in one run of two). Its replacement was never sent the bodies
+    (the model, the classes) the first one was, so a batch reaching it mixes resends carrying
+    every body and first sends carrying none; one item lacking a body sank the whole batch,
+    resends included, and a resend that fails is not sent again. Driven here directly, on a
+    fresh actor: each item answers on its own."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from rollout_ray._core.interception import Slot
+    from rollout_ray._core.session import RolloutSession
+    from rollout_ray._hosting.trace_sync import Cursor, SessionSpec
+    from rollout_ray._ray.node_service_actor import NodeServiceActorClass
+    from rollout_ray._ray.wire import MissingShipment, ShipmentPacker
+    from rollout_ray._record.trace import TraceTask
+
+    model, packer = ScriptedModel(default="4"), ShipmentPacker()
+
+    def shipped(resend: bool) -> tuple[bytes, dict[str, bytes]]:
+        spec = SessionSpec.of(RolloutSession(Trace(task=TraceTask(type="T")), model), owner="probe")
+        blob, keys = packer.pack(spec, shared=(model,))
+        return blob, packer.bodies(keys, resend=resend)  # not resent: the sender believes them there
+
+    node = ray.get_runtime_context().get_node_id()
+    replaced = NodeServiceActorClass.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+    try:
+        resend, first = shipped(resend=True), shipped(resend=False)
+        assert resend[1] and not first[1]
+        answers = ray.get(replaced.register_many.remote([first, resend]), timeout=60)
+        assert isinstance(answers[0], MissingShipment), answers  # its rollout sends it again, with bodies
+        assert isinstance(answers[1], Slot), answers
+        again = ray.get(replaced.register_many.remote([shipped(resend=True)]), timeout=60)
+        assert isinstance(again[0], Slot), again
+        held = [(slot.model_secret, Cursor()) for slot in (answers[1], again[0])]
+        assert ray.get(replaced.load.remote(), timeout=60) == 2
+        assert all(not isinstance(d, Exception) for d in ray.get(replaced.unregister_many.remote(held), timeout=60))
+    finally:
+        ray.get(replaced.shutdown.remote(), timeout=60)
+        ray.kill(replaced)

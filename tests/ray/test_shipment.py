@@ -133,3 +133,21 @@ def test_a_receiver_that_forgot_a_body_is_sent_it_again() -> None:
 
     asyncio.run(main())
     assert calls == [False, True]  # refused without the body, then sent with it
+
+
+def test_a_receiver_that_lacks_a_body_it_was_just_sent_is_an_infrastructure_loss(taskset) -> None:
+    """The resend carried every body and the receiver still lacks one: it was replaced again
+    (or lost what it was sent) under the message. The rollout is re-run (``InfrastructureLost``),
+    not failed with ``MissingShipment``, an internal error of the shipping that names no cause."""
+    from rollout_ray._errors import InfrastructureLost
+
+    packer = ShipmentPacker()
+    sent: list[int] = []
+
+    async def send(blob: bytes, bodies: dict[str, bytes]) -> object:
+        sent.append(len(bodies))
+        return ShipmentUnpacker(remembered=0).unpack(blob, bodies)  # a receiver that keeps nothing
+
+    with pytest.raises(InfrastructureLost, match="lacks a body it was just sent"):
+        asyncio.run(deliver(packer, taskset.Row(answer=1), send))
+    assert sent == [1, 1]  # sent, then sent again with every body: not a third time

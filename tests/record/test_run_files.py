@@ -170,3 +170,13 @@ def test_the_live_drivers_files_are_written_through_no_link(tmp_path: Path, outs
     (run_dir / f"{name}.tmp").unlink()
     write_run_file(run_dir / name, b"{}", 0o600)
     assert (run_dir / name).read_bytes() == b"{}" and (run_dir / name).stat().st_mode & 0o777 == 0o600
+
+
+
+def test_a_score_version_whose_write_fails_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    from rollout_ray._record.score_versions import write_version
+
+    (tmp_path / "scores").mkdir()
+    with pytest.raises(AttributeError):  # Parquet cannot write a samples "table" that is None
+        write_version(tmp_path, None, pa.table({"g": [1]}), {})  # type: ignore[arg-type]
+    assert list((tmp_path / "scores").iterdir()) == []  # no v2.tmp left, no v2

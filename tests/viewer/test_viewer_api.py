@@ -294,3 +294,24 @@ def test_the_command_serves_until_interrupted(run_dir: Path) -> None:
         proc.wait()
         proc.stdout.close()  # type: ignore[union-attr]
         proc.stderr.close()  # type: ignore[union-attr]
+
+
+MODELS = {  # the manifest's model, as eval and sweep record it (``_cli/drive.open_model``), and as a string
+    "served": ({"url": "http://127.0.0.1:8000/v1", "name": "Qwen/Qwen3-8B"},
+               {"name": "Qwen/Qwen3-8B", "served": "http://127.0.0.1:8000/v1"}),
+    "simulated": ({"simulated": {"model_name": "simulated", "ttft": 0.05}},
+                  {"name": "simulated", "served": "the built-in simulated model server"}),
+    "named": ("gpt-4o", {"name": "gpt-4o", "served": None}),
+}
+
+
+def test_the_model_of_a_run_is_its_name_and_where_it_is_served(tmp_path: Path) -> None:
+    """Issue 34 §5: the manifest's model is a record, which the page printed as [object Object]."""
+    for name, (record, _) in MODELS.items():
+        write_run(tmp_path / name, 4, config={"taskset": "tests/arith.py", "model": record})
+    viewer = Viewer([tmp_path])
+    listed = {r["id"]: r["model"] for r in get(viewer, "/api/runs")["runs"]}
+    assert listed == {name: shown for name, (_, shown) in MODELS.items()}
+    for name, (record, shown) in MODELS.items():
+        run = get(viewer, "/api/run", run=name)
+        assert run["model"] == shown and run["config"]["model"] == record  # the manifest's own record stays

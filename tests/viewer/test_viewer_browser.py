@@ -134,3 +134,39 @@ def test_filter_to_failed_rollouts_open_one_and_see_its_conversation_and_error(t
     if os.environ.get("ROLLOUT_RAY_UPDATE_SCREENSHOT") == "1":
         (REPO / "docs").mkdir(exist_ok=True)
         shutil.copyfile(shot, REPO / "docs" / "viewer.png")
+
+
+async def models_shown(runs: Path, profile: Path) -> dict[str, object]:
+    runner, url = await start(Viewer([runs]))
+    browser = await Browser.launch(CHROMIUM, profile)  # type: ignore[arg-type]
+    try:
+        page = await browser.page()
+        try:
+            await page.navigate(url)
+            assert await page.wait_for("document.querySelectorAll('a.run-link').length === 2")
+            listed = await page.evaluate("Object.fromEntries([...document.querySelectorAll('table.runs tbody tr')]"
+                                         ".map(r => [r.cells[0].textContent, r.cells[4].textContent]))")
+            await page.evaluate("location.hash = '#/run/served'")
+            assert await page.wait_for("app.dataset.view === 'run' && app.dataset.state === 'ready'")
+            header = await page.evaluate("[...document.querySelectorAll('.facts div')].find("
+                                         "d => d.querySelector('dt').textContent === 'model').querySelector('dd')"
+                                         ".textContent")
+            assert page.errors == []
+            return {"listed": listed, "header": header}
+        finally:
+            await page.close()
+    finally:
+        await browser.close()
+        await runner.cleanup()
+
+
+def test_the_runs_list_and_the_run_header_show_the_model_by_name_and_where_it_is_served(tmp_path: Path) -> None:
+    """Issue 34 §5: the manifest's model is a record; both printed it as ``[object Object]``."""
+    runs = tmp_path / "runs"
+    write_run(runs / "served", 4, config={"taskset": "t.py", "model": {"url": "http://127.0.0.1:8000/v1",
+                                                                        "name": "Qwen/Qwen3-8B"}})
+    write_run(runs / "simulated", 4, config={"taskset": "t.py", "model": {"simulated": {"model_name": "sim-7b"}}})
+    shown = asyncio.run(models_shown(runs, tmp_path / "profile"))
+    assert shown == {"listed": {"served": "Qwen/Qwen3-8B at http://127.0.0.1:8000/v1",
+                                "simulated": "sim-7b at the built-in simulated model server"},
+                     "header": "Qwen/Qwen3-8B at http://127.0.0.1:8000/v1"}

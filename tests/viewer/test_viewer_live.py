@@ -73,3 +73,20 @@ def test_the_run_page_shows_a_live_run_refreshing_with_its_stalled_rollouts_mark
     run_dir = write_run(tmp_path / "arith", 4)
     (run_dir / "status.json").write_text(json.dumps(_status("running", time.time())))
     asyncio.run(_watch_live(run_dir, tmp_path))
+
+
+def test_a_status_file_not_an_object_or_with_a_bad_updated_at_or_too_large_is_not_live_and_says_why(
+        tmp_path: Path) -> None:
+    from rollout_ray._viewer import live
+
+    run_dir = write_run(tmp_path / "arith", 4)
+    status = run_dir / "status.json"
+    good = _status("running", time.time())
+    cases = {"a JSON object": json.dumps([good]), "updated_at": json.dumps({**good, "updated_at": "now"}),
+             "not JSON": "{", "bytes": json.dumps({**good, "pad": "x" * live.MAX_STATUS_BYTES})}
+    for says, text in cases.items():
+        status.write_text(text)
+        answer = get(Viewer([run_dir]), "/api/live", run="arith")  # a 200, not a 500
+        assert answer["live"] is False and answer["status"] is None and says in answer["error"], (says, answer)
+    status.write_text(json.dumps(good))
+    assert get(Viewer([run_dir]), "/api/live", run="arith")["live"] is True

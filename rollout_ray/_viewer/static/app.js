@@ -95,11 +95,17 @@ async function runsView(token) {
     h("td", { class: "num" }, num(run.rollouts)),
     h("td", {}, when(run.created)),
     h("td", {}, run.taskset || "–"),
-    h("td", {}, run.model || "–"),
+    h("td", {}, modelShown(run.model)),
     h("td", { class: "path" }, run.error ? `${run.path} (${run.error})` : run.path)));
   show(token, "runs", h("h1", {}, "Runs"),
     runs.length ? table(["run", "rollouts", "created (UTC)", "taskset", "model", "path"].map((x) => h("th", {}, x)),
       rows, { class: "grid runs" }) : h("p", {}, "No runs found."));
+}
+
+// The manifest's model is a record ({name, served} from the API): its name, then where it is served.
+function modelShown(model) {
+  if (!model) return "–";
+  return model.served ? [model.name || "–", h("span", { class: "muted" }, ` at ${model.served}`)] : model.name || "–";
 }
 
 // -- one run: the rollout table -----------------------------------------------------------
@@ -131,6 +137,7 @@ async function runView(token, runId, params) {
   show(token, "run",
     h("h1", {}, `Run ${runId}`),
     live.live ? livePanel(token, live.status) : null,
+    live.error ? h("p", { class: "error-banner" }, live.error) : null,
     runSummary(run),
     plots(run),
     filterForm(run, runId, params),
@@ -164,7 +171,7 @@ function livePanel(token, s) {
 function runSummary(run) {
   const facts = [["rollouts", num(run.rollouts)], ["ok", num(run.ok)], ["failed", num(run.failed)],
     ["groups", num(run.groups)], ["mean reward", num(run.mean_reward, 4)],
-    ["taskset", run.config.taskset || "–"], ["model", run.config.model || "–"], ["created (UTC)", when(run.created)]];
+    ["taskset", run.config.taskset || "–"], ["model", modelShown(run.model)], ["created (UTC)", when(run.created)]];
   return h("dl", { class: "facts" }, facts.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v))));
 }
 
