@@ -10,6 +10,7 @@
   alive) raises ``SandboxError``: the rollout fails, it does not go on without its box;
 * the process hosting the box died (its runtime actor) raises ``InfrastructureLost``: the
   rollout is lost, not failed, and is run again;
+* a tool server outside the process (an MCP server) failed raises ``ToolServerError``;
 * anything else the tool raised, or its timeout, is an error *result* the model sees.
 
 Every call that reached a toolset is reported as a ``ToolCallRecord``, its arguments and
@@ -26,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from .._errors import InfrastructureLost, RolloutError, SandboxError, ToolInputError, ToolsetError
+from .._errors import InfrastructureLost, RolloutError, SandboxError, ToolInputError, ToolServerError, ToolsetError
 from .._record.capped import MAX_TOOL_CALL_CHARS, capped
 from .._record.messages import Tool, ToolCall
 from .._record.trace import ToolCallRecord
@@ -36,10 +37,15 @@ from .toolset import _NAME, DEFAULT_CALL_TIMEOUT, Toolset, _invoke, _text
 
 @dataclass(frozen=True)
 class ToolOutcome:
-    """What the model sees of one call: ``content``; ``error`` says the tool failed."""
+    """What the model sees of one call: ``content``; ``error`` says the tool failed.
+
+    ``structured``: the tool's result as a JSON object when it returned something other than
+    text (a non-object is wrapped as ``{"result": value}``), for MCP's ``structuredContent``.
+    """
 
     content: str
     error: str | None = None
+    structured: dict[str, Any] | None = None
 
 
 def index_toolsets(toolsets: Sequence[Any]) -> dict[str, Toolset]:
@@ -59,6 +65,18 @@ def index_toolsets(toolsets: Sequence[Any]) -> dict[str, Toolset]:
     return by_name
 
 
+async def open_toolsets(toolsets: Sequence[Any], runtime: Runtime | None) -> None:
+    """Let each toolset reach what it serves before its tools are listed (an MCP toolset
+    connects and lists its server's tools; a native one has nothing to do).
+
+    Raises:
+        ToolServerError: a toolset's server is unreachable or not MCP.
+    """
+    for toolset in toolsets:
+        if isinstance(toolset, Toolset):  # anything else fails in index_toolsets, with its reason
+            await toolset._open_tools(runtime)
+
+
 async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtime | None, *,
                     timeout: float = DEFAULT_CALL_TIMEOUT,
                     on_call: Callable[[ToolCallRecord], None] | None = None) -> ToolOutcome:
@@ -68,6 +86,7 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
         ToolInputError: unknown tool, or arguments that do not fit it (nothing ran).
         SandboxError: the rollout's runtime died under the tool.
         InfrastructureLost: the process hosting the runtime died under the tool.
+        ToolServerError: the MCP server behind ``toolset`` failed (not the tool's own error).
     """
     if toolset.call_timeout is not None:  # the toolset's own bound wins over the server's
         timeout = toolset.call_timeout
@@ -82,9 +101,11 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
                 raise ToolInputError(f"invalid arguments for tool {name!r}: not JSON: {e}", 400) from None
         fn, kwargs = toolset._bind(name, arguments, runtime)
         async with deadline:
-            outcome = ToolOutcome(_text(await _invoke(fn, kwargs)))
+            result = await _invoke(fn, kwargs)
+        text = _text(result)
+        outcome = ToolOutcome(text, structured=None if isinstance(result, str) else _structured(text))
     except Exception as e:
-        if (fn is None and isinstance(e, ToolInputError)) or isinstance(e, InfrastructureLost):
+        if (fn is None and isinstance(e, ToolInputError)) or isinstance(e, (InfrastructureLost, ToolServerError)):
             failure = e
         elif isinstance(e, SandboxError):
             failure = await _box_gone(e, runtime)
@@ -104,6 +125,13 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
         raise failure
     assert outcome is not None
     return outcome
+
+
+def _structured(text: str) -> dict[str, Any]:
+    """A non-text result as MCP's ``structuredContent`` (always an object), read back from its
+    JSON text so it is plain data whatever the tool returned (a model, a dataclass)."""
+    value = msgspec.json.decode(text)
+    return value if isinstance(value, dict) else {"result": value}
 
 
 async def _box_gone(error: SandboxError, runtime: Runtime | None) -> SandboxError | InfrastructureLost | None:

@@ -7,7 +7,9 @@ a random token and yields ``{name: url}``. The URL is the capability: an unknown
 ``{"content", "is_error": true}`` when the tool raised or timed out (the model sees it, as
 with MCP), or 400 / 404 / 408 / 413 ``{"error"}``, or 503 when the tool failed because the
 rollout's runtime died (``SandboxError`` and the runtime no longer alive, or
-``InfrastructureLost``: its host died). Each call is
+``InfrastructureLost``: its host died). The same toolsets are served as MCP servers (``mcp_server``): ``POST {base}/mcp/{name}`` with
+the token as ``Authorization: Bearer``, or ``POST <url>/mcp``; ``mcp_url`` gives the second.
+Each call is
 reported to ``on_call`` as a ``ToolCallRecord`` (its arguments cut at a cap:
 ``_core/tools``).
 
@@ -30,10 +32,11 @@ import msgspec
 from aiohttp import web
 
 from .._core.runtime import Runtime
-from .._core.tools import call_tool, index_toolsets, tool_specs
+from .._core.tools import call_tool, index_toolsets, open_toolsets, tool_specs
 from .._core.toolset import DEFAULT_CALL_TIMEOUT, Toolset
-from .._errors import InfrastructureLost, SandboxError, ToolInputError, ToolsetError, WireError
+from .._errors import InfrastructureLost, SandboxError, ToolInputError, ToolServerError, ToolsetError, WireError
 from .._record.trace import ToolCallRecord
+from . import mcp_server
 from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
 
 log = logging.getLogger("rollout_ray")
@@ -66,6 +69,11 @@ class _Registration:
     """The rollout's calls being handled now, and the body bytes reserved for them."""
 
 
+def mcp_url(tool_url: str) -> str:
+    """The MCP endpoint of a tool server URL ``serve`` yielded (the token in its path)."""
+    return f"{tool_url}/mcp"
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
@@ -94,6 +102,8 @@ class ToolServer(HTTPService):
     def _routes(self, router: web.UrlDispatcher) -> None:
         router.add_get("/t/{token}/{server}", self._handle)
         router.add_post("/t/{token}/{server}/call", self._handle)
+        router.add_route("*", "/t/{token}/{server}/mcp", self._handle_mcp)
+        router.add_route("*", "/mcp/{server}", self._handle_mcp)
 
     async def start(self) -> str:
         """Bind and serve; returns ``base_url``. Raises ``ToolsetError`` if it cannot bind."""
@@ -121,6 +131,7 @@ class ToolServer(HTTPService):
         """
         if not self.base_url:
             raise ToolsetError("ToolServer.serve before start(); await start() first")
+        await open_toolsets(toolsets, runtime)
         by_name = index_toolsets(toolsets)
         base = runtime.host_url(self.base_url) if runtime is not None else self.base_url
         token = secrets.token_urlsafe(24)
@@ -148,6 +159,36 @@ class ToolServer(HTTPService):
             refusal.force_close()  # the body is never read into memory: no keep-alive after it
             return refusal
 
+    async def _handle_mcp(self, request: web.Request) -> web.Response:
+        token = request.match_info.get("token")
+        if token is None:
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            token = token.strip() if scheme.lower() == "bearer" else ""
+        registration = self._registrations.get(token)
+        if registration is None:
+            return mcp_server.rpc_error(401, mcp_server.INVALID_REQUEST, "unknown or expired tool server token "
+                                        "(send the rollout's as Authorization: Bearer)",
+                                        headers={"WWW-Authenticate": "Bearer"})
+        toolset = registration.toolsets.get(request.match_info["server"])
+        if toolset is None:
+            return mcp_server.rpc_error(404, mcp_server.INVALID_REQUEST,
+                                        f"no tool server named {request.match_info['server']!r}")
+        if request.method != "POST":  # stateless: no server-to-client stream, no session to delete
+            return web.Response(status=405, headers={"Allow": "POST"})
+        try:
+            with self.admitted(request, registration.held) as reservation, registration.handlers.track():
+                try:
+                    body = await self.read_body(request, reservation)
+                except WireError as e:
+                    return mcp_server.rpc_error(e.status, mcp_server.INVALID_REQUEST, str(e))
+                return await mcp_server.answer(body, request.headers.get("mcp-protocol-version"), toolset,
+                                               registration.runtime, timeout=self.call_timeout,
+                                               on_call=registration.on_call)
+        except Refused as e:
+            refusal = mcp_server.rpc_error(e.status, mcp_server.INTERNAL_ERROR, str(e), headers=self.refusal_headers(e))
+            refusal.force_close()
+            return refusal
+
     async def _call(self, request: web.Request, reg: _Registration, toolset: Toolset,
                     reservation: Reservation) -> web.Response:
         try:
@@ -164,6 +205,8 @@ class ToolServer(HTTPService):
                                       on_call=reg.on_call)
         except ToolInputError as e:  # the caller's fault: 4xx
             return _error(e.status_code or 400, str(e))
+        except ToolServerError as e:  # the MCP server behind the toolset failed, not the tool
+            return _error(502, str(e))
         except (SandboxError, InfrastructureLost) as e:
             # Not the tool's fault: the box is gone (or its host), and with it the rollout. A
             # 503 makes the harness stop, and the rollout fail with SandboxError (or be lost
