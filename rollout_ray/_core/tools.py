@@ -72,9 +72,22 @@ async def open_toolsets(toolsets: Sequence[Any], runtime: Runtime | None) -> Non
     Raises:
         ToolServerError: a toolset's server is unreachable or not MCP.
     """
+    opened: list[Toolset] = []
+    try:
+        for toolset in toolsets:
+            if isinstance(toolset, Toolset):  # anything else fails in index_toolsets, with its reason
+                await toolset._open_tools(runtime)
+                opened.append(toolset)
+    except BaseException:
+        await close_toolsets(opened)
+        raise
+
+
+async def close_toolsets(toolsets: Sequence[Any]) -> None:
+    """Undo ``open_toolsets`` (each toolset's close is bounded by its own client)."""
     for toolset in toolsets:
-        if isinstance(toolset, Toolset):  # anything else fails in index_toolsets, with its reason
-            await toolset._open_tools(runtime)
+        if isinstance(toolset, Toolset):
+            await toolset._close_tools()
 
 
 async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtime | None, *,

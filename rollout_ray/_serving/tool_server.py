@@ -32,7 +32,7 @@ import msgspec
 from aiohttp import web
 
 from .._core.runtime import Runtime
-from .._core.tools import call_tool, index_toolsets, open_toolsets, tool_specs
+from .._core.tools import call_tool, close_toolsets, index_toolsets, open_toolsets, tool_specs
 from .._core.toolset import DEFAULT_CALL_TIMEOUT, Toolset
 from .._errors import InfrastructureLost, SandboxError, ToolInputError, ToolServerError, ToolsetError, WireError
 from .._record.trace import ToolCallRecord
@@ -132,15 +132,18 @@ class ToolServer(HTTPService):
         if not self.base_url:
             raise ToolsetError("ToolServer.serve before start(); await start() first")
         await open_toolsets(toolsets, runtime)
-        by_name = index_toolsets(toolsets)
-        base = runtime.host_url(self.base_url) if runtime is not None else self.base_url
-        token = secrets.token_urlsafe(24)
-        registration = self._registrations[token] = _Registration(by_name, runtime, state_secret, on_call)
         try:
-            yield {name: f"{base}/t/{token}/{name}" for name in by_name}
+            by_name = index_toolsets(toolsets)
+            base = runtime.host_url(self.base_url) if runtime is not None else self.base_url
+            token = secrets.token_urlsafe(24)
+            registration = self._registrations[token] = _Registration(by_name, runtime, state_secret, on_call)
+            try:
+                yield {name: f"{base}/t/{token}/{name}" for name in by_name}
+            finally:
+                self._registrations.pop(token, None)
+                registration.handlers.cancel()
         finally:
-            self._registrations.pop(token, None)
-            registration.handlers.cancel()
+            await close_toolsets(toolsets)
 
     async def _handle(self, request: web.Request) -> web.Response:
         registration = self._registrations.get(request.match_info["token"])
