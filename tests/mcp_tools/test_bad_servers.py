@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 
 from rollout_ray import LocalRuntime, Rollout, Task, ToolServer, Trace
-from rollout_ray._core.toolset import Toolset, tool
 from rollout_ray._core.tools import LocalTools, close_toolsets, open_toolsets
+from rollout_ray._core.toolset import Toolset, tool
 from rollout_ray._errors import ToolServerError
 from rollout_ray._harnesses.chat import ChatHarness
 from rollout_ray._record.messages import ToolCall
