@@ -235,6 +235,10 @@ class HTTPClient(_Client):
             raise self._fail(f"ended its event stream without answering request {id}")
         return answer
 
+    @property
+    def closed(self) -> bool:
+        return self._http.closed
+
     async def close(self) -> None:
         await self._http.close()
 
@@ -359,7 +363,7 @@ def http_client(server: str, url: str, headers: Mapping[str, str], limits: Limit
     key = (server, url, tuple(sorted(headers.items())), limits)
     pool = _pool()
     client = pool.http.get(key)
-    if client is None:
+    if client is None or client.closed:
         client = pool.http[key] = HTTPClient(server, url, headers, limits)
     return client
 

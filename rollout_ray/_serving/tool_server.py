@@ -38,6 +38,7 @@ from .._errors import InfrastructureLost, SandboxError, ToolInputError, ToolServ
 from .._record.trace import ToolCallRecord
 from . import mcp_server
 from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
+from .mcp_client import close_clients
 
 log = logging.getLogger("rollout_ray")
 
@@ -116,6 +117,7 @@ class ToolServer(HTTPService):
         for registration in self._registrations.values():
             registration.handlers.cancel()
         self._registrations.clear()
+        await close_clients()  # the MCP servers' clients of this process (mcp_toolset)
         await super().stop()
 
     @asynccontextmanager
