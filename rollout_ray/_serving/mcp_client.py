@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
+import signal
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -335,9 +337,6 @@ class StdioClient(_Client):
 
 def _kill(process: asyncio.subprocess.Process) -> None:
     """Kill the server and what it started (its own process group: start_new_session)."""
-    import os
-    import signal
-
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 from typing import Any
 
 import aiohttp
@@ -139,5 +140,60 @@ def test_filesystem_server_from_npm(tmp_path: Any) -> None:
         finally:
             await close_toolsets([tools])
             await close_clients()
+
+    asyncio.run(main())
+
+
+GATED_SERVER = r"""
+import json, sys
+# A minimal stdio MCP server that holds its `initialize` answer until the test opens the FIFO.
+first = json.loads(sys.stdin.readline())
+open(sys.argv[1]).read()
+def answer(id, result):
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": id, "result": result}) + "\n")
+    sys.stdout.flush()
+answer(first["id"], {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "gated"}})
+for line in sys.stdin:
+    message = json.loads(line)
+    if message.get("method") == "tools/list":
+        answer(message["id"], {"tools": [{"name": "noop", "inputSchema": {"type": "object"}}]})
+"""
+
+
+def test_stdio_servers_start_at_most_max_starting_at_once(tmp_path: Any) -> None:
+    from rollout_ray._serving.mcp_client import _pool
+
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+
+    class Box:
+        def __init__(self, id: str) -> None:
+            self.id = id
+
+    async def release_one() -> None:  # returns once a server opened the gate: it then answers
+        await asyncio.to_thread(lambda: os.close(os.open(gate, os.O_WRONLY)))
+
+    async def processes() -> list[Any]:
+        return [c.process for c, _ in _pool().stdio.values()]
+
+    async def main() -> None:
+        toolsets = [MCPToolset("gated", command=[sys.executable, "-c", GATED_SERVER, str(gate)], max_starting=1)
+                    for _ in range(2)]
+        try:
+            opening = [asyncio.ensure_future(open_toolsets([t], Box(f"r{i}"))) for i, t in enumerate(toolsets)]  # type: ignore[arg-type]
+            async with asyncio.timeout(30):
+                while sum(p is not None for p in await processes()) == 0:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.2)  # a window for a second start to show were the limit broken (not a wait)
+                assert sum(p is not None for p in await processes()) == 1  # the other waits its turn
+                await release_one()
+                while sum(p is not None for p in await processes()) < 2:
+                    await asyncio.sleep(0.01)
+                await release_one()
+                await asyncio.gather(*opening)
+            assert [t.name for ts in toolsets for t in ts.specs()] == ["noop", "noop"]
+        finally:
+            await close_toolsets(toolsets)
+            await close_clients()  # kills the servers still held at the gate, if any
 
     asyncio.run(main())
