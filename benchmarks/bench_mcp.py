@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 
 from rollout_ray import MCPToolset, ToolServer, Toolset, tool
-from rollout_ray._serving.mcp_client import close_clients
+from rollout_ray._serving.mcp_pool import close_clients
 
 SERVER = pathlib.Path(__file__).resolve().parents[1] / "tests" / "mcp_tools" / "sdk_server.py"
 

@@ -1,11 +1,12 @@
-"""Clients of MCP servers outside the process: streamable HTTP and stdio, each bounded.
+"""Clients of MCP servers outside the process: the JSON-RPC client and its HTTP transport
+(the stdio one is ``mcp_stdio``; which client serves which toolset, ``mcp_pool``).
 
-One ``HTTPClient`` per server per process (``http_client``): the node's tool server holds
+One ``HTTPClient`` per server per process (``mcp_pool.http_client``): the node's tool server holds
 one for all the rollouts it serves, so a burst of calls shares one connection pool
 (``max_connections``) and one MCP session, never a connection per call. A connection the
 server dropped is opened again and the request sent once more; a session the server forgot
 (404 on ``Mcp-Session-Id``) is initialized again. One ``StdioClient`` per command per
-runtime (``stdio_client``), started under a per-process limit on starts in progress so a
+runtime (``mcp_pool.stdio_client``), started under a per-process limit on starts in progress so a
 burst of rollouts does not start a hundred servers at once (mcphub#1154: 74 of 99 timed out).
 
 Everything a bad server can do is bounded and answered with ``ToolServerError`` naming it:
@@ -18,10 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
-import signal
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,159 +241,3 @@ class HTTPClient(_Client):
 
     async def close(self) -> None:
         await self._http.close()
-
-
-class StdioClient(_Client):
-    """An MCP server run as a subprocess, JSON-RPC messages one per line on its stdin/stdout."""
-
-    def __init__(self, server: str, command: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
-                 limits: Limits, starting: asyncio.Semaphore) -> None:
-        super().__init__(server, limits)
-        self.command, self._env, self._cwd, self._starting_slots = list(command), env, cwd, starting
-        self.process: asyncio.subprocess.Process | None = None
-        self._pending: dict[int, asyncio.Future[Any]] = {}
-        self._reader: asyncio.Task[None] | None = None
-        self._write_lock = asyncio.Lock()
-
-    def _starting(self) -> contextlib.AbstractAsyncContextManager[Any]:
-        return self._starting_slots
-
-    async def _open(self) -> None:
-        await self.close()
-        try:
-            self.process = await asyncio.create_subprocess_exec(
-                *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, env=None if self._env is None else dict(self._env),
-                cwd=self._cwd, limit=self.limits.max_message, start_new_session=True)
-        except OSError as e:
-            raise self._fail(f"cannot start {self.command[0]!r}: {e}") from None
-        self._reader = asyncio.ensure_future(self._read_lines(self.process))
-
-    async def _read_lines(self, process: asyncio.subprocess.Process) -> None:
-        assert process.stdout is not None
-        why = "closed its stdout"
-        try:
-            while line := await process.stdout.readline():
-                if not line.strip():
-                    continue
-                try:
-                    message = msgspec.json.decode(line)
-                except (msgspec.DecodeError, RecursionError):
-                    why = f"wrote something that is not JSON: {line[:200]!r}"
-                    break
-                if isinstance(message, dict) and (waiter := self._pending.pop(message.get("id"), None)):  # type: ignore[arg-type]
-                    if not waiter.done():
-                        waiter.set_result(message)
-        except ValueError:  # asyncio's answer to a line over the stream's limit
-            why = f"wrote a message over the {self.limits.max_message} bytes of max_message"
-        except Exception as e:
-            why = f"{type(e).__name__}: {e}"
-        code = process.returncode
-        error = self._fail(why if code is None else f"exited with code {code}")
-        for waiter in self._pending.values():
-            if not waiter.done():
-                waiter.set_exception(error)
-        self._pending.clear()
-        self._ready = None  # the next request starts it again
-        if process.returncode is None:
-            _kill(process)
-
-    async def _send(self, message: dict[str, Any]) -> Any:
-        process, id = self.process, message.get("id")
-        if process is None or process.returncode is not None or self._reader is None or self._reader.done():
-            raise _Retry("the server process is gone")
-        assert process.stdin is not None
-        waiter: asyncio.Future[Any] | None = None
-        if id is not None:
-            waiter = self._pending[id] = asyncio.get_running_loop().create_future()
-        try:
-            async with self._write_lock:
-                process.stdin.write(msgspec.json.encode(message) + b"\n")
-                await process.stdin.drain()
-        except (ConnectionError, RuntimeError) as e:
-            self._pending.pop(id, None)  # type: ignore[arg-type]
-            raise self._fail(f"its stdin broke: {e}") from None
-        if waiter is None:
-            return None
-        try:
-            return await waiter
-        finally:
-            self._pending.pop(id, None)  # type: ignore[arg-type]
-
-    async def close(self) -> None:
-        process, reader, self.process, self._reader = self.process, self._reader, None, None
-        if process is not None and process.returncode is None:
-            _kill(process)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(5):
-                    await process.wait()
-        if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(BaseException):
-                await reader
-
-
-def _kill(process: asyncio.subprocess.Process) -> None:
-    """Kill the server and what it started (its own process group: start_new_session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
-class _Pool:
-    """This event loop's clients: one per HTTP server, one per stdio command and runtime."""
-
-    def __init__(self) -> None:
-        self.http: dict[tuple[Any, ...], HTTPClient] = {}
-        self.stdio: dict[tuple[Any, ...], tuple[StdioClient, int]] = {}
-        self.starting: dict[int, asyncio.Semaphore] = {}
-
-
-_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool] = weakref.WeakKeyDictionary()
-
-
-def _pool() -> _Pool:
-    return _POOLS.setdefault(asyncio.get_running_loop(), _Pool())
-
-
-def http_client(server: str, url: str, headers: Mapping[str, str], limits: Limits) -> HTTPClient:
-    """This process's client of the HTTP MCP server at ``url`` (made on first use)."""
-    key = (server, url, tuple(sorted(headers.items())), limits)
-    pool = _pool()
-    client = pool.http.get(key)
-    if client is None or client.closed:
-        client = pool.http[key] = HTTPClient(server, url, headers, limits)
-    return client
-
-
-def stdio_client(server: str, command: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
-                 limits: Limits, runtime_id: str | None) -> StdioClient:
-    """The stdio MCP server ``command`` of one runtime, leased: ``release_stdio`` when done."""
-    key = (server, tuple(command), tuple(sorted((env or {}).items())), cwd, limits, runtime_id)
-    pool = _pool()
-    client, leases = pool.stdio.get(key, (None, 0))
-    if client is None:
-        starting = pool.starting.setdefault(limits.max_starting, asyncio.Semaphore(limits.max_starting))
-        client = StdioClient(server, command, env, cwd, limits, starting)
-    pool.stdio[key] = (client, leases + 1)
-    return client
-
-
-async def release_stdio(client: StdioClient) -> None:
-    """Return a lease of ``stdio_client``; the last one stops the server."""
-    pool = _pool()
-    for key, (held, leases) in list(pool.stdio.items()):
-        if held is client:
-            if leases > 1:
-                pool.stdio[key] = (held, leases - 1)
-                return
-            del pool.stdio[key]
-            await client.close()
-            return
-
-
-async def close_clients() -> None:
-    """Close this event loop's clients (the end of a node's tool server, or of a test)."""
-    pool = _POOLS.pop(asyncio.get_running_loop(), None)
-    if pool is not None:
-        for client in [*pool.http.values(), *(c for c, _ in pool.stdio.values())]:
-            await client.close()

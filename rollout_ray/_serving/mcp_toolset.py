@@ -4,7 +4,7 @@ The server is plugged in unchanged: its tools (``tools/list``) are the toolset's
 the model as they are, and a call goes to the server as ``tools/call``. The toolset is
 plain data until it is opened where the tools are served (the node's tool server, or the
 rollout's process for an in-process harness): there it takes this process's client of the
-server (``mcp_client``): one per HTTP server for every rollout served here; one stdio server
+server (``mcp_pool``): one per HTTP server for every rollout served here; one stdio server
 per rollout's runtime, started on first use and stopped when the runtime's last rollout lets
 go of it. Calls land on ``trace.tool_calls`` and run under the tool server's bounds like any
 toolset's.
@@ -25,7 +25,9 @@ from .._core.runtime import Runtime
 from .._core.toolset import _NAME, Toolset
 from .._errors import ToolInputError, ToolsetError
 from .._record.messages import Tool
-from .mcp_client import Limits, StdioClient, _Client, http_client, release_stdio, stdio_client
+from .mcp_client import Limits, _Client
+from .mcp_pool import http_client, release_stdio, stdio_client
+from .mcp_stdio import StdioClient
 
 
 class ToolFailed(Exception):

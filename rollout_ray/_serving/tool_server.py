@@ -38,7 +38,7 @@ from .._errors import InfrastructureLost, SandboxError, ToolInputError, ToolServ
 from .._record.trace import ToolCallRecord
 from . import mcp_server
 from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
-from .mcp_client import close_clients
+from .mcp_pool import close_clients
 
 log = logging.getLogger("rollout_ray")
 

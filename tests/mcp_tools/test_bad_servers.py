@@ -24,7 +24,7 @@ from rollout_ray._core.toolset import Toolset, tool
 from rollout_ray._errors import ToolServerError
 from rollout_ray._harnesses.chat import ChatHarness
 from rollout_ray._record.messages import ToolCall
-from rollout_ray._serving.mcp_client import close_clients
+from rollout_ray._serving.mcp_pool import close_clients
 from rollout_ray._serving.mcp_toolset import MCPToolset
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray.testing import Reply, ScriptedModel

@@ -18,7 +18,7 @@ from rollout_ray import ToolCallRecord
 from rollout_ray._core.tools import LocalTools, close_toolsets, open_toolsets
 from rollout_ray._errors import ToolServerError
 from rollout_ray._record.messages import ToolCall
-from rollout_ray._serving.mcp_client import close_clients
+from rollout_ray._serving.mcp_pool import close_clients
 from rollout_ray._serving.mcp_toolset import MCPToolset
 from rollout_ray._serving.tool_server import ToolServer, mcp_url
 
@@ -161,7 +161,7 @@ for line in sys.stdin:
 
 
 def test_stdio_servers_start_at_most_max_starting_at_once(tmp_path: Any) -> None:
-    from rollout_ray._serving.mcp_client import _pool
+    from rollout_ray._serving.mcp_pool import _pool
 
     gate = tmp_path / "gate"
     os.mkfifo(gate)
