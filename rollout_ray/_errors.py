@@ -72,7 +72,10 @@ class ToolServerError(ToolsetError):
 
     def __init__(self, server: str, message: str) -> None:
         super().__init__(f"tool server {server!r}: {message}")
-        self.server = server
+        self.server, self.reason = server, message
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # it crosses to the rollout's process
+        return type(self), (self.server, self.reason)
 
 
 class RuntimeStopped(SandboxError):

@@ -86,8 +86,10 @@ def call_result(outcome: ToolOutcome) -> dict[str, Any]:
 
 
 async def answer(body: bytes, header_version: str | None, toolset: Toolset, runtime: Runtime | None, *,
-                 timeout: float, on_call: Callable[[ToolCallRecord], None] | None) -> web.Response:
-    """The answer to one POSTed JSON-RPC message for ``toolset``."""
+                 timeout: float, on_call: Callable[[ToolCallRecord], None] | None,
+                 on_error: Callable[[ToolServerError], None] | None = None) -> web.Response:
+    """The answer to one POSTed JSON-RPC message for ``toolset``; ``on_error`` gets the
+    failure of the MCP server behind it, if any (the tool server stashes it on the rollout)."""
     try:
         message = msgspec.json.decode(body)
     except (msgspec.DecodeError, RecursionError) as e:
@@ -138,5 +140,7 @@ async def answer(body: bytes, header_version: str | None, toolset: Toolset, runt
     except (SandboxError, InfrastructureLost) as e:
         return rpc_error(503, INTERNAL_ERROR, f"the rollout's runtime died: {type(e).__name__}: {e}", id)
     except ToolServerError as e:
+        if on_error is not None:
+            on_error(e)
         return rpc_error(502, INTERNAL_ERROR, str(e), id)
     return _result(id, call_result(outcome), modern, server)

@@ -32,6 +32,7 @@ import msgspec
 from aiohttp import web
 
 from .._core.runtime import Runtime
+from .._core.session import RolloutSession
 from .._core.tools import call_tool, close_toolsets, index_toolsets, open_toolsets, tool_specs
 from .._core.toolset import DEFAULT_CALL_TIMEOUT, Toolset
 from .._errors import InfrastructureLost, SandboxError, ToolInputError, ToolServerError, ToolsetError, WireError
@@ -85,7 +86,10 @@ class ToolServer(HTTPService):
     A tool call running over ``call_timeout`` seconds is answered as an error. Other
     arguments as ``HTTPService`` (``max_body`` defaults to ``DEFAULT_MAX_BODY``; a rollout's
     share of calls in flight to ``DEFAULT_MAX_CALLS_PER_ROLLOUT`` and
-    ``DEFAULT_MAX_CALL_BYTES_PER_ROLLOUT``).
+    ``DEFAULT_MAX_CALL_BYTES_PER_ROLLOUT``). ``sessions`` finds a rollout's session by its
+    ``state_secret`` (the proxy's ``session_of_state``): an MCP server's failure
+    (``ToolServerError``) is stashed on it, so the rollout fails with that error, not with
+    the harness's exit after its 502.
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
@@ -93,11 +97,13 @@ class ToolServer(HTTPService):
                  read_timeout: float = DEFAULT_READ_TIMEOUT,
                  max_requests_per_rollout: int = DEFAULT_MAX_CALLS_PER_ROLLOUT,
                  max_body_bytes_per_rollout: int = DEFAULT_MAX_CALL_BYTES_PER_ROLLOUT,
-                 body_budget: BodyBudget | None = None) -> None:
+                 body_budget: BodyBudget | None = None,
+                 sessions: Callable[[str], RolloutSession | None] | None = None) -> None:
         super().__init__(host=host, port=port, advertise_host=advertise_host, max_body=max_body,
                          read_timeout=read_timeout, max_requests_per_rollout=max_requests_per_rollout,
                          max_body_bytes_per_rollout=max_body_bytes_per_rollout, body_budget=body_budget)
         self.call_timeout = call_timeout
+        self._sessions = sessions
         self._registrations: dict[str, _Registration] = {}
 
     def _routes(self, router: web.UrlDispatcher) -> None:
@@ -164,6 +170,12 @@ class ToolServer(HTTPService):
             refusal.force_close()  # the body is never read into memory: no keep-alive after it
             return refusal
 
+    def stash(self, registration: _Registration, error: ToolServerError) -> None:
+        """Make ``error`` the rollout's (its session's stashed error), when it can be found."""
+        session = self._sessions(registration.state_secret) if self._sessions is not None else None
+        if session is not None:
+            session.error = error
+
     async def _handle_mcp(self, request: web.Request) -> web.Response:
         token = request.match_info.get("token")
         if token is None:
@@ -188,7 +200,8 @@ class ToolServer(HTTPService):
                     return mcp_server.rpc_error(e.status, mcp_server.INVALID_REQUEST, str(e))
                 return await mcp_server.answer(body, request.headers.get("mcp-protocol-version"), toolset,
                                                registration.runtime, timeout=self.call_timeout,
-                                               on_call=registration.on_call)
+                                               on_call=registration.on_call,
+                                               on_error=lambda e: self.stash(registration, e))
         except Refused as e:
             refusal = mcp_server.rpc_error(e.status, mcp_server.INTERNAL_ERROR, str(e), headers=self.refusal_headers(e))
             refusal.force_close()
@@ -211,6 +224,7 @@ class ToolServer(HTTPService):
         except ToolInputError as e:  # the caller's fault: 4xx
             return _error(e.status_code or 400, str(e))
         except ToolServerError as e:  # the MCP server behind the toolset failed, not the tool
+            self.stash(reg, e)
             return _error(502, str(e))
         except (SandboxError, InfrastructureLost) as e:
             # Not the tool's fault: the box is gone (or its host), and with it the rollout. A

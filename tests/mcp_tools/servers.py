@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import pathlib
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiohttp import web
 
 SDK_SERVER = pathlib.Path(__file__).with_name("sdk_server.py")
+HUNDRED_MIB = 100 << 20
 
 
 @contextlib.contextmanager
@@ -30,3 +36,59 @@ def sdk_http_server(port: int | None = None) -> Iterator[tuple[str, subprocess.P
 
 def sdk_stdio_command() -> list[str]:
     return [sys.executable, str(SDK_SERVER), "stdio"]
+
+
+@asynccontextmanager
+async def bad_http_server(behaviour: str, tool: str = "go") -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """An MCP server that lists one tool, ``tool`` (of two integers ``a``, ``b``), and answers
+    its call as ``behaviour`` says."""
+    release = asyncio.Event()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        message = await request.json()
+        if "id" not in message:
+            return web.Response(status=202)
+        result: dict[str, Any] = {}
+        if message["method"] == "initialize":
+            result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "bad"}}
+        elif message["method"] == "tools/list":
+            schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+            result = {"tools": [{"name": tool, "description": "Add two integers.", "inputSchema": schema}]}
+        elif behaviour == "hang":
+            await release.wait()
+        elif behaviour == "garbage":
+            return web.Response(text="<html>502 Bad Gateway</html>", content_type="text/html")
+        elif behaviour == "not-jsonrpc":
+            return web.json_response({"hello": "world"})
+        elif behaviour == "huge":
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await response.prepare(request)
+            chunk = b" " * (1 << 20)
+            try:
+                for _ in range(HUNDRED_MIB // len(chunk)):
+                    await response.write(chunk)
+            except (ConnectionError, RuntimeError):
+                pass  # the client hung up at its bound, as it should
+            return response
+        elif behaviour == "huge-stream":
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            try:
+                await response.write(b"data: " + b"x" * HUNDRED_MIB + b"\n\n")
+            except (ConnectionError, RuntimeError):
+                pass
+            return response
+        return web.json_response({"jsonrpc": "2.0", "id": message["id"], "result": result})
+
+    app = web.Application()
+    app.router.add_post("/mcp", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/mcp", release
+    finally:
+        release.set()
+        await runner.cleanup()

@@ -10,13 +10,11 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
 import aiohttp
 import pytest
-from aiohttp import web
+from servers import bad_http_server
 
 from rollout_ray import LocalRuntime, Rollout, Task, ToolServer, Trace
 from rollout_ray._core.tools import LocalTools, close_toolsets, open_toolsets
@@ -28,62 +26,6 @@ from rollout_ray._serving.mcp_pool import close_clients
 from rollout_ray._serving.mcp_toolset import MCPToolset
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray.testing import Reply, ScriptedModel
-
-HUNDRED_MIB = 100 << 20
-
-
-@asynccontextmanager
-async def bad_http_server(behaviour: str) -> AsyncIterator[tuple[str, asyncio.Event]]:
-    """An MCP server that lists one tool, ``go``, and answers its call as ``behaviour`` says."""
-    release = asyncio.Event()
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        message = await request.json()
-        if "id" not in message:
-            return web.Response(status=202)
-        result: dict[str, Any] = {}
-        if message["method"] == "initialize":
-            result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "bad"}}
-        elif message["method"] == "tools/list":
-            result = {"tools": [{"name": "go", "inputSchema": {"type": "object"}}]}
-        elif behaviour == "hang":
-            await release.wait()
-        elif behaviour == "garbage":
-            return web.Response(text="<html>502 Bad Gateway</html>", content_type="text/html")
-        elif behaviour == "not-jsonrpc":
-            return web.json_response({"hello": "world"})
-        elif behaviour == "huge":
-            response = web.StreamResponse(headers={"Content-Type": "application/json"})
-            await response.prepare(request)
-            chunk = b" " * (1 << 20)
-            try:
-                for _ in range(HUNDRED_MIB // len(chunk)):
-                    await response.write(chunk)
-            except (ConnectionError, RuntimeError):
-                pass  # the client hung up at its bound, as it should
-            return response
-        elif behaviour == "huge-stream":
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            try:
-                await response.write(b"data: " + b"x" * HUNDRED_MIB + b"\n\n")
-            except (ConnectionError, RuntimeError):
-                pass
-            return response
-        return web.json_response({"jsonrpc": "2.0", "id": message["id"], "result": result})
-
-    app = web.Application()
-    app.router.add_post("/mcp", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}/mcp", release
-    finally:
-        release.set()
-        await runner.cleanup()
 
 
 def _closed_port() -> int:
@@ -206,7 +148,7 @@ def test_the_rollout_fails_with_the_servers_toolset_error(transport: Any) -> Non
             HungShop.url = url
             model = ScriptedModel([Reply(tool_calls=[("go", {})]), "done"])
             harness = ChatHarness(transport=transport)
-            async with HTTPInterception() as proxy, ToolServer() as tools:
+            async with HTTPInterception() as proxy, ToolServer(sessions=proxy.session_of_state) as tools:
                 rollout = Rollout(HungShop({"prompt": "buy"}), harness, model=model,
                                   interception=None if harness.in_process else proxy,
                                   tool_server=tools.serve, runtime_factory=LocalRuntime)
@@ -219,7 +161,6 @@ def test_the_rollout_fails_with_the_servers_toolset_error(transport: Any) -> Non
     assert [(r.server, r.name, r.ok) for r in trace.tool_calls] == [("shop", "go", False)]
     assert "tool server 'shop': no answer within 0.5s" in (trace.tool_calls[0].error or "")
     # in process the rollout gets the ToolServerError itself; an agent over HTTP gets a 502
-    # naming the server, and stops (its exit is the harness's error)
-    expected = "ToolServerError" if transport == "inprocess" else "HarnessError"
-    assert [e.type for e in trace.errors] == [expected]
+    # naming the server and stops, and the rollout's error is still the server's (stashed)
+    assert [e.type for e in trace.errors] == ["ToolServerError"]
     assert "tool server 'shop': no answer within 0.5s" in trace.errors[0].message

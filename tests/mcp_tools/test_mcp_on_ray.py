@@ -9,7 +9,7 @@ import sys
 from typing import Any, ClassVar
 
 import pytest
-from servers import sdk_http_server
+from servers import bad_http_server, sdk_http_server
 
 from rollout_ray import (
     MCPToolset,
@@ -34,30 +34,43 @@ AGENT = (pathlib.Path(__file__).parents[2] / "examples" / "agent_program.py").re
 
 
 class McpArith(Task):
-    url: ClassVar[str] = ""
+    url: ClassVar[str] = ""  # set before the class first ships to an actor (it ships once)
+    timeout: ClassVar[float] = 30.0
 
     @classmethod
     def toolsets(cls, config: Any) -> list[Any]:
-        return [MCPToolset("calc", url=cls.url)]
+        return [MCPToolset("calc", url=cls.url, timeout=cls.timeout)]
 
     @reward
     def correct(self, trace: Trace) -> float:
         return float(trace.last_reply == "42")
 
 
+class HungArith(McpArith):
+    timeout = 0.5
+
+
 def test_program_agent_on_ray_uses_an_mcp_server_through_the_node_tool_server() -> None:
-    async def main(url: str) -> Trace:
-        McpArith.url = url
+    async def main(url: str) -> tuple[Trace, Trace]:
         actor = RolloutActor.create(capacity=2)
         try:
             async with SimulatedModelServer(SimulatedModelConfig(ttft=0.0)) as server:
                 model = OpenAIModel(server.base_url, name="simulated")
                 harness = ProgramHarness([sys.executable, "agent_program.py"], files={"agent_program.py": AGENT})
-                return await actor.run(RolloutSpec(McpArith({"prompt": "What is 17 + 25?"}), harness, model))
+                McpArith.url = url
+                good = await actor.run(RolloutSpec(McpArith({"prompt": "What is 17 + 25?"}), harness, model))
+                async with bad_http_server("hang", tool="add") as (hung, _):  # the same calculator, hung
+                    HungArith.url = hung
+                    bad = await actor.run(RolloutSpec(HungArith({"prompt": "What is 17 + 25?"}), harness, model))
+                return good, bad
         finally:
             await actor.aclose()
 
     with sdk_http_server() as (url, _):
-        trace = asyncio.run(main(url))
-    assert trace.errors == [] and trace.ok and trace.reward == 1.0
-    assert [(r.server, r.name, r.ok) for r in trace.tool_calls] == [("calc", "add", True)]
+        good, bad = asyncio.run(main(url))
+    assert good.errors == [] and good.ok and good.reward == 1.0
+    assert [(r.server, r.name, r.ok) for r in good.tool_calls] == [("calc", "add", True)]
+    # a hung server: the node's tool server answers the program 502 and stashes the error,
+    # which crosses back to the rollout's process as the rollout's own
+    assert [(e.type, e.message) for e in bad.errors] == [("ToolServerError", "tool server 'calc': no answer within 0.5s")]
+    assert [(r.server, r.name, r.ok) for r in bad.tool_calls] == [("calc", "add", False)]
