@@ -214,7 +214,7 @@ class HTTPClient(_Client):
 
     async def _from_stream(self, r: aiohttp.ClientResponse, id: int) -> Any:
         """The response to ``id`` among the server's SSE events (others are notifications)."""
-        buffer, data, seen, answer = b"", [], 0, None
+        buffer, data, seen, answer = bytearray(), [], 0, None
         async for chunk in r.content.iter_chunked(1 << 16):
             seen += len(chunk)
             if seen > self.limits.max_message:
@@ -222,11 +222,14 @@ class HTTPClient(_Client):
             if answer is not None:
                 continue  # read to the stream's end (the server ends it): the connection is reused
             buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
+            if b"\n" not in chunk:
+                continue  # splitting only at a line's end keeps a long line's parse linear
+            *lines, rest = buffer.split(b"\n")
+            buffer = bytearray(rest)
             for line in lines:
                 line = line.rstrip(b"\r")
                 if line.startswith(b"data:"):
-                    data.append(line[5:].lstrip(b" "))
+                    data.append(bytes(line[5:].lstrip(b" ")))
                 elif not line and data:
                     message, data = self._decode(b"\n".join(data)), []
                     if isinstance(message, dict) and message.get("id") == id:

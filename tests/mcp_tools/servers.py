@@ -73,8 +73,10 @@ async def bad_http_server(behaviour: str, tool: str = "go") -> AsyncIterator[tup
         elif behaviour == "huge-stream":
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
-            try:
-                await response.write(b"data: " + b"x" * HUNDRED_MIB + b"\n\n")
+            try:  # one 100 MiB event, in 1 MiB writes
+                await response.write(b"data: ")
+                for _ in range(HUNDRED_MIB >> 20):
+                    await response.write(b"x" * (1 << 20))
             except (ConnectionError, RuntimeError):
                 pass
             return response
