@@ -39,13 +39,13 @@ from .toolset import _NAME, DEFAULT_CALL_TIMEOUT, Toolset, _invoke, _text
 class ToolOutcome:
     """What the model sees of one call: ``content``; ``error`` says the tool failed.
 
-    ``structured``: the tool's result as a JSON object when it returned something other than
-    text (a non-object is wrapped as ``{"result": value}``), for MCP's ``structuredContent``.
+    ``data``: the tool returned something other than text, and ``content`` is its JSON (MCP
+    answers it as ``structuredContent`` too; read only there, so a native call pays nothing).
     """
 
     content: str
     error: str | None = None
-    structured: dict[str, Any] | None = None
+    data: bool = False
 
 
 def index_toolsets(toolsets: Sequence[Any]) -> dict[str, Toolset]:
@@ -115,8 +115,7 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
         fn, kwargs = toolset._bind(name, arguments, runtime)
         async with deadline:
             result = await _invoke(fn, kwargs)
-        text = _text(result)
-        outcome = ToolOutcome(text, structured=None if isinstance(result, str) else _structured(text))
+        outcome = ToolOutcome(_text(result), data=not isinstance(result, str))
     except Exception as e:
         if (fn is None and isinstance(e, ToolInputError)) or isinstance(e, (InfrastructureLost, ToolServerError)):
             failure = e
@@ -138,13 +137,6 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
         raise failure
     assert outcome is not None
     return outcome
-
-
-def _structured(text: str) -> dict[str, Any]:
-    """A non-text result as MCP's ``structuredContent`` (always an object), read back from its
-    JSON text so it is plain data whatever the tool returned (a model, a dataclass)."""
-    value = msgspec.json.decode(text)
-    return value if isinstance(value, dict) else {"result": value}
 
 
 async def _box_gone(error: SandboxError, runtime: Runtime | None) -> SandboxError | InfrastructureLost | None:

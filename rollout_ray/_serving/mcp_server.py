@@ -80,8 +80,9 @@ def call_result(outcome: ToolOutcome) -> dict[str, Any]:
     """``outcome`` as an MCP ``CallToolResult``."""
     result: dict[str, Any] = {"content": [{"type": "text", "text": outcome.content}],
                               "isError": outcome.error is not None}
-    if outcome.structured is not None and outcome.error is None:
-        result["structuredContent"] = outcome.structured
+    if outcome.data and outcome.error is None:  # always an object: a non-object is wrapped
+        value = msgspec.json.decode(outcome.content)
+        result["structuredContent"] = value if isinstance(value, dict) else {"result": value}
     return result
 
 
