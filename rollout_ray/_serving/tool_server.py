@@ -7,11 +7,10 @@ a random token and yields ``{name: url}``. The URL is the capability: an unknown
 ``{"content", "is_error": true}`` when the tool raised or timed out (the model sees it, as
 with MCP), or 400 / 404 / 408 / 413 ``{"error"}``, or 503 when the tool failed because the
 rollout's runtime died (``SandboxError`` and the runtime no longer alive, or
-``InfrastructureLost``: its host died). The same toolsets are served as MCP servers (``mcp_server``): ``POST {base}/mcp/{name}`` with
-the token as ``Authorization: Bearer``, or ``POST <url>/mcp``; ``mcp_url`` gives the second.
-Each call is
-reported to ``on_call`` as a ``ToolCallRecord`` (its arguments cut at a cap:
-``_core/tools``).
+``InfrastructureLost``: its host died). The same toolsets are served as MCP servers
+(``mcp_server``): ``POST {base}/mcp/{name}`` with the token as ``Authorization: Bearer``, or
+``POST <url>/mcp`` (``mcp_url``). Each call is reported to ``on_call`` as a
+``ToolCallRecord`` (its arguments cut at a cap: ``_core/tools``).
 
 Bounded as the proxy is (``HTTPService.admitted``): more calls, or more body bytes, of one
 rollout in flight than its share → 429 before the body is read; more body bytes in flight
@@ -170,7 +169,7 @@ class ToolServer(HTTPService):
             refusal.force_close()  # the body is never read into memory: no keep-alive after it
             return refusal
 
-    def stash(self, registration: _Registration, error: ToolServerError) -> None:
+    def _stash(self, registration: _Registration, error: ToolServerError) -> None:
         """Make ``error`` the rollout's (its session's stashed error), when it can be found."""
         session = self._sessions(registration.state_secret) if self._sessions is not None else None
         if session is not None:
@@ -201,7 +200,7 @@ class ToolServer(HTTPService):
                 return await mcp_server.answer(body, request.headers.get("mcp-protocol-version"), toolset,
                                                registration.runtime, timeout=self.call_timeout,
                                                on_call=registration.on_call,
-                                               on_error=lambda e: self.stash(registration, e))
+                                               on_error=lambda e: self._stash(registration, e))
         except Refused as e:
             refusal = mcp_server.rpc_error(e.status, mcp_server.INTERNAL_ERROR, str(e), headers=self.refusal_headers(e))
             refusal.force_close()
@@ -224,7 +223,7 @@ class ToolServer(HTTPService):
         except ToolInputError as e:  # the caller's fault: 4xx
             return _error(e.status_code or 400, str(e))
         except ToolServerError as e:  # the MCP server behind the toolset failed, not the tool
-            self.stash(reg, e)
+            self._stash(reg, e)
             return _error(502, str(e))
         except (SandboxError, InfrastructureLost) as e:
             # Not the tool's fault: the box is gone (or its host), and with it the rollout. A
