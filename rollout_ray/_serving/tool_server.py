@@ -1,4 +1,4 @@
-"""The tool server (§5.5), over plain HTTP instead of MCP.
+"""The tool server (§5.5): a rollout's toolsets over plain HTTP, and as MCP servers.
 
 A ``ToolServer`` hosts the toolsets of many rollouts: ``serve`` registers one rollout's under
 a random token and yields ``{name: url}``. The URL is the capability: an unknown token gets
@@ -7,7 +7,8 @@ a random token and yields ``{name: url}``. The URL is the capability: an unknown
 ``{"content", "is_error": true}`` when the tool raised or timed out (the model sees it, as
 with MCP), or 400 / 404 / 408 / 413 ``{"error"}``, or 503 when the tool failed because the
 rollout's runtime died (``SandboxError`` and the runtime no longer alive, or
-``InfrastructureLost``: its host died). The same toolsets are served as MCP servers
+``InfrastructureLost``: its host died), or 502 when the MCP server behind a toolset failed
+(``ToolServerError``, stashed on the rollout's session when ``sessions`` finds it). The same toolsets are served as MCP servers
 (``mcp_server``): ``POST {base}/mcp/{name}`` with the token as ``Authorization: Bearer``, or
 ``POST <url>/mcp`` (``mcp_url``). Each call is reported to ``on_call`` as a
 ``ToolCallRecord`` (its arguments cut at a cap: ``_core/tools``).
