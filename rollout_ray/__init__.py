@@ -82,6 +82,7 @@ from ._harnesses.program import ProgramHarness as ProgramHarness
 from ._core.toolset import Toolset as Toolset
 from ._core.toolset import tool as tool
 from ._serving.tool_server import ToolServer as ToolServer
+from ._serving.mcp_toolset import MCPToolset as MCPToolset
 from ._simulated.config import SimulatedModelConfig as SimulatedModelConfig
 
 # The driver, Arrow and the env-level finalize: loaded on first access (below).
@@ -106,6 +107,7 @@ from ._errors import SessionConcluded as SessionConcluded
 from ._errors import TaskError as TaskError
 from ._errors import ToolInputError as ToolInputError
 from ._errors import ToolsetError as ToolsetError
+from ._errors import ToolServerError as ToolServerError
 from ._errors import TurnRefused as TurnRefused
 from ._errors import Unauthorized as Unauthorized
 from ._errors import UpstreamError as UpstreamError
@@ -168,6 +170,7 @@ __all__ = [
     "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "SandboxRuntime", "Rollout",
     "RolloutSpec",
     "ChatHarness", "ProgramHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
+    "MCPToolset",
     # the driver, Arrow and the env-level finalize
     "Driver", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",
     "LocalExecutor", "TRACE_SCHEMA", "RolloutRecord", "records_to_table", "table_to_traces",
@@ -176,7 +179,7 @@ __all__ = [
     "RolloutActor", "RuntimeActor", "RemoteRuntime", "RayExecutor", "shutdown_node_services",
     # errors
     "HarnessError", "OverlongPromptError", "ProviderError", "Refusal", "RolloutError",
-    "SandboxError", "SessionConcluded", "TaskError", "ToolsetError", "TurnRefused",
+    "SandboxError", "SessionConcluded", "TaskError", "ToolsetError", "ToolServerError", "TurnRefused",
     "Unauthorized", "UpstreamError", "boundary", "SchemaMismatch", "CorruptRun", "CorruptManifest", "ForeignShard",
     "ResumeMismatch", "RunInUse",
 ]  # fmt: skip

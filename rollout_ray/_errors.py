@@ -65,6 +65,19 @@ class ToolInputError(ToolsetError):
         self.status_code = status_code
 
 
+class ToolServerError(ToolsetError):
+    """A tool server outside the process (an MCP server) failed: unreachable, died, hung past
+    its bound, or answered something that is not MCP. ``server`` names it. The rollout fails
+    with it (the task's tools are gone), unlike a tool's own error, which the model sees."""
+
+    def __init__(self, server: str, message: str) -> None:
+        super().__init__(f"tool server {server!r}: {message}")
+        self.server, self.reason = server, message
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # it crosses to the rollout's process
+        return type(self), (self.server, self.reason)
+
+
 class RuntimeStopped(SandboxError):
     """The named runtime was stopped (by its owner) or never existed on its host."""
 

@@ -36,7 +36,7 @@ from .policy_gate import PolicyGate, SegmentClock, process_gate
 from .runtime import Runtime
 from .session import RolloutSession
 from .task import Task
-from .tools import LocalTools
+from .tools import LocalTools, close_toolsets, open_toolsets
 
 log = logging.getLogger("rollout_ray")
 
@@ -258,6 +258,8 @@ class Rollout:
         if not toolsets:
             return {}
         if self.harness.in_process:
+            await open_toolsets(toolsets, runtime)
+            self._stack.push_async_callback(close_toolsets, toolsets)
             self._local_tools = LocalTools(toolsets, runtime, on_call=self.trace.tool_calls.append)
             return {}
         if self._tool_server is None:

@@ -10,6 +10,7 @@
   alive) raises ``SandboxError``: the rollout fails, it does not go on without its box;
 * the process hosting the box died (its runtime actor) raises ``InfrastructureLost``: the
   rollout is lost, not failed, and is run again;
+* a tool server outside the process (an MCP server) failed raises ``ToolServerError``;
 * anything else the tool raised, or its timeout, is an error *result* the model sees.
 
 Every call that reached a toolset is reported as a ``ToolCallRecord``, its arguments and
@@ -26,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from .._errors import InfrastructureLost, RolloutError, SandboxError, ToolInputError, ToolsetError
+from .._errors import InfrastructureLost, RolloutError, SandboxError, ToolInputError, ToolServerError, ToolsetError
 from .._record.capped import MAX_TOOL_CALL_CHARS, capped
 from .._record.messages import Tool, ToolCall
 from .._record.trace import ToolCallRecord
@@ -36,10 +37,15 @@ from .toolset import _NAME, DEFAULT_CALL_TIMEOUT, Toolset, _invoke, _text
 
 @dataclass(frozen=True)
 class ToolOutcome:
-    """What the model sees of one call: ``content``; ``error`` says the tool failed."""
+    """What the model sees of one call: ``content``; ``error`` says the tool failed.
+
+    ``data``: the tool returned something other than text, and ``content`` is its JSON (MCP
+    answers it as ``structuredContent`` too; read only there, so a native call pays nothing).
+    """
 
     content: str
     error: str | None = None
+    data: bool = False
 
 
 def index_toolsets(toolsets: Sequence[Any]) -> dict[str, Toolset]:
@@ -59,6 +65,31 @@ def index_toolsets(toolsets: Sequence[Any]) -> dict[str, Toolset]:
     return by_name
 
 
+async def open_toolsets(toolsets: Sequence[Any], runtime: Runtime | None) -> None:
+    """Let each toolset reach what it serves before its tools are listed (an MCP toolset
+    connects and lists its server's tools; a native one has nothing to do).
+
+    Raises:
+        ToolServerError: a toolset's server is unreachable or not MCP.
+    """
+    opened: list[Toolset] = []
+    try:
+        for toolset in toolsets:
+            if isinstance(toolset, Toolset):  # anything else fails in index_toolsets, with its reason
+                await toolset._open_tools(runtime)
+                opened.append(toolset)
+    except BaseException:
+        await close_toolsets(opened)
+        raise
+
+
+async def close_toolsets(toolsets: Sequence[Any]) -> None:
+    """Undo ``open_toolsets`` (each toolset's close is bounded by its own client)."""
+    for toolset in toolsets:
+        if isinstance(toolset, Toolset):
+            await toolset._close_tools()
+
+
 async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtime | None, *,
                     timeout: float = DEFAULT_CALL_TIMEOUT,
                     on_call: Callable[[ToolCallRecord], None] | None = None) -> ToolOutcome:
@@ -68,6 +99,7 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
         ToolInputError: unknown tool, or arguments that do not fit it (nothing ran).
         SandboxError: the rollout's runtime died under the tool.
         InfrastructureLost: the process hosting the runtime died under the tool.
+        ToolServerError: the MCP server behind ``toolset`` failed (not the tool's own error).
     """
     if toolset.call_timeout is not None:  # the toolset's own bound wins over the server's
         timeout = toolset.call_timeout
@@ -82,9 +114,10 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
                 raise ToolInputError(f"invalid arguments for tool {name!r}: not JSON: {e}", 400) from None
         fn, kwargs = toolset._bind(name, arguments, runtime)
         async with deadline:
-            outcome = ToolOutcome(_text(await _invoke(fn, kwargs)))
+            result = await _invoke(fn, kwargs)
+        outcome = ToolOutcome(_text(result), data=not isinstance(result, str))
     except Exception as e:
-        if (fn is None and isinstance(e, ToolInputError)) or isinstance(e, InfrastructureLost):
+        if (fn is None and isinstance(e, ToolInputError)) or isinstance(e, (InfrastructureLost, ToolServerError)):
             failure = e
         elif isinstance(e, SandboxError):
             failure = await _box_gone(e, runtime)

@@ -150,6 +150,13 @@ class Toolset:
             cls._rr_tools = table  # type: ignore[attr-defined]
         return table
 
+    async def _open_tools(self, runtime: Runtime | None) -> None:
+        """Reach what the tools need before ``specs`` is asked (``tools.open_toolsets``): a
+        native toolset has nothing to reach; an MCP toolset lists its server's tools here."""
+
+    async def _close_tools(self) -> None:
+        """Let go of what ``_open_tools`` reached (an MCP toolset's stdio server)."""
+
     def specs(self) -> list[Tool]:
         """The tools, in definition order. Raises ``ToolsetError`` for an unusable signature."""
         return [t.spec for t in self._tools().values()]

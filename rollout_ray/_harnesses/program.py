@@ -5,6 +5,10 @@ The program finds everything in its environment:
 * ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``: the rollout's model endpoint (ends in ``/v1``)
   and bearer, so any OpenAI SDK works unchanged;
 * ``ROLLOUT_RAY_TOOLS``: JSON ``{server name: url}`` of the tool servers (see ``_serving/tool_server``);
+* ``ROLLOUT_RAY_MCP``: the same tool servers as MCP servers, in the ``.mcp.json`` shape MCP
+  clients read (``{"mcpServers": {name: {"type": "http", "url": ...}}}``, each URL carrying the
+  rollout's token), so a program that speaks MCP (Claude Code, Codex, any ``mcp`` client) uses
+  them unchanged;
 * ``ROLLOUT_RAY_INPUT``: path, relative to the program's working directory (the runtime's
   work dir), of a JSON file ``{"messages": [OpenAI chat messages]}``: on launch the system
   prompt and the prompt, on resume the conversation so far plus the new user messages.
@@ -38,6 +42,12 @@ from .conversation import opening_messages, resumed_messages
 
 INPUT_DIR = ".rollout_ray"
 """Directory of the work dir holding per-rollout input files (removed by ``cleanup``)."""
+
+
+def mcp_servers(tool_urls: Mapping[str, str]) -> dict[str, Any]:
+    """The ``.mcp.json`` of the rollout's tool servers: each one's MCP endpoint is its URL plus
+    ``/mcp`` (``_serving/tool_server``)."""
+    return {"mcpServers": {name: {"type": "http", "url": f"{url}/mcp"} for name, url in tool_urls.items()}}
 
 
 class ProgramHarness(Harness):
@@ -101,6 +111,7 @@ class ProgramHarness(Harness):
             "OPENAI_BASE_URL": ctx.endpoint,
             "OPENAI_API_KEY": ctx.secret,
             "ROLLOUT_RAY_TOOLS": json.dumps(ctx.tool_urls),
+            "ROLLOUT_RAY_MCP": json.dumps(mcp_servers(ctx.tool_urls)),
             "ROLLOUT_RAY_INPUT": path,
         }
         result = await ctx.runtime.exec(

@@ -48,7 +48,7 @@ class LocalExecutor(Executor):
 
     async def start(self) -> None:
         self._proxy = await self._stack.enter_async_context(HTTPInterception())
-        self._tools = await self._stack.enter_async_context(ToolServer())
+        self._tools = await self._stack.enter_async_context(ToolServer(sessions=self._proxy.session_of_state))
         self._runtimes = RuntimeHost(kind=self.runtime)
         self._stack.push_async_callback(self._runtimes.shutdown)
 

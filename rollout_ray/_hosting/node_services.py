@@ -75,7 +75,8 @@ class NodeServices:
         self.body_budget = BodyBudget(max_body_bytes_in_flight)
         self._proxy = HTTPInterception(host=host, advertise_host=advertise_host, body_budget=self.body_budget,
                                        **proxy_options)
-        self._tools = ToolServer(host=host, advertise_host=advertise_host, body_budget=self.body_budget)
+        self._tools = ToolServer(host=host, advertise_host=advertise_host, body_budget=self.body_budget,
+                                 sessions=self._proxy.session_of_state)
         self._models: dict[bytes, Model] = {}
         self._sessions: dict[str, _Registration] = {}
         self._toolsets: dict[str, _Registration] = {}

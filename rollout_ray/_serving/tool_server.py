@@ -1,4 +1,4 @@
-"""The tool server (§5.5), over plain HTTP instead of MCP.
+"""The tool server (§5.5): a rollout's toolsets over plain HTTP, and as MCP servers.
 
 A ``ToolServer`` hosts the toolsets of many rollouts: ``serve`` registers one rollout's under
 a random token and yields ``{name: url}``. The URL is the capability: an unknown token gets
@@ -7,9 +7,11 @@ a random token and yields ``{name: url}``. The URL is the capability: an unknown
 ``{"content", "is_error": true}`` when the tool raised or timed out (the model sees it, as
 with MCP), or 400 / 404 / 408 / 413 ``{"error"}``, or 503 when the tool failed because the
 rollout's runtime died (``SandboxError`` and the runtime no longer alive, or
-``InfrastructureLost``: its host died). Each call is
-reported to ``on_call`` as a ``ToolCallRecord`` (its arguments cut at a cap:
-``_core/tools``).
+``InfrastructureLost``: its host died), or 502 when the MCP server behind a toolset failed
+(``ToolServerError``, stashed on the rollout's session when ``sessions`` finds it). The same toolsets are served as MCP servers
+(``mcp_server``): ``POST {base}/mcp/{name}`` with the token as ``Authorization: Bearer``, or
+``POST <url>/mcp`` (``mcp_url``). Each call is reported to ``on_call`` as a
+``ToolCallRecord`` (its arguments cut at a cap: ``_core/tools``).
 
 Bounded as the proxy is (``HTTPService.admitted``): more calls, or more body bytes, of one
 rollout in flight than its share → 429 before the body is read; more body bytes in flight
@@ -30,11 +32,14 @@ import msgspec
 from aiohttp import web
 
 from .._core.runtime import Runtime
-from .._core.tools import call_tool, index_toolsets, tool_specs
+from .._core.session import RolloutSession
+from .._core.tools import call_tool, close_toolsets, index_toolsets, open_toolsets, tool_specs
 from .._core.toolset import DEFAULT_CALL_TIMEOUT, Toolset
-from .._errors import InfrastructureLost, SandboxError, ToolInputError, ToolsetError, WireError
+from .._errors import InfrastructureLost, SandboxError, ToolInputError, ToolServerError, ToolsetError, WireError
 from .._record.trace import ToolCallRecord
+from . import mcp_server
 from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
+from .mcp_pool import close_clients
 
 log = logging.getLogger("rollout_ray")
 
@@ -66,6 +71,11 @@ class _Registration:
     """The rollout's calls being handled now, and the body bytes reserved for them."""
 
 
+def mcp_url(tool_url: str) -> str:
+    """The MCP endpoint of a tool server URL ``serve`` yielded (the token in its path)."""
+    return f"{tool_url}/mcp"
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
@@ -76,7 +86,10 @@ class ToolServer(HTTPService):
     A tool call running over ``call_timeout`` seconds is answered as an error. Other
     arguments as ``HTTPService`` (``max_body`` defaults to ``DEFAULT_MAX_BODY``; a rollout's
     share of calls in flight to ``DEFAULT_MAX_CALLS_PER_ROLLOUT`` and
-    ``DEFAULT_MAX_CALL_BYTES_PER_ROLLOUT``).
+    ``DEFAULT_MAX_CALL_BYTES_PER_ROLLOUT``). ``sessions`` finds a rollout's session by its
+    ``state_secret`` (the proxy's ``session_of_state``): an MCP server's failure
+    (``ToolServerError``) is stashed on it, so the rollout fails with that error, not with
+    the harness's exit after its 502.
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
@@ -84,16 +97,20 @@ class ToolServer(HTTPService):
                  read_timeout: float = DEFAULT_READ_TIMEOUT,
                  max_requests_per_rollout: int = DEFAULT_MAX_CALLS_PER_ROLLOUT,
                  max_body_bytes_per_rollout: int = DEFAULT_MAX_CALL_BYTES_PER_ROLLOUT,
-                 body_budget: BodyBudget | None = None) -> None:
+                 body_budget: BodyBudget | None = None,
+                 sessions: Callable[[str], RolloutSession | None] | None = None) -> None:
         super().__init__(host=host, port=port, advertise_host=advertise_host, max_body=max_body,
                          read_timeout=read_timeout, max_requests_per_rollout=max_requests_per_rollout,
                          max_body_bytes_per_rollout=max_body_bytes_per_rollout, body_budget=body_budget)
         self.call_timeout = call_timeout
+        self._sessions = sessions
         self._registrations: dict[str, _Registration] = {}
 
     def _routes(self, router: web.UrlDispatcher) -> None:
         router.add_get("/t/{token}/{server}", self._handle)
         router.add_post("/t/{token}/{server}/call", self._handle)
+        router.add_route("*", "/t/{token}/{server}/mcp", self._handle_mcp)
+        router.add_route("*", "/mcp/{server}", self._handle_mcp)
 
     async def start(self) -> str:
         """Bind and serve; returns ``base_url``. Raises ``ToolsetError`` if it cannot bind."""
@@ -106,6 +123,7 @@ class ToolServer(HTTPService):
         for registration in self._registrations.values():
             registration.handlers.cancel()
         self._registrations.clear()
+        await close_clients()  # the MCP servers' clients of this process (mcp_toolset)
         await super().stop()
 
     @asynccontextmanager
@@ -121,15 +139,19 @@ class ToolServer(HTTPService):
         """
         if not self.base_url:
             raise ToolsetError("ToolServer.serve before start(); await start() first")
-        by_name = index_toolsets(toolsets)
-        base = runtime.host_url(self.base_url) if runtime is not None else self.base_url
-        token = secrets.token_urlsafe(24)
-        registration = self._registrations[token] = _Registration(by_name, runtime, state_secret, on_call)
+        await open_toolsets(toolsets, runtime)
         try:
-            yield {name: f"{base}/t/{token}/{name}" for name in by_name}
+            by_name = index_toolsets(toolsets)
+            base = runtime.host_url(self.base_url) if runtime is not None else self.base_url
+            token = secrets.token_urlsafe(24)
+            registration = self._registrations[token] = _Registration(by_name, runtime, state_secret, on_call)
+            try:
+                yield {name: f"{base}/t/{token}/{name}" for name in by_name}
+            finally:
+                self._registrations.pop(token, None)
+                registration.handlers.cancel()
         finally:
-            self._registrations.pop(token, None)
-            registration.handlers.cancel()
+            await close_toolsets(toolsets)
 
     async def _handle(self, request: web.Request) -> web.Response:
         registration = self._registrations.get(request.match_info["token"])
@@ -148,6 +170,43 @@ class ToolServer(HTTPService):
             refusal.force_close()  # the body is never read into memory: no keep-alive after it
             return refusal
 
+    def _stash(self, registration: _Registration, error: ToolServerError) -> None:
+        """Make ``error`` the rollout's (its session's stashed error), when it can be found."""
+        session = self._sessions(registration.state_secret) if self._sessions is not None else None
+        if session is not None:
+            session.error = error
+
+    async def _handle_mcp(self, request: web.Request) -> web.Response:
+        token = request.match_info.get("token")
+        if token is None:
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            token = token.strip() if scheme.lower() == "bearer" else ""
+        registration = self._registrations.get(token)
+        if registration is None:
+            return mcp_server.rpc_error(401, mcp_server.INVALID_REQUEST, "unknown or expired tool server token "
+                                        "(send the rollout's as Authorization: Bearer)",
+                                        headers={"WWW-Authenticate": "Bearer"})
+        toolset = registration.toolsets.get(request.match_info["server"])
+        if toolset is None:
+            return mcp_server.rpc_error(404, mcp_server.INVALID_REQUEST,
+                                        f"no tool server named {request.match_info['server']!r}")
+        if request.method != "POST":  # stateless: no server-to-client stream, no session to delete
+            return web.Response(status=405, headers={"Allow": "POST"})
+        try:
+            with self.admitted(request, registration.held) as reservation, registration.handlers.track():
+                try:
+                    body = await self.read_body(request, reservation)
+                except WireError as e:
+                    return mcp_server.rpc_error(e.status, mcp_server.INVALID_REQUEST, str(e))
+                return await mcp_server.answer(body, request.headers.get("mcp-protocol-version"), toolset,
+                                               registration.runtime, timeout=self.call_timeout,
+                                               on_call=registration.on_call,
+                                               on_error=lambda e: self._stash(registration, e))
+        except Refused as e:
+            refusal = mcp_server.rpc_error(e.status, mcp_server.INTERNAL_ERROR, str(e), headers=self.refusal_headers(e))
+            refusal.force_close()
+            return refusal
+
     async def _call(self, request: web.Request, reg: _Registration, toolset: Toolset,
                     reservation: Reservation) -> web.Response:
         try:
@@ -164,6 +223,9 @@ class ToolServer(HTTPService):
                                       on_call=reg.on_call)
         except ToolInputError as e:  # the caller's fault: 4xx
             return _error(e.status_code or 400, str(e))
+        except ToolServerError as e:  # the MCP server behind the toolset failed, not the tool
+            self._stash(reg, e)
+            return _error(502, str(e))
         except (SandboxError, InfrastructureLost) as e:
             # Not the tool's fault: the box is gone (or its host), and with it the rollout. A
             # 503 makes the harness stop, and the rollout fail with SandboxError (or be lost

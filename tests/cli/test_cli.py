@@ -74,7 +74,7 @@ def test_eval_explains_a_bad_taskset() -> None:
     assert result.returncode != 0 and "must define tasks()" in result.stderr
 
 
-@pytest.mark.parametrize("example", ["calc_tool", "program"])
+@pytest.mark.parametrize("example", ["calc_tool", "program", "mcp_tools"])
 def test_example_tasksets_run(example: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     result = _rollout_ray("eval", f"examples/{example}.py", "--executor", "local", "--limit", "2",
                           "--samples", "1", "--out", str(tmp_path / "run"))

@@ -1,0 +1,117 @@
+"""An MCP server run as a subprocess: JSON-RPC messages one per line on its stdin/stdout.
+
+Started by the first request of a rollout runtime's client (``mcp_pool.stdio_client``),
+under the per-process limit on starts in progress; a message over ``max_message`` bytes, a
+line that is not JSON, or the process's exit fails the requests waiting with
+``ToolServerError``, and the next request starts it again. Stopped by killing its process
+group (it may have started children: ``npx`` does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from .mcp_client import Limits, _Client, _Retry
+
+
+class StdioClient(_Client):
+    """An MCP server run as a subprocess, JSON-RPC messages one per line on its stdin/stdout."""
+
+    def __init__(self, server: str, command: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
+                 limits: Limits, starting: asyncio.Semaphore) -> None:
+        super().__init__(server, limits)
+        self.command, self._env, self._cwd, self._starting_slots = list(command), env, cwd, starting
+        self.process: asyncio.subprocess.Process | None = None
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+
+    def _starting(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self._starting_slots
+
+    async def _open(self) -> None:
+        await self.close()
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL, env=None if self._env is None else dict(self._env),
+                cwd=self._cwd, limit=self.limits.max_message, start_new_session=True)
+        except OSError as e:
+            raise self._fail(f"cannot start {self.command[0]!r}: {e}") from None
+        self._reader = asyncio.ensure_future(self._read_lines(self.process))
+
+    async def _read_lines(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        why = "closed its stdout"
+        try:
+            while line := await process.stdout.readline():
+                if not line.strip():
+                    continue
+                try:
+                    message = msgspec.json.decode(line)
+                except (msgspec.DecodeError, RecursionError):
+                    why = f"wrote something that is not JSON: {line[:200]!r}"
+                    break
+                if isinstance(message, dict) and (waiter := self._pending.pop(message.get("id"), None)):  # type: ignore[arg-type]
+                    if not waiter.done():
+                        waiter.set_result(message)
+        except ValueError:  # asyncio's answer to a line over the stream's limit
+            why = f"wrote a message over the {self.limits.max_message} bytes of max_message"
+        except Exception as e:
+            why = f"{type(e).__name__}: {e}"
+        code = process.returncode
+        error = self._fail(why if code is None else f"exited with code {code}")
+        for waiter in self._pending.values():
+            if not waiter.done():
+                waiter.set_exception(error)
+        self._pending.clear()
+        self._ready = None  # the next request starts it again
+        if process.returncode is None:
+            _kill(process)
+
+    async def _send(self, message: dict[str, Any]) -> Any:
+        process, id = self.process, message.get("id")
+        if process is None or process.returncode is not None or self._reader is None or self._reader.done():
+            raise _Retry("the server process is gone")
+        assert process.stdin is not None
+        waiter: asyncio.Future[Any] | None = None
+        if id is not None:
+            waiter = self._pending[id] = asyncio.get_running_loop().create_future()
+        try:
+            async with self._write_lock:
+                process.stdin.write(msgspec.json.encode(message) + b"\n")
+                await process.stdin.drain()
+        except (ConnectionError, RuntimeError) as e:
+            self._pending.pop(id, None)  # type: ignore[arg-type]
+            raise self._fail(f"its stdin broke: {e}") from None
+        if waiter is None:
+            return None
+        try:
+            return await waiter
+        finally:
+            self._pending.pop(id, None)  # type: ignore[arg-type]
+
+    async def close(self) -> None:
+        process, reader, self.process, self._reader = self.process, self._reader, None, None
+        if process is not None and process.returncode is None:
+            _kill(process)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await process.wait()
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+
+
+def _kill(process: asyncio.subprocess.Process) -> None:
+    """Kill the server and what it started (its own process group: start_new_session)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
