@@ -34,6 +34,7 @@ from .trace_parts import TimeSplit as TimeSplit
 from .trace_parts import Timing as Timing
 from .trace_parts import ToolCallRecord as ToolCallRecord
 from .trace_parts import TraceTask as TraceTask
+from .trace_parts import UserTurn as UserTurn
 
 # WARNING: bump only for an incompatible change; the schema otherwise evolves by appending
 # fields with defaults at the end of a struct, never by retyping or reordering.
@@ -83,6 +84,8 @@ class Trace(msgspec.Struct, kw_only=True):
     errors: list[ErrorRecord] = msgspec.field(default_factory=list)
     timing: Timing = msgspec.field(default_factory=Timing)
     tool_calls: list[ToolCallRecord] = msgspec.field(default_factory=list)
+    user_turns: list[UserTurn] = msgspec.field(default_factory=list)
+    """A simulated user's turns (``Task.user_simulator``), apart from the policy's calls."""
 
     # -- derived views (never serialised) ---------------------------------------------------
 
