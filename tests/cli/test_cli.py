@@ -83,6 +83,22 @@ def test_example_tasksets_run(example: str, tmp_path) -> None:  # type: ignore[n
     assert "mean reward 1.0000" in result.stdout
 
 
+@pytest.mark.timeout(300)  # one CLI process that starts its own Ray
+def test_the_user_simulator_example_runs_on_ray(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """examples/user_sim.py on Ray: the customer's turns cross back with the trace, apart from
+    the policy's calls, and the reward saw the whole dialogue."""
+    from rollout_ray import read_run, table_to_traces
+
+    run_dir = str(tmp_path / "run")
+    result = _rollout_ray("eval", "examples/user_sim.py", "--limit", "2", "--samples", "2", "--out", run_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rollouts 4  ok 4  failed 0  groups 2" in result.stdout and "mean reward 1.0000" in result.stdout
+    for trace in table_to_traces(read_run(run_dir)):
+        asked, ended = trace.user_turns
+        assert asked.by == "customer" and trace.nodes[asked.node].message.content == asked.content  # type: ignore[index]
+        assert ended.done and trace.num_turns == len(trace.calls) == 2
+
+
 def test_a_taskset_file_ships_the_plain_modules_beside_it_that_it_imports() -> None:
     """examples/program.py imports calc_tool from its own folder: Ray workers can import
     neither, so both go by value (this once failed `rollout-ray eval examples/program.py`)."""
