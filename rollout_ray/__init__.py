@@ -87,6 +87,7 @@ from ._core.toolset import Toolset as Toolset
 from ._core.toolset import tool as tool
 from ._serving.tool_server import ToolServer as ToolServer
 from ._serving.mcp_toolset import MCPToolset as MCPToolset
+from ._serving.shared_server import SharedToolServer as SharedToolServer
 from ._simulated.config import SimulatedModelConfig as SimulatedModelConfig
 
 # The driver, Arrow and the env-level finalize: loaded on first access (below).
@@ -175,7 +176,7 @@ __all__ = [
     "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "SandboxRuntime", "Rollout",
     "RolloutSpec",
     "ChatHarness", "ProgramHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
-    "MCPToolset", "UserSimulator", "ScriptedUser", "ModelUser",
+    "MCPToolset", "SharedToolServer", "UserSimulator", "ScriptedUser", "ModelUser",
     # the driver, Arrow and the env-level finalize
     "Driver", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",
     "LocalExecutor", "TRACE_SCHEMA", "RolloutRecord", "records_to_table", "table_to_traces",

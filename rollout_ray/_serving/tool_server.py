@@ -40,6 +40,7 @@ from .._record.trace import ToolCallRecord
 from . import mcp_server
 from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
 from .mcp_pool import close_clients
+from .shared_server import stop_shared_servers
 
 log = logging.getLogger("rollout_ray")
 
@@ -124,6 +125,7 @@ class ToolServer(HTTPService):
             registration.handlers.cancel()
         self._registrations.clear()
         await close_clients()  # the MCP servers' clients of this process (mcp_toolset)
+        await stop_shared_servers()  # the taskset's shared servers this process started
         await super().stop()
 
     @asynccontextmanager
