@@ -28,6 +28,8 @@ from ._record.trace import Timing as Timing
 from ._record.trace import Trace as Trace
 from ._record.trace import ToolCallRecord as ToolCallRecord
 from ._record.trace import TraceTask as TraceTask
+from ._record.agents import agent_messages as agent_messages
+from ._record.agents import agent_sequences as agent_sequences
 from ._record.trace import UserTurn as UserTurn
 from ._record.trace import decode_trace as decode_trace
 from ._record.trace import encode_trace as encode_trace
@@ -69,6 +71,7 @@ from ._core.task import PluggedReward as PluggedReward
 from ._core.task import Task as Task
 from ._core.task import TaskConfig as TaskConfig
 from ._core.task import TaskData as TaskData
+from ._core.peer_agent import PeerAgent as PeerAgent
 from ._core.user_sim import ModelUser as ModelUser
 from ._core.user_sim import ScriptedUser as ScriptedUser
 from ._core.user_sim import UserSimulator as UserSimulator
@@ -163,7 +166,7 @@ __all__ = [
     # the record
     "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "Error", "ErrorRecord", "InterceptRecord",
     "MessageNode", "ModelCall", "Reward", "RuntimeInfo", "TimeSpan", "TimeSplit", "Timing",
-    "ToolCallRecord", "Trace", "TraceTask", "UserTurn", "decode_trace", "encode_trace",
+    "ToolCallRecord", "Trace", "TraceTask", "UserTurn", "agent_messages", "agent_sequences", "decode_trace", "encode_trace",
     # messages and the model boundary
     "AssistantMessage", "ImagePart", "Message", "Request", "Response", "SystemMessage",
     "TextPart", "Tool", "ToolCall", "ToolMessage", "Usage", "UserMessage", "Model",
@@ -176,7 +179,7 @@ __all__ = [
     "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "SandboxRuntime", "Rollout",
     "RolloutSpec",
     "ChatHarness", "ProgramHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
-    "MCPToolset", "SharedToolServer", "UserSimulator", "ScriptedUser", "ModelUser",
+    "MCPToolset", "SharedToolServer", "UserSimulator", "ScriptedUser", "ModelUser", "PeerAgent",
     # the driver, Arrow and the env-level finalize
     "Driver", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",
     "LocalExecutor", "TRACE_SCHEMA", "RolloutRecord", "records_to_table", "table_to_traces",

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .._errors import UserSimulatorError
+from .._record.agents import agent_messages
 from .._record.messages import AssistantMessage, Message, Request, SystemMessage, UserMessage, text_of
 from .._record.trace import ModelCall, TimeSpan, Trace, UserTurn
 from .model import Model
@@ -32,6 +33,8 @@ class Rollout(Protocol):
 
     trace: Trace
     task: Task
+    harness: Any
+    harness_session: Any
 
     async def step(self, messages: Sequence[Message] | None = None) -> bool: ...
 
@@ -59,6 +62,11 @@ class UserSimulator(ABC):
     async def reply(self, dialogue: Sequence[Message]) -> UserTurn:
         """The next user turn given the dialogue so far (the policy's side of it: system
         prompt, user and assistant turns, tool traffic); ``done=True`` ends the conversation."""
+
+    def attach(self, trace: Trace, client: Any) -> None:
+        """Called once before the conversation with the rollout's trace and its in-process
+        chat client (``None`` when the harness is not in process); a peer agent talks to the
+        policy through it (``PeerAgent``)."""
 
     async def aclose(self) -> None:
         """Release what the simulator holds (its model's connections)."""
@@ -141,6 +149,8 @@ async def converse(rollout: Rollout, user: UserSimulator) -> None:
     A simulator that fails records ``UserSimulatorError`` on the trace."""
     trace = rollout.trace
     try:
+        session = rollout.harness_session
+        user.attach(trace, session.ctx.client if session is not None and rollout.harness.in_process else None)
         messages: list[Message] | None = None
         if rollout.task.data.prompt is None:  # the user opens the conversation
             turn = await _ask(rollout, user)
@@ -171,7 +181,7 @@ async def converse(rollout: Rollout, user: UserSimulator) -> None:
 async def _ask(rollout: Rollout, user: UserSimulator) -> UserTurn:
     """The simulator's next turn, bounded by its timeout, recorded on the trace."""
     try:
-        turn = await asyncio.wait_for(user.reply(rollout.trace.messages), user.timeout)
+        turn = await asyncio.wait_for(user.reply(agent_messages(rollout.trace)), user.timeout)
     except TimeoutError as e:
         raise UserSimulatorError(f"user simulator {user.name!r} did not reply within {user.timeout:g}s") from e
     except UserSimulatorError:

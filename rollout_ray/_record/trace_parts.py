@@ -247,3 +247,6 @@ class UserTurn(msgspec.Struct):
     """The graph node of the user message the agent received (``None``: not received)."""
     call: ModelCall | None = None
     """The simulator's own model call, if it has a model (a scripted user has none)."""
+    agent_node: int | None = None
+    """When another policy agent of the rollout said it (``PeerAgent``): the sampled node of
+    its reply, on that agent's own branch of the graph (its call is then in ``Trace.calls``)."""
