@@ -18,6 +18,7 @@ import random
 from collections.abc import Sequence
 
 from rollout_ray import (
+    AssistantMessage,
     ChatHarness,
     EvalConfig,
     Message,
@@ -28,7 +29,6 @@ from rollout_ray import (
     metric,
     reward,
 )
-from rollout_ray._record.messages import AssistantMessage, text_of
 
 
 class ChangeData(TaskData):
@@ -89,3 +89,10 @@ def harness() -> ChatHarness:
 
 
 config = EvalConfig(samples_per_task=2, max_in_flight=32)
+
+
+def text_of(content: object) -> str:
+    """A message's text (chat content is a string, or a list of parts)."""
+    if isinstance(content, str):
+        return content
+    return "".join(getattr(part, "text", "") for part in content or ())  # type: ignore[attr-defined]

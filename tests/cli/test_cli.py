@@ -122,6 +122,22 @@ def test_the_shared_tools_example_starts_one_server_for_all_rollouts_on_ray(tmp_
         assert [(c.server, c.name, c.ok) for c in trace.tool_calls] == [("calc", "add", True)]
 
 
+@pytest.mark.timeout(300)  # one CLI process that starts its own Ray
+def test_the_two_player_example_runs_on_ray_with_a_batch_per_agent(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """examples/two_player.py on Ray: both players rewarded, each with its own branch and its
+    own token sequence in the stored trace."""
+    from rollout_ray import agent_sequences, read_run, table_to_traces
+
+    run_dir = str(tmp_path / "run")
+    result = _rollout_ray("eval", "examples/two_player.py", "--limit", "2", "--samples", "2", "--out", run_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rollouts 4  ok 4  failed 0  groups 2" in result.stdout and "mean reward 2.0000" in result.stdout
+    for trace in table_to_traces(read_run(run_dir)):
+        by_agent = agent_sequences(trace)
+        assert trace.num_branches == 2 and sorted(by_agent) == ["agent", "player_b"]
+        assert [len(by_agent[a][0].turns) for a in ("agent", "player_b")] == [3, 2]
+
+
 def test_a_taskset_file_ships_the_plain_modules_beside_it_that_it_imports() -> None:
     """examples/program.py imports calc_tool from its own folder: Ray workers can import
     neither, so both go by value (this once failed `rollout-ray eval examples/program.py`)."""
