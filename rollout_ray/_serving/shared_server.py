@@ -153,7 +153,7 @@ async def _node_lock(server: SharedToolServer) -> AsyncIterator[None]:
     """The node's lock on starting ``server`` (a lock file), waited for up to ``ready_timeout``
     twice over (one start under it, and some slack)."""
     deadline = time.monotonic() + 2 * server.ready_timeout
-    with open(shared_dir() / f"{server.key}.lock", "a") as f:
+    with open(shared_dir() / f"{server.key}.starting", "a") as f:
         while True:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

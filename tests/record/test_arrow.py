@@ -33,6 +33,7 @@ from rollout_ray import (
     TraceTask,
     Usage,
     UserMessage,
+    UserTurn,
 )
 from rollout_ray._record.arrow import (
     ARROW_SCHEMA_VERSION,
@@ -124,6 +125,11 @@ def full_trace() -> Trace:
         tool_calls=[
             ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5, arguments_chars=90),
             ToolCallRecord("calc", "mul", "{}", True),
+        ],
+        user_turns=[
+            UserTurn("customer", "go", node=3, call=ModelCall(model="judge", usage=Usage(prompt_tokens=5,
+                                                                                          completion_tokens=2))),
+            UserTurn("player_b", "B", done=True, agent_node=7),
         ],
     )
 
@@ -321,6 +327,7 @@ TRACE_FIELDS_ACKNOWLEDGED = {
     "errors": "error_type, error_message, num_errors (the stored attempt's), attempts (every attempt's)",
     "timing": "started_at and the *_s span columns",
     "tool_calls": "num_tool_calls",
+    "user_turns": "trace blob only",
 }
 """Where each Trace field lands in the table. A new Trace field fails the guard below until
 someone decides whether it needs a scalar column (appended to TRACE_SCHEMA) and lists it here."""

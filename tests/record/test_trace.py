@@ -43,7 +43,7 @@ from rollout_ray import (
     encode_trace,
 )
 from rollout_ray._record.messages import ImageURL
-from rollout_ray._record.trace import LIMIT_STOPS
+from rollout_ray._record.trace import LIMIT_STOPS, UserTurn
 
 
 def full_trace() -> Trace:
@@ -102,6 +102,7 @@ def full_trace() -> Trace:
             scoring=TimeSpan(111.0, 112.0),
         ),
         tool_calls=[ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5, arguments_chars=90)],
+        user_turns=[UserTurn("customer", "more", done=True, node=1, call=ModelCall(model="judge"), agent_node=2)],
     )
 
 
