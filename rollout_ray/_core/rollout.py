@@ -227,6 +227,11 @@ class Rollout:
     async def _open(self, runtime: Runtime) -> None:
         with boundary(UserSimulatorError, "building the user simulator"):
             self._user = self.task.user_simulator()
+        if self._user is not None and not self.harness.supports_resume:
+            raise UserSimulatorError(
+                f"task {type(self.task).__name__} brings a simulated user, but harness {self.harness.id!r} cannot "
+                "resume a conversation (supports_resume is False): use ChatHarness or a harness that resumes"
+            )
         if self.task.data.prompt is None and not self.has_user and self._user is None:
             raise TaskError(
                 f"task {self.task.data.idx} has no prompt and no user to open the conversation"

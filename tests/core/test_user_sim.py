@@ -26,7 +26,7 @@ from rollout_ray._record.tokens import token_sequences
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
 from rollout_ray._simulated.server import SimulatedModelServer
-from rollout_ray.testing import MemoryRuntime, Reply, ScriptedModel
+from rollout_ray.testing import MemoryRuntime, Reply, ScriptedHarness, ScriptedModel
 
 from conftest import make_rollout, run
 
@@ -155,3 +155,14 @@ def _usage(total: int) -> Any:
     from rollout_ray import Usage
 
     return Usage(prompt_tokens=total // 2, completion_tokens=total - total // 2)
+
+
+def test_a_harness_that_cannot_resume_is_refused_before_the_agent_runs() -> None:
+    class OneShot(ScriptedHarness):
+        supports_resume = False
+
+    policy = ScriptedModel(default="moved ABC123")
+    trace = run(make_rollout(booking(lambda: ScriptedUser(["again"])), model=policy, harness=OneShot()).run())
+    assert trace.last_error is not None and trace.last_error.is_a(UserSimulatorError)
+    assert "harness 'scripted' cannot resume a conversation" in trace.last_error.message
+    assert policy.requests == []  # refused at open: no model call was spent
