@@ -30,6 +30,7 @@ from ._record.trace import ToolCallRecord as ToolCallRecord
 from ._record.trace import TraceTask as TraceTask
 from ._record.agents import agent_messages as agent_messages
 from ._record.agents import agent_sequences as agent_sequences
+from ._record.agents import branch_agents as branch_agents
 from ._record.trace import UserTurn as UserTurn
 from ._record.trace import decode_trace as decode_trace
 from ._record.trace import encode_trace as encode_trace
@@ -166,7 +167,7 @@ __all__ = [
     # the record
     "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "Error", "ErrorRecord", "InterceptRecord",
     "MessageNode", "ModelCall", "Reward", "RuntimeInfo", "TimeSpan", "TimeSplit", "Timing",
-    "ToolCallRecord", "Trace", "TraceTask", "UserTurn", "agent_messages", "agent_sequences", "decode_trace", "encode_trace",
+    "ToolCallRecord", "Trace", "TraceTask", "UserTurn", "agent_messages", "agent_sequences", "branch_agents", "decode_trace", "encode_trace",
     # messages and the model boundary
     "AssistantMessage", "ImagePart", "Message", "Request", "Response", "SystemMessage",
     "TextPart", "Tool", "ToolCall", "ToolMessage", "Usage", "UserMessage", "Model",

@@ -24,6 +24,13 @@ def branch_owners(trace: Trace) -> dict[int, str]:
     return owners
 
 
+def branch_agents(trace: Trace) -> list[str]:
+    """The agent of each branch, in ``Trace.branches`` order: what maps a trainer batch's
+    ``branch`` column (``Group.batch``) to its agent."""
+    owners = branch_owners(trace)
+    return [owners.get(leaf, trace.agent.name) for leaf in leaves(trace)]
+
+
 def agent_messages(trace: Trace, agent: str | None = None) -> list[Message]:
     """The messages of ``agent``'s latest branch (``None``: the rollout's own agent). Without
     peers this is ``Trace.messages``."""

@@ -16,6 +16,7 @@ from rollout_ray import (
     agent_sequences,
     reward,
 )
+from rollout_ray._record.agents import branch_agents
 from rollout_ray._record.messages import text_of
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
@@ -69,6 +70,8 @@ def test_two_players_each_on_its_own_branch_with_its_own_sequences_and_reward() 
     for sequences in by_agent.values():  # each batch trains exactly its own agent's sampled ids
         [sequence] = sequences
         assert sum(sequence.loss_mask) == sum(len(trace.nodes[n].token_ids or ()) for n in sequence.turns)
+    owners = branch_agents(trace)  # a batch row's branch → its agent
+    assert sorted(owners) == ["agent", "b"] and all(owners[s.branch] == a for a, ss in by_agent.items() for s in ss)
     a_nodes, b_nodes = set(by_agent["agent"][0].turns), set(by_agent["b"][0].turns)
     assert len(a_nodes) == 3 and len(b_nodes) == 2 and b_nodes == {t.agent_node for t in trace.user_turns}
 
