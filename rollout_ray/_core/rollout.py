@@ -279,7 +279,8 @@ class Rollout:
         if self.harness.in_process:
             await open_toolsets(toolsets, runtime)
             self._stack.push_async_callback(close_toolsets, toolsets)
-            self._local_tools = LocalTools(toolsets, runtime, on_call=self.trace.tool_calls.append)
+            self._local_tools = LocalTools(toolsets, runtime, on_call=self.trace.tool_calls.append,
+                                           caller=self.trace.id)
             return {}
         if self._tool_server is None:
             raise ToolsetError(
