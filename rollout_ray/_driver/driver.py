@@ -194,7 +194,9 @@ class Driver(PolicyOwner):
         return RunResult(self.status, self.reason, samples, groups, self.run_dir, **counts)
 
     def run(self) -> RunResult:
-        """The run on an event loop of its own, for callers without one (blocks until it ends).
+        """The run on an event loop of its own, for callers without one (blocks until it ends);
+        returns its ``RunResult``, as ``arun`` does (status and reason, the samples and groups
+        tables, the run directory).
 
         What is bound to that loop ends with it: the executor is started and stopped around
         the run (pass one not started), and the model's connections are released
