@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import signal
 import sys
 import time
@@ -248,9 +249,10 @@ async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: Signals) -
         return ALL_FAILED
     judged, first = summary["judge_failures"]
     if judged:
+        # rescore stores the fixed judge's columns (a score version); finalize(read_run(...)) only computes them
         print(f"rollout-ray eval: the judge failed on {judged} of {summary['groups']} groups ({first}); the "
-              "rollouts are stored: fix the judge, then apply it with finalize(read_run(DIR), judge=...)",
-              file=sys.stderr)
+              f"rollouts are stored: fix the judge, then `rollout-ray rescore {shlex.quote(plan.out)}` stores its "
+              "columns, without a model", file=sys.stderr)
         return JUDGE_FAILED
     return 0
 
