@@ -280,8 +280,12 @@ def _interrupted(args: argparse.Namespace, plan: _Plan, signum: int) -> int:
         stored = len(stored_outcomes(plan.out)) if os.path.isdir(plan.out) else 0
     except Exception:  # noqa: BLE001 - the count is a courtesy; the line must still be printed
         stored = 0
-    print(f"\ninterrupted: {stored} of {total} stored; continue with: {continue_command(args.argv, plan.out)}",
-          file=sys.stderr)
+    # A group is stored whole, when its last sample finishes: the bar's count of finished
+    # rollouts can exceed this one, and a user must know those are not lost by mistake.
+    unfinished = (" (finished samples of groups not yet complete are not stored: the resume runs them again)"
+                  if stored < total and plan.config.samples_per_task > 1 else "")
+    print(f"\ninterrupted: {stored} of {total} stored{unfinished}; continue with: "
+          f"{continue_command(args.argv, plan.out)}", file=sys.stderr)
     return 128 + signum
 
 
