@@ -57,17 +57,18 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     run.add_argument("--out", metavar="DIR", help="run directory for the manifest and Parquet shards (default: runs/<time>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out (default: the latest run of "
                      "this taskset under runs/), skipping what is stored (rollouts that failed for infrastructure "
-                     "or provider reasons are redone)")
+                     "or provider reasons are redone; with --retry-failed, every stored failure)")
     run.add_argument("--overwrite", action="store_true",
                      help="replace the run stored in --out (only a run directory: one with a manifest)")
     run.add_argument("--keep-failed", action="store_true",
-                     help="with --resume: keep rollouts that failed for infrastructure or provider reasons")
+                     help="with --resume: keep every stored failure (none is redone)")
     run.add_argument("--samples", metavar="N", type=integer(1), help="samples per task (n)")
     run.add_argument("--limit", metavar="N", type=integer(1), help="run only the first N tasks")
     run.add_argument("--max-in-flight", metavar="N", type=integer(1), help="rollouts running at once")
     run.add_argument("--retries", metavar="N", type=integer(0), help="retries of a rollout lost to infrastructure (default 2)")
     run.add_argument("--retry-failed", action="store_true",
-                     help="also retry rollouts that failed inside (task or harness errors), up to --retries")
+                     help="also retry rollouts that failed inside (task or harness errors), up to --retries; "
+                          "with --resume, redo the stored ones too")
     run.add_argument("--pass-k", type=k_list, metavar="K,K,...", help="pass@k values stored per group (e.g. 1,4,8)")
     model = p.add_argument_group("model")
     model.add_argument("--model-url", metavar="URL", help="OpenAI-compatible base URL (default: the built-in simulated model)")

@@ -83,7 +83,8 @@ class Driver(PolicyOwner):
         run_dir: directory for the manifest and Parquet shards; ``None`` keeps results in memory.
         resume: continue the run in ``run_dir``: skip every (group, sample) already stored,
             except those that failed for infrastructure or provider reasons (redone, with
-            their earlier errors kept) unless ``keep_failed``; see ``RunDirectory``.
+            their earlier errors kept; with ``config.retry_failed``, every stored failure)
+            unless ``keep_failed``; see ``RunDirectory``.
         overwrite: replace the run stored in ``run_dir`` (only a run directory: one with a
             manifest; never through a symbolic link).
         judge: cross-trace hook for ``finalize`` (called once per group's table).
@@ -365,6 +366,7 @@ class Driver(PolicyOwner):
         config = {**self._manifest_config, "eval": self.config.model_dump(mode="json")}
         self._store = RunDirectory(self.run_dir, run_id=self.run_id, config=config, resume=self.resume_run,
                                    overwrite=self.overwrite, keep_failed=self.keep_failed,
+                                   retry_failed=self.config.retry_failed,
                                    samples_per_task=self.config.samples_per_task,
                                    rows_per_shard=self.config.rows_per_shard)
         self._store.open()

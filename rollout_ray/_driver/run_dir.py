@@ -6,7 +6,8 @@ settings that decide what a rollout is (samples, limits, timeouts, model, sampli
 taskset) are those it was run with
 (``ResumeMismatch`` names the ones that differ; how many run at once may change). A resume
 knows which ``(group_id, sample_idx)`` are done; a stored rollout that failed because the
-infrastructure or the model provider failed is *redone* unless ``keep_failed``, and the
+infrastructure or the model provider failed is *redone* unless ``keep_failed`` (with
+``retry_failed``, every stored failure is: a task or harness failure too), and the
 errors of its earlier attempts go onto its new trace (its attempts numbered on from them).
 Stored samples of groups left incomplete are reloaded, so those groups finalize with their
 new samples. A group id starts with its task's position in the taskset (``group_id_of``):
@@ -57,14 +58,18 @@ class RunDirectory:
             followed.
         keep_failed: on resume, keep rollouts that failed for infrastructure or provider
             reasons instead of redoing them.
+        retry_failed: on resume (unless ``keep_failed``), redo every stored failure, a task
+            or harness failure too (``EvalConfig.retry_failed``: the run retries them).
         samples_per_task: n, to know which stored groups are incomplete.
         rows_per_shard: as ``ShardWriter``.
     """
 
     def __init__(self, path: str, *, run_id: str, config: dict[str, Any], resume: bool, keep_failed: bool,
-                 samples_per_task: int, rows_per_shard: int, overwrite: bool = False) -> None:
+                 samples_per_task: int, rows_per_shard: int, overwrite: bool = False,
+                 retry_failed: bool = False) -> None:
         self.path, self.run_id, self.config = path, run_id, config
         self.resume, self.keep_failed, self.overwrite = resume, keep_failed, overwrite
+        self.retry_failed = retry_failed
         self.samples_per_task, self.rows_per_shard = samples_per_task, rows_per_shard
         self.done: set[Key] = set()
         """Samples stored and not to be redone."""
@@ -155,7 +160,8 @@ class RunDirectory:
             position = _position(group_id)
             if position is not None:
                 self.groups_at.setdefault(position, set()).add(group_id)
-        redo = set() if self.keep_failed else {k for k, (ok, error) in outcomes.items() if not ok and redoable(error)}
+        redo = set() if self.keep_failed else {k for k, (ok, error) in outcomes.items()
+                                               if not ok and (self.retry_failed or redoable(error))}
         self.done = set(outcomes) - redo
         counts = Counter(group for group, _ in self.done)
         partial = sorted({g for g, _ in redo} | {g for g, c in counts.items() if c < self.samples_per_task})
