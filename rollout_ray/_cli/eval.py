@@ -31,8 +31,9 @@ from .._record.store import stored_outcomes
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .arguments import integer, json_object, k_list, number, one_line
-from .checks import check_address, check_api_key, check_out, check_pass_k, check_sampling
-from .drive import TOKEN_CAPTURES, drive, eval_config, header, make_executor, open_model, version
+from .checks import check_address, check_api_key, check_out, check_pass_k, check_resume, check_sampling
+from .claim import Claim
+from .drive import TOKEN_CAPTURES, drive, eval_config, header, make_executor, model_record, open_model, version
 from .interrupt import Signals
 from .protections import (
     DEFAULT_AGENT_TIMEOUT,
@@ -150,6 +151,8 @@ class _Plan:
     model_name: str | None
     defaulted: list[str]
     """The budgets per rollout that are the CLI's defaults (``protections``)."""
+    claim: Claim
+    """``out``, locked from the checks until the driver takes it."""
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -169,13 +172,28 @@ def _plan(args: argparse.Namespace) -> _Plan:
     else:
         out = os.path.join(RUNS_ROOT, time.strftime("%Y%m%d-%H%M%S"))
     check_out(out, resume=args.resume, overwrite=args.overwrite)
-    model_name = args.model
-    if args.model_url and not args.model and config.model_name is None:
-        model_name = served_model(args.model_url, os.environ.get(_api_key_env(args)))
-        config = config.model_copy(update={"model_name": model_name})
-    check_address(args.executor, args.address)
-    check_sandbox(args.runtime, remote=args.executor == "ray" and bool(args.address or os.environ.get("RAY_ADDRESS")))
-    return _Plan(module, tasks, harness, config, out, model_name, defaulted)
+    claim = Claim(out)  # from here a second eval on out is refused, and ctl says this one is starting
+    claim.take()
+    try:
+        model_name = args.model
+        if args.model_url and not args.model and config.model_name is None:
+            model_name = served_model(args.model_url, os.environ.get(_api_key_env(args)))
+            config = config.model_copy(update={"model_name": model_name})
+        check_address(args.executor, args.address)
+        check_sandbox(args.runtime,
+                      remote=args.executor == "ray" and bool(args.address or os.environ.get("RAY_ADDRESS")))
+        if args.resume:
+            check_resume(out, {"taskset": args.taskset, "eval": config.model_dump(mode="json"),
+                               "model": model_record(url=args.model_url, name=model_name, simulated=_simulated(args))})
+    except BaseException:
+        claim.close()  # and the directory it made goes
+        raise
+    return _Plan(module, tasks, harness, config, out, model_name, defaulted, claim)
+
+
+def _simulated(args: argparse.Namespace) -> SimulatedModelConfig | None:
+    """The built-in simulated model's settings, without --model-url."""
+    return None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
 
 
 def _api_key_env(args: argparse.Namespace) -> str:
@@ -189,9 +207,8 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
     session per second of ``rollouts``), and how its tokens were captured (the summary's
     ``token_capture``)."""
     async with AsyncExitStack() as stack:
-        simulated = None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
         model, where, record = await open_model(stack, url=args.model_url, name=plan.model_name,
-                                                api_key_env=_api_key_env(args), simulated=simulated,
+                                                api_key_env=_api_key_env(args), simulated=_simulated(args),
                                                 token_capture=args.token_capture)
         probing = asyncio.create_task(_capture_dialect(model))  # asked while Ray starts
         stack.callback(probing.cancel)
@@ -205,6 +222,7 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
         if what is not None:
             print(f"warmup {time.monotonic() - started:.1f}s: Ray, {what}", file=sys.stderr)
         driving, since = time.monotonic(), time.time()
+        plan.claim.hand_over()  # the driver locks the run as it opens it
         result = await drive(label, plan.module, plan.tasks, plan.harness, model, executor,
                            plan.config, plan.out, resume=args.resume, overwrite=args.overwrite, where=where,
                            keep_failed=args.keep_failed,
@@ -305,3 +323,5 @@ def _eval(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:  # before the event loop took the signal over
         return _interrupted(args, plan, signal.SIGINT)
+    finally:
+        plan.claim.close()

@@ -145,14 +145,7 @@ class RunDirectory:
             self._lock.release()
 
     def _check_settings(self, stored: dict[str, Any]) -> None:
-        def decisive(config: dict[str, Any]) -> dict[str, Any]:
-            eval_config = config.get("eval", {})
-            return {**{k: v for k, v in config.items() if k != "eval"},
-                    "eval": {k: eval_config.get(k) for k in RESULT_SETTINGS}}
-
-        changed = changed_settings(decisive(stored), decisive(self.config))
-        if changed:
-            raise ResumeMismatch(self.path, changed)
+        check_settings(self.path, stored, self.config)
 
     def _restore(self) -> None:
         outcomes = stored_outcomes(self.path)
@@ -258,6 +251,33 @@ def redoable(error_type: str | None) -> bool:
     The run's scalar columns keep the stored error's type name only, so the record asks this
     process for its class (a taskset's own subclass is known once the taskset is imported)."""
     return error_type is not None and ErrorRecord(error_type, "").is_a((InfrastructureLost, ProviderError))
+
+
+def check_settings(path: str, stored: dict[str, Any], planned: dict[str, Any]) -> None:
+    """Refuse to resume the run in ``path``, made with the manifest config ``stored``, with
+    ``planned`` (the config a driver would record: ``taskset``, ``model``, ``eval``, ...) when a
+    setting that decides what a rollout is differs (``RESULT_SETTINGS``; all but ``eval``'s
+    other fields). Eval calls it before Ray starts; ``RunDirectory.open`` again, for drivers.
+
+    Raises:
+        ResumeMismatch: naming each setting that differs, with its stored and given values.
+    """
+    def decisive(config: dict[str, Any]) -> dict[str, Any]:
+        eval_config = config.get("eval", {})
+        return {**{k: v for k, v in config.items() if k != "eval"},
+                "eval": {k: eval_config.get(k) for k in RESULT_SETTINGS}}
+
+    values = _changed_values(decisive(stored), decisive(planned))
+    if values:
+        raise ResumeMismatch(path, list(values), values=values)
+
+
+def _changed_values(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """``changed_settings`` with each path's ``(old, new)`` values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {path: pair for k in sorted(old.keys() | new.keys(), key=str)
+                for path, pair in _changed_values(old.get(k), new.get(k), f"{prefix}{k}.").items()}
+    return {} if old == new else {prefix.rstrip("."): (old, new)}
 
 
 def changed_settings(old: Any, new: Any, prefix: str = "") -> list[str]:
