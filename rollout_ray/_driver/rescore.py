@@ -42,7 +42,6 @@ from .._record.score_versions import (
     OUTCOME_FIELDS,
     ScoreVersion,
     latest_version,
-    next_version,
     outcome_row,
     strip_scoring_failure,
     write_version,
@@ -102,14 +101,12 @@ def rescore(run_dir: str, load_tasks: TasksLoader, *, judge: GroupJudge | None =
     Raises:
         RescoreRefused: a task's scoring needs its runtime, or the taskset is not the run's.
         RunInUse: another process writes the run.
-        CorruptRun: the next version's name is taken by a file (nothing is scored).
         TimeoutError: the pool stopped answering (the message names how long).
     """
     t0 = time.monotonic()
     lock = RunLock(run_dir)
     lock.acquire()
     try:
-        next_version(run_dir)  # its name taken by a file: refused now, not after all the scoring
         config = read_manifest(run_dir).config.get("eval", {})
         rows, shards = _latest_rows(run_dir)
         shown = read_run(run_dir, ["ok", "reward"])  # what readers showed until now: the latest version

@@ -221,66 +221,29 @@ def read_version(run_dir: str | os.PathLike[str], number: int | None = None) -> 
     return ScoreVersion(number, samples, groups, info)
 
 
-def next_version(run_dir: str | os.PathLike[str]) -> int:
-    """The number the run's next score version gets.
-
-    Raises:
-        CorruptRun: its name is taken by something that is not a version's folder (a plain
-            file, a link): a rescore would fail only after all its scoring, so it is refused
-            before (``rescore`` asks first).
-    """
-    layout = RunLayout.of(run_dir)
-    number = max([1, *score_versions(layout)]) + 1
-    path = score_version(layout, number)
-    with layout.open() as run:
-        if not run.exists(SCORES):
-            return number
-        with run.folder(SCORES) as scores:
-            if scores.exists(path.name):  # not counted by score_versions: not a directory
-                raise CorruptRun(path, f"{path} is not a score version's folder (a file or a link, not a "
-                                       "directory); move it aside and run the rescore again")
-    return number
-
-
 def write_version(run_dir: str | os.PathLike[str], samples: pa.Table, groups: pa.Table,
                   info: Mapping[str, Any]) -> int:
     """Store a new score version (the next number); returns its number. Written under a
-    temporary name, then renamed: a version is complete or absent, and a write that fails
-    leaves no temporary folder. The caller holds the run's lock.
-
-    Raises:
-        CorruptRun: as ``next_version``.
-    """
+    temporary name, then renamed: a version is complete or absent. The caller holds the
+    run's lock."""
     layout = RunLayout.of(run_dir)
-    number = next_version(run_dir)
+    number = max([1, *score_versions(layout)]) + 1
     final = score_version(layout, number).name
     partial = final + TMP_SUFFIX
     # Through the run directory's descriptors, as every file of a run: no link is followed.
     with layout.open() as run, run.folder(SCORES, create=True) as scores:
-        _remove(scores.fd, partial)  # a rescore cut short
-        try:
-            with scores.folder(partial, create=True) as files:
-                with files.replacing(SCORE_SAMPLES) as f:
-                    pq.write_table(samples, f, compression="zstd")
-                with files.replacing(SCORE_GROUPS) as f:
-                    pq.write_table(groups, f, compression="zstd")
-                files.write_bytes(SCORE_INFO, json.dumps({"version": number, "created": time.time(), **info},
-                                                         indent=2).encode())
-            os.replace(partial, final, src_dir_fd=scores.fd, dst_dir_fd=scores.fd)
-        except BaseException:
-            _remove(scores.fd, partial)
-            raise
+        if scores.exists(partial):  # a rescore cut short
+            if stat.S_ISDIR(os.stat(partial, dir_fd=scores.fd, follow_symlinks=False).st_mode):
+                shutil.rmtree(partial, dir_fd=scores.fd)
+            else:
+                os.unlink(partial, dir_fd=scores.fd)
+        with scores.folder(partial, create=True) as files:
+            with files.replacing(SCORE_SAMPLES) as f:
+                pq.write_table(samples, f, compression="zstd")
+            with files.replacing(SCORE_GROUPS) as f:
+                pq.write_table(groups, f, compression="zstd")
+            files.write_bytes(SCORE_INFO, json.dumps({"version": number, "created": time.time(), **info},
+                                                     indent=2).encode())
+        os.replace(partial, final, src_dir_fd=scores.fd, dst_dir_fd=scores.fd)
         scores.fsync()
     return number
-
-
-def _remove(dir_fd: int, name: str) -> None:
-    """Remove ``name`` in the folder ``dir_fd`` (a folder's tree, or a file or link itself)."""
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=dir_fd)
-    else:
-        os.unlink(name, dir_fd=dir_fd)
