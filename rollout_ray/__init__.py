@@ -4,11 +4,10 @@ Importing this package never imports ``ray``: the lifecycle core is plain asynci
 Ray-backed names (``RolloutActor``, ``RuntimeActor``, ...) load on first access.
 """
 
-from __future__ import annotations
-
-import importlib
-import logging
-from typing import Any
+# Only the public names and private ones: no ``from __future__ import annotations`` (it binds
+# ``annotations``), and the modules this file uses are imported under private names.
+import importlib as _importlib
+import logging as _logging
 
 # The record
 from ._record.trace import TRACE_VERSION as TRACE_VERSION
@@ -113,7 +112,7 @@ from ._errors import Unauthorized as Unauthorized
 from ._errors import UpstreamError as UpstreamError
 from ._errors import boundary as boundary
 
-logging.getLogger("rollout_ray").addHandler(logging.NullHandler())
+_logging.getLogger("rollout_ray").addHandler(_logging.NullHandler())
 
 # Imported on first access: the Ray layer, so that the core never pays for (or needs) ray;
 # the driver's side (Arrow, numpy, finalize), so that a process hosting rollouts (a Ray
@@ -144,13 +143,19 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'rollout_ray' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    value = getattr(_importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    """What the package offers, the lazy names included (they are not in its namespace until
+    first used): the public names and the module's own attributes."""
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [

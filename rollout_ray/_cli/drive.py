@@ -112,17 +112,26 @@ async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None
     ``token_capture`` is one of ``TOKEN_CAPTURES``.
     """
     capture: Any = None if token_capture == "off" else token_capture
+    record = model_record(url=url, name=name, simulated=simulated)
     if url:
         model = OpenAIModel(url, name=name, api_key=os.environ.get(api_key_env), token_capture=capture)
-        where, record = url, {"url": url, "name": name}
+        where = url
     else:
         simulated = simulated or SimulatedModelConfig()
         server = await stack.enter_async_context(SimulatedModelServer(simulated))
         model = OpenAIModel(server.base_url, name=simulated.model_name, token_capture=capture)  # type: ignore[arg-type]
         where = f"built-in simulated model at {server.base_url}"
-        record = {"simulated": simulated.model_dump(mode="json")}
     stack.push_async_callback(model.aclose)
     return model, where, record
+
+
+def model_record(*, url: str | None, name: str | None, simulated: SimulatedModelConfig | None = None
+                 ) -> dict[str, Any]:
+    """What the manifest records of the model (``open_model``'s third value), known before it
+    is opened: a resume is checked against it before anything starts."""
+    if url:
+        return {"url": url, "name": name}
+    return {"simulated": (simulated or SimulatedModelConfig()).model_dump(mode="json")}
 
 
 async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harness, model: Model,

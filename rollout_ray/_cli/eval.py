@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import signal
 import sys
 import time
@@ -30,8 +31,9 @@ from .._record.store import stored_outcomes
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .arguments import integer, json_object, k_list, number, one_line
-from .checks import check_address, check_api_key, check_out, check_pass_k, check_sampling
-from .drive import TOKEN_CAPTURES, drive, eval_config, header, make_executor, open_model, version
+from .checks import check_address, check_api_key, check_out, check_pass_k, check_resume, check_sampling
+from .claim import Claim
+from .drive import TOKEN_CAPTURES, drive, eval_config, header, make_executor, model_record, open_model, version
 from .interrupt import Signals
 from .protections import (
     DEFAULT_AGENT_TIMEOUT,
@@ -56,17 +58,18 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     run.add_argument("--out", metavar="DIR", help="run directory for the manifest and Parquet shards (default: runs/<time>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out (default: the latest run of "
                      "this taskset under runs/), skipping what is stored (rollouts that failed for infrastructure "
-                     "or provider reasons are redone)")
+                     "or provider reasons are redone; with --retry-failed, every stored failure)")
     run.add_argument("--overwrite", action="store_true",
                      help="replace the run stored in --out (only a run directory: one with a manifest)")
     run.add_argument("--keep-failed", action="store_true",
-                     help="with --resume: keep rollouts that failed for infrastructure or provider reasons")
+                     help="with --resume: keep every stored failure (none is redone)")
     run.add_argument("--samples", metavar="N", type=integer(1), help="samples per task (n)")
     run.add_argument("--limit", metavar="N", type=integer(1), help="run only the first N tasks")
     run.add_argument("--max-in-flight", metavar="N", type=integer(1), help="rollouts running at once")
     run.add_argument("--retries", metavar="N", type=integer(0), help="retries of a rollout lost to infrastructure (default 2)")
     run.add_argument("--retry-failed", action="store_true",
-                     help="also retry rollouts that failed inside (task or harness errors), up to --retries")
+                     help="also retry rollouts that failed inside (task or harness errors), up to --retries; "
+                          "with --resume, redo the stored ones too")
     run.add_argument("--pass-k", type=k_list, metavar="K,K,...", help="pass@k values stored per group (e.g. 1,4,8)")
     model = p.add_argument_group("model")
     model.add_argument("--model-url", metavar="URL", help="OpenAI-compatible base URL (default: the built-in simulated model)")
@@ -148,6 +151,8 @@ class _Plan:
     model_name: str | None
     defaulted: list[str]
     """The budgets per rollout that are the CLI's defaults (``protections``)."""
+    claim: Claim
+    """``out``, locked from the checks until the driver takes it."""
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -167,13 +172,28 @@ def _plan(args: argparse.Namespace) -> _Plan:
     else:
         out = os.path.join(RUNS_ROOT, time.strftime("%Y%m%d-%H%M%S"))
     check_out(out, resume=args.resume, overwrite=args.overwrite)
-    model_name = args.model
-    if args.model_url and not args.model and config.model_name is None:
-        model_name = served_model(args.model_url, os.environ.get(_api_key_env(args)))
-        config = config.model_copy(update={"model_name": model_name})
-    check_address(args.executor, args.address)
-    check_sandbox(args.runtime, remote=args.executor == "ray" and bool(args.address or os.environ.get("RAY_ADDRESS")))
-    return _Plan(module, tasks, harness, config, out, model_name, defaulted)
+    claim = Claim(out)  # from here a second eval on out is refused, and ctl says this one is starting
+    claim.take()
+    try:
+        model_name = args.model
+        if args.model_url and not args.model and config.model_name is None:
+            model_name = served_model(args.model_url, os.environ.get(_api_key_env(args)))
+            config = config.model_copy(update={"model_name": model_name})
+        check_address(args.executor, args.address)
+        check_sandbox(args.runtime,
+                      remote=args.executor == "ray" and bool(args.address or os.environ.get("RAY_ADDRESS")))
+        if args.resume:
+            check_resume(out, {"taskset": args.taskset, "eval": config.model_dump(mode="json"),
+                               "model": model_record(url=args.model_url, name=model_name, simulated=_simulated(args))})
+    except BaseException:
+        claim.close()  # and the directory it made goes
+        raise
+    return _Plan(module, tasks, harness, config, out, model_name, defaulted, claim)
+
+
+def _simulated(args: argparse.Namespace) -> SimulatedModelConfig | None:
+    """The built-in simulated model's settings, without --model-url."""
+    return None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
 
 
 def _api_key_env(args: argparse.Namespace) -> str:
@@ -187,9 +207,8 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
     session per second of ``rollouts``), and how its tokens were captured (the summary's
     ``token_capture``)."""
     async with AsyncExitStack() as stack:
-        simulated = None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
         model, where, record = await open_model(stack, url=args.model_url, name=plan.model_name,
-                                                api_key_env=_api_key_env(args), simulated=simulated,
+                                                api_key_env=_api_key_env(args), simulated=_simulated(args),
                                                 token_capture=args.token_capture)
         probing = asyncio.create_task(_capture_dialect(model))  # asked while Ray starts
         stack.callback(probing.cancel)
@@ -203,6 +222,7 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
         if what is not None:
             print(f"warmup {time.monotonic() - started:.1f}s: Ray, {what}", file=sys.stderr)
         driving, since = time.monotonic(), time.time()
+        plan.claim.hand_over()  # the driver locks the run as it opens it
         result = await drive(label, plan.module, plan.tasks, plan.harness, model, executor,
                            plan.config, plan.out, resume=args.resume, overwrite=args.overwrite, where=where,
                            keep_failed=args.keep_failed,
@@ -248,9 +268,10 @@ async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: Signals) -
         return ALL_FAILED
     judged, first = summary["judge_failures"]
     if judged:
+        # rescore stores the fixed judge's columns (a score version); finalize(read_run(...)) only computes them
         print(f"rollout-ray eval: the judge failed on {judged} of {summary['groups']} groups ({first}); the "
-              "rollouts are stored: fix the judge, then apply it with finalize(read_run(DIR), judge=...)",
-              file=sys.stderr)
+              f"rollouts are stored: fix the judge, then `rollout-ray rescore {shlex.quote(plan.out)}` stores its "
+              "columns, without a model", file=sys.stderr)
         return JUDGE_FAILED
     return 0
 
@@ -278,8 +299,12 @@ def _interrupted(args: argparse.Namespace, plan: _Plan, signum: int) -> int:
         stored = len(stored_outcomes(plan.out)) if os.path.isdir(plan.out) else 0
     except Exception:  # noqa: BLE001 - the count is a courtesy; the line must still be printed
         stored = 0
-    print(f"\ninterrupted: {stored} of {total} stored; continue with: {continue_command(args.argv, plan.out)}",
-          file=sys.stderr)
+    # A group is stored whole, when its last sample finishes: the bar's count of finished
+    # rollouts can exceed this one, and a user must know those are not lost by mistake.
+    unfinished = (" (finished samples of groups not yet complete are not stored: the resume runs them again)"
+                  if stored < total and plan.config.samples_per_task > 1 else "")
+    print(f"\ninterrupted: {stored} of {total} stored{unfinished}; continue with: "
+          f"{continue_command(args.argv, plan.out)}", file=sys.stderr)
     return 128 + signum
 
 
@@ -298,3 +323,5 @@ def _eval(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:  # before the event loop took the signal over
         return _interrupted(args, plan, signal.SIGINT)
+    finally:
+        plan.claim.close()

@@ -83,7 +83,8 @@ class Driver(PolicyOwner):
         run_dir: directory for the manifest and Parquet shards; ``None`` keeps results in memory.
         resume: continue the run in ``run_dir``: skip every (group, sample) already stored,
             except those that failed for infrastructure or provider reasons (redone, with
-            their earlier errors kept) unless ``keep_failed``; see ``RunDirectory``.
+            their earlier errors kept; with ``config.retry_failed``, every stored failure)
+            unless ``keep_failed``; see ``RunDirectory``.
         overwrite: replace the run stored in ``run_dir`` (only a run directory: one with a
             manifest; never through a symbolic link).
         judge: cross-trace hook for ``finalize`` (called once per group's table).
@@ -192,7 +193,9 @@ class Driver(PolicyOwner):
         return RunResult(self.status, self.reason, samples, groups, self.run_dir, **counts)
 
     def run(self) -> RunResult:
-        """The run on an event loop of its own, for callers without one (blocks until it ends).
+        """The run on an event loop of its own, for callers without one (blocks until it ends);
+        returns its ``RunResult``, as ``arun`` does (status and reason, the samples and groups
+        tables, the run directory).
 
         What is bound to that loop ends with it: the executor is started and stopped around
         the run (pass one not started), and the model's connections are released
@@ -361,6 +364,7 @@ class Driver(PolicyOwner):
         config = {**self._manifest_config, "eval": self.config.model_dump(mode="json")}
         self._store = RunDirectory(self.run_dir, run_id=self.run_id, config=config, resume=self.resume_run,
                                    overwrite=self.overwrite, keep_failed=self.keep_failed,
+                                   retry_failed=self.config.retry_failed,
                                    samples_per_task=self.config.samples_per_task,
                                    rows_per_shard=self.config.rows_per_shard)
         self._store.open()
