@@ -21,12 +21,14 @@ To add a dialect: a module here with a ``Dialect`` subclass (``dialect.py``), li
 
 from __future__ import annotations
 
+from .anthropic import AnthropicMessages
 from .chat import ChatCompletions
 from .dialect import Dialect, Parsed
+from .responses import Responses
 
 __all__ = ["Dialect", "Parsed", "all_dialects"]
 
 
 def all_dialects() -> tuple[Dialect, ...]:
     """Every dialect the proxy serves, Chat Completions first."""
-    return (ChatCompletions(),)
+    return (ChatCompletions(), Responses(), AnthropicMessages())

@@ -31,6 +31,9 @@ class Parsed:
     """Fields the upstream cannot express, each with why."""
     echo: dict[str, Any] = field(default_factory=dict)
     """What of the request the dialect's answer repeats (Responses' ``instructions``...)."""
+    uncarried: int = 0
+    """Leading messages a continuation of this answer does not carry (Responses' instructions
+    are not carried over by ``previous_response_id``)."""
 
 
 class Dialect:
@@ -94,3 +97,16 @@ def decode_object(body: bytes) -> dict[str, Any]:
 
 
 _ENCODER = msgspec.json.Encoder()
+
+
+def typed(value: Any, types: type | tuple[type, ...], param: str, what: str) -> Any:
+    """``value`` if it is one of ``types`` (a bool is no number), else a 400 naming ``param``."""
+    wanted = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
+        raise WireError(f"invalid request: `{param}` must be {what}, got {_json_type(value)}", param)
+    return value
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
