@@ -258,7 +258,9 @@ class HTTPInterception(HTTPService, Interception):
             if not future.done():
                 future.set_result(response)
         reg.last_hash, reg.last_response = digest, response
-        reg.history[dialect.id_prefix + digest.hex()] = [*parsed.request.messages[parsed.uncarried:], response.message]
+        if dialect.continued:
+            reg.history[dialect.id_prefix + digest.hex()] = [*parsed.request.messages[parsed.uncarried:],
+                                                             response.message]
         return await self._answer(request, dialect, parsed, response, digest)
 
     async def _answer(self, request: web.Request, dialect: Dialect, parsed: Parsed, response: Response,

@@ -278,3 +278,23 @@ def test_reasoning_is_kept_across_a_turn(path: str) -> None:
     first, second = (trace.nodes[c.node] for c in trace.calls)  # type: ignore[index]
     assert isinstance(first.message, AssistantMessage) and first.message.reasoning_content
     assert second.parent is not None and trace.nodes[second.parent].parent == trace.calls[0].node
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages"])
+def test_sdk_retry_is_replayed_with_the_same_id_not_resampled(path: str) -> None:
+    body: dict[str, Any] = {"model": "x", "max_tokens": 20}
+    body.update({"input": "What is 2+2?"} if path == "/v1/responses" else
+                {"messages": [{"role": "user", "content": "What is 2+2?"}]})
+
+    async def main() -> Trace:
+        async with rig() as r:
+            session, slot = await r.open_session()
+            auth = {"Authorization": f"Bearer {slot.model_secret}"}
+            status, first = await post(r, slot, path, body, auth)
+            status_again, again = await post(r, slot, path, body, {**auth, "x-stainless-retry-count": "1"})
+            first.pop("created_at", None), again.pop("created_at", None)  # Responses' clock may tick between
+            assert (status, status_again) == (200, 200) and again == first
+            assert first["id"].startswith("resp_" if path == "/v1/responses" else "msg_")
+            return session.trace
+
+    assert len(run(main).calls) == 1

@@ -48,6 +48,9 @@ class Dialect:
     id_prefix: str = ""
     """An answer's id is the prefix and the request body's digest, so an SDK's retry, replayed
     or joined, gets the same id."""
+    continued: bool = False
+    """Whether a request may continue an earlier answer by its id (``History``): the proxy
+    then keeps each answer's conversation for the rollout's life."""
 
     def secret(self, headers: Mapping[str, str]) -> str:
         """The rollout secret the agent sent (OpenAI's SDKs: ``Authorization: Bearer``)."""

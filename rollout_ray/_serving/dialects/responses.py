@@ -49,6 +49,7 @@ class Responses(Dialect):
     endpoint = "/responses"
     paths = ("/v1/responses",)
     id_prefix = "resp_"
+    continued = True
 
     def parse(self, body: bytes, history: History) -> Parsed:
         raw = decode_object(body)
