@@ -196,12 +196,16 @@ def test_what_the_upstream_cannot_express_is_dropped_and_recorded_not_refused() 
         async with rig() as r:
             session, slot = await r.open_session()
             hosted = {"model": "x", "input": [{"role": "user", "content": "What is 2+2?"},
-                                              {"type": "web_search_call", "id": "ws_1"}],
+                                              {"type": "web_search_call", "id": "ws_1"},
+                                              {"type": "function_call", "call_id": "c1", "name": "f"},
+                                              {"type": "function_call_output", "call_id": "c1", "output": [
+                                                  {"type": "input_text", "text": "seen"},
+                                                  {"type": "input_file", "file_id": "f_1"}]}],
                       "tools": [{"type": "web_search"}], "tool_choice": {"type": "function", "name": "f"},
                       "store": False, "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low",
                                                                                                 "summary": "auto"}}
             status, answer = await post(r, slot, "/v1/responses", hosted)
-            assert status == 200 and answer["output"][0]["content"][0]["text"] == "4", answer
+            assert status == 200 and answer["output"][0]["content"][0]["text"] == "seen", answer  # the tool said
             thinking = {"model": "x", "max_tokens": 50, "thinking": {"type": "enabled", "budget_tokens": 1024},
                         "tools": [{"type": "web_search_20250305", "name": "web_search"}], "top_k": 5,
                         "messages": [{"role": "user", "content": [{"type": "text", "text": "What is 2+2?",
@@ -213,8 +217,8 @@ def test_what_the_upstream_cannot_express_is_dropped_and_recorded_not_refused() 
 
     trace = run(main)
     responses, messages = trace.calls
-    assert set(responses.dropped or ()) == {"input[1]", "tools[0]", "tool_choice", "store", "include",
-                                            "reasoning.summary"}
+    assert set(responses.dropped or ()) == {"input[1]", "input[3].output[1]", "tools[0]", "tool_choice", "store",
+                                            "include", "reasoning.summary"}
     assert set(messages.dropped or ()) == {"thinking", "tools[0]", "cache_control", "top_k"}
     assert responses.sampling == {"reasoning_effort": "low"} and messages.sampling == {"max_tokens": 50}
 

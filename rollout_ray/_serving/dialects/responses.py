@@ -201,14 +201,14 @@ def _other(item: dict[str, Any], kind: Any, where: str, dropped: dict[str, str])
     if kind == "function_call_output":
         call_id = typed(item.get("call_id"), str, f"{where}.call_id", "a string")
         output = item.get("output")
-        if isinstance(output, list):
-            output = "".join(_text(part, f"{where}.output[{j}]") for j, part in enumerate(output))
+        if isinstance(output, list):  # text and image parts, as a message's content
+            return ToolMessage(call_id, _content(output, f"{where}.output", dropped))
         return ToolMessage(call_id, typed(output, str, f"{where}.output", "a string or an array of parts"))
     if kind != "message":
         dropped[where] = f"{UNTRANSLATABLE} (a {kind!r} item)"
         return None
     role = item.get("role")
-    content = _content(_parts(item, where), where, dropped)
+    content = _content(_parts(item, where), f"{where}.content", dropped)
     if role in ("system", "developer"):
         return SystemMessage(content)
     if role == "user":
@@ -228,7 +228,7 @@ def _content(parts: list[Any], where: str, dropped: dict[str, str]) -> Content:
     """One text part reads as a string (as Chat Completions agents send it), more as parts."""
     out: list[TextPart | ImagePart] = []
     for j, part in enumerate(parts):
-        at = f"{where}.content[{j}]"
+        at = f"{where}[{j}]"
         typed(part, dict, at, "an object")
         if part.get("type") == "input_image" and isinstance(part.get("image_url"), str):
             out.append(ImagePart(ImageURL(part["image_url"])))
