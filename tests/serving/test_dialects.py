@@ -18,6 +18,7 @@ from capture_rig import Rig, recording_server, rig, run
 
 from rollout_ray import AssistantMessage, RolloutSession, Trace, TraceTask
 from rollout_ray._core.interception import Slot
+from rollout_ray._record.graph import path_to
 from rollout_ray._record.tokens import full_prompt, token_sequences
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray._serving.upstream import OpenAIModel
@@ -209,7 +210,8 @@ def test_what_the_upstream_cannot_express_is_dropped_and_recorded_not_refused() 
             thinking = {"model": "x", "max_tokens": 50, "thinking": {"type": "enabled", "budget_tokens": 1024},
                         "tools": [{"type": "web_search_20250305", "name": "web_search"}], "top_k": 5,
                         "messages": [{"role": "user", "content": [{"type": "text", "text": "What is 2+2?",
-                                                                   "cache_control": {"type": "ephemeral"}}]}]}
+                                                                   "cache_control": {"type": "ephemeral"}}]},
+                                     {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}]}
             status, answer = await post(r, slot, "/v1/messages?beta=true", thinking,
                                         {"x-api-key": slot.model_secret, "anthropic-version": "2023-06-01"})
             assert status == 200 and answer["content"] == [{"type": "text", "text": "4"}], answer
@@ -220,6 +222,8 @@ def test_what_the_upstream_cannot_express_is_dropped_and_recorded_not_refused() 
     assert set(responses.dropped or ()) == {"input[1]", "input[3].output[1]", "tools[0]", "tool_choice", "store",
                                             "include", "reasoning.summary"}
     assert set(messages.dropped or ()) == {"thinking", "tools[0]", "cache_control", "top_k"}
+    path = [type(trace.nodes[i].message).__name__ for i in path_to(trace, messages.node)]  # type: ignore[arg-type]
+    assert path == ["UserMessage", "SystemMessage", "AssistantMessage"]  # a system turn, as Claude Code sends
     assert responses.sampling == {"reasoning_effort": "low"} and messages.sampling == {"max_tokens": 50}
 
 
@@ -233,7 +237,7 @@ def test_anthropic_key_header_and_error_shape() -> None:
                 "type": "authentication_error", "message": "unknown or missing rollout secret"}}
             async with anthropic_client(slot) as client:
                 with pytest.raises(anthropic.BadRequestError, match="`messages\\[0\\].role`"):
-                    await client.messages.create(model="x", max_tokens=10, messages=[{"role": "system",  # type: ignore[list-item,typeddict-item]
+                    await client.messages.create(model="x", max_tokens=10, messages=[{"role": "robot",  # type: ignore[list-item,typeddict-item]
                                                                                       "content": "hi"}])
 
     run(main)

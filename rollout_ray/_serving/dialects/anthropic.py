@@ -2,8 +2,8 @@
 and the ``anthropic`` SDK speak (Claude Code posts to ``/v1/messages?beta=true``).
 
 The key comes in ``x-api-key`` (or as a bearer, Claude Code's ``ANTHROPIC_AUTH_TOKEN``);
-``anthropic-version`` and ``anthropic-beta`` are read by no one. ``system`` is a system
-message; a user turn's ``tool_result`` blocks are tool messages (before the turn's other
+``anthropic-version`` and ``anthropic-beta`` are read by no one. ``system``, and a message
+of role ``system`` (Claude Code's environment), are system messages; a user turn's ``tool_result`` blocks are tool messages (before the turn's other
 blocks, a user message); an assistant turn's ``thinking``, ``text`` and ``tool_use`` blocks
 are one assistant message, its reasoning, text and tool calls, so a turn sent back reads as
 the turn the session committed and its token ids carry on (token in). Custom tools are Chat
@@ -63,7 +63,7 @@ class AnthropicMessages(Dialect):
         dropped: dict[str, str] = {}
         messages: list[Message] = []
         if raw.get("system") is not None:
-            messages.append(SystemMessage(_system(raw["system"], dropped)))
+            messages.append(SystemMessage(_system(raw["system"], "system", dropped)))
         for i, message in enumerate(typed(raw.get("messages"), list, "messages", "an array")):
             messages += _message(message, f"messages[{i}]", dropped)
         params = _params(raw, dropped)
@@ -128,17 +128,17 @@ def _tool_choice(choice: dict[str, Any], params: dict[str, Any]) -> None:
         params["parallel_tool_calls"] = False
 
 
-def _system(system: Any, dropped: dict[str, str]) -> str:
+def _system(system: Any, where: str, dropped: dict[str, str]) -> str:
     if isinstance(system, str):
         return system
-    blocks = typed(system, list, "system", "a string or an array of text blocks")
+    blocks = typed(system, list, where, "a string or an array of text blocks")
     texts = []
     for i, block in enumerate(blocks):
-        typed(block, dict, f"system[{i}]", "an object")
+        typed(block, dict, f"{where}[{i}]", "an object")
         if block.get("type") != "text":
-            raise WireError(f"invalid request: `system[{i}].type` must be text, got {block.get('type')!r}",
-                            f"system[{i}].type")
-        texts.append(typed(block.get("text"), str, f"system[{i}].text", "a string"))
+            raise WireError(f"invalid request: `{where}[{i}].type` must be text, got {block.get('type')!r}",
+                            f"{where}[{i}].type")
+        texts.append(typed(block.get("text"), str, f"{where}[{i}].text", "a string"))
         _cache_control(block, dropped)
     # Blocks are one prompt to Anthropic's model; a Chat Completions template wants one string.
     return "\n\n".join(texts)
@@ -170,12 +170,15 @@ def _message(message: Any, where: str, dropped: dict[str, str]) -> list[Message]
     typed(message, dict, where, "an object")
     role = message.get("role")
     content = message.get("content")
+    if role == "system":  # Claude Code sends its environment so, after the first user turn
+        return [SystemMessage(_system(content, f"{where}.content", dropped))]
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else \
         typed(content, list, f"{where}.content", "a string or an array of content blocks")
     if role == "assistant":
         return [_assistant(blocks, where, dropped)]
     if role != "user":
-        raise WireError(f"invalid request: `{where}.role` must be user or assistant, got {role!r}", f"{where}.role")
+        raise WireError(f"invalid request: `{where}.role` must be user, assistant or system, got {role!r}",
+                        f"{where}.role")
     results: list[Message] = []
     parts: list[TextPart | ImagePart] = []
     for j, block in enumerate(blocks):

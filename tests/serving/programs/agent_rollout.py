@@ -1,6 +1,8 @@
-"""One Codex CLI rollout on the simulated model, its trace summarised as JSON on stdout: run
-by ``test_codex.py`` in a network namespace of its own (loopback only), so that nothing Codex
-might send beyond the proxy leaves the machine. Argument: the path of the ``codex`` binary."""
+"""One rollout of a real agent on the simulated model, its trace summarised as JSON on stdout:
+run by ``test_real_agents.py`` in a network namespace of its own (loopback only), so that
+nothing the agent might send beyond the proxy leaves the machine. Arguments: the agent's
+wrapper here (``codex_exec.py``, ``claude_print.py``), the variable naming its binary, and the
+binary's path."""
 
 import asyncio
 import json
@@ -15,7 +17,7 @@ from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
 from rollout_ray._simulated.server import SimulatedModelServer
 
-WRAPPER = str(Path(__file__).parent / "codex_exec.py")
+HERE = Path(__file__).parent
 
 
 class Sum(Task):
@@ -24,8 +26,9 @@ class Sum(Task):
         return float(trace.last_reply == "4")
 
 
-async def main(codex: str) -> Trace:
-    harness = ProgramHarness([sys.executable, "-W", "error", WRAPPER], env={"CODEX": codex}, timeout=120)
+async def main(wrapper: str, variable: str, binary: str) -> Trace:
+    harness = ProgramHarness([sys.executable, "-W", "error", str(HERE / wrapper)], env={variable: binary},
+                             timeout=120)
     config = SimulatedModelConfig(ttft=0, scale_out=True, template_drift=True)
     async with SimulatedModelServer(config) as server, HTTPInterception() as proxy:
         assert server.base_url is not None
@@ -38,7 +41,7 @@ async def main(codex: str) -> Trace:
             await model.aclose()
 
 
-trace = asyncio.run(main(sys.argv[1]))
+trace = asyncio.run(main(*sys.argv[1:4]))
 print(json.dumps({
     "errors": [f"{e.type}: {e.message}" for e in trace.errors],
     "calls": [{"endpoint": c.endpoint, "finish_reason": c.finish_reason, "dropped": c.dropped} for c in trace.calls],
