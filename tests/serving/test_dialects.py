@@ -159,6 +159,7 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("/v1/responses", {"input": "hi", "max_output_tokens": "9"}, "max_output_tokens"),
     ("/v1/responses", {"input": "hi", "previous_response_id": "resp_unknown"}, "previous_response_id"),
     ("/v1/responses", {"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+    ("/v1/responses", {"input": "hi", "temperature": 2**70}, "temperature"),  # the trace holds 64 bits
     ("/v1/messages", {"messages": "hi"}, "messages"),
     ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
      "messages[0].content[0].tool_use_id"),
@@ -169,6 +170,7 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("/v1/messages", {"messages": [], "system": [{"type": "image"}]}, "system[0].type"),
     ("/v1/messages", {"messages": [], "stop_sequences": ["a", 1]}, "stop_sequences[1]"),
     ("/v1/messages", {"messages": [], "tools": [{"name": "f"}]}, "tools[0].input_schema"),
+    ("/v1/messages", {"messages": [], "metadata": {"n": [-(2**64)]}}, "metadata.n[0]"),
 ]
 
 

@@ -42,6 +42,7 @@ from .dialect import UNTRANSLATABLE, Dialect, History, Parsed, decode_object, ty
 _RENAMED = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
             "stop_sequences": "stop"}
 _READ = frozenset({"messages", "system", "tools", "tool_choice", "model", "stream", "thinking"})
+_CONVERSATION = frozenset({"messages", "system", "tools"})
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
                 503: "overloaded_error"}
@@ -59,7 +60,7 @@ class AnthropicMessages(Dialect):
         return headers.get("x-api-key", "").strip() or super().secret(headers)
 
     def parse(self, body: bytes, history: History) -> Parsed:
-        raw = decode_object(body)
+        raw = decode_object(body, _CONVERSATION)
         dropped: dict[str, str] = {}
         messages: list[Message] = []
         if raw.get("system") is not None:

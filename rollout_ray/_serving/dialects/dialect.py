@@ -10,6 +10,7 @@ import msgspec
 
 from ..._errors import WireError
 from ..._record.messages import Message, Request, Response
+from ..._record.wire import check_integers
 
 UNTRANSLATABLE = "dropped: the upstream's Chat Completions request cannot express it"
 """Why a field the agent sent is recorded as dropped when no upstream request can carry it."""
@@ -88,14 +89,21 @@ def sse(event: str | None, data: Any) -> bytes:
     return head + b"data: " + _ENCODER.encode(data) + b"\n\n"
 
 
-def decode_object(body: bytes) -> dict[str, Any]:
-    """A JSON object, or a 400 saying the body is not one."""
+def decode_object(body: bytes, structural: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A JSON object whose fields but the ``structural`` ones (the conversation and the tools,
+    as Chat Completions' are) hold integers that fit the trace's 64 bits, or a 400 saying
+    what is wrong."""
     try:
         raw = msgspec.json.decode(body)
     except msgspec.DecodeError as e:
         raise WireError(f"body is not valid JSON: {e}") from None
+    except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
+        raise WireError("invalid request: JSON nested too deeply") from None
     if not isinstance(raw, dict):
-        raise WireError(f"invalid request: the body must be a JSON object, got {type(raw).__name__}")
+        raise WireError(f"invalid request: the body must be a JSON object, got {_json_type(raw)}")
+    for key, value in raw.items():
+        if key not in structural:
+            check_integers(value, key)
     return raw
 
 

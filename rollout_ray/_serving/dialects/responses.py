@@ -42,6 +42,7 @@ _RENAMED = {"max_output_tokens": "max_tokens", "temperature": "temperature", "to
 _READ = frozenset({"input", "instructions", "previous_response_id", "tools", "tool_choice", "model", "stream",
                    "reasoning", "text"})
 _PLAIN_TEXT = {"format": {"type": "text"}}
+_CONVERSATION = frozenset({"input", "instructions", "tools"})
 
 
 class Responses(Dialect):
@@ -52,7 +53,7 @@ class Responses(Dialect):
     continued = True
 
     def parse(self, body: bytes, history: History) -> Parsed:
-        raw = decode_object(body)
+        raw = decode_object(body, _CONVERSATION)
         dropped: dict[str, str] = {}
         messages: list[Message] = []
         instructions = raw.get("instructions")
