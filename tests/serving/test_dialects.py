@@ -308,3 +308,29 @@ def test_sdk_retry_is_replayed_with_the_same_id_not_resampled(path: str) -> None
             return session.trace
 
     assert len(run(main).calls) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_responses_logprobs_asked_by_include_come_in_the_output_text(stream: bool) -> None:
+    async def main() -> None:
+        async with rig(SimulatedModelConfig(ttft=0), token_capture="vllm") as r:
+            session, slot = await r.open_session()
+            async with openai_client(slot) as client:
+                kwargs: Any = {"model": "x", "input": "What is 2+2?", "top_logprobs": 2,
+                               "include": ["message.output_text.logprobs"]}
+                if stream:
+                    async with client.responses.stream(**kwargs) as s:
+                        deltas = [e.logprobs async for e in s if e.type == "response.output_text.delta"]
+                        answer = await s.get_final_response()
+                    assert [[e.token for e in d] for d in deltas] == [["4", "<|im_end|>"]]
+                else:
+                    answer = await client.responses.create(**kwargs)
+            part = answer.output[0].content[0]
+            assert part.text == "4" and [e.token for e in part.logprobs] == ["4", "<|im_end|>"]
+            assert all(len(e.top_logprobs) == 2 for e in part.logprobs)
+            (call,) = session.trace.calls
+            assert call.dropped is None and call.sampling == {"logprobs": True, "top_logprobs": 2}
+            node = session.trace.nodes[call.node]  # type: ignore[index]
+            assert node.logprobs == [e.logprob for e in part.logprobs]
+
+    run(main)

@@ -40,7 +40,9 @@ _RENAMED = {"max_output_tokens": "max_tokens", "temperature": "temperature", "to
 """Responses fields that are Chat Completions fields under another (or the same) name."""
 
 _READ = frozenset({"input", "instructions", "previous_response_id", "tools", "tool_choice", "model", "stream",
-                   "reasoning", "text"})
+                   "reasoning", "text", "include"})
+LOGPROBS = "message.output_text.logprobs"
+"""The ``include`` entry that asks for the answer's log-probabilities (Chat Completions' ``logprobs``)."""
 _PLAIN_TEXT = {"format": {"type": "text"}}
 _CONVERSATION = frozenset({"input", "instructions", "tools"})
 
@@ -98,6 +100,11 @@ def _params(raw: dict[str, Any], dropped: dict[str, str]) -> dict[str, Any]:
             dropped[key] = UNTRANSLATABLE
     if "max_tokens" in params:
         typed(params["max_tokens"], int, "max_output_tokens", "an integer")
+    include = typed(raw.get("include") or [], list, "include", "an array of strings")
+    if LOGPROBS in include or "top_logprobs" in params:
+        params["logprobs"] = True
+    if any(entry != LOGPROBS for entry in include):
+        dropped["include"] = UNTRANSLATABLE
     if "tool_choice" in raw:
         choice = _tool_choice(raw["tool_choice"], dropped)
         if choice is not None:

@@ -31,16 +31,18 @@ def items(response: Response, answer_id: str) -> list[dict[str, Any]]:
                     "content": [{"type": "reasoning_text", "text": message.reasoning_content}]})
     text = text_of(message.content)
     if text or not message.tool_calls:
+        logprobs = msgspec.to_builtins(response.logprobs) if response.logprobs is not None else []
         out.append({"type": "message", "id": f"msg_{key}", "role": "assistant", "status": "completed",
-                    "content": [_text_part(text)]})
+                    "content": [_text_part(text, logprobs)]})
     for i, call in enumerate(message.tool_calls or ()):
         out.append({"type": "function_call", "id": f"fc_{key}_{i}", "call_id": call.id, "name": call.name,
                     "arguments": call.arguments, "status": "completed"})
     return out
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[Any]) -> dict[str, Any]:
+    """An ``output_text`` part; ``logprobs`` as the agent asked for them (``include``)."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
 
 def body(response: Response | None, echo: dict[str, Any], answer_id: str, created: int,
@@ -108,8 +110,9 @@ def _item_events(event: Any, index: int, item: dict[str, Any]) -> Iterator[bytes
             yield event("response.reasoning_text.delta", **at, content_index=0, delta=text)
             yield event("response.reasoning_text.done", **at, content_index=0, text=text)
         else:
-            yield event("response.content_part.added", **at, content_index=0, part=_text_part(""))
-            yield event("response.output_text.delta", **at, content_index=0, delta=text, logprobs=[])
-            yield event("response.output_text.done", **at, content_index=0, text=text, logprobs=[])
+            logprobs = part["logprobs"]
+            yield event("response.content_part.added", **at, content_index=0, part=_text_part("", []))
+            yield event("response.output_text.delta", **at, content_index=0, delta=text, logprobs=logprobs)
+            yield event("response.output_text.done", **at, content_index=0, text=text, logprobs=logprobs)
         yield event("response.content_part.done", **at, content_index=0, part=part)
     yield event("response.output_item.done", output_index=index, item=item)
