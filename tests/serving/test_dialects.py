@@ -16,9 +16,11 @@ import pytest
 from aiohttp import web
 from capture_rig import Rig, recording_server, rig, run
 
-from rollout_ray import AssistantMessage, RolloutSession, Trace, TraceTask
+from rollout_ray import AssistantMessage, Request, Response, RolloutLimits, RolloutSession, Trace, TraceTask
+from rollout_ray._core.hooks import Hook
 from rollout_ray._core.interception import Slot
 from rollout_ray._record.graph import path_to
+from rollout_ray._record.messages import text_of
 from rollout_ray._record.tokens import full_prompt, token_sequences
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray._serving.upstream import OpenAIModel
@@ -334,3 +336,40 @@ def test_responses_logprobs_asked_by_include_come_in_the_output_text(stream: boo
             assert node.logprobs == [e.logprob for e in part.logprobs]
 
     run(main)
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages"])
+def test_hooks_and_budgets_work_the_same_whatever_the_dialect(path: str) -> None:
+    """A response ``@intercept`` rewrites what the agent reads, a request ``@stop`` sees the
+    translated request, the token budget clamps the reply's length, and a refused turn is a
+    400 in the dialect's own error shape."""
+    def polite(response: Response) -> Response:
+        return msgspec.structs.replace(response, message=AssistantMessage("Four."))
+
+    def no_goodbyes(request: Request) -> bool:
+        return text_of(request.messages[-1].content) == "Bye."
+
+    def body(text: str) -> dict[str, Any]:
+        if path == "/v1/responses":
+            return {"model": "x", "input": text, "max_output_tokens": 500}
+        return {"model": "x", "max_tokens": 500, "messages": [{"role": "user", "content": text}]}
+
+    async def main() -> Trace:
+        async with rig() as r:
+            session = RolloutSession(Trace(task=TraceTask(type="T")), r.model, limits=RolloutLimits(max_output_tokens=64),
+                                     response_interceptors=[Hook("polite", polite)],
+                                     request_stops=[Hook("no_goodbyes", no_goodbyes)])
+            async with r.proxy.serve(session) as slot:
+                status, answer = await post(r, slot, path, body("What is 2+2?"))
+                assert status == 200
+                text = answer["output"][0]["content"][0]["text"] if path == "/v1/responses" else \
+                    answer["content"][0]["text"]
+                assert text == "Four."
+                status, answer = await post(r, slot, path, body("Bye."))
+                assert status == 400 and answer["error"]["message"] == "rollout stopped: no_goodbyes"
+                assert ("type" in answer) == (path == "/v1/messages")  # Anthropic's error envelope
+            return session.trace
+
+    trace = run(main)
+    assert trace.stop_condition == "no_goodbyes" and trace.last_reply == "Four."
+    assert trace.calls[0].sampling == {"max_tokens": 64} and trace.response_rewrites[0].handler == "polite"
