@@ -142,12 +142,15 @@ class RolloutSession:
 
     # -- the model route --------------------------------------------------------------------
 
-    async def chat(self, request: Request, params: dict[str, Any] | None = None) -> Response:
+    async def chat(self, request: Request, params: dict[str, Any] | None = None, *,
+                   endpoint: str = "/chat/completions", dropped: dict[str, str] | None = None) -> Response:
         """Run one model request through the whole pipeline and commit the turn.
 
         ``params`` are the harness's other request fields (``max_tokens``, ``tool_choice``,
-        ...): the allowed ones go upstream, under the rollout's sampling settings
-        (``_core/upstream_fields``).
+        ...) in Chat Completions' names: the allowed ones go upstream, under the rollout's
+        sampling settings (``_core/upstream_fields``). ``endpoint`` is the route the harness
+        spoke (recorded on the call), and ``dropped`` what of its request the proxy's dialect
+        could not translate, with why (recorded beside the fields not forwarded).
 
         Raises:
             SessionConcluded: the session was released.
@@ -165,9 +168,10 @@ class RolloutSession:
                 self._record_tools(request)
                 self.trace.stop(stop_name)
                 raise TurnRefused(stop_name)
-            return await self._sample(request, params or {})
+            return await self._sample(request, params or {}, endpoint, dropped or {})
 
-    async def _sample(self, request: Request, params: dict[str, Any]) -> Response:
+    async def _sample(self, request: Request, params: dict[str, Any], endpoint: str,
+                      untranslated: dict[str, str]) -> Response:
         policy = self.policy
         if policy.paused:  # a weight update: wait before anything goes upstream
             await policy.wait()
@@ -176,10 +180,11 @@ class RolloutSession:
         sampling, dropped = upstream_fields(params, self.sampling, extra=self.model.forward_fields,
                                             tokens_left=self._tokens_left())
         recorded = {k: v for k, v in sampling.items() if k in SAMPLING_FIELDS}
+        dropped = {**untranslated, **dropped}
         call = ModelCall(
             model=self.model_name,
             sampling=recorded or None,
-            endpoint="/chat/completions",
+            endpoint=endpoint,
             time=TimeSpan(start=time.time()),
             policy=policy.version,  # the server's own stamp, if any, replaces it (record_tokens)
             dropped=dropped or None,
