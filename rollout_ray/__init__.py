@@ -28,6 +28,7 @@ from ._record.trace import Timing as Timing
 from ._record.trace import Trace as Trace
 from ._record.trace import ToolCallRecord as ToolCallRecord
 from ._record.trace import TraceTask as TraceTask
+from ._record.trace import VersionInfo as VersionInfo
 from ._record.trace import decode_trace as decode_trace
 from ._record.trace import encode_trace as encode_trace
 
@@ -155,7 +156,7 @@ __all__ = [
     # the record
     "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "Error", "ErrorRecord", "InterceptRecord",
     "MessageNode", "ModelCall", "Reward", "RuntimeInfo", "TimeSpan", "TimeSplit", "Timing",
-    "ToolCallRecord", "Trace", "TraceTask", "decode_trace", "encode_trace",
+    "ToolCallRecord", "Trace", "TraceTask", "VersionInfo", "decode_trace", "encode_trace",
     # messages and the model boundary
     "AssistantMessage", "ImagePart", "Message", "Request", "Response", "SystemMessage",
     "TextPart", "Tool", "ToolCall", "ToolMessage", "Usage", "UserMessage", "Model",

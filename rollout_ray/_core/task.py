@@ -179,8 +179,10 @@ class Task:
         """The task as a trace records it."""
         digest = self.hash
         key = digest if type(self).key is Task.key else self.key  # one hash per rollout, not two
+        data_cls = type(self.data)
         return TraceTask(type=type(self).__name__, key=key, hash=digest, idx=self.data.idx,
-                         data=self.data.model_dump(mode="json"))
+                         data=self.data.model_dump(mode="json"),
+                         data_cls=f"{data_cls.__module__}:{data_cls.__qualname__}")
 
     @property
     def setup_key(self) -> str | None:
