@@ -146,7 +146,7 @@ class Task:
         # One line naming the key and what to declare, where pydantic's error would only say
         # "Extra inputs are not permitted" under the key.
         unknown = [key for key in data if key not in cls.data_type.model_fields]
-        if unknown:
+        if unknown and cls.data_type.model_config.get("extra") != "allow":  # a class that keeps them
             raise ValueError(
                 f"{cls.__name__}: task data key {unknown[0]!r} is not a field of "
                 f"{cls.data_type.__name__}; declare it on a TaskData subclass "

@@ -1,0 +1,101 @@
+"""verifiers v1 tasksets run unchanged (issue 31 §1, first slice: single-turn QA).
+
+The differential check: our Driver runs the v1 taskset against the simulated model (with
+wrong answers, so rewards differ task by task); then upstream's own ``Task.score`` scores the
+same conversations on upstream's own ``Trace``; rewards (score and weight) and metrics must be
+equal, task by task. What is not mapped yet is refused before anything runs, in one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+import msgspec
+import pytest
+from pydantic import TypeAdapter
+from verifiers.v1 import trace as upstream_trace
+from verifiers.v1 import types as upstream_types
+from verifiers.v1.configs.agent import AgentConfig
+from verifiers.v1.graph import MessageNode as UpstreamNode
+
+from rollout_ray import (
+    ChatHarness,
+    EvalConfig,
+    OpenAIModel,
+    RolloutLimits,
+    SimulatedModelConfig,
+    SimulatedModelServer,
+    Trace,
+)
+from rollout_ray._cli import main as cli
+from rollout_ray._driver.driver import Driver
+from rollout_ray._hosting.local_executor import LocalExecutor
+from rollout_ray._record.arrow import table_to_traces
+from rollout_ray._verifiers import v1_taskset
+
+EXAMPLE = str(pathlib.Path(__file__).parents[2] / "examples" / "verifiers_env.py")
+REFUSED = str(pathlib.Path(__file__).parent / "v1_refused.py")
+_MESSAGE = TypeAdapter(upstream_types.Message)
+
+
+def _upstream_trace_of(ours: Trace, data: Any) -> Any:
+    """Our trace's conversation and calls as upstream's own ``Trace``."""
+    nodes = [UpstreamNode(parent=n.parent, sampled=n.sampled,
+                          message=_MESSAGE.validate_python(msgspec.to_builtins(n.message)))
+             for n in ours.nodes]
+    calls = [upstream_trace.ModelCall(node=c.node, usage=upstream_types.Usage(**msgspec.to_builtins(c.usage)))
+             for c in ours.calls if c.usage is not None]
+    return upstream_trace.Trace(task=upstream_trace.TraceTask(type="T", data=data), nodes=nodes, calls=calls,
+                                agent=upstream_trace.AgentInfo(config=AgentConfig()))
+
+
+def test_a_v1_qa_taskset_scores_task_by_task_as_upstreams_own_scoring() -> None:
+    module = v1_taskset(EXAMPLE)
+    tasks = module.tasks()
+
+    async def main() -> Any:
+        simulated = SimulatedModelConfig(ttft=0, error_rate=0.5, seed=3)
+        async with SimulatedModelServer(simulated) as server, OpenAIModel(server.base_url, name="simulated") as model, \
+                LocalExecutor(runtime="local") as executor:
+            config = EvalConfig(sampling={"temperature": 0}, limits=RolloutLimits(max_turns=4))
+            return await Driver(tasks, ChatHarness(), model, executor=executor, config=config).arun()
+
+    traces = {t.task.idx: t for t in table_to_traces(asyncio.run(main()).samples)}
+    assert sorted(traces) == list(range(8))
+    rewards = set()
+    for task in tasks:
+        ours = traces[task.data.idx]
+        assert ours.ok and ours.stop_condition == "agent_completed" and ours.num_turns == 1
+        upstream = _upstream_trace_of(ours, task.upstream.data)
+        asyncio.run(task.upstream.score(upstream))
+        assert {k: (r.score, r.weight) for k, r in ours.rewards.items()} == \
+               {k: (r.score, r.weight) for k, r in upstream.rewards.items()}, task.data.idx
+        assert ours.metrics == upstream.metrics, task.data.idx
+        assert ours.task.key == task.upstream.key
+        rewards.add(ours.reward)
+    assert rewards == {0.0, 1.0}  # wrong answers and right ones: the comparison could fail
+
+
+def test_what_is_not_mapped_is_refused_before_anything_runs_in_one_line(
+        capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["eval", "--verifiers", REFUSED, "--executor", "local", "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "rollout-ray eval: error: verifiers task HaltTask: not mapped onto rollout_ray yet: it has @stop hooks "
+        "(said_stop)"]
+    assert not out.exists()
+
+
+def test_rollout_ray_eval_runs_the_example_v1_environment(tmp_path: pathlib.Path) -> None:
+    """``rollout-ray eval --verifiers examples/verifiers_env.py``, in its own process."""
+    done = subprocess.run([sys.executable, "-m", "rollout_ray", "eval", "--verifiers", EXAMPLE, "--samples", "2",
+                           "--executor", "local", "--runtime", "local", "--temperature", "0",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "mean reward 1.0000" in done.stdout and "stop conditions  agent_completed=16" in done.stdout, done.stdout
