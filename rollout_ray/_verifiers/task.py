@@ -4,6 +4,7 @@ the v1 row as ``task``, as upstream's ``Task.score`` calls them."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,15 @@ class V1Task(Task):
         return [Hook(fn.__name__, _with_v1_row(fn, self.upstream.data), getattr(fn, f"{kind}_priority", 0),
                      float(getattr(fn, "_vf_weight", 1.0)))
                 for fn in self.upstream.hooks(kind)]
+
+
+@functools.cache
+def adapter_class(upstream_cls: type) -> type[V1Task]:
+    """The ``V1Task`` subclass for one v1 task class: named as it (the trace's ``task.type``
+    is upstream's) and placed in its module, so an executor that ships a taskset's module to
+    workers that cannot import it (Ray, for a ``.py`` file) ships this one too."""
+    return type(upstream_cls.__name__, (V1Task,), {"__module__": upstream_cls.__module__,
+                                                    "__qualname__": f"{upstream_cls.__qualname__}.rollout_ray"})
 
 
 def refuse_unmapped(upstream: Any) -> None:

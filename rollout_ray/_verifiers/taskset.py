@@ -16,7 +16,7 @@ import types
 from typing import Any
 
 from .._harnesses.chat import ChatHarness
-from .task import V1Task
+from .task import adapter_class
 
 
 def v1_taskset(ref: str, limit: int | None = None) -> types.ModuleType:
@@ -49,7 +49,7 @@ def v1_taskset(ref: str, limit: int | None = None) -> types.ModuleType:
     if not taskset.bounded and limit is None:
         raise ValueError(f"verifiers taskset {ref} is infinite: give --limit N")
     upstream = list(itertools.islice(taskset, limit) if limit is not None else taskset)
-    tasks = [V1Task(t) for t in upstream]  # every task refused or mapped before any runs
+    tasks = [adapter_class(type(t))(t) for t in upstream]  # every task refused or mapped before any runs
     out = types.ModuleType(f"rollout_ray_verifiers_{cls.__name__}")
     out.__dict__.update(tasks=lambda: list(tasks), harness=ChatHarness, upstream_tasks=upstream)
     return out

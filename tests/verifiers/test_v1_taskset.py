@@ -53,14 +53,24 @@ def _upstream_trace_of(ours: Trace, data: Any) -> Any:
                                 agent=upstream_trace.AgentInfo(config=AgentConfig()))
 
 
-def test_a_v1_qa_taskset_scores_task_by_task_as_upstreams_own_scoring() -> None:
+def _executor(kind: str, request: pytest.FixtureRequest) -> Any:
+    if kind == "local":
+        return LocalExecutor(runtime="local")
+    request.getfixturevalue("ray_cluster")
+    from rollout_ray._ray.executor import RayExecutor
+
+    return RayExecutor(actors=1, runtime="local")  # the example is a .py file: its module travels by value
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_a_v1_qa_taskset_scores_task_by_task_as_upstreams_own_scoring(kind: str, request: pytest.FixtureRequest) -> None:
     module = v1_taskset(EXAMPLE)
     tasks = module.tasks()
 
     async def main() -> Any:
         simulated = SimulatedModelConfig(ttft=0, error_rate=0.5, seed=3)
         async with SimulatedModelServer(simulated) as server, OpenAIModel(server.base_url, name="simulated") as model, \
-                LocalExecutor(runtime="local") as executor:
+                _executor(kind, request) as executor:
             config = EvalConfig(sampling={"temperature": 0}, limits=RolloutLimits(max_turns=4))
             return await Driver(tasks, ChatHarness(), model, executor=executor, config=config).arun()
 
@@ -69,7 +79,8 @@ def test_a_v1_qa_taskset_scores_task_by_task_as_upstreams_own_scoring() -> None:
     rewards = set()
     for task in tasks:
         ours = traces[task.data.idx]
-        assert ours.ok and ours.stop_condition == "agent_completed" and ours.num_turns == 1
+        assert ours.ok and ours.stop_condition == "agent_completed" and ours.num_turns == 1, ours.errors
+        assert ours.task.type == type(task.upstream).__name__  # upstream's TraceTask.type
         upstream = _upstream_trace_of(ours, task.upstream.data)
         asyncio.run(task.upstream.score(upstream))
         assert {k: (r.score, r.weight) for k, r in ours.rewards.items()} == \
