@@ -39,6 +39,7 @@ from rollout_ray._verifiers import v1_taskset
 
 EXAMPLE = str(pathlib.Path(__file__).parents[2] / "examples" / "verifiers_env.py")
 REFUSED = str(pathlib.Path(__file__).parent / "v1_refused.py")
+STOPS = str(pathlib.Path(__file__).parent / "v1_stops.py")
 _MESSAGE = TypeAdapter(upstream_types.Message)
 
 
@@ -91,6 +92,26 @@ def test_a_v1_qa_taskset_scores_task_by_task_as_upstreams_own_scoring(kind: str,
     assert rewards == {0.0, 1.0}  # wrong answers and right ones: the comparison could fail
 
 
+@pytest.mark.parametrize("kind", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_v1_trace_stops_run_before_every_turn_in_upstreams_order(kind: str, request: pytest.FixtureRequest) -> None:
+    """Both stops fire before the first turn: ``out_of_budget`` (priority 1) names the stop
+    though ``always`` sorts first by name; the rollout is ok, with no turn, and scored. On
+    Ray the stops run in a worker that has the taskset's module by value (its annotations
+    unresolvable there: they were a NameError)."""
+    tasks = v1_taskset(STOPS).tasks()
+    assert [h.name for h in tasks[0].hooks("stop")] == ["out_of_budget", "always"]
+
+    async def main() -> Any:
+        async with SimulatedModelServer(SimulatedModelConfig(ttft=0)) as server, \
+                OpenAIModel(server.base_url, name="simulated") as model, _executor(kind, request) as executor:
+            config = EvalConfig(limits=RolloutLimits(max_turns=4))
+            return await Driver(tasks, ChatHarness(), model, executor=executor, config=config).arun()
+
+    traces = table_to_traces(asyncio.run(main()).samples)
+    assert [(t.ok, t.stop_condition, t.num_turns, t.reward) for t in traces] == [(True, "out_of_budget", 0, 0.0)] * 2, \
+        [t.errors for t in traces]
+
+
 def test_what_is_not_mapped_is_refused_before_anything_runs_in_one_line(
         capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path) -> None:
     out = tmp_path / "run"
@@ -98,8 +119,8 @@ def test_what_is_not_mapped_is_refused_before_anything_runs_in_one_line(
         cli.main(["eval", "--verifiers", REFUSED, "--executor", "local", "--out", str(out)])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "rollout-ray eval: error: verifiers task HaltTask: not mapped onto rollout_ray yet: it has @stop hooks "
-        "(said_stop)"]
+        "rollout-ray eval: error: verifiers task AskTask: not mapped onto rollout_ray yet: @stop asked_twice is on "
+        "a Request, not the Trace"]
     assert not out.exists()
 
 

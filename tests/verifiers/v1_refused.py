@@ -7,19 +7,19 @@ from collections.abc import Iterator
 import verifiers.v1 as vf
 
 
-class HaltTask(vf.Task):
+class AskTask(vf.Task):
     @vf.stop
-    async def said_stop(self, trace: vf.Trace) -> bool:
-        return "stop" in trace.last_reply
+    async def asked_twice(self, request: vf.Request) -> bool:
+        return len(request.messages) > 2
 
     @vf.reward
     async def one(self) -> float:
         return 1.0
 
 
-class HaltTaskset(vf.Taskset[HaltTask]):
-    def load(self) -> Iterator[HaltTask]:
-        yield HaltTask(vf.TaskData(prompt="What is 1 + 1?"), self.config.task)
+class AskTaskset(vf.Taskset[AskTask]):
+    def load(self) -> Iterator[AskTask]:
+        yield AskTask(vf.TaskData(prompt="What is 1 + 1?"), self.config.task)
 
 
-__all__ = ["HaltTaskset"]
+__all__ = ["AskTaskset"]
