@@ -52,6 +52,7 @@ from ._core.interception import Interception as Interception
 from ._core.interception import LocalInterception as LocalInterception
 from ._core.interception import Slot as Slot
 from ._serving.proxy import HTTPInterception as HTTPInterception
+from ._verifiers import verifiers_tasks as verifiers_tasks
 from ._serving.upstream import OpenAIModel as OpenAIModel
 from ._serving.weights import reload_weights as reload_weights
 
@@ -170,7 +171,7 @@ __all__ = [
     "RolloutSpec",
     "ChatHarness", "ProgramHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
     # the driver, Arrow and the env-level finalize
-    "Driver", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",
+    "Driver", "verifiers_tasks", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",
     "LocalExecutor", "TRACE_SCHEMA", "RolloutRecord", "records_to_table", "table_to_traces",
     "CorruptShard", "ShardWriter", "read_run", "read_groups", "FinalizeConfig", "Finalized", "finalize",
     # the Ray layer (lazy)

@@ -15,6 +15,7 @@ import sys
 import types
 from typing import Any
 
+from .._core.task import Task
 from .._harnesses.chat import ChatHarness
 from .task import adapter_class
 
@@ -43,16 +44,28 @@ def v1_taskset(ref: str, limit: int | None = None) -> types.ModuleType:
     if harnesses:
         raise ValueError(f"verifiers taskset {ref}: not mapped onto rollout_ray yet: it pairs its own harness "
                          f"({harnesses[0]}); only tasksets run by upstream's null (chat) harness are")
-    taskset = cls(_config_type(cls)())
-    if cls.toolsets(taskset.config):
-        raise ValueError(f"verifiers taskset {ref}: not mapped onto rollout_ray yet: it declares shared toolsets")
-    if not taskset.bounded and limit is None:
-        raise ValueError(f"verifiers taskset {ref} is infinite: give --limit N")
-    upstream = list(itertools.islice(taskset, limit) if limit is not None else taskset)
-    tasks = [adapter_class(type(t))(t) for t in upstream]  # every task refused or mapped before any runs
+    tasks = verifiers_tasks(cls(_config_type(cls)()), limit, name=ref)
     out = types.ModuleType(f"rollout_ray_verifiers_{cls.__name__}")
-    out.__dict__.update(tasks=lambda: list(tasks), harness=ChatHarness, upstream_tasks=upstream)
+    out.__dict__.update(tasks=lambda: list(tasks), harness=ChatHarness)
     return out
+
+
+def verifiers_tasks(taskset: Any, limit: int | None = None, *, name: str | None = None) -> list[Task]:
+    """The tasks of a verifiers v1 ``Taskset`` (or a view of it: ``take``, ``shuffle``, ...)
+    as ours, for ``Driver`` with a ``ChatHarness``; the first ``limit`` of them if given. Each
+    keeps the v1 task as ``upstream``.
+
+    Raises:
+        ValueError: in one line: what of the taskset or of a task is not mapped yet, or an
+            infinite taskset without ``limit``.
+    """
+    name = name or type(taskset).__name__
+    if type(taskset).toolsets(taskset.config):
+        raise ValueError(f"verifiers taskset {name}: not mapped onto rollout_ray yet: it declares shared toolsets")
+    if not taskset.bounded and limit is None:
+        raise ValueError(f"verifiers taskset {name} is infinite: give a limit (--limit N), or take(n) of it")
+    upstream = itertools.islice(taskset, limit) if limit is not None else taskset
+    return [adapter_class(type(t))(t) for t in upstream]  # every task refused or mapped before any runs
 
 
 def _config_type(cls: Any) -> Any:

@@ -30,6 +30,7 @@ from rollout_ray import (
     SimulatedModelConfig,
     SimulatedModelServer,
     Trace,
+    verifiers_tasks,
 )
 from rollout_ray._cli import main as cli
 from rollout_ray._driver.driver import Driver
@@ -110,6 +111,23 @@ def test_v1_trace_stops_run_before_every_turn_in_upstreams_order(kind: str, requ
     traces = table_to_traces(asyncio.run(main()).samples)
     assert [(t.ok, t.stop_condition, t.num_turns, t.reward) for t in traces] == [(True, "out_of_budget", 0, 0.0)] * 2, \
         [t.errors for t in traces]
+
+
+def test_a_taskset_object_and_its_views_give_their_tasks_in_upstreams_order() -> None:
+    """``verifiers_tasks`` takes what v1 users hold (a ``Taskset``, a view of it) for ``Driver``."""
+    from verifiers.v1.configs.taskset import TasksetConfig
+
+    v1_taskset(EXAMPLE)  # imports the example's file as users' tasksets are imported
+    taskset_cls = sys.modules["verifiers_taskset_verifiers_env"].ArithTaskset
+    view = taskset_cls(TasksetConfig()).shuffle(seed=1).take(3)
+    ours = verifiers_tasks(view)
+    assert [t.data.model_dump(include={"idx", "prompt", "answer"}) for t in ours] == \
+           [{"idx": t.data.idx, "prompt": t.data.prompt, "answer": t.data.answer} for t in view]
+    assert len({t.data.idx for t in ours}) == 3 and [t.upstream.key for t in ours] == [t.key for t in view]
+    with pytest.raises(ValueError, match=r"^verifiers taskset Endless is infinite: give a limit \(--limit N\), "
+                                         r"or take\(n\) of it$"):
+        verifiers_tasks(type("Endless", (taskset_cls,), {"INFINITE": True})(TasksetConfig()))
+    assert len(verifiers_tasks(type("Endless", (taskset_cls,), {"INFINITE": True})(TasksetConfig()), 2)) == 2
 
 
 def test_what_is_not_mapped_is_refused_before_anything_runs_in_one_line(
