@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +13,7 @@ from pydantic import ConfigDict
 
 from .._core.hooks import Hook, HookKind
 from .._core.task import Task, TaskData
-from .._record.trace import Trace
+from .boundary import as_our_stop, routing
 
 # Upstream TaskData fields whose default means "nothing asked": a row that sets one asks for
 # a feature this adapter does not map yet, and is refused rather than run without it.
@@ -40,7 +39,7 @@ class V1Task(Task):
         self.upstream = upstream
         # Routed here, where the task was made: a worker that gets the user's module by value
         # cannot resolve its annotations (the names they use, such as ``vf``, stay behind).
-        self.trace_params = {fn.__name__: _trace_params(fn) for fn in upstream.hooks("stop")}
+        self.stop_routing = {fn.__name__: routing(fn) for fn in upstream.hooks("stop")}
         super().__init__(_row(upstream.data))
 
     @property
@@ -48,8 +47,8 @@ class V1Task(Task):
         return str(self.upstream.key)
 
     def hooks(self, kind: HookKind) -> list[Hook]:
-        if kind == "stop":  # refuse_unmapped let only Trace stops through
-            return [Hook(fn.__name__, _trace_stop(fn, self.trace_params[fn.__name__]), getattr(fn, "stop_priority", 0))
+        if kind == "stop":
+            return [Hook(fn.__name__, as_our_stop(fn, self.stop_routing[fn.__name__]), getattr(fn, "stop_priority", 0))
                     for fn in self.upstream.hooks("stop")]
         if kind not in ("reward", "metric"):
             return []  # refuse_unmapped made sure the v1 task has no @intercept
@@ -70,6 +69,7 @@ def adapter_class(upstream_cls: type) -> type[V1Task]:
 def refuse_unmapped(upstream: Any) -> None:
     """Raise ``ValueError`` in one line naming the first v1 feature of ``upstream`` that is
     not mapped onto ours yet."""
+    from verifiers.v1.session import hook_boundary
     from verifiers.v1.task import Task as UpstreamTask
     from verifiers.v1.utils.decorators import discover_decorated
 
@@ -78,8 +78,8 @@ def refuse_unmapped(upstream: Any) -> None:
                if getattr(cls, m) is not getattr(UpstreamTask, m)]
     reasons += [f"it has @intercept hooks ({', '.join(f.__name__ for f in discover_decorated(upstream, 'intercept'))})"
                 ] if discover_decorated(upstream, "intercept") else []
-    reasons += [f"@stop {fn.__name__} is on a {_stop_boundary(fn)}, not the Trace" for fn in upstream.hooks("stop")
-                if _stop_boundary(fn) != "Trace"]
+    for fn in upstream.hooks("stop"):
+        hook_boundary(fn, allow_trace=True)  # a TypeError naming the hook, as upstream's, for a wrong shape
     reasons += ["it declares toolsets"] if cls.toolsets(upstream.config) else []
     reasons += ["it needs a container (NEEDS_CONTAINER)"] if cls.NEEDS_CONTAINER else []
     reasons += ["its config plugs judges"] if upstream.config.judges else []
@@ -108,36 +108,6 @@ def _row(data: Any) -> dict[str, Any]:
     row["network_allow"] = None if data.network_allow == ["*"] else list(data.network_allow)
     row["network_block"] = list(data.network_block) or None
     return row
-
-
-def _stop_boundary(fn: Callable[..., Any]) -> str:
-    """Which boundary a v1 ``@stop`` is on, by its annotations as upstream routes it."""
-    from verifiers.v1.session import hook_boundary
-
-    return hook_boundary(fn, allow_trace=True).__name__
-
-
-def _trace_params(fn: Callable[..., Any]) -> list[str]:
-    """The parameters of a v1 ``@stop`` annotated with upstream's ``Trace``."""
-    from verifiers.v1.trace import Trace as UpstreamTrace
-
-    hints = typing.get_type_hints(fn)
-    return [n for n in inspect.signature(fn).parameters
-            if (typing.get_origin(hints.get(n)) or hints.get(n)) is UpstreamTrace]
-
-
-def _trace_stop(fn: Callable[..., Any], names: list[str]) -> Callable[..., Any]:
-    """A v1 Trace ``@stop`` as ours: our rollout calls it before every turn with our trace,
-    which reads as upstream's (``Trace``'s upstream members), in the parameters ``names``."""
-
-    def stop(trace: Trace) -> Any:
-        return fn(**{name: trace for name in names})
-
-    stop.__name__ = fn.__name__
-    # Real classes, not this module's strings: pickled to another process (Ray) by value, a
-    # closure carries only the globals its code reads, and the routing resolves annotations.
-    stop.__annotations__ = {"trace": Trace, "return": Any}
-    return stop
 
 
 def _with_v1_row(fn: Callable[..., Any], data: Any) -> Callable[..., Any]:

@@ -113,6 +113,25 @@ def test_v1_trace_stops_run_before_every_turn_in_upstreams_order(kind: str, requ
         [t.errors for t in traces]
 
 
+def test_v1_request_and_response_stops_see_upstreams_types_at_our_boundary() -> None:
+    """A request stop fires before the model is asked (no turn); a response stop after the
+    turn it judged (committed: one turn); a task neither fires on completes."""
+    from verifiers.v1.configs.taskset import TasksetConfig
+
+    v1_taskset(STOPS)
+    tasks = verifiers_tasks(sys.modules["verifiers_taskset_v1_stops"].WatchTaskset(TasksetConfig()))
+
+    async def main() -> Any:
+        async with SimulatedModelServer(SimulatedModelConfig(ttft=0)) as server, \
+                OpenAIModel(server.base_url, name="simulated") as model, LocalExecutor(runtime="local") as executor:
+            config = EvalConfig(limits=RolloutLimits(max_turns=4), sampling={"temperature": 0})
+            return await Driver(tasks, ChatHarness(), model, executor=executor, config=config).arun()
+
+    traces = sorted(table_to_traces(asyncio.run(main()).samples), key=lambda t: t.task.idx)
+    assert [(t.ok, t.stop_condition, t.num_turns) for t in traces] == [
+        (True, "said_four", 1), (True, "asked_secret", 0), (True, "agent_completed", 1)], [t.errors for t in traces]
+
+
 def test_a_taskset_object_and_its_views_give_their_tasks_in_upstreams_order() -> None:
     """``verifiers_tasks`` takes what v1 users hold (a ``Taskset``, a view of it) for ``Driver``."""
     from verifiers.v1.configs.taskset import TasksetConfig
@@ -137,8 +156,8 @@ def test_what_is_not_mapped_is_refused_before_anything_runs_in_one_line(
         cli.main(["eval", "--verifiers", REFUSED, "--executor", "local", "--out", str(out)])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "rollout-ray eval: error: verifiers task AskTask: not mapped onto rollout_ray yet: @stop asked_twice is on "
-        "a Request, not the Trace"]
+        "rollout-ray eval: error: verifiers task RedactTask: not mapped onto rollout_ray yet: it has @intercept "
+        "hooks (redact)"]
     assert not out.exists()
 
 

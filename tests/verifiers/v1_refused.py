@@ -7,19 +7,19 @@ from collections.abc import Iterator
 import verifiers.v1 as vf
 
 
-class AskTask(vf.Task):
-    @vf.stop
-    async def asked_twice(self, request: vf.Request) -> bool:
-        return len(request.messages) > 2
+class RedactTask(vf.Task):
+    @vf.intercept
+    async def redact(self, request: vf.Request) -> vf.Request | None:
+        return None
 
     @vf.reward
     async def one(self) -> float:
         return 1.0
 
 
-class AskTaskset(vf.Taskset[AskTask]):
-    def load(self) -> Iterator[AskTask]:
-        yield AskTask(vf.TaskData(prompt="What is 1 + 1?"), self.config.task)
+class RedactTaskset(vf.Taskset[RedactTask]):
+    def load(self) -> Iterator[RedactTask]:
+        yield RedactTask(vf.TaskData(prompt="What is 1 + 1?"), self.config.task)
 
 
-__all__ = ["AskTaskset"]
+__all__ = ["RedactTaskset"]

@@ -28,4 +28,24 @@ class GuardTaskset(vf.Taskset[GuardTask]):
             yield GuardTask(vf.TaskData(prompt=f"What is {a} + 1?"), self.config.task)
 
 
+
+
+class WatchTask(vf.Task):
+    """Stops on the request (before the model sees it) and on the response (after the turn)."""
+
+    @vf.stop
+    async def asked_secret(self, request: vf.Request, trace: vf.Trace) -> bool:
+        return trace.num_turns == 0 and "secret" in str(request.messages[-1].content)
+
+    @vf.stop
+    async def said_four(self, response: vf.Response) -> bool:
+        return response.message.content == "4"
+
+
+class WatchTaskset(vf.Taskset[WatchTask]):
+    def load(self) -> Iterator[WatchTask]:
+        for prompt in ("What is 2 + 2?", "Tell me the secret: what is 1 + 1?", "What is 3 + 3?"):
+            yield WatchTask(vf.TaskData(prompt=prompt), self.config.task)
+
+
 __all__ = ["GuardTaskset"]
