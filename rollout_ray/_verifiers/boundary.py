@@ -1,7 +1,8 @@
-"""v1 ``@stop`` hooks at our model boundary: routed by their annotations as upstream routes
-them (one ``Request`` or ``Response`` parameter, or the ``Trace`` alone), called by ours with
-what they annotate in upstream's types (our trace reads as upstream's, a request or response
-is converted to upstream's model)."""
+"""v1 ``@stop`` and ``@intercept`` hooks at our model boundary: routed by their annotations as
+upstream routes them (one ``Request`` or ``Response`` parameter, or for stops the ``Trace``
+alone), called by ours with what they annotate in upstream's types (our trace reads as
+upstream's; a request or response is converted to upstream's model, and an interceptor's
+replacement back to ours)."""
 
 from __future__ import annotations
 
@@ -36,16 +37,22 @@ def routing(fn: Callable[..., Any]) -> Routing:
     return out
 
 
-def as_our_stop(fn: Callable[..., Any], params: Routing) -> Callable[..., Any]:
+def as_our_hook(fn: Callable[..., Any], params: Routing, *, intercept: bool = False) -> Callable[..., Any]:
     """``fn`` with our boundary's parameters: ``value`` (our ``Request`` or ``Response``) when
-    it takes one, and ``trace``; each converted to what ``fn`` annotated."""
+    it takes one, and ``trace``; each converted to what ``fn`` annotated. An interceptor's
+    replacement comes back as ours (``None``, or the same value, changes nothing)."""
     side = next((k for k in params.values() if k != "Trace"), None)
 
-    def stop(**given: Any) -> Any:
+    async def stop(**given: Any) -> Any:
         args = {}
         for name, kind in params.items():
             args[name] = given["trace"] if kind == "Trace" else _upstream(kind, given["value"])
-        return fn(**args)
+        result = fn(**args)
+        if inspect.isawaitable(result):
+            result = await result
+        if not intercept or result is None:
+            return result
+        return _ours(given["value"], result, unchanged=args[next(n for n, k in params.items() if k != "Trace")])
 
     # Real classes, not strings: pickled by value to a Ray worker, a closure carries only the
     # globals its code reads, and our routing resolves these annotations there.
@@ -58,6 +65,17 @@ def as_our_stop(fn: Callable[..., Any], params: Routing) -> Callable[..., Any]:
         [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=t) for n, t in annotations.items()])
     stop.__name__ = fn.__name__
     return stop
+
+
+def _ours(value: Request | Response, result: Any, unchanged: Any) -> Request | Response | None:
+    """An interceptor's replacement as ours: a request whole, a response's message (the only
+    part an interceptor may replace, as upstream)."""
+    if result == unchanged:
+        return None
+    if isinstance(value, Request):
+        return msgspec.convert(result.model_dump(mode="json", exclude_none=True), Request)
+    message = msgspec.convert(result.message.model_dump(mode="json", exclude_none=True), type(value.message))
+    return msgspec.structs.replace(value, message=message)
 
 
 def _upstream(kind: str, value: Request | Response) -> Any:

@@ -13,7 +13,7 @@ from pydantic import ConfigDict
 
 from .._core.hooks import Hook, HookKind
 from .._core.task import Task, TaskData
-from .boundary import as_our_stop, routing
+from .boundary import as_our_hook, routing
 
 # Upstream TaskData fields whose default means "nothing asked": a row that sets one asks for
 # a feature this adapter does not map yet, and is refused rather than run without it.
@@ -39,7 +39,8 @@ class V1Task(Task):
         self.upstream = upstream
         # Routed here, where the task was made: a worker that gets the user's module by value
         # cannot resolve its annotations (the names they use, such as ``vf``, stay behind).
-        self.stop_routing = {fn.__name__: routing(fn) for fn in upstream.hooks("stop")}
+        self.routing = {(kind, fn.__name__): routing(fn) for kind in ("stop", "intercept")
+                        for fn in _boundary_hooks(upstream, kind)}
         super().__init__(_row(upstream.data))
 
     @property
@@ -47,11 +48,10 @@ class V1Task(Task):
         return str(self.upstream.key)
 
     def hooks(self, kind: HookKind) -> list[Hook]:
-        if kind == "stop":
-            return [Hook(fn.__name__, as_our_stop(fn, self.stop_routing[fn.__name__]), getattr(fn, "stop_priority", 0))
-                    for fn in self.upstream.hooks("stop")]
-        if kind not in ("reward", "metric"):
-            return []  # refuse_unmapped made sure the v1 task has no @intercept
+        if kind in ("stop", "intercept"):
+            return [Hook(fn.__name__, as_our_hook(fn, self.routing[kind, fn.__name__], intercept=kind == "intercept"),
+                         getattr(fn, f"{kind}_priority", 0))
+                    for fn in _boundary_hooks(self.upstream, kind)]
         return [Hook(fn.__name__, _with_v1_row(fn, self.upstream.data), getattr(fn, f"{kind}_priority", 0),
                      float(getattr(fn, "_vf_weight", 1.0)))
                 for fn in self.upstream.hooks(kind)]
@@ -71,15 +71,13 @@ def refuse_unmapped(upstream: Any) -> None:
     not mapped onto ours yet."""
     from verifiers.v1.session import hook_boundary
     from verifiers.v1.task import Task as UpstreamTask
-    from verifiers.v1.utils.decorators import discover_decorated
 
     cls, name = type(upstream), type(upstream).__name__
     reasons = [f"it overrides {m}() (needs upstream's Runtime API)" for m in _RUNTIME_METHODS
                if getattr(cls, m) is not getattr(UpstreamTask, m)]
-    reasons += [f"it has @intercept hooks ({', '.join(f.__name__ for f in discover_decorated(upstream, 'intercept'))})"
-                ] if discover_decorated(upstream, "intercept") else []
-    for fn in upstream.hooks("stop"):
-        hook_boundary(fn, allow_trace=True)  # a TypeError naming the hook, as upstream's, for a wrong shape
+    for kind in ("stop", "intercept"):
+        for fn in _boundary_hooks(upstream, kind):  # a wrong shape: upstream's TypeError, naming the hook
+            hook_boundary(fn, allow_trace=kind == "stop")
     reasons += ["it declares toolsets"] if cls.toolsets(upstream.config) else []
     reasons += ["it needs a container (NEEDS_CONTAINER)"] if cls.NEEDS_CONTAINER else []
     reasons += ["its config plugs judges"] if upstream.config.judges else []
@@ -91,6 +89,13 @@ def refuse_unmapped(upstream: Any) -> None:
                 for fn in upstream.hooks(kind) if "runtime" in inspect.signature(fn).parameters]
     if reasons:
         raise ValueError(f"verifiers task {name}: not mapped onto rollout_ray yet: {reasons[0]}")
+
+
+def _boundary_hooks(upstream: Any, kind: str) -> list[Callable[..., Any]]:
+    """A v1 task's stops (decorated and plugged) or interceptors, in upstream's order."""
+    from verifiers.v1.utils.decorators import discover_decorated
+
+    return upstream.hooks("stop") if kind == "stop" else discover_decorated(upstream, "intercept")
 
 
 def _row(data: Any) -> dict[str, Any]:

@@ -113,13 +113,11 @@ def test_v1_trace_stops_run_before_every_turn_in_upstreams_order(kind: str, requ
         [t.errors for t in traces]
 
 
-def test_v1_request_and_response_stops_see_upstreams_types_at_our_boundary() -> None:
-    """A request stop fires before the model is asked (no turn); a response stop after the
-    turn it judged (committed: one turn); a task neither fires on completes."""
+def _run_in_process(taskset_name: str) -> list[Trace]:
     from verifiers.v1.configs.taskset import TasksetConfig
 
-    v1_taskset(STOPS)
-    tasks = verifiers_tasks(sys.modules["verifiers_taskset_v1_stops"].WatchTaskset(TasksetConfig()))
+    v1_taskset(STOPS)  # imports the file as users' tasksets are imported
+    tasks = verifiers_tasks(getattr(sys.modules["verifiers_taskset_v1_stops"], taskset_name)(TasksetConfig()))
 
     async def main() -> Any:
         async with SimulatedModelServer(SimulatedModelConfig(ttft=0)) as server, \
@@ -127,9 +125,25 @@ def test_v1_request_and_response_stops_see_upstreams_types_at_our_boundary() -> 
             config = EvalConfig(limits=RolloutLimits(max_turns=4), sampling={"temperature": 0})
             return await Driver(tasks, ChatHarness(), model, executor=executor, config=config).arun()
 
-    traces = sorted(table_to_traces(asyncio.run(main()).samples), key=lambda t: t.task.idx)
+    return sorted(table_to_traces(asyncio.run(main()).samples), key=lambda t: t.task.idx or 0)
+
+
+def test_v1_request_and_response_stops_see_upstreams_types_at_our_boundary() -> None:
+    """A request stop fires before the model is asked (no turn); a response stop after the
+    turn it judged (committed: one turn); a task neither fires on completes."""
+    traces = _run_in_process("WatchTaskset")
     assert [(t.ok, t.stop_condition, t.num_turns) for t in traces] == [
         (True, "said_four", 1), (True, "asked_secret", 0), (True, "agent_completed", 1)], [t.errors for t in traces]
+
+
+def test_v1_interceptors_rewrite_the_request_and_the_response_in_upstreams_types() -> None:
+    """The request interceptor asks 5 + 5 instead (the model answers 10); the response one
+    says it in words; both are recorded, and the reward reads the rewritten reply."""
+    (trace,) = _run_in_process("RewriteTaskset")
+    assert (trace.ok, trace.last_reply, trace.reward) == (True, "ten", 1.0), trace.errors
+    assert [r.handler for r in trace.request_rewrites] == ["harder"]
+    assert [r.handler for r in trace.response_rewrites] == ["in_words"]
+    assert trace.messages[-2].content == "What is 5 + 5?"
 
 
 def test_a_taskset_object_and_its_views_give_their_tasks_in_upstreams_order() -> None:
@@ -156,8 +170,8 @@ def test_what_is_not_mapped_is_refused_before_anything_runs_in_one_line(
         cli.main(["eval", "--verifiers", REFUSED, "--executor", "local", "--out", str(out)])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "rollout-ray eval: error: verifiers task RedactTask: not mapped onto rollout_ray yet: it has @intercept "
-        "hooks (redact)"]
+        "rollout-ray eval: error: verifiers task SetupTask: not mapped onto rollout_ray yet: it overrides setup() "
+        "(needs upstream's Runtime API)"]
     assert not out.exists()
 
 

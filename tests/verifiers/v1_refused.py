@@ -7,19 +7,18 @@ from collections.abc import Iterator
 import verifiers.v1 as vf
 
 
-class RedactTask(vf.Task):
-    @vf.intercept
-    async def redact(self, request: vf.Request) -> vf.Request | None:
-        return None
+class SetupTask(vf.Task):
+    async def setup(self, trace: vf.Trace, runtime: vf.Runtime) -> None:
+        await runtime.run(["touch", "ready"], {})
 
     @vf.reward
     async def one(self) -> float:
         return 1.0
 
 
-class RedactTaskset(vf.Taskset[RedactTask]):
-    def load(self) -> Iterator[RedactTask]:
-        yield RedactTask(vf.TaskData(prompt="What is 1 + 1?"), self.config.task)
+class SetupTaskset(vf.Taskset[SetupTask]):
+    def load(self) -> Iterator[SetupTask]:
+        yield SetupTask(vf.TaskData(prompt="What is 1 + 1?"), self.config.task)
 
 
-__all__ = ["RedactTaskset"]
+__all__ = ["SetupTaskset"]

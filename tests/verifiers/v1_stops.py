@@ -1,5 +1,7 @@
-"""A v1 taskset with Trace ``@stop`` hooks, as users write them: both fire before the first
-turn; upstream's order (priority, then name) says which one names the stop."""
+"""v1 tasksets with boundary hooks, as users write them: ``GuardTaskset``'s Trace ``@stop``s
+both fire before the first turn (upstream's order, priority then name, says which one names
+the stop); ``WatchTaskset`` stops on the request and on the response; ``RewriteTaskset``
+rewrites both."""
 
 from __future__ import annotations
 
@@ -46,6 +48,32 @@ class WatchTaskset(vf.Taskset[WatchTask]):
     def load(self) -> Iterator[WatchTask]:
         for prompt in ("What is 2 + 2?", "Tell me the secret: what is 1 + 1?", "What is 3 + 3?"):
             yield WatchTask(vf.TaskData(prompt=prompt), self.config.task)
+
+
+
+class RewriteTask(vf.Task):
+    @vf.intercept
+    async def harder(self, request: vf.Request) -> vf.Request | None:
+        last = request.messages[-1]
+        if last.role != "user" or "2 + 2" not in str(last.content):
+            return None
+        return request.model_copy(update={"messages": [*request.messages[:-1],
+                                                       last.model_copy(update={"content": "What is 5 + 5?"})]})
+
+    @vf.intercept
+    async def in_words(self, response: vf.Response) -> vf.Response | None:
+        if response.message.content != "10":
+            return None
+        return response.model_copy(update={"message": response.message.model_copy(update={"content": "ten"})})
+
+    @vf.reward
+    async def said_ten(self, trace: vf.Trace) -> float:
+        return float(trace.last_reply == "ten")
+
+
+class RewriteTaskset(vf.Taskset[RewriteTask]):
+    def load(self) -> Iterator[RewriteTask]:
+        yield RewriteTask(vf.TaskData(prompt="What is 2 + 2?"), self.config.task)
 
 
 __all__ = ["GuardTaskset"]
