@@ -27,6 +27,7 @@ from ._record.trace import Timing as Timing
 from ._record.trace import Trace as Trace
 from ._record.trace import ToolCallRecord as ToolCallRecord
 from ._record.trace import TraceTask as TraceTask
+from ._record.trace import VersionInfo as VersionInfo
 from ._record.trace import decode_trace as decode_trace
 from ._record.trace import encode_trace as encode_trace
 
@@ -50,6 +51,7 @@ from ._core.interception import Interception as Interception
 from ._core.interception import LocalInterception as LocalInterception
 from ._core.interception import Slot as Slot
 from ._serving.proxy import HTTPInterception as HTTPInterception
+from ._verifiers import verifiers_tasks as verifiers_tasks
 from ._serving.upstream import OpenAIModel as OpenAIModel
 from ._serving.weights import reload_weights as reload_weights
 
@@ -162,7 +164,7 @@ __all__ = [
     # the record
     "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "Error", "ErrorRecord", "InterceptRecord",
     "MessageNode", "ModelCall", "Reward", "RuntimeInfo", "TimeSpan", "TimeSplit", "Timing",
-    "ToolCallRecord", "Trace", "TraceTask", "decode_trace", "encode_trace",
+    "ToolCallRecord", "Trace", "TraceTask", "VersionInfo", "decode_trace", "encode_trace",
     # messages and the model boundary
     "AssistantMessage", "ImagePart", "Message", "Request", "Response", "SystemMessage",
     "TextPart", "Tool", "ToolCall", "ToolMessage", "Usage", "UserMessage", "Model",
@@ -177,7 +179,7 @@ __all__ = [
     "ChatHarness", "ProgramHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
     "MCPToolset",
     # the driver, Arrow and the env-level finalize
-    "Driver", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",
+    "Driver", "verifiers_tasks", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",
     "LocalExecutor", "TRACE_SCHEMA", "RolloutRecord", "records_to_table", "table_to_traces",
     "CorruptShard", "ShardWriter", "read_run", "read_groups", "FinalizeConfig", "Finalized", "finalize",
     # the Ray layer (lazy)

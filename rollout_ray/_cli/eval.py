@@ -45,14 +45,17 @@ from .protections import (
 )
 from .runs import RUNS_ROOT, continue_command, latest_run, served_model
 from .summary import format_summary, stored_token_rows, summarize
-from .taskset import import_taskset, taskset_harness, taskset_tasks
+from .taskset import import_taskset, import_v1_taskset, taskset_harness, taskset_tasks
 from .warmup import warm_up
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("taskset", help="a .py file or a module defining tasks() and harness()")
+    p.add_argument("taskset", nargs="?", help="a .py file or a module defining tasks() and harness()")
+    p.add_argument("--verifiers", metavar="REF", help="instead of a taskset: a verifiers v1 taskset (a .py file, a "
+                   "module or an installed id exporting its Taskset in __all__), run unchanged; what is not mapped "
+                   "yet is refused before anything runs (needs the verifiers extra)")
     p.add_argument("--version", action="version", version=f"rollout-ray {version()}")
     run = p.add_argument_group("run")
     run.add_argument("--out", metavar="DIR", help="run directory for the manifest and Parquet shards (default: runs/<time>)")
@@ -157,7 +160,14 @@ class _Plan:
 
 def _plan(args: argparse.Namespace) -> _Plan:
     """Raises ``UsageError`` for anything wrong: before Ray starts or a file is written."""
-    module = import_taskset(args.taskset)
+    if args.verifiers and args.taskset:
+        raise UsageError("give a taskset or --verifiers REF, not both")
+    if args.verifiers:
+        module, args.taskset = import_v1_taskset(args.verifiers, args.limit), args.verifiers
+    elif args.taskset:
+        module = import_taskset(args.taskset)
+    else:
+        raise UsageError("give a taskset (a .py file or a module defining tasks() and harness()), or --verifiers REF")
     tasks = taskset_tasks(module, args.taskset, args.limit)
     harness = taskset_harness(module, args.taskset)
     check_sampling(args.sampling)

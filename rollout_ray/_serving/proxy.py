@@ -175,7 +175,7 @@ class HTTPInterception(HTTPService, Interception):
             return _error(401, "unknown or missing state secret", kind="authentication_error")
         trace = registration.session.trace
         return web.Response(
-            body=msgspec.json.encode({"type": trace.task.type, "task": trace.task.data}),
+            body=msgspec.json.encode({"cls": trace.task.data_cls, "task": msgspec.json.encode(trace.task.data).decode()}),
             content_type="application/json",
         )
 

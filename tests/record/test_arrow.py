@@ -33,6 +33,7 @@ from rollout_ray import (
     TraceTask,
     Usage,
     UserMessage,
+    VersionInfo,
 )
 from rollout_ray._record.arrow import (
     ARROW_SCHEMA_VERSION,
@@ -60,7 +61,8 @@ def full_trace() -> Trace:
         version=2,
         id="trace-1",
         task=TraceTask(
-            "MathTask", key="k", hash="h" * 64, idx=7, data={"prompt": "p", "n": [1, 2.5]}
+            "MathTask", key="k", hash="h" * 64, idx=7, data={"prompt": "p", "n": [1, 2.5]},
+            data_cls="tasks:MathData",
         ),
         agent=AgentInfo(
             harness="scripted", model="m-1",
@@ -78,7 +80,7 @@ def full_trace() -> Trace:
                                             tool_calls=[tool_call]),
                         sampled=True, timestamp=3.0, token_ids=[1, 2, 3],
                         logprobs=[-0.5, -0.25, 0.0], advantages=[0.5, 0.5, 0.5],
-                        mask=[True, True, False]),
+                        mask=[True, True, False], is_content=[False, True, True]),
             MessageNode(4, ToolMessage(tool_call_id="c1", content="found", name="grep"), original_chars=9000,
                         original_digest=b"\x01" * 16),
             MessageNode(5, AssistantMessage(content="A"), sampled=True, token_ids=[4], logprobs=[-1.0]),
@@ -125,6 +127,8 @@ def full_trace() -> Trace:
             ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5, arguments_chars=90),
             ToolCallRecord("calc", "mul", "{}", True),
         ],
+        extra_usage=[Usage(prompt_tokens=7, completion_tokens=2)],
+        verifiers=VersionInfo(version="9.9.9", commit="abc123"),
     )
 
 
@@ -321,6 +325,8 @@ TRACE_FIELDS_ACKNOWLEDGED = {
     "errors": "error_type, error_message, num_errors (the stored attempt's), attempts (every attempt's)",
     "timing": "started_at and the *_s span columns",
     "tool_calls": "num_tool_calls",
+    "extra_usage": "trace blob only",
+    "verifiers": "trace blob only",
 }
 """Where each Trace field lands in the table. A new Trace field fails the guard below until
 someone decides whether it needs a scalar column (appended to TRACE_SCHEMA) and lists it here."""
