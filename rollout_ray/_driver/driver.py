@@ -430,8 +430,7 @@ class Driver(PolicyOwner):
         self._pending[group_id] = fresh
         for record in stale:
             self.progress.stale += 1
-            self.progress.done -= 1
-            self.progress.failed -= not record.trace.ok
+            self.progress.count(record.trace.ok, record.trace.reward, sign=-1)
             self._tg.create_task(self._again(position, task, group_id, record.sample_idx))
         return None
 
@@ -455,9 +454,7 @@ class Driver(PolicyOwner):
         self.progress.retried += 1
 
     def _count(self, trace: Trace) -> None:
-        self.progress.done += 1
-        if not trace.ok:
-            self.progress.failed += 1
+        self.progress.count(trace.ok, trace.reward)
         last = trace.last_error
         if not trace.ok and last is not None and last.is_a(ProviderError):
             self._provider_streak += 1
