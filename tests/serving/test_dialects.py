@@ -30,8 +30,9 @@ QUESTION = "Use the calculator: what is 17*3?"
 SCHEMA = {"type": "object", "properties": {"expression": {"type": "string"}}}
 RESPONSES_TOOLS: Any = [{"type": "function", "name": "calculator", "description": "evaluate", "parameters": SCHEMA}]
 ANTHROPIC_TOOLS: Any = [{"name": "calculator", "description": "evaluate", "input_schema": SCHEMA}]
+# strict: the openai SDK's stream helper parses only strict function tools before its 3.x line.
 CHAT_TOOLS: Any = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
-                                                    "parameters": SCHEMA}}]
+                                                    "parameters": SCHEMA, "strict": True}}]
 DRIFTING = SimulatedModelConfig(ttft=0, scale_out=True, template_drift=True)
 """A template that re-tokenizes replies: only token in keeps a rollout one sequence."""
 
