@@ -131,11 +131,12 @@ BOXES = [pytest.param(SandboxRuntime, id="host"), pytest.param(image_sandbox, id
 
 
 def host_path(rt: LocalRuntime, relative: str) -> str:
-    """Where ``relative`` (in the runtime's work directory) is on the host."""
+    """Where ``relative`` (in the runtime's work directory) is on the host: an image's root is
+    mounted in the sandbox's own namespace, reached through its holder (``mount_ns.py``)."""
     assert rt.workdir is not None
     if getattr(rt, "image", None) is None:
         return os.path.join(rt.workdir, relative)
-    return os.path.join(rt.id, "root", rt.workdir.lstrip("/"), relative)
+    return rt._host_path(os.path.join(rt.id, "root", rt.workdir.lstrip("/"), relative))  # type: ignore[attr-defined]
 
 
 # -- packing ------------------------------------------------------------------------------------------
