@@ -56,14 +56,14 @@ from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult
 from .._errors import SandboxError
 from .._record.trace import RuntimeInfo
 from .cgroup import Parent, cgroup_parent
-from .disk import PAGE, full, mount_tmpfs, mount_unavailable
+from .disk import PAGE, full, mount_unavailable
 from .files import components, remove_tree
 from .grader import write_grader_files
 from .guardian import HOST_MARKER
 from .image_cache import ImageCache, default_image_cache
 from .image_layout import RUN_DIR as IMAGE_RUN_DIR
 from .image_layout import SUBDIRS as IMAGE_SUBDIRS
-from .image_layout import host_kit, image_args, image_env, unmount_all
+from .image_layout import host_kit, image_args, image_env
 from .image_root import ImageRoot
 from .keeper import Keeper
 from .layout import (
@@ -200,7 +200,8 @@ class SandboxRuntime(LocalRuntime):
             return super().intact() and all(os.path.ismount(p) for p in ([self._base] if self._mounted else []))
         cgroups = self._cgroups.dirs if self._cgroups is not None else ()
         points = [self._base] if self._mounted else []
-        points += [self._path("root"), os.path.join(self._path("root"), IMAGE_RUN_DIR.lstrip("/"))]
+        if self._image is not None:
+            points += [self._path("root"), os.path.join(self._path("root"), IMAGE_RUN_DIR.lstrip("/"))]
         return (self.started and not self.stopped and self._ns.alive() and all(os.path.isdir(d) for d in cgroups)
                 and all(is_mount(self._ns.path(p)) for p in points))
 
@@ -246,18 +247,23 @@ class SandboxRuntime(LocalRuntime):
         if self._image is not None:
             self._make_image_dirs()
             return
-        if self._disk_limit is not None:
+        if self._disk_limit is not None:  # in the runtime's own namespace, as an image's
             try:
-                mount_tmpfs(self._base, self._disk_limit)
+                self._ns = MountNamespace([["tmpfs", self._base, self._disk_limit, PAGE]], self._marker())
             except OSError as e:
                 raise SandboxError(f"cannot mount the disk limit of runtime {self.name!r}: {e}; "
                                    f"pass disk_limit=None to run without one") from e
             self._mounted = True
+        here = self._host_path(self._base)
         for sub in SUBDIRS:
-            os.mkdir(os.path.join(self._base, sub), 0o755 if sub == "grader" else 0o700)
-        write_run_files(os.path.join(self._base, "net"), home=os.path.join(self._base, "work"))
+            os.mkdir(os.path.join(here, sub), 0o755 if sub == "grader" else 0o700)
+        write_run_files(os.path.join(here, "net"), home=os.path.join(self._base, "work"))
         prepare()  # builds the /etc snapshot once per process: here, off the event loop
-        make_skeletons(self._base, os.path.join(self._base, "work"))
+        make_skeletons(self._base, os.path.join(self._base, "work"), reach=self._host_path)
+
+    def _marker(self) -> dict[str, str]:
+        """A mount namespace holder's environment: the host's marker (its guardian kills it)."""
+        return {k: v for k, v in self._env.items() if k == HOST_MARKER}
 
     def _make_image_dirs(self) -> None:
         """The disk limit, directories and mounts of an image's root, all in the runtime's own
@@ -269,8 +275,7 @@ class SandboxRuntime(LocalRuntime):
         ops += [["mkdir", os.path.join(self._base, sub), 0o755] for sub in IMAGE_SUBDIRS]
         try:
             ops += self._image.ops()
-            marker = {k: v for k, v in self._env.items() if k == HOST_MARKER}
-            self._ns = MountNamespace(ops, marker)
+            self._ns = MountNamespace(ops, self._marker())
             self._mounted = self._disk_limit is not None
             write_run_files(self._host_path(self._path("net")), home=os.path.join(self._base, "work"))
             self._workdir = self._image.mounted(self._ns)
@@ -287,15 +292,12 @@ class SandboxRuntime(LocalRuntime):
         await self._remove_base()
 
     async def _remove_base(self) -> None:
-        """End the runtime's mount namespace (an image's root and disk limit go with it), then
-        let the image's layers go; or unmount the disk limit (its files go with it); then
-        remove what is left."""
+        """End the runtime's mount namespace (its disk limit and an image's root go with it,
+        their files too), then let the image's layers go, then remove what is left."""
         if self._ns is not None:
             await asyncio.to_thread(self._ns.close)  # before the leases: no layer goes while mounted
         if self._image is not None:
             await asyncio.to_thread(self._image.release)
-        if self._ns is None and self._base is not None:
-            await asyncio.to_thread(unmount_all, [self._base] if self._mounted else [])
         if self._base is not None:
             self._mounted = False
             await asyncio.to_thread(remove_tree, self._base)
@@ -305,8 +307,13 @@ class SandboxRuntime(LocalRuntime):
         return os.path.join(self._base, sub)
 
     def _spawn_dir(self, what: str) -> str:
-        workdir = self._require_running(what)
-        return self._base if self._image is not None and self._base is not None else workdir
+        """Where the program is spawned on the host: with a mount namespace, the runtime's
+        directory (what is mounted on it is not there; bwrap's ``--chdir`` names the real one)."""
+        self._require_running(what)
+        if self._image is not None or self._ns is not None:
+            assert self._base is not None
+            return self._base
+        return super()._spawn_dir(what)
 
     def _host_env(self) -> dict[str, str]:
         env = super()._host_env()
@@ -324,9 +331,9 @@ class SandboxRuntime(LocalRuntime):
             return self._host_path(self._path("root")), components(os.path.relpath(inside, "/")) or []
         full_path = os.path.normpath(os.path.join(workdir, path))
         if full_path == workdir or full_path.startswith(workdir + os.sep):
-            return workdir, components(os.path.relpath(full_path, workdir)) or []
+            return self._host_path(workdir), components(os.path.relpath(full_path, workdir)) or []
         if full_path == "/tmp" or full_path.startswith("/tmp/"):
-            return self._path("tmp"), components(os.path.relpath(full_path, "/tmp")) or []
+            return self._host_path(self._path("tmp")), components(os.path.relpath(full_path, "/tmp")) or []
         raise ValueError(
             f"path {path!r} is outside the work directory and /tmp of sandbox runtime "
             f"{self.name!r}; nothing else of its filesystem is writable"
