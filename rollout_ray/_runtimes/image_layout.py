@@ -1,14 +1,14 @@
 """The filesystem an image sandbox sees: its image, a private writable layer, no host file.
 
-At start, on the host (``mount_kit``, ``mount_root``), in the runtime's base directory (its
-disk-limit tmpfs):
+At start, in the runtime's own mount namespace (``mount_ns.py``; ``kit_ops``, ``root_ops`` are
+what ``mounter.py`` runs there), in the runtime's base directory (its disk-limit tmpfs):
 
 * ``root``: an overlay of the cached image (the read-only lower layer every sandbox on that
   image shares) under the runtime's own ``upper`` directory. Programs may write anywhere;
   their writes land in ``upper``, within the disk limit, seen by no other sandbox, kept
   across execs, gone at stop. ``upper`` is the whole of what the runtime's programs changed:
   frozen, it is a snapshot a later sandbox can start from (``snapshot.py``): its root is then
-  remade (``clear_layer``, ``mount_root``) over two lower layers, the snapshot above the image.
+  remade (``clear_layer``, ``root_ops``) over two lower layers, the snapshot above the image.
 * ``root/proc`` and ``root/dev``: directories, where every exec mounts its own ``/proc`` and
   ``/dev``;
 * ``root/.rollout-ray`` (``RUN_DIR``): the runtime's ``net`` directory, bound read-only — route

@@ -34,7 +34,10 @@ namespaces, as an unprivileged uid with no capabilities:
   (within the disk limit) and start in its ``WorkingDir`` (else ``/work``), which is the
   runtime's work directory; ``read`` / ``write`` reach the whole of that filesystem, never
   following links. The environment is the image's ``Env`` under the allow-list above. Every
-  other property holds as listed. Needs the right to mount (root or ``CAP_SYS_ADMIN``).
+  other property holds as listed. Needs the right to mount (root or ``CAP_SYS_ADMIN``);
+* mounts: the disk limit and an image's root are made in a mount namespace of the runtime's
+  own, which each exec enters (``mount_ns.py``): what an exec's bwrap copies is that table, the
+  host's few mounts and the runtime's, so its cost does not grow with the sandboxes alive.
 
 A program killed by signal N exits ``128 + N`` (the sandbox reports it like a shell does).
 Linux only; ``sandbox_unavailable()`` says why a machine cannot run it.
