@@ -157,7 +157,7 @@ async def bench_idle(image: str, n: int) -> tuple[float, float, float, int]:
         await host.shutdown()
 
 
-async def bench_concurrent(image: str, n: int, parallel: int, execs: int = 1) -> dict[str, object]:
+async def bench_concurrent(image: str, n: int, parallel: int, execs_each: int = 1) -> dict[str, object]:
     host = RuntimeHost(kind="sandbox")
     root, cgroups, token = host.root, list(host._cgroups.dirs), host.token
     t0 = time.perf_counter()
@@ -180,7 +180,7 @@ async def bench_concurrent(image: str, n: int, parallel: int, execs: int = 1) ->
                 return result
 
         async def rollout(name: str) -> list[Any]:  # its execs one after another, as an agent's
-            return [await one(name) for _ in range(execs)]
+            return [await one(name) for _ in range(execs_each)]
 
         results = [r for rs in await asyncio.gather(*(rollout(name) for name in names)) for r in rs]
         execs = time.perf_counter() - t0 - started
@@ -191,7 +191,7 @@ async def bench_concurrent(image: str, n: int, parallel: int, execs: int = 1) ->
     finally:
         await host.shutdown()
     total = time.perf_counter() - t0
-    return {"n": n, "execs_each": execs, "alive_at_once": alive, "start_s": round(started, 2), "exec_s": round(execs, 2),
+    return {"n": n, "execs_each": execs_each, "alive_at_once": alive, "start_s": round(started, 2), "exec_s": round(execs, 2),
             "exec_p50_ms": round(1000 * percentile(took, 0.5)), "exec_p99_ms": round(1000 * percentile(took, 0.99)),
             "stop_s": round(stopped, 2), "total_s": round(total, 2),
             "left_processes": len(pids_with_marker(HOST_MARKER, token)), "left_mounts": len(mounts_under(root)),
