@@ -8,7 +8,7 @@ what ``mounter.py`` runs there), in the runtime's base directory (its disk-limit
   their writes land in ``upper``, within the disk limit, seen by no other sandbox, kept
   across execs, gone at stop. ``upper`` is the whole of what the runtime's programs changed:
   frozen, it is a snapshot a later sandbox can start from (``snapshot.py``): its root is then
-  remade (``clear_layer``, ``root_ops``) over two lower layers, the snapshot above the image.
+  remade (``clear_ops``, ``root_ops``) over two lower layers, the snapshot above the image.
 * ``root/proc`` and ``root/dev``: directories, where every exec mounts its own ``/proc`` and
   ``/dev``;
 * ``root/.rollout-ray`` (``RUN_DIR``): the runtime's ``net`` directory, bound read-only — route
@@ -38,7 +38,7 @@ import contextlib
 import os
 
 from .._errors import SandboxError
-from .files import components, read_beneath, remove_tree, replace_beneath
+from .files import components, read_beneath, replace_beneath
 from .guardian import unmount
 from .image import ImageConfig
 from .kit import KIT, RUN_DIR, host_kit  # noqa: F401  (host_kit: the sandbox's)
@@ -72,12 +72,9 @@ def root_ops(base: str, lowers: list[str]) -> tuple[list[Op], list[str]]:
     return ops, points
 
 
-def clear_layer(base: str) -> None:
+def clear_ops(base: str) -> list[Op]:
     """Empty the runtime's ``upper`` and overlay work directories (its overlay unmounted)."""
-    for name in ("upper", "overlay-work"):
-        path = os.path.join(base, name)
-        remove_tree(path)
-        os.mkdir(path, 0o755)
+    return [["clear", os.path.join(base, name)] for name in ("upper", "overlay-work")]
 
 
 def unmount_all(points: list[str]) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from .._errors import SandboxError
 from .image_cache import ImageCache, ImageLease
-from .image_layout import clear_layer, kit_ops, prepare_root, root_ops
+from .image_layout import clear_ops, kit_ops, prepare_root, root_ops
 from .keeper import Keeper
 from .mount_ns import MountNamespace, Op
 from .snapshot import Held, snapshot_key
@@ -78,11 +78,10 @@ class ImageRoot:
     def _restack(self, layer: str) -> None:
         """Remake the root over ``layer`` above the image, with an empty writable layer."""
         assert self._ns is not None
-        self._ns.run([["umount", point] for point in reversed(self._root)])
+        unmount: list[Op] = [["umount", point] for point in reversed(self._root)]
         self._root = []
-        clear_layer(self._ns.path(self.base))
         ops, points = root_ops(self.base, [layer, self.lease.rootfs])
-        self._ns.run(ops)
+        self._ns.run([*unmount, *clear_ops(self.base), *ops])  # one helper: a process start saved
         self._root = points
         prepare_root(self._ns.path(self.rootfs), self.lease.config)
 

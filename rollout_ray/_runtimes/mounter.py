@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import stat
 import sys
 
@@ -97,13 +98,20 @@ def bind(source, target, read_only):
     return [target]
 
 
+def clear(path):
+    """Empty directory ``path`` (its own entries removed, no link followed): made anew."""
+    shutil.rmtree(path)
+    os.mkdir(path, 0o755)
+    return []
+
+
 def umount(target):
     with contextlib.suppress(OSError):  # not mounted (any more): nothing to undo
         _check(_libc.umount2(os.fsencode(target), MNT_DETACH), target)
     return []
 
 
-_OPS = {"tmpfs": tmpfs, "mkdir": mkdir, "overlay": overlay, "pin": pin, "bind": bind, "umount": umount}
+_OPS = {"tmpfs": tmpfs, "mkdir": mkdir, "clear": clear, "overlay": overlay, "pin": pin, "bind": bind, "umount": umount}
 
 
 def run(ops):
