@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import platform
 import subprocess
@@ -201,24 +202,28 @@ async def bench_concurrent(image: str, n: int, parallel: int, execs_each: int = 
 
 async def bench_exec_vs_live(image: str, counts: list[int], samples: int) -> list[dict[str, object]]:
     """Exec cost against the number of live image sandboxes on the host (issue 32 §1): for
-    each count, that many started and left alive, then ``samples`` execs of ``true``, one at a
-    time, in the last one started. Each sandbox mounts in its own namespace (``mount_ns.py``):
+    each count, that many started and left alive (or, below the last count, the others
+    stopped), then ``samples`` execs of ``true``, one at a time, in the first one. Each sandbox mounts in its own namespace (``mount_ns.py``):
     the table an exec copies does not grow with the others."""
     host = RuntimeHost(kind="sandbox")
     rows: list[dict[str, object]] = []
     try:
         live: list[str] = []
+        made = itertools.count()
         for count in counts:
             t0 = time.perf_counter()
             while len(live) < count:
-                batch = [f"live-{i}" for i in range(len(live), min(count, len(live) + 50))]
+                batch = [f"live-{next(made)}" for _ in range(min(count - len(live), 50))]
                 await asyncio.gather(*(host.create_started(n, owner="bench", image=image) for n in batch))
                 live += batch
+            if len(live) > count:  # a count below the last: the others stopped (is it load, or the count?)
+                await asyncio.gather(*(host.stop(n) for n in live[count:]))
+                del live[count:]
             started = time.perf_counter() - t0
             took = []
             for _ in range(samples):
                 t = time.perf_counter()
-                result = await host.exec(live[-1], ["true"])
+                result = await host.exec(live[0], ["true"])
                 took.append(time.perf_counter() - t)
                 assert result.exit_code == 0, result.stderr
             with open("/proc/self/mountinfo") as f:
