@@ -9,7 +9,8 @@ bounded loads, Mirrokni et al. 2018; SGLang's cache-aware router and llm-d's sch
 cache and load the same way). Past the bound the session moves to the least loaded server and
 stays there: one cold prefill rather than a queue behind a busy engine while others idle
 (prime-rl#3255: pure stickiness left three engines idle and generation 4x slower). The loads
-are the calls in flight this pool sees. ``routing`` picks another policy, for comparison:
+are the calls in flight this pool sees, or the servers' own counts from their ``/metrics``
+when larger (other processes' calls; ``server_load.py``). ``routing`` picks another policy, for comparison:
 ``"sticky"`` (never moves for load), ``"least_loaded"`` and ``"round_robin"`` (every call,
 no affinity); ``benchmarks/bench_routing.py`` measures them.
 
@@ -56,9 +57,20 @@ class Server:
     """The sessions with a failed attempt here since its last success."""
     down_until: float = 0.0
     """Out of rotation until this ``clock()`` time."""
+    reported: int = 0
+    """Requests running and waiting at the server, from its ``/metrics`` (``server_load.py``):
+    every client's, where ``inflight`` is this pool's alone."""
+    metrics: bool = True
+    """Whether it serves a readable ``/metrics`` (``False`` once it did not)."""
     dialect: str | None = _UNKNOWN
     """The token-capture dialect it speaks (``"vllm"``, ``"sglang"``, ``None``); ``"unknown"``
     until detected."""
+
+    @property
+    def load(self) -> int:
+        """What routing weighs: the larger of the calls in flight seen here and the
+        server's own count (which lags by up to a refresh)."""
+        return max(self.inflight, self.reported)
 
     @property
     def detected(self) -> bool:
@@ -156,15 +168,15 @@ class ServerPool:
         if self.routing == "sticky":
             return True
         up = [s for s in self.servers if s.down_until <= now]
-        bound = ceil(self.balance * (sum(s.inflight for s in up) + 1) / len(up))
-        return server.inflight + 1 <= bound
+        bound = ceil(self.balance * (sum(s.load for s in up) + 1) / len(up))
+        return server.load + 1 <= bound
 
     def _least_loaded(self, now: float, besides: Server | None = None) -> Server:
         servers = [s for s in self.servers if s is not besides]
         up = [s for s in servers if s.down_until <= now] or [min(servers, key=lambda s: s.down_until)]
         self._turn += 1
         start = self._turn % len(up)
-        return min(up[start:] + up[:start], key=lambda s: s.inflight)
+        return min(up[start:] + up[:start], key=lambda s: s.load)
 
     def _stick(self, session: str, server: Server) -> None:
         self._sticky[session] = _Stick(server)

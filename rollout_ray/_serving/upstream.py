@@ -69,6 +69,7 @@ from .._record.messages import Request, Response
 from .._record.wire import encode_request, parse_response
 from .._record.wire_stream import StreamAssembler
 from .affinity import Routing, Server, ServerPool
+from .server_load import LoadReader
 from .token_in import Partial, TokenIn
 from .upstream_wire import (
     POLICY_HEADER,
@@ -181,6 +182,7 @@ class OpenAIModel(Model):
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
         self.pool = ServerPool([base_url] if isinstance(base_url, str) else list(base_url), cooldown=cooldown,
                                routing=routing)
+        self._loads = LoadReader(self.pool)
         self.base_url = self.pool.servers[0].url
         self.token_capture = token_capture
         self.name = name
@@ -200,11 +202,12 @@ class OpenAIModel(Model):
     def __getstate__(self) -> dict[str, Any]:
         # The configuration travels; a live connection pool and the routing state never do.
         return {**self.__dict__, "_session": None, "_probes": {}, "pool": self.pool.fresh(), "_token_in_at": {},
-                "_tokens": None}
+                "_tokens": None, "_loads": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._tokens = TokenIn(self._client, self._headers, self.timeout, self.stream)
+        self._loads = LoadReader(self.pool)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -243,6 +246,8 @@ class OpenAIModel(Model):
         auto = self.token_capture == "auto"
         dialect = self.token_capture
         attempt = 0
+        if self.pool.routing in ("affinity", "least_loaded"):
+            await self._loads.refresh(self._client())
         while True:
             server = self.pool.pick(session)
             try:
