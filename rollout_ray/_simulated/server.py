@@ -306,7 +306,7 @@ class SimulatedModelServer:
         """Decode ``decoders`` on the engine's clock (``decoding.produce``), counting the tokens;
         ``emit``: a stream's writer. ``False``: aborted. With the capacity model, the batch
         produces each choice (after ``prompt``, and a continued completion's ids so far) first,
-        then the tokens go out at once, under the version of that moment."""
+        then the tokens go out at once, all under the version of its admission."""
         try:
             if self.batcher is not None:
                 version = self.engine.version
