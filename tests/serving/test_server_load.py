@@ -74,32 +74,38 @@ def test_a_server_without_metrics_is_not_asked_again_and_reads_are_spaced() -> N
     gets: list[str] = []
 
     async def missing(request: web.Request) -> web.Response:
-        gets.append(request.path)
+        gets.append("missing")
         return web.Response(status=404)
 
+    async def counting(request: web.Request) -> web.Response:
+        gets.append("counting")
+        return web.Response(text='vllm:num_requests_running{engine="0"} 2.0\n')
+
     async def main() -> None:
-        app = web.Application()
-        app.router.add_get("/metrics", missing)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
+        runners = []
+        for handler in (missing, counting):
+            app = web.Application()
+            app.router.add_get("/metrics", handler)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            runners.append(runner)
         try:
-            async with SimulatedModelServer(SimulatedModelConfig()) as sim, aiohttp.ClientSession() as client:
-                assert sim.base_url
-                pool = ServerPool([f"http://127.0.0.1:{port}/v1", sim.base_url])
+            async with aiohttp.ClientSession() as client:
+                pool = ServerPool([f"http://127.0.0.1:{r.addresses[0][1]}/v1" for r in runners])
                 clock = Clock()
                 reader = LoadReader(pool, interval=1.0, clock=clock)
                 await reader.refresh(client)
-                plain, simulated = pool.servers
-                assert gets == ["/metrics"] and not plain.metrics and simulated.metrics
+                plain, served = pool.servers
+                assert sorted(gets) == ["counting", "missing"] and not plain.metrics and served.reported == 2
                 clock.now += 0.5
                 await reader.refresh(client)  # not stale yet: nothing is read
+                assert len(gets) == 2
                 clock.now += 1.0
                 await reader.refresh(client)
-                assert gets == ["/metrics"]  # the server without metrics is not asked again
+                assert sorted(gets) == ["counting", "counting", "missing"]  # the 404 one is not asked again
         finally:
-            await runner.cleanup()
+            for runner in runners:
+                await runner.cleanup()
 
     asyncio.run(main())
