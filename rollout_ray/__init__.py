@@ -84,6 +84,7 @@ from ._core.toolset import Toolset as Toolset
 from ._core.toolset import tool as tool
 from ._serving.tool_server import ToolServer as ToolServer
 from ._serving.mcp_toolset import MCPToolset as MCPToolset
+from ._simulated.config import CapacityConfig as CapacityConfig
 from ._simulated.config import SimulatedModelConfig as SimulatedModelConfig
 
 # The driver, Arrow and the env-level finalize: loaded on first access (below).
@@ -169,7 +170,7 @@ __all__ = [
     "AssistantMessage", "ImagePart", "Message", "Request", "Response", "SystemMessage",
     "TextPart", "Tool", "ToolCall", "ToolMessage", "Usage", "UserMessage", "Model",
     "RolloutSession", "ChatClient", "Interception", "LocalInterception", "Slot",
-    "HTTPInterception", "OpenAIModel", "SimulatedModelConfig", "SimulatedModelServer", "reload_weights",
+    "HTTPInterception", "OpenAIModel", "CapacityConfig", "SimulatedModelConfig", "SimulatedModelServer", "reload_weights",
     # hooks and budgets
     "intercept", "metric", "reward", "stop", "RolloutLimits", "RolloutTimeouts",
     # task, harness, runtime, rollout
