@@ -24,7 +24,7 @@ from .._runtimes.host import runtime_kind
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .._simulated.server import SimulatedModelServer
-from .progress import ProgressDisplay, Watched
+from .progress import ProgressDisplay
 
 
 def version() -> str:
@@ -134,9 +134,8 @@ async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harn
     default: now)."""
     if announce:
         print(header(label, tasks, config, where, out), file=sys.stderr)
-    watched = Watched(executor)
-    display = ProgressDisplay(sys.stderr, watched, started=started)
-    driver = Driver(tasks, harness, model, executor=watched, config=config, run_dir=out,
+    display = ProgressDisplay(sys.stderr, started=started)
+    driver = Driver(tasks, harness, model, executor=executor, config=config, run_dir=out,
                     resume=resume, overwrite=overwrite, keep_failed=keep_failed, judge=getattr(module, "judge", None),
                     on_progress=display.update, manifest_config=manifest_config)
     try:

@@ -131,6 +131,8 @@ class Driver(PolicyOwner):
         self._finalizer: GroupFinalizer | None = None
         self._provider_streak = 0
         self._halt = asyncio.Event()
+        self._whole_groups = False
+        """A stop (not a circuit breaker's halt): the group being started is started whole."""
         self._last_report = 0.0
         self._done: set[tuple[str, int]] = set()
         self._redo: dict[tuple[str, int], RolloutRecord] = {}
@@ -223,10 +225,13 @@ class Driver(PolicyOwner):
         return await self._steering.status()
 
     def stop(self, reason: str = "stopped") -> None:
-        """Admit no more rollouts: those in flight finish and are stored, and the run ends
-        ``halted`` with ``reason`` (a resume runs the rest)."""
+        """Admit no more groups: those in flight finish and are stored, and the run ends
+        ``halted`` with ``reason`` (a resume runs the rest). A group whose first samples have
+        started gets its others started too: a group is stored whole, and a sample of a group
+        left short would be counted done, never stored, and run again by the resume."""
         if not self._halt.is_set():
             self.status, self.reason = "halted", reason
+            self._whole_groups = True
             self._halt.set()
             self._admission.stop()
             self._slots.resume()
@@ -349,9 +354,9 @@ class Driver(PolicyOwner):
                     return
                 position, task, group_id, todo = group
                 self._admission.admit()
-                for sample_idx in todo:
+                for n, sample_idx in enumerate(todo):
                     await slots.acquire()
-                    if self._halt.is_set():
+                    if self._halt.is_set() and (n == 0 or not self._whole_groups):
                         slots.release()
                         return
                     self.progress.in_flight += 1
@@ -430,8 +435,7 @@ class Driver(PolicyOwner):
         self._pending[group_id] = fresh
         for record in stale:
             self.progress.stale += 1
-            self.progress.done -= 1
-            self.progress.failed -= not record.trace.ok
+            self.progress.count(record.trace.ok, record.trace.reward, sign=-1)
             self._tg.create_task(self._again(position, task, group_id, record.sample_idx))
         return None
 
@@ -455,9 +459,7 @@ class Driver(PolicyOwner):
         self.progress.retried += 1
 
     def _count(self, trace: Trace) -> None:
-        self.progress.done += 1
-        if not trace.ok:
-            self.progress.failed += 1
+        self.progress.count(trace.ok, trace.reward)
         last = trace.last_error
         if not trace.ok and last is not None and last.is_a(ProviderError):
             self._provider_streak += 1

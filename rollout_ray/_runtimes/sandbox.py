@@ -252,6 +252,7 @@ class SandboxRuntime(LocalRuntime):
                                f"sandbox needs the right to mount (root or CAP_SYS_ADMIN)") from e
 
     async def _teardown(self) -> None:
+        self._cut_short()  # before the routes close: a program may exit of that, not of the kill
         for route in self._routes.values():
             await route.close()
         self._routes = {}
