@@ -20,6 +20,8 @@ REGISTRY = PACKAGE / "_runtimes" / "providers.py"
 
 NOT_A_RUNTIME_KIND = {
     ("_cli/drive.py", 'kind == "local"'): "the executor's kind (this process, no Ray), not a runtime's",
+    ("_runtimes/engine.py", 'os.path.basename(engine) == "podman"'): "the image engine whose store a sandbox "
+                                                                      "reads an image from, not a runtime's kind",
 }
 """Comparisons with a provider's name that are about something else, and what."""
 
