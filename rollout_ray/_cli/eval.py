@@ -39,6 +39,7 @@ from .protections import (
     DEFAULT_MAX_TURNS,
     budgets_line,
     check_runtime,
+    nodes_line,
     runtime_line,
     with_finite_defaults,
 )
@@ -174,7 +175,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         model_name = served_model(args.model_url, os.environ.get(_api_key_env(args)))
         config = config.model_copy(update={"model_name": model_name})
     check_address(args.executor, args.address)
-    check_runtime(args.runtime, remote=args.executor == "ray" and bool(args.address or os.environ.get("RAY_ADDRESS")))
+    check_runtime(args.runtime, remote=_remote(args))
     return _Plan(module, tasks, harness, config, out, model_name, defaulted)
 
 
@@ -200,6 +201,8 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
         executor = await stack.enter_async_context(
             make_executor(args.executor, plan.module, actors=args.actors, capacity=args.capacity,
                           address=args.address, runtime=args.runtime))
+        if _remote(args):  # this machine's check said nothing of the cluster's nodes: ask them
+            await _say_nodes_lacking(args.runtime)
         signals.install()
         what = await warm_up(executor, programs=not plan.harness.in_process)
         if what is not None:
@@ -214,6 +217,19 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
         capture = {"capture": args.token_capture, "dialect": await probing}
         timing = {"start": driving - started, "rollouts": rollouts, "rate": _rate(result, since, rollouts)}
         return result, timing, capture
+
+
+def _remote(args: argparse.Namespace) -> bool:
+    """Whether rollouts run on a cluster this machine does not start (its nodes are not this one)."""
+    return args.executor == "ray" and bool(args.address or os.environ.get("RAY_ADDRESS"))
+
+
+async def _say_nodes_lacking(kind: str) -> None:
+    from .._ray.node_check import nodes_lacking
+
+    line = nodes_line(kind, *await nodes_lacking(kind))
+    if line is not None:
+        print(line, file=sys.stderr)
 
 
 async def _capture_dialect(model: OpenAIModel) -> str | None:

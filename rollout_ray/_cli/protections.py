@@ -81,3 +81,16 @@ def check_runtime(requested: str, *, remote: bool) -> None:
     if reason is not None:
         raise UsageError(f"--runtime {requested}: this machine cannot run the {requested} ({reason}); install what "
                          "it needs, or pass --runtime local to run rollouts without isolation")
+
+
+def nodes_line(requested: str, lacking: dict[str, str], nodes: int) -> str | None:
+    """One line saying which nodes of a remote cluster cannot run the requested kind (``None``:
+    every node can), and what their rollouts get."""
+    if not lacking:
+        return None
+    address, reason = next(iter(lacking.items()))
+    kind = AUTO_ORDER[0] if requested == AUTO else requested
+    then = (f"rollouts there run in the {AUTO_ORDER[-1]} runtime, isolated neither from each other nor from the host"
+            if requested == AUTO else "rollouts there fail; pass --runtime local to run them without isolation")
+    return (f"rollout-ray: {len(lacking)} of {nodes} nodes cannot run the {kind} runtime ({address}: {reason}): "
+            f"{then} (pod security: docs/runtime-providers.md)")
