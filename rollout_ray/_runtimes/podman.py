@@ -189,6 +189,7 @@ class PodmanRuntime(Runtime):
         self.workdir: str = WORKDIR
         self._grading = False
         self._init_pid: int | None = None
+        self._created = False
 
     @property
     def id(self) -> str:
@@ -204,6 +205,7 @@ class PodmanRuntime(Runtime):
         self.workdir = named or WORKDIR
         os.makedirs(self.grader_host_dir, mode=0o755)
         env = [a for k, v in self.env.items() for a in ("--env", f"{k}={v}")]
+        self._created = True  # from here on, teardown removes the container, whatever exists of it
         code, _, err = await _podman(
             *_oci_runtime(), "create", "--rm", "--pull", "never", "--name", self.container,
             "--label", f"{LABEL}={self.host_token}", "--network", "host", "--cap-drop", "all",
@@ -215,9 +217,10 @@ class PodmanRuntime(Runtime):
             image, "-P")
         if code == 0:  # podman makes no missing work directory, nor /tmp (a rootfs tarball may lack one)
             code, _, err = await _podman("cp", "-", f"{self.container}:/", stdin=_skeleton(None if named else self.workdir))
-        if code == 0:
+        if code == 0 and not self.stopped:  # a stop during the create found no container to remove
             code, _, err = await _podman("start", self.container)
-        if code != 0:
+        if code != 0 or self.stopped:
+            err = "it was stopped while starting" if self.stopped else err
             await self._teardown()
             raise SandboxError(f"runtime {self.name!r}: podman cannot start a container over image "
                                f"{self.image!r}: {err}")
@@ -225,7 +228,7 @@ class PodmanRuntime(Runtime):
         self._init_pid = int(out.decode().strip() or 0) if code == 0 else None
 
     async def _teardown(self) -> None:
-        if self.started or self._init_pid is not None:
+        if self._created:
             await _podman("rm", "-f", "-t", "0", self.container)
         await asyncio.to_thread(shutil.rmtree, self.grader_host_dir, True)
 

@@ -190,6 +190,22 @@ def test_an_image_by_archive_by_name_and_a_missing_one(tmp_path: Path) -> None:
         run(main())
 
 
+def test_a_stop_during_the_start_leaves_no_container(tmp_path: Path) -> None:
+    token = f"stop-during-start-{os.getpid()}"
+
+    async def main() -> None:
+        rt = PodmanRuntime(root=str(tmp_path), image=python_image(), host_token=token)
+        starting = asyncio.ensure_future(rt.start())
+        while not rt._created:  # the create is under way
+            await asyncio.sleep(0)
+        await rt.stop()
+        with contextlib.suppress(SandboxError):  # unless the start had finished: then stopped after it
+            await starting
+
+    run(main())
+    assert containers(token) == []
+
+
 HOST_SCRIPT = textwrap.dedent(
     """
     import asyncio, json, sys
