@@ -24,11 +24,14 @@ from typing import Any
 
 import pytest
 from image_rig import busybox_rootfs, docker_archive, image_unavailable, python_image, tar_bytes
-from test_grader_files import FILES, PLANT, PROBE
+from test_grader_files import FILES, PLANT, PROBE, Graded, agent
 
+from rollout_ray import RolloutSpec, Trace
 from rollout_ray._errors import SandboxError
+from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray._runtimes.host import RuntimeHost
 from rollout_ray._runtimes.podman import LABEL, PodmanRuntime, podman_unavailable
+from rollout_ray.testing import ScriptedModel
 
 pytestmark = pytest.mark.security
 
@@ -261,3 +264,17 @@ def test_the_host_makes_podman_runtimes_through_the_registry(tmp_path: Path) -> 
 
     info, out = run(main())
     assert (info.type, out) == ("podman", "42\n")
+
+
+def test_a_rollout_over_podman_scores_with_files_its_agent_never_saw() -> None:
+    """The whole lifecycle through the provider: the executor's host makes the rollout's box
+    with ``--runtime podman``; the agent probes ``/.grader`` and answers; the task scores."""
+    async def main() -> Trace:
+        async with LocalExecutor(runtime="podman") as executor:
+            task = Graded({"prompt": "fix it", "image": python_image()})
+            return await executor.run(RolloutSpec(task, agent("42"), ScriptedModel(default="done")))
+
+    trace = run(main())
+    assert trace.errors == [], trace.errors
+    assert trace.agent.runtime is not None and trace.agent.runtime.type == "podman"
+    assert {k: r.score for k, r in trace.rewards.items()} == {"passed": 1.0, "hidden_from_agent": 1.0}
