@@ -28,7 +28,7 @@ else the host reaches; and a disk limit (the writable layer grows on the host's 
 An image is a name in the node's Podman store (never pulled), or an absolute path to a
 ``docker save`` / ``podman save`` archive, an OCI archive or layout (``podman load``), or a
 rootfs tarball (``podman import``), loaded once per node under a tag derived from the path
-and its size and mtime. Runs as root, or rootless where the user has subordinate ids.
+and its size and mtime. Tested as root; rootless is not (killing reads ``/proc`` entries).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ PIDS_LIMIT = 4096
 MEMORY_LIMIT = "8g"
 NOFILE = 65536
 CALL_TIMEOUT = 120.0
-"""Seconds a podman command other than an exec may take (a load of a big archive: longer)."""
+"""Seconds a podman command other than an exec or a load (``LOAD_TIMEOUT``) may take."""
 LOAD_TIMEOUT = 3600.0
 KILL_ROUNDS = 50
 """Rounds of killing an exec's (or every) process, bounded: each round kills what the last
@@ -132,7 +132,8 @@ async def _image_id(image: str) -> str:
         st = os.stat(image)
     except OSError as e:
         raise SandboxError(f"image {image!r}: {e.strerror}; give an existing archive or OCI layout path") from None
-    tag = "localhost/rollout-ray/" + hashlib.sha256(f"{image}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:24]
+    key = hashlib.sha256(f"{image}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:24]
+    tag = f"localhost/rollout-ray/{key}"
     if tag not in _loads:
         _loads[tag] = asyncio.ensure_future(_load(image, tag))
     try:
@@ -216,7 +217,8 @@ class PodmanRuntime(Runtime):
             "-v", f"{_catatonit()}:/.rollout-ray-init:ro", "--entrypoint", "/.rollout-ray-init", *env,
             image, "-P")
         if code == 0:  # podman makes no missing work directory, nor /tmp (a rootfs tarball may lack one)
-            code, _, err = await _podman("cp", "-", f"{self.container}:/", stdin=_skeleton(None if named else self.workdir))
+            skeleton = [("tmp", 0o1777, None), *([] if named else _parents(self.workdir))]
+            code, _, err = await _podman("cp", "-", f"{self.container}:/", stdin=_tar(skeleton))
         if code == 0 and not self.stopped:  # a stop during the create found no container to remove
             code, _, err = await _podman("start", self.container)
         if code != 0 or self.stopped:
@@ -278,7 +280,8 @@ class PodmanRuntime(Runtime):
         command = ["exec", "-i" if stdin is not None else "", "--workdir", where,
                    *(a for k, v in variables.items() for a in ("--env", f"{k}={v}")), self.container, *argv]
         proc = await asyncio.create_subprocess_exec(
-            "podman", *filter(None, command), stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            "podman", *filter(None, command),
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         reads = asyncio.gather(_capped(proc.stdout, max_output), _capped(proc.stderr, max_output))
         timed_out = False
@@ -335,40 +338,27 @@ class PodmanRuntime(Runtime):
         self._require_running(f"write {path!r}")
         target = self._path(path)
         payload = data.encode() if isinstance(data, str) else bytes(data)
-        code, _, err = await _podman("cp", "-", f"{self.container}:/", stdin=_tar_of_dirs(target, payload))
+        entries = [*_parents(os.path.dirname(target)), (target.strip("/"), 0o644, payload)]
+        code, _, err = await _podman("cp", "-", f"{self.container}:/", stdin=_tar(entries))
         if code != 0:
             raise SandboxError(f"write {path!r} in runtime {self.name!r}: {err}")
 
 
-def _skeleton(workdir: str | None) -> bytes:
-    """A tar of ``/tmp`` (sticky, world-writable) and ``workdir`` with its parents."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        entry = tarfile.TarInfo("tmp")
-        entry.type, entry.mode = tarfile.DIRTYPE, 0o1777
-        archive.addfile(entry)
-        parts = workdir.strip("/").split("/") if workdir else []
-        for depth in range(1, len(parts) + 1):
-            entry = tarfile.TarInfo("/".join(parts[:depth]))
-            entry.type, entry.mode = tarfile.DIRTYPE, 0o755
-            archive.addfile(entry)
-    return buffer.getvalue()
+def _parents(path: str) -> list[tuple[str, int, bytes | None]]:
+    """Tar entries of absolute ``path``'s directories (``path`` included), mode 0755."""
+    parts = [p for p in path.split("/") if p]
+    return [("/".join(parts[:depth]), 0o755, None) for depth in range(1, len(parts) + 1)]
 
 
-def _tar_of_dirs(path: str, payload: bytes | None = None) -> bytes:
-    """A tar of absolute ``path``'s directories, and of ``path`` itself: a directory, or a
-    file holding ``payload``."""
+def _tar(entries: list[tuple[str, int, bytes | None]]) -> bytes:
+    """A tar of ``(name, mode, content)``: a directory where the content is ``None``."""
     buffer = io.BytesIO()
-    parts = path.strip("/").split("/")
     with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for depth in range(1, len(parts) + (payload is None)):
-            entry = tarfile.TarInfo("/".join(parts[:depth]))
-            entry.type, entry.mode = tarfile.DIRTYPE, 0o755
-            archive.addfile(entry)
-        if payload is not None:
-            entry = tarfile.TarInfo("/".join(parts))
-            entry.size, entry.mode = len(payload), 0o644
-            archive.addfile(entry, io.BytesIO(payload))
+        for name, mode, content in entries:
+            entry = tarfile.TarInfo(name)
+            entry.mode, entry.type = mode, tarfile.DIRTYPE if content is None else tarfile.REGTYPE
+            entry.size = len(content or b"")
+            archive.addfile(entry, None if content is None else io.BytesIO(content))
     return buffer.getvalue()
 
 

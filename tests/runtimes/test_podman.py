@@ -147,6 +147,8 @@ def test_a_timed_out_exec_leaves_no_process_and_files_stay_in_the_container(tmp_
             assert (await rt.exec(["sh", "-c", LIVE.format("[s]leep 1000")])).stdout == "0\n"
             await rt.write("out/answer.txt", "42\n")
             assert (await rt.exec(["cat", "/work/out/answer.txt"])).stdout == "42\n"
+            await rt.write("/top.txt", b"at the root")
+            assert await rt.read("/top.txt") == b"at the root"
             await rt.exec(["sh", "-c", "ln -s /etc/hostname /work/link; echo inside > /etc/hostname"])
             assert await rt.read("link") == b"inside\n"  # the container's file, never the host's
             with pytest.raises(SandboxError, match="cannot start program 'no-such-program'"):
