@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -110,3 +113,32 @@ def test_an_unknown_kind_names_the_kinds_there_are() -> None:
         providers.resolve("modal")
     with pytest.raises(ValueError, match="reserved"):
         providers.register(providers.Provider("auto", lambda *a: None, providers.Capabilities()))  # type: ignore[arg-type,return-value]
+
+
+PLUGIN = '''
+from rollout_ray._runtimes.local import LocalRuntime
+from rollout_ray._runtimes.provider import Capabilities, Provider
+
+class ModalLike(LocalRuntime):
+    type = "modal-like"
+
+PROVIDER = Provider("modal-like", lambda name, image, r: ModalLike(name, root=r.root, env=r.env),
+                    Capabilities(), unavailable=lambda: "set MODAL_LIKE_TOKEN")
+'''
+
+
+def test_an_installed_package_adds_a_provider_by_entry_point(tmp_path: pathlib.Path) -> None:
+    """A provider outside this package is one module and an entry point: the CLI offers it
+    and refuses it, with its own reason, where it cannot run."""
+    (tmp_path / "modal_like.py").write_text(PLUGIN)
+    info = tmp_path / "modal_like-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: modal-like\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{providers.ENTRY_POINT_GROUP}]\nmodal-like = modal_like:PROVIDER\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "rollout_ray", "eval", "examples/arith.py", "--executor", "local",
+                           "--runtime", "modal-like", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=PACKAGE.parent)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert ("--runtime modal-like: this machine cannot run the modal-like (set MODAL_LIKE_TOKEN)"
+            in done.stderr), done.stderr
