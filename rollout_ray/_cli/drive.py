@@ -87,8 +87,8 @@ def make_executor(kind: str, module: ModuleType, *, actors: int | None = None, c
     """``"local"``: this process, no Ray; ``"ray"``: rollout actors (starts or joins Ray;
     ``actors=None``: one per CPU of the cluster).
 
-    ``runtime`` is the kind of the runtimes rollouts own (``"auto"``, ``"local"`` or
-    ``"sandbox"``); when ``auto`` cannot have the sandbox, one line on stderr says why.
+    ``runtime`` is the kind of the runtimes rollouts own (``"auto"`` or a provider's
+    name); when ``auto`` cannot have the sandbox, one line on stderr says why.
     """
     _, reason = runtime_kind(runtime)
     if reason is not None:

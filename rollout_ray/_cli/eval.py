@@ -28,6 +28,7 @@ from .._errors import (
     UsageError,
 )
 from .._record.store import stored_outcomes
+from .._runtimes import providers
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .arguments import integer, json_object, k_list, number, one_line
@@ -39,7 +40,8 @@ from .protections import (
     DEFAULT_AGENT_TIMEOUT,
     DEFAULT_MAX_TURNS,
     budgets_line,
-    check_sandbox,
+    check_runtime,
+    nodes_line,
     runtime_line,
     with_finite_defaults,
 )
@@ -108,11 +110,12 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                        help="ray: rollout actors (default); local: this process, no Ray")
     where.add_argument("--address", metavar="ADDR", help="Ray cluster address (default: RAY_ADDRESS, else a private local Ray on "
                        "127.0.0.1)")
-    where.add_argument("--runtime", choices=["auto", "local", "sandbox"], default="auto",
-                       help="runtime of each rollout: sandbox (bubblewrap: unprivileged, only the system "
-                            "and the framework routes; the default where the machine runs one), local "
-                            "(a private dir on the host, no isolation), auto (sandbox, else local, said at "
-                            "the start and in the summary); sandbox never falls back: refused where it cannot run")
+    kinds = [providers.provider(n) for n in providers.names() if n != providers.AUTO]
+    where.add_argument("--runtime", choices=providers.names(), default=providers.AUTO, metavar="NAME",
+                       help="runtime of each rollout (its provider, docs/runtime-providers.md): "
+                            + ", ".join(f"{k.name} ({k.help})" for k in kinds)
+                            + f", {providers.AUTO} ({' else '.join(providers.AUTO_ORDER)}, said at the start and in the "
+                            "summary); sandbox never falls back, nor does any named runtime: refused where it cannot run")
     where.add_argument("--actors", metavar="N", type=integer(1), default=None,
                        help="rollout actors (ray executor; default: one per CPU of the cluster, at most 32; "
                             "for the private local Ray, of this machine)")
@@ -190,8 +193,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
             model_name = served_model(args.model_url, os.environ.get(_api_key_env(args)))
             config = config.model_copy(update={"model_name": model_name})
         check_address(args.executor, args.address)
-        check_sandbox(args.runtime,
-                      remote=args.executor == "ray" and bool(args.address or os.environ.get("RAY_ADDRESS")))
+        check_runtime(args.runtime, remote=_remote(args))
         if args.resume:
             check_resume(out, {"taskset": args.taskset, "eval": config.model_dump(mode="json"),
                                "model": model_record(url=args.model_url, name=model_name, simulated=_simulated(args))})
@@ -227,6 +229,8 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
         executor = await stack.enter_async_context(
             make_executor(args.executor, plan.module, actors=args.actors, capacity=args.capacity,
                           address=args.address, runtime=args.runtime))
+        if _remote(args):  # this machine's check said nothing of the cluster's nodes: ask them
+            await _say_nodes_lacking(args.runtime)
         signals.install()
         what = await warm_up(executor, programs=not plan.harness.in_process)
         if what is not None:
@@ -242,6 +246,19 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
         capture = {"capture": args.token_capture, "dialect": await probing}
         timing = {"start": driving - started, "rollouts": rollouts, "rate": _rate(result, since, rollouts)}
         return result, timing, capture
+
+
+def _remote(args: argparse.Namespace) -> bool:
+    """Whether rollouts run on a cluster this machine does not start (its nodes are not this one)."""
+    return args.executor == "ray" and bool(args.address or os.environ.get("RAY_ADDRESS"))
+
+
+async def _say_nodes_lacking(kind: str) -> None:
+    from .._ray.node_check import nodes_lacking
+
+    line = nodes_line(kind, *await nodes_lacking(kind))
+    if line is not None:
+        print(line, file=sys.stderr)
 
 
 async def _capture_dialect(model: OpenAIModel) -> str | None:
