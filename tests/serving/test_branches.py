@@ -6,6 +6,7 @@ that only grows stays one branch and one sequence, whatever the dialect (no fals
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anthropic
@@ -55,11 +56,15 @@ def test_a_sub_agent_and_a_compaction_each_start_a_branch_with_its_sequence_and_
                 messages: list[Any] = [{"role": "user", "content": "Use the calculator: what is 17*3?"}]
                 first = await create(client, MAIN_SYSTEM, messages, ANTHROPIC_TOOLS)
                 assert first.stop_reason == "tool_use"
-                # the tool is a sub-agent (Claude Code's Task): its own system prompt and tools
-                sub: list[Any] = [{"role": "user", "content": "What is 2+3?"}]
-                found = await create(client, SUB_SYSTEM, sub, SUB_TOOLS)
-                sub += [assistant(found), {"role": "user", "content": "And 4+4?"}]
-                await create(client, SUB_SYSTEM, sub, SUB_TOOLS)
+                # the tool starts two sub-agents at once (Claude Code's parallel Tasks): their
+                # own system prompt and tools
+                async def sub_agent(a: int) -> None:
+                    sub: list[Any] = [{"role": "user", "content": f"What is {a}+3?"}]
+                    found = await create(client, SUB_SYSTEM, sub, SUB_TOOLS)
+                    sub += [assistant(found), {"role": "user", "content": f"And {a}+4?"}]
+                    await create(client, SUB_SYSTEM, sub, SUB_TOOLS)
+
+                await asyncio.gather(sub_agent(1), sub_agent(2))
                 messages += [assistant(first), {"role": "user", "content": [
                     {"type": "tool_result", "tool_use_id": first.content[0].id, "content": "51"}]}]
                 second = await create(client, MAIN_SYSTEM, messages, ANTHROPIC_TOOLS)
@@ -73,20 +78,20 @@ def test_a_sub_agent_and_a_compaction_each_start_a_branch_with_its_sequence_and_
             return session.trace
 
     trace = run(main)
-    assert trace.num_turns == 7
-    # leaves in node order: the sub-agent ended first, then the main context (its last turn
+    assert trace.num_turns == 9
+    # leaves in node order: the sub-agents ended first, then the main context (its last turn
     # wrote the summary), then the compacted context
-    assert trace.branch_reasons == ["subagent", "main", "compaction"]
-    assert [len(b.calls) for b in trace.branches] == [2, 3, 2]
+    assert trace.branch_reasons == ["subagent", "subagent", "main", "compaction"]
+    assert [len(b.calls) for b in trace.branches] == [2, 2, 3, 2]
     sequences = token_sequences(trace)
-    assert [s.branch for s in sequences] == [0, 1, 2] and trace.token_drift == []
+    assert [s.branch for s in sequences] == [0, 1, 2, 3] and trace.token_drift == []
     for sequence in sequences:
         assert_sequence_trains_its_branch(trace, sequence)
-    compacted = trace.branches[2]
+    compacted = trace.branches[3]
     assert trace.nodes[compacted.nodes[0]].message.content == MAIN_SYSTEM  # shared: not a sub-agent
     [row] = records_to_table([RolloutRecord(trace, "run", "g", 0)]).to_pylist()
     assert (row["branches"], row["branch_reasons"], row["token_branch"]) == (
-        3, ["subagent", "main", "compaction"], [0, 1, 2])
+        4, ["subagent", "subagent", "main", "compaction"], [0, 1, 2, 3])
 
 
 @pytest.mark.parametrize("dialect", ["messages", "responses"])
