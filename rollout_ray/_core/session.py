@@ -48,6 +48,7 @@ from .._record.messages import (
     Message,
     Request,
     Response,
+    Tool,
     ToolMessage,
     UserMessage,
     message_hash,
@@ -119,6 +120,7 @@ class RolloutSession:
         self.sampling = dict(sampling or {})
         self.policy = policy or process_gate()
         self.graph = ConversationGraph(trace)
+        self._digests: list[tuple[list[Tool], str | None]] = []  # the last tool sets seen, newest first
         self.error: RolloutError | None = None
         """The latest model, tool or hook failure, stashed for the rollout (B30, B31)."""
         self.released = False
@@ -189,7 +191,7 @@ class RolloutSession:
             time=TimeSpan(start=time.time()),
             policy=policy.version,  # the server's own stamp, if any, replaces it (record_tokens)
             dropped=dropped or None,
-            tools_digest=tools_digest(request.tools),
+            tools_digest=self._tools_digest(request.tools),
         )
         self.calling.append(call)
         try:
@@ -279,6 +281,21 @@ class RolloutSession:
             raise SessionConcluded()
         if self.trace.stopped:
             raise TurnRefused(self.trace.stop_condition or "stopped")
+
+    def _tools_digest(self, tools: list[Tool] | None) -> str | None:
+        """``tools_digest(tools)``, remembered for the last few tool sets: an agent sends the
+        same tools at every turn, and digesting Claude Code's (~76 KB of JSON) costs ~0.27 ms
+        where comparing them costs ~1 us; a few, as a sub-agent's calls interleave."""
+        if not tools:
+            return None
+        for k, (seen, digest) in enumerate(self._digests):
+            if seen == tools:
+                if k:
+                    self._digests.insert(0, self._digests.pop(k))
+                return digest
+        digest = tools_digest(tools)
+        self._digests = [(list(tools), digest), *self._digests[:3]]
+        return digest
 
     def _record_tools(self, request: Request) -> None:
         if request.tools:
