@@ -13,8 +13,8 @@ it, never a change of the branch):
 - ``subagent``: its system prompt, or the tools of the call that started it, differ from the main
   branch's: another agent with its own context (Claude Code's Task, a Codex sub-agent),
   whether it ran nested or beside the main one.
-- ``compaction``: a new message of the branch carries a summary of earlier turns instead of
-  them: it contains the text of a reply the model sampled before on another branch (the
+- ``compaction``: a message the branch opens with carries a summary of earlier turns instead
+  of them: it contains the text of a reply the model sampled before on another branch (the
   summary it was asked to write; a ``<summary>`` part of it suffices), or a compaction
   preamble an agent is known to send (``COMPACTION_MARKERS``).
 - ``resample``: the branch adds no message of its own, only another sampled reply to a
@@ -73,6 +73,7 @@ def branch_reasons(conversation: Conversation) -> list[str]:
     main = next((p for p in paths if _fork_at(conversation, p, first_child) is None), None)
     tools_at = {call.node: call.tools_digest for call in conversation.calls if call.node is not None}
     main_context = _context(conversation, main, 0, tools_at) if main is not None else None
+    summaries: list[tuple[int, str]] | None = None  # (node, text) of the long sampled replies, once
     reasons = []
     for path in paths:
         k = _fork_at(conversation, path, first_child)
@@ -80,7 +81,7 @@ def branch_reasons(conversation: Conversation) -> list[str]:
             reasons.append("main")
         elif main_context is not None and _context(conversation, path, k, tools_at) != main_context:
             reasons.append("subagent")
-        elif _summarizes(conversation, path, k):
+        elif _summarizes(conversation, path, k, summaries := summaries or _summaries(conversation)):
             reasons.append("compaction")
         elif all(nodes[i].sampled for i in path[k:]):
             reasons.append("resample")
@@ -111,25 +112,37 @@ def _context(conversation: Conversation, path: list[int], start: int, tools_at: 
     return "\n".join(system), tools
 
 
-def _summarizes(conversation: Conversation, path: list[int], k: int) -> bool:
-    """Whether a message the branch added from ``path[k]`` on (not sampled) carries a summary:
-    the text of a reply sampled earlier on another branch, or a known compaction preamble."""
+def _summaries(conversation: Conversation) -> list[tuple[int, str]]:
+    """Each sampled reply that could be a summary: its node and its text (the ``<summary>``
+    part, if it has one)."""
+    out = []
+    for i, node in enumerate(conversation.nodes):
+        if node.sampled:
+            reply = text_of(node.message.content).strip()
+            found = _SUMMARY.search(reply)
+            summary = found.group(1).strip() if found else reply
+            if len(summary) >= MIN_SUMMARY_CHARS:
+                out.append((i, summary))
+    return out
+
+
+def _summarizes(conversation: Conversation, path: list[int], k: int, summaries: list[tuple[int, str]]) -> bool:
+    """Whether a message the branch opens with (from ``path[k]`` to its first sampled reply)
+    carries a summary: the text of a reply sampled earlier on another branch, or a known
+    compaction preamble."""
     nodes = conversation.nodes
-    new, own = path[k:], set(path)
-    texts = [text_of(nodes[i].message.content) for i in new if not nodes[i].sampled]
+    own = set(path)
+    texts = []
+    for i in path[k:]:  # the messages the branch opens with: its later turns summarize nothing
+        if nodes[i].sampled:
+            break
+        texts.append(text_of(nodes[i].message.content))
     texts = [t for t in texts if t]
     if not texts:
         return False
     lowered = [t.lower() for t in texts]
     if any(marker in t for marker in COMPACTION_MARKERS for t in lowered):
         return True
-    for i in range(path[k]):  # the replies sampled before the branch, on other branches
-        node = nodes[i]
-        if not node.sampled or i in own:
-            continue
-        reply = text_of(node.message.content).strip()
-        found = _SUMMARY.search(reply)
-        summary = found.group(1).strip() if found else reply
-        if len(summary) >= MIN_SUMMARY_CHARS and any(summary in t for t in texts):
-            return True
-    return False
+    start = path[k]
+    return any(any(summary in t for t in texts) for i, summary in summaries
+               if i < start and i not in own)  # sampled before the branch, on another
