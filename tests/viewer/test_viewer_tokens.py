@@ -43,7 +43,8 @@ def turn(trace: Trace, graph: ConversationGraph, messages: list[Message], reply:
 
 def with_tokens(i: int, trace: Trace) -> Trace:
     """Row 0: two turns of the main context (the second sampled across a weight update, 3 to
-    4), then a compacted context carrying the summary: two branches, two sequences."""
+    4), then a compacted context carrying the summary, whose second turn drifted: two
+    branches, three sequences."""
     if i != 0:
         return trace
     trace.nodes, trace.calls = [], []
@@ -52,7 +53,11 @@ def with_tokens(i: int, trace: Trace) -> Trace:
     summary = "The user asked for 2+2 and was answered 4; then asked to go on."
     turn(trace, graph, [SYSTEM, Q, AssistantMessage(content="4"), UserMessage(content="Summarize.")], summary,
          [1, 2, 3, 10, 11, 4, 5], [20, 21, 22, 23], [-0.5, -0.01, -2.0, -0.2], [3, 3, 4, 4])
-    turn(trace, graph, [SYSTEM, UserMessage(content=f"Summary: {summary}")], "OK", [1, 2, 6, 7], [30], [-0.01], [4])
+    compacted: list[Message] = [SYSTEM, UserMessage(content=f"Summary: {summary}")]
+    turn(trace, graph, compacted, "OK", [1, 2, 6, 7], [30], [-0.01], [4])
+    # the template re-tokenized the reply (30 became 9): drift, a new sequence of branch 1
+    turn(trace, graph, [*compacted, AssistantMessage(content="OK"), UserMessage(content="Go on.")], "done",
+         [1, 2, 6, 7, 9, 8], [40], [-0.01], [4])
     return trace
 
 
@@ -107,7 +112,8 @@ def test_the_token_view_shows_each_sequence_by_loss_mask_logprob_turn_policy_and
     assert shown["ids"] == [list(map(list, zip(s.input_ids, s.loss_mask))) for s in expected]
     assert shown["heads"][0].startswith("sequence 0 · branch 0 (main) · 11 ids, 6 trained")
     assert shown["heads"][1].startswith("sequence 1 · branch 1 (compaction) · 5 ids, 1 trained")
-    assert shown["turns"] == 3 and shown["completions"] == [10, 20, 30] and shown["policy"] == [22]
+    assert shown["heads"][2].startswith("sequence 2 · branch 1 (compaction) · after drift · 7 ids, 1 trained")
+    assert shown["turns"] == 4 and shown["completions"] == [10, 20, 30, 40] and shown["policy"] == [22]
     image = Image.open(shot).convert("RGB")
     pixel = {k: image.getpixel((round(x), round(y))) for k, (x, y) in shown["boxes"].items()}
     assert hue(pixel["0:10"]) > 100 and hue(pixel["1:30"]) > 100  # p ≈ 0.99: green
