@@ -9,6 +9,7 @@ trace, so the page sees every field the rollout recorded.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,9 @@ def _read_row(source: pa.NativeFile, path: Path, row: int, rollout_id: str
     raise CorruptRun.shard(path, f"row {row} not found")
 
 
-def trace_view(trace: Trace) -> dict[str, Any]:
-    """The rollout page's data: the last branch's conversation, scores, spans, errors, calls."""
+def trace_view(trace: Trace, token_text: Callable[[int], str] | None = None) -> dict[str, Any]:
+    """The rollout page's data: the last branch's conversation, scores, spans, errors, calls,
+    and its token sequences (each id's text too, with ``token_text``)."""
     counts = trace.counts()
     t0 = trace.timing.start or min((n.timestamp for n in trace.nodes if n.timestamp), default=0.0)
     return {
@@ -119,7 +121,7 @@ def trace_view(trace: Trace) -> dict[str, Any]:
         "num_branches": trace.num_branches,
         "messages": _conversation(trace, t0),
         "branch_reasons": trace.branch_reasons,
-        "tokens": token_view(trace),
+        "tokens": token_view(trace, token_text),
         "rewards": [{"name": k, "score": None if r is None else r.score, "weight": None if r is None else r.weight}
                     for k, r in trace.rewards.items()],
         "metrics": [{"name": k, "value": v} for k, v in trace.metrics.items()],

@@ -4,12 +4,14 @@ Per sequence (``tokens.token_sequences``): its branch and why the branch exists
 (``branching.py``), whether it starts after template drift (a later sequence of the same
 branch), its ids with their loss mask, sampling logprob (``None``: prompt id, or not
 returned) and policy version, and where each turn's new prompt ids and its completion begin.
-Ids only: the run table keeps no tokenizer, so the page shows no decoded text.
+Each id's text where the viewer has the run's tokenizer (``Viewer(tokenizer=...)``; the CLI
+knows the simulated model's), its id otherwise.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .._record.tokens import token_sequences
@@ -20,9 +22,10 @@ MAX_SHOWN = 4096
 ``size`` says how many it has."""
 
 
-def token_view(trace: Trace) -> list[dict[str, Any]]:
+def token_view(trace: Trace, token_text: Callable[[int], str] | None = None) -> list[dict[str, Any]]:
     """The sequences of ``trace`` for the page (``[]``: it recorded no ids, or an inconsistent
-    record, whose token columns are null in the table too)."""
+    record, whose token columns are null in the table too), with each id's text where
+    ``token_text`` is given (``None`` for an id it cannot decode)."""
     try:
         sequences = token_sequences(trace)
     except ValueError:
@@ -50,6 +53,14 @@ def token_view(trace: Trace) -> list[dict[str, Any]]:
                          for x, m in zip(sequence.logprobs[:n], sequence.loss_mask[:n])],
             "policy": sequence.policy[:n],
             "turns": turns,
+            "texts": None if token_text is None else [_decoded(token_text, i) for i in sequence.input_ids[:n]],
         })
         seen.add(sequence.branch)
     return out
+
+
+def _decoded(token_text: Callable[[int], str], token_id: int) -> str | None:
+    try:
+        return token_text(token_id)
+    except ValueError:  # an id the tokenizer has no text for: the page shows the id
+        return None

@@ -17,10 +17,12 @@ from PIL import Image
 from viewer_runs import make_trace, rollout_id, write_run
 
 from rollout_ray import Trace
+from rollout_ray._cli.view import run_tokenizer
 from rollout_ray._record.graph import ConversationGraph
 from rollout_ray._record.messages import AssistantMessage, Message, SystemMessage, UserMessage
 from rollout_ray._record.tokens import record_tokens, token_sequences
 from rollout_ray._record.trace_parts import ModelCall
+from rollout_ray._simulated.tokenizer import token_text
 from rollout_ray._viewer.server import Viewer, start
 
 CHROMIUM = find_chromium()
@@ -74,13 +76,15 @@ async def view(url: str, shot: Path, profile: Path) -> dict[str, Any]:
             shown = await page.evaluate("""(() => ({
                 heads: [...document.querySelectorAll('.sequence-head')].map(e => e.textContent),
                 ids: [...document.querySelectorAll('.sequence')].map(s => [...s.querySelectorAll('.tok')]
-                    .map(t => [Number(t.textContent), t.classList.contains('sampled') ? 1 : 0])),
+                    .map(t => [Number(t.dataset.id), t.classList.contains('sampled') ? 1 : 0])),
                 turns: document.querySelectorAll('.tok.turn-start').length,
-                completions: [...document.querySelectorAll('.tok.completion-start')].map(t => Number(t.textContent)),
-                policy: [...document.querySelectorAll('.tok.policy-change')].map(t => Number(t.textContent)),
+                completions: [...document.querySelectorAll('.tok.completion-start')].map(t => Number(t.dataset.id)),
+                policy: [...document.querySelectorAll('.tok.policy-change')].map(t => Number(t.dataset.id)),
+                texts: [...document.querySelectorAll('.sequence')].map(s => [...s.querySelectorAll('.tok')]
+                    .map(t => t.textContent)),
                 boxes: Object.fromEntries([...document.querySelectorAll('.tok.sampled')].map(t => {
                     const r = t.getBoundingClientRect();
-                    return [t.closest('.sequence').dataset.branch + ':' + t.textContent, [r.right - 1.5, r.top + 1.5]]; })),  // the padding: background, not glyph or border
+                    return [t.closest('.sequence').dataset.branch + ':' + t.dataset.id, [r.right - 1.5, r.top + 1.5]]; })),  // the padding: background, not glyph or border
             }))()""")
             await page.screenshot(shot)
             assert page.errors == []
@@ -95,13 +99,27 @@ def hue(pixel: tuple[int, ...]) -> float:
     return colorsys.rgb_to_hsv(*(c / 255 for c in pixel[:3]))[0] * 360
 
 
-def test_the_token_view_shows_each_sequence_by_loss_mask_logprob_turn_policy_and_branch(tmp_path: Path) -> None:
+def shown_text(token_id: int) -> str:
+    """A token as the page shows it on a run of the simulated model: its text, whitespace
+    made visible, or its id where no text encodes to it."""
+    try:
+        return token_text(token_id).replace(" ", "·").replace("\n", "↵")
+    except ValueError:
+        return str(token_id)
+
+
+@pytest.mark.parametrize("decoded", [False, True], ids=["ids", "text"])
+def test_the_token_view_shows_each_sequence_by_loss_mask_logprob_turn_policy_and_branch(tmp_path: Path,
+                                                                                        decoded: bool) -> None:
+    """A served model's run shows ids; a run of the simulated model (as eval records it) shows
+    each id's text, through the tokenizer ``rollout-ray view`` gives the viewer."""
     runs = tmp_path / "runs"
-    write_run(runs / "arith", 4, shape=with_tokens)
+    model: Any = {"simulated": {"model_name": "sim"}} if decoded else {"url": "http://127.0.0.1:9/v1", "name": "m"}
+    write_run(runs / "arith", 4, shape=with_tokens, config={"taskset": "t.py", "model": model})
     shot = Path(os.environ.get("ROLLOUT_RAY_SCREENSHOT_TOKENS") or tmp_path / "tokens.png")
 
     async def main() -> dict[str, Any]:
-        runner, url = await start(Viewer([runs]))
+        runner, url = await start(Viewer([runs], tokenizer=run_tokenizer))
         try:
             return await view(url, shot, tmp_path / "profile")
         finally:
@@ -110,6 +128,9 @@ def test_the_token_view_shows_each_sequence_by_loss_mask_logprob_turn_policy_and
     shown = asyncio.run(main())
     expected = token_sequences(with_tokens(0, make_trace(0)))
     assert shown["ids"] == [list(map(list, zip(s.input_ids, s.loss_mask))) for s in expected]
+    show = shown_text if decoded else str
+    assert shown["texts"] == [[show(i) for i in s.input_ids] for s in expected]
+    assert ("<|im_start|>" in shown["texts"][0]) is decoded
     assert shown["heads"][0].startswith("sequence 0 · branch 0 (main) · 11 ids, 6 trained")
     assert shown["heads"][1].startswith("sequence 1 · branch 1 (compaction) · 5 ids, 1 trained")
     assert shown["heads"][2].startswith("sequence 2 · branch 1 (compaction) · after drift · 7 ids, 1 trained")

@@ -344,7 +344,9 @@ function tokenView(sequences) {
       const lp = s.logprobs[j];
       const title = `#${j} id ${id}` + (s.mask[j] ? ` · sampled · logprob ${lp === null ? "not returned" : lp}` : " · prompt")
         + (v !== null ? ` · policy ${v}` : "");
-      const el = h("span", { class: classes.join(" "), title, "data-j": j }, String(id));
+      const text = s.texts ? s.texts[j] : null;  // whitespace made visible: a token is often one
+      const el = h("span", { class: classes.join(" ") + (text === null ? "" : " text"), title, "data-j": j, "data-id": id },
+        text === null ? String(id) : text.replace(/ /g, "·").replace(/\n/g, "↵"));
       if (s.mask[j] && lp !== null) el.style.background = heat(lp);
       return el;
     });
