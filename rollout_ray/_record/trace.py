@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from .branching import branch_reasons
 from .graph import Branch, branches, leaves, path_to
 from .messages import AssistantMessage, Message, Tool, ToolMessage, Usage, text_of
 from .tokens import token_drift
@@ -206,6 +207,12 @@ class Trace(msgspec.Struct, kw_only=True):
     @property
     def num_branches(self) -> int:
         return len(leaves(self))
+
+    @property
+    def branch_reasons(self) -> list[str]:
+        """Why each branch of ``branches`` exists: ``main``, ``subagent``, ``compaction``,
+        ``resample`` or ``edit`` (``branching.py``)."""
+        return branch_reasons(self)
 
     @property
     def messages(self) -> list[Message]:

@@ -183,6 +183,10 @@ class ModelCall(msgspec.Struct):
     dropped: dict[str, str] | None = None
     """Request fields the harness sent that did not go upstream, each with why
     (``_core/upstream_fields``)."""
+    tools_digest: str | None = None
+    """The digest of the request's tools (``branching.tools_digest``; ``None``: no tools): a
+    branch whose tools differ from the main branch's is a sub-agent's, and a turn is built on
+    an earlier turn's ids only if their tools are the same."""
 
 
 class TraceTask(msgspec.Struct):

@@ -37,6 +37,7 @@ from rollout_ray import (
 )
 from rollout_ray._record.arrow import (
     ARROW_SCHEMA_VERSION,
+    BRANCH_COLUMNS,
     CONVERSATION_COLUMNS,
     HISTORY_COLUMNS,
     POLICY_COLUMNS,
@@ -95,7 +96,7 @@ def full_trace() -> Trace:
                 time=TimeSpan(10.0, 12.5),
                 error=ErrorRecord(type="ProviderError", message="slow", status_code=429, traceback="tb"),
                 policy=3, prompt_shared=0, prompt_ids=[7, 8],
-                token_policy=[(3, 2), (4, 1)], interrupts=1, dropped={"logit_bias": "not forwarded"},
+                token_policy=[(3, 2), (4, 1)], interrupts=1, dropped={"logit_bias": "not forwarded"}, tools_digest="0123456789abcdef",
             ),
             ModelCall(node=6, usage=Usage(prompt_tokens=20, completion_tokens=5), prompt_shared=5, prompt_ids=[9]),
             ModelCall(node=7, usage=Usage(prompt_tokens=22, completion_tokens=3)),
@@ -286,13 +287,16 @@ V3_COLUMNS = V2_COLUMNS + ("attempts",)
 V4_COLUMNS = V3_COLUMNS + ("token_policy", "policy_min", "policy_max")
 """Version 4 appended the policy version of each id and the rollout's oldest and newest."""
 
+V5_COLUMNS = V4_COLUMNS + ("branches", "branch_reasons")
+"""Version 5 appended how many branches the conversation has and why each exists."""
+
 
 def test_schema_is_versioned_and_only_appends() -> None:
-    assert ARROW_SCHEMA_VERSION == 4  # 4: the policy versions of each id, and the rollout's range
-    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"4"}
-    assert tuple(TRACE_SCHEMA.names) == V4_COLUMNS
-    assert set(SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS) == set(TRACE_SCHEMA.names)
-    assert len(SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS) == len(TRACE_SCHEMA.names)
+    assert ARROW_SCHEMA_VERSION == 5  # 5: how many branches and why
+    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"5"}
+    assert tuple(TRACE_SCHEMA.names) == V5_COLUMNS
+    every = SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS + BRANCH_COLUMNS
+    assert set(every) == set(TRACE_SCHEMA.names) and len(every) == len(TRACE_SCHEMA.names)
     assert CONVERSATION_COLUMNS == ("messages", "trace", *TOKEN_COLUMNS)
     assert TOKEN_COLUMNS == (*V2_COLUMNS[len(V1_COLUMNS):], "token_policy")
     assert records_to_table([full_record()]).schema.metadata == TRACE_SCHEMA.metadata
@@ -301,8 +305,9 @@ def test_schema_is_versioned_and_only_appends() -> None:
 def test_every_scalar_column_is_derived_from_the_record() -> None:
     """Each scalar column has a non-null value for a full record: none is left unfilled."""
     [row] = records_to_table([full_record()]).to_pylist()
-    assert [name for name in SCALAR_COLUMNS + POLICY_COLUMNS if row[name] is None] == []
-    assert set(row) == set(SCALAR_COLUMNS) | set(CONVERSATION_COLUMNS) | set(HISTORY_COLUMNS) | set(POLICY_COLUMNS)
+    assert [name for name in SCALAR_COLUMNS + POLICY_COLUMNS + BRANCH_COLUMNS if row[name] is None] == []
+    assert set(row) == (set(SCALAR_COLUMNS) | set(CONVERSATION_COLUMNS) | set(HISTORY_COLUMNS) | set(POLICY_COLUMNS)
+                        | set(BRANCH_COLUMNS))
     assert (row["policy_min"], row["policy_max"]) == (3, 4)  # the first call's runs: 3 then 4
 
 
@@ -359,14 +364,14 @@ def test_a_mistyped_column_is_a_schema_mismatch() -> None:
 
 def test_a_newer_schema_version_is_refused() -> None:
     table = records_to_table([full_record()])
-    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"5"})
+    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"6"})
     with pytest.raises(
         SchemaMismatch,
-        match=r"^trace table has schema version 5, newer than version 4 known here; "
+        match=r"^trace table has schema version 6, newer than version 5 known here; "
         r"upgrade rollout_ray to read it$",
     ):
         check_schema(newer)
-    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 5"):
+    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 6"):
         table_to_traces(newer)
     check_schema(table.replace_schema_metadata({b"rollout_ray.schema_version": b"1"}))
 

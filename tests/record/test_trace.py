@@ -85,6 +85,7 @@ def full_trace() -> Trace:
                 error=ErrorRecord(type="ProviderError", message="slow", status_code=429, traceback="tb"),
                 policy=4, prompt_shared=2, prompt_ids=[9], stored_ids=(1, 3),
                 token_policy=[(4, 1), (5, 2)], interrupts=1, dropped={"logit_bias": "not forwarded"},
+                tools_digest="0123456789abcdef",
             )
         ],
         request_rewrites=[InterceptRecord("redact")],

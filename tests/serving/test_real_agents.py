@@ -44,4 +44,4 @@ def test_real_agent_rollout_through_the_proxy_is_one_rewarded_sequence(
     assert any(dropped in why for why in call["dropped"].values()), call["dropped"]
     assert len(summary["tools"]) > 3  # the agent's function tools went upstream
     assert summary["last_reply"] == "4" and summary["rewards"] == {"correct": 1.0}
-    assert summary["token_drift"] == [] and summary["sequences"] == 1
+    assert summary["token_drift"] == [] and summary["sequences"] == 1 and summary["branch_reasons"] == ["main"]

@@ -50,4 +50,5 @@ print(json.dumps({
     "rewards": {name: r.score for name, r in trace.rewards.items()},
     "token_drift": trace.token_drift,
     "sequences": len(token_sequences(trace)),
+    "branch_reasons": trace.branch_reasons,
 }))
