@@ -21,13 +21,19 @@ Scale: ``--concurrent`` sandboxes started at once (under the node's cap), all al
 each running one program (``--exec-parallel`` at a time), then all stopped and the host shut down; then nothing may be left:
 no process with the host's marker, no mount under its root, no root, no cgroup, no snapshot.
 
+Exec against live sandboxes (``--exec-vs-live``): exec p50 with 1, 100, ... image sandboxes
+alive on the host; each mounts in its own namespace, so it should stay flat (issue 32 §1).
+
     python benchmarks/bench_image_pools.py --samples 30 --idle 100 --concurrent 1000
+    python benchmarks/bench_image_pools.py --exec-vs-live 1,100,300,1000 --samples 30
+    python benchmarks/bench_image_pools.py --only-concurrent --concurrent 1000 --execs-each 20
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import platform
 import subprocess
@@ -152,7 +158,7 @@ async def bench_idle(image: str, n: int) -> tuple[float, float, float, int]:
         await host.shutdown()
 
 
-async def bench_concurrent(image: str, n: int, parallel: int) -> dict[str, object]:
+async def bench_concurrent(image: str, n: int, parallel: int, execs_each: int = 1) -> dict[str, object]:
     host = RuntimeHost(kind="sandbox")
     root, cgroups, token = host.root, list(host._cgroups.dirs), host.token
     t0 = time.perf_counter()
@@ -174,7 +180,10 @@ async def bench_concurrent(image: str, n: int, parallel: int) -> dict[str, objec
                 took.append(time.perf_counter() - t)
                 return result
 
-        results = await asyncio.gather(*(one(name) for name in names))
+        async def rollout(name: str) -> list[Any]:  # its execs one after another, as an agent's
+            return [await one(name) for _ in range(execs_each)]
+
+        results = [r for rs in await asyncio.gather(*(rollout(name) for name in names)) for r in rs]
         execs = time.perf_counter() - t0 - started
         assert all(r.exit_code == 0 for r in results)
         t1 = time.perf_counter()
@@ -183,12 +192,52 @@ async def bench_concurrent(image: str, n: int, parallel: int) -> dict[str, objec
     finally:
         await host.shutdown()
     total = time.perf_counter() - t0
-    return {"n": n, "alive_at_once": alive, "start_s": round(started, 2), "exec_s": round(execs, 2),
+    return {"n": n, "execs_each": execs_each, "alive_at_once": alive, "start_s": round(started, 2), "exec_s": round(execs, 2),
             "exec_p50_ms": round(1000 * percentile(took, 0.5)), "exec_p99_ms": round(1000 * percentile(took, 0.99)),
             "stop_s": round(stopped, 2), "total_s": round(total, 2),
             "left_processes": len(pids_with_marker(HOST_MARKER, token)), "left_mounts": len(mounts_under(root)),
             "left_root": os.path.exists(root), "left_cgroups": sum(os.path.isdir(d) for d in cgroups),
             "left_snapshots": len(os.listdir(image_cache.default_image_cache().snapshots._dir("entries")))}
+
+
+async def bench_exec_vs_live(image: str, counts: list[int], samples: int) -> list[dict[str, object]]:
+    """Exec cost against the number of live image sandboxes on the host (issue 32 §1): for
+    each count, that many started and left alive (or, below the last count, the others
+    stopped), then ``samples`` execs of ``true``, one at a time, in the first one. Each sandbox mounts in its own namespace (``mount_ns.py``):
+    the table an exec copies does not grow with the others."""
+    host = RuntimeHost(kind="sandbox")
+    rows: list[dict[str, object]] = []
+    try:
+        live: list[str] = []
+        made = itertools.count()
+        for count in counts:
+            t0 = time.perf_counter()
+            while len(live) < count:
+                batch = [f"live-{next(made)}" for _ in range(min(count - len(live), 50))]
+                await asyncio.gather(*(host.create_started(n, owner="bench", image=image) for n in batch))
+                live += batch
+            if len(live) > count:  # a count below the last: the others stopped (is it load, or the count?)
+                await asyncio.gather(*(host.stop(n) for n in live[count:]))
+                del live[count:]
+            started = time.perf_counter() - t0
+            took = []
+            for _ in range(samples):
+                t = time.perf_counter()
+                result = await host.exec(live[0], ["true"])
+                took.append(time.perf_counter() - t)
+                assert result.exit_code == 0, result.stderr
+            with open("/proc/self/mountinfo") as f:
+                host_mounts = sum(1 for _ in f)
+            rows.append({"live": count, "exec_p50_ms": round(1000 * percentile(took, 0.5), 1),
+                         "exec_p99_ms": round(1000 * percentile(took, 0.99), 1), "host_mounts": host_mounts,
+                         "start_more_s": round(started, 1), "load": round(os.getloadavg()[0], 1)})
+            print(f"  {rows[-1]}", flush=True)
+    finally:
+        await host.shutdown()
+    base = float(rows[0]["exec_p50_ms"])  # type: ignore[arg-type]
+    for row in rows:
+        row["vs_first"] = round(float(row["exec_p50_ms"]) / base, 2)  # type: ignore[arg-type]
+    return rows
 
 
 def line(label: str, values: list[float]) -> str:
@@ -210,8 +259,16 @@ async def main(args: argparse.Namespace) -> None:
     await bench_cold(image, 1)  # the image unpacked (once per machine), the caches warm
     print(f"# {platform.python_version()}, {os.cpu_count()} CPUs, commit {source_version()}, "
           f"load {os.getloadavg()[0]:.1f}")
+    if args.exec_vs_live:
+        counts = [int(c) for c in args.exec_vs_live.split(",")]
+        rows = await bench_exec_vs_live(image, counts, args.samples)
+        print(f"{'live':>6} {'exec p50 ms':>12} {'p99 ms':>9} {'vs first':>9} {'host mounts':>12} {'load':>6}")
+        for r in rows:
+            print(f"{r['live']:>6} {r['exec_p50_ms']:>12} {r['exec_p99_ms']:>9} {r['vs_first']:>9} "
+                  f"{r['host_mounts']:>12} {r['load']:>6}")
+        return
     if args.only_concurrent:
-        print(f"concurrent: {await bench_concurrent(image, args.concurrent, args.exec_parallel)}")
+        print(f"concurrent: {await bench_concurrent(image, args.concurrent, args.exec_parallel, args.execs_each)}")
         return
     HANDED_OUT.clear()
     cold = await bench_cold(image, args.samples)
@@ -233,7 +290,7 @@ async def main(args: argparse.Namespace) -> None:
     print(f"idle: {args.idle} sandboxes, {procs} processes: PSS {per_pss / 2**20:.2f} MiB each; "
           f"kernel slab + shmem grew {per_kernel / 2**20:.3f} MiB each; "
           f"MemAvailable fell {per_avail / 2**20:.2f} MiB each")
-    print(f"concurrent: {await bench_concurrent(image, args.concurrent, args.exec_parallel)}")
+    print(f"concurrent: {await bench_concurrent(image, args.concurrent, args.exec_parallel, args.execs_each)}")
     print(f"load at end {os.getloadavg()[0]:.1f}")
 
 
@@ -245,6 +302,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrent", type=int, default=1000, help="sandboxes alive at once in the scale run")
     parser.add_argument("--only-concurrent", action="store_true", help="the scale run alone")
     parser.add_argument("--exec-parallel", type=int, default=8, help="programs running at once in the scale run")
+    parser.add_argument("--execs-each", type=int, default=1, help="programs each sandbox runs in the scale run")
+    parser.add_argument("--exec-vs-live", default="", metavar="N,N,...",
+                        help="only: exec p50 with N live sandboxes, for each N (e.g. 1,100,300,1000)")
     return parser.parse_args(argv)
 
 

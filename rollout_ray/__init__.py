@@ -4,11 +4,10 @@ Importing this package never imports ``ray``: the lifecycle core is plain asynci
 Ray-backed names (``RolloutActor``, ``RuntimeActor``, ...) load on first access.
 """
 
-from __future__ import annotations
-
-import importlib
-import logging
-from typing import Any
+# Only the public names and private ones: no ``from __future__ import annotations`` (it binds
+# ``annotations``), and the modules this file uses are imported under private names.
+import importlib as _importlib
+import logging as _logging
 
 # The record
 from ._record.trace import TRACE_VERSION as TRACE_VERSION
@@ -32,6 +31,7 @@ from ._record.agents import agent_messages as agent_messages
 from ._record.agents import agent_sequences as agent_sequences
 from ._record.agents import branch_agents as branch_agents
 from ._record.trace import UserTurn as UserTurn
+from ._record.trace import VersionInfo as VersionInfo
 from ._record.trace import decode_trace as decode_trace
 from ._record.trace import encode_trace as encode_trace
 
@@ -55,6 +55,7 @@ from ._core.interception import Interception as Interception
 from ._core.interception import LocalInterception as LocalInterception
 from ._core.interception import Slot as Slot
 from ._serving.proxy import HTTPInterception as HTTPInterception
+from ._verifiers import verifiers_tasks as verifiers_tasks
 from ._serving.upstream import OpenAIModel as OpenAIModel
 from ._serving.weights import reload_weights as reload_weights
 
@@ -92,6 +93,7 @@ from ._core.toolset import tool as tool
 from ._serving.tool_server import ToolServer as ToolServer
 from ._serving.mcp_toolset import MCPToolset as MCPToolset
 from ._serving.shared_server import SharedToolServer as SharedToolServer
+from ._simulated.config import CapacityConfig as CapacityConfig
 from ._simulated.config import SimulatedModelConfig as SimulatedModelConfig
 
 # The driver, Arrow and the env-level finalize: loaded on first access (below).
@@ -123,7 +125,7 @@ from ._errors import Unauthorized as Unauthorized
 from ._errors import UpstreamError as UpstreamError
 from ._errors import boundary as boundary
 
-logging.getLogger("rollout_ray").addHandler(logging.NullHandler())
+_logging.getLogger("rollout_ray").addHandler(_logging.NullHandler())
 
 # Imported on first access: the Ray layer, so that the core never pays for (or needs) ray;
 # the driver's side (Arrow, numpy, finalize), so that a process hosting rollouts (a Ray
@@ -154,25 +156,32 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'rollout_ray' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    value = getattr(_importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    """What the package offers, the lazy names included (they are not in its namespace until
+    first used): the public names and the module's own attributes."""
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [
     # the record
     "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "Error", "ErrorRecord", "InterceptRecord",
     "MessageNode", "ModelCall", "Reward", "RuntimeInfo", "TimeSpan", "TimeSplit", "Timing",
-    "ToolCallRecord", "Trace", "TraceTask", "UserTurn", "agent_messages", "agent_sequences", "branch_agents", "decode_trace", "encode_trace",
+    "ToolCallRecord", "Trace", "TraceTask", "UserTurn", "VersionInfo", "agent_messages", "agent_sequences",
+    "branch_agents", "decode_trace", "encode_trace",
     # messages and the model boundary
     "AssistantMessage", "ImagePart", "Message", "Request", "Response", "SystemMessage",
     "TextPart", "Tool", "ToolCall", "ToolMessage", "Usage", "UserMessage", "Model",
     "RolloutSession", "ChatClient", "Interception", "LocalInterception", "Slot",
-    "HTTPInterception", "OpenAIModel", "SimulatedModelConfig", "SimulatedModelServer", "reload_weights",
+    "HTTPInterception", "OpenAIModel", "CapacityConfig", "SimulatedModelConfig", "SimulatedModelServer", "reload_weights",
     # hooks and budgets
     "intercept", "metric", "reward", "stop", "RolloutLimits", "RolloutTimeouts",
     # task, harness, runtime, rollout
@@ -182,7 +191,7 @@ __all__ = [
     "ChatHarness", "ProgramHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
     "MCPToolset", "SharedToolServer", "UserSimulator", "ScriptedUser", "ModelUser", "PeerAgent",
     # the driver, Arrow and the env-level finalize
-    "Driver", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",
+    "Driver", "verifiers_tasks", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",
     "LocalExecutor", "TRACE_SCHEMA", "RolloutRecord", "records_to_table", "table_to_traces",
     "CorruptShard", "ShardWriter", "read_run", "read_groups", "FinalizeConfig", "Finalized", "finalize",
     # the Ray layer (lazy)

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import builtins
 import functools
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 class RolloutError(Exception):
@@ -238,12 +240,18 @@ class RunInUse(RuntimeError):
 
 
 class ResumeMismatch(ValueError):
-    """A resume asked for other settings than the run was made with; ``settings`` names them."""
+    """A resume asked for other settings than the run was made with; ``settings`` names them,
+    ``values`` holds each one's ``(stored, given)`` where the caller knows them (the message
+    shows them)."""
 
-    def __init__(self, run_dir: str, settings: list[str], message: str | None = None) -> None:
-        super().__init__(message or f"{run_dir} was run with other settings ({', '.join(settings)}); resume "
+    def __init__(self, run_dir: str, settings: list[str], message: str | None = None, *,
+                 values: dict[str, tuple[Any, Any]] | None = None) -> None:
+        values = values or {}
+        named = "; ".join(f"{s}: stored {_shown(values[s][0])}, given {_shown(values[s][1])}" if s in values else s
+                          for s in settings)
+        super().__init__(message or f"{run_dir} was run with other settings ({named}); resume "
                          "with the settings it was run with, or start a new run in another directory")
-        self.run_dir, self.settings = run_dir, settings
+        self.run_dir, self.settings, self.values = run_dir, settings, values
 
     @classmethod
     def taskset(cls, run_dir: str, position: int, stored: str, planned: str) -> ResumeMismatch:
@@ -252,6 +260,12 @@ class ResumeMismatch(ValueError):
                    f"{run_dir} was run with another taskset: task {position} is not the task stored at that "
                    f"position (group {stored}, now {planned}); resume with the tasks it was run with, in "
                    "the same order, or start a new run in another directory")
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A setting's value in one short line: JSON, ``none`` for a missing one, cut at ``limit``."""
+    text = "none" if value is None else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class UsageError(ValueError):

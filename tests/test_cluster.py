@@ -182,6 +182,12 @@ def test_kuberay_manifest() -> None:
             assert "secretKeyRef" in env["RAY_AUTH_TOKEN"]  # from a Secret, never inline
             assert container["resources"]["requests"] and container["resources"]["limits"]
             assert all(p["containerPort"] != 8265 for p in container.get("ports", []))
+            # The default sandbox's needs (issue 32 §2), held only inside the pod's user namespace.
+            security = container["securityContext"]
+            assert security["procMount"] == "Unmasked" and "SYS_ADMIN" in security["capabilities"]["add"]
+            assert security["seccompProfile"]["type"] == security["appArmorProfile"]["type"] == "Unconfined"
+            assert not security.get("privileged")
+        assert group["template"]["spec"]["hostUsers"] is False
     dockerfile = (CLUSTER / "Dockerfile").read_text()
     assert "pip install" in dockerfile and "COPY" in dockerfile and "rollout_ray" in dockerfile
 

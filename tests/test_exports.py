@@ -30,3 +30,13 @@ def test_example_runs_one_complete_rollout() -> None:
     result = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, check=True)
     assert "ok=True stop=agent_completed reward=1.000" in result.stdout
     assert "rollout done: id=" in result.stdout
+
+
+def test_the_namespace_holds_the_public_names_and_nothing_else_public() -> None:
+    """``dir(rollout_ray)`` lists what the package offers (its lazy names too), never the
+    helpers its ``__init__`` uses (``Any``, ``annotations``, ``importlib``, ``logging``)."""
+    code = "import rollout_ray; print(' '.join(n for n in dir(rollout_ray) if not n.startswith('_')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    public = set(result.stdout.split())
+    assert not {"Any", "annotations", "importlib", "logging"} & public
+    assert public == set(rollout_ray.__all__)

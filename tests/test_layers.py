@@ -30,8 +30,9 @@ LAYERS: dict[str, set[str]] = {
     "_ray": {"_hosting", "_serving", "_runtimes", "_core", "_record"},
     "_driver": {"_hosting", "_serving", "_runtimes", "_core", "_record"},
     "_simulated": set(),
-    "_cli": {"_viewer", "_ray", "_driver", "_hosting", "_simulated", "_harnesses", "_serving", "_runtimes", "_core", "_record"},
+    "_cli": {"_verifiers", "_viewer", "_ray", "_driver", "_hosting", "_simulated", "_harnesses", "_serving", "_runtimes", "_core", "_record"},
     "_viewer": {"_driver", "_record"},
+    "_verifiers": {"_harnesses", "_core", "_record"},
     "testing": {"_core", "_record"},
 }
 """Each layer, and the layers it may import besides itself and ``_errors``."""

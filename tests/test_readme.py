@@ -37,3 +37,20 @@ def test_on_ray_snippet_runs_in_a_fresh_process() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "100.0"
+
+
+def test_readme_gives_the_suite_time_on_a_quiet_and_on_a_loaded_machine() -> None:
+    """A newcomer on a busy machine should not think the suite hangs at minute 12."""
+    line = re.search(r"whole suite \((.*?)\)", README, re.S)
+    assert line is not None
+    said = " ".join(line.group(1).split())
+    assert "about 11 minutes on a quiet 2-core machine" in said and "about 23 on a loaded one" in said
+
+
+def test_driver_run_is_documented_as_returning_a_run_result() -> None:
+    from rollout_ray import Driver, RunResult
+
+    assert Driver.run.__annotations__["return"] in ("RunResult", RunResult)
+    assert "RunResult" in (Driver.run.__doc__ or "")
+    sentence = re.search(r"`Driver\(\.\.\.\)\.run\(\)` blocks and returns (.*?)\(", README, re.S)
+    assert sentence is not None and "RunResult" in sentence.group(1) and "table" not in sentence.group(1)

@@ -9,19 +9,67 @@ range, and what can only be checked after parsing (the taskset, the merged confi
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """``ArgumentParser`` whose errors are one line (no usage block): the message names the flag."""
+    """``ArgumentParser`` whose errors are one line (no usage block): the message names the flag,
+    and a mistyped flag or command gets the nearest one (Python 3.11's argparse has no
+    ``suggest_on_error``)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}{_command_suggestion(message)}\n")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """As argparse's, but flags nobody takes are refused by the command they were given to
+        (its name in the line), with the nearest flag it has."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command: argparse.ArgumentParser = getattr(parsed, "command_parser", None) or self
+            command.error(f"unrecognized arguments: {' '.join(extras)}{_flag_suggestion(extras, command)}")
+        return parsed
+
+
+def _flags(parser: argparse.ArgumentParser) -> Iterator[str]:
+    """Every long flag ``parser`` and its subcommands take."""
+    for action in parser._actions:
+        yield from (o for o in action.option_strings if o.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _flags(sub)
+
+
+def _flag_suggestion(extras: list[str], parser: argparse.ArgumentParser) -> str:
+    """``; did you mean --samples?`` (with several: ``--samples for --sampels, ...``), or ``""``."""
+    known = sorted(set(_flags(parser)))
+    pairs = []
+    for flag in (e.split("=", 1)[0] for e in extras if e.startswith("--")):
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        if close:
+            pairs.append((close[0], flag))
+    if not pairs:
+        return ""
+    if len(pairs) == 1:
+        return f"; did you mean {pairs[0][0]}?"
+    return "; did you mean " + ", ".join(f"{near} for {flag}" for near, flag in pairs) + "?"
+
+
+def _command_suggestion(message: str) -> str:
+    """For argparse's ``invalid choice: 'evl' (choose from 'eval', ...)``: the nearest choice."""
+    found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if found is None:
+        return ""
+    choices = re.findall(r"'([^']*)'", found.group(2))
+    close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def integer(minimum: int) -> Callable[[str], int]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from .._core.sampling import unknown_sampling
 from .._driver.driver import EvalConfig
-from .._errors import CorruptRun, RunInUse, UsageError
+from .._errors import CorruptRun, ResumeMismatch, RunInUse, UsageError
 from .._record.manifest import RunLock
 from .._record.run_layout import MANIFEST, RunLayout
 
@@ -100,3 +100,18 @@ def check_address(executor: str, address: str | None) -> None:
     from .._ray.head import check_reachable
 
     check_reachable(address)
+
+
+def check_resume(out: str, planned: dict[str, Any]) -> None:
+    """A resume of the run in ``out`` keeps the settings it was run with: ``planned`` is what
+    the driver will record (taskset, model, eval). One line naming each that differs, with
+    its stored and given values, before Ray starts (the driver checks again as it opens the run)."""
+    from .._driver.run_dir import check_settings
+    from .._record.store import read_manifest
+
+    if not RunLayout.of(out).holds_run():
+        return
+    try:
+        check_settings(out, read_manifest(out).config, planned)
+    except (ResumeMismatch, CorruptRun) as e:
+        raise UsageError(str(e)) from None

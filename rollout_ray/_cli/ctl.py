@@ -10,7 +10,9 @@ endpoint (``_driver/control``), found with its token in the run directory's ``co
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Any
@@ -66,12 +68,36 @@ def _endpoint(run_dir: str) -> tuple[str, str]:
         with layout.open() as run:  # no link followed: the token is the run's own
             info = json.loads(run.read_bytes(CONTROL))
     except FileNotFoundError:
+        holder = _holder(layout)
+        if holder is not None:
+            raise UsageError(f"{run_dir}: its run (pid {holder}) has no control endpoint yet: it opens when the "
+                             "rollouts start, after Ray's warm-up; try again in a few seconds") from None
         state = _final_state(layout)
         raise UsageError(f"{run_dir}: no live run (no control.json{state}); start one with "
                          "`rollout-ray eval ... --out RUN_DIR`") from None
     except (OSError, ValueError, CorruptRun) as e:
         raise UsageError(f"{run_dir}: cannot read its control.json ({e})") from None
     return info["url"], info["token"]
+
+
+def _holder(layout: RunLayout) -> str | None:
+    """The pid of the process holding the run's lock (eval takes it before Ray starts), or None.
+
+    Asked with a shared lock tried and dropped at once: an eval starting in that instant is
+    refused as if the run were in use, and says so; flock has no way to ask without locking."""
+    try:
+        fd = os.open(layout.lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # closing it drops a lock taken
+    return None
 
 
 def _final_state(layout: RunLayout) -> str:

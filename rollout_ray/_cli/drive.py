@@ -24,7 +24,7 @@ from .._runtimes.host import runtime_kind
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .._simulated.server import SimulatedModelServer
-from .progress import ProgressDisplay, Watched
+from .progress import ProgressDisplay
 
 
 def version() -> str:
@@ -87,8 +87,8 @@ def make_executor(kind: str, module: ModuleType, *, actors: int | None = None, c
     """``"local"``: this process, no Ray; ``"ray"``: rollout actors (starts or joins Ray;
     ``actors=None``: one per CPU of the cluster).
 
-    ``runtime`` is the kind of the runtimes rollouts own (``"auto"``, ``"local"`` or
-    ``"sandbox"``); when ``auto`` cannot have the sandbox, one line on stderr says why.
+    ``runtime`` is the kind of the runtimes rollouts own (``"auto"`` or a provider's
+    name); when ``auto`` cannot have the sandbox, one line on stderr says why.
     """
     _, reason = runtime_kind(runtime)
     if reason is not None:
@@ -112,17 +112,26 @@ async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None
     ``token_capture`` is one of ``TOKEN_CAPTURES``.
     """
     capture: Any = None if token_capture == "off" else token_capture
+    record = model_record(url=url, name=name, simulated=simulated)
     if url:
         model = OpenAIModel(url, name=name, api_key=os.environ.get(api_key_env), token_capture=capture)
-        where, record = url, {"url": url, "name": name}
+        where = url
     else:
         simulated = simulated or SimulatedModelConfig()
         server = await stack.enter_async_context(SimulatedModelServer(simulated))
         model = OpenAIModel(server.base_url, name=simulated.model_name, token_capture=capture)  # type: ignore[arg-type]
         where = f"built-in simulated model at {server.base_url}"
-        record = {"simulated": simulated.model_dump(mode="json")}
     stack.push_async_callback(model.aclose)
     return model, where, record
+
+
+def model_record(*, url: str | None, name: str | None, simulated: SimulatedModelConfig | None = None
+                 ) -> dict[str, Any]:
+    """What the manifest records of the model (``open_model``'s third value), known before it
+    is opened: a resume is checked against it before anything starts."""
+    if url:
+        return {"url": url, "name": name}
+    return {"simulated": (simulated or SimulatedModelConfig()).model_dump(mode="json")}
 
 
 async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harness, model: Model,
@@ -134,9 +143,8 @@ async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harn
     default: now)."""
     if announce:
         print(header(label, tasks, config, where, out), file=sys.stderr)
-    watched = Watched(executor)
-    display = ProgressDisplay(sys.stderr, watched, started=started)
-    driver = Driver(tasks, harness, model, executor=watched, config=config, run_dir=out,
+    display = ProgressDisplay(sys.stderr, started=started)
+    driver = Driver(tasks, harness, model, executor=executor, config=config, run_dir=out,
                     resume=resume, overwrite=overwrite, keep_failed=keep_failed, judge=getattr(module, "judge", None),
                     on_progress=display.update, manifest_config=manifest_config)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import signal
 import sys
 import time
@@ -27,46 +28,53 @@ from .._errors import (
     UsageError,
 )
 from .._record.store import stored_outcomes
+from .._runtimes import providers
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .arguments import integer, json_object, k_list, number, one_line
-from .checks import check_address, check_api_key, check_out, check_pass_k, check_sampling
-from .drive import TOKEN_CAPTURES, drive, eval_config, header, make_executor, open_model, version
+from .checks import check_address, check_api_key, check_out, check_pass_k, check_resume, check_sampling
+from .claim import Claim
+from .drive import TOKEN_CAPTURES, drive, eval_config, header, make_executor, model_record, open_model, version
 from .interrupt import Signals
 from .protections import (
     DEFAULT_AGENT_TIMEOUT,
     DEFAULT_MAX_TURNS,
     budgets_line,
-    check_sandbox,
+    check_runtime,
+    nodes_line,
     runtime_line,
     with_finite_defaults,
 )
 from .runs import RUNS_ROOT, continue_command, latest_run, served_model
 from .summary import format_summary, stored_token_rows, summarize
-from .taskset import import_taskset, taskset_harness, taskset_tasks
+from .taskset import import_taskset, import_v1_taskset, taskset_harness, taskset_tasks
 from .warmup import warm_up
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("taskset", help="a .py file or a module defining tasks() and harness()")
+    p.add_argument("taskset", nargs="?", help="a .py file or a module defining tasks() and harness()")
+    p.add_argument("--verifiers", metavar="REF", help="instead of a taskset: a verifiers v1 taskset (a .py file, a "
+                   "module or an installed id exporting its Taskset in __all__), run unchanged; what is not mapped "
+                   "yet is refused before anything runs (needs the verifiers extra)")
     p.add_argument("--version", action="version", version=f"rollout-ray {version()}")
     run = p.add_argument_group("run")
     run.add_argument("--out", metavar="DIR", help="run directory for the manifest and Parquet shards (default: runs/<time>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out (default: the latest run of "
                      "this taskset under runs/), skipping what is stored (rollouts that failed for infrastructure "
-                     "or provider reasons are redone)")
+                     "or provider reasons are redone; with --retry-failed, every stored failure)")
     run.add_argument("--overwrite", action="store_true",
                      help="replace the run stored in --out (only a run directory: one with a manifest)")
     run.add_argument("--keep-failed", action="store_true",
-                     help="with --resume: keep rollouts that failed for infrastructure or provider reasons")
+                     help="with --resume: keep every stored failure (none is redone)")
     run.add_argument("--samples", metavar="N", type=integer(1), help="samples per task (n)")
     run.add_argument("--limit", metavar="N", type=integer(1), help="run only the first N tasks")
     run.add_argument("--max-in-flight", metavar="N", type=integer(1), help="rollouts running at once")
     run.add_argument("--retries", metavar="N", type=integer(0), help="retries of a rollout lost to infrastructure (default 2)")
     run.add_argument("--retry-failed", action="store_true",
-                     help="also retry rollouts that failed inside (task or harness errors), up to --retries")
+                     help="also retry rollouts that failed inside (task or harness errors), up to --retries; "
+                          "with --resume, redo the stored ones too")
     run.add_argument("--pass-k", type=k_list, metavar="K,K,...", help="pass@k values stored per group (e.g. 1,4,8)")
     model = p.add_argument_group("model")
     model.add_argument("--model-url", metavar="URL", help="OpenAI-compatible base URL (default: the built-in simulated model)")
@@ -102,11 +110,12 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                        help="ray: rollout actors (default); local: this process, no Ray")
     where.add_argument("--address", metavar="ADDR", help="Ray cluster address (default: RAY_ADDRESS, else a private local Ray on "
                        "127.0.0.1)")
-    where.add_argument("--runtime", choices=["auto", "local", "sandbox"], default="auto",
-                       help="runtime of each rollout: sandbox (bubblewrap: unprivileged, only the system "
-                            "and the framework routes; the default where the machine runs one), local "
-                            "(a private dir on the host, no isolation), auto (sandbox, else local, said at "
-                            "the start and in the summary); sandbox never falls back: refused where it cannot run")
+    kinds = [providers.provider(n) for n in providers.names() if n != providers.AUTO]
+    where.add_argument("--runtime", choices=providers.names(), default=providers.AUTO, metavar="NAME",
+                       help="runtime of each rollout (its provider, docs/runtime-providers.md): "
+                            + ", ".join(f"{k.name} ({k.help})" for k in kinds)
+                            + f", {providers.AUTO} ({' else '.join(providers.AUTO_ORDER)}, said at the start and in the "
+                            "summary); sandbox never falls back, nor does any named runtime: refused where it cannot run")
     where.add_argument("--actors", metavar="N", type=integer(1), default=None,
                        help="rollout actors (ray executor; default: one per CPU of the cluster, at most 32; "
                             "for the private local Ray, of this machine)")
@@ -148,11 +157,20 @@ class _Plan:
     model_name: str | None
     defaulted: list[str]
     """The budgets per rollout that are the CLI's defaults (``protections``)."""
+    claim: Claim
+    """``out``, locked from the checks until the driver takes it."""
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
     """Raises ``UsageError`` for anything wrong: before Ray starts or a file is written."""
-    module = import_taskset(args.taskset)
+    if args.verifiers and args.taskset:
+        raise UsageError("give a taskset or --verifiers REF, not both")
+    if args.verifiers:
+        module, args.taskset = import_v1_taskset(args.verifiers, args.limit), args.verifiers
+    elif args.taskset:
+        module = import_taskset(args.taskset)
+    else:
+        raise UsageError("give a taskset (a .py file or a module defining tasks() and harness()), or --verifiers REF")
     tasks = taskset_tasks(module, args.taskset, args.limit)
     harness = taskset_harness(module, args.taskset)
     check_sampling(args.sampling)
@@ -167,13 +185,27 @@ def _plan(args: argparse.Namespace) -> _Plan:
     else:
         out = os.path.join(RUNS_ROOT, time.strftime("%Y%m%d-%H%M%S"))
     check_out(out, resume=args.resume, overwrite=args.overwrite)
-    model_name = args.model
-    if args.model_url and not args.model and config.model_name is None:
-        model_name = served_model(args.model_url, os.environ.get(_api_key_env(args)))
-        config = config.model_copy(update={"model_name": model_name})
-    check_address(args.executor, args.address)
-    check_sandbox(args.runtime, remote=args.executor == "ray" and bool(args.address or os.environ.get("RAY_ADDRESS")))
-    return _Plan(module, tasks, harness, config, out, model_name, defaulted)
+    claim = Claim(out)  # from here a second eval on out is refused, and ctl says this one is starting
+    claim.take()
+    try:
+        model_name = args.model
+        if args.model_url and not args.model and config.model_name is None:
+            model_name = served_model(args.model_url, os.environ.get(_api_key_env(args)))
+            config = config.model_copy(update={"model_name": model_name})
+        check_address(args.executor, args.address)
+        check_runtime(args.runtime, remote=_remote(args))
+        if args.resume:
+            check_resume(out, {"taskset": args.taskset, "eval": config.model_dump(mode="json"),
+                               "model": model_record(url=args.model_url, name=model_name, simulated=_simulated(args))})
+    except BaseException:
+        claim.close()  # and the directory it made goes
+        raise
+    return _Plan(module, tasks, harness, config, out, model_name, defaulted, claim)
+
+
+def _simulated(args: argparse.Namespace) -> SimulatedModelConfig | None:
+    """The built-in simulated model's settings, without --model-url."""
+    return None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
 
 
 def _api_key_env(args: argparse.Namespace) -> str:
@@ -187,9 +219,8 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
     session per second of ``rollouts``), and how its tokens were captured (the summary's
     ``token_capture``)."""
     async with AsyncExitStack() as stack:
-        simulated = None if args.model_url else SimulatedModelConfig(ttft=args.sim_ttft)
         model, where, record = await open_model(stack, url=args.model_url, name=plan.model_name,
-                                                api_key_env=_api_key_env(args), simulated=simulated,
+                                                api_key_env=_api_key_env(args), simulated=_simulated(args),
                                                 token_capture=args.token_capture)
         probing = asyncio.create_task(_capture_dialect(model))  # asked while Ray starts
         stack.callback(probing.cancel)
@@ -198,11 +229,14 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
         executor = await stack.enter_async_context(
             make_executor(args.executor, plan.module, actors=args.actors, capacity=args.capacity,
                           address=args.address, runtime=args.runtime))
+        if _remote(args):  # this machine's check said nothing of the cluster's nodes: ask them
+            await _say_nodes_lacking(args.runtime)
         signals.install()
         what = await warm_up(executor, programs=not plan.harness.in_process)
         if what is not None:
             print(f"warmup {time.monotonic() - started:.1f}s: Ray, {what}", file=sys.stderr)
         driving, since = time.monotonic(), time.time()
+        plan.claim.hand_over()  # the driver locks the run as it opens it
         result = await drive(label, plan.module, plan.tasks, plan.harness, model, executor,
                            plan.config, plan.out, resume=args.resume, overwrite=args.overwrite, where=where,
                            keep_failed=args.keep_failed,
@@ -212,6 +246,19 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
         capture = {"capture": args.token_capture, "dialect": await probing}
         timing = {"start": driving - started, "rollouts": rollouts, "rate": _rate(result, since, rollouts)}
         return result, timing, capture
+
+
+def _remote(args: argparse.Namespace) -> bool:
+    """Whether rollouts run on a cluster this machine does not start (its nodes are not this one)."""
+    return args.executor == "ray" and bool(args.address or os.environ.get("RAY_ADDRESS"))
+
+
+async def _say_nodes_lacking(kind: str) -> None:
+    from .._ray.node_check import nodes_lacking
+
+    line = nodes_line(kind, *await nodes_lacking(kind))
+    if line is not None:
+        print(line, file=sys.stderr)
 
 
 async def _capture_dialect(model: OpenAIModel) -> str | None:
@@ -248,9 +295,10 @@ async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: Signals) -
         return ALL_FAILED
     judged, first = summary["judge_failures"]
     if judged:
+        # rescore stores the fixed judge's columns (a score version); finalize(read_run(...)) only computes them
         print(f"rollout-ray eval: the judge failed on {judged} of {summary['groups']} groups ({first}); the "
-              "rollouts are stored: fix the judge, then apply it with finalize(read_run(DIR), judge=...)",
-              file=sys.stderr)
+              f"rollouts are stored: fix the judge, then `rollout-ray rescore {shlex.quote(plan.out)}` stores its "
+              "columns, without a model", file=sys.stderr)
         return JUDGE_FAILED
     return 0
 
@@ -278,8 +326,12 @@ def _interrupted(args: argparse.Namespace, plan: _Plan, signum: int) -> int:
         stored = len(stored_outcomes(plan.out)) if os.path.isdir(plan.out) else 0
     except Exception:  # noqa: BLE001 - the count is a courtesy; the line must still be printed
         stored = 0
-    print(f"\ninterrupted: {stored} of {total} stored; continue with: {continue_command(args.argv, plan.out)}",
-          file=sys.stderr)
+    # A group is stored whole, when its last sample finishes: the bar's count of finished
+    # rollouts can exceed this one, and a user must know those are not lost by mistake.
+    unfinished = (" (finished samples of groups not yet complete are not stored: the resume runs them again)"
+                  if stored < total and plan.config.samples_per_task > 1 else "")
+    print(f"\ninterrupted: {stored} of {total} stored{unfinished}; continue with: "
+          f"{continue_command(args.argv, plan.out)}", file=sys.stderr)
     return 128 + signum
 
 
@@ -298,3 +350,5 @@ def _eval(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:  # before the event loop took the signal over
         return _interrupted(args, plan, signal.SIGINT)
+    finally:
+        plan.claim.close()

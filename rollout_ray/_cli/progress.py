@@ -6,11 +6,13 @@ driver's, which starts after Ray. Rate and ETA count from the first finished rol
 from the start: what comes before it (Ray, actors, the first model answer) is warm-up, and
 charging it to the rate made the first ETA of a 6 s run read 697 s. Until a second rollout
 has finished after that, the ETA reads "warming up". The running mean reward and failures
-come from the traces as they come back (``Watched`` wraps the executor); a failed rollout
-counts as reward 0, as in the summary.
+are the driver's (``Progress.mean_reward``): each rollout's kept outcome, the one stored, a
+failed rollout as reward 0, as in the summary. They are not the attempts': with
+``--retry-failed`` a failed attempt run again is not counted, and averaging attempts made the
+bar read 0.490 where the summary said 0.5556.
 
-Cost: the driver calls the display at most every 0.5 s, and the executor wrapper adds two
-additions per rollout, so the display costs nothing that grows with the rollouts.
+Cost: the driver calls the display at most every 0.5 s and counts each rollout with a few
+additions, so the display costs nothing that grows with the rollouts.
 """
 
 from __future__ import annotations
@@ -18,62 +20,14 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TextIO
 
-from .._core.task import Task
 from .._driver.driver import Progress
-from .._hosting.executor import Executor
-from .._hosting.spec import RolloutSpec
-from .._record.trace import Trace
 from .extras import installed
 
 PLAIN_EVERY = 5.0
 """Seconds between plain progress lines (not a terminal)."""
-
-
-class Watched(Executor):
-    """``inner``, counting the reward of every trace it hands back (for the running mean);
-    everything else is ``inner``'s."""
-
-    def __init__(self, inner: Executor) -> None:
-        self.inner = inner
-        self.traces = 0
-        self.reward_sum = 0.0
-
-    async def run(self, spec: RolloutSpec) -> Trace:
-        trace = await self.inner.run(spec)
-        self.traces += 1
-        reward = trace.reward if trace.ok else 0.0
-        self.reward_sum += reward if reward == reward else 0.0  # NaN: a failure, recorded as one
-        return trace
-
-    @property
-    def max_in_flight(self) -> int | None:
-        return self.inner.max_in_flight
-
-    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False) -> None:
-        if interrupt:
-            await self.inner.set_policy(version, paused, interrupt=True)
-        else:  # an executor written before interrupts takes two arguments
-            await self.inner.set_policy(version, paused)
-
-    def statistics(self) -> dict[str, Any]:
-        return self.inner.statistics()
-
-    async def live(self) -> dict[str, Any]:
-        return await self.inner.live()
-
-    async def prepare(self, upcoming: Sequence[Task], admitted: Sequence[Task] = ()) -> None:
-        await self.inner.prepare(upcoming, admitted)  # eval's warm pools: issue 23
-
-    @property
-    def looks_ahead(self) -> bool:
-        return self.inner.looks_ahead
-
-    @property
-    def mean_reward(self) -> float | None:
-        return self.reward_sum / self.traces if self.traces else None
 
 
 class ProgressDisplay:
@@ -81,16 +35,14 @@ class ProgressDisplay:
 
     Args:
         stream: where to write (a terminal gets a live bar).
-        watched: where the running mean reward comes from (optional).
         clock: seconds, monotonic (a test passes a fake one).
         tty: a live bar (if tqdm is installed); default: ``stream.isatty()``.
         started: where ``wall`` counts from, on ``clock`` (default: now).
     """
 
-    def __init__(self, stream: TextIO, watched: Watched | None = None, *,
-                 clock: Callable[[], float] = time.monotonic, tty: bool | None = None,
+    def __init__(self, stream: TextIO, *, clock: Callable[[], float] = time.monotonic, tty: bool | None = None,
                  started: float | None = None) -> None:
-        self.stream, self.watched, self.clock = stream, watched, clock
+        self.stream, self.clock = stream, clock
         self.tty = (stream.isatty() if tty is None else tty) and installed("tqdm")
         self.started = clock() if started is None else started
         self._first: tuple[float, int] | None = None  # (when, done) at the first finished rollout
@@ -114,9 +66,8 @@ class ProgressDisplay:
         total = None if p.total is None else p.total - p.skipped
         rate = self.rate(p.done)
         eta = None if total is None or not rate else max(total - p.done, 0) / rate
-        mean = self.watched.mean_reward if self.watched is not None else None
         return {"done": p.done, "total": total, "failed": p.failed, "in_flight": p.in_flight,
-                "mean_reward": mean, "wall": now - self.started, "rate": rate, "eta": eta}
+                "mean_reward": p.mean_reward, "wall": now - self.started, "rate": rate, "eta": eta}
 
     def update(self, p: Progress) -> None:
         f = self.fields(p)

@@ -5,7 +5,7 @@ token or time limit): the CLI fills what neither its flags nor the taskset's con
 ``DEFAULT_MAX_TURNS`` and ``DEFAULT_AGENT_TIMEOUT``, and its summary says which budgets held.
 Its summary also says where rollouts ran when ``--runtime auto`` fell back to ``LocalRuntime``
 (which isolates nothing: a program reads what the host's user reads), as the start does; and
-``--runtime sandbox`` refuses to start where the sandbox cannot run, never falling back.
+``--runtime NAME`` refuses to start where that provider cannot run, never falling back.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from .._driver.eval_config import EvalConfig
 from .._errors import UsageError
 from .._runtimes.host import runtime_kind
-from .._runtimes.sandbox import sandbox_unavailable
+from .._runtimes.providers import AUTO, AUTO_ORDER, provider
 
 DEFAULT_MAX_TURNS = 100
 """Model calls per rollout when neither ``--max-turns`` nor the taskset's config sets them."""
@@ -58,24 +58,39 @@ def budgets_line(config: EvalConfig, defaulted: list[str]) -> str:
 def runtime_line(requested: str) -> str:
     """The summary's line of where rollouts ran, saying so when nothing isolated them."""
     kind, reason = runtime_kind(requested)
+    chosen = provider(kind)
     if reason is not None:
-        return (f"runtime  LocalRuntime: --runtime auto fell back, no sandbox on this machine ({reason}); "
+        return (f"runtime  {chosen.label}: --runtime {AUTO} fell back, no {AUTO_ORDER[0]} on this machine ({reason}); "
                 "rollouts were isolated neither from each other nor from the host")
-    if kind == "local":
-        return "runtime  LocalRuntime (--runtime local): rollouts isolated neither from each other nor from the host"
-    return "runtime  sandbox"
+    if not chosen.capabilities.isolation:
+        return f"runtime  {chosen.label} (--runtime {kind}): rollouts isolated neither from each other nor from the host"
+    return f"runtime  {chosen.label}"
 
 
-def check_sandbox(requested: str, *, remote: bool) -> None:
-    """``--runtime sandbox`` on a machine that cannot run it is refused before anything
-    starts (on a remote cluster, ``remote``, its nodes are not this machine's to judge).
+def check_runtime(requested: str, *, remote: bool) -> None:
+    """``--runtime NAME`` on a machine that cannot run that provider is refused before
+    anything starts (on a remote cluster, ``remote``, its nodes are not this machine's to
+    judge); ``auto`` falls back instead, saying so.
 
     Raises:
         UsageError: naming the reason, and ``--runtime local`` as the way to run unisolated.
     """
-    if requested != "sandbox" or remote:
+    if requested == AUTO or remote:
         return
-    reason = sandbox_unavailable()
+    reason = provider(requested).unavailable()
     if reason is not None:
-        raise UsageError(f"--runtime sandbox: this machine cannot run the sandbox ({reason}); install what it "
-                         "needs, or pass --runtime local to run rollouts without isolation")
+        raise UsageError(f"--runtime {requested}: this machine cannot run the {requested} ({reason}); install what "
+                         "it needs, or pass --runtime local to run rollouts without isolation")
+
+
+def nodes_line(requested: str, lacking: dict[str, str], nodes: int) -> str | None:
+    """One line saying which nodes of a remote cluster cannot run the requested kind (``None``:
+    every node can), and what their rollouts get."""
+    if not lacking:
+        return None
+    address, reason = next(iter(lacking.items()))
+    kind = AUTO_ORDER[0] if requested == AUTO else requested
+    then = (f"rollouts there run in the {AUTO_ORDER[-1]} runtime, isolated neither from each other nor from the host"
+            if requested == AUTO else "rollouts there fail; pass --runtime local to run them without isolation")
+    return (f"rollout-ray: {len(lacking)} of {nodes} nodes cannot run the {kind} runtime ({address}: {reason}): "
+            f"{then} (pod security: docs/runtime-providers.md)")

@@ -58,16 +58,24 @@ def served_model(url: str, api_key: str | None, timeout: float = 10.0) -> str:
     """The one model the server at ``url`` serves (its ``/models``), for ``--model-url`` without ``--model``.
 
     Raises:
-        UsageError: the server cannot be asked, or serves none or several (they are listed).
+        UsageError: the server is unreachable, cannot list its models, or serves none or
+            several (they are listed).
     """
     request = urllib.request.Request(url.rstrip("/") + "/models",
                                      headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             ids = [m["id"] for m in json.load(response)["data"]]
-    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as e:
+    except urllib.error.HTTPError as e:  # it answers, but not with its models: naming one is the way
+        raise UsageError(f"--model-url {url}: cannot list its models (GET /models: HTTP {e.code} {e.reason}); "
+                         "pass --model NAME") from None
+    except (urllib.error.URLError, OSError) as e:  # nothing answers: a name would not help
         reason = getattr(e, "reason", None) or e
-        raise UsageError(f"--model-url {url}: cannot list its models ({reason}); pass --model NAME") from None
+        raise UsageError(f"--model-url {url}: the server is unreachable ({reason}); start it, or check the "
+                         "URL") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"--model-url {url}: cannot list its models (GET /models is not an OpenAI model list: "
+                         f"{type(e).__name__}: {e}); pass --model NAME") from None
     if len(ids) != 1:
         listed = ", ".join(ids) if ids else "none"
         raise UsageError(f"--model-url {url} serves {len(ids)} models ({listed}); pass --model NAME")

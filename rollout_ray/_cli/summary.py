@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._driver.finalize import counted_reward, pass_at_k
+from .._driver.finalize import counted_reward, judge_columns, pass_at_k
 from .._errors import SchemaMismatch
 from .._record.store import read_run
 
@@ -32,8 +32,9 @@ MESSAGE_CHARS = 160
 
 def summarize(samples: pa.Table, groups: pa.Table, *, timing: dict[str, float | None] | None = None,
               status: str = "completed", reason: str = "") -> dict[str, Any]:
-    """The run's numbers: counts, reward, pass@k, the task's metrics, stops, errors (each
-    type's count and first message), the judge's failures, span quantiles, tokens, time.
+    """The run's numbers: counts, reward, pass@k, the task's metrics, the judge's columns, stops,
+    errors (each type's count and first message), the judge's failures, span quantiles, tokens,
+    time.
 
     A failed rollout counts as reward 0 and not passing (``FAILED_RULE``), as in ``finalize``.
     ``pass_at`` holds every k the groups' sample count allows (1, 2, 4, ... and n) and any
@@ -56,6 +57,7 @@ def summarize(samples: pa.Table, groups: pa.Table, *, timing: dict[str, float | 
         "mean_reward": sum(rewards) / len(rewards) if rewards else math.nan,
         "pass_at": _pass_at(groups),
         "metrics": _metrics(samples),
+        "judge": _judged(samples),
         "stop_conditions": dict(Counter(samples["stop_condition"].to_pylist()).most_common()) if n else {},
         "error_types": dict(Counter(e for e in errors if e).most_common()),
         "first_errors": _first_messages(errors, samples["error_message"].to_pylist()
@@ -150,6 +152,17 @@ def _metrics(samples: pa.Table) -> dict[str, tuple[float, float, float]]:
     return {name: (sum(v) / len(v), _quantile(v, 0.5), _quantile(v, 0.95)) for name, v in sorted(found.items())}
 
 
+def _judged(samples: pa.Table) -> dict[str, tuple[float, float, float]]:
+    """Each column the group judge added (``reward_*`` / ``metric_*``): its mean, p50 and p95
+    over the rollouts it gave a value (not None, not NaN)."""
+    out = {}
+    for name in sorted(judge_columns(samples.column_names) if samples.num_rows else []):
+        values = [v for v in samples[name].to_pylist() if isinstance(v, (int, float)) and not math.isnan(v)]
+        if values:
+            out[name] = (sum(values) / len(values), _quantile(values, 0.5), _quantile(values, 0.95))
+    return out
+
+
 def _span_of_run(samples: pa.Table) -> dict[str, float | None]:
     """What the stored spans tell of the run's time: from the first rollout's start to the
     last one's end (``span``; a resumed run's includes the pause), and the rollouts over it."""
@@ -181,6 +194,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary.get("metrics"):
         lines.append("metrics (mean / p50 / p95)")
         for name, (mean, p50, p95) in summary["metrics"].items():
+            lines.append(f"  {name:<22} {mean:10.4f} {p50:10.4f} {p95:10.4f}")
+    if summary.get("judge"):
+        lines.append("judge columns (mean / p50 / p95, over the rollouts it gave a value)")
+        for name, (mean, p50, p95) in summary["judge"].items():
             lines.append(f"  {name:<22} {mean:10.4f} {p50:10.4f} {p95:10.4f}")
     lines.append("stop conditions  " + _counts(summary["stop_conditions"]))
     lines.append("error types  " + (_counts(summary["error_types"]) or "none"))

@@ -38,6 +38,27 @@ def import_taskset(ref: str) -> ModuleType:
     return module
 
 
+def import_v1_taskset(ref: str, limit: int | None = None) -> ModuleType:
+    """A verifiers v1 taskset as a taskset of ours (``rollout_ray._verifiers``).
+
+    Raises:
+        UsageError: verifiers is not installed, loading ``ref`` raised, or it asks for what is
+            not mapped yet (one line naming it).
+    """
+    from .._verifiers import v1_taskset
+
+    try:
+        return v1_taskset(ref, limit)
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "verifiers":
+            raise UsageError(f"importing {ref} raised {import_failure(e)}") from None
+        raise UsageError("--verifiers needs verifiers v1: pip install 'rollout_ray[verifiers]'") from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - the user's code: its failure is one line, not a traceback
+        raise UsageError(f"loading verifiers taskset {ref} raised {import_failure(e)}") from None
+
+
 def _import(ref: str) -> ModuleType:
     if not (ref.endswith(".py") or os.path.sep in ref):
         return importlib.import_module(ref)

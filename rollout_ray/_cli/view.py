@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable
 
 
 def add_view_arguments(p: argparse.ArgumentParser) -> None:
@@ -13,6 +14,17 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
     p.add_argument("--port", type=int, default=8765, help="port (0 picks a free one; default 8765)")
     p.set_defaults(run=_view)
+
+
+def run_tokenizer(model: object) -> Callable[[int], str] | None:
+    """The text of a token id for a run whose manifest records ``model``: the simulated
+    model's tokenizer for a run on it (``{"simulated": config}``, as eval and sweep record it);
+    ``None`` for a served model, whose tokenizer the viewer does not fetch."""
+    if isinstance(model, dict) and isinstance(model.get("simulated"), dict):
+        from .._simulated.tokenizer import token_text
+
+        return token_text
+    return None
 
 
 def _view(args: argparse.Namespace) -> int:
@@ -24,7 +36,7 @@ def _view(args: argparse.Namespace) -> int:
     from .summary import plot
 
     try:
-        viewer = Viewer(args.run_dirs, plot=plot if installed("matplotlib") else None)
+        viewer = Viewer(args.run_dirs, plot=plot if installed("matplotlib") else None, tokenizer=run_tokenizer)
     except NotARunDirectory as exc:
         print(f"rollout-ray view: {exc}", file=sys.stderr)
         return 2

@@ -205,7 +205,8 @@ async def resolve(result: Any) -> Any:
 def classify(task: Any) -> dict[str, list[Hook]]:
     """The task's boundary hooks by where they attach, as ``RolloutSession`` takes them (B4).
 
-    Interceptors are only the task's decorated ``@intercept`` methods; stops are its
+    Interceptors are the task's ``hooks("intercept")`` (its decorated ``@intercept`` methods,
+    unless a task class supplies them otherwise, as the verifiers adapter does); stops are its
     ``hooks("stop")`` (decorated and plugged).
 
     Raises:
@@ -215,7 +216,7 @@ def classify(task: Any) -> dict[str, list[Hook]]:
         "trace_stops": [], "request_stops": [], "response_stops": [],
         "request_interceptors": [], "response_interceptors": [],
     }  # fmt: skip
-    for hook in discover(task, "intercept"):
+    for hook in task.hooks("intercept"):
         side = boundary_of(hook.fn, allow_trace=False, name=hook.name)
         sides["request_interceptors" if side is Request else "response_interceptors"].append(hook)
     for hook in task.hooks("stop"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
 from .._record.trace import Trace
 
@@ -25,6 +26,10 @@ class RolloutLimits:
     token cap still completes: caps are soft by one turn. The first cap reached, in field
     order, refuses the call and becomes the trace's ``stop_condition``.
     """
+
+    # Read by pydantic when a config (EvalConfig, TaskData.timeout) is filled from a dict: a
+    # misspelt key ("max_turn") is an error there, never a cap silently not set.
+    __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "forbid"}
 
     max_turns: int | None = None
     max_input_tokens: int | None = None
@@ -62,6 +67,8 @@ class RolloutTimeouts:
         finalize: task finalize.
         scoring: task and harness scoring together.
     """
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "forbid"}  # as RolloutLimits
 
     setup: float | None = None
     agent: float | None = None

@@ -41,12 +41,14 @@ from .._errors import (
     TurnRefused,
     UpstreamError,
 )
+from .._record.branching import tools_digest
 from .._record.graph import ConversationGraph, path_to
 from .._record.messages import (
     AssistantMessage,
     Message,
     Request,
     Response,
+    Tool,
     ToolMessage,
     UserMessage,
     message_hash,
@@ -118,6 +120,7 @@ class RolloutSession:
         self.sampling = dict(sampling or {})
         self.policy = policy or process_gate()
         self.graph = ConversationGraph(trace)
+        self._digests: list[tuple[list[Tool], str | None]] = []  # the last tool sets seen, newest first
         self.error: RolloutError | None = None
         """The latest model, tool or hook failure, stashed for the rollout (B30, B31)."""
         self.released = False
@@ -142,12 +145,15 @@ class RolloutSession:
 
     # -- the model route --------------------------------------------------------------------
 
-    async def chat(self, request: Request, params: dict[str, Any] | None = None) -> Response:
+    async def chat(self, request: Request, params: dict[str, Any] | None = None, *,
+                   endpoint: str = "/chat/completions", dropped: dict[str, str] | None = None) -> Response:
         """Run one model request through the whole pipeline and commit the turn.
 
         ``params`` are the harness's other request fields (``max_tokens``, ``tool_choice``,
-        ...): the allowed ones go upstream, under the rollout's sampling settings
-        (``_core/upstream_fields``).
+        ...) in Chat Completions' names: the allowed ones go upstream, under the rollout's
+        sampling settings (``_core/upstream_fields``). ``endpoint`` is the route the harness
+        spoke (recorded on the call), and ``dropped`` what of its request the proxy's dialect
+        could not translate, with why (recorded beside the fields not forwarded).
 
         Raises:
             SessionConcluded: the session was released.
@@ -165,9 +171,10 @@ class RolloutSession:
                 self._record_tools(request)
                 self.trace.stop(stop_name)
                 raise TurnRefused(stop_name)
-            return await self._sample(request, params or {})
+            return await self._sample(request, params or {}, endpoint, dropped or {})
 
-    async def _sample(self, request: Request, params: dict[str, Any]) -> Response:
+    async def _sample(self, request: Request, params: dict[str, Any], endpoint: str,
+                      untranslated: dict[str, str]) -> Response:
         policy = self.policy
         if policy.paused:  # a weight update: wait before anything goes upstream
             await policy.wait()
@@ -176,13 +183,15 @@ class RolloutSession:
         sampling, dropped = upstream_fields(params, self.sampling, extra=self.model.forward_fields,
                                             tokens_left=self._tokens_left())
         recorded = {k: v for k, v in sampling.items() if k in SAMPLING_FIELDS}
+        dropped = {**untranslated, **dropped}
         call = ModelCall(
             model=self.model_name,
             sampling=recorded or None,
-            endpoint="/chat/completions",
+            endpoint=endpoint,
             time=TimeSpan(start=time.time()),
             policy=policy.version,  # the server's own stamp, if any, replaces it (record_tokens)
             dropped=dropped or None,
+            tools_digest=self._tools_digest(request.tools),
         )
         self.calling.append(call)
         try:
@@ -225,7 +234,7 @@ class RolloutSession:
         token = SESSION_ID.set(self.trace.id)
         try:
             return await generate(self.model, request, name=self.model_name, sampling=sampling, policy=self.policy,
-                                  call=call, prefix=self._prefix(request), check_open=self._check_open)
+                                  call=call, prefix=self._prefix(request, call.tools_digest), check_open=self._check_open)
         except (RolloutError, Refusal):
             raise
         except Exception as e:
@@ -241,13 +250,21 @@ class RolloutSession:
             self.error = e
             raise
 
-    def _prefix(self, request: Request) -> tuple[list[int] | None, int]:
+    def _prefix(self, request: Request, tools: str | None) -> tuple[list[int] | None, int]:
         """The ids the request's branch already has, and how many of its messages they hold;
-        none when the tools changed since the last call (the prompt lists them)."""
+        none when the tools differ from those of the turn the ids end with (the prompt lists
+        them; a sub-agent's calls in between, with tools of their own, change nothing here)."""
         parent, _ = self.graph.resolve(request.messages)
-        if parent is None or (request.tools or []) != self.trace.tools:
+        if parent is None:
             return None, 0
-        return branch_prefix(self.trace, path_to(self.trace, parent))
+        ids, held = branch_prefix(self.trace, path := path_to(self.trace, parent))
+        if ids is None:
+            return None, 0
+        turn = path[held - 1]
+        call = next((c for c in reversed(self.trace.calls) if c.node == turn), None)
+        if call is None or call.tools_digest != tools:
+            return None, 0
+        return ids, held
 
     def _tokens_left(self) -> int | None:
         """Completion tokens the rollout's token caps still allow (``None``: no cap)."""
@@ -264,6 +281,21 @@ class RolloutSession:
             raise SessionConcluded()
         if self.trace.stopped:
             raise TurnRefused(self.trace.stop_condition or "stopped")
+
+    def _tools_digest(self, tools: list[Tool] | None) -> str | None:
+        """``tools_digest(tools)``, remembered for the last few tool sets: an agent sends the
+        same tools at every turn, and digesting Claude Code's (~76 KB of JSON) costs ~0.27 ms
+        where comparing them costs ~1 us; a few, as a sub-agent's calls interleave."""
+        if not tools:
+            return None
+        for k, (seen, digest) in enumerate(self._digests):
+            if seen == tools:
+                if k:
+                    self._digests.insert(0, self._digests.pop(k))
+                return digest
+        digest = tools_digest(tools)
+        self._digests = [(list(tools), digest), *self._digests[:3]]
+        return digest
 
     def _record_tools(self, request: Request) -> None:
         if request.tools:

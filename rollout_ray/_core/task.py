@@ -29,10 +29,12 @@ class TaskData(BaseModel):
     """One task row. Subclass it to add task fields (an answer, a repository, ...).
 
     ``prompt`` is a string, a list of OpenAI-style message dicts, or ``None`` when a user
-    opens the conversation (an interaction).
+    opens the conversation (an interaction). A key that is not a field is refused, never
+    dropped (upstream's ``TaskData`` ignores it, and the reward reading it then fails on every
+    rollout): declare it on a subclass.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     idx: int = 0
     """Position of the row in its taskset."""
@@ -76,7 +78,7 @@ class TaskData(BaseModel):
 class PluggedReward(BaseModel):
     """A reward plugged from config: a new function, or a new weight for a decorated one."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     fn: Callable[..., Any] | None = None
     """The scorer; ``None`` keeps the decorated method's body."""
@@ -109,7 +111,7 @@ class Judge:
 class TaskConfig(BaseModel):
     """Hooks plugged into a task without subclassing it."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     stops: dict[str, Callable[..., Any]] = Field(default_factory=dict)
     """Extra ``@stop`` hooks by name; one named like a decorated stop replaces it."""
@@ -131,11 +133,26 @@ class Task:
     wrote (``Runtime.claim_setup``; image sandboxes share it, other runtimes run it per sample)."""
 
     def __init__(self, data: TaskData | Mapping[str, Any], config: TaskConfig | None = None):
+        if isinstance(data, Mapping):
+            self._refuse_unknown_keys(data)
         self.data: TaskData = (
             data if isinstance(data, self.data_type) else self.data_type.model_validate(data)
         )
         self.config = config or TaskConfig()
         self._check_config()
+
+    @classmethod
+    def _refuse_unknown_keys(cls, data: Mapping[str, Any]) -> None:
+        # One line naming the key and what to declare, where pydantic's error would only say
+        # "Extra inputs are not permitted" under the key.
+        unknown = [key for key in data if key not in cls.data_type.model_fields]
+        if unknown and cls.data_type.model_config.get("extra") != "allow":  # a class that keeps them
+            raise ValueError(
+                f"{cls.__name__}: task data key {unknown[0]!r} is not a field of "
+                f"{cls.data_type.__name__}; declare it on a TaskData subclass "
+                f"(class MyData({cls.data_type.__name__}): {unknown[0]}: ...) and set "
+                f"{cls.__name__}.data_type = MyData"
+            )
 
     @property
     def hash(self) -> str:
@@ -162,8 +179,10 @@ class Task:
         """The task as a trace records it."""
         digest = self.hash
         key = digest if type(self).key is Task.key else self.key  # one hash per rollout, not two
+        data_cls = type(self.data)
         return TraceTask(type=type(self).__name__, key=key, hash=digest, idx=self.data.idx,
-                         data=self.data.model_dump(mode="json"))
+                         data=self.data.model_dump(mode="json"),
+                         data_cls=f"{data_cls.__module__}:{data_cls.__qualname__}")
 
     @property
     def setup_key(self) -> str | None:

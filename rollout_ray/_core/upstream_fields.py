@@ -37,7 +37,7 @@ def upstream_fields(params: Mapping[str, Any], operator: Mapping[str, Any], *, e
             continue  # the operator's value stands; not a drop
         if key not in allowed:
             dropped[key] = NOT_FORWARDED
-        elif key == "tool_choice" and value not in FORWARDED_TOOL_CHOICES and "tool_choice" not in extra:
+        elif key == "tool_choice" and not _unforced(value) and "tool_choice" not in extra:
             dropped[key] = FORCED_TOOL
         else:
             sent[key] = value
@@ -47,6 +47,11 @@ def upstream_fields(params: Mapping[str, Any], operator: Mapping[str, Any], *, e
     if tokens_left is not None:
         _clamp(sent, max(0, tokens_left))
     return sent, dropped
+
+
+def _unforced(choice: Any) -> bool:
+    # Compared as a string only: the object shape ({"type": "function", ...}) is unhashable.
+    return isinstance(choice, str) and choice in FORWARDED_TOOL_CHOICES
 
 
 def _one_alias(sent: dict[str, Any], operator: Mapping[str, Any], names: tuple[str, ...],

@@ -83,7 +83,8 @@ class Driver(PolicyOwner):
         run_dir: directory for the manifest and Parquet shards; ``None`` keeps results in memory.
         resume: continue the run in ``run_dir``: skip every (group, sample) already stored,
             except those that failed for infrastructure or provider reasons (redone, with
-            their earlier errors kept) unless ``keep_failed``; see ``RunDirectory``.
+            their earlier errors kept; with ``config.retry_failed``, every stored failure)
+            unless ``keep_failed``; see ``RunDirectory``.
         overwrite: replace the run stored in ``run_dir`` (only a run directory: one with a
             manifest; never through a symbolic link).
         judge: cross-trace hook for ``finalize`` (called once per group's table).
@@ -131,6 +132,8 @@ class Driver(PolicyOwner):
         self._finalizer: GroupFinalizer | None = None
         self._provider_streak = 0
         self._halt = asyncio.Event()
+        self._whole_groups = False
+        """A stop (not a circuit breaker's halt): the group being started is started whole."""
         self._last_report = 0.0
         self._done: set[tuple[str, int]] = set()
         self._redo: dict[tuple[str, int], RolloutRecord] = {}
@@ -192,7 +195,9 @@ class Driver(PolicyOwner):
         return RunResult(self.status, self.reason, samples, groups, self.run_dir, **counts)
 
     def run(self) -> RunResult:
-        """The run on an event loop of its own, for callers without one (blocks until it ends).
+        """The run on an event loop of its own, for callers without one (blocks until it ends);
+        returns its ``RunResult``, as ``arun`` does (status and reason, the samples and groups
+        tables, the run directory).
 
         What is bound to that loop ends with it: the executor is started and stopped around
         the run (pass one not started), and the model's connections are released
@@ -221,10 +226,13 @@ class Driver(PolicyOwner):
         return await self._steering.status()
 
     def stop(self, reason: str = "stopped") -> None:
-        """Admit no more rollouts: those in flight finish and are stored, and the run ends
-        ``halted`` with ``reason`` (a resume runs the rest)."""
+        """Admit no more groups: those in flight finish and are stored, and the run ends
+        ``halted`` with ``reason`` (a resume runs the rest). A group whose first samples have
+        started gets its others started too: a group is stored whole, and a sample of a group
+        left short would be counted done, never stored, and run again by the resume."""
         if not self._halt.is_set():
             self.status, self.reason = "halted", reason
+            self._whole_groups = True
             self._halt.set()
             self._admission.stop()
             self._slots.resume()
@@ -347,9 +355,9 @@ class Driver(PolicyOwner):
                     return
                 position, task, group_id, todo = group
                 self._admission.admit()
-                for sample_idx in todo:
+                for n, sample_idx in enumerate(todo):
                     await slots.acquire()
-                    if self._halt.is_set():
+                    if self._halt.is_set() and (n == 0 or not self._whole_groups):
                         slots.release()
                         return
                     self.progress.in_flight += 1
@@ -361,6 +369,7 @@ class Driver(PolicyOwner):
         config = {**self._manifest_config, "eval": self.config.model_dump(mode="json")}
         self._store = RunDirectory(self.run_dir, run_id=self.run_id, config=config, resume=self.resume_run,
                                    overwrite=self.overwrite, keep_failed=self.keep_failed,
+                                   retry_failed=self.config.retry_failed,
                                    samples_per_task=self.config.samples_per_task,
                                    rows_per_shard=self.config.rows_per_shard)
         self._store.open()
@@ -428,8 +437,7 @@ class Driver(PolicyOwner):
         self._pending[group_id] = fresh
         for record in stale:
             self.progress.stale += 1
-            self.progress.done -= 1
-            self.progress.failed -= not record.trace.ok
+            self.progress.count(record.trace.ok, record.trace.reward, sign=-1)
             self._tg.create_task(self._again(position, task, group_id, record.sample_idx))
         return None
 
@@ -453,9 +461,7 @@ class Driver(PolicyOwner):
         self.progress.retried += 1
 
     def _count(self, trace: Trace) -> None:
-        self.progress.done += 1
-        if not trace.ok:
-            self.progress.failed += 1
+        self.progress.count(trace.ok, trace.reward)
         last = trace.last_error
         if not trace.ok and last is not None and last.is_a(ProviderError):
             self._provider_streak += 1

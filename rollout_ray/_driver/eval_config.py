@@ -19,7 +19,7 @@ KeepGroup = Literal["nonzero_std"] | Callable[[pa.Table], bool]
 class EvalConfig(BaseModel):
     """How a run is driven (user config)."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True)
 
     samples_per_task: int = Field(1, ge=1)
     """n: rollouts per task; the samples of one task form a group."""

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from .._record.arrow import TRACE_SCHEMA
 from .bounded_call import JUDGE_TIMEOUT, call_within
 
-__all__ = ["FinalizeConfig", "Finalized", "GroupJudge", "counted_reward", "finalize", "pass_at_k"]
+__all__ = ["FinalizeConfig", "Finalized", "GroupJudge", "counted_reward", "finalize", "judge_columns", "pass_at_k"]
 
 GroupJudge = Callable[[pa.Table], "Mapping[str, Sequence[float | None]] | None"]
 """The cross-trace hook over one group's table (``Judge`` is the per-trace grader of a task)."""
@@ -279,6 +279,12 @@ def _apply_judge(
         samples = samples.drop_columns([name] if name in samples.column_names else [])
         samples = samples.append_column(name, pa.array(column, type=_F64, mask=~valid[name]))
     return samples
+
+
+def judge_columns(names: list[str]) -> list[str]:
+    """The columns among ``names`` a judge added: ``reward_*`` / ``metric_*`` and not a column
+    of every trace table (``reward_weights`` is one)."""
+    return [n for n in names if n.startswith(_JUDGE_PREFIXES) and n not in _TRACE_COLUMNS]
 
 
 def _judge_column(where: str, name: object, col: object, size: int) -> pa.Array:

@@ -31,7 +31,23 @@ class Progress:
     """Groups whose admission waited for the trainer to take groups or update (``admission``)."""
     rejected: int = 0
     """Groups stored but not streamed (``keep_rule``: the keep rule, or a sample lost on every attempt)."""
+    reward_sum: float = 0.0
+    """Σ reward of the rollouts counted in ``done``: each one's kept (stored) outcome, a failed
+    one as 0, as the summary counts it; a retried attempt's outcome is not in it."""
     started: float = field(default_factory=time.monotonic)
+
+    @property
+    def mean_reward(self) -> float | None:
+        """The running mean reward of the rollouts counted done (None before the first)."""
+        return self.reward_sum / self.done if self.done > 0 else None
+
+    def count(self, ok: bool, reward: float, sign: int = 1) -> None:
+        """Count a rollout's kept outcome as done (``sign=-1``: take back one counted before,
+        a stale sample dropped to run again). A failure, or a NaN reward, counts as reward 0."""
+        self.done += sign
+        self.failed += sign * (not ok)
+        if ok and reward == reward:
+            self.reward_sum += sign * reward
 
     @property
     def rate(self) -> float:

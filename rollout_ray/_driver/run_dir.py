@@ -6,7 +6,8 @@ settings that decide what a rollout is (samples, limits, timeouts, model, sampli
 taskset) are those it was run with
 (``ResumeMismatch`` names the ones that differ; how many run at once may change). A resume
 knows which ``(group_id, sample_idx)`` are done; a stored rollout that failed because the
-infrastructure or the model provider failed is *redone* unless ``keep_failed``, and the
+infrastructure or the model provider failed is *redone* unless ``keep_failed`` (with
+``retry_failed``, every stored failure is: a task or harness failure too), and the
 errors of its earlier attempts go onto its new trace (its attempts numbered on from them).
 Stored samples of groups left incomplete are reloaded, so those groups finalize with their
 new samples. A group id starts with its task's position in the taskset (``group_id_of``):
@@ -57,14 +58,18 @@ class RunDirectory:
             followed.
         keep_failed: on resume, keep rollouts that failed for infrastructure or provider
             reasons instead of redoing them.
+        retry_failed: on resume (unless ``keep_failed``), redo every stored failure, a task
+            or harness failure too (``EvalConfig.retry_failed``: the run retries them).
         samples_per_task: n, to know which stored groups are incomplete.
         rows_per_shard: as ``ShardWriter``.
     """
 
     def __init__(self, path: str, *, run_id: str, config: dict[str, Any], resume: bool, keep_failed: bool,
-                 samples_per_task: int, rows_per_shard: int, overwrite: bool = False) -> None:
+                 samples_per_task: int, rows_per_shard: int, overwrite: bool = False,
+                 retry_failed: bool = False) -> None:
         self.path, self.run_id, self.config = path, run_id, config
         self.resume, self.keep_failed, self.overwrite = resume, keep_failed, overwrite
+        self.retry_failed = retry_failed
         self.samples_per_task, self.rows_per_shard = samples_per_task, rows_per_shard
         self.done: set[Key] = set()
         """Samples stored and not to be redone."""
@@ -140,14 +145,7 @@ class RunDirectory:
             self._lock.release()
 
     def _check_settings(self, stored: dict[str, Any]) -> None:
-        def decisive(config: dict[str, Any]) -> dict[str, Any]:
-            eval_config = config.get("eval", {})
-            return {**{k: v for k, v in config.items() if k != "eval"},
-                    "eval": {k: eval_config.get(k) for k in RESULT_SETTINGS}}
-
-        changed = changed_settings(decisive(stored), decisive(self.config))
-        if changed:
-            raise ResumeMismatch(self.path, changed)
+        check_settings(self.path, stored, self.config)
 
     def _restore(self) -> None:
         outcomes = stored_outcomes(self.path)
@@ -155,7 +153,8 @@ class RunDirectory:
             position = _position(group_id)
             if position is not None:
                 self.groups_at.setdefault(position, set()).add(group_id)
-        redo = set() if self.keep_failed else {k for k, (ok, error) in outcomes.items() if not ok and redoable(error)}
+        redo = set() if self.keep_failed else {k for k, (ok, error) in outcomes.items()
+                                               if not ok and (self.retry_failed or redoable(error))}
         self.done = set(outcomes) - redo
         counts = Counter(group for group, _ in self.done)
         partial = sorted({g for g, _ in redo} | {g for g, c in counts.items() if c < self.samples_per_task})
@@ -252,6 +251,33 @@ def redoable(error_type: str | None) -> bool:
     The run's scalar columns keep the stored error's type name only, so the record asks this
     process for its class (a taskset's own subclass is known once the taskset is imported)."""
     return error_type is not None and ErrorRecord(error_type, "").is_a((InfrastructureLost, ProviderError))
+
+
+def check_settings(path: str, stored: dict[str, Any], planned: dict[str, Any]) -> None:
+    """Refuse to resume the run in ``path``, made with the manifest config ``stored``, with
+    ``planned`` (the config a driver would record: ``taskset``, ``model``, ``eval``, ...) when a
+    setting that decides what a rollout is differs (``RESULT_SETTINGS``; all but ``eval``'s
+    other fields). Eval calls it before Ray starts; ``RunDirectory.open`` again, for drivers.
+
+    Raises:
+        ResumeMismatch: naming each setting that differs, with its stored and given values.
+    """
+    def decisive(config: dict[str, Any]) -> dict[str, Any]:
+        eval_config = config.get("eval", {})
+        return {**{k: v for k, v in config.items() if k != "eval"},
+                "eval": {k: eval_config.get(k) for k in RESULT_SETTINGS}}
+
+    values = _changed_values(decisive(stored), decisive(planned))
+    if values:
+        raise ResumeMismatch(path, list(values), values=values)
+
+
+def _changed_values(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """``changed_settings`` with each path's ``(old, new)`` values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {path: pair for k in sorted(old.keys() | new.keys(), key=str)
+                for path, pair in _changed_values(old.get(k), new.get(k), f"{prefix}{k}.").items()}
+    return {} if old == new else {prefix.rstrip("."): (old, new)}
 
 
 def changed_settings(old: Any, new: Any, prefix: str = "") -> list[str]:

@@ -3,7 +3,9 @@
 The program finds everything in its environment:
 
 * ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``: the rollout's model endpoint (ends in ``/v1``)
-  and bearer, so any OpenAI SDK works unchanged;
+  and bearer, so any OpenAI SDK works unchanged (Chat Completions or Responses);
+* ``ANTHROPIC_BASE_URL`` / ``ANTHROPIC_API_KEY``: the same proxy and key for the
+  ``anthropic`` SDK and Claude Code (which add ``/v1/messages`` themselves);
 * ``ROLLOUT_RAY_TOOLS``: JSON ``{server name: url}`` of the tool servers (see ``_serving/tool_server``);
 * ``ROLLOUT_RAY_MCP``: the same tool servers as MCP servers, in the ``.mcp.json`` shape MCP
   clients read (``{"mcpServers": {name: {"type": "http", "url": ...}}}``, each URL carrying the
@@ -110,6 +112,8 @@ class ProgramHarness(Harness):
             **self.env,
             "OPENAI_BASE_URL": ctx.endpoint,
             "OPENAI_API_KEY": ctx.secret,
+            "ANTHROPIC_BASE_URL": ctx.endpoint.removesuffix("/v1"),
+            "ANTHROPIC_API_KEY": ctx.secret,
             "ROLLOUT_RAY_TOOLS": json.dumps(ctx.tool_urls),
             "ROLLOUT_RAY_MCP": json.dumps(mcp_servers(ctx.tool_urls)),
             "ROLLOUT_RAY_INPUT": path,

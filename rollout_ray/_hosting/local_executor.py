@@ -26,8 +26,8 @@ class LocalExecutor(Executor):
     """The lifecycle core in this event loop, behind a real HTTP proxy and tool server.
 
     ``runtime`` is the kind of the runtimes rollouts own: ``"auto"`` (the sandbox where the
-    machine runs one, else local; ``runtime_reason`` then says why), ``"local"`` or
-    ``"sandbox"``. A runtime starts on its first use (``LazyRuntime``): a rollout that never
+    machine runs one, else local; ``runtime_reason`` then says why) or any provider's name
+    (``_runtimes/providers.py``: ``"local"``, ``"sandbox"``, ``"podman"``, ...). A runtime starts on its first use (``LazyRuntime``): a rollout that never
     runs a program costs no directory, no cgroup.
 
     Owned runtimes live on an in-process ``RuntimeHost``, so that if this process is killed

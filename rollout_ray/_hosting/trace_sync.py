@@ -29,10 +29,10 @@ id, task, agent, version   rollout          out at registration (never change af
 rewards, metrics, info     rollout          out at registration (setup may write them);
                                             scoring runs on the owner after close
 ok, errors, timing         rollout          never (the rollout records failures itself)
+extra_usage, verifiers     rollout          never (judges run in scoring, on the owner;
+                                            the build is the owner's)
 user_turns                 rollout          never (the simulated user speaks between
                                             segments, in the rollout's process)
-(extra_usage)              nobody           dropped: no side ever wrote it (a judge's usage,
-                                            off the graph); old traces with it still read
 =========================  ===============  ===============================================
 
 When: out once, at registration (after setup, so the copy sees what setup wrote); back after

@@ -68,8 +68,8 @@ class RayExecutor(Executor):
             actor's own: those may pin it to a node that is gone, and an actor that cannot be
             placed would hold its rollouts forever. Default: spread.
         runtime: the kind of the runtimes rollouts own: ``"auto"`` (the sandbox where the
-            nodes run one; ``runtime_reason`` says why not, as seen from this machine),
-            ``"local"`` or ``"sandbox"``.
+            nodes run one; ``runtime_reason`` says why not, as seen from this machine), or
+            any provider's name (``"local"``, ``"sandbox"``, ``"podman"``, ...).
         probe_interval / probe_timeout: how often each actor is pinged, and how long it may
             take to answer before it counts as hung.
         sandbox_starts: the cluster's cap on sandbox starts (at once, a second), shared by every

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -56,20 +57,66 @@ after 1 s, then 3 s; a cluster that takes longer to accept one is not usable any
 
 def check_reachable(address: str, timeout: float = REACH_TIMEOUT) -> None:
     """Raise ``RayUnreachable`` unless something accepts a TCP connection at ``address``
-    (``host:port`` or ``ray://host:port``; ``auto`` and ``local`` are Ray's to resolve).
+    (``host:port`` or ``ray://host:port``; ``auto`` and ``local`` are Ray's to resolve) and
+    answers a gRPC hello as Ray's services do (``check_grpc``).
 
     ``ray.init`` on a dead address retries for ~40 s, printing C++ warnings about the
-    machine's own address where the user typed 127.0.0.1; this says it in one line at once.
+    machine's own address where the user typed 127.0.0.1; on a port where something else
+    listens it waited forever (an HTTP server) or failed after ~20 s with a long traceback.
+    This says it in one line, within ``timeout`` seconds.
     """
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         return
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
     except TimeoutError:
         raise RayUnreachable(address, f"no answer within {timeout:g}s") from None
     except OSError as e:
         raise RayUnreachable(address, e.strerror or type(e).__name__) from None
+    with conn:
+        if os.environ.get("RAY_USE_TLS", "0").lower() not in ("1", "true"):  # TLS: no plaintext hello
+            check_grpc(conn, address, timeout)
+
+
+H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""HTTP/2's client preface and an empty SETTINGS frame: what a gRPC client sends first. Ray's
+GCS and its client server (``ray://``) are gRPC servers, which answer with a SETTINGS frame."""
+
+
+def check_grpc(conn: socket.socket, address: str, timeout: float) -> None:
+    """Raise ``RayUnreachable`` unless the server on ``conn`` answers ``H2_HELLO`` with an
+    HTTP/2 SETTINGS frame within ``timeout`` seconds; the error names what answered instead."""
+    conn.settimeout(timeout)
+    try:
+        conn.sendall(H2_HELLO)
+        answer = conn.recv(1024)
+    except TimeoutError:
+        raise RayUnreachable(address, f"something accepts connections there but did not answer a gRPC hello "
+                                      f"within {timeout:g}s: not a Ray cluster") from None
+    except OSError as e:
+        raise RayUnreachable(address, f"the connection was reset at a gRPC hello ({e.strerror or type(e).__name__}): "
+                                      "not a Ray cluster") from None
+    if len(answer) >= 9 and answer[3] == 4:  # a frame header whose type is SETTINGS
+        return
+    if not answer:
+        raise RayUnreachable(address, "something accepts connections there but closed at a gRPC hello: "
+                                      "not a Ray cluster")
+    raise RayUnreachable(address, f"{_what_answered(answer)}: not a Ray cluster")
+
+
+def _what_answered(answer: bytes) -> str:
+    """The server an answer came from, as far as its first bytes say."""
+    text = answer.decode("latin-1")
+    if text.lstrip()[:15].lower().startswith(("<!doctype html", "<html")):
+        # Python's http.server answers a version it does not speak as HTTP/0.9 did: a bare page.
+        title = re.search(r"<title>([^<]{1,60})", text, re.IGNORECASE)
+        return f"an HTTP server answered an HTML page{f' ({title.group(1).strip()!r})' if title else ''}"
+    if not text.startswith("HTTP/"):
+        return f"something answered that is not gRPC ({answer[:32]!r})"
+    lines = text.split("\r\n")
+    server = next((line.split(":", 1)[1].strip() for line in lines if line.lower().startswith("server:")), "")
+    return f"an HTTP server{f' ({server[:60]})' if server else ''} answered {lines[0][:60]!r}"
 
 
 LEAN_SKIPS = ("start_monitor", "start_log_monitor", "start_api_server")

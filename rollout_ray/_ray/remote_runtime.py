@@ -14,7 +14,7 @@ from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import InfrastructureLost, RuntimeStopped, SandboxError
 from .._hosting.lazy_runtime import LazyRuntime
 from .._record.trace import RuntimeInfo
-from .._runtimes.sandbox import SandboxRuntime, sandbox_url
+from .._runtimes.providers import provider
 from .calls import call
 
 CALL_TIMEOUT = 60.0
@@ -85,14 +85,14 @@ class RemoteRuntime(Runtime):
 
     @property
     def enforces(self) -> frozenset[str]:  # type: ignore[override]
-        return SandboxRuntime.enforces if self.type == "sandbox" else frozenset()
+        return provider(self.type).enforces
 
     def host_url(self, url: str) -> str:
-        return sandbox_url(url) if self.type == "sandbox" else url
+        return provider(self.type).host_url(url)
 
     async def prepare_execution(self, routes: Sequence[str] | None) -> None:
-        # A local runtime has no network policy; a sandbox's is closed until its routes are set.
-        if self.type == "sandbox":
+        # A kind without routes has no network policy; one with is closed until its routes are set.
+        if provider(self.type).capabilities.routes:
             await self._provision()
             await self._call("prepare_execution", self.name, list(routes) if routes is not None else None)
 

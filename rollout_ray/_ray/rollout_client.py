@@ -242,7 +242,7 @@ class RolloutActor:
     def create(cls, *, capacity: int = 1, runtime: str = "auto", policy: tuple[int | None, bool] | None = None,
                **options: Any) -> RolloutActor:
         """Start the actor. ``runtime`` is the kind of the runtimes its rollouts own
-        (``"auto"``, ``"local"`` or ``"sandbox"``); ``policy`` is the ``(version, paused)`` it
+        (``"auto"`` or a provider's name); ``policy`` is the ``(version, paused)`` it
         starts with; ``options`` go to ``.options()`` (e.g. a scheduling strategy)."""
         runtime_kind(runtime)  # an unknown kind fails here, not in the actor
         owner = uuid.uuid4().hex

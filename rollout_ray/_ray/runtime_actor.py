@@ -36,7 +36,7 @@ class RuntimeActor:
 
     @classmethod
     def create(cls, *, kind: str = "auto", **options: Any) -> RuntimeActor:
-        """A pool of ``kind`` runtimes (``"auto"``, ``"local"`` or ``"sandbox"``)."""
+        """A pool of ``kind`` runtimes (``"auto"`` or a provider's name: ``_runtimes/providers.py``)."""
         return cls(RuntimeActorClass.options(**options).remote(kind=kind))
 
     async def runtime(self, name: str | None = None) -> RemoteRuntime:

@@ -31,6 +31,11 @@ nulls there.
 In version 3 the ids are stored once: a row's ``trace`` blob leaves out the ids and
 logprobs its token columns hold, and ``table_to_traces`` puts them back from those columns
 (``token_store.py``). Blobs of versions 1 and 2 hold their ids and are read as they are.
+
+Schema version 5 appended the branches: ``branches`` (int32), how many root-to-leaf branches
+the conversation has (one per ``token_branch`` value), and ``branch_reasons``
+(list<string>), why each exists (``main``, ``subagent``, ``compaction``, ``resample``,
+``edit``: ``branching.py``). Tables of versions 1 to 4 lack them and are read with nulls.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._errors import SchemaMismatch
+from .branching import branch_reasons
 from .token_store import has_stored_ids, restore_rows, without_ids
 from .tokens import TokenSequence, has_tokens, policy_range, token_drift, token_sequences
 from .trace import ErrorRecord, Trace
@@ -56,7 +62,7 @@ from .wire import wire_message
 # WARNING: the schema evolves by appending columns at the end of TRACE_SCHEMA, never by
 # retyping, renaming or reordering one. Bump only for an incompatible change: a reader refuses
 # a table whose version is newer than the one it knows.
-ARROW_SCHEMA_VERSION = 4
+ARROW_SCHEMA_VERSION = 5
 
 VERSION_KEY = b"rollout_ray.schema_version"
 """The schema-metadata key holding ``ARROW_SCHEMA_VERSION`` (ASCII digits)."""
@@ -114,9 +120,10 @@ _ATTEMPT = pa.struct([pa.field("attempt", pa.int32()), pa.field("errors", pa.lis
 _HISTORY_FIELDS = [pa.field("attempts", pa.list_(_ATTEMPT))]
 _POLICY_TOKEN_FIELD = pa.field("token_policy", pa.list_(pa.list_(pa.int32())))
 _POLICY_FIELDS = [_POLICY_TOKEN_FIELD, pa.field("policy_min", pa.int64()), pa.field("policy_max", pa.int64())]
+_BRANCH_FIELDS = [pa.field("branches", pa.int32()), pa.field("branch_reasons", pa.list_(pa.string()))]
 
 TRACE_SCHEMA: pa.Schema = pa.schema(
-    _SCALAR_FIELDS + _CONVERSATION_FIELDS + _HISTORY_FIELDS + _POLICY_FIELDS,
+    _SCALAR_FIELDS + _CONVERSATION_FIELDS + _HISTORY_FIELDS + _POLICY_FIELDS + _BRANCH_FIELDS,
     metadata={VERSION_KEY: str(ARROW_SCHEMA_VERSION).encode()},
 )
 """One row per rollout; see the module docstring for the column sets."""
@@ -138,8 +145,11 @@ HISTORY_COLUMNS: tuple[str, ...] = tuple(f.name for f in _HISTORY_FIELDS)
 POLICY_COLUMNS: tuple[str, ...] = ("policy_min", "policy_max")
 """The oldest and newest policy version a rollout sampled with (small; null: none recorded)."""
 
+BRANCH_COLUMNS: tuple[str, ...] = tuple(f.name for f in _BRANCH_FIELDS)
+"""How many branches a rollout's conversation has and why each exists (small)."""
+
 _ADDED_IN = {**dict.fromkeys(TOKEN_COLUMNS[:5], 2), **dict.fromkeys(HISTORY_COLUMNS, 3),
-             **dict.fromkeys(("token_policy", *POLICY_COLUMNS), 4)}
+             **dict.fromkeys(("token_policy", *POLICY_COLUMNS), 4), **dict.fromkeys(BRANCH_COLUMNS, 5)}
 """Columns appended after version 1, by the version that added them."""
 
 _SCHEMA_NAMES = frozenset(TRACE_SCHEMA.names)
@@ -226,6 +236,7 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
     last_errors = [h[-1][-1] if h[-1] else None for h in history]
     timings = [t.timing for t in traces]
     ranges = [policy_range(t) for t in traces]
+    why = [branch_reasons(t) for t in traces]
     columns: dict[str, Any] = {
         "run_id": [r.run_id for r in records],
         "rollout_id": [t.id for t in traces],
@@ -271,6 +282,8 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
         "attempts": [_attempts_row(r.attempt, h) for r, h in zip(records, history)],
         "policy_min": [low for low, _ in ranges],
         "policy_max": [high for _, high in ranges],
+        "branches": [len(reasons) for reasons in why],
+        "branch_reasons": why,
     }
     arrays = [_to_array(columns[f.name], f.type) for f in TRACE_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=TRACE_SCHEMA)

@@ -11,6 +11,7 @@ branch is a root-to-leaf path. A linear chat is one branch. The parts are define
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from .branching import branch_reasons
 from .graph import Branch, branches, leaves, path_to
 from .messages import AssistantMessage, Message, Tool, ToolMessage, Usage, text_of
 from .tokens import token_drift
@@ -35,6 +37,12 @@ from .trace_parts import Timing as Timing
 from .trace_parts import ToolCallRecord as ToolCallRecord
 from .trace_parts import TraceTask as TraceTask
 from .trace_parts import UserTurn as UserTurn
+from .trace_parts import VersionInfo as VersionInfo
+from .trace_parts import current_build
+
+RECORD_FLOAT_DECIMALS = 4
+"""Digits kept of per-token floats in ``to_record`` (upstream's default): a logprob within
+1e-4 of what the trainer saw, and far fewer bytes."""
 
 # WARNING: bump only for an incompatible change; the schema otherwise evolves by appending
 # fields with defaults at the end of a struct, never by retyping or reordering.
@@ -84,6 +92,11 @@ class Trace(msgspec.Struct, kw_only=True):
     errors: list[ErrorRecord] = msgspec.field(default_factory=list)
     timing: Timing = msgspec.field(default_factory=Timing)
     tool_calls: list[ToolCallRecord] = msgspec.field(default_factory=list)
+    extra_usage: list[Usage] = msgspec.field(default_factory=list)
+    """Usage of model calls made outside the agent's conversation (judges, through
+    ``record_judge_call``); not in ``usage``, which sums the agent's calls, as upstream."""
+    verifiers: VersionInfo = msgspec.field(default_factory=current_build)
+    """The build that recorded the trace (a trace read back keeps its recorded one)."""
     user_turns: list[UserTurn] = msgspec.field(default_factory=list)
     """A simulated user's turns (``Task.user_simulator``), apart from the policy's calls."""
 
@@ -97,6 +110,52 @@ class Trace(msgspec.Struct, kw_only=True):
     @property
     def last_error(self) -> ErrorRecord | None:
         return self.errors[-1] if self.errors else None
+
+    @property
+    def has_error(self) -> bool:
+        """True unless the rollout finished ``ok`` (upstream: ``not ok``)."""
+        return not self.ok
+
+    @property
+    def last_message(self) -> Message:
+        """The most recently stored message (the last node, whatever its branch).
+
+        Raises:
+            ValueError: the trace has no messages yet.
+        """
+        if not self.nodes:
+            raise ValueError("trace has no messages")
+        return self.nodes[-1].message
+
+    @property
+    def transcript(self) -> str:
+        """The last branch as text, one ``[role]`` block per message; tool outputs are
+        omitted, tool calls are shown as ``[tool_call name(arguments)]`` (upstream's form)."""
+        blocks: list[str] = []
+        for message in self.messages:
+            lines = [f"[{message.role}]"]
+            if isinstance(message, AssistantMessage):
+                if text := text_of(message.content):
+                    lines.append(text)
+                lines.extend(f"[tool_call {c.name}({c.arguments})]" for c in message.tool_calls or [])
+            else:
+                if isinstance(message, ToolMessage) and message.name:
+                    lines[0] = f"[{message.role} {message.name}]"
+                if text := text_of(message.content):
+                    lines.append(text)
+            blocks.append("\n".join(lines))
+        return "\n\n".join(blocks)
+
+    def to_record(self, float_decimals: int | None = RECORD_FLOAT_DECIMALS) -> dict[str, Any]:
+        """The trace as JSON-ready builtins (bytes as base64), per-token floats rounded to
+        ``float_decimals`` (``None`` keeps every digit). The msgpack wire stays lossless."""
+        record: dict[str, Any] = msgspec.to_builtins(self)
+        if float_decimals is not None:
+            for node in record["nodes"]:
+                for name in ("logprobs", "advantages"):
+                    if node.get(name) is not None:
+                        node[name] = [round(v, float_decimals) for v in node[name]]
+        return record
 
     @property
     def stopped(self) -> bool:
@@ -151,6 +210,12 @@ class Trace(msgspec.Struct, kw_only=True):
     @property
     def num_branches(self) -> int:
         return len(leaves(self))
+
+    @property
+    def branch_reasons(self) -> list[str]:
+        """Why each branch of ``branches`` exists: ``main``, ``subagent``, ``compaction``,
+        ``resample`` or ``edit`` (``branching.py``)."""
+        return branch_reasons(self)
 
     @property
     def messages(self) -> list[Message]:
@@ -231,6 +296,26 @@ class Trace(msgspec.Struct, kw_only=True):
 
     def record_reward(self, name: str, value: float, weight: float = 1.0) -> None:
         self.rewards[name] = Reward(float(value), float(weight))
+
+    def record_judge_call(self, *, name: str, request: Mapping[str, Any], response: Any) -> None:
+        """Record one judge exchange in ``info["judge_calls"]`` and its usage in ``extra_usage``.
+
+        ``response`` has ``text`` and optional ``usage`` (upstream's ``JudgeResponse``, or a
+        mapping of the same keys); further keys (``parsed``) are kept beside the message.
+        """
+        fields = dict(response) if isinstance(response, Mapping) else response.model_dump()
+        text = fields.pop("text")
+        usage = fields.get("usage")
+        if usage is not None:
+            usage = usage if isinstance(usage, Usage) else msgspec.convert(usage, Usage, from_attributes=True)
+            fields["usage"] = msgspec.to_builtins(usage)
+        self.info.setdefault("judge_calls", []).append({
+            "name": name,
+            "request": copy.deepcopy(dict(request)),
+            "response": {"message": msgspec.to_builtins(AssistantMessage(content=text)), **fields},
+        })
+        if usage is not None:
+            self.extra_usage.append(usage)
 
     def split_agent_time(self) -> None:
         """Split the agent span into model time (Σ call durations, clamped) and the rest."""

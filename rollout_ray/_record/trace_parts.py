@@ -8,6 +8,8 @@ Each evolves by appending fields with defaults at its end (``TRACE_VERSION``).
 from __future__ import annotations
 
 import builtins
+import functools
+import importlib.metadata
 import traceback as tb
 from typing import Any
 
@@ -145,6 +147,10 @@ class MessageNode(msgspec.Struct):
     original_digest: bytes | None = None
     """``message_hash`` of the message as it arrived, when it was cut: later requests, which
     carry it whole, still match it."""
+    is_content: list[bool] = msgspec.field(default_factory=list)
+    """Per id of ``token_ids``, whether it is the message's own content rather than chat
+    template scaffold (upstream's renderer attribution); empty when not attributed, as it is
+    for every node recorded here (the proxy sees the server's ids, not the renderer's)."""
 
 
 class ModelCall(msgspec.Struct):
@@ -177,6 +183,10 @@ class ModelCall(msgspec.Struct):
     dropped: dict[str, str] | None = None
     """Request fields the harness sent that did not go upstream, each with why
     (``_core/upstream_fields``)."""
+    tools_digest: str | None = None
+    """The digest of the request's tools (``branching.tools_digest``; ``None``: no tools): a
+    branch whose tools differ from the main branch's is a sub-agent's, and a turn is built on
+    an earlier turn's ids only if their tools are the same."""
 
 
 class TraceTask(msgspec.Struct):
@@ -187,6 +197,26 @@ class TraceTask(msgspec.Struct):
     hash: str | None = None
     idx: int | None = None
     data: dict[str, Any] = msgspec.field(default_factory=dict)
+    data_cls: str | None = None
+    """``module:QualName`` of the row's ``TaskData`` class: with ``data`` it rebuilds the row
+    (the interception's ``GET /task`` answers both, as upstream's ``cls`` and ``task``)."""
+
+
+class VersionInfo(msgspec.Struct):
+    """The build that recorded a trace: the ``rollout_ray`` version (upstream records its
+    ``verifiers`` build under the same name)."""
+
+    version: str
+    commit: str | None = None
+
+
+@functools.cache
+def current_build() -> VersionInfo:
+    """This process's ``rollout_ray`` build, read once (package metadata is a file read)."""
+    try:
+        return VersionInfo(version=importlib.metadata.version("rollout_ray"))
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return VersionInfo(version="unknown")
 
 
 class RuntimeInfo(msgspec.Struct):

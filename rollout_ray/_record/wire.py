@@ -148,7 +148,7 @@ def parse_request(body: bytes) -> tuple[Request, dict[str, Any], bool]:
     tools = [_to_tool(t) for t in wire.tools] if wire.tools else None
     params = {k: v for k, v in raw.items() if k not in _STRUCTURAL}
     for key, value in params.items():
-        _check_integers(value, key)
+        check_integers(value, key)
     n = params.get("n")
     if n is not None and n != 1:
         raise WireError(f"invalid request: `n` must be 1, got {n!r}: each model call of a rollout "
@@ -156,16 +156,17 @@ def parse_request(body: bytes) -> tuple[Request, dict[str, Any], bool]:
     return Request(messages, tools), params, wire.stream
 
 
-def _check_integers(value: Any, param: str) -> None:
-    """Params are recorded on the trace, whose msgpack holds 64-bit integers at most."""
+def check_integers(value: Any, param: str) -> None:
+    """A 400 naming ``param`` for an integer in ``value`` out of the 64-bit range: params are
+    recorded on the trace, whose msgpack holds 64-bit integers at most."""
     if isinstance(value, int) and not isinstance(value, bool) and not -(1 << 63) <= value < (1 << 64):
         raise WireError(f"invalid request: `{param}` is out of the 64-bit integer range", param)
     if isinstance(value, dict):
         for k, v in value.items():
-            _check_integers(v, f"{param}.{k}")
+            check_integers(v, f"{param}.{k}")
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _check_integers(v, f"{param}[{i}]")
+            check_integers(v, f"{param}[{i}]")
 
 
 def _param_of(message: str) -> str | None:

@@ -1,10 +1,11 @@
 """A sandbox's disk limit: its base directory (work dir, ``/tmp``, ...) on a sized tmpfs.
 
-Mounted on the host by the runtime (root, or ``CAP_SYS_ADMIN``, is needed), so its programs
-can fill it but never the host's filesystem. Its pages live in memory and are charged to the
+Mounted by the runtime (root, or ``CAP_SYS_ADMIN``, is needed) in its own mount namespace
+(``mount_ns.py``; ``mount_tmpfs`` here is the probe of that right), so its programs can fill
+it but never the host's filesystem. Its pages live in memory and are charged to the
 memory cgroup of whoever wrote them: a sandboxed program's writes count against the sandbox's
-``memory_limit`` too, the runtime's own ``write`` against the host process's. Unmounted
-lazily at stop; a dead host's guardian unmounts whatever is left under its root.
+``memory_limit`` too, the runtime's own ``write`` against the host process's. Gone with the
+namespace at stop; a dead host's guardian kills the namespace's holder by its marker.
 """
 
 from __future__ import annotations

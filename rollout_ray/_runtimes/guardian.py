@@ -12,7 +12,9 @@ socket, and the guardian, within ``BUDGET`` seconds:
 2. kills every process carrying ``ROLLOUT_RAY_HOST=TOKEN`` in its environment (every program
    of every runtime the host ran inherits it, even after ``setsid``; the cgroups also find
    those that cleared their environment);
-3. unmounts every mount point under ROOT (a sandbox's disk-limit tmpfs), deepest first and
+   Among them the holders of the sandboxes' mount namespaces (``mount_ns.py``): their
+   mounts go with them;
+3. unmounts every mount point left under ROOT in its own namespace, deepest first and
    lazily, so a busy mount cannot keep it from
 4. removing ROOT, the directory holding those runtimes' directories;
 5. letting go of the leases the host handed it (``hold``): copies of the lock descriptors of

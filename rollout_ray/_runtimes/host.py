@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import os
 import shutil
 import subprocess
@@ -27,12 +26,11 @@ from typing import Any
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import RuntimeStopped, SandboxError
 from .._record.trace import RuntimeInfo
+from . import providers
 from .cgroup import HostCgroups, tracking_controller
 from .guardian import HOST_MARKER
 from .image_cache import default_image_cache
 from .keeper import Keeper, socket_pair
-from .local import LocalRuntime
-from .sandbox import SandboxRuntime, sandbox_unavailable
 from .start_gate import StartGate, node_gate
 from .warm_pool import DEFAULT_MAX_IDLE, WarmPool
 
@@ -47,40 +45,17 @@ CHECK_TIMEOUT = 60.0
 """Seconds a pool member's first ``true`` may take."""
 
 
-RUNTIME_KINDS = ("auto", "local", "sandbox")
-"""``auto``: the sandbox where this machine can run one, else the local runtime (see
-``runtime_kind``)."""
-
-log = logging.getLogger("rollout_ray")
-_said: set[str] = set()
-
-
 def runtime_kind(kind: str) -> tuple[str, str | None]:
-    """``(the kind to use, why not the sandbox)`` for a requested kind.
-
-    ``auto`` is the sandbox where this machine supports it, since only the sandbox keeps
-    rollouts from reading each other's processes (their proxy secrets) and the host; where
-    it cannot, the local runtime, with the reason (logged once per process).
+    """``(the kind to use, why not the sandbox)`` for a requested kind: ``providers.resolve``.
 
     Raises:
         ValueError: an unknown kind.
     """
-    if kind not in RUNTIME_KINDS:
-        raise ValueError(f"runtime must be one of {RUNTIME_KINDS}, got {kind!r}")
-    if kind != "auto":
-        return kind, None
-    reason = sandbox_unavailable()
-    if reason is None:
-        return "sandbox", None
-    if reason not in _said:
-        _said.add(reason)
-        log.warning("this machine cannot run SandboxRuntime (%s): rollouts run in LocalRuntime, which "
-                    "isolates them neither from each other nor from the host", reason)
-    return "local", reason
+    return providers.resolve(kind)
 
 
 class RuntimeHost:
-    """Hosts runtimes by name: ``LocalRuntime``s, or ``SandboxRuntime``s with ``kind="sandbox"``.
+    """Hosts runtimes by name, of one kind: its provider's (``providers.py``).
 
     Args:
         root: the directory under which the host's runtimes live (default: a new temp dir).
@@ -93,6 +68,7 @@ class RuntimeHost:
     def __init__(self, root: str | None = None, *, kind: str = "auto", start_gates: Sequence[StartGate] | None = None,
                  max_idle: int = DEFAULT_MAX_IDLE) -> None:
         self.kind, _ = runtime_kind(kind)
+        self.provider = providers.provider(self.kind)
         self.root = root or tempfile.mkdtemp(prefix="rollout-ray-host-")
         self.token = uuid.uuid4().hex
         self._runtimes: dict[str, Runtime] = {}
@@ -100,7 +76,8 @@ class RuntimeHost:
         self._gone: set[str] = set()
         self._prune_at = _PRUNE_AT
         self._closed = asyncio.Event()
-        controllers = ("pids", "memory") if self.kind == "sandbox" else (tracking_controller(),)
+        wanted = self.provider.cgroup_controllers
+        controllers = wanted() if wanted is not None else (tracking_controller(),)
         self._cgroups = HostCgroups(f"rollout-ray-host-{self.token[:16]}", controllers, self.root)
         # The guardian reads the other end of this socket; the kernel closes ours when we die.
         ours, theirs = socket_pair()
@@ -153,7 +130,7 @@ class RuntimeHost:
         """
         if name in self._runtimes or name in self._gone:
             raise ValueError(f"runtime {name!r} already exists on this host")
-        member = self.pool.take(image) if image is not None and self.kind == "sandbox" and env is None else None
+        member = self.pool.take(image) if image is not None and self.provider.capabilities.warm_pool and env is None else None
         if member is not None:  # warm: started before it was asked for
             self._adopt(member, name, owner)
             return member
@@ -165,12 +142,9 @@ class RuntimeHost:
             # Amortised: with many runtimes live, the next scan waits until as many more exist.
             self._prune_at = max(_PRUNE_AT, 2 * len(self._runtimes))
         env = {**(env or {}), HOST_MARKER: self.token}
-        runtime: Runtime
-        if self.kind == "sandbox":
-            runtime = SandboxRuntime(name, root=self.root, env=env, cgroup_parents=self._cgroups.parents, image=image,
-                                     keeper=self.keeper, start_gates=self._gates)
-        else:
-            runtime = LocalRuntime(name, root=self.root, env=env, cgroup_parents=self._cgroups.parents, image=image)
+        runtime = self.provider.make(name, image, providers.HostResources(
+            root=self.root, env=env, cgroup_parents=self._cgroups.parents, keeper=self.keeper,
+            start_gates=self._gates, host_token=self.token))
         self._runtimes[name] = runtime
         self._owners[name] = owner
         return runtime
@@ -210,14 +184,13 @@ class RuntimeHost:
         to this host (its warm pool fills to what it measured they need, and drops what is
         no longer coming), and which shareable setups ``(image, setup key)`` are still to come
         (the setup snapshots it owns of others are let go)."""
-        surplus = self.pool.want(images if self.kind == "sandbox" else {})
+        surplus = self.pool.want(images if self.provider.capabilities.warm_pool else {})
         await asyncio.gather(*(self.stop(m.name) for m in surplus), return_exceptions=True)
         wanted = set(setups)
         await asyncio.to_thread(default_image_cache().snapshots.let_go, lambda held: held.label in wanted)
 
-    async def _start_member(self, image: str) -> SandboxRuntime:
+    async def _start_member(self, image: str) -> Any:
         runtime = self._make(f"pool-{next(self._members)}-{self.token[:8]}", POOL_OWNER, None, image)
-        assert isinstance(runtime, SandboxRuntime)
         started = time.monotonic()
         try:
             await runtime.start()
@@ -231,7 +204,7 @@ class RuntimeHost:
         self.pool.measured(image, time.monotonic() - started)
         return runtime
 
-    async def _stop_member(self, runtime: SandboxRuntime) -> None:
+    async def _stop_member(self, runtime: Runtime) -> None:
         await self.stop(runtime.name)
 
     def _adopt(self, member: Runtime, name: str, owner: str | None) -> None:

@@ -1,14 +1,14 @@
 """The filesystem an image sandbox sees: its image, a private writable layer, no host file.
 
-At start, on the host (``mount_kit``, ``mount_root``), in the runtime's base directory (its
-disk-limit tmpfs):
+At start, in the runtime's own mount namespace (``mount_ns.py``; ``kit_ops``, ``root_ops`` are
+what ``mounter.py`` runs there), in the runtime's base directory (its disk-limit tmpfs):
 
 * ``root``: an overlay of the cached image (the read-only lower layer every sandbox on that
   image shares) under the runtime's own ``upper`` directory. Programs may write anywhere;
   their writes land in ``upper``, within the disk limit, seen by no other sandbox, kept
   across execs, gone at stop. ``upper`` is the whole of what the runtime's programs changed:
   frozen, it is a snapshot a later sandbox can start from (``snapshot.py``): its root is then
-  remade (``clear_layer``, ``mount_root``) over two lower layers, the snapshot above the image.
+  remade (``clear_ops``, ``root_ops``) over two lower layers, the snapshot above the image.
 * ``root/proc`` and ``root/dev``: directories, where every exec mounts its own ``/proc`` and
   ``/dev``;
 * ``root/.rollout-ray`` (``RUN_DIR``): the runtime's ``net`` directory, bound read-only — route
@@ -35,106 +35,46 @@ Setting all this up is a few mounts at start (root or ``CAP_SYS_ADMIN``, as for 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import stat
-from collections.abc import Iterator
 
 from .._errors import SandboxError
-from .files import components, read_beneath, remove_tree, replace_beneath
+from .files import components, read_beneath, replace_beneath
 from .guardian import unmount
 from .image import ImageConfig
 from .kit import KIT, RUN_DIR, host_kit  # noqa: F401  (host_kit: the sandbox's)
 from .layout import GRADER_DIR, HOSTNAME, PATH, SANDBOX_UID, SANDBOX_USER
+from .mount_ns import Op
 from .unpack import Unpacker
 
 DEFAULT_WORKDIR = "/work"
 SUBDIRS = ("net", "upper", "overlay-work", "root", "grader")
 PINNED = ("proc", "dev", RUN_DIR.lstrip("/"), GRADER_DIR.lstrip("/"))
 """Top-level directories of the root that are mount points in every exec (none is writable)."""
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
-
-
-def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    encode = (lambda s: None if s is None else os.fsencode(s))
-    if libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), target)
-
-
-def _bind(source: str, target: str, *, read_only: bool) -> None:
-    _mount(source, target, None, MS_BIND | MS_REC)
-    if read_only:
-        _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-
-
-def _fd_path(fd: int) -> str:
-    """A directory as a mount option names it: by this process's descriptor, so the sandbox's
-    mount table shows no host path (and no ',' or ':' of a path can break the options)."""
-    return f"/proc/self/fd/{fd}"
-
-
-@contextlib.contextmanager
-def _opened(paths: list[str]) -> Iterator[list[str]]:
-    fds: list[int] = []
-    try:
-        for path in paths:
-            fds.append(os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
-        yield [_fd_path(fd) for fd in fds]
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def mount_kit(base: str, kit: str) -> list[str]:
-    """The kit (``kit.py``: the host Python's files the relay runs with) under ``net/host``,
-    read-only. Returns the mount points made; none are left when it raises."""
+def kit_ops(base: str, kit: str) -> list[Op]:
+    """Mount the kit (``kit.py``: the host Python's files the relay runs with) under
+    ``net/host``, read-only (``mounter.py``'s ops)."""
     point = os.path.join(base, "net", KIT)
-    os.mkdir(point, 0o755)
-    with _opened([os.path.join(kit, "tree"), os.path.join(kit, "empty")]) as (tree, empty):
-        _mount("overlay", point, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, f"lowerdir={tree}:{empty}")
-    return [point]
+    return [["mkdir", point, 0o755],
+            ["overlay", point, [os.path.join(kit, "tree"), os.path.join(kit, "empty")], None, None, True]]
 
 
-def mount_root(base: str, lowers: list[str]) -> list[str]:
-    """The overlay of ``lowers`` (topmost first: a setup snapshot, then the image) under the
-    runtime's ``upper``, and its pinned mount points (see the module docstring).
-
-    Returns the mount points made, to ``unmount_all`` at stop; none are left when it raises.
-    """
+def root_ops(base: str, lowers: list[str]) -> tuple[list[Op], list[str]]:
+    """``(ops, mount points)``: the overlay of ``lowers`` (topmost first: a setup snapshot, then
+    the image) under the runtime's ``upper``, and its pinned mount points (see the module
+    docstring); the points to unmount, last first, before the root is remade."""
     root = os.path.join(base, "root")
-    mounted: list[str] = []
-    try:
-        with _opened([*lowers, os.path.join(base, "upper"), os.path.join(base, "overlay-work")]) as named:
-            options = (f"lowerdir={':'.join(named[:-2])},upperdir={named[-2]},workdir={named[-1]},"
-                       f"index=off,metacopy=off")
-            _mount("overlay", root, "overlay", MS_NOSUID | MS_NODEV, options)
-        mounted.append(root)
-        # Before any program ran, the tree is its layers: only their own links can be there,
-        # and these names are top-level, so no link is followed on the way to them.
-        for name in PINNED:
-            point = os.path.join(root, name)
-            st = _lstat(point)
-            if st is not None and not stat.S_ISDIR(st.st_mode):
-                os.unlink(point)
-            if st is None or not stat.S_ISDIR(st.st_mode):
-                os.mkdir(point, 0o755)
-        for source, name in ((os.path.join(base, "net"), RUN_DIR), (os.path.join(base, "grader"), GRADER_DIR)):
-            _bind(source, os.path.join(root, name.lstrip("/")), read_only=True)
-            mounted.append(os.path.join(root, name.lstrip("/")))
-    except BaseException:
-        unmount_all(mounted)
-        raise
-    return mounted
+    ops: list[Op] = [["overlay", root, lowers, os.path.join(base, "upper"), os.path.join(base, "overlay-work"), False]]
+    ops += [["pin", os.path.join(root, name)] for name in PINNED]
+    points = [root]
+    for source, name in ((os.path.join(base, "net"), RUN_DIR), (os.path.join(base, "grader"), GRADER_DIR)):
+        ops.append(["bind", source, os.path.join(root, name.lstrip("/")), True])
+        points.append(os.path.join(root, name.lstrip("/")))
+    return ops, points
 
 
-def clear_layer(base: str) -> None:
+def clear_ops(base: str) -> list[Op]:
     """Empty the runtime's ``upper`` and overlay work directories (its overlay unmounted)."""
-    for name in ("upper", "overlay-work"):
-        path = os.path.join(base, name)
-        remove_tree(path)
-        os.mkdir(path, 0o755)
+    return [["clear", os.path.join(base, name)] for name in ("upper", "overlay-work")]
 
 
 def unmount_all(points: list[str]) -> None:

@@ -3,8 +3,9 @@ the setup snapshot it started from or is building.
 
 ``image_layout`` says what the mounts are; ``snapshot`` how a group's setup is shared. This is
 the state in between, owned by one ``SandboxRuntime``: what it leases (each lease handed to
-the host's guardian too, when it has one: ``keeper.py``), what it mounted, and in what order
-it lets them go — unmount first, then the leases, so no layer goes while mounted.
+the host's guardian too, when it has one: ``keeper.py``), what it mounted (in the runtime's
+own mount namespace: ``mount_ns.py``), and in what order it lets them go — the namespace
+first (every mount with it), then the leases, so no layer goes while mounted.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections.abc import Callable
 
 from .._errors import SandboxError
 from .image_cache import ImageCache, ImageLease
-from .image_layout import clear_layer, mount_kit, mount_root, prepare_root, unmount_all
+from .image_layout import clear_ops, kit_ops, prepare_root, root_ops
 from .keeper import Keeper
+from .mount_ns import MountNamespace, Op
 from .snapshot import Held, snapshot_key
 
 
@@ -30,8 +32,8 @@ class ImageRoot:
         self._cache = cache
         self._keeper = keeper
         self._kept = keeper.hold(lease.fd) if keeper is not None and lease.fd is not None else None
-        self._kit: list[str] = []
         self._root: list[str] = []
+        self._ns: MountNamespace | None = None
         self.snapshot: str | None = None
         """The setup snapshot the root stands on (its entry, ``<hex>.<gen>``), if any."""
         self._snapshot_lease: Held | None = None
@@ -42,11 +44,16 @@ class ImageRoot:
     def rootfs(self) -> str:
         return os.path.join(self.base, "root")
 
-    def mount(self) -> str:
-        """Mount the root over the image; returns the work directory as programs see it."""
-        self._kit = mount_kit(self.base, self._cache.kit())
-        self._root = mount_root(self.base, [self.lease.rootfs])
-        return prepare_root(self.rootfs, self.lease.config)
+    def ops(self) -> list[Op]:
+        """What mounts the root over the image, for the runtime's namespace to run."""
+        root, self._root = root_ops(self.base, [self.lease.rootfs])
+        return [*kit_ops(self.base, self._cache.kit()), *root]
+
+    def mounted(self, ns: MountNamespace) -> str:
+        """The ``ops`` ran in ``ns``, now the root's: prepare it; returns the work directory as
+        programs see it."""
+        self._ns = ns
+        return prepare_root(ns.path(self.rootfs), self.lease.config)
 
     # -- a group's shared setup --------------------------------------------------------------------
 
@@ -70,11 +77,13 @@ class ImageRoot:
 
     def _restack(self, layer: str) -> None:
         """Remake the root over ``layer`` above the image, with an empty writable layer."""
-        unmount_all(self._root)
+        assert self._ns is not None
+        unmount: list[Op] = [["umount", point] for point in reversed(self._root)]
         self._root = []
-        clear_layer(self.base)
-        self._root = mount_root(self.base, [layer, self.lease.rootfs])
-        prepare_root(self.rootfs, self.lease.config)
+        ops, points = root_ops(self.base, [layer, self.lease.rootfs])
+        self._ns.run([*unmount, *clear_ops(self.base), *ops])  # one helper: a process start saved
+        self._root = points
+        prepare_root(self._ns.path(self.rootfs), self.lease.config)
 
     def freeze(self) -> str | None:
         """Freeze the writable layer as the snapshot this runtime claimed to build (its
@@ -82,7 +91,8 @@ class ImageRoot:
         if self._building is None:
             return None
         building, self._building = self._building, None
-        held = self._cache.snapshots.freeze(building, os.path.join(self.base, "upper"),
+        assert self._ns is not None
+        held = self._cache.snapshots.freeze(building, self._ns.path(os.path.join(self.base, "upper")),
                                             {"setup": self._setup_key, "image": self.lease.key}, self._keeper,
                                             label=(self.spec, self._setup_key))
         return held.entry
@@ -90,10 +100,11 @@ class ImageRoot:
     # -- letting go ----------------------------------------------------------------------------
 
     def release(self) -> None:
-        """Unmount everything, then let the snapshot, the build claim and the image go
-        (idempotent)."""
-        mounts, self._root, self._kit = [*self._kit, *self._root], [], []
-        unmount_all(mounts)
+        """End the mount namespace (every mount goes with it), then let the snapshot, the
+        build claim and the image go (idempotent)."""
+        if self._ns is not None:
+            self._ns.close()
+        self._root = []
         store = self._cache.snapshots
         for held in (self._snapshot_lease, self._building):
             if held is not None:

@@ -1,8 +1,9 @@
 """The host's end of its guardian's socket: leases the guardian keeps until it has cleaned up.
 
 A sandbox over a cached image (or a snapshot) holds a lease on it: a ``flock`` the kernel
-drops when the holding process dies. But the layer stays mounted until the host's guardian
-unmounts it, a moment later; an eviction in between would remove a layer still mounted. So
+drops when the holding process dies. But the layer stays mounted (in the sandbox's mount
+namespace, and in the namespaces of its execs) until the host's guardian has killed their
+processes, a moment later; an eviction in between would remove a layer still mounted. So
 the host hands the guardian a copy of each lease's descriptor (``hold``): a lock lives as
 long as any copy of its descriptor, so it now lasts until the guardian, done unmounting,
 closes its copies (``guardian.let_go``). A lease the host lets go of itself is ``drop``ped.

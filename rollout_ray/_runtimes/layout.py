@@ -52,6 +52,7 @@ import stat
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable
 
 from . import skeleton
 from .skeleton import Bind, Link
@@ -185,9 +186,10 @@ def _runtime_mounts(base: str, workdir: str) -> tuple[list[Bind], list[Link]]:
     return [(workdir, workdir, True), *binds], list(links)
 
 
-def make_skeletons(base: str, workdir: str) -> None:
-    """The runtime's skeletons under its ``/tmp`` (``skeleton.py``), at its start."""
-    skeleton.make(base, *_runtime_mounts(base, workdir))
+def make_skeletons(base: str, workdir: str, reach: Callable[[str], str] = str) -> None:
+    """The runtime's skeletons under its ``/tmp`` (``skeleton.py``), at its start; ``reach``: a
+    path of the runtime as this process reaches it (through its mount namespace)."""
+    skeleton.make(base, *_runtime_mounts(base, workdir), reach=reach)
 
 
 @functools.cache

@@ -88,6 +88,8 @@ class _Capture(asyncio.SubprocessProtocol):
         loop = asyncio.get_running_loop()
         self.exited = loop.create_future()
         self.closed = loop.create_future()  # exited and every pipe closed
+        self.cut_short = False
+        """``stop()`` found the program running: it was killed, whatever exit code is reported."""
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         buf = self.data[fd]
@@ -184,6 +186,7 @@ class LocalRuntime(Runtime):
         return Cgroups(f"rollout-ray-{self._token[:16]}", limits, self._cgroup_parents)
 
     async def _teardown(self) -> None:
+        self._cut_short()
         await self._kill_all()
         if self._workdir is not None:
             await asyncio.to_thread(remove_tree, self._workdir)
@@ -198,8 +201,19 @@ class LocalRuntime(Runtime):
         if self._spawned:  # scanning /proc costs milliseconds: only when something ran
             await _kill_marked(RUNTIME_MARKER, self._token)
         for proto, transport in list(self._live.items()):
-            transport.close()  # kills the direct child if the scans could not see it yet
+            if not proto.exited.done():  # the direct child, if the scans could not see it yet
+                # Not transport.close(): its Popen.poll() can reap the child before asyncio's
+                # child watcher does, which then reports exit 255 ("Unknown child process").
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(transport.get_pid(), signal.SIGKILL)
             await asyncio.wait([proto.exited], timeout=KILL_BUDGET)
+
+    def _cut_short(self) -> None:
+        """As ``stop()`` begins: mark the programs still running, so their execs raise
+        ``SandboxError`` whatever exit code their killing is reported with."""
+        for proto in self._live:
+            if not proto.exited.done():
+                proto.cut_short = True
 
     def intact(self) -> bool:
         """Whether the runtime still holds what it was started with (its directory, its
@@ -318,10 +332,11 @@ class LocalRuntime(Runtime):
             del self._live[proto]
         code = transport.get_returncode()
         killed = code is None or code < 0 or code in (JOIN_FAILED, 128 + signal.SIGKILL)
-        if self.stopped and not timed_out and killed:
-            # stop() ran during the exec (or its spawn) and killed the program: itself (a
-            # negative code), or a child it waited for first, when it exits 128 + SIGKILL (a
-            # shell's `wait` can see its child killed before it is killed itself).
+        if self.stopped and not timed_out and (proto.cut_short or killed):
+            # stop() ran during the exec (or its spawn) and killed the program: found running
+            # (``cut_short``), or, stopped during the spawn, by its code: itself (negative), or
+            # a child it waited for first, when it exits 128 + SIGKILL (a shell's `wait` can see
+            # its child killed before it is killed itself).
             raise SandboxError(f"{what} was killed: runtime {self.name!r} stopped")
         return ProgramResult(
             exit_code=-signal.SIGKILL if timed_out or code is None else code,

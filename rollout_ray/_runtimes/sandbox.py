@@ -34,7 +34,10 @@ namespaces, as an unprivileged uid with no capabilities:
   (within the disk limit) and start in its ``WorkingDir`` (else ``/work``), which is the
   runtime's work directory; ``read`` / ``write`` reach the whole of that filesystem, never
   following links. The environment is the image's ``Env`` under the allow-list above. Every
-  other property holds as listed. Needs the right to mount (root or ``CAP_SYS_ADMIN``).
+  other property holds as listed. Needs the right to mount (root or ``CAP_SYS_ADMIN``);
+* mounts: the disk limit and an image's root are made in a mount namespace of the runtime's
+  own, which each exec enters (``mount_ns.py``): what an exec's bwrap copies is that table, the
+  host's few mounts and the runtime's, so its cost does not grow with the sandboxes alive.
 
 A program killed by signal N exits ``128 + N`` (the sandbox reports it like a shell does).
 Linux only; ``sandbox_unavailable()`` says why a machine cannot run it.
@@ -56,13 +59,14 @@ from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult
 from .._errors import SandboxError
 from .._record.trace import RuntimeInfo
 from .cgroup import Parent, cgroup_parent
-from .disk import full, mount_tmpfs, mount_unavailable
+from .disk import PAGE, full, mount_unavailable
 from .files import components, remove_tree
 from .grader import write_grader_files
+from .guardian import HOST_MARKER
 from .image_cache import ImageCache, default_image_cache
 from .image_layout import RUN_DIR as IMAGE_RUN_DIR
 from .image_layout import SUBDIRS as IMAGE_SUBDIRS
-from .image_layout import host_kit, image_args, image_env, unmount_all
+from .image_layout import host_kit, image_args, image_env
 from .image_root import ImageRoot
 from .keeper import Keeper
 from .layout import (
@@ -81,6 +85,7 @@ from .layout import (
     write_run_files,
 )
 from .local import LocalRuntime
+from .mount_ns import MountNamespace, Op, is_mount
 from .routes import LOOPBACK, Route, port_of, sandbox_url
 from .start_gate import StartGate, admitted
 
@@ -182,6 +187,8 @@ class SandboxRuntime(LocalRuntime):
         self._keeper = keeper
         self._gates = tuple(start_gates)
         self._image: ImageRoot | None = None
+        self._ns: MountNamespace | None = None
+        """The runtime's own mount namespace, where an image's mounts and its disk limit live."""
 
     @property
     def id(self) -> str:
@@ -190,12 +197,21 @@ class SandboxRuntime(LocalRuntime):
 
     def intact(self) -> bool:
         """As ``LocalRuntime.intact``, and its mounts (disk limit, image root) still mounted."""
-        if not super().intact() or self._base is None:
+        if self._base is None:
             return False
+        if self._ns is None:
+            return super().intact() and all(os.path.ismount(p) for p in ([self._base] if self._mounted else []))
+        cgroups = self._cgroups.dirs if self._cgroups is not None else ()
         points = [self._base] if self._mounted else []
         if self._image is not None:
             points += [self._path("root"), os.path.join(self._path("root"), IMAGE_RUN_DIR.lstrip("/"))]
-        return all(os.path.ismount(p) for p in points)
+        return (self.started and not self.stopped and self._ns.alive() and all(os.path.isdir(d) for d in cgroups)
+                and all(is_mount(self._ns.path(p)) for p in points))
+
+    def _host_path(self, path: str) -> str:
+        """``path`` (in the runtime's directory) as this process reaches it: through its mount
+        namespace when it has one."""
+        return self._ns.path(path) if self._ns is not None else path
 
     def info(self, *, borrowed: bool = False) -> RuntimeInfo:
         """As ``Runtime.info``, with the image's digest and the setup snapshot it started from."""
@@ -231,27 +247,47 @@ class SandboxRuntime(LocalRuntime):
 
     def _make_dirs(self) -> None:
         assert self._base is not None
-        if self._disk_limit is not None:
+        if self._image is not None:
+            self._make_image_dirs()
+            return
+        if self._disk_limit is not None:  # in the runtime's own namespace, as an image's
             try:
-                mount_tmpfs(self._base, self._disk_limit)
+                self._ns = MountNamespace([["tmpfs", self._base, self._disk_limit, PAGE]], self._marker())
             except OSError as e:
                 raise SandboxError(f"cannot mount the disk limit of runtime {self.name!r}: {e}; "
                                    f"pass disk_limit=None to run without one") from e
             self._mounted = True
-        for sub in SUBDIRS if self._image is None else IMAGE_SUBDIRS:
-            os.mkdir(os.path.join(self._base, sub), 0o755 if self._image is not None or sub == "grader" else 0o700)
-        write_run_files(os.path.join(self._base, "net"), home=os.path.join(self._base, "work"))
-        if self._image is None:
-            prepare()  # builds the /etc snapshot once per process: here, off the event loop
-            make_skeletons(self._base, os.path.join(self._base, "work"))
-            return
+        here = self._host_path(self._base)
+        for sub in SUBDIRS:
+            os.mkdir(os.path.join(here, sub), 0o755 if sub == "grader" else 0o700)
+        write_run_files(os.path.join(here, "net"), home=os.path.join(self._base, "work"))
+        prepare()  # builds the /etc snapshot once per process: here, off the event loop
+        make_skeletons(self._base, os.path.join(self._base, "work"), reach=self._host_path)
+
+    def _marker(self) -> dict[str, str]:
+        """A mount namespace holder's environment: the host's marker (its guardian kills it)."""
+        return {k: v for k, v in self._env.items() if k == HOST_MARKER}
+
+    def _make_image_dirs(self) -> None:
+        """The disk limit, directories and mounts of an image's root, all in the runtime's own
+        mount namespace (``mount_ns.py``): no exec of any other sandbox copies them."""
+        assert self._base is not None and self._image is not None
+        ops: list[Op] = []
+        if self._disk_limit is not None:
+            ops.append(["tmpfs", self._base, self._disk_limit, PAGE])
+        ops += [["mkdir", os.path.join(self._base, sub), 0o755] for sub in IMAGE_SUBDIRS]
         try:
-            self._workdir = self._image.mount()
+            ops += self._image.ops()
+            self._ns = MountNamespace(ops, self._marker())
+            self._mounted = self._disk_limit is not None
+            write_run_files(self._host_path(self._path("net")), home=os.path.join(self._base, "work"))
+            self._workdir = self._image.mounted(self._ns)
         except OSError as e:
             raise SandboxError(f"cannot mount image {self.image!r} for runtime {self.name!r}: {e}; an image "
                                f"sandbox needs the right to mount (root or CAP_SYS_ADMIN)") from e
 
     async def _teardown(self) -> None:
+        self._cut_short()  # before the routes close: a program may exit of that, not of the kill
         for route in self._routes.values():
             await route.close()
         self._routes = {}
@@ -259,12 +295,13 @@ class SandboxRuntime(LocalRuntime):
         await self._remove_base()
 
     async def _remove_base(self) -> None:
-        """Unmount the image's root and let its layers go, unmount the disk limit (its files go
-        with it), then remove what is left."""
+        """End the runtime's mount namespace (its disk limit and an image's root go with it,
+        their files too), then let the image's layers go, then remove what is left."""
+        if self._ns is not None:
+            await asyncio.to_thread(self._ns.close)  # before the leases: no layer goes while mounted
         if self._image is not None:
             await asyncio.to_thread(self._image.release)
         if self._base is not None:
-            await asyncio.to_thread(unmount_all, [self._base] if self._mounted else [])
             self._mounted = False
             await asyncio.to_thread(remove_tree, self._base)
 
@@ -273,8 +310,13 @@ class SandboxRuntime(LocalRuntime):
         return os.path.join(self._base, sub)
 
     def _spawn_dir(self, what: str) -> str:
-        workdir = self._require_running(what)
-        return self._base if self._image is not None and self._base is not None else workdir
+        """Where the program is spawned on the host: with a mount namespace, the runtime's
+        directory (what is mounted on it is not there; bwrap's ``--chdir`` names the real one)."""
+        self._require_running(what)
+        if self._image is not None or self._ns is not None:
+            assert self._base is not None
+            return self._base
+        return super()._spawn_dir(what)
 
     def _host_env(self) -> dict[str, str]:
         env = super()._host_env()
@@ -289,12 +331,12 @@ class SandboxRuntime(LocalRuntime):
         workdir = self._require_running(what)
         if self._image is not None:  # the whole filesystem is the sandbox's own
             inside = os.path.normpath(os.path.join(workdir, path))
-            return self._path("root"), components(os.path.relpath(inside, "/")) or []
+            return self._host_path(self._path("root")), components(os.path.relpath(inside, "/")) or []
         full_path = os.path.normpath(os.path.join(workdir, path))
         if full_path == workdir or full_path.startswith(workdir + os.sep):
-            return workdir, components(os.path.relpath(full_path, workdir)) or []
+            return self._host_path(workdir), components(os.path.relpath(full_path, workdir)) or []
         if full_path == "/tmp" or full_path.startswith("/tmp/"):
-            return self._path("tmp"), components(os.path.relpath(full_path, "/tmp")) or []
+            return self._host_path(self._path("tmp")), components(os.path.relpath(full_path, "/tmp")) or []
         raise ValueError(
             f"path {path!r} is outside the work directory and /tmp of sandbox runtime "
             f"{self.name!r}; nothing else of its filesystem is writable"
@@ -313,7 +355,7 @@ class SandboxRuntime(LocalRuntime):
             forwarder = [*host_kit()[1], "-I", "-S", f"{IMAGE_RUN_DIR}/forwarder.py"]
         if self._grader_dir is not None:  # the grader's execs start in its clean directory
             layout = [*layout, "--chdir", self._grader_dir]
-        command = [self._bwrap, *namespace_args(), *layout, "--"]
+        command = [*(self._ns.enter_args() if self._ns is not None else ()), self._bwrap, *namespace_args(), *layout, "--"]
         if self._routes:
             command += forwarder
             for port in self._routes:
@@ -340,7 +382,7 @@ class SandboxRuntime(LocalRuntime):
                 program ran (``disk_limit`` reached).
         """
         result = await super().exec(argv, env=env, timeout=timeout, max_output=max_output, stdin=stdin)
-        if self._mounted and await asyncio.to_thread(full, self._base or ""):
+        if self._mounted and await asyncio.to_thread(full, self._host_path(self._base or "")):
             raise SandboxError(f"runtime {self.name!r} is full after program {argv[0]!r}: "
                                f"disk limit of {self._disk_limit} bytes reached")
         return result
@@ -392,7 +434,7 @@ class SandboxRuntime(LocalRuntime):
         """``Runtime.add_grader_files``: under ``/.grader``, read-only (``grader.py``)."""
         self._require_running("add_grader_files")
         await self._end_programs()
-        await asyncio.to_thread(write_grader_files, self._path("grader"), files,
+        await asyncio.to_thread(write_grader_files, self._host_path(self._path("grader")), files,
                                 f"grader files of runtime {self.name!r}")
         self._grader_dir = GRADER_DIR
         return GRADER_DIR
@@ -433,5 +475,5 @@ class SandboxRuntime(LocalRuntime):
         for port, (host, target_port) in wanted.items():
             if port not in self._routes:
                 route = Route(host, target_port)
-                await route.open(os.path.join(self._path("net"), f"{port}.sock"))
+                await route.open(os.path.join(self._host_path(self._path("net")), f"{port}.sock"))
                 self._routes[port] = route

@@ -18,6 +18,7 @@ the sandbox's own mount namespace (or fails that sandbox's exec).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 WRITABLE = ("/tmp", "/var/tmp")
 """Where programs write, among the places bwrap makes mount points."""
@@ -42,10 +43,11 @@ def tops(binds: list[Bind], links: list[Link]) -> list[str]:
     return sorted({top for dest in dests if (top := writable_top(dest)) is not None})
 
 
-def make(base: str, binds: list[Bind], links: list[Link]) -> None:
-    """Build the skeletons in runtime directory ``base`` (at its start)."""
+def make(base: str, binds: list[Bind], links: list[Link], reach: Callable[[str], str] = str) -> None:
+    """Build the skeletons in runtime directory ``base`` (at its start); ``reach``: a path as
+    this process reaches it (a runtime's own mount namespace: ``mount_ns.py``)."""
     for i, top in enumerate(tops(binds, links)):
-        skeleton = os.path.join(base, "skeleton", str(i))
+        skeleton = reach(os.path.join(base, "skeleton", str(i)))
         os.makedirs(skeleton, 0o755)
 
         def inside(path: str, top: str = top, skeleton: str = skeleton) -> str:
@@ -54,7 +56,7 @@ def make(base: str, binds: list[Bind], links: list[Link]) -> None:
         for source, dest, _ in binds:
             if writable_top(dest) == top:
                 os.makedirs(os.path.dirname(inside(dest)), 0o755, exist_ok=True)
-                if os.path.isdir(source):
+                if os.path.isdir(reach(source)):
                     os.makedirs(inside(dest), 0o755, exist_ok=True)
                 else:
                     open(inside(dest), "a").close()

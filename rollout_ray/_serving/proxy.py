@@ -1,8 +1,11 @@
-"""HTTPInterception: the OpenAI-compatible interception proxy (§5.1, §5.2).
+"""HTTPInterception: the interception proxy (§5.1, §5.2).
 
 One aiohttp server multiplexes many rollouts, each registered under two fresh secrets: the
-*model secret* (the harness's bearer for ``/v1/*``) and the *state secret* (``/task``). The
-pipeline itself lives in ``RolloutSession``; this module only maps HTTP onto it:
+*model secret* (the harness's key for ``/v1/*``) and the *state secret* (``/task``). The
+pipeline itself lives in ``RolloutSession``; what depends on the format the agent speaks
+(Chat Completions, Responses, Anthropic Messages: its routes, key header, request, answer,
+stream, error body and ids) lives in its ``Dialect`` (``_serving/dialects``). This module
+only maps HTTP onto them:
 
 * unknown or missing secret → 401; a body over ``max_body`` → 413 (refused before it is read
   when its length is declared); more requests, or more body bytes, of one rollout in flight
@@ -27,10 +30,11 @@ differs; the recorded turn is the same).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -40,9 +44,9 @@ from aiohttp import web
 from .._core.interception import ChatClient, Interception, Slot
 from .._core.session import RolloutSession
 from .._errors import Refusal, RolloutError, UpstreamError, WireError
-from .._record.messages import Response
-from .._record.wire import encode_response, parse_request
-from .._record.wire_stream import sse_events
+from .._record.messages import Message, Response
+from .dialects import Dialect, Parsed, all_dialects
+from .dialects.chat import ChatCompletions
 from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
 
 log = logging.getLogger("rollout_ray")
@@ -64,16 +68,22 @@ class _Registration:
     last_hash: bytes | None = None
     last_response: Response | None = None
     inflight: dict[bytes, asyncio.Future[Response | None]] = field(default_factory=dict)
+    history: dict[str, list[Message]] = field(default_factory=dict)
+    """Each answer's id → the messages it answered and its reply (Responses'
+    ``previous_response_id`` continues from one)."""
     handlers: Handlers = field(default_factory=Handlers)
     held: InFlight = field(default_factory=InFlight)
     """The rollout's requests being handled now, and the body bytes reserved for them."""
 
 
+_OPENAI = ChatCompletions()
+"""The dialect of the routes every SDK shares (``/v1/models``) and of the state route."""
+
+
 def _error(status: int, message: str, *, kind: str = "rollout_error", param: str | None = None,
-           headers: dict[str, str] | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return web.Response(status=status, body=msgspec.json.encode(body), content_type="application/json",
-                        headers=headers)
+           headers: dict[str, str] | None = None, dialect: Dialect = _OPENAI) -> web.Response:
+    return web.Response(status=status, body=dialect.error(status, message, kind, param),
+                        content_type="application/json", headers=headers)
 
 
 class HTTPInterception(HTTPService, Interception):
@@ -93,6 +103,7 @@ class HTTPInterception(HTTPService, Interception):
         super().__init__(host=host, port=port, advertise_host=advertise_host, max_body=max_body,
                          read_timeout=read_timeout, max_requests_per_rollout=max_requests_per_rollout,
                          max_body_bytes_per_rollout=max_body_bytes_per_rollout, body_budget=body_budget)
+        self.dialects = all_dialects()
         self._by_model: dict[str, _Registration] = {}
         self._by_state: dict[str, _Registration] = {}
 
@@ -102,7 +113,11 @@ class HTTPInterception(HTTPService, Interception):
         return len(self._by_model)
 
     def _routes(self, router: web.UrlDispatcher) -> None:
-        router.add_post("/v1/chat/completions", self._chat)
+        for dialect in self.dialects:
+            for path in dialect.paths:
+                router.add_post(path, functools.partial(self._model_call, dialect))
+            for path, answer in dialect.side_routes().items():
+                router.add_post(path, functools.partial(self._side_route, dialect, answer))
         router.add_get("/v1/models", self._models)
         router.add_get("/task", self._task)
 
@@ -141,9 +156,9 @@ class HTTPInterception(HTTPService, Interception):
 
     # -- routes -----------------------------------------------------------------------------
 
-    def _lookup(self, request: web.Request, table: dict[str, _Registration]) -> _Registration | None:
-        auth = request.headers.get("Authorization", "")
-        token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    def _lookup(self, request: web.Request, table: dict[str, _Registration],
+                dialect: Dialect = _OPENAI) -> _Registration | None:
+        token = dialect.secret(request.headers)
         return table.get(token) if token else None
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -160,83 +175,104 @@ class HTTPInterception(HTTPService, Interception):
             return _error(401, "unknown or missing state secret", kind="authentication_error")
         trace = registration.session.trace
         return web.Response(
-            body=msgspec.json.encode({"type": trace.task.type, "task": trace.task.data}),
+            body=msgspec.json.encode({"cls": trace.task.data_cls, "task": msgspec.json.encode(trace.task.data).decode()}),
             content_type="application/json",
         )
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        registration = self._lookup(request, self._by_model)
+    async def _side_route(self, dialect: Dialect, answer: Callable[[bytes], bytes],
+                          request: web.Request) -> web.Response:
+        registration = self._lookup(request, self._by_model, dialect)
         if registration is None:
-            return _error(401, "unknown or missing rollout secret", kind="authentication_error")
+            return _error(401, "unknown or missing rollout secret", kind="authentication_error", dialect=dialect)
+        try:
+            with self.admitted(request, registration.held) as reservation:
+                return web.Response(body=answer(await self.read_body(request, reservation)),
+                                    content_type="application/json")
+        except Refused as e:
+            refusal = _error(e.status, str(e), headers=self.refusal_headers(e), dialect=dialect)
+            refusal.force_close()
+            return refusal
+        except WireError as e:
+            return _error(e.status, str(e), kind="invalid_request_error", param=e.param, dialect=dialect)
+
+    async def _model_call(self, dialect: Dialect, request: web.Request) -> web.StreamResponse:
+        registration = self._lookup(request, self._by_model, dialect)
+        if registration is None:
+            return _error(401, "unknown or missing rollout secret", kind="authentication_error", dialect=dialect)
         try:
             with self.admitted(request, registration.held) as reservation, registration.handlers.track():
-                return await self._chat_registered(request, registration, reservation)
+                return await self._registered_call(dialect, request, registration, reservation)
         except Refused as e:
-            refusal = _error(e.status, str(e), headers=self.refusal_headers(e))
+            refusal = _error(e.status, str(e), headers=self.refusal_headers(e), dialect=dialect)
             refusal.force_close()  # the body is never read into memory: no keep-alive after it
             return refusal
 
-    async def _chat_registered(self, request: web.Request, reg: _Registration,
+    async def _registered_call(self, dialect: Dialect, request: web.Request, reg: _Registration,
                                reservation: Reservation) -> web.StreamResponse:
+        def error(status: int, message: str, kind: str = "rollout_error", param: str | None = None) -> web.Response:
+            return _error(status, message, kind=kind, param=param, dialect=dialect)
+
         try:
             body = await self.read_body(request, reservation)
         except WireError as e:
-            return _error(e.status, str(e))
+            return error(e.status, str(e))
         digest = hashlib.blake2b(body, digest_size=16).digest()
+        try:
+            parsed = dialect.parse(body, reg.history.get)
+        except WireError as e:
+            return error(400, str(e), "invalid_request_error", e.param)
+        except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
+            return error(400, "invalid request: JSON nested too deeply", "invalid_request_error")
         retry = _retry_count(request) > 0
         if retry and digest == reg.last_hash and reg.last_response is not None:
-            return await self._answer(request, reg.last_response, body, digest)
+            return await self._answer(request, dialect, parsed, reg.last_response, digest)
         if not retry and digest == reg.last_hash:
             reg.last_hash = reg.last_response = None
-        try:
-            chat_request, params, stream = parse_request(body)
-        except WireError as e:
-            return _error(400, str(e), kind="invalid_request_error", param=e.param)
-        except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
-            return _error(400, "invalid request: JSON nested too deeply", kind="invalid_request_error")
         session = reg.session
         if session.released:
-            return _error(409, "rollout concluded")
+            return error(409, "rollout concluded")
         if session.stopped:
-            return _error(400, f"rollout stopped: {session.trace.stop_condition}")
+            return error(400, f"rollout stopped: {session.trace.stop_condition}")
         if retry and digest in reg.inflight:
             joined = await asyncio.shield(reg.inflight[digest])
             if joined is None:
-                return _error(503, "upstream attempt failed")
-            return await self._answer(request, joined, body, digest)
+                return error(503, "upstream attempt failed")
+            return await self._answer(request, dialect, parsed, joined, digest)
         future: asyncio.Future[Response | None] = asyncio.get_running_loop().create_future()
         reg.inflight[digest] = future
         response: Response | None = None
         try:
-            response = await session.chat(chat_request, params)
+            response = await session.chat(parsed.request, parsed.params, endpoint=dialect.endpoint,
+                                          dropped=parsed.dropped)
         except Refusal as e:
-            return _error(e.status_code, e.body)
+            return error(e.status_code, e.body)
         except RolloutError as e:
-            return _error(e.status_code or 502, str(e), kind=type(e).__name__)
+            return error(e.status_code or 502, str(e), type(e).__name__)
         except UpstreamError as e:
-            return _error(502, str(e), kind="UpstreamError")
+            return error(502, str(e), "UpstreamError")
         except Exception:
-            log.exception("interception: unexpected error in chat handler")
-            return _error(500, "internal error in the interception proxy")
+            log.exception("interception: unexpected error in the model call handler")
+            return error(500, "internal error in the interception proxy")
         finally:
             reg.inflight.pop(digest, None)
             if not future.done():
                 future.set_result(response)
         reg.last_hash, reg.last_response = digest, response
-        return await self._answer(request, response, body, digest)
+        if dialect.continued:
+            reg.history[dialect.id_prefix + digest.hex()] = [*parsed.request.messages[parsed.uncarried:],
+                                                             response.message]
+        return await self._answer(request, dialect, parsed, response, digest)
 
-    async def _answer(
-        self, request: web.Request, response: Response, body: bytes, digest: bytes
-    ) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, dialect: Dialect, parsed: Parsed, response: Response,
+                      digest: bytes) -> web.StreamResponse:
         # The id derives from the request, so a replayed or joined retry gets the same one.
-        cid = f"chatcmpl-{digest.hex()}"
-        stream, include_usage = _stream_flags(body)
-        if not stream:
-            return web.Response(body=encode_response(response, completion_id=cid), content_type="application/json")
+        answer_id = dialect.id_prefix + digest.hex()
+        if not parsed.stream:
+            return web.Response(body=dialect.encode(response, parsed, answer_id), content_type="application/json")
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
             await out.prepare(request)
-            for event in sse_events(response, include_usage=include_usage, completion_id=cid):
+            for event in dialect.events(response, parsed, answer_id):
                 await out.write(event)
             await out.write_eof()
         except ConnectionResetError:  # aiohttp's ClientConnectionResetError too
@@ -250,12 +286,3 @@ def _retry_count(request: web.Request) -> int:
         return int(request.headers.get("x-stainless-retry-count", "0"))
     except ValueError:
         return 0
-
-
-def _stream_flags(body: bytes) -> tuple[bool, bool]:
-    try:
-        raw = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return False, False
-    options = raw.get("stream_options") or {}
-    return bool(raw.get("stream")), bool(isinstance(options, dict) and options.get("include_usage"))

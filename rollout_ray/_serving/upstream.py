@@ -68,7 +68,8 @@ from .._errors import ProviderError, WireError
 from .._record.messages import Request, Response
 from .._record.wire import encode_request, parse_response
 from .._record.wire_stream import StreamAssembler
-from .affinity import Server, ServerPool
+from .affinity import Routing, Server, ServerPool
+from .server_load import LoadReader
 from .token_in import Partial, TokenIn
 from .upstream_wire import (
     POLICY_HEADER,
@@ -141,6 +142,10 @@ class OpenAIModel(Model):
             the vLLM dialect that answer them; ``False``: never). Needs ``token_capture``.
         forward_fields: a harness's request fields to send upstream beyond the default list
             (``_core/sampling.FORWARDED_FIELDS``), e.g. ``{"top_k"}``.
+        routing: how calls are spread over several servers: ``"affinity"`` (a session stays
+            on its server, holding its prefix cache, unless that server is past
+            ``1.25 x`` the mean load), ``"sticky"``, ``"least_loaded"``, ``"round_robin"``
+            (``affinity.py``).
 
     A request takes at most ``(retries + 1) * timeout + retries * max_backoff`` seconds, plus
     one ``timeout`` per server that a failure takes out of rotation (the call moves on).
@@ -164,6 +169,7 @@ class OpenAIModel(Model):
         cooldown: float = 10.0,
         token_in: bool | Literal["auto"] = "auto",
         forward_fields: Sequence[str] = (),
+        routing: Routing = "affinity",
     ) -> None:
         if retries < 0:
             raise ValueError(f"`retries` must be >= 0, got {retries}")
@@ -174,7 +180,9 @@ class OpenAIModel(Model):
         if token_in not in (True, False, "auto"):
             raise ValueError(f"`token_in` must be True, False or 'auto', got {token_in!r}")
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
-        self.pool = ServerPool([base_url] if isinstance(base_url, str) else list(base_url), cooldown=cooldown)
+        self.pool = ServerPool([base_url] if isinstance(base_url, str) else list(base_url), cooldown=cooldown,
+                               routing=routing)
+        self._loads = LoadReader(self.pool)
         self.base_url = self.pool.servers[0].url
         self.token_capture = token_capture
         self.name = name
@@ -194,11 +202,12 @@ class OpenAIModel(Model):
     def __getstate__(self) -> dict[str, Any]:
         # The configuration travels; a live connection pool and the routing state never do.
         return {**self.__dict__, "_session": None, "_probes": {}, "pool": self.pool.fresh(), "_token_in_at": {},
-                "_tokens": None}
+                "_tokens": None, "_loads": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._tokens = TokenIn(self._client, self._headers, self.timeout, self.stream)
+        self._loads = LoadReader(self.pool)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -237,6 +246,8 @@ class OpenAIModel(Model):
         auto = self.token_capture == "auto"
         dialect = self.token_capture
         attempt = 0
+        if self.pool.routing in ("affinity", "least_loaded"):
+            await self._loads.refresh(self._client())
         while True:
             server = self.pool.pick(session)
             try:

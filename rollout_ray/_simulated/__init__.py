@@ -8,5 +8,6 @@ log-probabilities, draws, per policy version), ``engine`` (policy version over t
 generations in flight), ``decoding`` (token by token on the engine's clock, continuing a
 completion), ``dialects`` and ``plain`` (the chat shapes with and without token capture),
 ``generate`` (the token-in routes), ``control`` (abort, pause, weights), ``sse``, ``server``
-(HTTP, faults, latency).
+(HTTP, faults, latency); the opt-in capacity model: ``kv_cache`` (blocks, prefix cache),
+``scheduler`` (batch steps, waiting queue, preemption), ``batcher`` (on the clock, ``/metrics``).
 """

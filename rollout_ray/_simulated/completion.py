@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 from .answers import cap_completion, respond
@@ -41,7 +42,7 @@ from .request import ChatCall
 from .template import body, text_of, tool_call_text
 from .tokenizer import IM_END, TOOL_CALL, decode, encode, token_text
 
-__all__ = ["PREAMBLE_WORDS", "Choice", "Draw", "choose", "deltas", "error_probability"]
+__all__ = ["PREAMBLE_WORDS", "Choice", "Draw", "choose", "preamble_length", "deltas", "error_probability"]
 
 PREAMBLE_WORDS = ("hmm ", "so, ", "ok, ", "let ", "me  ", "see ", "now ", "yes ",
                   "and ", "the ", "sum ", "is  ", "one ", "two ", "as  ", "if  ")
@@ -111,6 +112,17 @@ def _preamble(material: bytes, n: int) -> str:
     return "".join(words[:n])
 
 
+def preamble_length(config: SimulatedModelConfig, draw: Draw, index: int) -> int:
+    """Words of choice ``index``'s preamble: ``preamble_tokens``, or with the capacity model's
+    ``gen_median``, drawn lognormal per request (the long tail of completion lengths)."""
+    capacity = config.capacity
+    if capacity is None or capacity.gen_median is None:
+        return config.preamble_tokens
+    u = _unit(draw.digest + b"length" + index.to_bytes(4, "big"))
+    z = NormalDist().inv_cdf(min(max(u, 1e-12), 1 - 1e-12))
+    return max(1, round(capacity.gen_median * math.exp(capacity.gen_sigma * z)))
+
+
 def _with_preamble(message: dict[str, Any], preamble: str) -> dict[str, Any]:
     return {**message, "content": preamble + text_of(message.get("content"))} if preamble else message
 
@@ -131,7 +143,8 @@ def choose(call: ChatCall, config: SimulatedModelConfig, draw: Draw, index: int,
     a long completion cut short is never scored whole)."""
     u, material = _draws(call, draw, index)
     material = _tuned(material, version)
-    preamble = _preamble(material, config.preamble_tokens)
+    words = preamble_length(config, draw, index)
+    preamble = _preamble(material, words)
     rate = error_probability(config, call.temperature)
     message = _with_preamble(respond(call.messages, call.tools, config, u, error_rate=rate), preamble)
     if not call.capture.on:
@@ -145,7 +158,7 @@ def choose(call: ChatCall, config: SimulatedModelConfig, draw: Draw, index: int,
         greedy = [*encode(body(best)), IM_END]
         numbers = score(ids, greedy, material) if scored else []
     return Choice(index, message, finish, len(ids), tuple(ids), tuple(numbers), tuple(greedy), material,
-                  min(len(ids), config.preamble_tokens))
+                  min(len(ids), words))
 
 
 def _call_spans(message: dict[str, Any]) -> tuple[dict[int, int], list[tuple[int, int]]]:

@@ -7,6 +7,37 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+class CapacityConfig(BaseModel):
+    """A loaded vLLM engine's capacity, opt-in (``SimulatedModelConfig.capacity``): one decode
+    step at a time for the whole batch, a waiting queue beyond ``max_batch``, a KV cache of
+    ``kv_blocks`` blocks with prefix caching (LRU) and preemption when it is full
+    (``scheduler.py``, ``kv_cache.py``). Times are seconds of the engine's clock."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    max_batch: int = Field(64, ge=1)
+    """Most sequences decoded together (vLLM's ``--max-num-seqs``); more wait in a queue."""
+    kv_blocks: int = Field(4096, ge=1)
+    """Size of the KV cache in blocks (vLLM's ``num_gpu_blocks``)."""
+    block_size: int = Field(16, ge=1)
+    """Tokens per KV block; prefix caching matches whole blocks."""
+    step_base: float = Field(0.01, ge=0)
+    """Seconds of one decode step, whatever the batch (the weights are read once per step)."""
+    step_per_seq: float = Field(0.0002, ge=0)
+    """Seconds one decode step grows by per sequence in the batch."""
+    prefill_per_token: float = Field(0.00002, ge=0)
+    """Seconds of prefill per prompt token not found in the prefix cache (added to the step
+    that admits the sequence)."""
+    gen_median: int | None = Field(None, ge=1)
+    """Median completion length in tokens: each choice opens with a preamble whose length is
+    drawn lognormal (``gen_sigma``) per request, in place of ``preamble_tokens``. ``None``:
+    completions are as long as without the capacity model. Capped by the request's
+    ``max_tokens`` and ``max_completion_tokens``."""
+    gen_sigma: float = Field(1.0, ge=0)
+    """Sigma of the lognormal completion length (its long tail): 0 makes every one
+    ``gen_median`` long."""
+
+
 class SimulatedModelConfig(BaseModel):
     """How the simulated model answers. Fault rates are bands of one uniform draw, in the
     order 429, 5xx, timeout, malformed, so together they may not exceed 1."""
@@ -58,6 +89,11 @@ class SimulatedModelConfig(BaseModel):
     preamble_tokens: int = Field(0, ge=0)
     """Words (a token each, drawn per policy version) that open every answer's content: long
     completions, to interrupt and continue. 0: answers are just the answer."""
+
+    capacity: CapacityConfig | None = None
+    """A loaded engine's capacity model (``CapacityConfig``). When set, it decides when every
+    generation's tokens are produced, and ``ttft`` and ``per_token`` are not used. ``None``
+    (default): each request is timed alone by ``ttft`` and ``per_token``."""
 
     @model_validator(mode="after")
     def _rates_fit(self) -> SimulatedModelConfig:

@@ -62,6 +62,12 @@ class Flight:
             pass
         self._woken.clear()
 
+    async def woken(self) -> None:
+        """Wait for a wake-up: the engine changed, or the capacity model finished a sequence
+        of this generation (``batcher.py``)."""
+        await self._woken.wait()
+        self._woken.clear()
+
     async def spend(self, seconds: float) -> bool:
         """Spend ``seconds`` of production time (pauses excluded); ``False`` if aborted."""
         target = self.elapsed() + seconds

@@ -201,7 +201,7 @@ async def _vllm(request: web.Request, server: Served, ask: _Ask, d: Decoder, rid
                 flight: Any) -> web.StreamResponse:
     capture = ask.call.capture
     if not ask.call.stream:
-        await server.run(flight, [d])
+        await server.run(flight, [d], None, ask.ids)
         body = {"request_id": rid, "model": server.config.model_name, "created": int(time.time()),
                 "usage": {**_usage(ask, d), "prompt_tokens_details": None, "completion_tokens_details": None},
                 "prompt_logprobs": None, "prompt_token_id_logprobs": None,
@@ -223,7 +223,7 @@ async def _vllm(request: web.Request, server: Served, ask: _Ask, d: Decoder, rid
         if not await sse.send(events):
             flight.aborted = True
 
-    await server.run(flight, [d], emit)
+    await server.run(flight, [d], emit, ask.ids)
     events: list[Any] = [] if d.finish != "abort" else [chunk(_vllm_choice(d, [], [], capture, final=True), sse.sent == 0)]
     if ask.call.include_usage:
         events.append({"request_id": rid, "output_mode": "tokens", "choices": [], "usage": _usage(ask, d)})
@@ -241,7 +241,7 @@ async def _sglang(request: web.Request, server: Served, ask: _Ask, d: Decoder, r
                 "meta_info": _meta(ask, d, rid, version, flight.elapsed())}
 
     if not ask.call.stream:
-        await server.run(flight, [d])
+        await server.run(flight, [d], None, ask.ids)
         return web.Response(body=_encode(answer()), content_type="application/json")
     sse = await SSE.open(request, {})
 
@@ -249,7 +249,7 @@ async def _sglang(request: web.Request, server: Served, ask: _Ask, d: Decoder, r
         if tokens and not await sse.send([answer()]):
             flight.aborted = True
 
-    await server.run(flight, [d], emit)
+    await server.run(flight, [d], emit, ask.ids)
     if d.finish == "abort" or not d.versions:
         await sse.send([answer()])
     await sse.close()

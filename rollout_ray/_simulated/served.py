@@ -3,6 +3,7 @@ protocol, so that they need not import ``server``, which adds their routes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -27,5 +28,6 @@ class Served(Protocol):
 
     def flight(self, rid: str) -> AbstractContextManager[Flight]: ...
 
-    async def run(self, flight: Flight, decoders: list[Decoder], emit: Any = None) -> bool: ...
+    async def run(self, flight: Flight, decoders: list[Decoder], emit: Any = None,
+                  prompt: Sequence[int] = ()) -> bool: ...
 

@@ -14,6 +14,9 @@ admitted).
 Determinism: ``attempts.py`` (faults, error draws and ids per request key; what the model
 samples from per conversation) and ``completion.py`` (temperature and ``seed``).
 
+``GET /metrics``: vLLM's gauges and counters, of the capacity model (``config.capacity``:
+batching, waiting queue, KV and prefix cache, ``batcher.py``) when it is on.
+
 Time: a request that arrives while the engine is paused waits for the resume
 (``engine.py``); then its tokens are produced on the engine's clock, token ``j`` at
 ``ttft + per_token * (j + 1)``, each under the policy version of its moment
@@ -29,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -40,6 +43,7 @@ from aiohttp import web
 
 from .answers import prompt_tokens
 from .attempts import Attempt, Attempts
+from .batcher import Batcher, metrics_route
 from .completion import Choice, Draw, choose
 from .config import SimulatedModelConfig
 from .control import add_control_routes
@@ -61,7 +65,9 @@ from .plain import plain_events
 from .rendering import add_rendering_routes
 from .request import ChatCall, Invalid, parse
 from .sse import SSE
+from .template import body as assistant_body
 from .template import render
+from .tokenizer import IM_END, encode
 
 __all__ = ["SimulatedModelConfig", "SimulatedModelServer", "SimulatedModelStats"]
 
@@ -106,6 +112,10 @@ class SimulatedModelServer:
         self.base_url: str | None = None
         self.engine = Engine(self.config.policy_version)
         self.attempts = Attempts(self.config)
+        capacity = self.config.capacity
+        self.batcher = None if capacity is None else Batcher(capacity, self.engine)
+        # With the capacity model its steps time every generation: nothing is added per request.
+        self._ttft, self._per_token = (0.0, 0.0) if capacity else (self.config.ttft, self.config.per_token)
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
 
@@ -122,6 +132,7 @@ class SimulatedModelServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", metrics_route(self.config.model_name, self.engine, self.batcher))
         app.router.add_post("/admin/policy_version", self._set_policy_version)
         if self.config.dialect == "vllm":
             app.router.add_get("/version", self._version)
@@ -159,6 +170,8 @@ class SimulatedModelServer:
             self._stopping.set()
             self.engine.shutdown()
             await runner.cleanup()
+            if self.batcher is not None:
+                await self.batcher.stop()
 
     async def __aenter__(self) -> SimulatedModelServer:
         if self._runner is None:
@@ -263,7 +276,7 @@ class SimulatedModelServer:
                     "model": self.config.model_name}
             if call.capture.on:
                 return await self._decode(request, call, head, attempt, prompt, flight)
-            return await self._plain(request, call, head, attempt, flight)
+            return await self._plain(request, call, head, attempt, flight, prompt)
 
     def _usage(self, call: ChatCall, choices: list[Choice], prompt: list[int]) -> dict[str, int]:
         tokens = len(prompt) if call.capture.on else prompt_tokens(call.messages)
@@ -288,11 +301,22 @@ class SimulatedModelServer:
             if flight.aborted and not flight.cut:
                 self.stats.aborted += 1
 
-    async def run(self, flight: Flight, decoders: list[Decoder], emit: Any = None) -> bool:
+    async def run(self, flight: Flight, decoders: list[Decoder], emit: Any = None,
+                  prompt: Sequence[int] = ()) -> bool:
         """Decode ``decoders`` on the engine's clock (``decoding.produce``), counting the tokens;
-        ``emit``: a stream's writer. ``False``: aborted."""
+        ``emit``: a stream's writer. ``False``: aborted. With the capacity model, the batch
+        produces each choice (after ``prompt``, and a continued completion's ids so far) first,
+        then the tokens go out at once, all under the version of its admission."""
         try:
-            return await produce(self.engine, flight, decoders, self.config.ttft, self.config.per_token,
+            if self.batcher is not None:
+                version = self.engine.version
+                done = await self.batcher.serve(flight, [*prompt, *decoders[0].ids],
+                                                [d.plan(version).ids[len(d.ids):] for d in decoders])
+                if not done:
+                    for d in decoders:
+                        d.abort()
+                    return False
+            return await produce(self.engine, flight, decoders, self._ttft, self._per_token,
                                  emit or _nothing, stream=emit is not None)
         finally:
             self.stats.tokens += sum(len(d.ids) - d.start for d in decoders)
@@ -303,14 +327,14 @@ class SimulatedModelServer:
         admitted = self.policy_version
         decoders = [Decoder(i, partial(self.plan, call, attempt.draw, i)) for i in range(call.n)]
         if not call.stream:
-            await self.run(flight, decoders)
+            await self.run(flight, decoders, None, prompt)
             choices = [d.choice(admitted) for d in decoders]
             version = max((d.versions[-1] for d in decoders if d.versions), default=admitted)
             usage = self._usage(call, choices, prompt)
             if call.capture.dialect == "vllm":
                 body = vllm_completion(head, choices, prompt, usage, call.capture)
             else:
-                latency = self.config.ttft + self.config.per_token * max(c.tokens for c in choices)
+                latency = self._ttft + self._per_token * max(c.tokens for c in choices)
                 body = sglang_completion(head, choices, prompt, usage, call.capture, version, latency)
             payload = _encode(body)
             if attempt.fault == "malformed":
@@ -330,7 +354,7 @@ class SimulatedModelServer:
             if not await sse.send([e for e in events if e is not None]):
                 flight.aborted, flight.cut = True, sse.cut  # nothing more reaches the client
 
-        await self.run(flight, decoders, emit)
+        await self.run(flight, decoders, emit, prompt)
         if vllm:
             events = [vllm_abort(head, d.index, call.capture) for d in decoders if d.finish == "abort"]
         else:
@@ -344,15 +368,19 @@ class SimulatedModelServer:
         return sse.response
 
     async def _plain(self, request: web.Request, call: ChatCall, head: dict[str, Any], attempt: Attempt,
-                     flight: Flight) -> web.StreamResponse:
+                     flight: Flight, prompt: list[int]) -> web.StreamResponse:
         """A chat completion without token capture: fixed when admitted, the text in pieces."""
         version = self.policy_version
         choices = [choose(call, self.config, attempt.draw, i, version) for i in range(call.n)]
+        if self.batcher is not None:  # the batch produces it first (its ids as a template renders them)
+            ids = [[*encode(assistant_body(c.message)), IM_END] for c in choices]
+            if not await self.batcher.serve(flight, prompt, ids):
+                choices = [_aborted(c) for c in choices]
         if call.stream:
             return await self._stream(request, call, head, choices, flight, attempt.fault == "malformed")
-        latency = self.config.ttft + self.config.per_token * max(c.tokens for c in choices)
+        latency = self._ttft + self._per_token * max(c.tokens for c in choices)
         if not await flight.spend(latency):
-            choices = [replace(c, message={"role": "assistant", "content": ""}, finish="abort") for c in choices]
+            choices = [_aborted(c) for c in choices]
         out = [{"index": c.index, "message": c.message, "logprobs": None, "finish_reason": c.finish} for c in choices]
         body = {**head, "object": "chat.completion", "choices": out, "usage": self._usage(call, choices, [])}
         payload = _encode(body)
@@ -368,7 +396,7 @@ class SimulatedModelServer:
         self.stats.by_status[200] += 1
         usage = self._usage(call, choices, []) if call.include_usage else None
         pending: list[Any] = []
-        for wait, event in plain_events(head, choices, usage, self.config.ttft, self.config.per_token):
+        for wait, event in plain_events(head, choices, usage, self._ttft, self._per_token):
             if wait > 0:
                 # Chunks due at the same moment go out in one write: fewer syscalls.
                 if not await sse.send(pending):
@@ -381,6 +409,10 @@ class SimulatedModelServer:
         await sse.send(pending)
         await sse.close()
         return sse.response
+
+
+def _aborted(choice: Choice) -> Choice:
+    return replace(choice, message={"role": "assistant", "content": ""}, finish="abort")
 
 
 async def _nothing(tokens: list[Token]) -> None:

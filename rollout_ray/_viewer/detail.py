@@ -1,13 +1,15 @@
 """One rollout for its page: its trace read from its shard, as JSON-ready data, and its siblings.
 
 Only the row's shard is opened, only its row group holding the row is read (streamed), and only
-the ``rollout_id`` and ``trace`` columns, a few rows at a time up to the row. Everything shown comes from
-the lossless ``trace`` column, so the page sees every field the rollout recorded.
+the ``rollout_id`` and ``trace`` columns (with ``input_ids`` and ``logprobs``, where the blob left
+its ids to them), a few rows at a time up to the row. Everything shown comes from the lossless
+trace, so the page sees every field the rollout recorded.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +24,10 @@ from .._errors import CorruptRun
 from .._record.messages import AssistantMessage, Content, ImagePart, ToolMessage
 from .._record.run_layout import SAMPLES
 from .._record.score_versions import rescored_trace
+from .._record.token_store import has_stored_ids, restore_ids
 from .._record.trace import Trace, decode_trace
 from .index import RunIndex, unreadable_is_corrupt
+from .tokens_view import token_view
 
 _BATCH = 16
 """Rows decoded at a time on the way to the row (traces can be MiBs each)."""
@@ -45,8 +49,13 @@ def read_trace(index: RunIndex, position: int) -> Trace:
     with index.layout.open() as run, run.folder(SAMPLES) as folder, folder.arrow_reader(name) as f:
         path = folder.path / name
         with unreadable_is_corrupt(path):
-            blob = _read_row(f, path, row, expected)
+            blob, ids = _read_row(f, path, row, expected)
     trace = decode_trace(blob)
+    if ids is not None and has_stored_ids(trace):  # the ids its token columns keep (schema 3 on)
+        try:
+            restore_ids(trace, *ids)
+        except ValueError as e:
+            raise CorruptRun.shard(path, f"row {row}: {e}") from None
     version = index.scores
     if version is not None and shard < version.shards:  # a rescore's scores, as the index shows them
         scored = version.row(index.table["group_id"][position].as_py(), index.table["sample_idx"][position].as_py(),
@@ -56,9 +65,12 @@ def read_trace(index: RunIndex, position: int) -> Trace:
     return trace
 
 
-def _read_row(source: pa.NativeFile, path: Path, row: int, rollout_id: str) -> bytes:
-    """Row ``row``'s trace: only its row group is read, streamed, and decoded ``_BATCH`` rows at
-    a time up to the row (pyarrow reads no single row; the writer bounds a row group's bytes)."""
+def _read_row(source: pa.NativeFile, path: Path, row: int, rollout_id: str
+              ) -> tuple[bytes, tuple[list[list[int]], list[list[float]]] | None]:
+    """Row ``row``'s trace, and its ``input_ids`` and ``logprobs`` where the shard has them
+    (the token view needs the ids a blob leaves to them): only its row group is read, streamed,
+    and decoded ``_BATCH`` rows at a time up to the row (pyarrow reads no single row; the
+    writer bounds a row group's bytes)."""
     with pq.ParquetFile(source, page_checksum_verification=True, pre_buffer=False, buffer_size=_BUFFER) as shard:
         first = 0
         for group in range(shard.num_row_groups):
@@ -68,7 +80,9 @@ def _read_row(source: pa.NativeFile, path: Path, row: int, rollout_id: str) -> b
             first += size
         else:
             raise CorruptRun.shard(path, f"row {row} is past the shard's {first} rows")
-        batches = shard.iter_batches(batch_size=_BATCH, row_groups=[group], columns=["rollout_id", "trace"],
+        names = set(shard.schema_arrow.names)
+        tokens = ["input_ids", "logprobs"] if {"input_ids", "logprobs"} <= names else []
+        batches = shard.iter_batches(batch_size=_BATCH, row_groups=[group], columns=["rollout_id", "trace", *tokens],
                                      use_threads=False)
         for batch in batches:
             if row - first < batch.num_rows:
@@ -78,13 +92,16 @@ def _read_row(source: pa.NativeFile, path: Path, row: int, rollout_id: str) -> b
                 blob = batch.column(1)[at].as_py()
                 if blob is None:
                     raise CorruptRun.shard(path, f"row {row} has no trace")
-                return blob
+                if not tokens or not batch.column(2)[at].is_valid:
+                    return blob, None
+                return blob, (batch.column(2)[at].as_py(), batch.column(3)[at].as_py())
             first += batch.num_rows
     raise CorruptRun.shard(path, f"row {row} not found")
 
 
-def trace_view(trace: Trace) -> dict[str, Any]:
-    """The rollout page's data: the last branch's conversation, scores, spans, errors, calls."""
+def trace_view(trace: Trace, token_text: Callable[[int], str] | None = None) -> dict[str, Any]:
+    """The rollout page's data: the last branch's conversation, scores, spans, errors, calls,
+    and its token sequences (each id's text too, with ``token_text``)."""
     counts = trace.counts()
     t0 = trace.timing.start or min((n.timestamp for n in trace.nodes if n.timestamp), default=0.0)
     return {
@@ -103,6 +120,8 @@ def trace_view(trace: Trace) -> dict[str, Any]:
                    "output_tokens": counts.num_output_tokens, "total_tokens": counts.num_total_tokens},
         "num_branches": trace.num_branches,
         "messages": _conversation(trace, t0),
+        "branch_reasons": trace.branch_reasons,
+        "tokens": token_view(trace, token_text),
         "rewards": [{"name": k, "score": None if r is None else r.score, "weight": None if r is None else r.weight}
                     for k, r in trace.rewards.items()],
         "metrics": [{"name": k, "value": v} for k, v in trace.metrics.items()],

@@ -36,6 +36,7 @@ from aiohttp import web
 
 from .._errors import CorruptRun, SchemaMismatch
 from .._record.store import read_manifest
+from .._record.tokens import has_tokens
 from .catalog import NotARunDirectory, RunEntry, describe, find_runs, model_shown
 from .detail import read_trace, siblings, trace_view
 from .index import BadQuery, Query, RunIndex, build_index, overview, page, select
@@ -43,6 +44,9 @@ from .live import live_status
 
 STATIC_DIR = Path(__file__).parent / "static"
 PlotFn = Callable[[pa.Table, str], object]
+TokenizerFn = Callable[[Any], Callable[[int], str] | None]
+"""``tokenizer(model)``: the text of each token id of the run whose manifest records ``model``
+(``None``: not known here)."""
 """``plot(samples, png_path)``, as ``rollout-ray report`` draws it."""
 
 MAX_LIMIT = 500
@@ -63,11 +67,16 @@ class NotFound(LookupError):
 class Viewer:
     """The runs behind one server, and what it caches of them."""
 
-    def __init__(self, paths: Sequence[str | os.PathLike[str]], plot: PlotFn | None = None) -> None:
-        """Find the runs of ``paths`` now. Raises ``NotARunDirectory`` for a path without runs."""
+    def __init__(self, paths: Sequence[str | os.PathLike[str]], plot: PlotFn | None = None,
+                 tokenizer: TokenizerFn | None = None) -> None:
+        """Find the runs of ``paths`` now. Raises ``NotARunDirectory`` for a path without runs.
+
+        ``tokenizer(model)``: for a run's manifest model, the text of a token id, or ``None``
+        where that model's tokenizer is not at hand (the token view then shows ids)."""
         self.paths = [Path(p) for p in paths]
         self.runs = find_runs(self.paths)
         self.plot = plot
+        self.tokenizer = tokenizer
         self._indexes: dict[str, RunIndex] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._selections: OrderedDict[tuple[Any, ...], pa.Array] = OrderedDict()
@@ -225,7 +234,11 @@ class _Handlers:
         trace = await asyncio.to_thread(read_trace, index, position)
         row = index.table.slice(position, 1).to_pylist()[0]
         keep = ("run_id", "group_id", "sample_idx", "attempt")
-        return _json({"run": entry.id, **{k: row[k] for k in keep}, **trace_view(trace)})
+        text = None
+        if self.viewer.tokenizer is not None and has_tokens(trace):
+            manifest = await asyncio.to_thread(read_manifest, entry.layout)
+            text = self.viewer.tokenizer(manifest.config.get("model"))
+        return _json({"run": entry.id, **{k: row[k] for k in keep}, **trace_view(trace, token_text=text)})
 
     async def siblings(self, request: web.Request) -> web.Response:
         entry, index, position = await self._locate(request)

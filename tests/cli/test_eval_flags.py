@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -159,8 +163,24 @@ def test_model_url_without_model_asks_the_server(models_server: tuple[str, type[
     handler.ids = []
     with pytest.raises(UsageError, match=r"serves 0 models \(none\)"):
         served_model(url, None)
-    with pytest.raises(UsageError, match=r"^--model-url http://127.0.0.1:9/v1: cannot list its models"):
-        served_model("http://127.0.0.1:9/v1", None)
+    with pytest.raises(UsageError, match=rf"^--model-url {url}/x: cannot list its models \(GET /models: HTTP 404 "
+                       r".*\); pass --model NAME$"):
+        served_model(url + "/x", None)
+
+
+def test_model_url_down_without_model_says_the_server_is_unreachable(tmp_path: pathlib.Path) -> None:
+    """Not "pass --model NAME": a name would not make the server answer. A real eval process,
+    refused before Ray, at a loopback port bound by no listener (connections refused)."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{bound.getsockname()[1]}/v1"
+        done = subprocess.run([sys.executable, "-m", "rollout_ray", "eval", ARITH, "--model-url", url,
+                               "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "RAY_TMPDIR": str(tmp_path / "ray-tmp")})
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-3000:]
+    assert done.stderr.splitlines() == [f"rollout-ray eval: error: --model-url {url}: the server is unreachable "
+                                        "([Errno 111] Connection refused); start it, or check the URL"]
+    assert not (tmp_path / "ray-tmp").exists() and not (tmp_path / "run").exists()
 
 
 def test_eval_against_a_server_uses_its_only_model(capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path) -> None:

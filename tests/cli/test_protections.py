@@ -87,3 +87,16 @@ def test_runtime_sandbox_refuses_to_fall_back(tmp_path: pathlib.Path, report: An
     assert not out.exists()  # refused before anything started
     report("21§6 --runtime sandbox, no sandbox", "bubblewrap absent", "refused at start (exit 2), no fallback",
            "0", 0.0)
+
+
+def test_any_named_runtime_refuses_where_its_provider_cannot_run(tmp_path: pathlib.Path) -> None:
+    """Issue 32 §2: the refusal is the provider's, not the sandbox's alone: ``--runtime podman``
+    on a machine without podman says so before anything starts."""
+    out = tmp_path / "run"
+    path = [d for d in os.environ.get("PATH", "").split(os.pathsep) if not os.path.exists(os.path.join(d, "podman"))]
+    done = _run(CLI, "eval", ARITH, "--executor", "local", "--limit", "1", "--runtime", "podman", "--out", str(out),
+                env={**os.environ, "PATH": os.pathsep.join(path)})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert ("rollout-ray eval: error: --runtime podman: this machine cannot run the podman (the podman runtime needs "
+            "podman: apt-get install podman") in done.stderr
+    assert not out.exists()

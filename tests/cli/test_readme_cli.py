@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -141,3 +143,57 @@ def test_the_command_line_showcase_runs_from_a_bare_shell(tmp_path: pathlib.Path
         proc.wait()
         proc.stdout.close()  # type: ignore[union-attr]
         proc.stderr.close()  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_ctl_example_runs_long_enough_to_steer_with_every_command(tmp_path: pathlib.Path) -> None:
+    """The README's ctl block, in order, on its eval (here on the local executor, in tmp_path):
+    the run must still be live at its last command (it ended about 1 s after its warm-up)."""
+    block = README[README.index("### Steering a live run"):]
+    block = re.search(r"```bash\n(.*?)```", block, re.S).group(1)  # type: ignore[union-attr]
+    lines = [shlex.split(line.split("#")[0].rstrip().rstrip("&")) for line in block.strip().splitlines()]
+    out = str(tmp_path / "long")
+    run, steps = [out if a == "runs/long" else a for a in lines[0]], lines[1:]
+    assert run[:2] == ["rollout-ray", "eval"] and all(s[:3] == ["rollout-ray", "ctl", "runs/long"] for s in steps)
+    proc = subprocess.Popen([sys.executable, "-m", "rollout_ray", *run[1:], "--executor", "local"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "long" / "control.json").exists():  # a bounded poll for the endpoint
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never opened its endpoint"
+            time.sleep(0.2)
+        for step in steps:
+            argv = [out if a == "runs/long" else a for a in step[1:]]
+            if argv[2] == "cancel":  # the README's id is an example: one of the run's own, the youngest
+                _cancel_one(argv, deadline)
+                continue
+            _ctl(argv)
+            if argv[2] == "pause":  # "then: resume"
+                _ctl(argv[:2] + ["resume"])
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3, stderr[-2000:]  # stopped by the operator: halted, with its resume line
+    assert "run halted: stopped by the operator (rollout-ray ctl stop); continue with: " in stderr
+
+
+def _cancel_one(argv: list[str], deadline: float) -> None:
+    """``ctl RUN cancel ID`` of a rollout status lists; again with a fresh one if it finished
+    in between (a ctl process takes seconds to start on a loaded machine)."""
+    while True:
+        status = json.loads(_ctl(argv[:2] + ["status", "--json"]))
+        youngest = min(status["rollouts"], key=lambda r: r["age"])
+        done = subprocess.run([sys.executable, "-m", "rollout_ray", *argv[:3], youngest["id"]],
+                              capture_output=True, text=True, timeout=90)
+        if done.returncode == 0:
+            return
+        assert "in flight" in done.stderr and time.monotonic() < deadline, done.stderr
+
+
+def _ctl(argv: list[str]) -> str:
+    done = subprocess.run([sys.executable, "-m", "rollout_ray", *argv], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, f"{argv}: {done.stderr}"
+    return done.stdout

@@ -75,7 +75,9 @@ def test_a_link_planted_where_eval_writes_is_refused_and_the_outside_file_kept(
     (tmp_path / "r" / planted).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / "r" / planted).symlink_to(victim)
     done, seconds = evaluate(tmp_path, "r")
-    assert refused(done) == "rollout-ray eval: " + LINK.format(path=f"r/{planted}")
+    # The lock is taken with eval's checks, before Ray (``_cli/claim``): a check's "error:" line.
+    kind = "error: " if planted == ".lock" else ""
+    assert refused(done) == "rollout-ray eval: " + kind + LINK.format(path=f"r/{planted}")
     assert victim.read_text() == PRECIOUS and (tmp_path / "r" / planted).is_symlink()
     report(f"21§1 planted r/{planted}", "link to an outside file; eval --out r", "refused: exit 2, names it",
            "outside file intact", seconds)

@@ -81,8 +81,8 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 def steered(run_dir: Path, scenario: Callable[[Ctl, Barrier, Driver], Awaitable[None]], *, n: int = 4,
-            max_in_flight: int = 2, resume: bool = False, **config: Any) -> RunResult:
-    """Run ``n`` tasks × 1 sample into ``run_dir`` while ``scenario`` steers it; the barrier is
+            max_in_flight: int = 2, resume: bool = False, samples: int = 1, **config: Any) -> RunResult:
+    """Run ``n`` tasks × ``samples`` into ``run_dir`` while ``scenario`` steers it; the barrier is
     released when the scenario returns."""
 
     async def main() -> RunResult:
@@ -90,7 +90,7 @@ def steered(run_dir: Path, scenario: Callable[[Ctl, Barrier, Driver], Awaitable[
         async with LocalExecutor(runtime="local") as executor, aiohttp.ClientSession() as http:
             driver = Driver(tasks(n), ScriptedHarness(), model, executor=executor, run_dir=str(run_dir),
                             resume=resume,
-                            config=EvalConfig(samples_per_task=1, max_in_flight=max_in_flight, **config))
+                            config=EvalConfig(samples_per_task=samples, max_in_flight=max_in_flight, **config))
             running = asyncio.create_task(driver.arun())
             try:
                 await scenario(Ctl(run_dir, http), model, driver)
@@ -249,3 +249,32 @@ def test_a_stall_bound_not_finite_or_negative_and_a_max_in_flight_beyond_its_bou
 
     result = steered(tmp_path / "run", scenario)
     assert result.status == "completed" and result.samples.num_rows == 4
+
+
+def test_a_stop_while_a_group_is_half_started_stores_every_rollout_it_counts(tmp_path: Path) -> None:
+    """Issue 28: groups of 2 under max-in-flight 3, so the driver waits for room to start the
+    second sample of group 1 when the operator pauses and stops. The stop must not strand the
+    group's first sample: counted done (the bar, status.json) but never stored (a group is
+    stored whole), then run again by the resume. The admitted group runs whole and is stored."""
+    run_dir = tmp_path / "run"
+
+    async def stop(ctl: Ctl, model: Barrier, driver: Driver) -> None:
+        await ctl.until_status(in_call(3))  # group 0 whole and group 1's first sample
+        assert (await ctl.call("POST", "/max-in-flight", {"n": 3}))[0] == 200
+        assert (await ctl.call("POST", "/pause"))[0] == 200
+        assert (await ctl.call("POST", "/resume"))[0] == 200
+        assert (await ctl.call("POST", "/stop"))[0] == 200
+
+    stopped = steered(run_dir, stop, n=4, samples=2, max_in_flight=3)
+    assert stopped.status == "halted"
+    stored = sorted(read_run(str(run_dir), ["task_idx"])["task_idx"].to_pylist())
+    done = json.loads((run_dir / "status.json").read_text())["progress"]["done"]
+    assert (done, stored) == (4, [0, 0, 1, 1])
+
+    async def nothing(ctl: Ctl, model: Barrier, driver: Driver) -> None:
+        pass
+
+    resumed = steered(run_dir, nothing, n=4, samples=2, max_in_flight=3, resume=True)
+    assert resumed.status == "completed"
+    rows = read_run(str(run_dir), ["task_idx", "sample_idx"]).to_pylist()
+    assert sorted((r["task_idx"], r["sample_idx"]) for r in rows) == [(t, i) for t in range(4) for i in range(2)]

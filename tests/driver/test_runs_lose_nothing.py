@@ -83,9 +83,9 @@ def _traces(run_dir: Path) -> list[Trace]:
 
 def test_resume_with_other_settings_is_refused_naming_them(tmp_path: Path) -> None:
     _drive(tmp_path, ScriptedModel(default="4"), samples=1)
-    with pytest.raises(ResumeMismatch, match=r"other settings \(eval\.samples_per_task\)"):
+    with pytest.raises(ResumeMismatch, match=r"other settings \(eval\.samples_per_task: stored 1, given 2\)"):
         _drive(tmp_path, ScriptedModel(default="4"), samples=2, resume=True)
-    with pytest.raises(ResumeMismatch, match=r"other settings \(model\)"):
+    with pytest.raises(ResumeMismatch, match=r"other settings \(model: stored \"m\", given \"another\"\)"):
         _drive(tmp_path, ScriptedModel(default="4"), resume=True, manifest={"model": "another"})
     assert read_run(tmp_path).num_rows == 4  # nothing mixed in
 

@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from rollout_ray import Task
 from rollout_ray._driver.driver import Driver, EvalConfig
 from rollout_ray._hosting.local_executor import LocalExecutor
@@ -71,15 +73,29 @@ def test_an_executor_that_does_not_look_ahead_has_nothing_read_ahead() -> None:
     assert asyncio.run(main()) == [(0, [0]), (1, [0, 1]), (2, [0, 1, 2])]
 
 
-def test_evals_progress_wrapper_passes_the_schedule_on() -> None:
-    """``rollout-ray eval`` wraps its executor (``Watched``): the warm pools are fed through it."""
-    from rollout_ray._cli.progress import Watched
+def test_eval_hands_the_driver_its_executor_itself_so_the_schedule_reaches_it(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """``rollout-ray eval`` once wrapped its executor for the progress bar, and the wrapper did
+    not pass the schedule on (the CLI's warm pools were never told). The bar now reads the
+    driver's progress: the driver gets the executor eval made, nothing in between."""
+    import types
 
-    inner = Recording()
-    watched = Watched(inner)
-    assert watched.looks_ahead  # as its inner executor's
-    asyncio.run(watched.prepare([Task({"prompt": "p"})], []))
-    assert inner.prepared == [(0, 1, 0)]
+    from rollout_ray._cli import drive
+
+    made = Recording()
+    seen: list[Any] = []
+
+    class Spy:
+        def __init__(self, *args: Any, executor: Any = None, **kwargs: Any) -> None:
+            seen.append(executor)
+            raise RuntimeError("stop here")
+
+    monkeypatch.setattr(drive, "Driver", Spy)
+    with pytest.raises(RuntimeError, match="stop here"):
+        asyncio.run(drive.drive("t", types.ModuleType("t"), [Task({"prompt": "p"})], ScriptedHarness([]),
+                                ScriptedModel([]), made, EvalConfig(), str(tmp_path / "run"), resume=False,
+                                where="here", manifest_config={}, announce=False))
+    assert seen == [made]
 
 
 def test_what_a_schedule_asks_of_the_nodes() -> None:

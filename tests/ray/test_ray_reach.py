@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -42,3 +43,46 @@ def test_a_live_cluster_and_the_addresses_ray_resolves_pass(ray_cluster: Any) ->
     check_reachable(ray_cluster.get_runtime_context().gcs_address)
     for resolved_by_ray in ("auto", "local"):
         check_reachable(resolved_by_ray)
+
+
+def _answering(answer: bytes) -> tuple[socket.socket, threading.Thread]:
+    """A loopback server that reads a connection's first bytes, writes ``answer`` and closes."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(64)
+            conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+@pytest.mark.parametrize(("answer", "says"), [
+    (b"HTTP/1.1 400 Bad Request\r\nServer: uvicorn\r\ncontent-length: 0\r\n\r\n",
+     "an HTTP server (uvicorn) answered 'HTTP/1.1 400 Bad Request'"),
+    (b"SSH-2.0-OpenSSH_9.6\r\n", "something answered that is not gRPC (b'SSH-2.0-OpenSSH_9.6\\r\\n')"),
+    (b"", "something accepts connections there but closed at a gRPC hello"),
+])
+def test_something_that_answers_but_is_not_ray_is_named(answer: bytes, says: str) -> None:
+    """Issue 28: a TCP connection is not enough; Ray's GCS answers HTTP/2 (gRPC)."""
+    listener, thread = _answering(answer)
+    with listener:
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        with pytest.raises(RayUnreachable) as info:
+            check_reachable(address, timeout=30)  # a hang guard: each answers at once
+        thread.join(30)
+    assert str(info.value) == f"cannot reach Ray at {address} ({says}: not a Ray cluster)"
+
+
+def test_a_port_that_accepts_and_never_answers_is_refused_within_the_timeout() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)  # the kernel accepts; nothing reads or answers
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        with pytest.raises(RayUnreachable, match=r"did not answer a gRPC hello within 0\.5s: not a Ray cluster\)$"):
+            check_reachable(address, timeout=0.5)

@@ -34,9 +34,11 @@ from rollout_ray import (
     Usage,
     UserMessage,
     UserTurn,
+    VersionInfo,
 )
 from rollout_ray._record.arrow import (
     ARROW_SCHEMA_VERSION,
+    BRANCH_COLUMNS,
     CONVERSATION_COLUMNS,
     HISTORY_COLUMNS,
     POLICY_COLUMNS,
@@ -61,7 +63,8 @@ def full_trace() -> Trace:
         version=2,
         id="trace-1",
         task=TraceTask(
-            "MathTask", key="k", hash="h" * 64, idx=7, data={"prompt": "p", "n": [1, 2.5]}
+            "MathTask", key="k", hash="h" * 64, idx=7, data={"prompt": "p", "n": [1, 2.5]},
+            data_cls="tasks:MathData",
         ),
         agent=AgentInfo(
             harness="scripted", model="m-1",
@@ -79,7 +82,7 @@ def full_trace() -> Trace:
                                             tool_calls=[tool_call]),
                         sampled=True, timestamp=3.0, token_ids=[1, 2, 3],
                         logprobs=[-0.5, -0.25, 0.0], advantages=[0.5, 0.5, 0.5],
-                        mask=[True, True, False]),
+                        mask=[True, True, False], is_content=[False, True, True]),
             MessageNode(4, ToolMessage(tool_call_id="c1", content="found", name="grep"), original_chars=9000,
                         original_digest=b"\x01" * 16),
             MessageNode(5, AssistantMessage(content="A"), sampled=True, token_ids=[4], logprobs=[-1.0]),
@@ -94,7 +97,7 @@ def full_trace() -> Trace:
                 time=TimeSpan(10.0, 12.5),
                 error=ErrorRecord(type="ProviderError", message="slow", status_code=429, traceback="tb"),
                 policy=3, prompt_shared=0, prompt_ids=[7, 8],
-                token_policy=[(3, 2), (4, 1)], interrupts=1, dropped={"logit_bias": "not forwarded"},
+                token_policy=[(3, 2), (4, 1)], interrupts=1, dropped={"logit_bias": "not forwarded"}, tools_digest="0123456789abcdef",
             ),
             ModelCall(node=6, usage=Usage(prompt_tokens=20, completion_tokens=5), prompt_shared=5, prompt_ids=[9]),
             ModelCall(node=7, usage=Usage(prompt_tokens=22, completion_tokens=3)),
@@ -126,6 +129,8 @@ def full_trace() -> Trace:
             ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5, arguments_chars=90),
             ToolCallRecord("calc", "mul", "{}", True),
         ],
+        extra_usage=[Usage(prompt_tokens=7, completion_tokens=2)],
+        verifiers=VersionInfo(version="9.9.9", commit="abc123"),
         user_turns=[
             UserTurn("customer", "go", node=3, call=ModelCall(model="judge", usage=Usage(prompt_tokens=5,
                                                                                           completion_tokens=2))),
@@ -288,13 +293,16 @@ V3_COLUMNS = V2_COLUMNS + ("attempts",)
 V4_COLUMNS = V3_COLUMNS + ("token_policy", "policy_min", "policy_max")
 """Version 4 appended the policy version of each id and the rollout's oldest and newest."""
 
+V5_COLUMNS = V4_COLUMNS + ("branches", "branch_reasons")
+"""Version 5 appended how many branches the conversation has and why each exists."""
+
 
 def test_schema_is_versioned_and_only_appends() -> None:
-    assert ARROW_SCHEMA_VERSION == 4  # 4: the policy versions of each id, and the rollout's range
-    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"4"}
-    assert tuple(TRACE_SCHEMA.names) == V4_COLUMNS
-    assert set(SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS) == set(TRACE_SCHEMA.names)
-    assert len(SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS) == len(TRACE_SCHEMA.names)
+    assert ARROW_SCHEMA_VERSION == 5  # 5: how many branches and why
+    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"5"}
+    assert tuple(TRACE_SCHEMA.names) == V5_COLUMNS
+    every = SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS + BRANCH_COLUMNS
+    assert set(every) == set(TRACE_SCHEMA.names) and len(every) == len(TRACE_SCHEMA.names)
     assert CONVERSATION_COLUMNS == ("messages", "trace", *TOKEN_COLUMNS)
     assert TOKEN_COLUMNS == (*V2_COLUMNS[len(V1_COLUMNS):], "token_policy")
     assert records_to_table([full_record()]).schema.metadata == TRACE_SCHEMA.metadata
@@ -303,8 +311,9 @@ def test_schema_is_versioned_and_only_appends() -> None:
 def test_every_scalar_column_is_derived_from_the_record() -> None:
     """Each scalar column has a non-null value for a full record: none is left unfilled."""
     [row] = records_to_table([full_record()]).to_pylist()
-    assert [name for name in SCALAR_COLUMNS + POLICY_COLUMNS if row[name] is None] == []
-    assert set(row) == set(SCALAR_COLUMNS) | set(CONVERSATION_COLUMNS) | set(HISTORY_COLUMNS) | set(POLICY_COLUMNS)
+    assert [name for name in SCALAR_COLUMNS + POLICY_COLUMNS + BRANCH_COLUMNS if row[name] is None] == []
+    assert set(row) == (set(SCALAR_COLUMNS) | set(CONVERSATION_COLUMNS) | set(HISTORY_COLUMNS) | set(POLICY_COLUMNS)
+                        | set(BRANCH_COLUMNS))
     assert (row["policy_min"], row["policy_max"]) == (3, 4)  # the first call's runs: 3 then 4
 
 
@@ -327,6 +336,8 @@ TRACE_FIELDS_ACKNOWLEDGED = {
     "errors": "error_type, error_message, num_errors (the stored attempt's), attempts (every attempt's)",
     "timing": "started_at and the *_s span columns",
     "tool_calls": "num_tool_calls",
+    "extra_usage": "trace blob only",
+    "verifiers": "trace blob only",
     "user_turns": "trace blob only",
 }
 """Where each Trace field lands in the table. A new Trace field fails the guard below until
@@ -360,14 +371,14 @@ def test_a_mistyped_column_is_a_schema_mismatch() -> None:
 
 def test_a_newer_schema_version_is_refused() -> None:
     table = records_to_table([full_record()])
-    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"5"})
+    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"6"})
     with pytest.raises(
         SchemaMismatch,
-        match=r"^trace table has schema version 5, newer than version 4 known here; "
+        match=r"^trace table has schema version 6, newer than version 5 known here; "
         r"upgrade rollout_ray to read it$",
     ):
         check_schema(newer)
-    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 5"):
+    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 6"):
         table_to_traces(newer)
     check_schema(table.replace_schema_metadata({b"rollout_ray.schema_version": b"1"}))
 

@@ -93,10 +93,13 @@ def written_by(version: int, rows: list[RolloutRecord]) -> pa.Table:
 VERSION_4 = ("token_policy", "policy_min", "policy_max")
 """The columns schema version 4 appended: each id's policy version, the rollout's range."""
 
+VERSION_5 = ("branches", "branch_reasons")
+"""The columns schema version 5 appended: how many branches and why."""
+
 
 def written_by_3(rows: list[RolloutRecord]) -> pa.Table:
     """A table as schema version 3 wrote it: the ids in the token columns only, no versions."""
-    table = records_to_table(rows).drop_columns(list(VERSION_4))
+    table = records_to_table(rows).drop_columns(list(VERSION_4 + VERSION_5))
     return table.replace_schema_metadata({b"rollout_ray.schema_version": b"3"})
 
 
@@ -114,7 +117,7 @@ def test_a_version_3_shard_is_read_beside_a_version_4_one_with_null_versions(tmp
     only = ShardWriter(tmp_path / "v3")
     only.write(written_by_3([old]))
     only.close()
-    assert read_run(tmp_path / "v3").column_names == [n for n in TRACE_SCHEMA.names if n not in VERSION_4]
+    assert read_run(tmp_path / "v3").column_names == [n for n in TRACE_SCHEMA.names if n not in VERSION_4 + VERSION_5]
 
 
 def old_shard(rows: list[RolloutRecord]) -> pa.Table:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import pathlib
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from rollout_ray import (
     TraceTask,
     Usage,
     UserMessage,
+    VersionInfo,
     decode_trace,
     encode_trace,
 )
@@ -54,7 +56,8 @@ def full_trace() -> Trace:
     return Trace(
         version=2,
         id="trace-1",
-        task=TraceTask("MathTask", key="k", hash="h" * 64, idx=7, data={"prompt": "p", "n": [1, 2.5]}),
+        task=TraceTask("MathTask", key="k", hash="h" * 64, idx=7, data={"prompt": "p", "n": [1, 2.5]},
+                       data_cls="tasks:MathData"),
         agent=AgentInfo(
             harness="scripted", model="m-1",
             runtime=RuntimeInfo(id="/tmp/x", type="memory", name="rt", borrowed=True, image="sha256:ab",
@@ -66,7 +69,8 @@ def full_trace() -> Trace:
             MessageNode(None, SystemMessage("sys"), timestamp=1.5),
             MessageNode(0, user, timestamp=2.0),
             MessageNode(1, asst, sampled=True, timestamp=3.0, token_ids=[1, 2, 3],
-                        logprobs=[-0.5, -0.25, 0.0], advantages=[0.5, 0.5, 0.5], mask=[True, True, False]),
+                        logprobs=[-0.5, -0.25, 0.0], advantages=[0.5, 0.5, 0.5], mask=[True, True, False],
+                        is_content=[False, True, True]),
             MessageNode(2, ToolMessage(tool_call_id="c1", content="found", name="grep"), timestamp=4.0,
                         original_chars=9000, original_digest=b"\x01" * 16),
             MessageNode(3, AssistantMessage(content="prompt-supplied"), timestamp=5.0),
@@ -81,6 +85,7 @@ def full_trace() -> Trace:
                 error=ErrorRecord(type="ProviderError", message="slow", status_code=429, traceback="tb"),
                 policy=4, prompt_shared=2, prompt_ids=[9], stored_ids=(1, 3),
                 token_policy=[(4, 1), (5, 2)], interrupts=1, dropped={"logit_bias": "not forwarded"},
+                tools_digest="0123456789abcdef",
             )
         ],
         request_rewrites=[InterceptRecord("redact")],
@@ -102,6 +107,8 @@ def full_trace() -> Trace:
             scoring=TimeSpan(111.0, 112.0),
         ),
         tool_calls=[ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5, arguments_chars=90)],
+        extra_usage=[Usage(prompt_tokens=7, completion_tokens=2)],
+        verifiers=VersionInfo(version="9.9.9", commit="abc123"),
         user_turns=[UserTurn("customer", "more", done=True, node=1, call=ModelCall(model="judge"), agent_node=2)],
     )
 
@@ -414,8 +421,11 @@ def test_s3_last_reply_is_the_stripped_last_sampled_assistant():
     assert trace.last_reply == ""
 
 
-def test_a_trace_written_with_the_dropped_extra_usage_field_still_reads() -> None:
-    """``extra_usage`` was never written; traces stored with it (always empty) decode without it."""
-    old = msgspec.msgpack.encode({"task": {"type": "T"}, "extra_usage": [], "ok": True})
-    trace = decode_trace(old)
-    assert trace.ok and not hasattr(trace, "extra_usage")
+def test_a_trace_written_with_extra_usage_or_without_it_reads() -> None:
+    """``extra_usage`` was dropped for a while and is back (judges fill it): traces stored in
+    either form decode, and one stored before ``verifiers`` existed gets this build's."""
+    for old in ({"task": {"type": "T"}, "extra_usage": [{"prompt_tokens": 3}], "ok": True},
+                {"task": {"type": "T"}, "ok": True}):
+        trace = decode_trace(msgspec.msgpack.encode(old))
+        assert trace.ok and trace.extra_usage == [Usage(prompt_tokens=3)] * len(old.get("extra_usage", []))
+        assert trace.verifiers == VersionInfo(version=importlib.metadata.version("rollout_ray"))

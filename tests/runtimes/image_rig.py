@@ -131,11 +131,14 @@ BOXES = [pytest.param(SandboxRuntime, id="host"), pytest.param(image_sandbox, id
 
 
 def host_path(rt: LocalRuntime, relative: str) -> str:
-    """Where ``relative`` (in the runtime's work directory) is on the host."""
+    """Where ``relative`` (in the runtime's work directory) is on the host: a sandbox's disk
+    limit and image root are mounted in its own namespace, reached through its holder
+    (``mount_ns.py``)."""
     assert rt.workdir is not None
+    reach = getattr(rt, "_host_path", str)
     if getattr(rt, "image", None) is None:
-        return os.path.join(rt.workdir, relative)
-    return os.path.join(rt.id, "root", rt.workdir.lstrip("/"), relative)
+        return reach(os.path.join(rt.workdir, relative))
+    return reach(os.path.join(rt.id, "root", rt.workdir.lstrip("/"), relative))
 
 
 # -- packing ------------------------------------------------------------------------------------------

@@ -111,9 +111,11 @@ def run(main: Callable[[], Any]) -> Any:
     return asyncio.run(main())
 
 
-def mounts_under(root: str) -> list[str]:
-    """Mount points at or under ``root`` (read here, not with the guardian's helper)."""
-    with open("/proc/self/mountinfo") as f:
+def mounts_under(root: str, rt: Any = None) -> list[str]:
+    """Mount points at or under ``root`` (read here, not with the guardian's helper), in this
+    process's mount namespace or, given a sandbox ``rt`` with one, in the sandbox's own."""
+    holder = getattr(rt, "_ns", None)
+    with open(f"/proc/{holder.pid}/mountinfo" if holder is not None else "/proc/self/mountinfo") as f:
         points = [line.split()[4] for line in f]
     return [p for p in points if p == root or p.startswith(root.rstrip("/") + "/")]
 
@@ -362,8 +364,10 @@ def test_disk_limit_fails_the_exec_and_spares_the_host(box: Callable[..., Sandbo
                 await rt.exec(["rm", "/tmp/big"])
                 with pytest.raises(SandboxError, match="disk limit"):
                     await rt.exec(["sh", "-c", "head -c 33554432 /dev/zero > /usr/lib/big"], timeout=30)
-            assert mounts_under(str(tmp_path)) != []
+            assert mounts_under(str(tmp_path), rt) != []
+            holder = getattr(rt, "_ns", None)
         assert mounts_under(str(tmp_path)) == [] and os.listdir(tmp_path) == []
+        assert holder is None or not holder.alive()  # an image's namespace went with its holder
 
     run(main)
 
@@ -410,9 +414,13 @@ HOST_SCRIPT = textwrap.dedent(
         cgroups = [d for rt in runtimes for d in rt._cgroups.dirs]
         cgroups += list(getattr(getattr(host, "_cgroups", None), "dirs", []))
         pids = sorted(p for rt in runtimes for p in rt._cgroups.pids())
+        # An image sandbox's mounts are in its own namespace, held by one process (mount_ns.py).
+        holders = [rt._ns.pid for rt in runtimes if getattr(rt, "_ns", None) is not None]
+        tables = ["/proc/self/mountinfo", *(f"/proc/{h}/mountinfo" for h in holders)]
         print(json.dumps({"root": host.root, "guardian": host.guardian_pid(), "cgroups": cgroups,
-                          "pids": pids, "mounts": [line.split()[4] for line in open("/proc/self/mountinfo")
-                                                   if line.split()[4].startswith(host.root + "/")]}), flush=True)
+                          "pids": pids, "holders": holders,
+                          "mounts": [line.split()[4] for t in tables for line in open(t)
+                                     if line.split()[4].startswith(host.root + "/")]}), flush=True)
         await asyncio.Event().wait()
 
     asyncio.run(main())
@@ -437,11 +445,11 @@ def test_a_killed_host_leaves_no_process_cgroup_mount_or_file(kind: str, tmp_pat
         host.send_signal(signal.SIGKILL)  # by pid: the process we started
         host.wait()
         wait_exit(facts["guardian"], timeout=10)
-        assert [p for p in facts["pids"] if process_alive(p)] == []
+        assert [p for p in facts["pids"] + facts["holders"] if process_alive(p)] == []
         assert [d for d in facts["cgroups"] if os.path.exists(d)] == []
         assert mounts_under(facts["root"]) == [] and not os.path.exists(facts["root"])
         if kind == "image":  # the disk limit, the overlay, the run dir and the host's Python
-            assert len(facts["mounts"]) >= 2 * 6
+            assert len(facts["mounts"]) >= 2 * 6 and len(facts["holders"]) == 2
             assert ImageCache(cache.root, max_bytes=1).evict() != []
         else:
             assert len(facts["mounts"]) == (2 if kind == "sandbox" else 0)  # a disk limit per sandbox
@@ -449,7 +457,7 @@ def test_a_killed_host_leaves_no_process_cgroup_mount_or_file(kind: str, tmp_pat
         host.kill()
         host.wait()
         host.stdout.close()  # type: ignore[union-attr]
-        for pid in facts.get("pids", []):  # only if the guardian failed: ours to clean
+        for pid in facts.get("pids", []) + facts.get("holders", []):  # only if the guardian failed: ours to clean
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 

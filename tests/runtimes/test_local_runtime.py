@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import threading
 import time
 
 import pytest
@@ -298,3 +299,59 @@ def test_stop_during_exec_kills_it_and_raises(tmp_path):
             await rt.stop()
 
     asyncio.run(main())
+
+
+class _GatedWatcher(asyncio.ThreadedChildWatcher):  # type: ignore[name-defined,misc]
+    """asyncio's own child watcher, reaping each child only once ``gate`` is set: the order a
+    loaded machine can give (the watcher's thread late) made deterministic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def _do_waitpid(self, loop, expected_pid, callback, args):  # type: ignore[no-untyped-def]
+        self.gate.wait(60)
+        super()._do_waitpid(loop, expected_pid, callback, args)
+
+
+def _zombie_or_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not hasattr(asyncio, "ThreadedChildWatcher"), reason="asyncio without child watchers (3.14+)")
+def test_a_stop_during_an_exec_raises_whenever_the_child_is_reaped(tmp_path):
+    """Issue 28: stop() killed the program, then closed its transport, whose Popen.poll() reaped
+    the child first when asyncio's watcher was late; the watcher then reported exit 255 and the
+    exec returned it instead of raising. Here the watcher is held until stop() has killed it."""
+    import warnings
+
+    watcher = _GatedWatcher()
+
+    async def main():
+        rt = await started(LocalRuntime(root=str(tmp_path)))
+        ready = fifo(os.path.join(rt.id, "ready"))
+        running = asyncio.ensure_future(rt.exec(["sh", "-c", "echo $$ > ready; exec sleep 1000"], timeout=60))
+        pid = int(await read_fifo(ready))
+        stopping = asyncio.ensure_future(rt.stop())
+        async with asyncio.timeout(30):  # stop() kills it; it stays a zombie until reaped
+            while not _zombie_or_gone(pid):
+                await asyncio.sleep(0.01)
+        watcher.gate.set()
+        await stopping
+        with pytest.raises(SandboxError, match="killed: runtime .* stopped"):
+            await running
+
+    policy = asyncio.get_event_loop_policy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        previous = policy.get_child_watcher()
+        try:
+            policy.set_child_watcher(watcher)
+            asyncio.run(main())
+        finally:
+            watcher.gate.set()
+            policy.set_child_watcher(previous)

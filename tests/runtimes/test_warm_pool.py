@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from image_rig import busybox_rootfs, needs_image, rootfs_tarball
 
 from rollout_ray._runtimes import image_cache
-from rollout_ray._runtimes.guardian import mounts_under, unmount
+from rollout_ray._runtimes.guardian import mounts_under
 from rollout_ray._runtimes.host import POOL_OWNER, RuntimeHost
 from rollout_ray._runtimes.start_gate import NodeStartGate, StartLimits, admitted
 from rollout_ray._runtimes.warm_pool import ImageStats, WarmPool
@@ -87,7 +88,9 @@ def test_a_member_that_is_no_longer_intact_is_never_handed_out(image: str, tmp_p
             await host.pool.settled()
             [name] = members(host)
             broken = host._runtimes[name]
-            unmount(os.path.join(broken.id, "root", ".rollout-ray"))  # something undid one of its mounts
+            # Something undid one of its mounts (in the sandbox's own mount namespace):
+            subprocess.run(["nsenter", f"--mount=/proc/{broken._ns.pid}/ns/mnt", "--", "umount", "-l",
+                            os.path.join(broken.id, "root", ".rollout-ray")], check=True)
             await host.create_started("rollout-1", owner="r1", image=image)
             assert host._runtimes["rollout-1"] is not broken and broken.stopped
             assert (await host.exec("rollout-1", ["true"])).exit_code == 0

@@ -1,4 +1,5 @@
-"""Session affinity: X-Session-ID upstream, least-in-flight then sticky routing, failover.
+"""Session affinity: X-Session-ID upstream, least-in-flight then bounded-load affinity, failover
+(the policies compared on the capacity model: ``test_routing.py``).
 
 Real proxy, real simulated servers on 127.0.0.1; the pool's clock is a fake, so cooldowns
 pass when the test says so.
@@ -133,13 +134,36 @@ def test_every_server_down_still_tries_the_one_back_soonest() -> None:
 
 
 def test_least_in_flight_picks_the_idlest_server_for_a_new_session() -> None:
-    pool = ServerPool(["http://a/v1", "http://b/v1", "http://c/v1"])
+    pool = ServerPool(["http://a/v1", "http://b/v1", "http://c/v1"], routing="sticky")
     for server, load in zip(pool.servers, (2, 0, 1)):
         server.inflight = load
     assert pool.pick("new").url == "http://b/v1"
     pool.servers[1].inflight = 5
     assert pool.pick("new").url == "http://b/v1"  # sticky, whatever the load now
     assert pool.pick(None).url == "http://c/v1"  # no session: no affinity
+
+
+def test_affinity_keeps_a_session_until_its_server_is_past_the_bounded_load_then_moves_it() -> None:
+    pool = ServerPool(["http://a/v1", "http://b/v1", "http://c/v1"], balance=1.25)
+    a, b, c = pool.servers
+    b.inflight = c.inflight = 1
+    assert pool.pick("s") is a
+    a.inflight, b.inflight, c.inflight = 3, 2, 3  # 8 in flight: bound ceil(1.25 * 9 / 3) = 4, a takes a 4th
+    assert pool.pick("s") is a
+    a.inflight = 5  # a 6th would be past ceil(1.25 * 11 / 3) = 5: the session moves to the idlest
+    assert pool.pick("s") is b and pool.session_server("s") is b
+    a.inflight = 0
+    assert pool.pick("s") is b  # and stays where its prefix now is (3 <= ceil(1.25 * 6 / 3))
+
+
+def test_least_loaded_and_round_robin_ignore_the_session() -> None:
+    least = ServerPool(["http://a/v1", "http://b/v1"], routing="least_loaded")
+    least.servers[0].inflight = 1
+    assert [least.pick("s").url for _ in range(2)] == ["http://b/v1"] * 2
+    least.servers[1].inflight = 2
+    assert least.pick("s").url == "http://a/v1"
+    rr = ServerPool(["http://a/v1", "http://b/v1"], routing="round_robin")
+    assert [rr.pick("s").url for _ in range(4)] == ["http://b/v1", "http://a/v1"] * 2
 
 
 def test_the_sticky_table_is_bounded() -> None:
@@ -152,6 +176,8 @@ def test_the_sticky_table_is_bounded() -> None:
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"cooldown": -1.0}, r"^`cooldown` must be >= 0, got -1.0$"),
     ({"max_failures": 0}, r"^`max_failures` must be >= 1, got 0$"),
+    ({"balance": 0.5}, r"^`balance` must be >= 1 \(1: no server above the mean load\), got 0.5$"),
+    ({"routing": "hash"}, r"^`routing` must be one of 'affinity', 'sticky', 'least_loaded', 'round_robin', got 'hash'$"),
 ])
 def test_pool_settings_are_checked(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):

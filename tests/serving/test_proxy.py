@@ -258,7 +258,7 @@ def test_models_route_and_state_secret_task_route() -> None:
                 assert resp.status == 401
             async with client.get(f"{slot.base_url}/task",
                                   headers={"Authorization": f"Bearer {slot.state_secret}"}) as resp:
-                assert (await resp.json())["type"] == "T"
+                assert await resp.json() == {"cls": None, "task": "{}"}  # upstream's shape (test_task_route.py)
 
     run(main)
 
@@ -291,3 +291,23 @@ def test_a_model_client_bug_is_502_not_500() -> None:
 
     run(main)
     assert session.error is None and session.trace.calls[0].error is not None
+
+
+def test_tool_choice_object_shape_is_dropped_and_recorded_and_a_malformed_one_is_400() -> None:
+    """Real agents send ``{"type": "function", "function": {"name": ...}}``: it was a 500 (the
+    allow-list check hashed it); a forced call is dropped and recorded, a malformed one is a 400."""
+    session = new_session(ScriptedModel(default="4"))
+    forced = {"type": "function", "function": {"name": "f"}}
+
+    async def main() -> None:
+        async with proxy(session) as (_, (slot,), client):
+            status, body = await post(client, slot, {**BODY, "tool_choice": forced})
+            assert status == 200, body
+            for bad in ({}, [], {"type": "function"}, "sometimes", 3):
+                status, body = await post(client, slot, {**BODY, "tool_choice": bad})
+                assert (status, body["error"]["param"]) == (400, "tool_choice"), bad
+
+    run(main)
+    (call,) = session.trace.calls
+    assert call.dropped == {"tool_choice": "not forwarded: a forced tool call is constrained decoding"}
+    assert call.endpoint == "/chat/completions"

@@ -72,15 +72,15 @@ class Box(Toolset):
 
 
 class WatchedProxy(HTTPInterception):
-    """Signals when a chat handler is past its secret check, and when it has returned."""
+    """Signals when a model call's handler is past its secret check, and when it has returned."""
 
     entered: asyncio.Event
     left: asyncio.Event
 
-    async def _chat_registered(self, request: Any, reg: Any, *rest: Any) -> Any:
+    async def _registered_call(self, dialect: Any, request: Any, reg: Any, *rest: Any) -> Any:
         self.entered.set()
         try:
-            return await super()._chat_registered(request, reg, *rest)
+            return await super()._registered_call(dialect, request, reg, *rest)
         finally:
             self.left.set()
 
@@ -285,6 +285,52 @@ tool_body = st.fixed_dictionaries(
 )
 
 
+text_part = st.fixed_dictionaries({"type": either(st.sampled_from(["input_text", "output_text", "text", "input_image",
+                                                                   "input_file", "image"]))},
+                                  optional={"text": either(short_text), "image_url": either(short_text),
+                                            "source": json_value})
+response_item = st.one_of(
+    st.fixed_dictionaries({"role": either(st.sampled_from(["user", "assistant", "developer", "system", ""]))},
+                          optional={"type": either(st.just("message")),
+                                    "content": either(short_text | st.lists(either(text_part), max_size=2))}),
+    st.fixed_dictionaries({"type": st.just("function_call")},
+                          optional={"call_id": either(short_text), "name": either(short_text),
+                                    "arguments": either(short_text)}),
+    st.fixed_dictionaries({"type": st.just("function_call_output")},
+                          optional={"call_id": either(short_text),
+                                    "output": either(short_text | st.lists(either(text_part), max_size=2))}),
+    st.fixed_dictionaries({"type": either(st.sampled_from(["reasoning", "web_search_call", "item_reference"]))},
+                          optional={"summary": json_value, "content": json_value}),
+)
+responses_body = st.fixed_dictionaries(
+    {"input": either(short_text | st.lists(either(response_item), max_size=4))},
+    optional={
+        "instructions": either(short_text), "previous_response_id": either(short_text), "stream": either(st.booleans()),
+        "tools": either(st.lists(st.fixed_dictionaries({"type": either(st.sampled_from(["function", "web_search"]))},
+                                                       optional={"name": either(short_text),
+                                                                 "parameters": json_value}), max_size=2)),
+        "tool_choice": json_value | st.sampled_from(["auto", "none", "required"]),
+        "max_output_tokens": json_value, "reasoning": json_value, "text": json_value, "store": json_value,
+    },
+)
+block = st.fixed_dictionaries(
+    {"type": either(st.sampled_from(["text", "image", "tool_use", "tool_result", "thinking", "document"]))},
+    optional={"text": either(short_text), "id": either(short_text), "name": either(short_text),
+              "input": json_value, "tool_use_id": either(short_text), "content": json_value,
+              "thinking": either(short_text), "source": json_value, "cache_control": json_value})
+messages_body = st.fixed_dictionaries(
+    {"messages": either(st.lists(st.fixed_dictionaries(
+        {"role": either(st.sampled_from(["user", "assistant", "system", ""]))},
+        optional={"content": either(short_text | st.lists(either(block), max_size=3))}), max_size=3))},
+    optional={
+        "system": either(short_text | st.lists(either(block), max_size=2)), "max_tokens": json_value,
+        "stream": either(st.booleans()), "tool_choice": json_value, "stop_sequences": json_value,
+        "thinking": json_value, "tools": either(st.lists(st.fixed_dictionaries(
+            {"name": either(short_text)}, optional={"input_schema": json_value, "type": json_value}), max_size=2)),
+    },
+)
+
+
 def nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
 
@@ -326,6 +372,29 @@ def test_any_body_gets_4xx_or_200_and_reaches_only_its_rollout(kind: str, caplog
                 assert rig.footprint(owner)[0] == before[owner][0] + (status == 200)
             if status == 200:  # a completion, a streamed one, or a tool result
                 assert answer.startswith((b'{"id":"chatcmpl-', b"data: ", b'{"content":'))
+
+        check()
+
+
+@pytest.mark.parametrize(("path", "bodies"), [("/v1/responses", responses_body), ("/v1/messages", messages_body),
+                                              ("/v1/messages/count_tokens", messages_body)])
+def test_any_body_in_another_dialect_gets_4xx_or_200(path: str, bodies: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The Responses and Messages readers are written by hand: any shape is a 400 naming the
+    field (or is dropped), never a 500; a turn is committed exactly when the answer is a 200."""
+    with running("proxy", caplog) as (rig, run):
+        url = rig.urls["a"].replace("/v1/chat/completions", path)
+
+        @FUZZ
+        @given(body=encoded(bodies))
+        @example(body=b'{"input": "hi", "x": ' + NESTED + b"}")
+        @example(body=b'{"input": "hi", "temperature": ' + str(2**70).encode() + b"}")  # not recordable
+        def check(body: bytes) -> None:
+            before = rig.footprints()
+            status, _ = run(rig.request("POST", url, body, rig.auth["a"]))
+            assert_4xx_or_ok(status)
+            assert rig.footprint("b") == before["b"]
+            counted = path.endswith("count_tokens")
+            assert rig.footprint("a")[0] == before["a"][0] + (status == 200 and not counted)
 
         check()
 

@@ -271,6 +271,8 @@ async function rolloutView(token, runId, rolloutId) {
     r.errors.length ? section("Errors", r.errors.map(errorBlock), "errors") : null,
     section(`Conversation (${r.messages.length} messages` + (r.num_branches > 1 ? `, last of ${r.num_branches} branches)` : ")"),
       h("div", { class: "chat" }, r.messages.map(bubble)), "conversation"),
+    r.tokens.length ? section(`Tokens (${r.tokens.length} sequence${r.tokens.length > 1 ? "s" : ""}`
+      + `, ${r.branch_reasons.length} branch${r.branch_reasons.length > 1 ? "es" : ""})`, tokenView(r.tokens), "tokens") : null,
     section("Rewards and metrics", scores(r), "scores"),
     section("Timing", timeline(r.timing, r.calls), "timing"),
     r.calls.length ? section("Model calls", callsTable(r.calls), "calls") : null,
@@ -314,6 +316,49 @@ function bubble(m) {
       h("div", { class: "toolcall-head" }, "→ ", h("code", {}, c.name), h("span", { class: "meta" }, ` ${c.id}`)),
       h("pre", { class: "arguments" }, c.arguments))),
     m.tool_call_id ? h("div", { class: "meta" }, `answers ${m.tool_call_id}`) : null);
+}
+
+// The token view: each sequence as the trainer reads it. Prompt ids grey, sampled ids (loss
+// mask 1) coloured by their sampling probability (red unlikely → green certain), a bar where a
+// turn's new prompt begins and a tick where its completion begins, a thick border where the
+// policy version changes (new weights took over mid-sequence).
+const heat = (logprob) => `hsl(${Math.round(120 * Math.exp(logprob))}, 75%, 78%)`;
+
+function heatSwatch(logprob) {
+  const swatch = h("i", { class: "swatch" });
+  swatch.style.background = heat(logprob);  // CSSOM: the page's CSP refuses style attributes
+  return swatch;
+}
+
+function tokenView(sequences) {
+  return h("div", {}, sequences.map((s, k) => {
+    const marks = new Map();
+    for (const t of s.turns) { marks.set(t.prompt, "turn-start"); if (t.completion !== t.prompt) marks.set(t.completion, "completion-start"); }
+    let version = null;
+    const ids = s.ids.map((id, j) => {
+      const classes = ["tok", s.mask[j] ? "sampled" : "prompt"];
+      if (marks.has(j)) classes.push(marks.get(j));
+      const v = s.policy[j];
+      if (s.mask[j] && v !== null && version !== null && v !== version) classes.push("policy-change");
+      if (s.mask[j] && v !== null) version = v;
+      const lp = s.logprobs[j];
+      const title = `#${j} id ${id}` + (s.mask[j] ? ` · sampled · logprob ${lp === null ? "not returned" : lp}` : " · prompt")
+        + (v !== null ? ` · policy ${v}` : "");
+      const text = s.texts ? s.texts[j] : null;  // whitespace made visible: a token is often one
+      const el = h("span", { class: classes.join(" ") + (text === null ? "" : " text"), title, "data-j": j, "data-id": id },
+        text === null ? String(id) : text.replace(/ /g, "·").replace(/\n/g, "↵"));
+      if (s.mask[j] && lp !== null) el.style.background = heat(lp);
+      return el;
+    });
+    const trained = s.mask.reduce((a, m) => a + m, 0);
+    const head = `sequence ${k} · branch ${s.branch} (${s.reason || "?"})` + (s.drift ? " · after drift" : "")
+      + ` · ${num(s.size)} ids, ${num(trained)} trained` + (s.size > s.ids.length ? ` (first ${num(s.ids.length)} shown)` : "");
+    return h("div", { class: `sequence reason-${s.reason}${s.drift ? " drift" : ""}`, "data-branch": s.branch },
+      h("div", { class: "sequence-head" }, head), h("div", { class: "token-ids" }, ids));
+  }), h("div", { class: "legend-row" },
+    h("span", { class: "legend" }, h("i", { class: "swatch tok prompt" }), "prompt (loss mask 0)"),
+    h("span", { class: "legend" }, [-3, -1, 0].map(heatSwatch), "sampled, by probability (logprob -3, -1, 0)"),
+    h("span", { class: "legend" }, "| turn's prompt, ⁞ its completion, ▌ new policy version")));
 }
 
 function scores(r) {

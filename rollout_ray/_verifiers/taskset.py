@@ -1,0 +1,93 @@
+"""A verifiers v1 taskset, named as users name it, as what ``rollout-ray eval`` runs.
+
+The name is a ``.py`` file, a module, or an installed taskset's id: the module exports its
+``Taskset`` subclass in ``__all__`` (upstream's plugin rule, ``load_taskset``). The tasks run
+with our ``ChatHarness``, as upstream's ``null`` harness runs them (one chat, no tools).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import itertools
+import os
+import sys
+import types
+from typing import Any
+
+from .._core.task import Task
+from .._harnesses.chat import ChatHarness
+from .task import adapter_class
+
+
+def v1_taskset(ref: str, limit: int | None = None) -> types.ModuleType:
+    """A module with ``tasks()`` (the first ``limit`` tasks, each a ``V1Task``) and
+    ``harness()``, for the taskset ``ref``.
+
+    Raises:
+        ValueError: in one line: no ``Taskset`` in ``ref``, or a feature of it that is not
+            mapped yet (a harness of its own, shared toolsets, an infinite taskset without
+            ``limit``, or one of ``task.refuse_unmapped``'s).
+    """
+    from verifiers.v1.harness import Harness as UpstreamHarness
+    from verifiers.v1.taskset import Taskset
+
+    module = _import(ref)
+    exported = [getattr(module, n, None) for n in getattr(module, "__all__", None) or vars(module)]
+    found = [c for c in exported if isinstance(c, type) and issubclass(c, Taskset) and c is not Taskset]
+    if len(found) != 1:
+        raise ValueError(f"verifiers taskset {ref}: export exactly one Taskset subclass in __all__ "
+                         f"(found {[c.__name__ for c in found]})")
+    cls = found[0]
+    harnesses = [c.__name__ for c in exported if isinstance(c, type) and issubclass(c, UpstreamHarness)
+                 and c is not UpstreamHarness]
+    if harnesses:
+        raise ValueError(f"verifiers taskset {ref}: not mapped onto rollout_ray yet: it pairs its own harness "
+                         f"({harnesses[0]}); only tasksets run by upstream's null (chat) harness are")
+    tasks = verifiers_tasks(cls(_config_type(cls)()), limit, name=ref)
+    out = types.ModuleType(f"rollout_ray_verifiers_{cls.__name__}")
+    out.__dict__.update(tasks=lambda: list(tasks), harness=ChatHarness)
+    return out
+
+
+def verifiers_tasks(taskset: Any, limit: int | None = None, *, name: str | None = None) -> list[Task]:
+    """The tasks of a verifiers v1 ``Taskset`` (or a view of it: ``take``, ``shuffle``, ...)
+    as ours, for ``Driver`` with a ``ChatHarness``; the first ``limit`` of them if given. Each
+    keeps the v1 task as ``upstream``.
+
+    Raises:
+        ValueError: in one line: what of the taskset or of a task is not mapped yet, or an
+            infinite taskset without ``limit``.
+    """
+    name = name or type(taskset).__name__
+    if type(taskset).toolsets(taskset.config):
+        raise ValueError(f"verifiers taskset {name}: not mapped onto rollout_ray yet: it declares shared toolsets")
+    if not taskset.bounded and limit is None:
+        raise ValueError(f"verifiers taskset {name} is infinite: give a limit (--limit N), or take(n) of it")
+    upstream = itertools.islice(taskset, limit) if limit is not None else taskset
+    return [adapter_class(type(t))(t) for t in upstream]  # every task refused or mapped before any runs
+
+
+def _config_type(cls: Any) -> Any:
+    from verifiers.v1.configs.taskset import TasksetConfig
+    from verifiers.v1.utils.generic import concrete_type
+
+    return concrete_type(cls, TasksetConfig) or TasksetConfig
+
+
+def _import(ref: str) -> types.ModuleType:
+    """A ``.py`` file by path, else a module, else an installed taskset id (``my-env`` is
+    the module ``my_env``, as upstream's loader reads it)."""
+    if ref.endswith(".py") or os.path.sep in ref:
+        if not os.path.exists(ref):
+            raise ValueError(f"no such file: {ref}")
+        name = "verifiers_taskset_" + os.path.splitext(os.path.basename(ref))[0]
+        spec = importlib.util.spec_from_file_location(name, ref)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its classes pickle by reference to it
+        spec.loader.exec_module(module)
+        return module
+    from verifiers.v1.utils.loaders import import_taskset
+
+    return import_taskset(ref)
