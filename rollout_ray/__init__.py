@@ -27,6 +27,10 @@ from ._record.trace import Timing as Timing
 from ._record.trace import Trace as Trace
 from ._record.trace import ToolCallRecord as ToolCallRecord
 from ._record.trace import TraceTask as TraceTask
+from ._record.agents import agent_messages as agent_messages
+from ._record.agents import agent_sequences as agent_sequences
+from ._record.agents import branch_agents as branch_agents
+from ._record.trace import UserTurn as UserTurn
 from ._record.trace import VersionInfo as VersionInfo
 from ._record.trace import decode_trace as decode_trace
 from ._record.trace import encode_trace as encode_trace
@@ -69,6 +73,10 @@ from ._core.task import PluggedReward as PluggedReward
 from ._core.task import Task as Task
 from ._core.task import TaskConfig as TaskConfig
 from ._core.task import TaskData as TaskData
+from ._core.peer_agent import PeerAgent as PeerAgent
+from ._core.user_sim import ModelUser as ModelUser
+from ._core.user_sim import ScriptedUser as ScriptedUser
+from ._core.user_sim import UserSimulator as UserSimulator
 from ._core.harness import Harness as Harness
 from ._core.harness import HarnessContext as HarnessContext
 from ._core.harness import HarnessSession as HarnessSession
@@ -84,6 +92,7 @@ from ._core.toolset import Toolset as Toolset
 from ._core.toolset import tool as tool
 from ._serving.tool_server import ToolServer as ToolServer
 from ._serving.mcp_toolset import MCPToolset as MCPToolset
+from ._serving.shared_server import SharedToolServer as SharedToolServer
 from ._simulated.config import CapacityConfig as CapacityConfig
 from ._simulated.config import SimulatedModelConfig as SimulatedModelConfig
 
@@ -110,6 +119,7 @@ from ._errors import TaskError as TaskError
 from ._errors import ToolInputError as ToolInputError
 from ._errors import ToolsetError as ToolsetError
 from ._errors import ToolServerError as ToolServerError
+from ._errors import UserSimulatorError as UserSimulatorError
 from ._errors import TurnRefused as TurnRefused
 from ._errors import Unauthorized as Unauthorized
 from ._errors import UpstreamError as UpstreamError
@@ -165,7 +175,8 @@ __all__ = [
     # the record
     "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "Error", "ErrorRecord", "InterceptRecord",
     "MessageNode", "ModelCall", "Reward", "RuntimeInfo", "TimeSpan", "TimeSplit", "Timing",
-    "ToolCallRecord", "Trace", "TraceTask", "VersionInfo", "decode_trace", "encode_trace",
+    "ToolCallRecord", "Trace", "TraceTask", "UserTurn", "VersionInfo", "agent_messages", "agent_sequences",
+    "branch_agents", "decode_trace", "encode_trace",
     # messages and the model boundary
     "AssistantMessage", "ImagePart", "Message", "Request", "Response", "SystemMessage",
     "TextPart", "Tool", "ToolCall", "ToolMessage", "Usage", "UserMessage", "Model",
@@ -178,7 +189,7 @@ __all__ = [
     "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "SandboxRuntime", "Rollout",
     "RolloutSpec",
     "ChatHarness", "ProgramHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
-    "MCPToolset",
+    "MCPToolset", "SharedToolServer", "UserSimulator", "ScriptedUser", "ModelUser", "PeerAgent",
     # the driver, Arrow and the env-level finalize
     "Driver", "verifiers_tasks", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",
     "LocalExecutor", "TRACE_SCHEMA", "RolloutRecord", "records_to_table", "table_to_traces",
@@ -188,6 +199,6 @@ __all__ = [
     # errors
     "HarnessError", "OverlongPromptError", "ProviderError", "Refusal", "RolloutError",
     "SandboxError", "SessionConcluded", "TaskError", "ToolsetError", "ToolServerError", "TurnRefused",
-    "Unauthorized", "UpstreamError", "boundary", "SchemaMismatch", "CorruptRun", "CorruptManifest", "ForeignShard",
+    "UserSimulatorError", "Unauthorized", "UpstreamError", "boundary", "SchemaMismatch", "CorruptRun", "CorruptManifest", "ForeignShard",
     "ResumeMismatch", "RunInUse",
 ]  # fmt: skip

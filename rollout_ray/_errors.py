@@ -80,6 +80,11 @@ class ToolServerError(ToolsetError):
         return type(self), (self.server, self.reason)
 
 
+class UserSimulatorError(RolloutError):
+    """The task's simulated user failed (raised, hung past its bound, or its model failed): the
+    simulator's fault, not the policy's, so a report can tell the two apart."""
+
+
 class RuntimeStopped(SandboxError):
     """The named runtime was stopped (by its owner) or never existed on its host."""
 

@@ -23,7 +23,16 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import Any
 
-from .._errors import HarnessError, InfrastructureLost, RolloutError, SandboxError, TaskError, ToolsetError, boundary
+from .._errors import (
+    HarnessError,
+    InfrastructureLost,
+    RolloutError,
+    SandboxError,
+    TaskError,
+    ToolsetError,
+    UserSimulatorError,
+    boundary,
+)
 from .._record.messages import Message, Request
 from .._record.trace import AgentInfo, Timing, Trace
 from .harness import Harness, HarnessContext, HarnessSession
@@ -37,6 +46,7 @@ from .runtime import Runtime
 from .session import RolloutSession
 from .task import Task
 from .tools import LocalTools, close_toolsets, open_toolsets
+from .user_sim import UserSimulator, converse
 
 log = logging.getLogger("rollout_ray")
 
@@ -156,6 +166,8 @@ class Rollout:
         self._stack = AsyncExitStack()
         self._opened = self._closed = self._failed = False
         self._unsettled: Segment | None = None
+        self._user: UserSimulator | None = None
+        """The task's simulated user, built in ``open``; ``run`` converses with it."""
         self.failure: BaseException | None = None
         """The latest failure recorded by ``fail``."""
 
@@ -213,7 +225,14 @@ class Rollout:
         return self._runtime_factory(self.trace.id, image=image)  # type: ignore[call-arg]
 
     async def _open(self, runtime: Runtime) -> None:
-        if self.task.data.prompt is None and not self.has_user:
+        with boundary(UserSimulatorError, "building the user simulator"):
+            self._user = self.task.user_simulator()
+        if self._user is not None and not self.harness.supports_resume:
+            raise UserSimulatorError(
+                f"task {type(self.task).__name__} brings a simulated user, but harness {self.harness.id!r} cannot "
+                "resume a conversation (supports_resume is False): use ChatHarness or a harness that resumes"
+            )
+        if self.task.data.prompt is None and not self.has_user and self._user is None:
             raise TaskError(
                 f"task {self.task.data.idx} has no prompt and no user to open the conversation"
             )
@@ -260,7 +279,8 @@ class Rollout:
         if self.harness.in_process:
             await open_toolsets(toolsets, runtime)
             self._stack.push_async_callback(close_toolsets, toolsets)
-            self._local_tools = LocalTools(toolsets, runtime, on_call=self.trace.tool_calls.append)
+            self._local_tools = LocalTools(toolsets, runtime, on_call=self.trace.tool_calls.append,
+                                           caller=self.trace.id)
             return {}
         if self._tool_server is None:
             raise ToolsetError(
@@ -456,6 +476,7 @@ class Rollout:
 
     async def run(self) -> Trace:
         """open → one step → ``agent_completed`` if still ok → close; abort on cancellation.
+        With a simulated user (``Task.user_simulator``), steps until the conversation ends.
 
         The step's sync is left to ``close``: leaving the interception brings back the same
         delta, so a rollout served in another process pays one call fewer. Nothing runs in
@@ -463,7 +484,12 @@ class Rollout:
         """
         try:
             if await self.open():
-                self._unsettled = await self._run_segment(None)
+                if self._user is None:
+                    self._unsettled = await self._run_segment(None)
+                else:
+                    await converse(self, self._user)
+                    if self.ok:
+                        self.trace.stop("agent_completed")
             return await self.close()
         except BaseException:
             await self.abort()

@@ -211,6 +211,11 @@ class Task:
         """Per-rollout tool servers (served by the tools layer)."""
         return []
 
+    def user_simulator(self) -> Any:
+        """The simulated user who answers the agent (a ``UserSimulator``, fresh for each
+        rollout: it may keep state), or ``None`` (the default): the agent runs one segment."""
+        return None
+
     def hooks(self, kind: HookKind) -> list[Hook]:
         """Decorated hooks merged with the config's plugged ones, sorted (-priority, name)."""
         decorated = {h.name: h for h in discover(self, kind)}

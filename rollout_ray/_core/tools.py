@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +90,21 @@ async def close_toolsets(toolsets: Sequence[Any]) -> None:
     for toolset in toolsets:
         if isinstance(toolset, Toolset):
             await toolset._close_tools()
+
+
+CALLER: ContextVar[str | None] = ContextVar("rollout_ray_tool_caller", default=None)
+"""The trace id of the rollout whose tool call runs in this context: a toolset that reaches a
+server shared by many rollouts (an MCP server) tells it whose call it is."""
+
+
+@contextmanager
+def calling_as(caller: str | None) -> Iterator[None]:
+    """Run the tool calls inside as ``caller``'s (``CALLER``)."""
+    token = CALLER.set(caller)
+    try:
+        yield
+    finally:
+        CALLER.reset(token)
 
 
 async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtime | None, *,
@@ -166,11 +183,12 @@ class LocalTools:
         runtime: the rollout's runtime (for tools that take one).
         on_call: receives every call's record (the rollout's ``trace.tool_calls.append``).
         timeout: seconds one call may run.
+        caller: the rollout's trace id, which its calls carry to a shared server (``CALLER``).
     """
 
     def __init__(self, toolsets: Sequence[Any], runtime: Runtime | None, *,
                  on_call: Callable[[ToolCallRecord], None] | None = None,
-                 timeout: float = DEFAULT_CALL_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_CALL_TIMEOUT, caller: str | None = None) -> None:
         self._owners: dict[str, Toolset] = {}
         self._specs: list[Tool] = []
         for toolset in index_toolsets(toolsets).values():
@@ -179,7 +197,7 @@ class LocalTools:
                     raise ToolsetError(f"tool {spec.name!r} is served twice (by {toolset.name!r} too)")
                 self._owners[spec.name] = toolset
                 self._specs.append(spec)
-        self._runtime, self._on_call, self._timeout = runtime, on_call, timeout
+        self._runtime, self._on_call, self._timeout, self._caller = runtime, on_call, timeout, caller
         self.calling: list[float] = []
         """When each tool call running now began (a live run's status reads them)."""
 
@@ -198,8 +216,9 @@ class LocalTools:
         started = time.time()
         self.calling.append(started)
         try:
-            return await call_tool(toolset, call.name, call.arguments, self._runtime, timeout=self._timeout,
-                                   on_call=self._on_call)
+            with calling_as(self._caller):
+                return await call_tool(toolset, call.name, call.arguments, self._runtime, timeout=self._timeout,
+                                       on_call=self._on_call)
         finally:
             self.calling.remove(started)
 

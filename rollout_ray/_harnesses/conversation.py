@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from .._core.harness import HarnessContext
+from .._record.agents import agent_messages
 from .._record.messages import Message, SystemMessage, UserMessage
 from .._record.wire import wire_message
 
@@ -30,7 +31,7 @@ def opening_messages(ctx: HarnessContext) -> list[dict[str, Any]]:
 
 def resumed_messages(ctx: HarnessContext, new: Sequence[Message]) -> list[dict[str, Any]]:
     """The trace's last branch plus ``new``; the system prompt opens a conversation yet empty."""
-    history = wire_messages(ctx.trace.messages)
+    history = wire_messages(agent_messages(ctx.trace))  # its own branch, not a peer agent's
     if not history and ctx.data.system_prompt:
         history = [{"role": "system", "content": ctx.data.system_prompt}]
     return history + wire_messages(new)
@@ -46,7 +47,7 @@ def opening(ctx: HarnessContext) -> list[Message]:
 
 def resumed(ctx: HarnessContext, new: Sequence[Message]) -> list[Message]:
     """``resumed_messages`` as message structs (for an in-process agent)."""
-    history = list(ctx.trace.messages)
+    history = agent_messages(ctx.trace)  # its own branch, not a peer agent's
     if not history and ctx.data.system_prompt:
         history = msgspec.convert([{"role": "system", "content": ctx.data.system_prompt}], list[Message])
     return [*history, *new]

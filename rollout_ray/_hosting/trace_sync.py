@@ -31,6 +31,8 @@ rewards, metrics, info     rollout          out at registration (setup may write
 ok, errors, timing         rollout          never (the rollout records failures itself)
 extra_usage, verifiers     rollout          never (judges run in scoring, on the owner;
                                             the build is the owner's)
+user_turns                 rollout          never (the simulated user speaks between
+                                            segments, in the rollout's process)
 =========================  ===============  ===============================================
 
 When: out once, at registration (after setup, so the copy sees what setup wrote); back after

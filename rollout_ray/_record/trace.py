@@ -36,6 +36,7 @@ from .trace_parts import TimeSplit as TimeSplit
 from .trace_parts import Timing as Timing
 from .trace_parts import ToolCallRecord as ToolCallRecord
 from .trace_parts import TraceTask as TraceTask
+from .trace_parts import UserTurn as UserTurn
 from .trace_parts import VersionInfo as VersionInfo
 from .trace_parts import current_build
 
@@ -96,6 +97,8 @@ class Trace(msgspec.Struct, kw_only=True):
     ``record_judge_call``); not in ``usage``, which sums the agent's calls, as upstream."""
     verifiers: VersionInfo = msgspec.field(default_factory=current_build)
     """The build that recorded the trace (a trace read back keeps its recorded one)."""
+    user_turns: list[UserTurn] = msgspec.field(default_factory=list)
+    """A simulated user's turns (``Task.user_simulator``), apart from the policy's calls."""
 
     # -- derived views (never serialised) ---------------------------------------------------
 

@@ -258,3 +258,25 @@ class ToolCallRecord(msgspec.Struct):
     duration: float = 0.0
     arguments_chars: int | None = None
     """The length of the arguments' JSON when it was cut; ``None``: recorded whole."""
+
+
+class UserTurn(msgspec.Struct):
+    """One turn of a simulated user (``Task.user_simulator``): what it said and who said it.
+
+    Kept apart from the policy's record: its model call is here, never in ``Trace.calls``, so
+    it is outside the token limits and the loss mask; ``node`` links it to the user message the
+    agent received in the conversation graph.
+    """
+
+    by: str
+    """The simulator's name (``UserSimulator.name``)."""
+    content: str
+    done: bool = False
+    """The simulator ended the conversation with this turn (the agent never receives it)."""
+    node: int | None = None
+    """The graph node of the user message the agent received (``None``: not received)."""
+    call: ModelCall | None = None
+    """The simulator's own model call, if it has a model (a scripted user has none)."""
+    agent_node: int | None = None
+    """When another policy agent of the rollout said it (``PeerAgent``): the sampled node of
+    its reply, on that agent's own branch of the graph (its call is then in ``Trace.calls``)."""

@@ -22,12 +22,16 @@ from typing import Any
 import msgspec
 
 from .._core.runtime import Runtime
+from .._core.tools import CALLER
 from .._core.toolset import _NAME, Toolset
 from .._errors import ToolInputError, ToolsetError
 from .._record.messages import Tool
 from .mcp_client import Limits, _Client
 from .mcp_pool import http_client, release_stdio, stdio_client
 from .mcp_stdio import StdioClient
+
+ROLLOUT_META = "rollout-ray/rollout"
+"""The key of a ``tools/call``'s ``_meta`` that names the calling rollout (its trace id)."""
 
 
 class ToolFailed(Exception):
@@ -112,7 +116,11 @@ class MCPToolset(Toolset):
     async def _call_remote(self, tool: str, arguments: dict[str, Any]) -> str:
         if self._client is None:
             raise ToolsetError(f"MCPToolset {self.name!r} is not open")
-        result = await self._client.request("tools/call", {"name": tool, "arguments": arguments})
+        params: dict[str, Any] = {"name": tool, "arguments": arguments}
+        caller = CALLER.get()
+        if caller is not None:  # a server shared by many rollouts learns whose call it is
+            params["_meta"] = {ROLLOUT_META: caller}
+        result = await self._client.request("tools/call", params)
         text = _text(result)
         if result.get("isError"):
             raise ToolFailed(text)

@@ -33,13 +33,14 @@ from aiohttp import web
 
 from .._core.runtime import Runtime
 from .._core.session import RolloutSession
-from .._core.tools import call_tool, close_toolsets, index_toolsets, open_toolsets, tool_specs
+from .._core.tools import call_tool, calling_as, close_toolsets, index_toolsets, open_toolsets, tool_specs
 from .._core.toolset import DEFAULT_CALL_TIMEOUT, Toolset
 from .._errors import InfrastructureLost, SandboxError, ToolInputError, ToolServerError, ToolsetError, WireError
 from .._record.trace import ToolCallRecord
 from . import mcp_server
 from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
 from .mcp_pool import close_clients
+from .shared_server import stop_shared_servers
 
 log = logging.getLogger("rollout_ray")
 
@@ -124,6 +125,7 @@ class ToolServer(HTTPService):
             registration.handlers.cancel()
         self._registrations.clear()
         await close_clients()  # the MCP servers' clients of this process (mcp_toolset)
+        await stop_shared_servers()  # the taskset's shared servers this process started
         await super().stop()
 
     @asynccontextmanager
@@ -163,12 +165,18 @@ class ToolServer(HTTPService):
         if request.method == "GET":
             return web.json_response({"tools": tool_specs(toolset.specs())})
         try:
-            with self.admitted(request, registration.held) as reservation, registration.handlers.track():
+            with self.admitted(request, registration.held) as reservation, registration.handlers.track(), \
+                    calling_as(self._caller(registration)):
                 return await self._call(request, registration, toolset, reservation)
         except Refused as e:
             refusal = _error(e.status, str(e), self.refusal_headers(e))
             refusal.force_close()  # the body is never read into memory: no keep-alive after it
             return refusal
+
+    def _caller(self, registration: _Registration) -> str | None:
+        """The trace id of the rollout a registration serves, when its session can be found."""
+        session = self._sessions(registration.state_secret) if self._sessions is not None else None
+        return None if session is None else session.trace.id
 
     def _stash(self, registration: _Registration, error: ToolServerError) -> None:
         """Make ``error`` the rollout's (its session's stashed error), when it can be found."""
@@ -193,7 +201,8 @@ class ToolServer(HTTPService):
         if request.method != "POST":  # stateless: no server-to-client stream, no session to delete
             return web.Response(status=405, headers={"Allow": "POST"})
         try:
-            with self.admitted(request, registration.held) as reservation, registration.handlers.track():
+            with self.admitted(request, registration.held) as reservation, registration.handlers.track(), \
+                    calling_as(self._caller(registration)):
                 try:
                     body = await self.read_body(request, reservation)
                 except WireError as e:

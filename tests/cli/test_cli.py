@@ -83,6 +83,61 @@ def test_example_tasksets_run(example: str, tmp_path) -> None:  # type: ignore[n
     assert "mean reward 1.0000" in result.stdout
 
 
+@pytest.mark.timeout(300)  # one CLI process that starts its own Ray
+def test_the_user_simulator_example_runs_on_ray(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """examples/user_sim.py on Ray: the customer's turns cross back with the trace, apart from
+    the policy's calls, and the reward saw the whole dialogue."""
+    from rollout_ray import read_run, table_to_traces
+
+    run_dir = str(tmp_path / "run")
+    result = _rollout_ray("eval", "examples/user_sim.py", "--limit", "2", "--samples", "2", "--out", run_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rollouts 4  ok 4  failed 0  groups 2" in result.stdout and "mean reward 1.0000" in result.stdout
+    for trace in table_to_traces(read_run(run_dir)):
+        asked, ended = trace.user_turns
+        assert asked.by == "customer" and trace.nodes[asked.node].message.content == asked.content  # type: ignore[index]
+        assert ended.done and trace.num_turns == len(trace.calls) == 2
+
+
+@pytest.mark.timeout(300)  # one CLI process that starts its own Ray
+def test_the_shared_tools_example_starts_one_server_for_all_rollouts_on_ray(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """examples/shared_tools.py on Ray: 8 rollouts over two rollout actors, one calculator
+    server started for all of them (the node's record of it), gone once the run ended."""
+    import json
+
+    from rollout_ray import read_run, table_to_traces
+
+    from conftest import wait_exit
+
+    shared = tmp_path / "shared"
+    monkeypatch.setenv("ROLLOUT_RAY_SHARED_DIR", str(shared))
+    run_dir = str(tmp_path / "run")
+    result = _rollout_ray("eval", "examples/shared_tools.py", "--limit", "4", "--samples", "2", "--out", run_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rollouts 8  ok 8  failed 0  groups 4" in result.stdout and "mean reward 1.0000" in result.stdout
+    [state] = [json.loads(p.read_text()) for p in shared.glob("calc-*.json")]
+    assert state["starts"] == 1
+    wait_exit(state["pid"], 30)  # stopped with the rollout actor that started it, at the run's end
+    for trace in table_to_traces(read_run(run_dir)):
+        assert [(c.server, c.name, c.ok) for c in trace.tool_calls] == [("calc", "add", True)]
+
+
+@pytest.mark.timeout(300)  # one CLI process that starts its own Ray
+def test_the_two_player_example_runs_on_ray_with_a_batch_per_agent(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """examples/two_player.py on Ray: both players rewarded, each with its own branch and its
+    own token sequence in the stored trace."""
+    from rollout_ray import agent_sequences, read_run, table_to_traces
+
+    run_dir = str(tmp_path / "run")
+    result = _rollout_ray("eval", "examples/two_player.py", "--limit", "2", "--samples", "2", "--out", run_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rollouts 4  ok 4  failed 0  groups 2" in result.stdout and "mean reward 2.0000" in result.stdout
+    for trace in table_to_traces(read_run(run_dir)):
+        by_agent = agent_sequences(trace)
+        assert trace.num_branches == 2 and sorted(by_agent) == ["agent", "player_b"]
+        assert [len(by_agent[a][0].turns) for a in ("agent", "player_b")] == [3, 2]
+
+
 def test_a_taskset_file_ships_the_plain_modules_beside_it_that_it_imports() -> None:
     """examples/program.py imports calc_tool from its own folder: Ray workers can import
     neither, so both go by value (this once failed `rollout-ray eval examples/program.py`)."""

@@ -33,6 +33,7 @@ from rollout_ray import (
     TraceTask,
     Usage,
     UserMessage,
+    UserTurn,
     VersionInfo,
 )
 from rollout_ray._record.arrow import (
@@ -130,6 +131,11 @@ def full_trace() -> Trace:
         ],
         extra_usage=[Usage(prompt_tokens=7, completion_tokens=2)],
         verifiers=VersionInfo(version="9.9.9", commit="abc123"),
+        user_turns=[
+            UserTurn("customer", "go", node=3, call=ModelCall(model="judge", usage=Usage(prompt_tokens=5,
+                                                                                          completion_tokens=2))),
+            UserTurn("player_b", "B", done=True, agent_node=7),
+        ],
     )
 
 
@@ -332,6 +338,7 @@ TRACE_FIELDS_ACKNOWLEDGED = {
     "tool_calls": "num_tool_calls",
     "extra_usage": "trace blob only",
     "verifiers": "trace blob only",
+    "user_turns": "trace blob only",
 }
 """Where each Trace field lands in the table. A new Trace field fails the guard below until
 someone decides whether it needs a scalar column (appended to TRACE_SCHEMA) and lists it here."""

@@ -45,7 +45,7 @@ from rollout_ray import (
     encode_trace,
 )
 from rollout_ray._record.messages import ImageURL
-from rollout_ray._record.trace import LIMIT_STOPS
+from rollout_ray._record.trace import LIMIT_STOPS, UserTurn
 
 
 def full_trace() -> Trace:
@@ -109,6 +109,7 @@ def full_trace() -> Trace:
         tool_calls=[ToolCallRecord("calc", "add", '{"a": 1}', False, error="boom", duration=0.5, arguments_chars=90)],
         extra_usage=[Usage(prompt_tokens=7, completion_tokens=2)],
         verifiers=VersionInfo(version="9.9.9", commit="abc123"),
+        user_turns=[UserTurn("customer", "more", done=True, node=1, call=ModelCall(model="judge"), agent_node=2)],
     )
 
 
