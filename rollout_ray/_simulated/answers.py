@@ -2,8 +2,8 @@
 
 Pure functions, no I/O. The policy answers integer arithmetic (``+ - *``, unary minus,
 parentheses) found in the last user message, calls a calculator tool when one is offered,
-reports a tool's result once it is back, and otherwise says ``"I don't know."``. Its
-answers are wrong (one too high) with the probability ``completion.py`` draws against. The token
+reports a tool's result once it is back, follows a task's scripted plan (``plans.py``),
+and otherwise says ``"I don't know."``. Its answers are wrong (one too high) with the probability ``completion.py`` draws against. The token
 counts here are the estimate used when no token capture is asked for (four characters a
 token); with token capture, ``completion.py`` counts the tokenizer's ids instead.
 """
@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from .config import SimulatedModelConfig
+from .plans import follow
 from .template import text_of
 
 UNKNOWN = "I don't know."
@@ -133,8 +134,12 @@ def respond(
     calls so far) if a calculator tool is offered, or its value as text. An integer answer,
     its own or a tool's, is one too high when ``rng_value < error_rate`` (default
     ``config.error_rate``): the model misreads a result as it miscomputes one. Anything else
-    gets ``"I don't know."``.
+    gets ``"I don't know."``. A scripted plan in the conversation (``plans.py``) comes first:
+    its next step, never wrong (it drives an agent program, it is not graded).
     """
+    planned = follow(messages, tools)
+    if planned is not None:
+        return planned
     wrong = rng_value < (config.error_rate if error_rate is None else error_rate)
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
     if last_user is None:
