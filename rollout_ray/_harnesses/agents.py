@@ -1,0 +1,97 @@
+"""Presets: real coding agents as ``ProgramHarness`` rollouts, installed per node, pinned.
+
+``CodexHarness()`` runs Codex CLI (``@openai/codex``, ``codex exec``, Responses at the proxy),
+``ClaudeCodeHarness()`` Claude Code (``@anthropic-ai/claude-code``, ``claude -p``, Messages at
+the proxy). Each installs its agent from the npm registry on the rollout's node in ``setup``
+(once per node: ``agent_install.py``), ships a small launcher (``agent_programs/``) into the work
+directory and runs it; the launcher configures the agent to talk only to the rollout's proxy and
+its tool servers (the task's ``Toolset`` as MCP servers), with the agent's own traffic off.
+
+Adding another agent: a launcher that reads ``ROLLOUT_RAY_INPUT`` and the endpoint variables
+``ProgramHarness`` sets and ``exec``s the agent, and a subclass of ``AgentHarness`` naming how
+to install it (``install``) and the variable its launcher finds it in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from .._core.runtime import Runtime
+from .agent_install import npm_install
+from .program import ProgramHarness
+
+PROGRAMS = Path(__file__).parent / "agent_programs"
+LAUNCHER_DIR = ".rollout_ray_agent"
+"""Directory of the work dir the launcher is written to."""
+
+
+class AgentHarness(ProgramHarness):
+    """A ``ProgramHarness`` whose program is installed on the node by ``setup``.
+
+    Subclasses set ``launcher`` (a file of ``agent_programs/``) and ``variable`` (the
+    environment variable giving the launcher the installed binary), and define ``install``.
+
+    Args:
+        model: the model name the agent sends (the proxy serves the rollout's model whatever
+            the name).
+        env: extra environment variables of the agent.
+        timeout: seconds a segment may run (see ``ProgramHarness``).
+        id: harness id.
+    """
+
+    launcher = ""
+    variable = ""
+
+    def __init__(self, *, model: str = "rollout", env: Mapping[str, str] | None = None,
+                 timeout: float | None = 600.0, id: str | None = None) -> None:
+        path = f"{LAUNCHER_DIR}/{self.launcher}"
+        # sys.executable runs in a sandbox too (it links it); the launcher needs only the stdlib.
+        super().__init__([sys.executable, path], id=id or self.launcher.removesuffix(".py"),
+                         env={"ROLLOUT_AGENT_MODEL": model, **(env or {})}, timeout=timeout,
+                         files={path: (PROGRAMS / self.launcher).read_text()})
+
+    def install(self) -> str:
+        """Install the agent on this node if it is not yet (blocking); its binary's path."""
+        raise NotImplementedError
+
+    async def setup(self, runtime: Runtime) -> None:
+        """Install the agent on this node (once: later rollouts find it), then ship the launcher."""
+        self.env[self.variable] = await asyncio.to_thread(self.install)
+        await super().setup(runtime)
+
+
+class CodexHarness(AgentHarness):
+    """Codex CLI (``@openai/codex`` from the npm registry), ``codex exec`` on the task's prompt,
+    its model provider the rollout's proxy (``wire_api = "responses"``), the task's tools as MCP
+    servers in its ``config.toml``, telemetry, analytics and plugin sync off, its own sandbox
+    bypassed (the rollout's runtime isolates it)."""
+
+    launcher = "codex_exec.py"
+    variable = "CODEX"
+
+    def __init__(self, *, version: str = "0.169.0", **kwargs: object) -> None:
+        self.version = version
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+
+    def install(self) -> str:
+        return str(npm_install("@openai/codex", self.version, "codex"))
+
+
+class ClaudeCodeHarness(AgentHarness):
+    """Claude Code (``@anthropic-ai/claude-code`` from the npm registry), ``claude -p`` on the
+    task's prompt with ``ANTHROPIC_BASE_URL`` at the rollout's proxy,
+    ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1``, a HOME per rollout in its work directory,
+    the task's tools as MCP servers (``--mcp-config``), its Bash, file and MCP tools allowed."""
+
+    launcher = "claude_print.py"
+    variable = "CLAUDE"
+
+    def __init__(self, *, version: str = "2.1.328", **kwargs: object) -> None:
+        self.version = version
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+
+    def install(self) -> str:
+        return str(npm_install("@anthropic-ai/claude-code", self.version, "claude"))
