@@ -120,6 +120,20 @@ def _arguments(fn: dict[str, Any], expression: str) -> str:
     return json.dumps({"expression": expression})
 
 
+def _unwrapped(result: str) -> str:
+    """An MCP tool's non-object result as an agent may pass it on: its ``structuredContent``
+    wrapping ``{"result": value}`` (Claude Code sends that, not the text) is the value."""
+    if not result.startswith('{"result"'):
+        return result
+    try:
+        data = json.loads(result)
+    except ValueError:
+        return result
+    if isinstance(data, dict) and len(data) == 1 and not isinstance(data["result"], (dict, list)):
+        return str(data["result"])
+    return result
+
+
 def respond(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
@@ -146,7 +160,7 @@ def respond(
         return {"role": "assistant", "content": UNKNOWN}
     results = [m for m in messages[last_user + 1 :] if m.get("role") == "tool"]
     if results:
-        result = text_of(results[-1].get("content")).strip()
+        result = _unwrapped(text_of(results[-1].get("content")).strip())
         if wrong and _INTEGER.fullmatch(result):
             result = str(int(result) + 1)
         return {"role": "assistant", "content": result}

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from sim_client import serve
 
+from rollout_ray._simulated.answers import respond
+from rollout_ray._simulated.config import SimulatedModelConfig
 from rollout_ray._simulated.plans import FENCE, SUBMIT, follow, parse_plan
 
 PLAN = "Make the report.\nRUN: mkdir -p out && echo $((6*7)) > out/answer.txt\nWRITE: out/notes.md: plan ran\nANSWER: all done"
@@ -84,3 +86,13 @@ def test_the_plan_is_carried_out_through_the_offered_tools(tools: list[dict[str,
 def test_without_a_plan_the_policy_is_unchanged() -> None:
     assert parse_plan("What is 2+2? ANSWER: 4") is None
     assert follow([{"role": "user", "content": "What is 2+2?"}], CODEX) is None
+
+
+def test_an_mcp_result_wrapped_as_structured_content_is_reported_as_its_value() -> None:
+    config = SimulatedModelConfig(ttft=0, error_rate=0.0)
+    messages = [{"role": "user", "content": "What is 101 + 23?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_0", "type": "function", "function": {"name": "mcp__calc__add", "arguments": "{}"}}]}]
+    for content, reply in [('{"result":124}', "124"), ('{"result": [1]}', '{"result": [1]}'), ("124", "124")]:
+        answer = respond([*messages, {"role": "tool", "tool_call_id": "call_0", "content": content}], None, config, 1.0)
+        assert answer["content"] == reply

@@ -22,5 +22,8 @@ if mcp.get("mcpServers"):
         json.dump(mcp, f)
     argv += ["--mcp-config", path, "--strict-mcp-config"]
 env = {**os.environ, "HOME": home, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
-       "DISABLE_AUTOUPDATER": "1"}
+       "DISABLE_AUTOUPDATER": "1",
+       # MCP tools offered as tools, not deferred behind its ToolSearch tool (a model must
+       # then search for a tool it cannot know the name of).
+       "ENABLE_TOOL_SEARCH": "false"}
 os.execve(os.environ["CLAUDE"], [*argv, "--", prompt], env)
