@@ -12,10 +12,12 @@ the final text (default ``"done"``). When the request offers a shell-like tool (
 ``exec_command`` / ``shell``, Claude Code's ``Bash``, any tool named ``bash`` / ``shell``), the
 model answers step k with a call of that tool (a ``WRITE`` goes to an edit tool taking a path and
 a content when one is offered, else becomes a shell command), then the final text. Without a
-tool, as mini-swe-agent's text protocol wants, step k is a fenced ``bash`` block of the command,
-and the end is mini-swe-agent's submit command. Step k is the number of the model's own tool calls
-(or fenced commands) since the plan's message: the agent's own extra user turns (environment
-notes, reminders, tool results sent as user turns) never restart the plan.
+tool, as mini-swe-agent's text protocol wants, step k is a fenced ``bash`` block of the command.
+When the agent's prompt names mini-swe-agent's submit command, or with no tool, the plan's last
+step is that command (mini-swe-agent ends on it, never on a plain answer). Step k is the number
+of the model's own tool calls (or fenced commands) since the plan's message: the agent's own
+extra user turns (environment notes, reminders, tool results sent as user turns) never restart
+the plan.
 
 Pure functions, no I/O, like ``answers.py``.
 """
@@ -127,6 +129,12 @@ def _done(messages: list[dict[str, Any]]) -> int:
     return n
 
 
+def _asks_submit(messages: list[dict[str, Any]]) -> bool:
+    """Whether the agent's own prompt says it ends on the submit command (mini-swe-agent's)."""
+    word = SUBMIT.split()[-1]
+    return any(word in text_of(m.get("content")) for m in messages if m.get("role") in ("system", "user"))
+
+
 def follow(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any] | None:
     """The assistant message taking the plan's next step, or ``None`` when no plan applies
     (no plan in the conversation). ``call_<n>`` ids as ``answers.respond``."""
@@ -136,10 +144,12 @@ def follow(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -
     index, (steps, answer) = found
     step = _done(messages[index + 1 :])
     shell, edit = shell_tool(tools), edit_tool(tools)
+    if (shell is None and edit is None) or _asks_submit(messages):
+        steps = [*steps, ("run", SUBMIT)]  # mini-swe-agent ends on it, never on a plain answer
     if shell is None and edit is None:
-        if step > len(steps):
+        if step >= len(steps):
             return {"role": "assistant", "content": answer}
-        kind, arg = steps[step] if step < len(steps) else ("run", SUBMIT)
+        kind, arg = steps[step]
         command = _write_command(*_split_write(arg)) if kind == "write" else arg
         return {"role": "assistant", "content": f"THOUGHT: step {step + 1} of the plan.\n\n```{FENCE}\n{command}\n```"}
     if step >= len(steps):

@@ -30,6 +30,7 @@ CODEX = [tool("exec_command", cmd=STRING, login={"type": "boolean"}), tool("view
 CLAUDE = [tool("Read", file_path=STRING), tool("Bash", command=STRING, description=STRING),
           tool("Write", file_path=STRING, content=STRING)]
 ARGV = [tool("shell", command={"type": "array", "items": STRING})]
+MINI = [tool("bash", command=STRING)]  # mini-swe-agent 2.x's one tool; its prompt names its submit command
 
 
 def _run(name: str, arguments: dict[str, Any], cwd: Path) -> str:
@@ -42,11 +43,11 @@ def _run(name: str, arguments: dict[str, Any], cwd: Path) -> str:
     return done.stdout
 
 
-def _agent(tools: list[dict[str, Any]] | None, cwd: Path) -> tuple[list[dict[str, Any]], str]:
+def _agent(tools: list[dict[str, Any]] | None, cwd: Path, system: str) -> tuple[list[dict[str, Any]], str]:
     """An agent loop against the real server: tool calls (or fenced commands) run for real."""
 
     async def body(server: Any, post: Any) -> tuple[list[dict[str, Any]], str]:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."},
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system},
                                           {"role": "user", "content": PLAN},
                                           {"role": "user", "content": "<environment_context>cwd</environment_context>"}]
         for _ in range(8):
@@ -57,6 +58,8 @@ def _agent(tools: list[dict[str, Any]] | None, cwd: Path) -> tuple[list[dict[str
             if message.get("tool_calls"):
                 for call in message["tool_calls"]:
                     fn = call["function"]
+                    if json.loads(fn["arguments"]).get("command") == SUBMIT:
+                        return messages, "submitted"
                     out = _run(fn["name"], json.loads(fn["arguments"]), cwd)
                     messages.append({"role": "tool", "tool_call_id": call["id"], "content": out})
                 messages.append({"role": "user", "content": "<system-reminder>keep going</system-reminder>"})
@@ -72,12 +75,15 @@ def _agent(tools: list[dict[str, Any]] | None, cwd: Path) -> tuple[list[dict[str
     return serve(body)
 
 
-@pytest.mark.parametrize("tools", [CODEX, CLAUDE, ARGV, None], ids=["codex", "claude-code", "argv-shell", "text"])
-def test_the_plan_is_carried_out_through_the_offered_tools(tools: list[dict[str, Any]] | None, tmp_path: Path) -> None:
-    messages, final = _agent(tools, tmp_path)
+@pytest.mark.parametrize(("tools", "system"), [(CODEX, ""), (CLAUDE, ""), (ARGV, ""), (MINI, f"End with `{SUBMIT}`."),
+                                               (None, "One fenced command a turn.")],
+                         ids=["codex", "claude-code", "argv-shell", "mini-swe-agent", "text"])
+def test_the_plan_is_carried_out_through_the_offered_tools(tools: list[dict[str, Any]] | None, system: str,
+                                                           tmp_path: Path) -> None:
+    messages, final = _agent(tools, tmp_path, system)
     assert (tmp_path / "out" / "answer.txt").read_text() == "42\n"
     assert (tmp_path / "out" / "notes.md").read_text() == "plan ran\n"
-    assert final == ("submitted" if tools is None else "all done")
+    assert final == ("submitted" if tools in (None, MINI) else "all done")
     if tools is CLAUDE:  # the file is written by the edit tool, not by the shell
         names = [c["function"]["name"] for m in messages for c in m.get("tool_calls") or ()]
         assert names == ["Bash", "Write"]
