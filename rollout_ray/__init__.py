@@ -81,6 +81,7 @@ from ._harnesses.program import ProgramHarness as ProgramHarness
 from ._harnesses.agents import AgentHarness as AgentHarness
 from ._harnesses.agents import ClaudeCodeHarness as ClaudeCodeHarness
 from ._harnesses.agents import CodexHarness as CodexHarness
+from ._harnesses.agents import MiniSweAgentHarness as MiniSweAgentHarness
 from ._core.toolset import Toolset as Toolset
 from ._core.toolset import tool as tool
 from ._serving.tool_server import ToolServer as ToolServer
@@ -177,7 +178,7 @@ __all__ = [
     "Judge", "PluggedReward", "Task", "TaskConfig", "TaskData", "Harness", "HarnessContext",
     "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "SandboxRuntime", "Rollout",
     "RolloutSpec",
-    "ChatHarness", "ProgramHarness", "AgentHarness", "CodexHarness", "ClaudeCodeHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
+    "ChatHarness", "ProgramHarness", "AgentHarness", "CodexHarness", "ClaudeCodeHarness", "MiniSweAgentHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
     "MCPToolset",
     # the driver, Arrow and the env-level finalize
     "Driver", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",

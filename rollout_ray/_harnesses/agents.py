@@ -2,7 +2,8 @@
 
 ``CodexHarness()`` runs Codex CLI (``@openai/codex``, ``codex exec``, Responses at the proxy),
 ``ClaudeCodeHarness()`` Claude Code (``@anthropic-ai/claude-code``, ``claude -p``, Messages at
-the proxy). Each installs its agent from the npm registry on the rollout's node in ``setup``
+the proxy), ``MiniSweAgentHarness()`` mini-swe-agent (PyPI ``mini-swe-agent``, its Python API,
+Chat Completions at the proxy). Each installs its agent from its registry on the rollout's node in ``setup``
 (once per node: ``agent_install.py``), ships a small launcher (``agent_programs/``) into the work
 directory and runs it; the launcher configures the agent to talk only to the rollout's proxy and
 its tool servers (the task's ``Toolset`` as MCP servers), with the agent's own traffic off.
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .._core.runtime import Runtime
-from .agent_install import npm_install
+from .agent_install import npm_install, pip_install
 from .program import ProgramHarness
 
 PROGRAMS = Path(__file__).parent / "agent_programs"
@@ -72,9 +73,10 @@ class CodexHarness(AgentHarness):
     launcher = "codex_exec.py"
     variable = "CODEX"
 
-    def __init__(self, *, version: str = "0.169.0", **kwargs: object) -> None:
+    def __init__(self, *, version: str = "0.169.0", model: str = "rollout", env: Mapping[str, str] | None = None,
+                 timeout: float | None = 600.0, id: str | None = None) -> None:
         self.version = version
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__(model=model, env=env, timeout=timeout, id=id)
 
     def install(self) -> str:
         return str(npm_install("@openai/codex", self.version, "codex"))
@@ -89,9 +91,30 @@ class ClaudeCodeHarness(AgentHarness):
     launcher = "claude_print.py"
     variable = "CLAUDE"
 
-    def __init__(self, *, version: str = "2.1.328", **kwargs: object) -> None:
+    def __init__(self, *, version: str = "2.1.328", model: str = "rollout", env: Mapping[str, str] | None = None,
+                 timeout: float | None = 600.0, id: str | None = None) -> None:
         self.version = version
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__(model=model, env=env, timeout=timeout, id=id)
 
     def install(self) -> str:
         return str(npm_install("@anthropic-ai/claude-code", self.version, "claude"))
+
+
+class MiniSweAgentHarness(AgentHarness):
+    """mini-swe-agent (``mini-swe-agent`` from the package index, ``pip install --target`` once
+    per node, with its dependencies), run through its Python API with its own ``default.yaml``:
+    bash actions as tool calls to the rollout's proxy through litellm, commands in the work
+    directory, its price list and cost tracking kept off the network; prints the submission.
+    ``step_limit`` bounds its steps (its default has none)."""
+
+    launcher = "mini_swe_agent.py"
+    variable = "MINI_SWE_AGENT"
+
+    def __init__(self, *, version: str = "2.4.6", step_limit: int = 30, model: str = "rollout",
+                 env: Mapping[str, str] | None = None, timeout: float | None = 600.0, id: str | None = None) -> None:
+        self.version = version
+        super().__init__(model=model, env={"MINI_SWE_AGENT_STEP_LIMIT": str(step_limit), **(env or {})},
+                         timeout=timeout, id=id)
+
+    def install(self) -> str:
+        return str(pip_install(f"mini-swe-agent=={self.version}"))
