@@ -1,10 +1,12 @@
 """A real coding agent uses the task's tools over MCP: the task's ``Toolset`` (the calculator
 of ``calc_tool.py``) is served to the agent as an MCP server (``ROLLOUT_RAY_MCP``, which the
 presets put in Claude Code's ``--mcp-config`` and Codex's ``config.toml``); every call lands on
-``trace.tool_calls`` as a native one would. ``AGENT=codex`` runs Codex CLI instead of Claude Code.
+``trace.tool_calls`` as a native one would. ``AGENT=agents_sdk`` runs the Agents SDK preset
+instead of Claude Code (``AGENT=codex`` runs Codex CLI, which does not yet reach them: it offers
+MCP tools as a Responses ``namespace`` tool, which the proxy drops).
 
     rollout-ray eval examples/agent_mcp.py --limit 2
-    AGENT=codex rollout-ray eval examples/agent_mcp.py --limit 2
+    AGENT=agents_sdk rollout-ray eval examples/agent_mcp.py --limit 2
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from rollout_ray import AgentHarness, ClaudeCodeHarness, CodexHarness, Trace, metric
+from rollout_ray import AgentHarness, AgentsSdkHarness, ClaudeCodeHarness, CodexHarness, Trace, metric
 
 sys.path.insert(0, os.path.dirname(__file__))
 from calc_tool import Calc  # noqa: E402
@@ -29,5 +31,11 @@ def tasks(n: int = 4) -> list[McpCalc]:
             for i in range(n)]
 
 
+PRESETS = {"claude_code": ClaudeCodeHarness, "codex": CodexHarness, "agents_sdk": AgentsSdkHarness}
+
+
 def harness() -> AgentHarness:
-    return CodexHarness(timeout=300) if os.environ.get("AGENT") == "codex" else ClaudeCodeHarness(timeout=300)
+    agent = os.environ.get("AGENT", "claude_code")
+    if agent not in PRESETS:
+        raise ValueError(f"AGENT={agent!r}: choose one of {', '.join(PRESETS)}")
+    return PRESETS[agent](timeout=300)

@@ -79,6 +79,7 @@ from ._hosting.spec import RolloutSpec as RolloutSpec
 from ._harnesses.chat import ChatHarness as ChatHarness
 from ._harnesses.program import ProgramHarness as ProgramHarness
 from ._harnesses.agents import AgentHarness as AgentHarness
+from ._harnesses.agents import AgentsSdkHarness as AgentsSdkHarness
 from ._harnesses.agents import ClaudeCodeHarness as ClaudeCodeHarness
 from ._harnesses.agents import CodexHarness as CodexHarness
 from ._harnesses.agents import MiniSweAgentHarness as MiniSweAgentHarness
@@ -178,7 +179,7 @@ __all__ = [
     "Judge", "PluggedReward", "Task", "TaskConfig", "TaskData", "Harness", "HarnessContext",
     "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "SandboxRuntime", "Rollout",
     "RolloutSpec",
-    "ChatHarness", "ProgramHarness", "AgentHarness", "CodexHarness", "ClaudeCodeHarness", "MiniSweAgentHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
+    "ChatHarness", "ProgramHarness", "AgentHarness", "AgentsSdkHarness", "CodexHarness", "ClaudeCodeHarness", "MiniSweAgentHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
     "MCPToolset",
     # the driver, Arrow and the env-level finalize
     "Driver", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",

@@ -3,10 +3,12 @@
 ``CodexHarness()`` runs Codex CLI (``@openai/codex``, ``codex exec``, Responses at the proxy),
 ``ClaudeCodeHarness()`` Claude Code (``@anthropic-ai/claude-code``, ``claude -p``, Messages at
 the proxy), ``MiniSweAgentHarness()`` mini-swe-agent (PyPI ``mini-swe-agent``, its Python API,
-Chat Completions at the proxy). Each installs its agent from its registry on the rollout's node in ``setup``
-(once per node: ``agent_install.py``), ships a small launcher (``agent_programs/``) into the work
-directory and runs it; the launcher configures the agent to talk only to the rollout's proxy and
-its tool servers (the task's ``Toolset`` as MCP servers), with the agent's own traffic off.
+Chat Completions at the proxy), ``AgentsSdkHarness()`` an OpenAI Agents SDK program (PyPI
+``openai-agents``, Responses at the proxy). Each installs its agent from its registry on the
+rollout's node in ``setup`` (once per node: ``agent_install.py``), ships a small launcher
+(``agent_programs/``) into the work directory and runs it; the launcher configures the agent to
+talk only to the rollout's proxy and its tool servers (the task's ``Toolset`` as MCP servers),
+with the agent's own traffic off.
 
 Adding another agent: a launcher that reads ``ROLLOUT_RAY_INPUT`` and the endpoint variables
 ``ProgramHarness`` sets and ``exec``s the agent, and a subclass of ``AgentHarness`` naming how
@@ -118,3 +120,24 @@ class MiniSweAgentHarness(AgentHarness):
 
     def install(self) -> str:
         return str(pip_install(f"mini-swe-agent=={self.version}"))
+
+
+class AgentsSdkHarness(AgentHarness):
+    """An OpenAI Agents SDK program (``openai-agents`` from the package index, ``pip install
+    --target`` once per node): one ``Agent`` with a ``bash`` tool and the task's tools as MCP
+    servers, its model ``OpenAIResponsesModel`` at the rollout's proxy, run on the task's prompt
+    for at most ``max_turns`` turns, trace export off; prints the final output. A program of
+    your own runs as a ``ProgramHarness`` the same way (see ``agent_programs/agents_sdk.py``)."""
+
+    launcher = "agents_sdk.py"
+    variable = "AGENTS_SDK"
+
+    def __init__(self, *, version: str = "0.24.0", instructions: str = "", max_turns: int = 30,
+                 model: str = "rollout", env: Mapping[str, str] | None = None, timeout: float | None = 600.0,
+                 id: str | None = None) -> None:
+        self.version = version
+        extra = {"AGENTS_SDK_INSTRUCTIONS": instructions, "AGENTS_SDK_MAX_TURNS": str(max_turns)}
+        super().__init__(model=model, env={**extra, **(env or {})}, timeout=timeout, id=id)
+
+    def install(self) -> str:
+        return str(pip_install(f"openai-agents=={self.version}"))

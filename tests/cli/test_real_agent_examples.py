@@ -1,7 +1,7 @@
 """``rollout-ray eval examples/<agent>.py`` runs real coding agents (Codex CLI, Claude Code),
-unchanged, and mini-swe-agent, on Ray in the default sandbox, driven by the simulated model's scripted plan: the
+unchanged, mini-swe-agent and an OpenAI Agents SDK program, on Ray in the default sandbox, driven by the simulated model's scripted plan: the
 rewards read the files each agent left in its sandbox, token data is stored for every rollout,
-and a task's tools reach Claude Code as an MCP server, its calls on ``trace.tool_calls``
+and a task's tools reach Claude Code and the Agents SDK as an MCP server, its calls on ``trace.tool_calls``
 (issue 29 §2, issue 30's "Done when"). The agents are installed by the presets from the npm
 registry and the package index once per node; a test is skipped, with the reason, where that install cannot be made."""
 
@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from rollout_ray import HarnessError, read_run, table_to_traces
-from rollout_ray._harnesses.agents import ClaudeCodeHarness, CodexHarness, MiniSweAgentHarness
+from rollout_ray._harnesses.agents import AgentsSdkHarness, ClaudeCodeHarness, CodexHarness, MiniSweAgentHarness
 
-HARNESSES = {"codex": CodexHarness, "claude_code": ClaudeCodeHarness, "mini_swe_agent": MiniSweAgentHarness}
+HARNESSES = {"codex": CodexHarness, "claude_code": ClaudeCodeHarness, "mini_swe_agent": MiniSweAgentHarness,
+             "agents_sdk": AgentsSdkHarness}
 
 
 def _installed(agent: str) -> None:
@@ -44,7 +45,8 @@ def _eval(example: str, out: Path, env: dict[str, str] | None = None) -> str:
 @pytest.mark.parametrize(("agent", "tools"), [("codex", ["exec_command", "exec_command"]),
                                               ("claude_code", ["Bash", "Write"]),
                                               # the plan's two steps, then its submit command
-                                              ("mini_swe_agent", ["bash", "bash", "bash"])])
+                                              ("mini_swe_agent", ["bash", "bash", "bash"]),
+                                              ("agents_sdk", ["bash", "bash"])])
 def test_eval_runs_a_real_agent_that_leaves_the_files_its_reward_reads(agent: str, tools: list[str],
                                                                        tmp_path: Path) -> None:
     _installed(agent)
@@ -59,11 +61,13 @@ def test_eval_runs_a_real_agent_that_leaves_the_files_its_reward_reads(agent: st
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_claude_code_calls_the_tasks_tool_over_mcp_and_the_call_is_on_the_trace(tmp_path: Path) -> None:
-    _installed("claude_code")
-    _eval("agent_mcp", tmp_path / "run")
+@pytest.mark.parametrize(("agent", "name"), [("claude_code", "mcp__calc__add"), ("agents_sdk", "add")])
+def test_an_agent_calls_the_tasks_tool_over_mcp_and_the_call_is_on_the_trace(agent: str, name: str,
+                                                                             tmp_path: Path) -> None:
+    _installed(agent)
+    _eval("agent_mcp", tmp_path / "run", {"AGENT": agent})
     for trace in table_to_traces(read_run(tmp_path / "run")):
-        assert "mcp__calc__add" in [t.name for t in trace.tools or ()]
+        assert name in [t.name for t in trace.tools or ()]  # the task's tool, as the agent names it
         (call,) = trace.tool_calls
         assert call.server == "calc" and call.name == "add" and call.ok
         a, b = json.loads(call.arguments).values()
