@@ -42,8 +42,13 @@ def _installed(name: str, command: Sequence[str], what: str) -> Path:
     final = root / name
     if final.is_dir():
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}.lock", "w") as lock:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = open(root / f".{name}.lock", "w")  # noqa: SIM115 (closed by the with below)
+    except OSError as exc:
+        raise HarnessError(f"cannot install {what} into {root}: {exc}; set ROLLOUT_RAY_AGENTS to a writable "
+                           "directory (only a LocalRuntime sees one outside the environment)") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # held by one installer; the others wait, then reuse
         if final.is_dir():
             return final

@@ -66,3 +66,11 @@ def test_a_failed_install_is_a_harness_error_and_leaves_nothing(tmp_path: Path,
         agent_install._installed("tool@2", ["sh", "-c", "echo no such version >&2; exit 3"], "tool@2")
     assert [p.name for p in tmp_path.iterdir()] == [".tool@2.lock"]
     assert agent_install.agents_dir() == tmp_path
+
+
+def test_an_unwritable_install_directory_is_named_with_the_way_out(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("ROLLOUT_RAY_AGENTS", str(tmp_path / "file" / "agents"))
+    with pytest.raises(HarnessError, match=r"cannot install tool@3 into .*file/agents: .*set ROLLOUT_RAY_AGENTS"):
+        agent_install._installed("tool@3", ["true"], "tool@3")
