@@ -1,12 +1,11 @@
 """A real coding agent uses the task's tools over MCP: the task's ``Toolset`` (the calculator
 of ``calc_tool.py``) is served to the agent as an MCP server (``ROLLOUT_RAY_MCP``, which the
 presets put in Claude Code's ``--mcp-config`` and Codex's ``config.toml``); every call lands on
-``trace.tool_calls`` as a native one would. ``AGENT=agents_sdk`` runs the Agents SDK preset
-instead of Claude Code (``AGENT=codex`` runs Codex CLI, which does not yet reach them: it offers
-MCP tools as a Responses ``namespace`` tool, which the proxy drops).
+``trace.tool_calls`` as a native one would. ``AGENT=codex`` or ``AGENT=agents_sdk`` runs Codex
+CLI or the Agents SDK preset instead of Claude Code.
 
     rollout-ray eval examples/agent_mcp.py --limit 2
-    AGENT=agents_sdk rollout-ray eval examples/agent_mcp.py --limit 2
+    AGENT=codex rollout-ray eval examples/agent_mcp.py --limit 2
 """
 
 from __future__ import annotations

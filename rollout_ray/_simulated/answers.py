@@ -121,8 +121,13 @@ def _arguments(fn: dict[str, Any], expression: str) -> str:
 
 
 def _unwrapped(result: str) -> str:
-    """An MCP tool's non-object result as an agent may pass it on: its ``structuredContent``
-    wrapping ``{"result": value}`` (Claude Code sends that, not the text) is the value."""
+    """A tool's result as an agent passes it on, unwrapped: Codex frames it (``Wall time: ...``
+    then ``Output:`` and the output), and an MCP tool's non-object result may come as its
+    ``structuredContent`` wrapping ``{"result": value}`` (Claude Code and Codex send that, not
+    the text), which is the value."""
+    head, framed, output = result.rpartition("\nOutput:\n")
+    if framed and head.startswith("Wall time:"):
+        result = output.strip()
     if not result.startswith('{"result"'):
         return result
     try:

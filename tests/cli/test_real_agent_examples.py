@@ -1,7 +1,7 @@
 """``rollout-ray eval examples/<agent>.py`` runs real coding agents (Codex CLI, Claude Code),
 unchanged, mini-swe-agent and an OpenAI Agents SDK program, on Ray in the default sandbox, driven by the simulated model's scripted plan: the
 rewards read the files each agent left in its sandbox, token data is stored for every rollout,
-and a task's tools reach Claude Code and the Agents SDK as an MCP server, its calls on ``trace.tool_calls``
+and a task's tools reach Codex, Claude Code and the Agents SDK as an MCP server, its calls on ``trace.tool_calls``
 (issue 29 §2, issue 30's "Done when"). The agents are installed by the presets from the npm
 registry and the package index once per node; a test is skipped, with the reason, where that install cannot be made."""
 
@@ -61,7 +61,8 @@ def test_eval_runs_a_real_agent_that_leaves_the_files_its_reward_reads(agent: st
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("agent", "name"), [("claude_code", "mcp__calc__add"), ("agents_sdk", "add")])
+@pytest.mark.parametrize(("agent", "name"), [("claude_code", "mcp__calc__add"), ("agents_sdk", "add"),
+                                             ("codex", "mcp__calc__add")])  # Codex: a namespace tool, joined
 def test_an_agent_calls_the_tasks_tool_over_mcp_and_the_call_is_on_the_trace(agent: str, name: str,
                                                                              tmp_path: Path) -> None:
     _installed(agent)

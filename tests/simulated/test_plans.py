@@ -94,11 +94,13 @@ def test_without_a_plan_the_policy_is_unchanged() -> None:
     assert follow([{"role": "user", "content": "What is 2+2?"}], CODEX) is None
 
 
-def test_an_mcp_result_wrapped_as_structured_content_is_reported_as_its_value() -> None:
+def test_an_mcp_result_wrapped_by_the_agent_is_reported_as_its_value() -> None:
     config = SimulatedModelConfig(ttft=0, error_rate=0.0)
     messages = [{"role": "user", "content": "What is 101 + 23?"},
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "call_0", "type": "function", "function": {"name": "mcp__calc__add", "arguments": "{}"}}]}]
-    for content, reply in [('{"result":124}', "124"), ('{"result": [1]}', '{"result": [1]}'), ("124", "124")]:
+    codex = 'Wall time: 0.0037 seconds\nOutput:\n{"result":124}'  # Codex's frame around an MCP result
+    for content, reply in [('{"result":124}', "124"), ('{"result": [1]}', '{"result": [1]}'), ("124", "124"),
+                           (codex, "124"), ("Output:\n124", "Output:\n124")]:
         answer = respond([*messages, {"role": "tool", "tool_call_id": "call_0", "content": content}], None, config, 1.0)
         assert answer["content"] == reply
