@@ -88,6 +88,11 @@ from ._core.rollout import Rollout as Rollout
 from ._hosting.spec import RolloutSpec as RolloutSpec
 from ._harnesses.chat import ChatHarness as ChatHarness
 from ._harnesses.program import ProgramHarness as ProgramHarness
+from ._harnesses.agents import AgentHarness as AgentHarness
+from ._harnesses.agents import AgentsSdkHarness as AgentsSdkHarness
+from ._harnesses.agents import ClaudeCodeHarness as ClaudeCodeHarness
+from ._harnesses.agents import CodexHarness as CodexHarness
+from ._harnesses.agents import MiniSweAgentHarness as MiniSweAgentHarness
 from ._core.toolset import Toolset as Toolset
 from ._core.toolset import tool as tool
 from ._serving.tool_server import ToolServer as ToolServer
@@ -188,7 +193,8 @@ __all__ = [
     "Judge", "PluggedReward", "Task", "TaskConfig", "TaskData", "Harness", "HarnessContext",
     "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "SandboxRuntime", "Rollout",
     "RolloutSpec",
-    "ChatHarness", "ProgramHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
+    "ChatHarness", "ProgramHarness", "AgentHarness", "AgentsSdkHarness", "CodexHarness", "ClaudeCodeHarness",
+    "MiniSweAgentHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
     "MCPToolset", "SharedToolServer", "UserSimulator", "ScriptedUser", "ModelUser", "PeerAgent",
     # the driver, Arrow and the env-level finalize
     "Driver", "verifiers_tasks", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",

@@ -2,8 +2,8 @@
 
 Pure functions, no I/O. The policy answers integer arithmetic (``+ - *``, unary minus,
 parentheses) found in the last user message, calls a calculator tool when one is offered,
-reports a tool's result once it is back, and otherwise says ``"I don't know."``. Its
-answers are wrong (one too high) with the probability ``completion.py`` draws against. The token
+reports a tool's result once it is back, follows a task's scripted plan (``plans.py``),
+and otherwise says ``"I don't know."``. Its answers are wrong (one too high) with the probability ``completion.py`` draws against. The token
 counts here are the estimate used when no token capture is asked for (four characters a
 token); with token capture, ``completion.py`` counts the tokenizer's ids instead.
 """
@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from .config import SimulatedModelConfig
+from .plans import follow
 from .template import text_of
 
 UNKNOWN = "I don't know."
@@ -119,6 +120,25 @@ def _arguments(fn: dict[str, Any], expression: str) -> str:
     return json.dumps({"expression": expression})
 
 
+def _unwrapped(result: str) -> str:
+    """A tool's result as an agent passes it on, unwrapped: Codex frames it (``Wall time: ...``
+    then ``Output:`` and the output), and an MCP tool's non-object result may come as its
+    ``structuredContent`` wrapping ``{"result": value}`` (Claude Code and Codex send that, not
+    the text), which is the value."""
+    head, framed, output = result.rpartition("\nOutput:\n")
+    if framed and head.startswith("Wall time:"):
+        result = output.strip()
+    if not result.startswith('{"result"'):
+        return result
+    try:
+        data = json.loads(result)
+    except ValueError:
+        return result
+    if isinstance(data, dict) and len(data) == 1 and not isinstance(data["result"], (dict, list)):
+        return str(data["result"])
+    return result
+
+
 def respond(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
@@ -133,15 +153,19 @@ def respond(
     calls so far) if a calculator tool is offered, or its value as text. An integer answer,
     its own or a tool's, is one too high when ``rng_value < error_rate`` (default
     ``config.error_rate``): the model misreads a result as it miscomputes one. Anything else
-    gets ``"I don't know."``.
+    gets ``"I don't know."``. A scripted plan in the conversation (``plans.py``) comes first:
+    its next step, never wrong (it drives an agent program, it is not graded).
     """
+    planned = follow(messages, tools)
+    if planned is not None:
+        return planned
     wrong = rng_value < (config.error_rate if error_rate is None else error_rate)
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
     if last_user is None:
         return {"role": "assistant", "content": UNKNOWN}
     results = [m for m in messages[last_user + 1 :] if m.get("role") == "tool"]
     if results:
-        result = text_of(results[-1].get("content")).strip()
+        result = _unwrapped(text_of(results[-1].get("content")).strip())
         if wrong and _INTEGER.fullmatch(result):
             result = str(int(result) + 1)
         return {"role": "assistant", "content": result}

@@ -374,3 +374,42 @@ def test_hooks_and_budgets_work_the_same_whatever_the_dialect(path: str) -> None
     trace = run(main)
     assert trace.stop_condition == "no_goodbyes" and trace.last_reply == "Four."
     assert trace.calls[0].sampling == {"max_tokens": 64} and trace.response_rewrites[0].handler == "polite"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_namespace_tools_functions_go_upstream_and_come_back_namespaced(stream: bool) -> None:
+    """Codex offers its MCP tools as a ``namespace`` tool (``mcp__calc`` holding ``add``) and
+    routes a call only by ``name`` + ``namespace``: each function goes upstream as one tool
+    (``mcp__calc__add``), its call comes back split, and the call sent back joins again (one
+    training sequence)."""
+    tools = [{"type": "namespace", "name": "mcp__calc", "description": "calc over MCP",
+              "tools": [{"type": "function", "name": "add", "description": "Add two integers.",
+                         "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                                          "b": {"type": "integer"}}}}]}]
+
+    async def post(http: aiohttp.ClientSession, slot: Slot, items: list[Any]) -> list[dict[str, Any]]:
+        body = {"model": "x", "input": items, "tools": tools, "stream": stream}
+        async with http.post(f"{slot.base_url}/v1/responses", json=body,
+                             headers={"Authorization": f"Bearer {slot.model_secret}"}) as resp:
+            assert resp.status == 200, await resp.text()
+            if not stream:
+                return (await resp.json())["output"]
+            events = [msgspec.json.decode(line[6:]) for line in (await resp.text()).splitlines()
+                      if line.startswith("data: ")]
+            return events[-1]["response"]["output"]
+
+    async def main() -> Trace:
+        async with rig(DRIFTING, token_capture="vllm") as r, aiohttp.ClientSession() as http:
+            session, slot = await r.open_session()
+            question = {"role": "user", "content": "What is 2+3?"}
+            [call] = await post(http, slot, [question])
+            assert (call["type"], call["namespace"], call["name"]) == ("function_call", "mcp__calc", "add")
+            result = {"type": "function_call_output", "call_id": call["call_id"], "output": "5"}
+            [answer] = await post(http, slot, [question, call, result])
+            assert answer["content"][0]["text"] == "5"
+            return session.trace
+
+    trace = run(main)
+    assert [t.name for t in trace.tools or ()] == ["mcp__calc__add"]
+    assert trace.nodes[trace.calls[0].node].message.tool_calls[0].name == "mcp__calc__add"  # type: ignore[index,union-attr]
+    assert_one_sequence(trace, "/responses", 2)

@@ -34,6 +34,7 @@ from ..._record.messages import (
 from ..._record.messages import Request as ChatRequest
 from . import responses_output
 from .dialect import UNTRANSLATABLE, Dialect, History, Parsed, decode_object, typed
+from .responses_output import qualified
 
 _RENAMED = {"max_output_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
             "parallel_tool_calls": "parallel_tool_calls", "user": "user", "top_logprobs": "top_logprobs"}
@@ -143,16 +144,29 @@ def _tools(tools: Any, dropped: dict[str, str]) -> list[Tool] | None:
     for i, tool in enumerate(typed(tools, list, "tools", "an array")):
         where = f"tools[{i}]"
         typed(tool, dict, where, "an object")
+        if tool.get("type") == "namespace":  # Codex's MCP tools: each function one tool upstream
+            space = typed(tool.get("name"), str, f"{where}.name", "a string")
+            inner = typed(tool.get("tools") or [], list, f"{where}.tools", "an array")
+            for j, fn in enumerate(inner):
+                typed(fn, dict, f"{where}.tools[{j}]", "an object")
+                if fn.get("type") == "function":
+                    name = typed(fn.get("name"), str, f"{where}.tools[{j}].name", "a string")
+                    out.append(_function_tool({**fn, "name": qualified(space, name)}, f"{where}.tools[{j}]"))
+                else:
+                    dropped[f"{where}.tools[{j}]"] = f"{UNTRANSLATABLE} (only function tools are)"
+            continue
         if tool.get("type") != "function":
             dropped[where] = f"{UNTRANSLATABLE} (a {tool.get('type')!r} tool: only function tools are)"
             continue
-        parameters = tool.get("parameters") or {}
-        strict = tool.get("strict")
-        out.append(Tool(typed(tool.get("name"), str, f"{where}.name", "a string"),
-                        typed(tool.get("description") or "", str, f"{where}.description", "a string"),
-                        typed(parameters, dict, f"{where}.parameters", "an object"),
-                        typed(strict, (bool, type(None)), f"{where}.strict", "a boolean")))
+        out.append(_function_tool(tool, where))
     return out or None
+
+
+def _function_tool(tool: dict[str, Any], where: str) -> Tool:
+    return Tool(typed(tool.get("name"), str, f"{where}.name", "a string"),
+                typed(tool.get("description") or "", str, f"{where}.description", "a string"),
+                typed(tool.get("parameters") or {}, dict, f"{where}.parameters", "an object"),
+                typed(tool.get("strict"), (bool, type(None)), f"{where}.strict", "a boolean"))
 
 
 class _Turn:
@@ -190,8 +204,10 @@ def _messages(items: list[Any], dropped: dict[str, str]) -> list[Message]:
                 turn = close()
             turn.text = [_text(part, f"{where}.content[{j}]") for j, part in enumerate(_parts(item, where))]
         elif kind == "function_call":
+            name = typed(item.get("name"), str, f"{where}.name", "a string")
+            space = typed(item.get("namespace"), (str, type(None)), f"{where}.namespace", "a string")
             turn.calls.append(ToolCall(typed(item.get("call_id"), str, f"{where}.call_id", "a string"),
-                                       typed(item.get("name"), str, f"{where}.name", "a string"),
+                                       name if space is None else qualified(space, name),
                                        typed(item.get("arguments", "{}"), str, f"{where}.arguments", "a string")))
         elif kind == "reasoning":
             turn = close()

@@ -21,8 +21,29 @@ from .dialect import sse
 _ENCODER = msgspec.json.Encoder()
 
 
-def items(response: Response, answer_id: str) -> list[dict[str, Any]]:
-    """The output items of ``response``, each as it stands when done."""
+NAMESPACE_SEPARATOR = "__"
+
+
+def qualified(namespace: str, name: str) -> str:
+    """The one name upstream of a function of a ``namespace`` tool (Codex offers its MCP tools
+    so: namespace ``mcp__calc``, function ``add``, upstream ``mcp__calc__add``)."""
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+
+
+def namespaces(tools: Any) -> dict[str, tuple[str, str]]:
+    """Upstream name to ``(namespace, name)`` of each function of the request's namespace tools."""
+    found: dict[str, tuple[str, str]] = {}
+    for tool in tools if isinstance(tools, list) else ():
+        if isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("name"), str):
+            for inner in tool.get("tools") or ():
+                if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+                    found[qualified(tool["name"], inner["name"])] = (tool["name"], inner["name"])
+    return found
+
+
+def items(response: Response, answer_id: str, echo: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The output items of ``response``, each as it stands when done; a call of a namespace
+    tool's function named as the agent offered it (``name`` and ``namespace``)."""
     key = answer_id.removeprefix("resp_")
     message = response.message
     out: list[dict[str, Any]] = []
@@ -34,9 +55,13 @@ def items(response: Response, answer_id: str) -> list[dict[str, Any]]:
         logprobs = msgspec.to_builtins(response.logprobs) if response.logprobs is not None else []
         out.append({"type": "message", "id": f"msg_{key}", "role": "assistant", "status": "completed",
                     "content": [_text_part(text, logprobs)]})
+    spaced = namespaces((echo or {}).get("tools")) if message.tool_calls else {}
     for i, call in enumerate(message.tool_calls or ()):
-        out.append({"type": "function_call", "id": f"fc_{key}_{i}", "call_id": call.id, "name": call.name,
-                    "arguments": call.arguments, "status": "completed"})
+        item = {"type": "function_call", "id": f"fc_{key}_{i}", "call_id": call.id, "name": call.name,
+                "arguments": call.arguments, "status": "completed"}
+        if call.name in spaced:
+            item["namespace"], item["name"] = spaced[call.name]
+        out.append(item)
     return out
 
 
@@ -71,7 +96,7 @@ def _usage(response: Response) -> dict[str, Any] | None:
 
 
 def encode(response: Response, echo: dict[str, Any], answer_id: str) -> bytes:
-    return _ENCODER.encode(body(response, echo, answer_id, int(time.time()), items(response, answer_id)))
+    return _ENCODER.encode(body(response, echo, answer_id, int(time.time()), items(response, answer_id, echo)))
 
 
 def events(response: Response, echo: dict[str, Any], answer_id: str) -> Iterator[bytes]:
@@ -85,7 +110,7 @@ def events(response: Response, echo: dict[str, Any], answer_id: str) -> Iterator
 
     yield event("response.created", response=body(None, echo, answer_id, created, []))
     yield event("response.in_progress", response=body(None, echo, answer_id, created, []))
-    done = items(response, answer_id)
+    done = items(response, answer_id, echo)
     for index, item in enumerate(done):
         yield from _item_events(event, index, item)
     final = body(response, echo, answer_id, created, done)
