@@ -143,6 +143,6 @@ def format_status(s: dict[str, Any]) -> str:
         lines.append(f"{'':8}{'rollout':34}{'label':26}{'task':>6}  {'phase':11}{'age':>8}")
     for r in rollouts:
         mark = "STALLED " if r["stalled"] else ""
-        lines.append(f"{mark:8}{r['id'] or '-':34}{r['label']:26}{str(r['task']):>6}  {r['phase']:11}"
+        lines.append(f"{mark:8}{r['id'] or '-':34}{r['label']:26}{r['task']!s:>6}  {r['phase']:11}"
                      f"{r['age']:>7.1f}s")
     return "\n".join(lines)

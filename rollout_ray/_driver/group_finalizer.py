@@ -301,7 +301,7 @@ class GroupFinalizer:
         table = self._table([r for _, members in batch for r in members])
         try:
             result = finalize(table, self.config, self.judge, judge_timeout=self.judge_timeout)
-        except Exception:  # noqa: BLE001 - find the group whose judge raised: one at a time
+        except Exception:
             if self.judge is None:
                 raise
             tables = [self._finalize_alone(group_id, members) for group_id, members in batch]

@@ -300,7 +300,7 @@ def _finalized(run_dir: str, outcome: pa.Table, config: FinalizeConfig, judge: G
     table = ScoreVersion(0, outcome, pa.table({}), {}).overlay(table)
     try:
         done, errors = finalize(table, config, judge, judge_timeout=judge_timeout), None
-    except Exception:  # noqa: BLE001 - a judge failed: find its groups, one at a time
+    except Exception:
         if judge is None:
             raise
         done, errors = _finalized_by_group(table, config, judge, judge_timeout)

@@ -117,7 +117,7 @@ class RemoteRuntime(Runtime):
 
     async def _teardown(self) -> None:
         try:
-            await getattr(self._actor, "stop").remote(self.name)
+            await self._actor.stop.remote(self.name)
         except RayActorError:
             pass  # the actor is gone, and its guardian removed the runtime with it
 

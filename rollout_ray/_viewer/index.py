@@ -184,10 +184,9 @@ def read_scalars(folder: RunFiles, name: str, run_id: str | None = None) -> tupl
         long = _long_in_footer(footer, text)
         # Text is read dictionary-encoded: one long value repeated on every row (a shared
         # instruction) costs its size once while its cells' total size is measured.
-        with unreadable_is_corrupt(path):
-            with pq.ParquetFile(f, metadata=footer, page_checksum_verification=True,
-                                read_dictionary=[c for c in text if c not in long]) as shard:
-                table = shard.read(columns=[*INDEX_COLUMNS, *(c.name for c in stored if c.name not in long)])
+        with unreadable_is_corrupt(path), pq.ParquetFile(f, metadata=footer, page_checksum_verification=True,
+                            read_dictionary=[c for c in text if c not in long]) as shard:
+            table = shard.read(columns=[*INDEX_COLUMNS, *(c.name for c in stored if c.name not in long)])
     for column in text:
         if column not in long:
             table = _decoded_if_short(table, column, long)

@@ -293,8 +293,8 @@ def test_schema_is_versioned_and_only_appends() -> None:
     assert tuple(TRACE_SCHEMA.names) == V4_COLUMNS
     assert set(SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS) == set(TRACE_SCHEMA.names)
     assert len(SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS) == len(TRACE_SCHEMA.names)
-    assert CONVERSATION_COLUMNS == ("messages", "trace", *TOKEN_COLUMNS)
-    assert TOKEN_COLUMNS == (*V2_COLUMNS[len(V1_COLUMNS):], "token_policy")
+    assert ("messages", "trace", *TOKEN_COLUMNS) == CONVERSATION_COLUMNS
+    assert (*V2_COLUMNS[len(V1_COLUMNS):], "token_policy") == TOKEN_COLUMNS
     assert records_to_table([full_record()]).schema.metadata == TRACE_SCHEMA.metadata
 
 
