@@ -324,7 +324,7 @@ class RolloutSession:
         self.trace.request_rewrites.extend(records)
         for hook in self.request_stops:
             fired = await self._run_request_hook(
-                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(request), Trace: self.trace})
+                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(request), Trace: self.trace})  # noqa: B023 - awaited in this iteration
             )
             if not isinstance(fired, bool):
                 raise TaskError(
@@ -347,7 +347,7 @@ class RolloutSession:
         for hook in self.request_interceptors:
             current = request
             result = await self._run_request_hook(
-                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(current), Trace: self.trace})
+                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(current), Trace: self.trace})  # noqa: B023 - awaited in this iteration
             )
             if result is None:
                 continue
@@ -406,7 +406,7 @@ class RolloutSession:
         for hook in self.response_interceptors:
             current = response
             result = await self._run_response_hook(
-                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(current), Trace: self.trace})
+                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(current), Trace: self.trace})  # noqa: B023 - awaited in this iteration
             )
             if result is None or result == response:
                 continue
@@ -418,7 +418,7 @@ class RolloutSession:
             records.append(InterceptRecord(hook.name))
         for hook in self.response_stops:
             fired = await self._run_response_hook(
-                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(response), Trace: self.trace})
+                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(response), Trace: self.trace})  # noqa: B023 - awaited in this iteration
             )
             if not isinstance(fired, bool):
                 raise TaskError(

@@ -42,7 +42,7 @@ machines must reach a node's proxy and tools; a wildcard advertises the node's I
 
 def _service_hosts() -> dict[str, str]:
     host = os.environ.get(SERVICE_HOST_VARIABLE, "127.0.0.1")
-    advertise = ray.util.get_node_ip_address() if host in ("0.0.0.0", "::") else host
+    advertise = ray.util.get_node_ip_address() if host in ("0.0.0.0", "::") else host  # noqa: S104 - compares the bind host, binds nothing
     return {"host": host, "advertise_host": advertise}
 
 
@@ -163,7 +163,7 @@ async def _outcome(pending: Awaitable[Any]) -> Any:
     """A batch item's result, or its exception as a value (it must not sink its neighbours)."""
     try:
         return await pending
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - one batch item's exception is returned as its value
         return e
 
 

@@ -190,7 +190,7 @@ class RunSender:
     async def _cancel(self, sids: list[int]) -> None:
         try:
             await call(self._actor.cancel.remote(sids))
-        except Exception:  # noqa: BLE001 - a dead actor has nothing left to cancel
+        except Exception:  # noqa: BLE001, S110 - a dead actor has nothing left to cancel
             pass
 
     def _fail(self, sid: int, error: BaseException) -> None:

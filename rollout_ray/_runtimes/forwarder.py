@@ -79,7 +79,7 @@ def main() -> None:
         listener = socket.create_server(("127.0.0.1", port))
         threading.Thread(target=_serve, args=(listener, path), daemon=True).start()
     try:
-        proc = subprocess.Popen(program)
+        proc = subprocess.Popen(program)  # noqa: S603 - argv of our forwarder program, no shell
     except OSError as e:
         print(f"rollout-ray sandbox: cannot start {program[0]!r}: {e}", file=sys.stderr)
         sys.exit(127)

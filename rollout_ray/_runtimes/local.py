@@ -167,7 +167,7 @@ class LocalRuntime(Runtime):
     async def _start(self) -> None:
         try:
             # abspath: mkdtemp returns a relative path for a relative root (before 3.12).
-            self._workdir = os.path.abspath(tempfile.mkdtemp(prefix=self._dir_prefix(), dir=self._root))
+            self._workdir = os.path.abspath(tempfile.mkdtemp(prefix=self._dir_prefix(), dir=self._root))  # noqa: ASYNC240 - abspath of mkdtemp's answer: no I/O worth a thread
         except OSError as e:
             raise SandboxError(f"cannot start runtime {self.name!r}: {e}") from e
         with contextlib.suppress(SandboxError):  # tracking is best effort: the scans remain
@@ -396,7 +396,7 @@ class LocalRuntime(Runtime):
     async def _abandon(self, spawn: asyncio.Future, token: str) -> None:
         try:
             transport, proto = await spawn
-        except Exception:  # nothing was started (the caller sees its cancellation)
+        except Exception:  # noqa: BLE001 - nothing was started (the caller sees its cancellation)
             return
         try:
             await self._kill_exec(proto, token, transport.get_pid())

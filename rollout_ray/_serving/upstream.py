@@ -92,7 +92,7 @@ PROBE_TIMEOUT = 10.0
 _PROBES = (("/get_model_info", "sglang", "model_path"), ("/version", "vllm", "version"))
 """``token_capture="auto"``: the info route of each dialect, and a key its JSON answer holds."""
 
-_jitter = random.Random()
+_jitter = random.Random()  # noqa: S311 - retry jitter, not a secret
 
 
 def _raise_open_files_limit() -> None:
