@@ -203,8 +203,7 @@ def _score(jobs: list[tuple[str, list[int]]], load_tasks: TasksLoader, scoring: 
         results = pool.imap_unordered(_score_job, jobs)
         for _ in jobs:
             try:
-                for key, outcome in results.next(timeout=bound):
-                    outcomes[key] = outcome
+                outcomes.update(results.next(timeout=bound))
             except multiprocessing.TimeoutError:
                 raise TimeoutError(f"rescore halted: its worker processes returned nothing for {bound:g}s "
                                    "(a scoring function that ignores its timeout, or a worker that died)") from None

@@ -4,6 +4,7 @@ owned runtime of a rollout actor's rollouts (``owned_runtime``: one started on f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -116,10 +117,8 @@ class RemoteRuntime(Runtime):
                                 wait=CALL_TIMEOUT if self.image is None else IMAGE_START_TIMEOUT)
 
     async def _teardown(self) -> None:
-        try:
+        with contextlib.suppress(RayActorError):  # the actor is gone, and its guardian removed the runtime with it
             await self._actor.stop.remote(self.name)
-        except RayActorError:
-            pass  # the actor is gone, and its guardian removed the runtime with it
 
     async def alive(self) -> bool:
         try:

@@ -20,6 +20,7 @@ held raises the ``RayActorError`` at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -188,10 +189,8 @@ class RunSender:
             pending.cancel()
 
     async def _cancel(self, sids: list[int]) -> None:
-        try:
+        with contextlib.suppress(Exception):  # a dead actor has nothing left to cancel
             await call(self._actor.cancel.remote(sids))
-        except Exception:  # noqa: BLE001, S110 - a dead actor has nothing left to cancel
-            pass
 
     def _fail(self, sid: int, error: BaseException) -> None:
         future = self._pending.pop(sid, None)

@@ -14,6 +14,7 @@ exit code, or killed by the same signal.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -32,10 +33,8 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
     except OSError:
         pass
     finally:
-        try:
+        with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
 
 
 def _relay(conn: socket.socket, path: str) -> None:

@@ -176,7 +176,7 @@ def _files(spec: str, path: str) -> Iterator[_Files]:
         yield _DirFiles(path)
         return
     try:
-        tar = tarfile.open(path, "r:*")
+        tar = tarfile.open(path, "r:*")  # noqa: SIM115 - entered below, once it is known to open
     except (tarfile.TarError, OSError) as e:
         raise SandboxError(f"image {spec!r} is neither a directory nor a tar archive: {e}") from None
     with tar:

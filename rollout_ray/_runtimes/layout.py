@@ -176,7 +176,7 @@ def _environment() -> tuple[tuple[Bind, ...], tuple[Link, ...]]:
             binds.append((exe, exe, False))
         binds += [(p, p, False) for p in [os.path.join(venv, "pyvenv.cfg"), *_site_packages(venv)]]
     # Where a link itself is (not what it resolves to): under a system dir it already exists.
-    links = [(exe, n) for n in sorted(names) if n != exe and not _within(n, SYSTEM + (_base_prefix(),))]
+    links = [(exe, n) for n in sorted(names) if n != exe and not _within(n, (*SYSTEM, _base_prefix()))]
     return tuple(binds), tuple(links)
 
 

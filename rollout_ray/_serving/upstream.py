@@ -54,6 +54,7 @@ With ``token_capture=None`` nothing is added to the request or read from the ans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import resource
 import uuid
@@ -99,10 +100,9 @@ def _raise_open_files_limit() -> None:
     """One connection per call in flight: 10,000 calls need more than the usual 1,024 files."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
-        try:
+        # Not allowed here: the soft limit stands, and a call beyond it fails as 503.
+        with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            pass  # not allowed here: the soft limit stands, and a call beyond it fails as 503
 
 
 def _extensions(dialect: str | None, sampling: Mapping[str, Any]) -> dict[str, Any] | None:
