@@ -114,7 +114,7 @@ def _call(url: str, token: str, method: str, path: str, body: dict[str, Any] | N
                                      headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:  # noqa: S310 - the request built above, to the run's http:// address
-            return json.loads(response.read())
+            return json.loads(response.read())  # type: ignore[no-any-return]
     except urllib.error.HTTPError as e:
         try:
             error = json.loads(e.read()).get("error", e.reason)

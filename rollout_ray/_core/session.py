@@ -206,7 +206,7 @@ class RolloutSession:
             if stop_name is not None:
                 self.trace.stop(stop_name)
                 raise TurnRefused(stop_name)
-            return response
+            return response  # type: ignore[no-any-return]
         except OverlongPromptError as e:
             call.error = ErrorRecord.from_exception(e)
             self.trace.stop("context_length")

@@ -178,7 +178,7 @@ class HTTPAgent:
         except (ValueError, KeyError, IndexError, TypeError) as e:
             raise _Exit(f"malformed completion: {type(e).__name__}: {e}") from None
         message["role"] = "assistant"
-        return message
+        return message  # type: ignore[no-any-return]
 
     @staticmethod
     async def _read_stream(resp: aiohttp.ClientResponse) -> dict[str, Any]:

@@ -51,7 +51,8 @@ class _NodeServiceActor(NodeServices):
     reaping expired leases in the background."""
 
     def __init__(self) -> None:
-        super().__init__(**_service_hosts())
+        hosts = _service_hosts()
+        super().__init__(host=hosts["host"], advertise_host=hosts["advertise_host"])
         self._unpacker = ShipmentUnpacker()
         self._reaper: asyncio.Task[None] | None = None
         self._policies: dict[str, PolicyGate] = {}
@@ -167,7 +168,7 @@ async def _outcome(pending: Awaitable[Any]) -> Any:
         return e
 
 
-NodeServiceActorClass = ray.remote(num_cpus=0, max_concurrency=10_000, max_restarts=-1)(_NodeServiceActor)
+NodeServiceActorClass = ray.remote(num_cpus=0, max_concurrency=10_000, max_restarts=-1)(_NodeServiceActor)  # type: ignore[call-overload]  # ray's overloads omit actor options
 
 
 def node_service_actor(node_id: str) -> Any:

@@ -235,7 +235,7 @@ def _manifest(files: _Files, spec: str) -> tuple[tuple[str, ...], dict[str, Any]
         digest = descriptor.get("digest")
         chain.append(str(digest))
         data = _read(files, _blob(digest, spec), spec)
-        _check(data, digest, f"image {spec!r}: manifest {digest}")
+        _check(data, str(digest), f"image {spec!r}: manifest {digest}")  # a str: _blob refused any other
         document = json.loads(data)
         if descriptor.get("mediaType") not in _INDEX_TYPES and "layers" in document:
             return tuple(chain), document

@@ -22,6 +22,7 @@ import os
 import shutil
 import stat
 import sys
+from collections.abc import Callable
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
@@ -62,7 +63,7 @@ def mkdir(path, mode):
 
 
 def overlay(target, lowers, upper, work, read_only):
-    fds = []
+    fds: list[int] = []
     try:
         named = _opened([*lowers, *([upper, work] if upper else [])], fds)
         if upper:
@@ -111,7 +112,7 @@ def umount(target):
     return []
 
 
-_OPS = {"tmpfs": tmpfs, "mkdir": mkdir, "clear": clear, "overlay": overlay, "pin": pin, "bind": bind, "umount": umount}
+_OPS: dict[str, Callable[..., list[str]]] = {"tmpfs": tmpfs, "mkdir": mkdir, "clear": clear, "overlay": overlay, "pin": pin, "bind": bind, "umount": umount}
 
 
 def run(ops):

@@ -64,11 +64,12 @@ from .files import components, remove_tree
 from .grader import write_grader_files
 from .guardian import HOST_MARKER
 from .image_cache import ImageCache, default_image_cache
-from .image_layout import RUN_DIR as IMAGE_RUN_DIR
 from .image_layout import SUBDIRS as IMAGE_SUBDIRS
-from .image_layout import host_kit, image_args, image_env
+from .image_layout import image_args, image_env
 from .image_root import ImageRoot
 from .keeper import Keeper
+from .kit import RUN_DIR as IMAGE_RUN_DIR
+from .kit import host_kit
 from .layout import (
     FORWARDER_INSIDE,
     GRADER_DIR,

@@ -244,7 +244,7 @@ class OpenAIModel(Model):
         session = SESSION_ID.get()
         headers = self._headers if session is None else {**self._headers, SESSION_HEADER: session}
         auto = self.token_capture == "auto"
-        dialect = self.token_capture
+        dialect: str | None = self.token_capture
         attempt = 0
         if self.pool.routing in ("affinity", "least_loaded"):
             await self._loads.refresh(self._client())
@@ -343,7 +343,7 @@ class OpenAIModel(Model):
         """Seconds before retry ``attempt + 1``; ``None``: the provider asks for too long."""
         if retry_after is not None:
             return retry_after if retry_after <= self.max_backoff else None
-        return min(self.max_backoff, self.backoff * 2**attempt) * _jitter.uniform(0.5, 1.0)
+        return min(self.max_backoff, self.backoff * 2**attempt) * _jitter.uniform(0.5, 1.0)  # type: ignore[no-any-return]
 
     async def _attempt(self, server: Server, body: bytes, headers: dict[str, str], dialect: str | None,
                        sampling: dict[str, Any]) -> Response:

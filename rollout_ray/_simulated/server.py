@@ -344,7 +344,7 @@ class SimulatedModelServer:
         finish = {d.index: d for d in decoders}
 
         async def emit(tokens: list[Token]) -> None:
-            events = [] if sse.sent else [vllm_opening(head, d.index, prompt, call.capture) if vllm
+            events: list[dict[str, Any] | None] = [] if sse.sent else [vllm_opening(head, d.index, prompt, call.capture) if vllm
                                          else sglang_opening(head, d.index) for d in decoders]
             events.extend(vllm_token(head, t, finish[t.index].finish, call.capture) if vllm
                           else sglang_token(head, t, call.capture) for t in tokens)

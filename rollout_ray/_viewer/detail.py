@@ -78,7 +78,7 @@ def _read_row(source: pa.NativeFile, path: Path, row: int, rollout_id: str) -> b
                 blob = batch.column(1)[at].as_py()
                 if blob is None:
                     raise CorruptRun.shard(path, f"row {row} has no trace")
-                return blob
+                return blob  # type: ignore[no-any-return]
             first += batch.num_rows
     raise CorruptRun.shard(path, f"row {row} not found")
 
@@ -182,7 +182,7 @@ def _call(call: Any, t0: float) -> dict[str, Any]:
 
 
 def _timing(trace: Trace, t0: float) -> dict[str, Any]:
-    spans = []
+    spans: list[dict[str, Any]] = []
     for name, span in trace.timing.spans().items():
         if span.start:
             spans.append({"name": name, "start": _rel(span.start, t0),

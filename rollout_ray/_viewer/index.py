@@ -224,7 +224,7 @@ def _decoded_if_short(table: pa.Table, name: str, long: set[str]) -> pa.Table:
 
 def _is_scalar(type_: pa.DataType) -> bool:
     t = pa.types
-    return t.is_integer(type_) or t.is_floating(type_) or t.is_boolean(type_) or t.is_string(type_)
+    return t.is_integer(type_) or t.is_floating(type_) or t.is_boolean(type_) or t.is_string(type_)  # type: ignore[no-any-return]
 
 
 @contextmanager
@@ -365,7 +365,7 @@ def page(index: RunIndex, positions: pa.Array, offset: int, limit: int) -> list[
         for name, value in row.items():
             if isinstance(value, str) and len(value) > CELL_CHARS:
                 row[name] = value[:CELL_CHARS] + "…"
-    return rows
+    return rows  # type: ignore[no-any-return]
 
 
 def overview(index: RunIndex, facet_limit: int = 200) -> dict[str, object]:
