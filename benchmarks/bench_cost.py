@@ -201,7 +201,7 @@ class Tracker:
         while not self._stop.wait(self.interval):
             try:
                 self.tick()
-            except Exception as e:  # never let the sampler die silently
+            except Exception as e:  # noqa: BLE001 - never let the sampler die silently
                 print(f"  !! tracker: {type(e).__name__}: {e}", file=sys.stderr)
 
     # -- rows --
@@ -674,7 +674,7 @@ def eval_row(tracker: Tracker, model: ModelServer, args: argparse.Namespace, kin
                 row.reward = sum(r or 0.0 for r in rewards) / max(1, len(rewards))
             else:
                 row.failed = row.n
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the row records why the run could not be read
             row.notes.append(f"could not read the run: {type(e).__name__}: {e}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)

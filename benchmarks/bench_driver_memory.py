@@ -34,14 +34,14 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_driver import source_version, status_kib, table, template_trace  # noqa: E402
+from bench_driver import source_version, status_kib, table, template_trace
 
-import rollout_ray  # noqa: E402
-from rollout_ray import ChatHarness, Task, Trace  # noqa: E402
-from rollout_ray._driver.driver import Driver, EvalConfig  # noqa: E402
-from rollout_ray._hosting.executor import Executor  # noqa: E402
-from rollout_ray._hosting.spec import RolloutSpec  # noqa: E402
-from rollout_ray.testing import ScriptedModel  # noqa: E402
+import rollout_ray
+from rollout_ray import ChatHarness, Task, Trace
+from rollout_ray._driver.driver import Driver, EvalConfig
+from rollout_ray._hosting.executor import Executor
+from rollout_ray._hosting.spec import RolloutSpec
+from rollout_ray.testing import ScriptedModel
 
 
 class Question(Task):

@@ -45,8 +45,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-from rollout_ray import ChatHarness, Driver, EvalConfig, LocalExecutor, OpenAIModel, Task, reload_weights  # noqa: E402
-from rollout_ray._record.trace import decode_trace  # noqa: E402
+from rollout_ray import ChatHarness, Driver, EvalConfig, LocalExecutor, OpenAIModel, Task, reload_weights
+from rollout_ray._record.trace import decode_trace
 
 
 @dataclass(frozen=True)

@@ -199,7 +199,7 @@ def _table(rows: list[Row]) -> str:
         sizes = (f"{r.trace_bytes:8.0f}  {r.parquet_bytes:9.0f}" if r.trace_bytes is not None
                  else f"{'':8}  {'':9}")
         upstream = "json*" if r.capture == "sglang" and r.upstream == "sse" else r.upstream
-        lines.append(f"{r.path:8}  {r.capture:7}  {upstream:8}  {str(r.agent_logprobs):16}  {r.cpu_ms:11.2f}  "
+        lines.append(f"{r.path:8}  {r.capture:7}  {upstream:8}  {r.agent_logprobs!s:16}  {r.cpu_ms:11.2f}  "
                      f"{delta:>7}  {sizes}")
     lines.append("* SGLang refuses token ids on a stream: with capture the call is made without streaming.")
     return "\n".join(lines)

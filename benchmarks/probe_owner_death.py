@@ -29,17 +29,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import ray  # noqa: E402
+import ray
 
-from rollout_ray import Task, Trace, reward  # noqa: E402
-from rollout_ray._core.harness import Harness  # noqa: E402
-from rollout_ray._core.runtime import ProgramResult, Runtime  # noqa: E402
-from rollout_ray._core.task import TaskData  # noqa: E402
-from rollout_ray._hosting.spec import RolloutSpec  # noqa: E402
-from rollout_ray._ray.calls import call  # noqa: E402
-from rollout_ray._ray.head import init_ray, lean_head  # noqa: E402
-from rollout_ray._ray.rollout_client import RolloutActor  # noqa: E402
-from rollout_ray.testing import ScriptedModel  # noqa: E402
+from rollout_ray import Task, Trace, reward
+from rollout_ray._core.harness import Harness
+from rollout_ray._core.runtime import ProgramResult, Runtime
+from rollout_ray._core.task import TaskData
+from rollout_ray._hosting.spec import RolloutSpec
+from rollout_ray._ray.calls import call
+from rollout_ray._ray.head import init_ray, lean_head
+from rollout_ray._ray.rollout_client import RolloutActor
+from rollout_ray.testing import ScriptedModel
 
 SLEEPER = ["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"]
 

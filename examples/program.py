@@ -18,7 +18,7 @@ from pathlib import Path
 from rollout_ray import ProgramHarness, Runtime, Task, TaskData, Trace, metric, reward
 
 sys.path.insert(0, os.path.dirname(__file__))
-from calc_tool import Calculator  # noqa: E402
+from calc_tool import Calculator
 
 AGENT = Path(__file__).resolve().parent / "agent_program.py"
 

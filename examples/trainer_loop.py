@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
-import arith  # noqa: E402
+import arith
 
-from rollout_ray import (  # noqa: E402
+from rollout_ray import (
     Driver,
     EvalConfig,
     LocalExecutor,

@@ -15,7 +15,7 @@ from ._record.trace import AgentInfo as AgentInfo
 from ._record.trace import AgentSpan as AgentSpan
 from ._record.graph import Branch as Branch
 from ._record.trace import ErrorRecord as ErrorRecord
-from ._record.trace import ErrorRecord as Error  # its former name
+from ._record.trace import ErrorRecord as Error  # noqa: F401 - its former name, in __all__ by _ADVANCED
 from ._record.trace import InterceptRecord as InterceptRecord
 from ._record.trace import MessageNode as MessageNode
 from ._record.trace import ModelCall as ModelCall
@@ -176,35 +176,53 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = [
+# The public names in two tiers (docs/public-names.md; tests/test_exports.py keeps the three in
+# step). API: stable, documented, what a task, a harness, an evaluation or a trainer is written
+# against; a change is a breaking change said in the notes. Advanced: the building blocks under
+# it (interception, the Arrow record's writer, the Ray actors, executors of one's own), public
+# so that they can be used and replaced, but they follow the internals and may change.
+_API = (
     # the record
-    "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "Error", "ErrorRecord", "InterceptRecord",
+    "TRACE_VERSION", "AgentInfo", "AgentSpan", "Branch", "ErrorRecord", "InterceptRecord",
     "MessageNode", "ModelCall", "Reward", "RuntimeInfo", "TimeSpan", "TimeSplit", "Timing",
     "ToolCallRecord", "Trace", "TraceTask", "UserTurn", "VersionInfo", "agent_messages", "agent_sequences",
     "branch_agents", "decode_trace", "encode_trace",
     # messages and the model boundary
     "AssistantMessage", "ImagePart", "Message", "Request", "Response", "SystemMessage",
     "TextPart", "Tool", "ToolCall", "ToolMessage", "Usage", "UserMessage", "Model",
-    "RolloutSession", "ChatClient", "Interception", "LocalInterception", "Slot",
-    "HTTPInterception", "OpenAIModel", "CapacityConfig", "SimulatedModelConfig", "SimulatedModelServer", "reload_weights",
+    "OpenAIModel", "SimulatedModelConfig", "SimulatedModelServer", "reload_weights",
     # hooks and budgets
     "intercept", "metric", "reward", "stop", "RolloutLimits", "RolloutTimeouts",
-    # task, harness, runtime, rollout
-    "Judge", "PluggedReward", "Task", "TaskConfig", "TaskData", "Harness", "HarnessContext",
-    "HarnessSession", "ProgramResult", "Runtime", "LocalRuntime", "SandboxRuntime", "Rollout",
-    "RolloutSpec",
-    "ChatHarness", "ProgramHarness", "AgentHarness", "AgentsSdkHarness", "CodexHarness", "ClaudeCodeHarness",
-    "MiniSweAgentHarness", "Toolset", "ToolInputError", "tool", "ToolServer",
-    "MCPToolset", "SharedToolServer", "UserSimulator", "ScriptedUser", "ModelUser", "PeerAgent",
-    # the driver, Arrow and the env-level finalize
-    "Driver", "verifiers_tasks", "EvalConfig", "Group", "Progress", "RunResult", "Executor", "InfrastructureLost",
-    "LocalExecutor", "TRACE_SCHEMA", "RolloutRecord", "records_to_table", "table_to_traces",
-    "CorruptShard", "ShardWriter", "read_run", "read_groups", "FinalizeConfig", "Finalized", "finalize",
-    # the Ray layer (lazy)
-    "RolloutActor", "RuntimeActor", "RemoteRuntime", "RayExecutor", "shutdown_node_services",
+    # task, harness, runtime
+    "Judge", "Task", "TaskConfig", "TaskData", "Harness", "HarnessContext", "ProgramResult",
+    "Runtime", "LocalRuntime", "SandboxRuntime", "ChatHarness", "ProgramHarness", "Toolset",
+    "tool", "MCPToolset", "SharedToolServer", "AgentHarness", "AgentsSdkHarness", "CodexHarness",
+    "ClaudeCodeHarness", "MiniSweAgentHarness", "UserSimulator", "ScriptedUser", "ModelUser", "PeerAgent",
+    # the driver, the run's files and the env-level finalize
+    "Driver", "verifiers_tasks", "EvalConfig", "Group", "RunResult", "LocalExecutor", "RayExecutor",
+    "read_run", "read_groups", "FinalizeConfig",
     # errors
-    "HarnessError", "OverlongPromptError", "ProviderError", "Refusal", "RolloutError",
-    "SandboxError", "SessionConcluded", "TaskError", "ToolsetError", "ToolServerError", "TurnRefused",
-    "UserSimulatorError", "Unauthorized", "UpstreamError", "boundary", "SchemaMismatch", "CorruptRun", "CorruptManifest", "ForeignShard",
-    "ResumeMismatch", "RunInUse",
-]  # fmt: skip
+    "RolloutError", "TaskError", "HarnessError", "SandboxError", "ToolsetError", "ToolInputError",
+    "ProviderError", "OverlongPromptError", "UpstreamError", "Refusal", "CorruptRun", "RunInUse",
+    "ResumeMismatch", "UserSimulatorError",
+)
+_ADVANCED = (
+    # the record: a former name
+    "Error",
+    # interception: how model calls reach the session
+    "RolloutSession", "ChatClient", "Interception", "LocalInterception", "Slot", "HTTPInterception",
+    # the simulated model's vLLM-like capacity model
+    "CapacityConfig",
+    # the lifecycle's parts, as executors use them
+    "PluggedReward", "HarnessSession", "Rollout", "RolloutSpec", "ToolServer", "Executor",
+    "Progress",
+    # the Arrow record and finalize, piece by piece
+    "TRACE_SCHEMA", "RolloutRecord", "records_to_table", "table_to_traces", "CorruptShard",
+    "ShardWriter", "Finalized", "finalize",
+    # the Ray layer (lazy)
+    "RolloutActor", "RuntimeActor", "RemoteRuntime", "shutdown_node_services",
+    # errors of the machinery
+    "InfrastructureLost", "ToolServerError", "SessionConcluded", "TurnRefused", "Unauthorized",
+    "boundary", "SchemaMismatch", "CorruptManifest", "ForeignShard",
+)
+__all__ = [*_API, *_ADVANCED]

@@ -336,14 +336,14 @@ def boundary(error_cls: type[RolloutError], what: str) -> Iterator[None]:
         raise error_cls(f"{what} failed: {type(e).__name__}: {e}") from e
 
 
-def _rebuild(cls: type[BaseException], args: tuple, state: dict) -> BaseException:
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
     error = cls.__new__(cls)
     error.args = args
     error.__dict__.update(state)
     return error
 
 
-def _reduce_without_init(self: BaseException) -> tuple:
+def _reduce_without_init(self: BaseException) -> tuple[Any, ...]:
     return _rebuild, (type(self), self.args, self.__dict__)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -40,3 +41,20 @@ def test_the_namespace_holds_the_public_names_and_nothing_else_public() -> None:
     public = set(result.stdout.split())
     assert not {"Any", "annotations", "importlib", "logging"} & public
     assert public == set(rollout_ray.__all__)
+
+
+def test_every_public_name_is_api_or_advanced_and_the_docs_table_says_which() -> None:
+    """``_API`` (stable, documented) and ``_ADVANCED`` (building blocks that follow the
+    internals) split ``__all__`` exactly, and docs/public-names.md lists each name under its tier."""
+    api, advanced = set(rollout_ray._API), set(rollout_ray._ADVANCED)
+    assert not api & advanced, f"in both tiers: {sorted(api & advanced)}"
+    assert api | advanced == set(rollout_ray.__all__), (
+        f"exported but in no tier (add it to _API or _ADVANCED): {sorted(set(rollout_ray.__all__) - api - advanced)}")
+    documented: dict[str, set[str]] = {"API": set(), "Advanced": set()}
+    for line in (PACKAGE.parent / "docs" / "public-names.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] in documented:
+            documented[cells[0]] |= set(re.findall(r"`([^`]+)`", cells[2]))
+    assert documented == {"API": api, "Advanced": advanced}, (
+        "docs/public-names.md's table differs from the tiers in rollout_ray/__init__.py: "
+        f"API {sorted(documented['API'] ^ api)}, Advanced {sorted(documented['Advanced'] ^ advanced)}")

@@ -676,7 +676,7 @@ def killed_eval(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                "local", "--out", str(out), "--limit", "12", "--samples", "2", "--sim-ttft", "0.1"]
 
     async def kill_after_first_shard() -> int:
-        with subprocess.Popen(command, env=env, cwd=str(REPO), stdout=subprocess.DEVNULL,  # noqa: ASYNC220 - starts at once
+        with subprocess.Popen(command, env=env, cwd=str(REPO), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) as first:
             try:
                 await until(lambda: any((out / "shards").glob("part-*.parquet")), 30, "a first shard")

@@ -103,7 +103,7 @@ class SweepGrid(BaseModel):
     model_config = _FORBID
     model: list[SweepModel] = Field([SweepModel(name="simulated")], min_length=1)
     """Models (default: the built-in simulated model)."""
-    sampling: list[Sampling] = Field([{}], min_length=1)
+    sampling: list[Sampling] = Field([{}], min_length=1)  # type: ignore[valid-type]  # built from the names above
     """Sampling settings sent with every request, e.g. ``{temperature = 0.7}``."""
     limits: list[Limits] = Field([{}], min_length=1)
     """Rollout limits over the taskset's, e.g. ``{max_turns = 4}``."""

@@ -24,11 +24,12 @@ class Signals:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._on_signal, signum, task)
 
-    def _on_signal(self, signum: int, task: asyncio.Task[Any]) -> None:
+    def _on_signal(self, signum: int, task: asyncio.Task[Any] | None) -> None:
         if self.received is not None:
             os._exit(128 + self.received)  # a second signal: the user will not wait for the cleanup
         self.received = signum
-        task.cancel()
+        if task is not None:  # install() runs in a task: there is one
+            task.cancel()
 
 
 async def serve_until_signal(start: Callable[[], Awaitable[tuple[str, Stop]]], announce: Callable[[str], None]) -> None:

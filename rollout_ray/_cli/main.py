@@ -23,6 +23,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -115,7 +116,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _command(sub: argparse._SubParsersAction, name: str, **kwargs: object) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def _command(sub: argparse._SubParsersAction[OneLineParser], name: str, **kwargs: Any) -> argparse.ArgumentParser:
     command = sub.add_parser(name, **kwargs)
     command.set_defaults(command_parser=command)
     return command
@@ -130,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # here, so a closed pipe is caught below rather than at exit
         return code
     except UsageError as e:
-        args.command_parser.error(str(e))
+        command_parser: argparse.ArgumentParser = args.command_parser
+        command_parser.error(str(e))  # exits
     except KeyboardInterrupt:  # a command without its own handling (eval has it): one line, no traceback
         print(f"\nrollout-ray {args.command}: interrupted", file=sys.stderr)
         return 130

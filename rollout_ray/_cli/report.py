@@ -51,7 +51,7 @@ def _plot(samples: pa.Table, run_dir: str, path: str | None) -> str:
     """Draw the plot to ``path`` (the caller's choice), else into the run directory, as its
     files are written (``run_files``: through no link)."""
     if path is not None:
-        return plot(samples, path)
+        return plot(samples, path)  # type: ignore[no-any-return]
     layout = RunLayout.of(run_dir)
     with layout.open() as run, run.replacing(REPORT_PLOT) as f:
         plot(samples, f)

@@ -243,7 +243,7 @@ def stored_token_rows(run_dir: str) -> int:
         table = read_run(run_dir, columns=["token_drift"])
     except SchemaMismatch:
         return 0
-    return table.num_rows - table.column("token_drift").null_count
+    return table.num_rows - table.column("token_drift").null_count  # type: ignore[no-any-return]
 
 
 def token_data(summary: dict[str, Any]) -> str:

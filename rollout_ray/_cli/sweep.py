@@ -143,7 +143,7 @@ def _record(sweep: Sweep, point: Point) -> dict[str, Any]:
     """What the point's manifest records of it; a resume must find the same."""
     fields = {"model": point.model.model_dump(mode="json"), "sampling": point.sampling,
               "limits": point.limits, "harness": point.harness, "limit": sweep.file.base.limit}
-    return json.loads(json.dumps(fields))
+    return json.loads(json.dumps(fields))  # type: ignore[no-any-return]
 
 
 def preflight(sweep: Sweep, out: str, *, resume: bool) -> dict[str, str]:

@@ -123,7 +123,7 @@ def _compute_parameter_types(fn: Callable[..., Any]) -> dict[str, Any]:
     target = inspect.unwrap(getattr(fn, "__func__", fn))
     try:
         hints = typing.get_type_hints(target)
-    except Exception:
+    except Exception:  # noqa: BLE001 - get_type_hints raises anything a user's annotation evaluates to
         # Unresolvable forward references: fall back to the raw strings and match by name.
         hints = {k: _BOUNDARY_TYPES.get(v, v) for k, v in inspect.get_annotations(target).items()}
     hints.pop("return", None)

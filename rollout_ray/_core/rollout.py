@@ -207,7 +207,7 @@ class Rollout:
                  self.trace.id, self.task.data.idx, self.harness.id, runtime.type)
         try:
             await self._open(runtime)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure to open is this rollout's, recorded on its trace
             self.fail(e)
             return False
         except BaseException:
@@ -335,7 +335,7 @@ class Rollout:
             return False
         try:
             await self.interception.sync(self.session)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any sync failure loses the segment: the rollout fails with it
             # What the proxy committed in this segment is out of reach: the run is lost.
             self.fail(e)
             return False
@@ -351,7 +351,7 @@ class Rollout:
         try:
             async with clock.timeout():
                 await self._segment(messages)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the segment's exception is judged by the caller (expired or failed)
             segment.raised = e
             segment.expired = clock.expired()
         finally:
@@ -414,7 +414,7 @@ class Rollout:
                         self.trace.stop("agent_completed")
                 if not self._failed and self._opened:
                     await finalize_and_score(self.task, self.harness, self.trace, self.runtime, self.timeouts)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a scorer's failure is this rollout's, not the run's
                 self.fail(e)
         finally:
             await self._teardown()

@@ -97,7 +97,7 @@ class Runtime(ABC):
             result = await self.exec(["true"], timeout=10.0)
         except InfrastructureLost:
             raise
-        except Exception:
+        except Exception:  # noqa: BLE001 - a health probe: any failure is 'not healthy'
             return False
         return result.exit_code == 0
 

@@ -210,7 +210,7 @@ class RolloutSession:
             if stop_name is not None:
                 self.trace.stop(stop_name)
                 raise TurnRefused(stop_name)
-            return response
+            return response  # type: ignore[no-any-return]
         except OverlongPromptError as e:
             call.error = ErrorRecord.from_exception(e)
             self.trace.stop("context_length")
@@ -351,7 +351,7 @@ class RolloutSession:
         self.trace.request_rewrites.extend(records)
         for hook in self.request_stops:
             fired = await self._run_request_hook(
-                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(request), Trace: self.trace})
+                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(request), Trace: self.trace})  # noqa: B023 - awaited in this iteration
             )
             if not isinstance(fired, bool):
                 raise TaskError(
@@ -374,7 +374,7 @@ class RolloutSession:
         for hook in self.request_interceptors:
             current = request
             result = await self._run_request_hook(
-                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(current), Trace: self.trace})
+                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(current), Trace: self.trace})  # noqa: B023 - awaited in this iteration
             )
             if result is None:
                 continue
@@ -433,7 +433,7 @@ class RolloutSession:
         for hook in self.response_interceptors:
             current = response
             result = await self._run_response_hook(
-                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(current), Trace: self.trace})
+                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(current), Trace: self.trace})  # noqa: B023 - awaited in this iteration
             )
             if result is None or result == response:
                 continue
@@ -445,7 +445,7 @@ class RolloutSession:
             records.append(InterceptRecord(hook.name))
         for hook in self.response_stops:
             fired = await self._run_response_hook(
-                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(response), Trace: self.trace})
+                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(response), Trace: self.trace})  # noqa: B023 - awaited in this iteration
             )
             if not isinstance(fired, bool):
                 raise TaskError(

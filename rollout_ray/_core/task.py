@@ -164,7 +164,7 @@ class Task:
         """
         cached = self.__dict__.get("_hash")
         if cached is not None and cached[0] is self.data:
-            return cached[1]
+            return cached[1]  # type: ignore[no-any-return]
         row = self.data.model_dump(mode="json", exclude_none=True)
         digest = hashlib.sha256(json.dumps(row, sort_keys=True).encode()).hexdigest()
         self.__dict__["_hash"] = (self.data, digest)

@@ -133,7 +133,7 @@ async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtim
         async with deadline:
             result = await _invoke(fn, kwargs)
         outcome = ToolOutcome(_text(result), data=not isinstance(result, str))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a tool's exception is its result, returned to the model
         if (fn is None and isinstance(e, ToolInputError)) or isinstance(e, (InfrastructureLost, ToolServerError)):
             failure = e
         elif isinstance(e, SandboxError):

@@ -68,7 +68,7 @@ def batch_arrays(samples: pa.Table, *, pad_to: int | None = None, pad_id: int = 
     at = (np.repeat(np.arange(rows), lengths), np.arange(ids.size) - np.repeat(starts, lengths))
 
     def padded(values: np.ndarray, dtype: type, fill: float = 0) -> np.ndarray:
-        out = np.full((rows, width), fill, dtype)
+        out: np.ndarray = np.full((rows, width), fill, dtype)
         out[at] = values
         return out
 
@@ -102,4 +102,4 @@ def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _is_float(column: pa.ChunkedArray) -> bool:
-    return pa.types.is_floating(column.type.value_type.value_type)
+    return pa.types.is_floating(column.type.value_type.value_type)  # type: ignore[no-any-return]

@@ -308,12 +308,13 @@ class Driver(PolicyOwner):
             self.progress.rejected += 1
             log.debug("group %s stored, not streamed: %s", group_id, reason)
 
+        staleness: dict[str, Any] = {} if config.max_staleness is None else {"keep": self._fresh_or_rerun,
+                                                                              "demand": demand}
         return GroupFinalizer(
             config=config.finalize, judge=self.judge, store=self._store, io=self._io, emit=emit,
             rows_per_write=config.rows_per_shard, capacity=config.finished_buffer, rule=config.keep_group,
             judge_timeout=config.judge_timeout,
-            rejected=rejected,
-            **({} if config.max_staleness is None else {"keep": self._fresh_or_rerun, "demand": demand}))
+            rejected=rejected, **staleness)
 
     @contextmanager
     def _error_unwrapped(self) -> Iterator[None]:

@@ -237,7 +237,7 @@ def _failed(table: pa.Table) -> np.ndarray:
     reward = table["reward"].cast(_F64)
     scored = pc.fill_null(pc.invert(pc.is_nan(reward)), False)
     ok = pc.fill_null(table["ok"].cast(pa.bool_()), False)
-    return pc.invert(pc.and_(ok, scored)).to_numpy()
+    return pc.invert(pc.and_(ok, scored)).to_numpy()  # type: ignore[no-any-return]
 
 
 def _encode(col: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:

@@ -31,6 +31,7 @@ receives the group.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -301,7 +302,7 @@ class GroupFinalizer:
         table = self._table([r for _, members in batch for r in members])
         try:
             result = finalize(table, self.config, self.judge, judge_timeout=self.judge_timeout)
-        except Exception:  # noqa: BLE001 - find the group whose judge raised: one at a time
+        except Exception:
             if self.judge is None:
                 raise
             tables = [self._finalize_alone(group_id, members) for group_id, members in batch]
@@ -358,7 +359,7 @@ def _split(batch: list[tuple[str, list[RolloutRecord]]], samples: pa.Table, summ
     its summary row (no rows for a group the finalize dropped)."""
     ids = samples.column("group_id").to_numpy(zero_copy_only=False)
     starts = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist(), len(ids)]
-    rows = {str(ids[a]): (a, b - a) for a, b in zip(starts, starts[1:]) if b > a}
+    rows = {str(ids[a]): (a, b - a) for a, b in itertools.pairwise(starts) if b > a}
     summary_row = {g: i for i, g in enumerate(summaries.column("group_id").to_pylist())}
     none = summaries.num_rows  # the row past the end: no summary
     return [Group(group_id, view=(samples, *rows[group_id], summaries, summary_row[group_id]))

@@ -153,7 +153,7 @@ def _latest_rows(run_dir: str) -> tuple[pa.Table, list[str]]:
 def needs_runtime(task: Task) -> str | None:
     """The first of ``task``'s scorers that takes the rollout's ``runtime``, or ``None``."""
     for kind in ("metric", "reward"):
-        for hook in task.hooks(kind):  # type: ignore[arg-type]
+        for hook in task.hooks(kind):
             if requires(hook.fn, "runtime"):
                 return f"@{kind} {hook.name}"
     for grader in task.config.judges:
@@ -203,8 +203,7 @@ def _score(jobs: list[tuple[str, list[int]]], load_tasks: TasksLoader, scoring: 
         results = pool.imap_unordered(_score_job, jobs)
         for _ in jobs:
             try:
-                for key, outcome in results.next(timeout=bound):
-                    outcomes[key] = outcome
+                outcomes.update(results.next(timeout=bound))
             except multiprocessing.TimeoutError:
                 raise TimeoutError(f"rescore halted: its worker processes returned nothing for {bound:g}s "
                                    "(a scoring function that ignores its timeout, or a worker that died)") from None
@@ -247,7 +246,7 @@ def _score_job(job: tuple[str, list[int]]) -> list[tuple[tuple[str, int, str], d
         outcome = _score_one(trace, _tasks[position], stored_errors)
         if outcome is not None:
             out.append((tuple(key), outcome))
-    return out  # type: ignore[return-value]
+    return out
 
 
 def _score_one(trace: Any, task: Task, stored_errors: int) -> dict[str, Any] | None:
@@ -284,7 +283,7 @@ def _version_rows(rows: pa.Table, outcomes: dict[tuple[str, int, str], dict[str,
     keys = list(zip(*(rows[k].to_pylist() for k in KEY)))
     merged = []
     for key, old in zip(keys, stored):
-        new = outcomes.get(key)  # type: ignore[call-overload]
+        new = outcomes.get(key)
         merged.append(new if new is not None else {**old, "rescored": False, "score_error": None})
     columns = {k: rows[k] for k in KEY}
     for field in OUTCOME_FIELDS:
@@ -300,7 +299,7 @@ def _finalized(run_dir: str, outcome: pa.Table, config: FinalizeConfig, judge: G
     table = ScoreVersion(0, outcome, pa.table({}), {}).overlay(table)
     try:
         done, errors = finalize(table, config, judge, judge_timeout=judge_timeout), None
-    except Exception:  # noqa: BLE001 - a judge failed: find its groups, one at a time
+    except Exception:
         if judge is None:
             raise
         done, errors = _finalized_by_group(table, config, judge, judge_timeout)
@@ -318,7 +317,8 @@ _GROUP_COLUMNS = ("group_size", "group_valid", "group_mean", "group_std", "group
 
 def _finalized_by_group(table: pa.Table, config: FinalizeConfig, judge: GroupJudge,
                         judge_timeout: float) -> tuple[Finalized, list[str | None]]:
-    parts, errors = [], []
+    parts: list[Finalized] = []
+    errors: list[str | None] = []
     for group_id in pc.unique(table["group_id"]).to_pylist():
         group = table.filter(pc.equal(table["group_id"], group_id))
         try:

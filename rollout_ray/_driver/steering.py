@@ -28,6 +28,7 @@ from .._hosting.executor import Executor, failed_trace
 from .._hosting.live import PHASES
 from .._hosting.spec import RolloutSpec
 from .._record.trace import Trace
+from .._record.trace_parts import AgentSpan, TimeSpan
 from .progress import Progress
 from .slots import Slots
 
@@ -75,7 +76,7 @@ class _Durations:
 
     def observe(self, trace: Trace) -> None:
         timing = trace.timing
-        spans = {"boot": timing.boot, "setup": timing.setup, "agent": timing.agent}
+        spans: dict[str, TimeSpan | AgentSpan] = {"boot": timing.boot, "setup": timing.setup, "agent": timing.agent}
         for phase, span in spans.items():
             if span.start and span.end:
                 self._add(phase, span.end - span.start)
@@ -218,8 +219,8 @@ class _Steered(Executor):
     def max_in_flight(self) -> int | None:
         return self.steering.inner.max_in_flight
 
-    async def set_policy(self, version: int | None, paused: bool) -> None:
-        await self.steering.inner.set_policy(version, paused)
+    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False) -> None:
+        await self.steering.inner.set_policy(version, paused, interrupt)
 
     def statistics(self) -> dict[str, Any]:
         return self.steering.inner.statistics()

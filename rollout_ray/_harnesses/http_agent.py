@@ -91,7 +91,7 @@ class HTTPAgent:
             if not calls:
                 break
             for call in calls:
-                messages.append(await self._call_tool(http, owners, call))
+                messages.append(await self._call_tool(http, owners, call))  # noqa: PERF401 - one at a time, kept if a later one raises
         return ProgramResult(0, stdout=answer)
 
     async def _list_tools(
@@ -178,7 +178,7 @@ class HTTPAgent:
         except (ValueError, KeyError, IndexError, TypeError) as e:
             raise _Exit(f"malformed completion: {type(e).__name__}: {e}") from None
         message["role"] = "assistant"
-        return message
+        return message  # type: ignore[no-any-return]
 
     @staticmethod
     async def _read_stream(resp: aiohttp.ClientResponse) -> dict[str, Any]:

@@ -12,7 +12,7 @@ shareable setups it implies).
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 from .._core.task import Task
@@ -24,7 +24,7 @@ Prepare = Callable[[Sequence[Task], Sequence[Task]], Awaitable[None]]
 
 
 async def lookahead(plan: Iterator[T], window: int, prepare: Prepare,
-                    tasks_of: Callable[[T], Sequence[Task]]) -> AsyncIterator[T]:
+                    tasks_of: Callable[[T], Sequence[Task]]) -> AsyncGenerator[T, None]:
     """``plan``'s items (each with its rollouts' tasks, ``tasks_of``: a group's samples), with
     ``prepare`` told what comes next (see the module docstring); ``window`` counts rollouts.
     A ``window`` of 0: the items as they come, nothing read ahead, ``prepare`` never called."""

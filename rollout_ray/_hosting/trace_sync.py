@@ -162,4 +162,4 @@ def apply_delta(session: RolloutSession, change: SessionDelta) -> None:
     if change.stop_condition is not None:
         trace.stop(change.stop_condition)
     trace.is_completed = trace.is_completed or change.is_completed
-    session.error = pickle.loads(change.error) if change.error is not None else None
+    session.error = pickle.loads(change.error) if change.error is not None else None  # noqa: S301 - the error our own rollout actor pickled, over Ray's trusted channel

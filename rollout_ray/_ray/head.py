@@ -171,7 +171,7 @@ def _after_registration(get_node: Callable[[str, str], Any], timeout: float = 30
 
     def get_registered_node(gcs_address: str, node_id: str) -> Any:
         with contextlib.suppress(Exception):  # ours is only a faster wait: Ray's call decides
-            from ray._raylet import GcsClient
+            from ray._raylet import GcsClient  # type: ignore[attr-defined]  # private: absent from the stubs
 
             client = GcsClient(address=gcs_address)
             deadline = time.monotonic() + timeout

@@ -42,7 +42,7 @@ machines must reach a node's proxy and tools; a wildcard advertises the node's I
 
 def _service_hosts() -> dict[str, str]:
     host = os.environ.get(SERVICE_HOST_VARIABLE, "127.0.0.1")
-    advertise = ray.util.get_node_ip_address() if host in ("0.0.0.0", "::") else host
+    advertise = ray.util.get_node_ip_address() if host in ("0.0.0.0", "::") else host  # noqa: S104 - compares the bind host, binds nothing
     return {"host": host, "advertise_host": advertise}
 
 
@@ -51,7 +51,8 @@ class _NodeServiceActor(NodeServices):
     reaping expired leases in the background."""
 
     def __init__(self) -> None:
-        super().__init__(**_service_hosts())
+        hosts = _service_hosts()
+        super().__init__(host=hosts["host"], advertise_host=hosts["advertise_host"])
         self._unpacker = ShipmentUnpacker()
         self._reaper: asyncio.Task[None] | None = None
         self._policies: dict[str, PolicyGate] = {}
@@ -163,11 +164,11 @@ async def _outcome(pending: Awaitable[Any]) -> Any:
     """A batch item's result, or its exception as a value (it must not sink its neighbours)."""
     try:
         return await pending
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - one batch item's exception is returned as its value
         return e
 
 
-NodeServiceActorClass = ray.remote(num_cpus=0, max_concurrency=10_000, max_restarts=-1)(_NodeServiceActor)
+NodeServiceActorClass = ray.remote(num_cpus=0, max_concurrency=10_000, max_restarts=-1)(_NodeServiceActor)  # type: ignore[call-overload]  # ray's overloads omit actor options
 
 
 def node_service_actor(node_id: str) -> Any:

@@ -4,6 +4,7 @@ owned runtime of a rollout actor's rollouts (``owned_runtime``: one started on f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -116,10 +117,8 @@ class RemoteRuntime(Runtime):
                                 wait=CALL_TIMEOUT if self.image is None else IMAGE_START_TIMEOUT)
 
     async def _teardown(self) -> None:
-        try:
-            await getattr(self._actor, "stop").remote(self.name)
-        except RayActorError:
-            pass  # the actor is gone, and its guardian removed the runtime with it
+        with contextlib.suppress(RayActorError):  # the actor is gone, and its guardian removed the runtime with it
+            await self._actor.stop.remote(self.name)
 
     async def alive(self) -> bool:
         try:
@@ -134,12 +133,12 @@ class RemoteRuntime(Runtime):
         # The program's own timeout bounds it, plus time to kill it; an exec without one is
         # bounded by the rollout's deadline of the phase that runs it.
         wait = None if timeout is None else timeout + CALL_TIMEOUT
-        return await self._call("exec", self.name, list(argv), wait=wait, env=dict(env or {}),
+        return await self._call("exec", self.name, list(argv), wait=wait, env=dict(env or {}),  # type: ignore[no-any-return]
                                 timeout=timeout, max_output=max_output, stdin=stdin)
 
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
         await self._provision()
-        return await self._call("read", self.name, path, max_bytes)
+        return await self._call("read", self.name, path, max_bytes)  # type: ignore[no-any-return]
 
     async def claim_setup(self, key: str) -> str | None:
         await self._provision()
@@ -148,11 +147,11 @@ class RemoteRuntime(Runtime):
 
     async def freeze_setup(self) -> str | None:
         await self._provision()
-        return await self._call("freeze_setup", self.name, wait=IMAGE_START_TIMEOUT)
+        return await self._call("freeze_setup", self.name, wait=IMAGE_START_TIMEOUT)  # type: ignore[no-any-return]
 
     async def add_grader_files(self, files: Mapping[str, bytes | str]) -> str:
         await self._provision()
-        return await self._call("add_grader_files", self.name, dict(files))
+        return await self._call("add_grader_files", self.name, dict(files))  # type: ignore[no-any-return]
 
     async def write(self, path: str, data: bytes | str) -> None:
         await self._provision()

@@ -288,4 +288,4 @@ class _RolloutActor:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-RolloutActorClass = ray.remote(num_cpus=0, max_concurrency=10_000)(_RolloutActor)
+RolloutActorClass = ray.remote(num_cpus=0, max_concurrency=10_000)(_RolloutActor)  # type: ignore[call-overload]  # ray's overloads omit actor options

@@ -20,6 +20,7 @@ held raises the ``RayActorError`` at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -146,7 +147,7 @@ class RunSender:
             self._collector = asyncio.create_task(self._collect())
         failed = await call(self._actor.submit.remote(items, bodies))
         self.answered = True
-        return failed
+        return failed  # type: ignore[no-any-return]
 
     async def _collect(self) -> None:
         while self._awaiting:
@@ -183,15 +184,13 @@ class RunSender:
             while not self.answered:
                 if (await asyncio.wait({pending}, timeout=self.collect_wait))[0]:
                     return pending.result()  # type: ignore[no-any-return]
-            return await asyncio.wait_for(pending, self.collect_wait + self.answer_timeout)  # type: ignore[no-any-return]
+            return await asyncio.wait_for(pending, self.collect_wait + self.answer_timeout)
         finally:
             pending.cancel()
 
     async def _cancel(self, sids: list[int]) -> None:
-        try:
+        with contextlib.suppress(Exception):  # a dead actor has nothing left to cancel
             await call(self._actor.cancel.remote(sids))
-        except Exception:  # noqa: BLE001 - a dead actor has nothing left to cancel
-            pass
 
     def _fail(self, sid: int, error: BaseException) -> None:
         future = self._pending.pop(sid, None)
@@ -254,13 +253,13 @@ class RolloutActor:
         await call(self.actor.set_policy.remote(version, paused, interrupt), timeout=timeout)
 
     async def policy(self) -> tuple[int | None, bool]:
-        return tuple(await call(self.actor.policy.remote()))  # type: ignore[return-value]
+        return tuple(await call(self.actor.policy.remote()))
 
     async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
-        return await self._ship(self.actor.open, spec)
+        return await self._ship(self.actor.open, spec)  # type: ignore[no-any-return]
 
     async def step(self, rollout_id: str, messages: Sequence[Message] | None = None) -> bool:
-        return await call(self.actor.step.remote(rollout_id, messages))
+        return await call(self.actor.step.remote(rollout_id, messages))  # type: ignore[no-any-return]
 
     async def close(self, rollout_id: str) -> Trace:
         return trace_from_wire(await call(self.actor.close.remote(rollout_id)))
@@ -281,7 +280,7 @@ class RolloutActor:
         return trace_from_wire(await call(self.actor.trace.remote(rollout_id)))
 
     async def node_id(self) -> str:
-        return await call(self.actor.node_id.remote())
+        return await call(self.actor.node_id.remote())  # type: ignore[no-any-return]
 
     async def aclose(self, grace: float = SHUTDOWN_GRACE) -> None:
         """Abort open rollouts and stop the actor; ``ray.kill`` it after ``grace`` seconds."""

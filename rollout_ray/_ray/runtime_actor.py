@@ -23,7 +23,7 @@ class _RuntimeActor(RuntimeHost):
         super().__init__(root, kind=kind, start_gates=gates)
 
 
-RuntimeActorClass = ray.remote(num_cpus=0, max_concurrency=1000)(_RuntimeActor)
+RuntimeActorClass = ray.remote(num_cpus=0, max_concurrency=1000)(_RuntimeActor)  # type: ignore[call-overload]  # ray's overloads omit actor options
 """``RuntimeHost`` made remote; a ``RolloutActor`` creates one for the runtimes it owns."""
 
 

@@ -80,7 +80,7 @@ class _StartLimiter:
                 "per_second": self.limits.per_second}
 
 
-StartLimiterClass = ray.remote(num_cpus=0, max_concurrency=10_000)(_StartLimiter)
+StartLimiterClass = ray.remote(num_cpus=0, max_concurrency=10_000)(_StartLimiter)  # type: ignore[call-overload]  # ray's overloads omit actor options
 
 
 def create_limiter(limits: StartLimits) -> Any:

@@ -28,7 +28,7 @@ import os
 import shutil
 import stat
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Self
@@ -256,10 +256,8 @@ class RunFiles:
 
 def _open_directory(dir_fd: int | None, name: str, path: Path, *, create: bool) -> int:
     if create:
-        try:
+        with suppress(FileExistsError):
             os.mkdir(name, dir_fd=dir_fd)
-        except FileExistsError:
-            pass
     try:
         return os.open(name, _DIRECTORY, dir_fd=dir_fd)
     except OSError as e:
@@ -283,7 +281,5 @@ def _check_regular(st: os.stat_result, path: Path) -> None:
 
 @contextmanager
 def _ignoring_missing() -> Iterator[None]:
-    try:
+    with suppress(FileNotFoundError):
         yield
-    except FileNotFoundError:
-        pass

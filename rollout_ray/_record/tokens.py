@@ -148,10 +148,7 @@ def branch_prefix(trace: Conversation, path: list[int]) -> tuple[list[int] | Non
 
 def has_tokens(trace: Conversation) -> bool:
     """Whether any call recorded prompt ids (else the trace has no token sequences)."""
-    for call in trace.calls:
-        if call.prompt_ids is not None:
-            return True
-    return False
+    return any(call.prompt_ids is not None for call in trace.calls)
 
 
 def full_prompt(trace: Conversation, call: ModelCall) -> list[int] | None:

@@ -21,6 +21,7 @@ import os
 import signal
 import time
 from collections.abc import Iterable, Mapping
+from typing import ClassVar
 
 from .._errors import SandboxError
 from .guardian import CGROUPS_FILE, kill_cgroups
@@ -106,7 +107,7 @@ class Cgroups:
     (``""``: the v2 hierarchy with no controller).
     """
 
-    LIMIT_FILES = {("pids", "v1"): "pids.max", ("pids", "v2"): "pids.max",
+    LIMIT_FILES: ClassVar[dict[tuple[str, str], str]] = {("pids", "v1"): "pids.max", ("pids", "v2"): "pids.max",
                    ("memory", "v1"): "memory.limit_in_bytes", ("memory", "v2"): "memory.max"}
 
     def __init__(self, name: str, limits: Mapping[str, int | None],

@@ -113,9 +113,8 @@ def make_dir_beneath(base: str, parts: list[str], mode: int | None, what: str) -
 def replace_beneath(base: str, parts: list[str], data: bytes, what: str) -> None:
     """``write_beneath``, replacing a link or other non-directory at ``parts`` rather than
     refusing it."""
-    with _parent(base, parts, what, create=True) as dir_fd:
-        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-            os.unlink(parts[-1], dir_fd=dir_fd)
+    with _parent(base, parts, what, create=True) as dir_fd, contextlib.suppress(FileNotFoundError, IsADirectoryError):
+        os.unlink(parts[-1], dir_fd=dir_fd)
     write_beneath(base, parts, data, what)
 
 

@@ -14,6 +14,7 @@ exit code, or killed by the same signal.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -32,10 +33,8 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
     except OSError:
         pass
     finally:
-        try:
+        with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
 
 
 def _relay(conn: socket.socket, path: str) -> None:
@@ -79,7 +78,7 @@ def main() -> None:
         listener = socket.create_server(("127.0.0.1", port))
         threading.Thread(target=_serve, args=(listener, path), daemon=True).start()
     try:
-        proc = subprocess.Popen(program)
+        proc = subprocess.Popen(program)  # noqa: S603 - argv of our forwarder program, no shell
     except OSError as e:
         print(f"rollout-ray sandbox: cannot start {program[0]!r}: {e}", file=sys.stderr)
         sys.exit(127)

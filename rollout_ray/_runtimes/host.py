@@ -82,7 +82,7 @@ class RuntimeHost:
         # The guardian reads the other end of this socket; the kernel closes ours when we die.
         ours, theirs = socket_pair()
         with theirs:
-            launcher = subprocess.Popen(
+            launcher = subprocess.Popen(  # noqa: S603 - argv of our launcher under sys.executable, no shell
                 [sys.executable, _GUARDIAN, self.root, self.token],
                 stdin=theirs.fileno(),
                 stdout=subprocess.PIPE,

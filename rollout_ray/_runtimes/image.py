@@ -176,7 +176,7 @@ def _files(spec: str, path: str) -> Iterator[_Files]:
         yield _DirFiles(path)
         return
     try:
-        tar = tarfile.open(path, "r:*")
+        tar = tarfile.open(path, "r:*")  # noqa: SIM115 - entered below, once it is known to open
     except (tarfile.TarError, OSError) as e:
         raise SandboxError(f"image {spec!r} is neither a directory nor a tar archive: {e}") from None
     with tar:
@@ -235,7 +235,7 @@ def _manifest(files: _Files, spec: str) -> tuple[tuple[str, ...], dict[str, Any]
         digest = descriptor.get("digest")
         chain.append(str(digest))
         data = _read(files, _blob(digest, spec), spec)
-        _check(data, digest, f"image {spec!r}: manifest {digest}")
+        _check(data, str(digest), f"image {spec!r}: manifest {digest}")  # a str: _blob refused any other
         document = json.loads(data)
         if descriptor.get("mediaType") not in _INDEX_TYPES and "layers" in document:
             return tuple(chain), document

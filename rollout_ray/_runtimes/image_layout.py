@@ -98,7 +98,7 @@ def prepare_root(root: str, config: ImageConfig) -> str:
     tmp = _lstat(os.path.join(root, "tmp"))
     if tmp is None:
         os.mkdir(os.path.join(root, "tmp"))
-        os.chmod(os.path.join(root, "tmp"), 0o1777)
+        os.chmod(os.path.join(root, "tmp"), 0o1777)  # noqa: S103 - the sandbox's /tmp is world-writable and sticky, as any /tmp
     wanted = config.working_dir if config.working_dir not in (None, "", "/") else DEFAULT_WORKDIR
     real = tree.resolve(components(os.path.relpath(os.path.join("/", wanted), "/")) or [])
     assert real is not None  # made when missing

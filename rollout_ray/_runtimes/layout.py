@@ -176,7 +176,7 @@ def _environment() -> tuple[tuple[Bind, ...], tuple[Link, ...]]:
             binds.append((exe, exe, False))
         binds += [(p, p, False) for p in [os.path.join(venv, "pyvenv.cfg"), *_site_packages(venv)]]
     # Where a link itself is (not what it resolves to): under a system dir it already exists.
-    links = [(exe, n) for n in sorted(names) if n != exe and not _within(n, SYSTEM + (_base_prefix(),))]
+    links = [(exe, n) for n in sorted(names) if n != exe and not _within(n, (*SYSTEM, _base_prefix()))]
     return tuple(binds), tuple(links)
 
 
@@ -217,7 +217,7 @@ def runtime_args(base: str, workdir: str) -> list[str]:
     read-only. ``/var/tmp`` is a relative link (``../tmp``): bwrap builds the root under a
     prefix, where an absolute ``/tmp`` would point out of it and a work directory under
     ``/var/tmp`` could not be made."""
-    return ["--bind", os.path.join(base, "tmp"), "/tmp", "--symlink", "../tmp", "/var/tmp",
+    return ["--bind", os.path.join(base, "tmp"), "/tmp", "--symlink", "../tmp", "/var/tmp",  # noqa: S108 - the sandbox's own /tmp, bound to a private host directory
             "--ro-bind", os.path.join(base, "net"), RUN_DIR, "--ro-bind", os.path.join(base, "grader"), GRADER_DIR,
             *skeleton.args(base, *_runtime_mounts(base, workdir)), "--chdir", workdir, "--remount-ro", "/"]
 
@@ -285,7 +285,7 @@ def _fill(target: str, entries: list[str]) -> None:
             shutil.copy2(path, dest)
     for name in OWN_ETC:
         os.symlink(f"{RUN_DIR}/{name}", os.path.join(target, name))
-    os.chmod(target, 0o755)
+    os.chmod(target, 0o755)  # noqa: S103 - a program the sandbox's user runs
 
 
 def _trusted(path: str) -> bool:

@@ -40,6 +40,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import SandboxError
@@ -167,7 +168,7 @@ class LocalRuntime(Runtime):
     async def _start(self) -> None:
         try:
             # abspath: mkdtemp returns a relative path for a relative root (before 3.12).
-            self._workdir = os.path.abspath(tempfile.mkdtemp(prefix=self._dir_prefix(), dir=self._root))
+            self._workdir = os.path.abspath(tempfile.mkdtemp(prefix=self._dir_prefix(), dir=self._root))  # noqa: ASYNC240 - abspath of mkdtemp's answer: no I/O worth a thread
         except OSError as e:
             raise SandboxError(f"cannot start runtime {self.name!r}: {e}") from e
         with contextlib.suppress(SandboxError):  # tracking is best effort: the scans remain
@@ -293,8 +294,8 @@ class LocalRuntime(Runtime):
         would report it as an exit code)."""
         workdir = self._require_running(f"program {program!r}")
         if os.sep in program:
-            found = os.path.join(workdir, program)
-            found = found if os.access(found, os.X_OK) and not os.path.isdir(found) else None
+            joined = os.path.join(workdir, program)
+            found = joined if os.access(joined, os.X_OK) and not os.path.isdir(joined) else None
         else:
             found = shutil.which(program, path=env.get("PATH", os.defpath))
         if found is None:
@@ -378,7 +379,7 @@ class LocalRuntime(Runtime):
         """Feed ``stdin``, wait for the program; on timeout or cancellation kill its tree.
         Returns whether it timed out."""
         if stdin is not None:
-            pipe = transport.get_pipe_transport(0)
+            pipe = cast(asyncio.WriteTransport, transport.get_pipe_transport(0))  # stdin is a pipe: asked for
             pipe.write(stdin)
             pipe.close()  # flushes, then signals EOF
         try:
@@ -393,10 +394,10 @@ class LocalRuntime(Runtime):
             raise
         return False
 
-    async def _abandon(self, spawn: asyncio.Future, token: str) -> None:
+    async def _abandon(self, spawn: asyncio.Future[Any], token: str) -> None:
         try:
             transport, proto = await spawn
-        except Exception:  # nothing was started (the caller sees its cancellation)
+        except Exception:  # noqa: BLE001 - nothing was started (the caller sees its cancellation)
             return
         try:
             await self._kill_exec(proto, token, transport.get_pid())

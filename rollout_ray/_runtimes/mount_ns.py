@@ -71,7 +71,7 @@ class MountNamespace:
         cat = _tool("cat")
         self._env = dict(env)
         self._enter = [_tool("nsenter")]
-        self._holder = subprocess.Popen([sys.executable, "-I", "-S", _MOUNTER, "hold", cat, json.dumps(list(ops))],
+        self._holder = subprocess.Popen([sys.executable, "-I", "-S", _MOUNTER, "hold", cat, json.dumps(list(ops))],  # noqa: S603 - sys.executable running our mounter, no shell
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env,
                                         start_new_session=True)  # the host's Ctrl-C is the host's to handle
         self.pid = self._holder.pid
@@ -94,7 +94,7 @@ class MountNamespace:
 
     def run(self, ops: Sequence[Op]) -> None:
         """Run ``ops`` in this namespace. Raises ``OSError`` (what they mounted undone)."""
-        proc = subprocess.Popen([sys.executable, "-I", "-S", _MOUNTER, "enter", str(self.pid), json.dumps(list(ops))],
+        proc = subprocess.Popen([sys.executable, "-I", "-S", _MOUNTER, "enter", str(self.pid), json.dumps(list(ops))],  # noqa: S603 - sys.executable running our mounter, no shell
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=self._env)  # the marker: the guardian finds it too
         try:
             _outcome(proc, "mounting in the sandbox's namespace")

@@ -22,6 +22,8 @@ import os
 import shutil
 import stat
 import sys
+from collections.abc import Callable
+from typing import Any
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
@@ -35,36 +37,38 @@ def _check(result: int, path: str) -> None:
         raise OSError(err, os.strerror(err), path)
 
 
-def _mount(source, target, fstype, flags, data=None):
-    encode = (lambda s: None if s is None else os.fsencode(s))
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    def encode(s: str | None) -> bytes | None:
+        return None if s is None else os.fsencode(s)
+
     _check(_libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)), target)
 
 
-def _opened(paths, fds):
+def _opened(paths: list[str], fds: list[int]) -> list[str]:
     """Directories as a mount option names them: by this process's descriptors, so the
     sandbox's mount table shows no host path (and no ',' or ':' of a path breaks the options)."""
-    named = []
+    named: list[str] = []
     for path in paths:
         fds.append(os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
         named.append(f"/proc/self/fd/{fds[-1]}")
     return named
 
 
-def tmpfs(target, size, page):
+def tmpfs(target: str, size: int, page: int) -> list[str]:
     inodes = max(1024, size // page)
     _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},nr_inodes={inodes},mode=0700")
     return [target]
 
 
-def mkdir(path, mode):
+def mkdir(path: str, mode: int) -> list[str]:
     os.mkdir(path, mode)
     return []
 
 
-def overlay(target, lowers, upper, work, read_only):
-    fds = []
+def overlay(target: str, lowers: list[str], upper: str | None, work: str | None, read_only: bool) -> list[str]:
+    fds: list[int] = []
     try:
-        named = _opened([*lowers, *([upper, work] if upper else [])], fds)
+        named = _opened([*lowers, *([upper, work] if upper and work else [])], fds)  # both or neither
         if upper:
             options = (f"lowerdir={':'.join(named[:-2])},upperdir={named[-2]},workdir={named[-1]},"
                        f"index=off,metacopy=off")
@@ -77,7 +81,7 @@ def overlay(target, lowers, upper, work, read_only):
     return [target]
 
 
-def pin(path):
+def pin(path: str) -> list[str]:
     """A directory at ``path`` for a mount point: right after the overlay is mounted, before
     any program ran, the tree is its layers, so no planted link can be there."""
     try:
@@ -91,32 +95,33 @@ def pin(path):
     return []
 
 
-def bind(source, target, read_only):
+def bind(source: str, target: str, read_only: bool) -> list[str]:
     _mount(source, target, None, MS_BIND | MS_REC)
     if read_only:
         _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     return [target]
 
 
-def clear(path):
+def clear(path: str) -> list[str]:
     """Empty directory ``path`` (its own entries removed, no link followed): made anew."""
     shutil.rmtree(path)
     os.mkdir(path, 0o755)
     return []
 
 
-def umount(target):
+def umount(target: str) -> list[str]:
     with contextlib.suppress(OSError):  # not mounted (any more): nothing to undo
         _check(_libc.umount2(os.fsencode(target), MNT_DETACH), target)
     return []
 
 
-_OPS = {"tmpfs": tmpfs, "mkdir": mkdir, "clear": clear, "overlay": overlay, "pin": pin, "bind": bind, "umount": umount}
+_OPS: dict[str, Callable[..., list[str]]] = {"tmpfs": tmpfs, "mkdir": mkdir, "clear": clear, "overlay": overlay,
+                                             "pin": pin, "bind": bind, "umount": umount}
 
 
-def run(ops):
+def run(ops: list[list[Any]]) -> None:
     """Run ``ops``; on failure unmount what they mounted, last first, and raise."""
-    mounted = []
+    mounted: list[str] = []
     try:
         for name, *args in ops:
             mounted += _OPS[name](*args)
@@ -126,7 +131,7 @@ def run(ops):
         raise
 
 
-def main():
+def main() -> None:
     mode, arg, ops = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     try:
         if mode == "hold":
@@ -145,7 +150,7 @@ def main():
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, 1)
         os.close(null)
-        os.execv(arg, [arg])  # cat: reads the host's pipe until the host closes it
+        os.execv(arg, [arg])  # noqa: S606 - cat: reads the host's pipe until the host closes it
 
 
 if __name__ == "__main__":

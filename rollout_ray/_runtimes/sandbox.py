@@ -64,11 +64,12 @@ from .files import components, remove_tree
 from .grader import write_grader_files
 from .guardian import HOST_MARKER
 from .image_cache import ImageCache, default_image_cache
-from .image_layout import RUN_DIR as IMAGE_RUN_DIR
 from .image_layout import SUBDIRS as IMAGE_SUBDIRS
-from .image_layout import host_kit, image_args, image_env
+from .image_layout import image_args, image_env
 from .image_root import ImageRoot
 from .keeper import Keeper
+from .kit import RUN_DIR as IMAGE_RUN_DIR
+from .kit import host_kit
 from .layout import (
     FORWARDER_INSIDE,
     GRADER_DIR,
@@ -114,7 +115,7 @@ def sandbox_unavailable(disk_limit: bool = True) -> str | None:
         bwrap = bwrap_path()
     except SandboxError as e:
         return str(e)
-    probe = subprocess.run([bwrap, *namespace_args(), *system_args(), "--", "true"],
+    probe = subprocess.run([bwrap, *namespace_args(), *system_args(), "--", "true"],  # noqa: S603 - bwrap probe with our own arguments, no shell
                            capture_output=True, timeout=30)
     if probe.returncode != 0:
         return f"bwrap cannot create namespaces: {probe.stderr.decode(errors='replace').strip()}"
@@ -226,7 +227,7 @@ class SandboxRuntime(LocalRuntime):
             self._bwrap = bwrap_path()
             lease = None if self.image is None else await cache.acquire(self.image)
             try:
-                self._base = os.path.abspath(tempfile.mkdtemp(prefix=self._dir_prefix(), dir=self._root))
+                self._base = os.path.abspath(tempfile.mkdtemp(prefix=self._dir_prefix(), dir=self._root))  # noqa: ASYNC240 - abspath of mkdtemp's answer: no I/O worth a thread
             except BaseException:
                 if lease is not None:
                     lease.release()
@@ -321,7 +322,7 @@ class SandboxRuntime(LocalRuntime):
     def _host_env(self) -> dict[str, str]:
         env = super()._host_env()
         env.update(image_env(self._image.lease.config) if self._image is not None else {"PATH": program_path()})
-        env.update(HOME=self._workdir or "", TMPDIR="/tmp")
+        env.update(HOME=self._workdir or "", TMPDIR="/tmp")  # noqa: S108 - TMPDIR inside the sandbox, a private bind
         for name in self._pass_env:  # named explicitly: passed as is
             if name in os.environ:
                 env[name] = os.environ[name]
@@ -335,8 +336,8 @@ class SandboxRuntime(LocalRuntime):
         full_path = os.path.normpath(os.path.join(workdir, path))
         if full_path == workdir or full_path.startswith(workdir + os.sep):
             return self._host_path(workdir), components(os.path.relpath(full_path, workdir)) or []
-        if full_path == "/tmp" or full_path.startswith("/tmp/"):
-            return self._host_path(self._path("tmp")), components(os.path.relpath(full_path, "/tmp")) or []
+        if full_path == "/tmp" or full_path.startswith("/tmp/"):  # noqa: S108 - a path inside the sandbox, mapped to its private /tmp
+            return self._host_path(self._path("tmp")), components(os.path.relpath(full_path, "/tmp")) or []  # noqa: S108 - a path inside the sandbox, mapped to its private /tmp
         raise ValueError(
             f"path {path!r} is outside the work directory and /tmp of sandbox runtime "
             f"{self.name!r}; nothing else of its filesystem is writable"

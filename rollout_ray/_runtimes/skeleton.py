@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-WRITABLE = ("/tmp", "/var/tmp")
+WRITABLE = ("/tmp", "/var/tmp")  # noqa: S108 - the sandbox's writable directories, private binds
 """Where programs write, among the places bwrap makes mount points."""
 
 Bind = tuple[str, str, bool]

@@ -250,7 +250,7 @@ def copy_layer(source: str, dest: str) -> None:
         SandboxError: the copy failed (e.g. the node's disk is full).
     """
     try:
-        done = subprocess.run(["cp", "-a", "--no-dereference", "--preserve=all", "--", source, dest],
+        done = subprocess.run(["cp", "-a", "--no-dereference", "--preserve=all", "--", source, dest],  # noqa: S603, S607 - coreutils cp from PATH on fixed flags, no shell
                               capture_output=True, text=True, timeout=COPY_TIMEOUT)
     except subprocess.TimeoutExpired:
         raise SandboxError(f"freezing a setup snapshot took over {COPY_TIMEOUT:g}s") from None

@@ -74,7 +74,7 @@ class NodeStartGate:
         slot = None if self.limits.concurrency is None else await self._slot(self.limits.concurrency)
         try:
             if self.limits.per_second is not None:
-                while (wait := self._token(self.limits.per_second)) > 0:
+                while (wait := self._token(self.limits.per_second)) > 0:  # noqa: ASYNC110 - a token bucket: the wait is computed, no event to wait for
                     await asyncio.sleep(wait)
             self.waited += time.monotonic() - started
             yield
@@ -106,7 +106,7 @@ class NodeStartGate:
             tokens, then = struct.unpack("dd", raw) if len(raw) == 16 else (per_second, now)
             tokens = min(max(per_second, 1.0), tokens + max(0.0, now - then) * per_second)
             if tokens < 1.0:
-                return (1.0 - tokens) / per_second
+                return (1.0 - tokens) / per_second  # type: ignore[no-any-return]
             os.pwrite(fd, struct.pack("dd", tokens - 1.0, now), 0)
             return 0.0
         finally:

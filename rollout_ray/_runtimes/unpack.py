@@ -266,7 +266,7 @@ class _Digest:
     def read(self, n: int = -1) -> bytes:
         data = self.source.read(n)
         self.sha.update(data)
-        return data
+        return data  # type: ignore[no-any-return]
 
     def drain(self) -> str:
         """Read to the end; the digest of everything read."""
@@ -283,10 +283,10 @@ class _Prefixed:
 
     def read(self, n: int = -1) -> bytes:
         if not self.head:
-            return self.rest.read(n)
+            return self.rest.read(n)  # type: ignore[no-any-return]
         if n < 0:
             data, self.head = self.head + self.rest.read(), b""
-            return data
+            return data  # type: ignore[no-any-return]
         data, self.head = self.head[:n], self.head[n:]
         return data
 
@@ -295,9 +295,9 @@ def _decompressed(raw: _Digest, what: str) -> Any:
     head = raw.read(6)
     stream = _Prefixed(head, raw)
     if head.startswith(b"\x1f\x8b"):
-        return gzip.GzipFile(fileobj=stream)  # type: ignore[arg-type]
+        return gzip.GzipFile(fileobj=stream)  # type: ignore[call-overload]
     if head.startswith(b"BZh"):
-        return bz2.BZ2File(stream)  # type: ignore[arg-type]
+        return bz2.BZ2File(stream)  # type: ignore[call-overload]
     if head.startswith(b"\xfd7zXZ\x00"):
         return lzma.LZMAFile(stream)  # type: ignore[arg-type]
     if head.startswith(b"\x28\xb5\x2f\xfd"):

@@ -83,7 +83,7 @@ class _Client:
         for attempt in (0, 1):
             ready = await self.ready()
             try:
-                return await self._bounded(self._exchange(method, params))
+                return await self._bounded(self._exchange(method, params))  # type: ignore[no-any-return]
             except _Retry as e:
                 self._reset(ready)
                 if attempt:

@@ -106,7 +106,9 @@ async def answer(body: bytes, header_version: str | None, toolset: Toolset, runt
     params = message.get("params") or {}
     if not isinstance(params, dict):
         return rpc_error(200, INVALID_PARAMS, f"params of {method!r} must be an object", id)
-    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    meta = params.get("_meta")
+    if not isinstance(meta, dict):
+        meta = {}
     version = meta.get(VERSION_META) or header_version
     modern = version in MODERN_VERSIONS
     if version is not None and method != "initialize" and version not in (*HANDSHAKE_VERSIONS, *MODERN_VERSIONS):

@@ -59,12 +59,12 @@ class StdioClient(_Client):
                 except (msgspec.DecodeError, RecursionError):
                     why = f"wrote something that is not JSON: {line[:200]!r}"
                     break
-                if isinstance(message, dict) and (waiter := self._pending.pop(message.get("id"), None)):  # type: ignore[arg-type]
-                    if not waiter.done():
-                        waiter.set_result(message)
+                if (isinstance(message, dict) and (waiter := self._pending.pop(message.get("id"), None))  # type: ignore[arg-type]
+                        and not waiter.done()):
+                    waiter.set_result(message)
         except ValueError:  # asyncio's answer to a line over the stream's limit
             why = f"wrote a message over the {self.limits.max_message} bytes of max_message"
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any reader failure ends the server; the message says why
             why = f"{type(e).__name__}: {e}"
         code = process.returncode
         error = self._fail(why if code is None else f"exited with code {code}")

@@ -54,6 +54,7 @@ With ``token_capture=None`` nothing is added to the request or read from the ans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import resource
 import uuid
@@ -92,17 +93,16 @@ PROBE_TIMEOUT = 10.0
 _PROBES = (("/get_model_info", "sglang", "model_path"), ("/version", "vllm", "version"))
 """``token_capture="auto"``: the info route of each dialect, and a key its JSON answer holds."""
 
-_jitter = random.Random()
+_jitter = random.Random()  # noqa: S311 - retry jitter, not a secret
 
 
 def _raise_open_files_limit() -> None:
     """One connection per call in flight: 10,000 calls need more than the usual 1,024 files."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
-        try:
+        # Not allowed here: the soft limit stands, and a call beyond it fails as 503.
+        with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            pass  # not allowed here: the soft limit stands, and a call beyond it fails as 503
 
 
 def _extensions(dialect: str | None, sampling: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -244,7 +244,7 @@ class OpenAIModel(Model):
         session = SESSION_ID.get()
         headers = self._headers if session is None else {**self._headers, SESSION_HEADER: session}
         auto = self.token_capture == "auto"
-        dialect = self.token_capture
+        dialect: str | None = self.token_capture
         attempt = 0
         if self.pool.routing in ("affinity", "least_loaded"):
             await self._loads.refresh(self._client())
@@ -343,7 +343,7 @@ class OpenAIModel(Model):
         """Seconds before retry ``attempt + 1``; ``None``: the provider asks for too long."""
         if retry_after is not None:
             return retry_after if retry_after <= self.max_backoff else None
-        return min(self.max_backoff, self.backoff * 2**attempt) * _jitter.uniform(0.5, 1.0)
+        return min(self.max_backoff, self.backoff * 2**attempt) * _jitter.uniform(0.5, 1.0)  # type: ignore[no-any-return]
 
     async def _attempt(self, server: Server, body: bytes, headers: dict[str, str], dialect: str | None,
                        sampling: dict[str, Any]) -> Response:

@@ -100,7 +100,7 @@ def _calculator(tools: list[dict[str, Any]] | None) -> dict[str, Any] | None:
         fn = tool.get("function", tool) if isinstance(tool, dict) else None
         name = fn.get("name") if isinstance(fn, dict) else None
         if isinstance(name, str) and any(h in name.lower() for h in CALCULATOR_HINTS):
-            return fn
+            return fn  # type: ignore[no-any-return]
     return None
 
 

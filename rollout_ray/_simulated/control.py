@@ -100,7 +100,7 @@ class _Control:
         mode = request.query.get("mode", "abort")
         if mode not in PAUSE_MODES:
             return _bad(f"'mode' must be one of {', '.join(PAUSE_MODES)}, got {mode!r}", "mode")
-        await self.engine.pause(mode)  # type: ignore[arg-type]
+        await self.engine.pause(mode)
         return _json({"status": "paused"})
 
     async def resume(self, request: web.Request) -> web.Response:
@@ -182,7 +182,7 @@ def _refusing(handler: Any) -> Any:
 
     async def wrapped(request: web.Request) -> web.Response:
         try:
-            return await handler(request)
+            return await handler(request)  # type: ignore[no-any-return]
         except _Bad as exc:
             return _bad(str(exc), None)
 

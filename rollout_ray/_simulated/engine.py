@@ -20,7 +20,7 @@ import asyncio
 import bisect
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Literal
 
 __all__ = ["PAUSE_MODES", "Engine", "Flight", "PauseMode"]
@@ -56,10 +56,8 @@ class Flight:
         timeout = None if frozen else max(0.0, elapsed - self.elapsed())
         if self.aborted or timeout == 0.0:
             return
-        try:
+        with suppress(TimeoutError):
             await asyncio.wait_for(self._woken.wait(), timeout)
-        except TimeoutError:
-            pass
         self._woken.clear()
 
     async def woken(self) -> None:

@@ -70,12 +70,12 @@ class _Ask:
 
 
 def _field(body: dict[str, Any], name: str, kind: type, low: int | None = None) -> Any:
-    value = body.get(name)
+    value: Any = body.get(name)
     if value is None:
         return None
     if kind is float and type(value) is int:
         value = float(value)
-    if type(value) is not kind or (low is not None and value < low):
+    if type(value) is not kind or (low is not None and value < low):  # type: ignore[operator]  # a number when low is given
         raise Invalid(f"'{name}' must be {'an integer' if kind is int else kind.__name__}"
                       + (f" of at least {low}" if low is not None else "") + ".", name)
     return value
@@ -212,7 +212,7 @@ async def _vllm(request: web.Request, server: Served, ask: _Ask, d: Decoder, rid
     sse = await SSE.open(request, {})
 
     def chunk(choice: Any, first: bool) -> dict[str, Any]:
-        head = {"request_id": rid, "usage": None}
+        head: dict[str, Any] = {"request_id": rid, "usage": None}
         if first and ask.return_prompt:
             head["prompt_token_ids"] = ask.ids
         return {**head, "output_mode": "tokens", "choices": [choice]}

@@ -45,7 +45,7 @@ def _alternative(c1: int, c2: int, taken: dict[int, float]) -> int:
     while True:
         token = ASCII_BASE[1] + first * 128 + 32 + c2 % 95 if c2 & 1 else ASCII_BASE[0] + first
         if token not in taken:
-            return token
+            return token  # type: ignore[no-any-return]
         c2 = (c2 + 1) % 256
 
 

@@ -57,10 +57,7 @@ def _choice_events(head: dict[str, Any], c: Choice, ttft: float, per_token: floa
         text = c.message["content"]
     per_char = per_token * c.tokens / max(1, len(text))
     for piece in _pieces(text):
-        if calls:
-            delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
-        else:
-            delta = {"content": piece}
+        delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} if calls else {"content": piece}
         events.append((per_char * len(piece), chunk(delta)))
     events.append((0.0, chunk({}, c.finish)))
     return events

@@ -95,7 +95,9 @@ def _reply(body: dict[str, Any]) -> dict[str, Any]:
     ids = choice.get("token_ids")
     if not isinstance(ids, list) or not ids:
         raise Invalid("choice 0 has empty or null token_ids", None)
-    chat = body.get("chat_request") if isinstance(body.get("chat_request"), dict) else {}
+    chat = body.get("chat_request")
+    if not isinstance(chat, dict):
+        chat = {}
     before = sum(len(m.get("tool_calls") or ()) for m in chat.get("messages") or () if isinstance(m, dict))
     message = assistant(decode(i for i in ids if i not in _HIDDEN), before)
     logprobs = choice.get("logprobs") if chat.get("logprobs") else None

@@ -33,7 +33,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -243,10 +243,8 @@ class SimulatedModelServer:
             return self._error(429, message, "rate_limit_error", code=code)
         if fault == "5xx":
             return self._error(status_5xx, "The server had an error (simulated).", "server_error")
-        try:
+        with suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), self.config.timeout_hold)
-        except TimeoutError:
-            pass
         return self._error(504, "Upstream timed out (simulated).", "timeout")
 
     def _request_id(self, request: web.Request, given: str | None, cid: str) -> str:
@@ -346,11 +344,10 @@ class SimulatedModelServer:
         finish = {d.index: d for d in decoders}
 
         async def emit(tokens: list[Token]) -> None:
-            events = [] if sse.sent else [vllm_opening(head, d.index, prompt, call.capture) if vllm
+            events: list[dict[str, Any] | None] = [] if sse.sent else [vllm_opening(head, d.index, prompt, call.capture) if vllm
                                          else sglang_opening(head, d.index) for d in decoders]
-            for t in tokens:
-                events.append(vllm_token(head, t, finish[t.index].finish, call.capture) if vllm
-                              else sglang_token(head, t, call.capture))
+            events.extend(vllm_token(head, t, finish[t.index].finish, call.capture) if vllm
+                          else sglang_token(head, t, call.capture) for t in tokens)
             if not await sse.send([e for e in events if e is not None]):
                 flight.aborted, flight.cut = True, sse.cut  # nothing more reaches the client
 

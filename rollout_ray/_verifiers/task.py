@@ -95,7 +95,7 @@ def _boundary_hooks(upstream: Any, kind: str) -> list[Callable[..., Any]]:
     """A v1 task's stops (decorated and plugged) or interceptors, in upstream's order."""
     from verifiers.v1.utils.decorators import discover_decorated
 
-    return upstream.hooks("stop") if kind == "stop" else discover_decorated(upstream, "intercept")
+    return upstream.hooks("stop") if kind == "stop" else discover_decorated(upstream, "intercept")  # type: ignore[no-any-return]
 
 
 def _row(data: Any) -> dict[str, Any]:

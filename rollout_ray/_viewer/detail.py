@@ -201,7 +201,7 @@ def _call(call: Any, t0: float) -> dict[str, Any]:
 
 
 def _timing(trace: Trace, t0: float) -> dict[str, Any]:
-    spans = []
+    spans: list[dict[str, Any]] = []
     for name, span in trace.timing.spans().items():
         if span.start:
             spans.append({"name": name, "start": _rel(span.start, t0),

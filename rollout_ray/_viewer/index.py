@@ -184,10 +184,9 @@ def read_scalars(folder: RunFiles, name: str, run_id: str | None = None) -> tupl
         long = _long_in_footer(footer, text)
         # Text is read dictionary-encoded: one long value repeated on every row (a shared
         # instruction) costs its size once while its cells' total size is measured.
-        with unreadable_is_corrupt(path):
-            with pq.ParquetFile(f, metadata=footer, page_checksum_verification=True,
-                                read_dictionary=[c for c in text if c not in long]) as shard:
-                table = shard.read(columns=[*INDEX_COLUMNS, *(c.name for c in stored if c.name not in long)])
+        with unreadable_is_corrupt(path), pq.ParquetFile(f, metadata=footer, page_checksum_verification=True,
+                            read_dictionary=[c for c in text if c not in long]) as shard:
+            table = shard.read(columns=[*INDEX_COLUMNS, *(c.name for c in stored if c.name not in long)])
     for column in text:
         if column not in long:
             table = _decoded_if_short(table, column, long)
@@ -225,7 +224,7 @@ def _decoded_if_short(table: pa.Table, name: str, long: set[str]) -> pa.Table:
 
 def _is_scalar(type_: pa.DataType) -> bool:
     t = pa.types
-    return t.is_integer(type_) or t.is_floating(type_) or t.is_boolean(type_) or t.is_string(type_)
+    return t.is_integer(type_) or t.is_floating(type_) or t.is_boolean(type_) or t.is_string(type_)  # type: ignore[no-any-return]
 
 
 @contextmanager
@@ -366,7 +365,7 @@ def page(index: RunIndex, positions: pa.Array, offset: int, limit: int) -> list[
         for name, value in row.items():
             if isinstance(value, str) and len(value) > CELL_CHARS:
                 row[name] = value[:CELL_CHARS] + "…"
-    return rows
+    return rows  # type: ignore[no-any-return]
 
 
 def overview(index: RunIndex, facet_limit: int = 200) -> dict[str, object]:

@@ -21,6 +21,7 @@ web page elsewhere cannot read traces through DNS rebinding.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 import threading
@@ -91,10 +92,8 @@ class Viewer:
         return self.runs[run_id]
 
     def rescan(self) -> None:
-        try:
+        with contextlib.suppress(NotARunDirectory):  # a directory went away: keep what was found
             self.runs = find_runs(self.paths)
-        except NotARunDirectory:
-            pass  # a directory went away: keep what was found
 
     async def index(self, run_id: str) -> RunIndex:
         """The run's index, rebuilt only when its shards changed (see ``index``)."""

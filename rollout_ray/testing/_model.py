@@ -6,7 +6,7 @@ import asyncio
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from .._core.model import Model
 from .._record.messages import AssistantMessage, Request, Response, ToolCall, Usage, text_of
@@ -32,7 +32,7 @@ class Reply:
     delay: float = 0.0
 
 
-ScriptItem = Union[Reply, str, BaseException, Callable[[Request], "ScriptItem"]]
+ScriptItem = Reply | str | BaseException | Callable[[Request], "ScriptItem"]
 
 
 class ScriptedModel(Model):

@@ -20,7 +20,7 @@ from rollout_ray import read_groups, read_run
 ROOT = pathlib.Path(__file__).parents[2]
 TASKSETS = ROOT / "tests" / "cli" / "tasksets"
 ARITH = ROOT / "examples" / "arith.py"
-from view_api import view_api
+from view_api import view_api  # noqa: E402 - beside this test: pytest puts its folder on sys.path
 
 CLI = [sys.executable, "-m", "rollout_ray"]
 

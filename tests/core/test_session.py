@@ -324,7 +324,7 @@ def test_model_and_sampling_are_forced_on_every_request() -> None:
 
 
 def test_a_model_client_bug_is_recorded_on_the_call_but_not_stashed() -> None:
-    from rollout_ray import UpstreamError  # noqa: F401 - exported
+    from rollout_ray import UpstreamError
 
     s = session(ScriptedModel([RuntimeError("socket closed")]))
     with pytest.raises(UpstreamError, match=r"^model client failed: RuntimeError: socket closed$"):

@@ -14,9 +14,9 @@ from rollout_ray import ChatHarness, LocalExecutor
 from rollout_ray._record.trace import decode_trace
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "serving"))
-from interrupt_rig import check_continued, update_mid_generation  # noqa: E402
+from interrupt_rig import check_continued, update_mid_generation
 
-from conftest import tasks  # noqa: E402
+from conftest import tasks
 
 
 def run(interrupt: bool) -> Any:

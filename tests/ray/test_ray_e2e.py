@@ -33,7 +33,7 @@ ray = pytest.importorskip("ray")
 import calc_taskset  # noqa: E402
 from calc_taskset import ShellArith  # noqa: E402
 
-from rollout_ray._ray.rollout_client import RolloutActor
+from rollout_ray._ray.rollout_client import RolloutActor  # noqa: E402
 from rollout_ray._ray.runtime_actor import RuntimeActor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

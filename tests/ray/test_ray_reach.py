@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("ray")
 
-from rollout_ray._errors import RayUnreachable  # noqa: E402
-from rollout_ray._ray.head import check_reachable, init_ray  # noqa: E402
+from rollout_ray._errors import RayUnreachable
+from rollout_ray._ray.head import check_reachable, init_ray
 
 
 @contextlib.contextmanager

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("ray")
 
-from rollout_ray._ray import start_limiter  # noqa: E402
-from rollout_ray._ray.start_limiter import _StartLimiter  # noqa: E402
+from rollout_ray._ray import start_limiter
+from rollout_ray._ray.start_limiter import _StartLimiter
 
 
 def test_no_more_tickets_out_than_the_concurrency() -> None:

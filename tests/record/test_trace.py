@@ -286,7 +286,7 @@ def test_s3_stop_first_condition_wins_and_completes():
 def _raised(exc: BaseException) -> BaseException:
     try:
         raise exc
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - returns whatever it raised, as the caller passed it
         return e
 
 

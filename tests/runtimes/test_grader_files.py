@@ -135,7 +135,7 @@ def test_a_local_runtime_puts_them_in_a_fresh_directory_whatever_the_agent_left(
         async with running(LocalRuntime(root=str(tmp_path))) as rt:
             await rt.exec(["sh", "-c", f"ln -s {forged} .grader"])
             directory = await rt.add_grader_files(FILES)
-            assert directory == str(Path(rt.workdir or "") / ".grader")  # noqa: S108
+            assert directory == str(Path(rt.workdir or "") / ".grader")
             assert (await rt.read(".grader/expected")) == b"42\n"
 
     asyncio.run(main())

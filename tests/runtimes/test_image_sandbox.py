@@ -111,7 +111,7 @@ def test_links_planted_in_the_root_steer_nothing_onto_the_host(tmp_path: Path) -
             for path in ("abs/x", "up/x", "/tmp/x", "/run/x"):
                 with pytest.raises(SandboxError, match="is a symbolic link; links are not followed"):
                     await rt.write(path, "through a link?")
-            r = await rt.exec(["sh", "-c", "rm -rf /work; ln -s ../oldroot{host} /work".format(host=host)])
+            r = await rt.exec(["sh", "-c", f"rm -rf /work; ln -s ../oldroot{host} /work"])
             assert r.exit_code == 0
             r = await rt.exec(["pwd"])  # the work dir is a link now: bwrap resolves it inside
             assert r.exit_code != 0

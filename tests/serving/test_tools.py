@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Optional
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -26,7 +26,7 @@ class MathTools(Toolset):
         return a + b
 
     @tool(name="scale")
-    async def scale_all(self, xs: list[float], factor: float = 2.0, label: Optional[str] = None,
+    async def scale_all(self, xs: list[float], factor: float = 2.0, label: str | None = None,
                         tags: list[str] | None = None) -> dict[str, Any]:
         """Multiply every number
         by a factor."""

@@ -245,7 +245,7 @@ def _parts(item: dict[str, Any], where: str) -> list[Any]:
     content = item.get("content")
     if isinstance(content, str):
         return [{"type": "input_text", "text": content}]
-    return typed(content, list, f"{where}.content", "a string or an array of parts")
+    return typed(content, list, f"{where}.content", "a string or an array of parts")  # type: ignore[no-any-return]
 
 
 def _content(parts: list[Any], where: str, dropped: dict[str, str]) -> Content:
@@ -267,7 +267,7 @@ def _content(parts: list[Any], where: str, dropped: dict[str, str]) -> Content:
 
 def _text(part: Any, where: str) -> str:
     typed(part, dict, where, "an object")
-    return typed(part.get("text", part.get("refusal")), str, f"{where}.text", "a string")
+    return typed(part.get("text", part.get("refusal")), str, f"{where}.text", "a string")  # type: ignore[no-any-return]
 
 
 def _reasoning(item: dict[str, Any], where: str) -> str | None:

@@ -14,7 +14,7 @@ class NeverStops(ChatHarness):
         while True:
             try:
                 reply = await ctx.client.chat(Request(list(messages)))
-            except Exception as e:  # a budget refused the call: the only way out
+            except Exception as e:  # noqa: BLE001 - a budget refused the call: the only way out
                 return ProgramResult(1, stderr=str(e))
             messages += [reply.message, UserMessage("and again?")]
 
