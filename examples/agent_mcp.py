@@ -16,7 +16,7 @@ import sys
 from rollout_ray import AgentHarness, AgentsSdkHarness, ClaudeCodeHarness, CodexHarness, Trace, metric
 
 sys.path.insert(0, os.path.dirname(__file__))
-from calc_tool import Calc  # noqa: E402
+from calc_tool import Calc
 
 
 class McpCalc(Calc):

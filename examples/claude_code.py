@@ -14,7 +14,7 @@ import sys
 from rollout_ray import ClaudeCodeHarness
 
 sys.path.insert(0, os.path.dirname(__file__))
-from codex import WriteAFile, coding_tasks  # noqa: E402
+from codex import WriteAFile, coding_tasks
 
 
 def tasks(n: int = 4) -> list[WriteAFile]:

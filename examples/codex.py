@@ -27,7 +27,7 @@ class WriteAFile(Task):
         try:
             found = (await runtime.read(f"out/{task.name}.txt")).decode().strip()
             note = (await runtime.read("out/NOTE.md")).decode().strip()
-        except Exception:  # no such file: the agent did not do the work
+        except Exception:  # noqa: BLE001 - no such file (or unreadable): the agent did not do the work
             return 0.0
         return float(found == str(task.value) and note == f"wrote {task.name}")
 

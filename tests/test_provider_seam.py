@@ -42,11 +42,7 @@ def kind_branches(source: str, kinds: set[str]) -> list[str]:
         return False
 
     for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and any(names_kind(o) for o in (node.left, *node.comparators)):
-            found.append(node)
-        elif isinstance(node, ast.MatchValue) and names_kind(node.value):
-            found.append(node)
-        elif isinstance(node, ast.Dict) and any(k is not None and names_kind(k) for k in node.keys):
+        if (isinstance(node, ast.Compare) and any(names_kind(o) for o in (node.left, *node.comparators))) or (isinstance(node, ast.MatchValue) and names_kind(node.value)) or (isinstance(node, ast.Dict) and any(k is not None and names_kind(k) for k in node.keys)):
             found.append(node)
     return [ast.get_source_segment(source, n) or ast.dump(n) for n in found]
 

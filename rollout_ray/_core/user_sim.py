@@ -15,6 +15,7 @@ fails is a ``UserSimulatorError``, so the simulator's faults are told apart from
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -172,10 +173,9 @@ async def converse(rollout: Rollout, user: UserSimulator) -> None:
     except UserSimulatorError as e:
         rollout.fail(e)
     finally:
-        try:
+        # a simulator's teardown never discards the trajectory
+        with contextlib.suppress(Exception):
             await asyncio.wait_for(user.aclose(), user.timeout)
-        except Exception:  # noqa: BLE001 - a simulator's teardown never discards the trajectory
-            pass
 
 
 async def _ask(rollout: Rollout, user: UserSimulator) -> UserTurn:

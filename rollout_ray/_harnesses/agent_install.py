@@ -56,7 +56,7 @@ def _installed(name: str, command: Sequence[str], what: str) -> Path:
         try:
             argv = [a.replace("{dir}", str(work)) for a in command]
             try:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT)
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT)  # noqa: S603 - argv is the preset's own install command
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise HarnessError(f"cannot install {what}: {exc}; install it by hand into {final}") from None
             if done.returncode != 0:

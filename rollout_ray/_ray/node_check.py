@@ -44,7 +44,8 @@ async def nodes_lacking(kind: str, *, timeout: float = CHECK_TIMEOUT) -> tuple[d
 
     async def answer(ref: object) -> str | None:
         try:
-            return await call(ref, timeout=timeout)
+            reason: str | None = await call(ref, timeout=timeout)
+            return reason
         except TimeoutError:
             return f"it did not answer within {timeout:g}s"
 

@@ -123,7 +123,7 @@ async def _podman(*args: str, stdin: bytes | None = None, timeout: float = CALL_
 async def _image_id(image: str) -> str:
     """The Podman image ``image`` names: loaded from its archive once per node (see module doc)."""
     if not os.path.isabs(image):
-        code, _, err = await _podman("image", "exists", image)
+        code, _, _err = await _podman("image", "exists", image)
         if code != 0:
             raise SandboxError(f"image {image!r} is not in this node's podman store (it is never pulled): "
                                f"podman pull or podman load it first, or give an absolute path to an archive")
@@ -147,8 +147,9 @@ async def _image_id(image: str) -> str:
 async def _load(path: str, tag: str) -> str:
     if (await _podman("image", "exists", tag))[0] == 0:
         return tag
-    source = f"oci:{path}" if os.path.isdir(path) else path
-    if os.path.isdir(path):
+    is_layout = os.path.isdir(path)  # noqa: ASYNC240 - one stat of a local path
+    source = f"oci:{path}" if is_layout else path
+    if is_layout:
         code, out, err = await _podman("pull", "-q", source, timeout=LOAD_TIMEOUT)
     else:
         code, out, err = await _podman("load", "-q", "-i", path, timeout=LOAD_TIMEOUT)

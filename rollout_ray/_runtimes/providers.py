@@ -79,7 +79,7 @@ def _load() -> None:
     for point in entry_points(group=ENTRY_POINT_GROUP):
         try:
             register(point.load())
-        except Exception as e:  # one broken plugin does not take the built-in kinds down
+        except Exception as e:  # noqa: BLE001 - one broken plugin does not take the built-in kinds down
             log.warning("runtime provider %r (entry point %s) failed to load: %s", point.name, point.value, e)
 
 

@@ -153,7 +153,7 @@ async def _node_lock(server: SharedToolServer) -> AsyncIterator[None]:
     """The node's lock on starting ``server`` (a lock file), waited for up to ``ready_timeout``
     twice over (one start under it, and some slack)."""
     deadline = time.monotonic() + 2 * server.ready_timeout
-    with open(shared_dir() / f"{server.key}.starting", "a") as f:
+    with open(shared_dir() / f"{server.key}.starting", "a") as f:  # noqa: ASYNC230 - a lock file, opened empty
         while True:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -184,10 +184,11 @@ async def _start(server: SharedToolServer, starts: int) -> int:
     """Start ``server`` on a free loopback port, wait until it answers, write it down."""
     port = _free_port()
     argv = [part.replace("{port}", str(port)) for part in server.shared_command]
-    log = open(shared_dir() / f"{server.key}.log", "ab")  # noqa: SIM115 - the child holds it
+    log = open(shared_dir() / f"{server.key}.log", "ab")  # noqa: SIM115, ASYNC230 - the child holds it; opening is not a wait
     try:
         # Started from the event loop's thread: the death signal follows the starting thread.
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+        # ASYNC220/S603: the taskset's own server command; Popen (not asyncio's) to set the death signal
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,  # noqa: ASYNC220, S603
                                    preexec_fn=_die_with_parent, start_new_session=True)
     except OSError as e:
         raise ToolServerError(server.name, f"cannot start {argv[0]!r}: {e}") from e
@@ -230,7 +231,7 @@ async def _exited(process: subprocess.Popen[bytes]) -> None:
     except ProcessLookupError:
         return
     done = loop.create_future()
-    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+    loop.add_reader(fd, lambda: None if done.done() else done.set_result(None))
     try:
         await done
     finally:

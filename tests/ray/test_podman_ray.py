@@ -13,13 +13,13 @@ import pytest
 import ray
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "runtimes"))
-import test_grader_files  # noqa: E402
-import test_podman  # noqa: E402
-from test_grader_files import Graded, agent  # noqa: E402
+import test_grader_files
+import test_podman
+from test_grader_files import Graded, agent
 
-from rollout_ray import RolloutSpec  # noqa: E402
-from rollout_ray._ray.rollout_client import RolloutActor  # noqa: E402
-from rollout_ray.testing import ScriptedModel  # noqa: E402
+from rollout_ray import RolloutSpec
+from rollout_ray._ray.rollout_client import RolloutActor
+from rollout_ray.testing import ScriptedModel
 
 ray.cloudpickle.register_pickle_by_value(test_grader_files)  # the actor's process cannot import it
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]

@@ -303,8 +303,8 @@ def test_schema_is_versioned_and_only_appends() -> None:
     assert tuple(TRACE_SCHEMA.names) == V5_COLUMNS
     every = SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS + BRANCH_COLUMNS
     assert set(every) == set(TRACE_SCHEMA.names) and len(every) == len(TRACE_SCHEMA.names)
-    assert CONVERSATION_COLUMNS == ("messages", "trace", *TOKEN_COLUMNS)
-    assert TOKEN_COLUMNS == (*V2_COLUMNS[len(V1_COLUMNS):], "token_policy")
+    assert ("messages", "trace", *TOKEN_COLUMNS) == CONVERSATION_COLUMNS
+    assert (*V2_COLUMNS[len(V1_COLUMNS):], "token_policy") == TOKEN_COLUMNS
     assert records_to_table([full_record()]).schema.metadata == TRACE_SCHEMA.metadata
 
 

@@ -26,4 +26,4 @@ env = {**os.environ, "HOME": home, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "
        # MCP tools offered as tools, not deferred behind its ToolSearch tool (a model must
        # then search for a tool it cannot know the name of).
        "ENABLE_TOOL_SEARCH": "false"}
-os.execve(os.environ["CLAUDE"], [*argv, "--", prompt], env)
+os.execve(os.environ["CLAUDE"], [*argv, "--", prompt], env)  # noqa: S606 - the installed agent, argv built here

@@ -35,5 +35,5 @@ metrics_exporter = "none"
 plugins = false
 {servers}""")
 env = {**os.environ, "HOME": home, "CODEX_HOME": home}
-os.execve(os.environ["CODEX"], ["codex", "exec", "--skip-git-repo-check",
+os.execve(os.environ["CODEX"], ["codex", "exec", "--skip-git-repo-check",  # noqa: S606 - the installed agent
                                 "--dangerously-bypass-approvals-and-sandbox", prompt], env)

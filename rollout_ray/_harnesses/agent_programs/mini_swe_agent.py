@@ -16,11 +16,11 @@ sys.path.insert(0, os.environ["MINI_SWE_AGENT"])
 os.environ.update({"MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                    "MSWEA_CONFIGURED": "true", "MSWEA_GLOBAL_CONFIG_DIR": os.path.abspath(".mini-swe-agent")})
 
-import yaml  # noqa: E402
-from minisweagent import package_dir  # noqa: E402
-from minisweagent.agents.default import DefaultAgent  # noqa: E402
-from minisweagent.environments.local import LocalEnvironment  # noqa: E402
-from minisweagent.models.litellm_model import LitellmModel  # noqa: E402
+import yaml
+from minisweagent import package_dir
+from minisweagent.agents.default import DefaultAgent
+from minisweagent.environments.local import LocalEnvironment
+from minisweagent.models.litellm_model import LitellmModel
 
 with open(os.environ["ROLLOUT_RAY_INPUT"]) as f:
     task = next(str(m["content"]) for m in json.load(f)["messages"] if m["role"] == "user")
