@@ -1,25 +1,37 @@
 """Makes a sandbox's mounts in the sandbox's own mount namespace (``mount_ns.py``).
 
-Run as a plain script (``python -I -S mounter.py MODE OPS``; standard library only, like
-``guardian.py``), because a process can enter another mount namespace only while it runs one
-thread, which the host's Python never does:
+Run as a plain script (``python -I -S mounter.py serve``; standard library only, like
+``guardian.py``): one per host process, started once, because a process can make or enter a
+mount namespace only while it runs one thread, which the host's Python never does, and a
+Python started per sandbox cost ~25 ms of each start (a fork of this one: ~1 ms).
 
-* ``hold CAT``: make a new mount namespace (private: nothing mounted here reaches the host's,
-  nothing of later host mounts arrives), run ``OPS`` in it, print the outcome, then become
-  ``CAT`` reading the host's pipe: the namespace's holder. It lives until the host closes
-  the pipe, kills it or dies; with it go every mount of the namespace, at once.
-* ``enter PID``: enter the namespace PID holds, run ``OPS``, print the outcome, exit.
+It reads requests from the socket on its standard input (``SOCK_SEQPACKET``: one message, one
+request) and answers each with the pid of the child it forked for it and that child's pidfd
+attached (the host kills and waits for it by that, so no reused pid is ever signalled). The
+request, JSON: ``{"mode": ..., "ops": OPS, "env": {...}, "cat": PATH, "pid": N}``, with the
+descriptors ``[OUTCOME]`` (``enter``) or ``[OUTCOME, PIPE]`` (``hold``) attached:
+
+* ``hold``: the child makes a new mount namespace (private: nothing mounted here reaches the
+  host's, nothing of later host mounts arrives), runs ``OPS`` in it, writes the outcome to
+  ``OUTCOME``, then becomes ``CAT`` reading ``PIPE`` (the host's), with ``env`` (the host's
+  marker: its guardian finds it): the namespace's holder. It lives until the host closes the
+  pipe, kills it or dies; with it go every mount of the namespace, at once.
+* ``enter``: the child enters the namespace ``pid`` holds, runs ``OPS``, writes the outcome, exits.
 
 ``OPS`` is a JSON list of ``[name, *args]`` (the ``_OPS`` below), run in order; the outcome one
-JSON line: ``{"ok": true}`` or ``{"errno": N, "error": "...", "path": "..."}`` (what ``enter``
+JSON line, then its end (a holder's at its exec): ``{"ok": true}`` or ``{"errno": N, "error": "...", "path": "..."}`` (what ``enter``
 mounted before the failure is unmounted; a holder's failure takes its namespace with it).
+The server exits when the host's end of its socket closes (the host exited, however).
 """
 
 import contextlib
 import ctypes
 import json
 import os
+import select
 import shutil
+import signal
+import socket
 import stat
 import sys
 
@@ -126,26 +138,84 @@ def run(ops):
         raise
 
 
-def main():
-    mode, arg, ops = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    try:
-        if mode == "hold":
+def _child(request, fds):
+    """In the forked child: do the request, write its outcome; a holder becomes ``cat``."""
+    outcome = fds[0]
+    os.set_inheritable(outcome, False)  # closed by the exec: the host reads to its end, so it
+    try:  # sees the holder as ``cat`` with the marker, never the fork of this server
+        if request["mode"] == "hold":
             _check(_libc.unshare(CLONE_NEWNS), "unshare")
             _mount(None, "/", None, MS_REC | MS_PRIVATE)
         else:
-            fd = os.open(f"/proc/{int(arg)}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-            _check(_libc.setns(fd, CLONE_NEWNS), f"/proc/{arg}/ns/mnt")
+            fd = os.open(f"/proc/{int(request['pid'])}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            _check(_libc.setns(fd, CLONE_NEWNS), f"/proc/{request['pid']}/ns/mnt")
             os.close(fd)
-        run(ops)
+        run(request["ops"])
     except OSError as e:
-        print(json.dumps({"errno": e.errno or 0, "error": e.strerror or str(e), "path": e.filename}), flush=True)
-        sys.exit(1)
-    print(json.dumps({"ok": True}), flush=True)
-    if mode == "hold":
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.close(null)
-        os.execv(arg, [arg])  # cat: reads the host's pipe until the host closes it
+        os.write(outcome, (json.dumps({"errno": e.errno or 0, "error": e.strerror or str(e),
+                                       "path": e.filename}) + "\n").encode())
+        os._exit(1)
+    os.write(outcome, b'{"ok": true}\n')
+    if request["mode"] != "hold":
+        os._exit(0)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fds[1], 0)
+    os.dup2(null, 1)
+    os.close(fds[1])
+    os.close(null)
+    os.execve(request["cat"], [request["cat"]], request["env"])  # reads the host's pipe until it closes
+
+
+def _reap():
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] != 0:
+            pass
+
+
+def serve(sock):
+    """Answer requests until the host's end closes; reap children as they end."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup descriptor hears it
+    while True:
+        ready = select.select([sock, wake_r], [], [])[0]
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            _reap()
+        if sock not in ready:
+            continue
+        data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 2)
+        if not data:
+            return  # the host is gone
+        try:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    sock.close()
+                    _child(json.loads(data), fds)
+                finally:
+                    os._exit(1)
+            pidfd = os.pidfd_open(pid)  # not reaped before this: reaping is this loop's own
+            try:
+                socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
+            finally:
+                os.close(pidfd)
+        except OSError as e:
+            sock.send(json.dumps({"errno": e.errno or 0, "error": e.strerror or str(e)}).encode())
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def main():
+    if sys.argv[1:] != ["serve"]:
+        sys.exit("usage: mounter.py serve (the socket on standard input)")
+    sock = socket.socket(fileno=os.dup(0))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # so no descriptor a child opens or is sent is 0 before it means it
+    os.close(null)
+    serve(sock)
 
 
 if __name__ == "__main__":
