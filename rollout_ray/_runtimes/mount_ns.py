@@ -3,20 +3,22 @@
 Every exec copies the mount table of the namespace bwrap starts from. Were each sandbox's
 mounts (disk limit, image overlay, kit, binds) made in the host's namespace, that table would
 grow with every live sandbox, and so would every exec's cost (~3.4 s at 1,000 live). Instead
-each sandbox has a namespace of its own, held by one tiny process (``cat`` reading a pipe,
-carrying the host's marker), made private from the host's right away: its table is the
-host's few mounts plus the sandbox's own, however many others live.
+each sandbox has a namespace of its own, made private from the host's right away: its table
+is the host's few mounts plus the sandbox's own, however many others live.
 
-* its mounts are made inside it by a child forked from the process's one mounter server
-  (``mounter.py``, ``_Server`` below; ``run``): a Python running several threads cannot make
-  or enter a mount namespace itself, and a Python started per sandbox cost ~25 ms a start;
-* each exec enters it (``enter_args``: ``nsenter --mount=... -- bwrap ...``);
-* the host reaches the files under its mounts through the holder's root (``path``:
-  ``/proc/PID/root/<path>``): what the host's namespace shows there is the empty directory
+* it is made, and later mounted in (``run``), by a child forked from the process's one
+  mounter server (``mounter.py``, ``_Server`` below): a Python running several threads cannot
+  make or enter a mount namespace itself, and a Python started per sandbox cost ~25 ms a start;
+* the host holds it by two descriptors, of the namespace and of its root: no process holds
+  it. (A holder process per sandbox made every exec slower with the number of live ones:
+  bwrap's ``pivot_root`` walks every task of the machine, 40 us with 170, 240 us with 1,170.)
+* each exec enters it (``enter_args``: ``nsenter --mount=/proc/HOST/fd/N -- bwrap ...``);
+* the host reaches the files under its mounts through its root (``path``:
+  ``/proc/HOST/fd/N/<path>``): what the host's namespace shows there is the empty directory
   beneath;
-* ``close`` kills the holder (by its pidfd: never a reused pid) and waits for its end: the namespace and every mount in it go at once, nothing is
-  unmounted one by one. If the host dies, its guardian kills the holder by its marker (or the
-  holder reads the end of its pipe), with the same effect.
+* ``close`` closes the descriptors: the namespace and every mount in it go at once (once no
+  program runs in it), nothing is unmounted one by one. If the host dies, the kernel closes
+  them, with the same effect.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .._errors import SandboxError
@@ -119,75 +121,81 @@ def _ended(pidfd: int, timeout: float | None) -> bool:
     return bool(poll.poll(None if timeout is None else int(timeout * 1000)))
 
 
-def _start(mode: str, ops: Sequence[Op], env: Mapping[str, str], pid: int = 0) -> tuple[int, int, int | None]:
-    """Fork a mounter child for ``mode``; returns ``(pid, pidfd, the pipe's write end)``
-    once it said its outcome (``OSError`` if it failed: it ended then)."""
+def _start(mode: str, ops: Sequence[Op], arg: int | None = None) -> tuple[int, int]:
+    """Fork a mounter child for ``mode`` (``arg``: ``enter``'s namespace descriptor); returns
+    ``(pid, pidfd)`` once it said its outcome and closed it (``OSError`` if it failed: it ended
+    then). A holder's child then waits for the host's pipe, ``arg``, to close."""
     outcome_r, outcome_w = os.pipe()
-    pipe_r, pipe_w = os.pipe() if mode == "hold" else (None, None)
     try:
-        child, pidfd = _ask({"mode": mode, "ops": list(ops), "env": dict(env), "cat": _tool("cat"), "pid": pid},
-                            [outcome_w] if pipe_r is None else [outcome_w, pipe_r])
+        child, pidfd = _ask({"mode": mode, "ops": list(ops)}, [outcome_w, arg if arg is not None else outcome_w])
     except BaseException:
-        for fd in (outcome_r, pipe_w):
-            if fd is not None:
-                os.close(fd)
+        os.close(outcome_r)
         raise
     finally:
-        for fd in (outcome_w, pipe_r):
-            if fd is not None:
-                os.close(fd)
+        os.close(outcome_w)
     try:
         _outcome(outcome_r, "making the sandbox's mount namespace" if mode == "hold"
                  else "mounting in the sandbox's namespace")
     except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        _ended(pidfd, None)
-        os.close(pidfd)
-        if pipe_w is not None:
-            os.close(pipe_w)
+        _end(pidfd)
         raise
-    return child, pidfd, pipe_w
+    return child, pidfd
+
+
+def _end(pidfd: int) -> None:
+    """Kill the process of ``pidfd`` (never a reused pid), wait for its end, close it."""
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    _ended(pidfd, None)
+    os.close(pidfd)
 
 
 class MountNamespace:
-    """A new mount namespace with ``ops`` run in it (``env``: the holder's environment, the
-    host's marker). Raises ``OSError`` when an op fails (nothing is left then)."""
+    """A new mount namespace with ``ops`` run in it, held by this process's descriptors.
+    Raises ``OSError`` when an op fails (nothing is left then)."""
 
-    def __init__(self, ops: Sequence[Op], env: Mapping[str, str]) -> None:
+    def __init__(self, ops: Sequence[Op]) -> None:
         self._enter = [_tool("nsenter")]
-        self.pid, self._pidfd, self._pipe = _start("hold", ops, env)
+        pipe_r, pipe_w = os.pipe()
+        try:
+            child, pidfd = _start("hold", ops, pipe_r)
+        finally:
+            os.close(pipe_r)
+        try:
+            self._ns = os.open(f"/proc/{child}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            self._root = os.open(f"/proc/{child}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            if _ended(pidfd, 0):  # opened a process's, but maybe not the child's: its pid was reused
+                os.close(self._ns)
+                os.close(self._root)
+                raise OSError(0, "making the sandbox's mount namespace: its maker ended before it was held")
+        finally:
+            os.close(pipe_w)  # the child's cue to go
+            _end(pidfd)
+        self._me = os.getpid()
 
     def path(self, path: str) -> str:
-        """``path`` (absolute) as the host reaches it in this namespace."""
-        return f"/proc/{self.pid}/root{path}"
+        """``path`` (absolute) as the host (and its children) reach it in this namespace."""
+        return f"/proc/{self._me}/fd/{self._root}{path}"
 
     def enter_args(self) -> list[str]:
         """The prefix that runs a program in this namespace."""
-        return [*self._enter, f"--mount=/proc/{self.pid}/ns/mnt", "--"]
+        return [*self._enter, f"--mount=/proc/{self._me}/fd/{self._ns}", "--"]
 
     def alive(self) -> bool:
-        return self._pidfd is not None and not _ended(self._pidfd, 0)
+        return self._ns >= 0
 
     def run(self, ops: Sequence[Op]) -> None:
         """Run ``ops`` in this namespace. Raises ``OSError`` (what they mounted undone)."""
-        _child, pidfd, _ = _start("enter", ops, {}, self.pid)
-        try:
-            _ended(pidfd, None)  # its outcome said; its end is near
-        finally:
-            os.close(pidfd)
+        _child, pidfd = _start("enter", ops, self._ns)
+        _ended(pidfd, None)  # its outcome said; its end is near
+        os.close(pidfd)
 
     def close(self) -> None:
-        """Kill the holder and wait for its end: every mount of the namespace is gone (idempotent)."""
-        if self._pipe is not None:
-            os.close(self._pipe)  # the holder's cue to go, should the kill not reach it
-            self._pipe = None
-        if self._pidfd is not None:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            _ended(self._pidfd, None)
-            os.close(self._pidfd)
-            self._pidfd = None
+        """Let the namespace go: every mount of it is gone, once no program runs in it (idempotent)."""
+        if self._ns >= 0:
+            os.close(self._root)
+            os.close(self._ns)
+            self._ns = self._root = -1
 
 
 def is_mount(path: str) -> bool:

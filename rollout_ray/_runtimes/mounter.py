@@ -8,18 +8,18 @@ Python started per sandbox cost ~25 ms of each start (a fork of this one: ~1 ms)
 It reads requests from the socket on its standard input (``SOCK_SEQPACKET``: one message, one
 request) and answers each with the pid of the child it forked for it and that child's pidfd
 attached (the host kills and waits for it by that, so no reused pid is ever signalled). The
-request, JSON: ``{"mode": ..., "ops": OPS, "env": {...}, "cat": PATH, "pid": N}``, with the
-descriptors ``[OUTCOME]`` (``enter``) or ``[OUTCOME, PIPE]`` (``hold``) attached:
+request, JSON: ``{"mode": ..., "ops": OPS}``, with the descriptors ``[OUTCOME, ARG]`` attached:
 
 * ``hold``: the child makes a new mount namespace (private: nothing mounted here reaches the
   host's, nothing of later host mounts arrives), runs ``OPS`` in it, writes the outcome to
-  ``OUTCOME``, then becomes ``CAT`` reading ``PIPE`` (the host's), with ``env`` (the host's
-  marker: its guardian finds it): the namespace's holder. It lives until the host closes the
-  pipe, kills it or dies; with it go every mount of the namespace, at once.
-* ``enter``: the child enters the namespace ``pid`` holds, runs ``OPS``, writes the outcome, exits.
+  ``OUTCOME``, then waits until ``ARG`` (the host's pipe) closes: meanwhile the host opens
+  the namespace and its root through ``/proc/PID`` and holds them by descriptor, so no
+  process need live to hold it (each live one makes every exec's ``pivot_root`` slower).
+* ``enter``: the child enters the namespace ``ARG`` (a descriptor of it) is, runs ``OPS``,
+  writes the outcome, exits.
 
 ``OPS`` is a JSON list of ``[name, *args]`` (the ``_OPS`` below), run in order; the outcome one
-JSON line, then its end (a holder's at its exec): ``{"ok": true}`` or ``{"errno": N, "error": "...", "path": "..."}`` (what ``enter``
+JSON line, then its end: ``{"ok": true}`` or ``{"errno": N, "error": "...", "path": "..."}`` (what ``enter``
 mounted before the failure is unmounted; a holder's failure takes its namespace with it).
 The server exits when the host's end of its socket closes (the host exited, however).
 """
@@ -139,31 +139,25 @@ def run(ops):
 
 
 def _child(request, fds):
-    """In the forked child: do the request, write its outcome; a holder becomes ``cat``."""
-    outcome = fds[0]
-    os.set_inheritable(outcome, False)  # closed by the exec: the host reads to its end, so it
-    try:  # sees the holder as ``cat`` with the marker, never the fork of this server
+    """In the forked child: do the request, write its outcome (then a holder waits)."""
+    outcome, arg = fds
+    try:
         if request["mode"] == "hold":
             _check(_libc.unshare(CLONE_NEWNS), "unshare")
             _mount(None, "/", None, MS_REC | MS_PRIVATE)
         else:
-            fd = os.open(f"/proc/{int(request['pid'])}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-            _check(_libc.setns(fd, CLONE_NEWNS), f"/proc/{request['pid']}/ns/mnt")
-            os.close(fd)
+            _check(_libc.setns(arg, CLONE_NEWNS), "the sandbox's mount namespace")
         run(request["ops"])
     except OSError as e:
         os.write(outcome, (json.dumps({"errno": e.errno or 0, "error": e.strerror or str(e),
                                        "path": e.filename}) + "\n").encode())
         os._exit(1)
     os.write(outcome, b'{"ok": true}\n')
-    if request["mode"] != "hold":
-        os._exit(0)
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(fds[1], 0)
-    os.dup2(null, 1)
-    os.close(fds[1])
-    os.close(null)
-    os.execve(request["cat"], [request["cat"]], request["env"])  # reads the host's pipe until it closes
+    os.close(outcome)  # its end: the host reads to it
+    if request["mode"] == "hold":
+        while os.read(arg, 4096):  # until the host holds the namespace and closes the pipe
+            pass
+    os._exit(0)
 
 
 def _reap():
