@@ -59,7 +59,7 @@ def _outcome(outcome: int, what: str) -> None:
     """Read the mounter child's one-line outcome from descriptor ``outcome`` (closing it);
     raise ``OSError`` as the mount did."""
     with open(outcome, "rb") as f:
-        line = f.read().split(b"\n", 1)[0]  # to its end: a holder's comes when it is ``cat``
+        line = f.read().split(b"\n", 1)[0]  # to its end: the child closes it once done
     try:
         found = json.loads(line) if line else {}
     except ValueError:
@@ -124,7 +124,7 @@ def _ended(pidfd: int, timeout: float | None) -> bool:
 def _start(mode: str, ops: Sequence[Op], arg: int | None = None) -> tuple[int, int]:
     """Fork a mounter child for ``mode`` (``arg``: ``enter``'s namespace descriptor); returns
     ``(pid, pidfd)`` once it said its outcome and closed it (``OSError`` if it failed: it ended
-    then). A holder's child then waits for the host's pipe, ``arg``, to close."""
+    then). A ``hold`` child then waits for the host's pipe, ``arg``, to close."""
     outcome_r, outcome_w = os.pipe()
     try:
         child, pidfd = _ask({"mode": mode, "ops": list(ops)}, [outcome_w, arg if arg is not None else outcome_w])

@@ -20,7 +20,7 @@ request, JSON: ``{"mode": ..., "ops": OPS}``, with the descriptors ``[OUTCOME, A
 
 ``OPS`` is a JSON list of ``[name, *args]`` (the ``_OPS`` below), run in order; the outcome one
 JSON line, then its end: ``{"ok": true}`` or ``{"errno": N, "error": "...", "path": "..."}`` (what ``enter``
-mounted before the failure is unmounted; a holder's failure takes its namespace with it).
+mounted before the failure is unmounted; a failed ``hold`` takes its namespace with it).
 The server exits when the host's end of its socket closes (the host exited, however).
 """
 
@@ -139,7 +139,7 @@ def run(ops):
 
 
 def _child(request, fds):
-    """In the forked child: do the request, write its outcome (then a holder waits)."""
+    """In the forked child: do the request, write its outcome (then ``hold`` waits)."""
     outcome, arg = fds
     try:
         if request["mode"] == "hold":
