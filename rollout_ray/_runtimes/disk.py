@@ -5,7 +5,7 @@ Mounted by the runtime (root, or ``CAP_SYS_ADMIN``, is needed) in its own mount 
 it but never the host's filesystem. Its pages live in memory and are charged to the
 memory cgroup of whoever wrote them: a sandboxed program's writes count against the sandbox's
 ``memory_limit`` too, the runtime's own ``write`` against the host process's. Gone with the
-namespace at stop; a dead host's guardian kills the namespace's holder by its marker.
+namespace at stop, or as a dead host's descriptors of that namespace close.
 """
 
 from __future__ import annotations

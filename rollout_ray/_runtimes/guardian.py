@@ -12,8 +12,8 @@ socket, and the guardian, within ``BUDGET`` seconds:
 2. kills every process carrying ``ROLLOUT_RAY_HOST=TOKEN`` in its environment (every program
    of every runtime the host ran inherits it, even after ``setsid``; the cgroups also find
    those that cleared their environment);
-   Among them the holders of the sandboxes' mount namespaces (``mount_ns.py``): their
-   mounts go with them;
+   (The sandboxes' mount namespaces, ``mount_ns.py``, were held by the host's descriptors:
+   the kernel closed them, and their mounts went, as the host died);
 3. unmounts every mount point left under ROOT in its own namespace, deepest first and
    lazily, so a busy mount cannot keep it from
 4. removing ROOT, the directory holding those runtimes' directories;

@@ -81,7 +81,7 @@ class ImageRoot:
         unmount: list[Op] = [["umount", point] for point in reversed(self._root)]
         self._root = []
         ops, points = root_ops(self.base, [layer, self.lease.rootfs])
-        self._ns.run([*unmount, *clear_ops(self.base), *ops])  # one helper: a process start saved
+        self._ns.run([*unmount, *clear_ops(self.base), *ops])  # one mounter child: a fork saved
         self._root = points
         prepare_root(self._ns.path(self.rootfs), self.lease.config)
 

@@ -1,29 +1,39 @@
 """Makes a sandbox's mounts in the sandbox's own mount namespace (``mount_ns.py``).
 
-Run as a plain script (``python -I -S mounter.py MODE OPS``; standard library only, like
-``guardian.py``), because a process can enter another mount namespace only while it runs one
-thread, which the host's Python never does:
+Run as a plain script (``python -I -S mounter.py serve``; standard library only, like
+``guardian.py``): one per host process, started once, because a process can make or enter a
+mount namespace only while it runs one thread, which the host's Python never does, and a
+Python started per sandbox cost ~25 ms of each start (a fork of this one: ~1 ms).
 
-* ``hold CAT``: make a new mount namespace (private: nothing mounted here reaches the host's,
-  nothing of later host mounts arrives), run ``OPS`` in it, print the outcome, then become
-  ``CAT`` reading the host's pipe: the namespace's holder. It lives until the host closes
-  the pipe, kills it or dies; with it go every mount of the namespace, at once.
-* ``enter PID``: enter the namespace PID holds, run ``OPS``, print the outcome, exit.
+It reads requests from the socket on its standard input (``SOCK_SEQPACKET``: one message, one
+request) and answers each with the pid of the child it forked for it and that child's pidfd
+attached (the host kills and waits for it by that, so no reused pid is ever signalled). The
+request, JSON: ``{"mode": ..., "ops": OPS}``, with the descriptors ``[OUTCOME, ARG]`` attached:
+
+* ``hold``: the child makes a new mount namespace (private: nothing mounted here reaches the
+  host's, nothing of later host mounts arrives), runs ``OPS`` in it, writes the outcome to
+  ``OUTCOME``, then waits until ``ARG`` (the host's pipe) closes: meanwhile the host opens
+  the namespace and its root through ``/proc/PID`` and holds them by descriptor, so no
+  process need live to hold it (each live one makes every exec's ``pivot_root`` slower).
+* ``enter``: the child enters the namespace ``ARG`` (a descriptor of it) is, runs ``OPS``,
+  writes the outcome, exits.
 
 ``OPS`` is a JSON list of ``[name, *args]`` (the ``_OPS`` below), run in order; the outcome one
-JSON line: ``{"ok": true}`` or ``{"errno": N, "error": "...", "path": "..."}`` (what ``enter``
-mounted before the failure is unmounted; a holder's failure takes its namespace with it).
+JSON line, then its end: ``{"ok": true}`` or ``{"errno": N, "error": "...", "path": "..."}`` (what ``enter``
+mounted before the failure is unmounted; a failed ``hold`` takes its namespace with it).
+The server exits when the host's end of its socket closes (the host exited, however).
 """
 
 import contextlib
 import ctypes
 import json
 import os
+import select
 import shutil
+import signal
+import socket
 import stat
 import sys
-from collections.abc import Callable
-from typing import Any
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
@@ -37,38 +47,36 @@ def _check(result: int, path: str) -> None:
         raise OSError(err, os.strerror(err), path)
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    def encode(s: str | None) -> bytes | None:
-        return None if s is None else os.fsencode(s)
-
+def _mount(source, target, fstype, flags, data=None):
+    encode = (lambda s: None if s is None else os.fsencode(s))
     _check(_libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)), target)
 
 
-def _opened(paths: list[str], fds: list[int]) -> list[str]:
+def _opened(paths, fds):
     """Directories as a mount option names them: by this process's descriptors, so the
     sandbox's mount table shows no host path (and no ',' or ':' of a path breaks the options)."""
-    named: list[str] = []
+    named = []
     for path in paths:
         fds.append(os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
         named.append(f"/proc/self/fd/{fds[-1]}")
     return named
 
 
-def tmpfs(target: str, size: int, page: int) -> list[str]:
+def tmpfs(target, size, page):
     inodes = max(1024, size // page)
     _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},nr_inodes={inodes},mode=0700")
     return [target]
 
 
-def mkdir(path: str, mode: int) -> list[str]:
+def mkdir(path, mode):
     os.mkdir(path, mode)
     return []
 
 
-def overlay(target: str, lowers: list[str], upper: str | None, work: str | None, read_only: bool) -> list[str]:
-    fds: list[int] = []
+def overlay(target, lowers, upper, work, read_only):
+    fds = []
     try:
-        named = _opened([*lowers, *([upper, work] if upper and work else [])], fds)  # both or neither
+        named = _opened([*lowers, *([upper, work] if upper else [])], fds)
         if upper:
             options = (f"lowerdir={':'.join(named[:-2])},upperdir={named[-2]},workdir={named[-1]},"
                        f"index=off,metacopy=off")
@@ -81,7 +89,7 @@ def overlay(target: str, lowers: list[str], upper: str | None, work: str | None,
     return [target]
 
 
-def pin(path: str) -> list[str]:
+def pin(path):
     """A directory at ``path`` for a mount point: right after the overlay is mounted, before
     any program ran, the tree is its layers, so no planted link can be there."""
     try:
@@ -95,33 +103,32 @@ def pin(path: str) -> list[str]:
     return []
 
 
-def bind(source: str, target: str, read_only: bool) -> list[str]:
+def bind(source, target, read_only):
     _mount(source, target, None, MS_BIND | MS_REC)
     if read_only:
         _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     return [target]
 
 
-def clear(path: str) -> list[str]:
+def clear(path):
     """Empty directory ``path`` (its own entries removed, no link followed): made anew."""
     shutil.rmtree(path)
     os.mkdir(path, 0o755)
     return []
 
 
-def umount(target: str) -> list[str]:
+def umount(target):
     with contextlib.suppress(OSError):  # not mounted (any more): nothing to undo
         _check(_libc.umount2(os.fsencode(target), MNT_DETACH), target)
     return []
 
 
-_OPS: dict[str, Callable[..., list[str]]] = {"tmpfs": tmpfs, "mkdir": mkdir, "clear": clear, "overlay": overlay,
-                                             "pin": pin, "bind": bind, "umount": umount}
+_OPS = {"tmpfs": tmpfs, "mkdir": mkdir, "clear": clear, "overlay": overlay, "pin": pin, "bind": bind, "umount": umount}
 
 
-def run(ops: list[list[Any]]) -> None:
+def run(ops):
     """Run ``ops``; on failure unmount what they mounted, last first, and raise."""
-    mounted: list[str] = []
+    mounted = []
     try:
         for name, *args in ops:
             mounted += _OPS[name](*args)
@@ -131,26 +138,78 @@ def run(ops: list[list[Any]]) -> None:
         raise
 
 
-def main() -> None:
-    mode, arg, ops = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+def _child(request, fds):
+    """In the forked child: do the request, write its outcome (then ``hold`` waits)."""
+    outcome, arg = fds
     try:
-        if mode == "hold":
+        if request["mode"] == "hold":
             _check(_libc.unshare(CLONE_NEWNS), "unshare")
             _mount(None, "/", None, MS_REC | MS_PRIVATE)
         else:
-            fd = os.open(f"/proc/{int(arg)}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-            _check(_libc.setns(fd, CLONE_NEWNS), f"/proc/{arg}/ns/mnt")
-            os.close(fd)
-        run(ops)
+            _check(_libc.setns(arg, CLONE_NEWNS), "the sandbox's mount namespace")
+        run(request["ops"])
     except OSError as e:
-        print(json.dumps({"errno": e.errno or 0, "error": e.strerror or str(e), "path": e.filename}), flush=True)
-        sys.exit(1)
-    print(json.dumps({"ok": True}), flush=True)
-    if mode == "hold":
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.close(null)
-        os.execv(arg, [arg])  # noqa: S606 - cat: reads the host's pipe until the host closes it
+        os.write(outcome, (json.dumps({"errno": e.errno or 0, "error": e.strerror or str(e),
+                                       "path": e.filename}) + "\n").encode())
+        os._exit(1)
+    os.write(outcome, b'{"ok": true}\n')
+    os.close(outcome)  # its end: the host reads to it
+    if request["mode"] == "hold":
+        while os.read(arg, 4096):  # until the host holds the namespace and closes the pipe
+            pass
+    os._exit(0)
+
+
+def _reap():
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] != 0:
+            pass
+
+
+def serve(sock):
+    """Answer requests until the host's end closes; reap children as they end."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup descriptor hears it
+    while True:
+        ready = select.select([sock, wake_r], [], [])[0]
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            _reap()
+        if sock not in ready:
+            continue
+        data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 2)
+        if not data:
+            return  # the host is gone
+        try:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    sock.close()
+                    _child(json.loads(data), fds)
+                finally:
+                    os._exit(1)
+            pidfd = os.pidfd_open(pid)  # not reaped before this: reaping is this loop's own
+            try:
+                socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
+            finally:
+                os.close(pidfd)
+        except OSError as e:
+            sock.send(json.dumps({"errno": e.errno or 0, "error": e.strerror or str(e)}).encode())
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def main():
+    if sys.argv[1:] != ["serve"]:
+        sys.exit("usage: mounter.py serve (the socket on standard input)")
+    sock = socket.socket(fileno=os.dup(0))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # so no descriptor a child opens or is sent is 0 before it means it
+    os.close(null)
+    serve(sock)
 
 
 if __name__ == "__main__":

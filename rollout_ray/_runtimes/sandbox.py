@@ -62,7 +62,6 @@ from .cgroup import Parent, cgroup_parent
 from .disk import PAGE, full, mount_unavailable
 from .files import components, remove_tree
 from .grader import write_grader_files
-from .guardian import HOST_MARKER
 from .image_cache import ImageCache, default_image_cache
 from .image_layout import SUBDIRS as IMAGE_SUBDIRS
 from .image_layout import image_args, image_env
@@ -253,7 +252,7 @@ class SandboxRuntime(LocalRuntime):
             return
         if self._disk_limit is not None:  # in the runtime's own namespace, as an image's
             try:
-                self._ns = MountNamespace([["tmpfs", self._base, self._disk_limit, PAGE]], self._marker())
+                self._ns = MountNamespace([["tmpfs", self._base, self._disk_limit, PAGE]])
             except OSError as e:
                 raise SandboxError(f"cannot mount the disk limit of runtime {self.name!r}: {e}; "
                                    f"pass disk_limit=None to run without one") from e
@@ -265,10 +264,6 @@ class SandboxRuntime(LocalRuntime):
         prepare()  # builds the /etc snapshot once per process: here, off the event loop
         make_skeletons(self._base, os.path.join(self._base, "work"), reach=self._host_path)
 
-    def _marker(self) -> dict[str, str]:
-        """A mount namespace holder's environment: the host's marker (its guardian kills it)."""
-        return {k: v for k, v in self._env.items() if k == HOST_MARKER}
-
     def _make_image_dirs(self) -> None:
         """The disk limit, directories and mounts of an image's root, all in the runtime's own
         mount namespace (``mount_ns.py``): no exec of any other sandbox copies them."""
@@ -279,7 +274,7 @@ class SandboxRuntime(LocalRuntime):
         ops += [["mkdir", os.path.join(self._base, sub), 0o755] for sub in IMAGE_SUBDIRS]
         try:
             ops += self._image.ops()
-            self._ns = MountNamespace(ops, self._marker())
+            self._ns = MountNamespace(ops)
             self._mounted = self._disk_limit is not None
             write_run_files(self._host_path(self._path("net")), home=os.path.join(self._base, "work"))
             self._workdir = self._image.mounted(self._ns)

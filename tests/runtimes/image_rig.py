@@ -132,13 +132,20 @@ BOXES = [pytest.param(SandboxRuntime, id="host"), pytest.param(image_sandbox, id
 
 def host_path(rt: LocalRuntime, relative: str) -> str:
     """Where ``relative`` (in the runtime's work directory) is on the host: a sandbox's disk
-    limit and image root are mounted in its own namespace, reached through its holder
+    limit and image root are mounted in its own namespace, reached through its root
     (``mount_ns.py``)."""
     assert rt.workdir is not None
     reach = getattr(rt, "_host_path", str)
     if getattr(rt, "image", None) is None:
         return reach(os.path.join(rt.workdir, relative))
     return reach(os.path.join(rt.id, "root", rt.workdir.lstrip("/"), relative))
+
+
+def ns_mountinfo(ns: Any) -> str:
+    """The mount table (``mountinfo``) of mount namespace ``ns`` (``mount_ns.MountNamespace``):
+    read by a program entering it, as no process holds it."""
+    return subprocess.run([*ns.enter_args(), "cat", "/proc/self/mountinfo"], check=True, capture_output=True,
+                          text=True).stdout
 
 
 # -- packing ------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from image_rig import (
     host_path,
     image_sandbox,
     needs_image,
+    ns_mountinfo,
     python_image,
     rootfs_tarball,
     shared_cache,
@@ -114,9 +115,13 @@ def run(main: Callable[[], Any]) -> Any:
 def mounts_under(root: str, rt: Any = None) -> list[str]:
     """Mount points at or under ``root`` (read here, not with the guardian's helper), in this
     process's mount namespace or, given a sandbox ``rt`` with one, in the sandbox's own."""
-    holder = getattr(rt, "_ns", None)
-    with open(f"/proc/{holder.pid}/mountinfo" if holder is not None else "/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f]
+    ns = getattr(rt, "_ns", None)
+    if ns is not None:
+        table = ns_mountinfo(ns)
+    else:
+        with open("/proc/self/mountinfo") as f:
+            table = f.read()
+    points = [line.split()[4] for line in table.splitlines()]
     return [p for p in points if p == root or p.startswith(root.rstrip("/") + "/")]
 
 
@@ -395,7 +400,7 @@ def test_filling_the_disk_fails_the_rollout_with_sandbox_error(box: Callable[...
 
 HOST_SCRIPT = textwrap.dedent(
     """
-    import asyncio, json, sys, time
+    import asyncio, json, subprocess, sys, time
     from rollout_ray._runtimes.host import RuntimeHost
 
     async def main():
@@ -414,12 +419,14 @@ HOST_SCRIPT = textwrap.dedent(
         cgroups = [d for rt in runtimes for d in rt._cgroups.dirs]
         cgroups += list(getattr(getattr(host, "_cgroups", None), "dirs", []))
         pids = sorted(p for rt in runtimes for p in rt._cgroups.pids())
-        # An image sandbox's mounts are in its own namespace, held by one process (mount_ns.py).
-        holders = [rt._ns.pid for rt in runtimes if getattr(rt, "_ns", None) is not None]
-        tables = ["/proc/self/mountinfo", *(f"/proc/{h}/mountinfo" for h in holders)]
+        # A sandbox's mounts are in its own namespace, held by this process's descriptors (mount_ns.py).
+        spaces = [rt._ns for rt in runtimes if getattr(rt, "_ns", None) is not None]
+        tables = [open("/proc/self/mountinfo").read(), *(subprocess.run([*ns.enter_args(), "cat", "/proc/self/mountinfo"],
+                                                                         capture_output=True, text=True, check=True).stdout
+                                                          for ns in spaces)]
         print(json.dumps({"root": host.root, "guardian": host.guardian_pid(), "cgroups": cgroups,
-                          "pids": pids, "holders": holders,
-                          "mounts": [line.split()[4] for t in tables for line in open(t)
+                          "pids": pids, "namespaces": len(spaces),
+                          "mounts": [line.split()[4] for t in tables for line in t.splitlines()
                                      if line.split()[4].startswith(host.root + "/")]}), flush=True)
         await asyncio.Event().wait()
 
@@ -445,11 +452,11 @@ def test_a_killed_host_leaves_no_process_cgroup_mount_or_file(kind: str, tmp_pat
         host.send_signal(signal.SIGKILL)  # by pid: the process we started
         host.wait()
         wait_exit(facts["guardian"], timeout=10)
-        assert [p for p in facts["pids"] + facts["holders"] if process_alive(p)] == []
+        assert [p for p in facts["pids"] if process_alive(p)] == []
         assert [d for d in facts["cgroups"] if os.path.exists(d)] == []
         assert mounts_under(facts["root"]) == [] and not os.path.exists(facts["root"])
         if kind == "image":  # the disk limit, the overlay, the run dir and the host's Python
-            assert len(facts["mounts"]) >= 2 * 6 and len(facts["holders"]) == 2
+            assert len(facts["mounts"]) >= 2 * 6 and facts["namespaces"] == 2
             assert ImageCache(cache.root, max_bytes=1).evict() != []
         else:
             assert len(facts["mounts"]) == (2 if kind == "sandbox" else 0)  # a disk limit per sandbox
@@ -457,7 +464,7 @@ def test_a_killed_host_leaves_no_process_cgroup_mount_or_file(kind: str, tmp_pat
         host.kill()
         host.wait()
         host.stdout.close()  # type: ignore[union-attr]
-        for pid in facts.get("pids", []) + facts.get("holders", []):  # only if the guardian failed: ours to clean
+        for pid in facts.get("pids", []):  # only if the guardian failed: ours to clean
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
