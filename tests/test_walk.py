@@ -44,16 +44,19 @@ def _files(cell: str) -> list[str]:
     return files
 
 
-def documented_walk(text: str) -> tuple[list[str], list[str], dict[str, int]]:
-    """The doc's walk: the table's files, the records and helpers listed after it, and the
-    counts its text states ("N files move the rollout on", "the walk crosses M files")."""
+def documented_walk(text: str) -> tuple[list[str], list[str], dict[str, int], dict[str, list[str]]]:
+    """The doc's walk: the table's files, the records and helpers listed after it, the
+    counts its text states ("N files move the rollout on", "the walk crosses M files") and
+    the run stack of each side (a line "- driver: `file:function` → ...")."""
     section = text.split("## Following one rollout", 1)[1].split("\n## ", 1)[0]
     movers = [f for line in section.splitlines() if re.match(r"\| \d+ \|", line)
               for f in _files(line.split("|")[2])]
     helpers_line = next(line for line in section.splitlines() if line.startswith("Records and helpers on the way:"))
     counts = {"movers": int(re.search(r"(\d+) files move the rollout on", section).group(1)),  # type: ignore[union-attr]
               "walk": int(re.search(r"the walk crosses (\d+) files", section).group(1))}  # type: ignore[union-attr]
-    return movers, _files(helpers_line), counts
+    stacks = {m.group(1): re.findall(r"`([^`]+:[^`]+)`", m.group(2))
+              for m in re.finditer(r"^- (driver|actor): (.*)$", section, re.MULTILINE)}
+    return movers, _files(helpers_line), counts, stacks
 
 
 def test_the_documented_walk_is_the_traced_one(ray_cluster: Any, tmp_path: Path) -> None:
@@ -64,6 +67,7 @@ def test_the_documented_walk_is_the_traced_one(ray_cluster: Any, tmp_path: Path)
     site = os.pathsep.join(p for p in (str(Path(__file__).parent / "walk_site"), os.environ.get("PYTHONPATH")) if p)
     env = {"env_vars": {OUT_ENV: str(out), "PYTHONPATH": site}}
     driver_files: set[str] = set()
+    driver_stacks: list[list[str]] = []
 
     async def main() -> Any:
         async with SimulatedModelServer() as server:
@@ -72,7 +76,7 @@ def test_the_documented_walk_is_the_traced_one(ray_cluster: Any, tmp_path: Path)
                                    actor_options={"runtime_env": env}) as executor:
                 driver = Driver(tasks(1), ChatHarness(), model, executor=executor,
                                 config=EvalConfig(samples_per_task=1))
-                tracer = Tracer(driver_files.add)
+                tracer = Tracer(driver_files.add, driver_stacks.append)
                 sys.setprofile(tracer)
                 threading.setprofile(tracer)
                 try:
@@ -85,15 +89,19 @@ def test_the_documented_walk_is_the_traced_one(ray_cluster: Any, tmp_path: Path)
 
     result = asyncio.run(main())
     assert result.status == "completed" and result.samples.num_rows == 1
-    actor_files = {line for p in tmp_path.glob("walk.*") for line in p.read_text().split()}
+    lines = [line for p in tmp_path.glob("walk.*") for line in p.read_text().splitlines()]
+    actor_files = {line for line in lines if not line.startswith("stack ")}
+    actor_stacks = [line.split()[1:] for line in lines if line.startswith("stack ")]
     assert "_core/rollout.py" in actor_files, f"the actor's tracer saw no rollout: {sorted(actor_files)}"
     traced = driver_files | actor_files
 
-    movers, helpers, counts = documented_walk(DOC.read_text())
+    movers, helpers, counts, stacks = documented_walk(DOC.read_text())
     documented = set(movers) | set(helpers)
     assert len(movers) == len(set(movers)) and not set(movers) & set(helpers), "a file named twice in the doc"
     assert traced == documented, (f"docs/architecture.md's walk is not the traced one: "
                                   f"not in the doc {sorted(traced - documented)}, "
                                   f"not on the walk {sorted(documented - traced)}")
+    assert stacks == {"driver": driver_stacks[0], "actor": actor_stacks[0]}, (
+        f"docs/architecture.md's run stacks {stacks}; traced: driver {driver_stacks}, actor {actor_stacks}")
     assert counts == {"movers": len(movers), "walk": len(documented)}, (
         f"the doc's counts {counts}; traced: {len(movers)} that move the rollout on, {len(documented)} in all")

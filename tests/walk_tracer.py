@@ -23,17 +23,24 @@ OUT_ENV = "ROLLOUT_RAY_WALK_OUT"
 ROOTS = {("_driver/attempts.py", "run_attempts"), ("_ray/rollout_actor.py", "submit")}
 """Where the rollout's way starts in each process: the driver's attempts, the actor's submit."""
 
+STACK_ENDS = {("_ray/rollout_client.py", "RunSender.run"), ("_core/rollout.py", "Rollout.run")}
+"""Where the spec is handed on no further in each process: the stack of calls that reached
+there is the rollout's run stack (``Tracer.on_stack``)."""
+
 _setter: contextvars.ContextVar[Any] = contextvars.ContextVar("walk_setter", default=None)
 
 
 class Tracer:
     """A profile function: calls ``on_file`` with each ``rollout_ray`` file (relative to the
     package) first entered on the rollout's way. A call is on it when a root is on its stack, or
-    when it runs in a task started from such a call (the task's context carries the mark)."""
+    when it runs in a task started from such a call (the task's context carries the mark).
+    At the first call of a ``STACK_ENDS`` function, ``on_stack`` gets the package's functions
+    on its stack, outermost first, as ``file:qualname``."""
 
-    def __init__(self, on_file: Callable[[str], None]) -> None:
-        self.on_file = on_file
+    def __init__(self, on_file: Callable[[str], None], on_stack: Callable[[list[str]], None]) -> None:
+        self.on_file, self.on_stack = on_file, on_stack
         self.seen: set[str] = set()
+        self.ended: set[str] = set()
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
         if event != "call" or not frame.f_code.co_filename.startswith(PACKAGE):
@@ -63,19 +70,29 @@ class Tracer:
         if rel not in self.seen:
             self.seen.add(rel)
             self.on_file(rel)
+        qualname = frame.f_code.co_qualname
+        if (rel, qualname) in STACK_ENDS and qualname not in self.ended:
+            self.ended.add(qualname)
+            stack, f = [], frame
+            while f is not None:
+                if f.f_code.co_filename.startswith(PACKAGE):
+                    stack.append(f"{f.f_code.co_filename[len(PACKAGE):]}:{f.f_code.co_qualname}")
+                f = f.f_back
+            self.on_stack(stack[::-1])
 
 
 def install_in_worker() -> None:
     """The profiler of a rollout actor's process: each file traced is appended to the
-    file named by ``OUT_ENV`` as it is first seen (the actor is not asked at the end)."""
+    file named by ``OUT_ENV`` as it is first seen, and each run stack as a line starting
+    ``stack`` (the actor is not asked at the end)."""
     out = os.environ.get(OUT_ENV)
     if not out:
         return
 
-    def note(rel: str) -> None:
+    def note(line: str) -> None:
         with open(f"{out}.{os.getpid()}", "a") as f:
-            f.write(rel + "\n")
+            f.write(line + "\n")
 
-    tracer = Tracer(note)
+    tracer = Tracer(note, lambda stack: note("stack " + " ".join(stack)))
     sys.setprofile(tracer)
     threading.setprofile(tracer)
