@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from walk_tracer import OUT_ENV, Tracer
 
 from rollout_ray import ChatHarness, OpenAIModel, SimulatedModelServer
@@ -59,6 +60,7 @@ def documented_walk(text: str) -> tuple[list[str], list[str], dict[str, int], di
     return movers, _files(helpers_line), counts, stacks
 
 
+@pytest.mark.ray
 def test_the_documented_walk_is_the_traced_one(ray_cluster: Any, tmp_path: Path) -> None:
     from rollout_ray._ray.executor import RayExecutor
 
