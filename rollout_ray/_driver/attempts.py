@@ -8,10 +8,10 @@ the errors of every earlier attempt first (B52), with how many each attempt left
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from .._errors import InfrastructureLost
-from .._hosting.executor import Executor, failed_trace
+from .._hosting.executor import failed_trace
 from .._hosting.spec import RolloutSpec
 from .._record.arrow import RolloutRecord
 from .._record.trace import Trace
@@ -24,10 +24,12 @@ def lost(trace: Trace) -> bool:
     return not trace.ok and any(error.is_a(InfrastructureLost) for error in trace.errors)
 
 
-async def run_attempts(executor: Executor, spec: Callable[[], RolloutSpec], earlier: RolloutRecord | None, *,
+async def run_attempts(run: Callable[[RolloutSpec], Awaitable[Trace]], spec: Callable[[], RolloutSpec],
+                       earlier: RolloutRecord | None, *,
                        retries: int, retry_failed: bool, on_retry: Callable[[], None], run_id: str | None = None
                        ) -> tuple[Trace, int, tuple[int, ...]]:
-    """Run ``spec()`` on ``executor`` until it is not lost (or ``retries`` are spent).
+    """Run ``spec()`` with ``run`` (``Steering.run``: the executor's, steerable) until it is not
+    lost (or ``retries`` are spent).
 
     Returns its trace, carrying the errors of every earlier attempt first (``earlier``: a
     resumed run's stored record, whose attempts come first and are numbered on from), the
@@ -43,7 +45,7 @@ async def run_attempts(executor: Executor, spec: Callable[[], RolloutSpec], earl
     while True:
         this = spec()
         try:
-            trace, ran = await executor.run(this), True
+            trace, ran = await run(this), True
         except Exception as e:  # noqa: BLE001 - e.g. a task that cannot be pickled: this rollout fails, not the run
             trace, ran = failed_trace(this, e), False
         export_rollout(trace, run_id=run_id, attempt=attempt)

@@ -404,7 +404,7 @@ class Driver(PolicyOwner):
         try:
             try:
                 trace, attempt, attempts = await run_attempts(
-                    self._steering.executor, lambda: self._spec(task, f"{group_id}#{sample_idx}"),
+                    self._steering.run, lambda: self._spec(task, f"{group_id}#{sample_idx}"),
                     self._redo.pop((group_id, sample_idx), None),
                     retries=self.config.max_infra_retries, retry_failed=self.config.retry_failed,
                     on_retry=self._retried, run_id=self.run_id)

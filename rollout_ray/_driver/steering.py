@@ -1,7 +1,7 @@
 """Steering: a live run's rollouts as the driver sees them, its status, and what an operator
 may do to it (``rollout-ray ctl``; served by ``control``).
 
-The driver runs every rollout through ``Steering.executor``, which keeps one small entry per
+The driver runs every rollout through ``Steering.run``, which keeps one small entry per
 sample in flight (its label ``<group id>#<sample>``, task, start) and can cancel or requeue
 it. Where each rollout is (its phase, since when) is not sent by the hosts as it changes:
 ``status`` polls the executor's ``live`` report, every few seconds, and what no host reports
@@ -106,12 +106,35 @@ class Steering:
                  rule: StallRule | None = None) -> None:
         self.inner, self.progress, self.slots, self._stop = inner, progress, slots, stop
         self.rule = rule or StallRule()
-        self.executor: Executor = _Steered(self)
         self.samples: dict[str, _Sample] = {}
         self.durations = _Durations()
         self.stopping = False
         self._ids: dict[str, str] = {}
         """Trace id → label, as the last live report named them."""
+
+    async def run(self, spec: RolloutSpec) -> Trace:
+        """Run ``spec`` on the inner executor, registered while it runs: an operator's ``cancel``
+        makes it a failed trace, a ``requeue`` runs it again (the driver's attempts and the
+        executor see one run)."""
+        runner = asyncio.current_task()
+        assert runner is not None
+        sample = self.samples[spec.label] = _Sample(spec.label, spec.task.data.idx, time.time(), runner)
+        try:
+            while True:
+                try:
+                    trace = await self.inner.run(spec)
+                except asyncio.CancelledError:
+                    order, sample.order = sample.order, None
+                    if order is None or runner.uncancel() > 0:
+                        raise  # not the operator's (the run is being cancelled)
+                    if order == "requeue":
+                        sample.started, sample.attempts = time.time(), sample.attempts + 1
+                        continue
+                    trace = failed_trace(spec, RolloutCancelled("cancelled by the operator (rollout-ray ctl cancel)"))
+                self.durations.observe(trace)
+                return trace
+        finally:
+            del self.samples[spec.label]
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -185,45 +208,3 @@ def _servers(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
         m["failures"] = max(m["failures"], s["failures"])
         m["down"] = m["down"] or s["down"]
     return list(merged.values())
-
-
-class _Steered(Executor):
-    """The driver's executor as ``Steering`` sees it: every rollout registered while it runs,
-    cancellable and requeueable; everything else is the inner executor's."""
-
-    def __init__(self, steering: Steering) -> None:
-        self.steering = steering
-
-    async def run(self, spec: RolloutSpec) -> Trace:
-        steering, runner = self.steering, asyncio.current_task()
-        assert runner is not None
-        sample = steering.samples[spec.label] = _Sample(spec.label, spec.task.data.idx, time.time(), runner)
-        try:
-            while True:
-                try:
-                    trace = await steering.inner.run(spec)
-                except asyncio.CancelledError:
-                    order, sample.order = sample.order, None
-                    if order is None or runner.uncancel() > 0:
-                        raise  # not the operator's (the run is being cancelled)
-                    if order == "requeue":
-                        sample.started, sample.attempts = time.time(), sample.attempts + 1
-                        continue
-                    trace = failed_trace(spec, RolloutCancelled("cancelled by the operator (rollout-ray ctl cancel)"))
-                steering.durations.observe(trace)
-                return trace
-        finally:
-            del steering.samples[spec.label]
-
-    @property
-    def max_in_flight(self) -> int | None:
-        return self.steering.inner.max_in_flight
-
-    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False) -> None:
-        await self.steering.inner.set_policy(version, paused, interrupt)
-
-    def statistics(self) -> dict[str, Any]:
-        return self.steering.inner.statistics()
-
-    async def live(self) -> dict[str, Any]:
-        return await self.steering.inner.live()

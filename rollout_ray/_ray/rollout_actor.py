@@ -57,7 +57,7 @@ class RunReceiver:
     def __init__(self, run: Callable[[Any], Awaitable[Trace]]) -> None:
         self._run = run
         self._unpacker = ShipmentUnpacker()
-        self._running: dict[int, asyncio.Task[bytes]] = {}
+        self._running: dict[int, asyncio.Task[Trace]] = {}
         self._done: list[Result] = []
         self._ready = asyncio.Event()
 
@@ -70,21 +70,25 @@ class RunReceiver:
             except Exception as e:  # noqa: BLE001 - that rollout fails (MissingShipment: sent again)
                 failed.append((sid, portable(e)))
                 continue
-            task = asyncio.ensure_future(self._run_for_wire(spec))
+            task = asyncio.ensure_future(self._run(spec))
             self._running[sid] = task
             task.add_done_callback(partial(self._finished, sid))
         return failed
 
-    async def _run_for_wire(self, spec: Any) -> bytes:
-        return trace_to_wire(await self._run(spec))
-
-    def _finished(self, sid: int, task: asyncio.Task[bytes]) -> None:
+    def _finished(self, sid: int, task: asyncio.Task[Trace]) -> None:
+        # The trace is encoded here, as it is held for ``collect``: no coroutine of its own
+        # between the host's run and the wire.
         self._running.pop(sid, None)
-        if task.cancelled():
-            result: bytes | BaseException | None = None
-        else:
+        result: bytes | BaseException | None = None
+        if not task.cancelled():
             error = task.exception()
-            result = task.result() if error is None else portable(error)
+            if error is None:
+                try:
+                    result = trace_to_wire(task.result())
+                except Exception as e:  # noqa: BLE001 - a trace that cannot be encoded: that rollout fails with it
+                    error = e
+            if error is not None:
+                result = portable(error)
         self._done.append((sid, result))
         self._ready.set()
 
