@@ -158,23 +158,30 @@ def test_runtime_host_and_executors_refuse_an_unknown_runtime_kind() -> None:
     from rollout_ray._runtimes.host import RuntimeHost
 
     for make in (lambda: RuntimeHost(kind="docker"), lambda: LocalExecutor(runtime="docker")):
-        with pytest.raises(ValueError, match="one of \\('auto', 'local', 'sandbox'\\)"):
+        with pytest.raises(ValueError, match="one of \\('auto', 'local', 'sandbox', 'podman'\\), got 'docker'"):
             make()
 
 
 def test_auto_is_the_sandbox_where_the_machine_runs_one(monkeypatch: pytest.MonkeyPatch,
                                                        caplog: pytest.LogCaptureFixture) -> None:
-    from rollout_ray._runtimes import host
+    import dataclasses
 
-    monkeypatch.setattr(host, "sandbox_unavailable", lambda: None)
+    from rollout_ray._runtimes import host, providers
+
+    sandbox = providers.provider("sandbox")
+
+    def unavailable(reason: str | None) -> None:
+        monkeypatch.setitem(providers._registry, "sandbox", dataclasses.replace(sandbox, unavailable=lambda: reason))
+
+    unavailable(None)
     assert host.runtime_kind("auto") == ("sandbox", None)
-    monkeypatch.setattr(host, "sandbox_unavailable", lambda: "no bwrap here")
-    monkeypatch.setattr(host, "_said", set())
+    unavailable("no bwrap here")
+    monkeypatch.setattr(providers, "_said", set())
     with caplog.at_level("WARNING", logger="rollout_ray"):
         assert host.runtime_kind("auto") == ("local", "no bwrap here")
         assert host.runtime_kind("auto") == ("local", "no bwrap here")
-    said = [r.getMessage() for r in caplog.records if "SandboxRuntime" in r.getMessage()]
-    assert said == ["this machine cannot run SandboxRuntime (no bwrap here): rollouts run in LocalRuntime, "
+    said = [r.getMessage() for r in caplog.records if "sandbox runtime" in r.getMessage()]
+    assert said == ["this machine cannot run the sandbox runtime (no bwrap here): rollouts run in the local runtime, "
                     "which isolates them neither from each other nor from the host"]  # once
     assert host.runtime_kind("local") == ("local", None)
 

@@ -90,6 +90,9 @@ def test_a_terminal_without_tqdm_gets_the_plain_lines(monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, "tqdm", None)
     stream = io.StringIO()
     display = ProgressDisplay(stream, tty=True)
-    display.update(Progress(done=3, total=4, failed=0, in_flight=1))
+    display.update(Progress(done=0, total=4, failed=0, in_flight=1))
+    display.update(Progress(done=3, total=4, failed=0, in_flight=1, reward_sum=1.5))  # the driver's mean
     display.close()
-    assert stream.getvalue().startswith("done 3/4  failed 0  in flight 1  reward -")
+    first, second = stream.getvalue().splitlines()[:2]
+    assert first.startswith("done 0/4  failed 0  in flight 1  reward -")
+    assert second.startswith("done 3/4  failed 0  in flight 1  reward 0.500")
