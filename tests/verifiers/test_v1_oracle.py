@@ -1,0 +1,94 @@
+"""Differential check against verifiers' own eval runner (issue 31 §1).
+
+The same v1 tasksets (``envs/``, written as users write them) run through upstream's
+``run_eval`` (its ``Env``, ``Rollout``, interception server, ``null`` harness and chat
+program: ``upstream_runner.py``) and through our ``Driver``, each against its own simulated
+model of one config at temperature 0; task by task they give the same rewards (score and
+weight), metrics, stop conditions, turn counts, ok and error types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from typing import Any
+
+import pytest
+from upstream_runner import offline_chat_program, run_upstream_eval
+
+from rollout_ray import ChatHarness, EvalConfig, OpenAIModel, RolloutLimits, SimulatedModelConfig, SimulatedModelServer
+from rollout_ray._driver.driver import Driver
+from rollout_ray._hosting.local_executor import LocalExecutor
+from rollout_ray._record.arrow import table_to_traces
+from rollout_ray._verifiers import v1_taskset
+
+ENVS = pathlib.Path(__file__).parent / "envs"
+MODEL = SimulatedModelConfig(ttft=0)
+
+
+@pytest.fixture
+def envs_importable(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> pathlib.Path:
+    """The test tasksets importable by their loader ids (``v1-qa`` is the module ``v1_qa``),
+    as an installed environment is; upstream's runner offline."""
+    monkeypatch.syspath_prepend(str(ENVS))
+    monkeypatch.setenv("SIMULATED_API_KEY", "unused")  # the client's key variable must be set
+    offline_chat_program(monkeypatch, tmp_path / "verifiers-cache")
+    return tmp_path
+
+
+def _executor(kind: str, request: pytest.FixtureRequest) -> Any:
+    if kind == "local":
+        return LocalExecutor(runtime="local")
+    ray = request.getfixturevalue("ray_cluster")
+    from rollout_ray._ray.executor import RayExecutor
+
+    for name in ("v1_qa", "v1_hooks"):  # the workers do not have envs/ on their path
+        module = __import__(name)
+        ray.cloudpickle.register_pickle_by_value(module)
+    return RayExecutor(actors=1, runtime="local")
+
+
+def _outcome(trace: Any) -> dict[str, Any]:
+    """What must agree, of either side's trace (upstream's and ours read alike)."""
+    return {"ok": trace.ok, "stop": trace.stop_condition, "turns": trace.num_turns,
+            "rewards": {k: (r.score, r.weight) for k, r in trace.rewards.items()},
+            "metrics": dict(trace.metrics), "errors": [e.type for e in trace.errors]}
+
+
+def _both(taskset_id: str, out: pathlib.Path, kind: str, request: pytest.FixtureRequest) -> tuple[list[Any], list[Any]]:
+    tasks = v1_taskset(taskset_id).tasks()
+
+    async def ours() -> list[Any]:
+        async with SimulatedModelServer(MODEL) as server, OpenAIModel(server.base_url, name="simulated") as model, \
+                _executor(kind, request) as executor:
+            config = EvalConfig(sampling={"temperature": 0}, limits=RolloutLimits(max_turns=8))
+            result = await Driver(tasks, ChatHarness(), model, executor=executor, config=config).arun()
+        return sorted(table_to_traces(result.samples), key=lambda t: t.task.idx or 0)
+
+    async def theirs() -> list[Any]:
+        async with SimulatedModelServer(MODEL) as server:  # a fresh server: the same draws
+            return await run_upstream_eval(taskset_id, server.base_url, out)
+
+    return asyncio.run(ours()), asyncio.run(theirs())
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_a_qa_taskset_gives_what_verifiers_own_runner_gives_task_by_task(
+        envs_importable: pathlib.Path, kind: str, request: pytest.FixtureRequest) -> None:
+    ours, theirs = _both("v1-qa", envs_importable / "out", kind, request)
+    assert [t.task.idx for t in ours] == [t.task.data.idx for t in theirs] == list(range(6))
+    for mine, upstream in zip(ours, theirs):
+        assert _outcome(mine) == _outcome(upstream), mine.task.idx
+        assert mine.last_reply == upstream.last_reply and mine.task.key == upstream.task.key
+    assert {t.reward for t in ours} == {0.0, 2.0}  # right and wrong answers: the comparison could fail
+
+
+def test_stops_and_interceptors_give_what_verifiers_own_runner_gives_task_by_task(
+        envs_importable: pathlib.Path, request: pytest.FixtureRequest) -> None:
+    """Each row meets another hook: a request rewritten and its response rewritten; a
+    request stop (no turn); a response stop (its turn kept); none."""
+    ours, theirs = _both("v1-hooks", envs_importable / "out", "local", request)
+    assert [_outcome(t)["stop"] for t in theirs] == ["agent_completed", "asked_secret", "said_four", "agent_completed"]
+    for mine, upstream in zip(ours, theirs, strict=True):
+        assert _outcome(mine) == _outcome(upstream), mine.task.idx
+        assert mine.last_reply == upstream.last_reply
