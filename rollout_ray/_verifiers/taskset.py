@@ -26,9 +26,10 @@ def v1_taskset(ref: str, limit: int | None = None) -> types.ModuleType:
 
     Raises:
         ValueError: in one line: no ``Taskset`` in ``ref``, or a feature of it that is not
-            mapped yet (a harness of its own, shared toolsets, an infinite taskset without
+            mapped yet (a harness or an Env of its own, shared toolsets, an infinite taskset without
             ``limit``, or one of ``task.refuse_unmapped``'s).
     """
+    from verifiers.v1.env import Env
     from verifiers.v1.harness import Harness as UpstreamHarness
     from verifiers.v1.taskset import Taskset
 
@@ -44,6 +45,10 @@ def v1_taskset(ref: str, limit: int | None = None) -> types.ModuleType:
     if harnesses:
         raise ValueError(f"verifiers taskset {ref}: not mapped onto rollout_ray yet: it pairs its own harness "
                          f"({harnesses[0]}); only tasksets run by upstream's null (chat) harness are")
+    envs = [c.__name__ for c in exported if isinstance(c, type) and issubclass(c, Env) and c is not Env]
+    if envs:
+        raise ValueError(f"verifiers taskset {ref}: not mapped onto rollout_ray yet: it defines its own Env "
+                         f"({envs[0]}: multi-agent episodes); only tasksets run by upstream's single-agent env are")
     tasks = verifiers_tasks(cls(_config_type(cls)()), limit, name=ref)
     out = types.ModuleType(f"rollout_ray_verifiers_{cls.__name__}")
     out.__dict__.update(tasks=lambda: list(tasks), harness=ChatHarness)
@@ -76,9 +81,10 @@ def _config_type(cls: Any) -> Any:
 
 
 def _import(ref: str) -> types.ModuleType:
-    """A ``.py`` file by path, else a module, else an installed taskset id (``my-env`` is
-    the module ``my_env``, as upstream's loader reads it)."""
-    if ref.endswith(".py") or os.path.sep in ref:
+    """A ``.py`` file by path, else an installed taskset's id or module (``my-env`` and the
+    hub id ``owner/my-env@1.0`` are the module ``my_env``, as upstream's loader reads them)."""
+    # A hub id (``owner/name@version``) has a slash too: a path only if it is a file there.
+    if ref.endswith(".py") or (os.path.sep in ref and os.path.exists(ref)):
         if not os.path.exists(ref):
             raise ValueError(f"no such file: {ref}")
         name = "verifiers_taskset_" + os.path.splitext(os.path.basename(ref))[0]
