@@ -1,6 +1,7 @@
 """One verifiers v1 ``Task`` as ours: its row as our ``TaskData`` (the v1 fields we share
 mapped, its own fields kept), its ``@reward`` / ``@metric`` hooks scored by our rollout with
-the v1 row as ``task``, as upstream's ``Task.score`` calls them."""
+the v1 row as ``task``, as upstream's ``Task.score`` calls them, its toolsets as ours
+(``toolset.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pydantic import ConfigDict
 from .._core.hooks import Hook, HookKind
 from .._core.task import Task, TaskData
 from .boundary import as_our_hook, routing
+from .toolset import refusal as toolset_refusal
+from .toolset import toolset_class
 
 # Upstream TaskData fields whose default means "nothing asked": a row that sets one asks for
 # a feature this adapter does not map yet, and is refused rather than run without it.
@@ -47,6 +50,11 @@ class V1Task(Task):
     def key(self) -> str:
         return str(self.upstream.key)
 
+    def toolsets(self, config: Any) -> list[Any]:  # type: ignore[override]
+        """The v1 task's toolsets as ours, one set per rollout; made from the v1 task's own
+        config (upstream's ``toolsets`` reads it), not ours."""
+        return [toolset_class(type(t))(t) for t in type(self.upstream).toolsets(self.upstream.config)]
+
     def hooks(self, kind: HookKind) -> list[Hook]:
         if kind in ("stop", "intercept"):
             return [Hook(fn.__name__, as_our_hook(fn, self.routing[kind, fn.__name__], intercept=kind == "intercept"),
@@ -78,7 +86,7 @@ def refuse_unmapped(upstream: Any) -> None:
     for kind in ("stop", "intercept"):
         for fn in _boundary_hooks(upstream, kind):  # a wrong shape: upstream's TypeError, naming the hook
             hook_boundary(fn, allow_trace=kind == "stop")
-    reasons += ["it declares toolsets"] if cls.toolsets(upstream.config) else []
+    reasons += [r for r in map(toolset_refusal, cls.toolsets(upstream.config)) if r]
     reasons += ["it needs a container (NEEDS_CONTAINER)"] if cls.NEEDS_CONTAINER else []
     reasons += ["its config plugs judges"] if upstream.config.judges else []
     reasons += [f"its row sets {f}" for f, default in _UNMAPPED_DEFAULTS.items()

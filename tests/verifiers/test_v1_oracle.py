@@ -31,6 +31,7 @@ def envs_importable(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> 
     """The test tasksets importable by their loader ids (``v1-qa`` is the module ``v1_qa``),
     as an installed environment is; upstream's runner offline."""
     monkeypatch.syspath_prepend(str(ENVS))
+    monkeypatch.setenv("PYTHONPATH", str(ENVS))  # upstream serves a toolset as `python -m <its module>`
     monkeypatch.setenv("SIMULATED_API_KEY", "unused")  # the client's key variable must be set
     offline_chat_program(monkeypatch, tmp_path / "verifiers-cache")
     return tmp_path
@@ -42,7 +43,7 @@ def _executor(kind: str, request: pytest.FixtureRequest) -> Any:
     ray = request.getfixturevalue("ray_cluster")
     from rollout_ray._ray.executor import RayExecutor
 
-    for name in ("v1_qa", "v1_hooks"):  # the workers do not have envs/ on their path
+    for name in ("v1_qa", "v1_hooks", "v1_tools"):  # the workers do not have envs/ on their path
         module = __import__(name)
         ray.cloudpickle.register_pickle_by_value(module)
     return RayExecutor(actors=1, runtime="local")
@@ -91,4 +92,18 @@ def test_stops_and_interceptors_give_what_verifiers_own_runner_gives_task_by_tas
     assert [_outcome(t)["stop"] for t in theirs] == ["agent_completed", "asked_secret", "said_four", "agent_completed"]
     for mine, upstream in zip(ours, theirs, strict=True):
         assert _outcome(mine) == _outcome(upstream), mine.task.idx
+        assert mine.last_reply == upstream.last_reply
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_a_multi_turn_tool_taskset_gives_what_verifiers_own_runner_gives_task_by_task(
+        envs_importable: pathlib.Path, kind: str, request: pytest.FixtureRequest) -> None:
+    """Upstream serves the task's ``vf.Toolset`` over MCP in a process per rollout; ours
+    calls its ``@vf.tool`` methods in our tool server, offered under upstream's names
+    (``calc_add``): the model calls it, reports its result (wrong over 100), two turns."""
+    ours, theirs = _both("v1-tools", envs_importable / "out", kind, request)
+    assert [(t.num_turns, t.reward) for t in theirs] == [(2, 1.0), (2, 0.0), (2, 1.0), (2, 1.0)]
+    for mine, upstream in zip(ours, theirs, strict=True):
+        assert _outcome(mine) == _outcome(upstream), mine.task.idx
+        assert [c.name for c in mine.tool_calls] == ["calc_add"]
         assert mine.last_reply == upstream.last_reply

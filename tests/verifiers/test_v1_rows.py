@@ -61,3 +61,43 @@ def test_a_scorer_that_needs_the_runtime_is_refused() -> None:
     with pytest.raises(ValueError, match=r"^verifiers task Checks: not mapped onto rollout_ray yet: @reward "
                                          r"file_exists needs the runtime$"):
         V1Task(Checks(QA(prompt="2+2?", answer="4")))
+
+
+class _Counter(vf.State):
+    calls: int = 0
+
+
+class _CalcConfig(vf.ToolsetConfig):
+    pass
+
+
+class _Stateful(vf.Toolset[_CalcConfig, _Counter]):
+    @vf.tool
+    async def add(self, a: int, b: int) -> int:
+        self.state.calls += 1
+        return a + b
+
+
+class _PerTask(vf.Toolset[_CalcConfig]):
+    async def setup_task(self, task: object) -> None:
+        pass
+
+
+class _Remote(vf.Toolset[_CalcConfig]):
+    pass
+
+
+@pytest.mark.parametrize(("toolset", "reason"), [
+    (lambda: _Stateful(_CalcConfig()), r"its toolset _Stateful keeps State across calls \(needs the interception's "
+                                       r"/state route\)"),
+    (lambda: _PerTask(_CalcConfig()), r"its toolset _PerTask overrides setup_task\(\)"),
+    (lambda: _Remote(_CalcConfig(url="http://127.0.0.1:9/mcp")), "its toolset _Remote is a server at a url$"),
+])
+def test_a_toolset_we_cannot_serve_as_upstream_does_is_refused_in_one_line(toolset: object, reason: str) -> None:
+    class Tooled(vf.Task[QA]):
+        @classmethod
+        def toolsets(cls, config: vf.TaskConfig) -> list[vf.Toolset]:
+            return [toolset()]  # type: ignore[operator]
+
+    with pytest.raises(ValueError, match=rf"^verifiers task Tooled: not mapped onto rollout_ray yet: {reason}"):
+        V1Task(Tooled(QA(prompt="2+2?", answer="4")))
