@@ -15,14 +15,16 @@ from pydantic import ConfigDict
 from .._core.hooks import Hook, HookKind
 from .._core.task import Task, TaskData
 from .boundary import as_our_hook, routing
+from .runtime import v1_runtime
 from .toolset import refusal as toolset_refusal
 from .toolset import toolset_class
 
 # Upstream TaskData fields whose default means "nothing asked": a row that sets one asks for
 # a feature this adapter does not map yet, and is refused rather than run without it.
 _UNMAPPED_DEFAULTS: dict[str, Any] = {"workdir": None, "agent_user": None, "skills": [], "artifacts": []}
-# Task methods whose override needs upstream's Runtime API (files, programs in the box).
-_RUNTIME_METHODS = ("setup", "finalize", "stage_verifier")
+# Task methods whose override is not mapped: verifier staging after artifacts are restored
+# (no artifacts here).
+_RUNTIME_METHODS = ("stage_verifier",)
 
 
 class V1Data(TaskData):
@@ -49,6 +51,14 @@ class V1Task(Task):
     @property
     def key(self) -> str:
         return str(self.upstream.key)
+
+    async def setup(self, trace: Any, runtime: Any) -> None:
+        """The v1 task's ``setup`` with our trace (it reads as upstream's) and our runtime
+        with upstream's calls (``runtime.py``)."""
+        await self.upstream.setup(trace, v1_runtime(runtime))
+
+    async def finalize(self, trace: Any, runtime: Any) -> None:
+        await self.upstream.finalize(trace, v1_runtime(runtime))
 
     def toolsets(self, config: Any) -> list[Any]:  # type: ignore[override]
         """The v1 task's toolsets as ours, one set per rollout; made from the v1 task's own
@@ -81,7 +91,7 @@ def refuse_unmapped(upstream: Any) -> None:
     from verifiers.v1.task import Task as UpstreamTask
 
     cls, name = type(upstream), type(upstream).__name__
-    reasons = [f"it overrides {m}() (needs upstream's Runtime API)" for m in _RUNTIME_METHODS
+    reasons = [f"it overrides {m}() (no artifacts are restored here)" for m in _RUNTIME_METHODS
                if getattr(cls, m) is not getattr(UpstreamTask, m)]
     for kind in ("stop", "intercept"):
         for fn in _boundary_hooks(upstream, kind):  # a wrong shape: upstream's TypeError, naming the hook
@@ -93,8 +103,6 @@ def refuse_unmapped(upstream: Any) -> None:
                 if getattr(upstream.data, f, default) != default]
     reasons += [f"its row asks for resources ({upstream.data.resources})"] if upstream.data.resources.model_dump(
         exclude_none=True) else []
-    reasons += [f"@{kind} {fn.__name__} needs the runtime" for kind in ("reward", "metric")
-                for fn in upstream.hooks(kind) if "runtime" in inspect.signature(fn).parameters]
     if reasons:
         raise ValueError(f"verifiers task {name}: not mapped onto rollout_ray yet: {reasons[0]}")
 
@@ -129,6 +137,8 @@ def _with_v1_row(fn: Callable[..., Any], data: Any) -> Callable[..., Any]:
     def call(**available: Any) -> Any:
         if "task" in available:
             available["task"] = data
+        if "runtime" in available:
+            available["runtime"] = v1_runtime(available["runtime"])
         return fn(**available)
 
     call.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]

@@ -107,3 +107,13 @@ def test_a_multi_turn_tool_taskset_gives_what_verifiers_own_runner_gives_task_by
         assert _outcome(mine) == _outcome(upstream), mine.task.idx
         assert [c.name for c in mine.tool_calls] == ["calc_add"]
         assert mine.last_reply == upstream.last_reply
+
+
+def test_setup_finalize_and_runtime_scorers_give_what_verifiers_own_runner_gives_task_by_task(
+        envs_importable: pathlib.Path, request: pytest.FixtureRequest) -> None:
+    """The task's ``setup`` writes into the box, ``finalize`` runs a program there, a reward
+    and a metric read them back: upstream's subprocess runtime and our local one alike."""
+    ours, theirs = _both("v1-box", envs_importable / "out", "local", request)
+    assert [t.reward for t in theirs] == [1.0, 0.0, 1.0]
+    for mine, upstream in zip(ours, theirs, strict=True):
+        assert _outcome(mine) == _outcome(upstream), mine.task.idx

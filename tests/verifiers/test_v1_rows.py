@@ -3,10 +3,14 @@ is not mapped yet refused in one line (issue 31 §1)."""
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 import verifiers.v1 as vf
 
 from rollout_ray import RolloutTimeouts
+from rollout_ray._runtimes.local import LocalRuntime
+from rollout_ray._verifiers.runtime import V1Runtime
 from rollout_ray._verifiers.task import V1Task, adapter_class
 
 
@@ -52,15 +56,13 @@ def test_a_row_asking_for_what_is_not_mapped_is_refused_in_one_line(update: dict
         V1Task(upstream)
 
 
-def test_a_scorer_that_needs_the_runtime_is_refused() -> None:
-    class Checks(vf.Task[QA]):
-        @vf.reward
-        async def file_exists(self, runtime: object) -> float:
-            return 1.0
-
-    with pytest.raises(ValueError, match=r"^verifiers task Checks: not mapped onto rollout_ray yet: @reward "
-                                         r"file_exists needs the runtime$"):
-        V1Task(Checks(QA(prompt="2+2?", answer="4")))
+def test_upstream_runtime_calls_we_do_not_map_fail_naming_the_member(tmp_path: pathlib.Path) -> None:
+    """A v1 task's runtime here has upstream's run / read / write / alive; any other member
+    is an AttributeError that names it and says what there is."""
+    runtime = V1Runtime(LocalRuntime(root=str(tmp_path)))
+    with pytest.raises(AttributeError, match=r"^upstream Runtime.prepare_uv_script is not mapped onto rollout_ray's "
+                                             r"runtime; a v1 task here may call run, run_program, read, write and alive$"):
+        runtime.prepare_uv_script("print(1)")
 
 
 class _Counter(vf.State):
