@@ -46,6 +46,9 @@ class V1Task(Task):
         # cannot resolve its annotations (the names they use, such as ``vf``, stay behind).
         self.routing = {(kind, fn.__name__): routing(fn) for kind in ("stop", "intercept")
                         for fn in _boundary_hooks(upstream, kind)}
+        # Loaded here too (by plugin id, as upstream's Task.score loads them): an unknown id
+        # fails the task's construction, before anything runs.
+        self.judges = upstream.plugged_judges()
         super().__init__(_row(upstream.data))
 
     @property
@@ -70,9 +73,13 @@ class V1Task(Task):
             return [Hook(fn.__name__, as_our_hook(fn, self.routing[kind, fn.__name__], intercept=kind == "intercept"),
                          getattr(fn, f"{kind}_priority", 0))
                     for fn in _boundary_hooks(self.upstream, kind)]
-        return [Hook(fn.__name__, _with_v1_row(fn, self.upstream.data), getattr(fn, f"{kind}_priority", 0),
-                     float(getattr(fn, "_vf_weight", 1.0)))
-                for fn in self.upstream.hooks(kind)]
+        hooks = [Hook(fn.__name__, _with_v1_row(fn, self.upstream.data), getattr(fn, f"{kind}_priority", 0),
+                      float(getattr(fn, "_vf_weight", 1.0)))
+                 for fn in self.upstream.hooks(kind)]
+        if kind == "reward":  # plugged judges score as rewards after the task's own, as upstream's
+            hooks += [Hook(j.reward_name, _with_v1_row(j.score, self.upstream.data), -1 << 30, float(j.config.weight))
+                      for j in self.judges]
+        return hooks
 
 
 @functools.cache
@@ -98,7 +105,6 @@ def refuse_unmapped(upstream: Any) -> None:
             hook_boundary(fn, allow_trace=kind == "stop")
     reasons += [r for r in map(toolset_refusal, cls.toolsets(upstream.config)) if r]
     reasons += ["it needs a container (NEEDS_CONTAINER)"] if cls.NEEDS_CONTAINER else []
-    reasons += ["its config plugs judges"] if upstream.config.judges else []
     reasons += [f"its row sets {f}" for f, default in _UNMAPPED_DEFAULTS.items()
                 if getattr(upstream.data, f, default) != default]
     reasons += [f"its row asks for resources ({upstream.data.resources})"] if upstream.data.resources.model_dump(

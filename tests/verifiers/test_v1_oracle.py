@@ -10,6 +10,7 @@ weight), metrics, stop conditions, turn counts, ok and error types.
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
 from typing import Any
 
@@ -32,7 +33,8 @@ def envs_importable(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> 
     as an installed environment is; upstream's runner offline."""
     monkeypatch.syspath_prepend(str(ENVS))
     monkeypatch.setenv("PYTHONPATH", str(ENVS))  # upstream serves a toolset as `python -m <its module>`
-    monkeypatch.setenv("SIMULATED_API_KEY", "unused")  # the client's key variable must be set
+    monkeypatch.setenv("SIMULATED_API_KEY", "unused")
+    monkeypatch.setenv("SUM_JUDGE_URL", "")  # restored after the test; each side sets its own  # the client's key variable must be set
     offline_chat_program(monkeypatch, tmp_path / "verifiers-cache")
     return tmp_path
 
@@ -57,17 +59,21 @@ def _outcome(trace: Any) -> dict[str, Any]:
 
 
 def _both(taskset_id: str, out: pathlib.Path, kind: str, request: pytest.FixtureRequest) -> tuple[list[Any], list[Any]]:
-    tasks = v1_taskset(taskset_id).tasks()
+    """Our traces and upstream's, by row. Each side has its own simulated model, and its own
+    for a judge plugin to ask (``SUM_JUDGE_URL``, read when the taskset is made)."""
 
     async def ours() -> list[Any]:
-        async with SimulatedModelServer(MODEL) as server, OpenAIModel(server.base_url, name="simulated") as model, \
-                _executor(kind, request) as executor:
+        async with SimulatedModelServer(MODEL) as server, SimulatedModelServer(MODEL) as judge, \
+                OpenAIModel(server.base_url, name="simulated") as model, _executor(kind, request) as executor:
+            os.environ["SUM_JUDGE_URL"] = judge.base_url
+            tasks = v1_taskset(taskset_id).tasks()
             config = EvalConfig(sampling={"temperature": 0}, limits=RolloutLimits(max_turns=8))
             result = await Driver(tasks, ChatHarness(), model, executor=executor, config=config).arun()
         return sorted(table_to_traces(result.samples), key=lambda t: t.task.idx or 0)
 
     async def theirs() -> list[Any]:
-        async with SimulatedModelServer(MODEL) as server:  # a fresh server: the same draws
+        async with SimulatedModelServer(MODEL) as server, SimulatedModelServer(MODEL) as judge:
+            os.environ["SUM_JUDGE_URL"] = judge.base_url
             return await run_upstream_eval(taskset_id, server.base_url, out)
 
     return asyncio.run(ours()), asyncio.run(theirs())
@@ -117,3 +123,17 @@ def test_setup_finalize_and_runtime_scorers_give_what_verifiers_own_runner_gives
     assert [t.reward for t in theirs] == [1.0, 0.0, 1.0]
     for mine, upstream in zip(ours, theirs, strict=True):
         assert _outcome(mine) == _outcome(upstream), mine.task.idx
+
+
+def test_a_plugged_judge_with_stops_and_interceptors_gives_what_verifiers_own_runner_gives(
+        envs_importable: pathlib.Path, request: pytest.FixtureRequest) -> None:
+    """A judge plugin on the task's config (weight 0.5) asks its own model; an interceptor
+    makes one reply disagree with it; a response stop ends another rollout. Rewards (the
+    judge's under its plugin id), stops and the judge's usage match upstream's task by task."""
+    ours, theirs = _both("v1-judged", envs_importable / "out", "local", request)
+    assert [(t.stop_condition, t.rewards["v1-sum-judge"].score) for t in theirs] == [
+        ("agent_completed", 1.0), ("agent_completed", 0.0), ("said_ten", 1.0)]
+    for mine, upstream in zip(ours, theirs, strict=True):
+        assert _outcome(mine) == _outcome(upstream), mine.task.idx
+        assert [(u.prompt_tokens, u.completion_tokens) for u in mine.extra_usage] == \
+               [(u.prompt_tokens, u.completion_tokens) for u in upstream.extra_usage]
