@@ -34,14 +34,16 @@ def offline_chat_program(monkeypatch: pytest.MonkeyPatch, cache: pathlib.Path) -
     monkeypatch.setitem(runtime.SubprocessRuntime._interpreters, str(path), sys.executable)
 
 
-async def run_upstream_eval(taskset_id: str, base_url: str, out: pathlib.Path) -> list[Any]:
-    """One episode per task of ``taskset_id``, through upstream's eval runner with its
-    ``null`` harness (one chat, the task's tools), at temperature 0; its traces by row idx."""
+async def run_upstream_eval(taskset_id: str, base_url: str, out: pathlib.Path, harness: str = "null") -> list[Any]:
+    """One episode per task of ``taskset_id``, through upstream's eval runner with the
+    ``harness`` of that id (``null``: one chat, the task's tools; a program-harness taskset's
+    own id: the harness it exports), at temperature 0; its traces by row idx."""
     from verifiers.v1.cli.eval.runner import run_eval
     from verifiers.v1.configs.cli.eval import EvalConfig
 
     config = EvalConfig.model_validate({
-        "env": {"taskset": {"id": taskset_id}, "agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}},
+        "env": {"taskset": {"id": taskset_id},
+                "agent": {"harness": {"id": harness}, "runtime": {"type": "subprocess"}}},
         "model": "simulated", "client": {"base_url": base_url, "api_key_var": "SIMULATED_API_KEY"},
         "sampling": {"temperature": 0}, "push": False, "rich": None, "output_dir": str(out)})
     episodes = await run_eval(config)
