@@ -103,3 +103,47 @@ def test_a_toolset_we_cannot_serve_as_upstream_does_is_refused_in_one_line(tools
 
     with pytest.raises(ValueError, match=rf"^verifiers task Tooled: not mapped onto rollout_ray yet: {reason}"):
         V1Task(Tooled(QA(prompt="2+2?", answer="4")))
+
+
+def test_a_program_harness_with_task_toolsets_is_refused_in_one_line(tmp_path: pathlib.Path) -> None:
+    """Our proxy hands a v1 program harness no MCP servers: a taskset pairing one with tasks
+    that have toolsets would run without its tools, so it is refused before anything runs."""
+    from rollout_ray._verifiers import v1_taskset
+
+    source = tmp_path / "paired.py"
+    source.write_text('''
+import verifiers.v1 as vf
+
+
+class CalcConfig(vf.ToolsetConfig):
+    pass
+
+
+class Calc(vf.Toolset[CalcConfig]):
+    @vf.tool
+    async def add(self, a: int, b: int) -> int:
+        return a + b
+
+
+class ToolTask(vf.Task):
+    @classmethod
+    def toolsets(cls, config):
+        return [Calc(CalcConfig())]
+
+
+class Tools(vf.Taskset[ToolTask]):
+    def load(self):
+        yield ToolTask(vf.TaskData(prompt="What is 1 + 1?"), self.config.task)
+
+
+class Program(vf.Harness[vf.HarnessConfig]):
+    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data):
+        return vf.ProgramResult(0, "", "")
+
+
+__all__ = ["Tools", "Program"]
+''')
+    with pytest.raises(ValueError, match=r"^verifiers taskset .*paired\.py: not mapped onto rollout_ray yet: its tasks "
+                                         r"have toolsets and it pairs its own harness \(Program\), which would get no "
+                                         r"tools here$"):
+        v1_taskset(str(source))
