@@ -164,3 +164,20 @@ def test_a_program_harness_taskset_gives_what_verifiers_own_runner_gives_task_by
         (2, 1.0, []), (2, 0.0, []), (1, 0.0, ["HarnessError"])]
     for mine, upstream in zip(ours, theirs, strict=True):
         assert _outcome(mine) == _outcome(upstream), mine.task.idx
+
+
+# Upstream's SubprocessRuntime.run SIGKILLs the group of a program whose await was cancelled
+# (the deadline) but never waits for it: asyncio warns of its transport when it is collected.
+@pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_per_task_timeout_gives_what_verifiers_own_runner_gives_but_where_b27_differs(
+        envs_importable: pathlib.Path, request: pytest.FixtureRequest) -> None:
+    """A row's ``TaskTimeout(agent=1)`` bounds its program's segment on both sides (its
+    program hangs after one turn; the row without one completes alike). Where we differ on
+    purpose, B27 (docs/lifecycle.md): the expired deadline is a failure here (a typed
+    error, stop ``error``, not scored: B42), where verifiers 0.4.0 stops with
+    ``agent_timeout`` and scores the run."""
+    ours, theirs = _both("v1-slow", envs_importable / "out", "local", request, harness="v1-slow")
+    assert _outcome(ours[0]) == _outcome(theirs[0])
+    assert (theirs[1].ok, theirs[1].stop_condition, theirs[1].num_turns) == (True, "agent_timeout", 1)
+    assert (ours[1].ok, ours[1].stop_condition, ours[1].num_turns, ours[1].rewards) == (False, "error", 1, {})
+    assert [e.type for e in ours[1].errors] == ["HarnessError"] and "1" in ours[1].errors[0].message, ours[1].errors
