@@ -10,6 +10,7 @@ weight), metrics, stop conditions, turn counts, ok and error types.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import pathlib
 from typing import Any
@@ -167,7 +168,8 @@ def test_a_program_harness_taskset_gives_what_verifiers_own_runner_gives_task_by
 
 
 # Upstream's SubprocessRuntime.run SIGKILLs the group of a program whose await was cancelled
-# (the deadline) but never waits for it: asyncio warns of its transport when it is collected.
+# (the deadline) but never waits for it: asyncio warns of its transport when it is collected,
+# which this test makes happen inside itself (gc.collect), not in whichever test runs next.
 @pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_per_task_timeout_gives_what_verifiers_own_runner_gives_but_where_b27_differs(
         envs_importable: pathlib.Path, request: pytest.FixtureRequest) -> None:
@@ -177,6 +179,7 @@ def test_a_per_task_timeout_gives_what_verifiers_own_runner_gives_but_where_b27_
     error, stop ``error``, not scored: B42), where verifiers 0.4.0 stops with
     ``agent_timeout`` and scores the run."""
     ours, theirs = _both("v1-slow", envs_importable / "out", "local", request, harness="v1-slow")
+    gc.collect()
     assert _outcome(ours[0]) == _outcome(theirs[0])
     assert (theirs[1].ok, theirs[1].stop_condition, theirs[1].num_turns) == (True, "agent_timeout", 1)
     assert (ours[1].ok, ours[1].stop_condition, ours[1].num_turns, ours[1].rewards) == (False, "error", 1, {})
