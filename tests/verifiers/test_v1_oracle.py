@@ -13,6 +13,7 @@ import asyncio
 import gc
 import os
 import pathlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -36,16 +37,24 @@ def stop_condition_of(error_type: str) -> str:
 MODEL = SimulatedModelConfig(ttft=0)
 
 
+# Upstream's SubprocessRuntime SIGKILLs the programs it stops (a toolset's server at teardown,
+# a program past its deadline) but never waits for them: asyncio warns of their transports
+# when they are collected. Each test here collects them itself (``envs_importable``), under
+# this filter, so the warning cannot land in whichever test runs next.
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+
+
 @pytest.fixture
-def envs_importable(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> pathlib.Path:
+def envs_importable(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     """The test tasksets importable by their loader ids (``v1-qa`` is the module ``v1_qa``),
     as an installed environment is; upstream's runner offline."""
     monkeypatch.syspath_prepend(str(ENVS))
     monkeypatch.setenv("PYTHONPATH", str(ENVS))  # upstream serves a toolset as `python -m <its module>`
-    monkeypatch.setenv("SIMULATED_API_KEY", "unused")
-    monkeypatch.setenv("SUM_JUDGE_URL", "")  # restored after the test; each side sets its own  # the client's key variable must be set
+    monkeypatch.setenv("SIMULATED_API_KEY", "unused")  # the client's key variable must be set
+    monkeypatch.setenv("SUM_JUDGE_URL", "")  # restored after the test; each side sets its own
     offline_chat_program(monkeypatch, tmp_path / "verifiers-cache")
-    return tmp_path
+    yield tmp_path
+    gc.collect()
 
 
 def _executor(kind: str, request: pytest.FixtureRequest) -> Any:
@@ -167,10 +176,6 @@ def test_a_program_harness_taskset_gives_what_verifiers_own_runner_gives_task_by
         assert _outcome(mine) == _outcome(upstream), mine.task.idx
 
 
-# Upstream's SubprocessRuntime.run SIGKILLs the group of a program whose await was cancelled
-# (the deadline) but never waits for it: asyncio warns of its transport when it is collected,
-# which this test makes happen inside itself (gc.collect), not in whichever test runs next.
-@pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_per_task_timeout_gives_what_verifiers_own_runner_gives_but_where_b27_differs(
         envs_importable: pathlib.Path, request: pytest.FixtureRequest) -> None:
     """A row's ``TaskTimeout(agent=1)`` bounds its program's segment on both sides (its
@@ -179,7 +184,6 @@ def test_a_per_task_timeout_gives_what_verifiers_own_runner_gives_but_where_b27_
     error, stop ``error``, not scored: B42), where verifiers 0.4.0 stops with
     ``agent_timeout`` and scores the run."""
     ours, theirs = _both("v1-slow", envs_importable / "out", "local", request, harness="v1-slow")
-    gc.collect()
     assert _outcome(ours[0]) == _outcome(theirs[0])
     assert (theirs[1].ok, theirs[1].stop_condition, theirs[1].num_turns) == (True, "agent_timeout", 1)
     assert (ours[1].ok, ours[1].stop_condition, ours[1].num_turns, ours[1].rewards) == (False, "error", 1, {})
