@@ -1,6 +1,7 @@
 """One verifiers v1 ``Task`` as ours: its row as our ``TaskData`` (the v1 fields we share
 mapped, its own fields kept), its ``@reward`` / ``@metric`` hooks scored by our rollout with
-the v1 row as ``task``, as upstream's ``Task.score`` calls them."""
+the v1 row as ``task``, as upstream's ``Task.score`` calls them, its toolsets as ours
+(``toolset.py``)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ from pydantic import ConfigDict
 from .._core.hooks import Hook, HookKind
 from .._core.task import Task, TaskData
 from .boundary import as_our_hook, routing
+from .runtime import v1_runtime
+from .toolset import refusal as toolset_refusal
+from .toolset import toolset_class
 
 # Upstream TaskData fields whose default means "nothing asked": a row that sets one asks for
 # a feature this adapter does not map yet, and is refused rather than run without it.
 _UNMAPPED_DEFAULTS: dict[str, Any] = {"workdir": None, "agent_user": None, "skills": [], "artifacts": []}
-# Task methods whose override needs upstream's Runtime API (files, programs in the box).
-_RUNTIME_METHODS = ("setup", "finalize", "stage_verifier")
+# Task methods whose override is not mapped: verifier staging after artifacts are restored
+# (no artifacts here).
+_RUNTIME_METHODS = ("stage_verifier",)
 
 
 class V1Data(TaskData):
@@ -41,20 +46,40 @@ class V1Task(Task):
         # cannot resolve its annotations (the names they use, such as ``vf``, stay behind).
         self.routing = {(kind, fn.__name__): routing(fn) for kind in ("stop", "intercept")
                         for fn in _boundary_hooks(upstream, kind)}
+        # Loaded here too (by plugin id, as upstream's Task.score loads them): an unknown id
+        # fails the task's construction, before anything runs.
+        self.judges = upstream.plugged_judges()
         super().__init__(_row(upstream.data))
 
     @property
     def key(self) -> str:
         return str(self.upstream.key)
 
+    async def setup(self, trace: Any, runtime: Any) -> None:
+        """The v1 task's ``setup`` with our trace (it reads as upstream's) and our runtime
+        with upstream's calls (``runtime.py``)."""
+        await self.upstream.setup(trace, v1_runtime(runtime))
+
+    async def finalize(self, trace: Any, runtime: Any) -> None:
+        await self.upstream.finalize(trace, v1_runtime(runtime))
+
+    def toolsets(self, config: Any) -> list[Any]:  # type: ignore[override]
+        """The v1 task's toolsets as ours, one set per rollout; made from the v1 task's own
+        config (upstream's ``toolsets`` reads it), not ours."""
+        return [toolset_class(type(t))(t) for t in type(self.upstream).toolsets(self.upstream.config)]
+
     def hooks(self, kind: HookKind) -> list[Hook]:
         if kind in ("stop", "intercept"):
             return [Hook(fn.__name__, as_our_hook(fn, self.routing[kind, fn.__name__], intercept=kind == "intercept"),
                          getattr(fn, f"{kind}_priority", 0))
                     for fn in _boundary_hooks(self.upstream, kind)]
-        return [Hook(fn.__name__, _with_v1_row(fn, self.upstream.data), getattr(fn, f"{kind}_priority", 0),
-                     float(getattr(fn, "_vf_weight", 1.0)))
-                for fn in self.upstream.hooks(kind)]
+        hooks = [Hook(fn.__name__, _with_v1_row(fn, self.upstream.data), getattr(fn, f"{kind}_priority", 0),
+                      float(getattr(fn, "_vf_weight", 1.0)))
+                 for fn in self.upstream.hooks(kind)]
+        if kind == "reward":  # plugged judges score as rewards after the task's own, as upstream's
+            hooks += [Hook(j.reward_name, _with_v1_row(j.score, self.upstream.data), -1 << 30, float(j.config.weight))
+                      for j in self.judges]
+        return hooks
 
 
 @functools.cache
@@ -73,20 +98,17 @@ def refuse_unmapped(upstream: Any) -> None:
     from verifiers.v1.task import Task as UpstreamTask
 
     cls, name = type(upstream), type(upstream).__name__
-    reasons = [f"it overrides {m}() (needs upstream's Runtime API)" for m in _RUNTIME_METHODS
+    reasons = [f"it overrides {m}() (no artifacts are restored here)" for m in _RUNTIME_METHODS
                if getattr(cls, m) is not getattr(UpstreamTask, m)]
     for kind in ("stop", "intercept"):
         for fn in _boundary_hooks(upstream, kind):  # a wrong shape: upstream's TypeError, naming the hook
             hook_boundary(fn, allow_trace=kind == "stop")
-    reasons += ["it declares toolsets"] if cls.toolsets(upstream.config) else []
+    reasons += [r for r in map(toolset_refusal, cls.toolsets(upstream.config)) if r]
     reasons += ["it needs a container (NEEDS_CONTAINER)"] if cls.NEEDS_CONTAINER else []
-    reasons += ["its config plugs judges"] if upstream.config.judges else []
     reasons += [f"its row sets {f}" for f, default in _UNMAPPED_DEFAULTS.items()
                 if getattr(upstream.data, f, default) != default]
     reasons += [f"its row asks for resources ({upstream.data.resources})"] if upstream.data.resources.model_dump(
         exclude_none=True) else []
-    reasons += [f"@{kind} {fn.__name__} needs the runtime" for kind in ("reward", "metric")
-                for fn in upstream.hooks(kind) if "runtime" in inspect.signature(fn).parameters]
     if reasons:
         raise ValueError(f"verifiers task {name}: not mapped onto rollout_ray yet: {reasons[0]}")
 
@@ -121,6 +143,8 @@ def _with_v1_row(fn: Callable[..., Any], data: Any) -> Callable[..., Any]:
     def call(**available: Any) -> Any:
         if "task" in available:
             available["task"] = data
+        if "runtime" in available:
+            available["runtime"] = v1_runtime(available["runtime"])
         return fn(**available)
 
     call.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]

@@ -2,7 +2,9 @@
 
 The name is a ``.py`` file, a module, or an installed taskset's id: the module exports its
 ``Taskset`` subclass in ``__all__`` (upstream's plugin rule, ``load_taskset``). The tasks run
-with our ``ChatHarness``, as upstream's ``null`` harness runs them (one chat, no tools).
+with the ``Harness`` the module exports beside it (upstream's default pairing: a program
+harness, ``harness.py``), else with our ``ChatHarness``, as upstream's ``null`` harness runs
+them (one chat, the task's tools).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from .._core.task import Task
 from .._harnesses.chat import ChatHarness
+from .harness import V1Harness
 from .task import adapter_class
 
 
@@ -26,9 +29,10 @@ def v1_taskset(ref: str, limit: int | None = None) -> types.ModuleType:
 
     Raises:
         ValueError: in one line: no ``Taskset`` in ``ref``, or a feature of it that is not
-            mapped yet (a harness of its own, shared toolsets, an infinite taskset without
-            ``limit``, or one of ``task.refuse_unmapped``'s).
+            mapped yet (an Env of its own, shared toolsets, toolsets with its own harness, an
+            infinite taskset without ``limit``, or one of ``task.refuse_unmapped``'s).
     """
+    from verifiers.v1.env import Env
     from verifiers.v1.harness import Harness as UpstreamHarness
     from verifiers.v1.taskset import Taskset
 
@@ -39,14 +43,22 @@ def v1_taskset(ref: str, limit: int | None = None) -> types.ModuleType:
         raise ValueError(f"verifiers taskset {ref}: export exactly one Taskset subclass in __all__ "
                          f"(found {[c.__name__ for c in found]})")
     cls = found[0]
-    harnesses = [c.__name__ for c in exported if isinstance(c, type) and issubclass(c, UpstreamHarness)
+    harnesses = [c for c in exported if isinstance(c, type) and issubclass(c, UpstreamHarness)
                  and c is not UpstreamHarness]
-    if harnesses:
-        raise ValueError(f"verifiers taskset {ref}: not mapped onto rollout_ray yet: it pairs its own harness "
-                         f"({harnesses[0]}); only tasksets run by upstream's null (chat) harness are")
+    envs = [c.__name__ for c in exported if isinstance(c, type) and issubclass(c, Env) and c is not Env]
+    if envs:
+        raise ValueError(f"verifiers taskset {ref}: not mapped onto rollout_ray yet: it defines its own Env "
+                         f"({envs[0]}: multi-agent episodes); only tasksets run by upstream's single-agent env are")
     tasks = verifiers_tasks(cls(_config_type(cls)()), limit, name=ref)
+    harness: Any = ChatHarness
+    if harnesses:  # its own program harness, as upstream's loader pairs it (the taskset's id is its id)
+        if any(t.toolsets(t.config) for t in tasks):
+            raise ValueError(f"verifiers taskset {ref}: not mapped onto rollout_ray yet: its tasks have toolsets "
+                             f"and it pairs its own harness ({harnesses[0].__name__}), which would get no tools here")
+        upstream = harnesses[0](_config_type(harnesses[0], "harness").model_validate({"id": ref}))
+        harness = lambda: V1Harness(upstream)  # noqa: E731
     out = types.ModuleType(f"rollout_ray_verifiers_{cls.__name__}")
-    out.__dict__.update(tasks=lambda: list(tasks), harness=ChatHarness)
+    out.__dict__.update(tasks=lambda: list(tasks), harness=harness)
     return out
 
 
@@ -68,17 +80,20 @@ def verifiers_tasks(taskset: Any, limit: int | None = None, *, name: str | None 
     return [adapter_class(type(t))(t) for t in upstream]  # type: ignore[arg-type]  # a class is hashable; mypy's Hashable misses type[Any]  # every task refused or mapped before any runs
 
 
-def _config_type(cls: Any) -> Any:
+def _config_type(cls: Any, kind: str = "taskset") -> Any:
+    from verifiers.v1.configs.harness import HarnessConfig
     from verifiers.v1.configs.taskset import TasksetConfig
     from verifiers.v1.utils.generic import concrete_type
 
-    return concrete_type(cls, TasksetConfig) or TasksetConfig
+    base = TasksetConfig if kind == "taskset" else HarnessConfig
+    return concrete_type(cls, base) or base
 
 
 def _import(ref: str) -> types.ModuleType:
-    """A ``.py`` file by path, else a module, else an installed taskset id (``my-env`` is
-    the module ``my_env``, as upstream's loader reads it)."""
-    if ref.endswith(".py") or os.path.sep in ref:
+    """A ``.py`` file by path, else an installed taskset's id or module (``my-env`` and the
+    hub id ``owner/my-env@1.0`` are the module ``my_env``, as upstream's loader reads them)."""
+    # A hub id (``owner/name@version``) has a slash too: a path only if it is a file there.
+    if ref.endswith(".py") or (os.path.sep in ref and os.path.exists(ref)):
         if not os.path.exists(ref):
             raise ValueError(f"no such file: {ref}")
         name = "verifiers_taskset_" + os.path.splitext(os.path.basename(ref))[0]

@@ -3,10 +3,14 @@ is not mapped yet refused in one line (issue 31 §1)."""
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 import verifiers.v1 as vf
 
 from rollout_ray import RolloutTimeouts
+from rollout_ray._runtimes.local import LocalRuntime
+from rollout_ray._verifiers.runtime import V1Runtime
 from rollout_ray._verifiers.task import V1Task, adapter_class
 
 
@@ -52,12 +56,94 @@ def test_a_row_asking_for_what_is_not_mapped_is_refused_in_one_line(update: dict
         V1Task(upstream)
 
 
-def test_a_scorer_that_needs_the_runtime_is_refused() -> None:
-    class Checks(vf.Task[QA]):
-        @vf.reward
-        async def file_exists(self, runtime: object) -> float:
-            return 1.0
+def test_upstream_runtime_calls_we_do_not_map_fail_naming_the_member(tmp_path: pathlib.Path) -> None:
+    """A v1 task's runtime here has upstream's run / read / write / alive; any other member
+    is an AttributeError that names it and says what there is."""
+    runtime = V1Runtime(LocalRuntime(root=str(tmp_path)))
+    with pytest.raises(AttributeError, match=r"^upstream Runtime.prepare_uv_script is not mapped onto rollout_ray's "
+                                             r"runtime; a v1 task here may call run, run_program, read, write and alive$"):
+        runtime.prepare_uv_script("print(1)")
 
-    with pytest.raises(ValueError, match=r"^verifiers task Checks: not mapped onto rollout_ray yet: @reward "
-                                         r"file_exists needs the runtime$"):
-        V1Task(Checks(QA(prompt="2+2?", answer="4")))
+
+class _Counter(vf.State):
+    calls: int = 0
+
+
+class _CalcConfig(vf.ToolsetConfig):
+    pass
+
+
+class _Stateful(vf.Toolset[_CalcConfig, _Counter]):
+    @vf.tool
+    async def add(self, a: int, b: int) -> int:
+        self.state.calls += 1
+        return a + b
+
+
+class _PerTask(vf.Toolset[_CalcConfig]):
+    async def setup_task(self, task: object) -> None:
+        pass
+
+
+class _Remote(vf.Toolset[_CalcConfig]):
+    pass
+
+
+@pytest.mark.parametrize(("toolset", "reason"), [
+    (lambda: _Stateful(_CalcConfig()), r"its toolset _Stateful keeps State across calls \(needs the interception's "
+                                       r"/state route\)"),
+    (lambda: _PerTask(_CalcConfig()), r"its toolset _PerTask overrides setup_task\(\)"),
+    (lambda: _Remote(_CalcConfig(url="http://127.0.0.1:9/mcp")), "its toolset _Remote is a server at a url$"),
+])
+def test_a_toolset_we_cannot_serve_as_upstream_does_is_refused_in_one_line(toolset: object, reason: str) -> None:
+    class Tooled(vf.Task[QA]):
+        @classmethod
+        def toolsets(cls, config: vf.TaskConfig) -> list[vf.Toolset]:
+            return [toolset()]  # type: ignore[operator]
+
+    with pytest.raises(ValueError, match=rf"^verifiers task Tooled: not mapped onto rollout_ray yet: {reason}"):
+        V1Task(Tooled(QA(prompt="2+2?", answer="4")))
+
+
+def test_a_program_harness_with_task_toolsets_is_refused_in_one_line(tmp_path: pathlib.Path) -> None:
+    """Our proxy hands a v1 program harness no MCP servers: a taskset pairing one with tasks
+    that have toolsets would run without its tools, so it is refused before anything runs."""
+    from rollout_ray._verifiers import v1_taskset
+
+    source = tmp_path / "paired.py"
+    source.write_text('''
+import verifiers.v1 as vf
+
+
+class CalcConfig(vf.ToolsetConfig):
+    pass
+
+
+class Calc(vf.Toolset[CalcConfig]):
+    @vf.tool
+    async def add(self, a: int, b: int) -> int:
+        return a + b
+
+
+class ToolTask(vf.Task):
+    @classmethod
+    def toolsets(cls, config):
+        return [Calc(CalcConfig())]
+
+
+class Tools(vf.Taskset[ToolTask]):
+    def load(self):
+        yield ToolTask(vf.TaskData(prompt="What is 1 + 1?"), self.config.task)
+
+
+class Program(vf.Harness[vf.HarnessConfig]):
+    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data):
+        return vf.ProgramResult(0, "", "")
+
+
+__all__ = ["Tools", "Program"]
+''')
+    with pytest.raises(ValueError, match=r"^verifiers taskset .*paired\.py: not mapped onto rollout_ray yet: its tasks "
+                                         r"have toolsets and it pairs its own harness \(Program\), which would get no "
+                                         r"tools here$"):
+        v1_taskset(str(source))

@@ -170,8 +170,8 @@ def test_what_is_not_mapped_is_refused_before_anything_runs_in_one_line(
         cli.main(["eval", "--verifiers", REFUSED, "--executor", "local", "--out", str(out)])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "rollout-ray eval: error: verifiers task SetupTask: not mapped onto rollout_ray yet: it overrides setup() "
-        "(needs upstream's Runtime API)"]
+        "rollout-ray eval: error: verifiers task SetupTask: not mapped onto rollout_ray yet: it overrides "
+        "stage_verifier() (no artifacts are restored here)"]
     assert not out.exists()
 
 

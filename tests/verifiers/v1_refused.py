@@ -8,7 +8,7 @@ import verifiers.v1 as vf
 
 
 class SetupTask(vf.Task):
-    async def setup(self, trace: vf.Trace, runtime: vf.Runtime) -> None:
+    async def stage_verifier(self, trace: vf.Trace, runtime: vf.Runtime) -> None:
         await runtime.run(["touch", "ready"], {})
 
     @vf.reward
