@@ -6,14 +6,10 @@ durations) are what reports, the env finalize and resume read; the *conversation
 large and a reader skips them by selecting columns. ``table_to_traces`` decodes the ``trace``
 column only, so every Trace field survives the table whatever the scalar columns hold.
 
-The *token* columns (schema version 2) are the trace's training sequences
-(``tokens.token_sequences``), one list per sequence in each row: ``input_ids``
-(list<list<int32>>), ``loss_mask`` (list<list<int8>>), ``logprobs`` (list<list<float32>>),
-``token_branch`` (the branch of each sequence) and ``token_drift`` (the drifted turns). A row
-stays one rollout, so the table keeps its key; a rollout with one branch and no drift has one
-sequence. A rollout without token ids has nulls there. They count among the conversation
-columns, the large ones a reader of outcomes leaves out. A table of version 1 lacks them and
-is still read whole.
+The *token* columns (schema version 2; ``token_policy`` in version 4) are the trace's
+training sequences, one list per sequence in each row, built in ``token_columns.py``. They
+count among the conversation columns, the large ones a reader of outcomes leaves out. A table
+of version 1 lacks them and is still read whole.
 
 Schema version 3 appended ``attempts``: every attempt of the rollout's sample, oldest first,
 each with its number and its errors (list<struct<attempt, errors: list<struct<type,
@@ -41,7 +37,6 @@ the conversation has (one per ``token_branch`` value), and ``branch_reasons``
 from __future__ import annotations
 
 import gc
-import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -54,8 +49,9 @@ import pyarrow as pa
 
 from .._errors import SchemaMismatch
 from .branching import branch_reasons
+from .token_columns import POLICY_TOKEN_FIELD, TOKEN_COLUMNS, TOKEN_FIELDS, row_sequences, token_columns
 from .token_store import has_stored_ids, restore_rows, without_ids
-from .tokens import TokenSequence, has_tokens, policy_range, token_drift, token_sequences
+from .tokens import has_tokens, policy_range
 from .trace import ErrorRecord, Trace
 from .wire import wire_message
 
@@ -103,23 +99,15 @@ _SCALAR_FIELDS = [
     pa.field("finalize_s", pa.float64()),
     pa.field("scoring_s", pa.float64()),
 ]
-_TOKEN_FIELDS = [
-    pa.field("input_ids", pa.list_(pa.list_(pa.int32()))),
-    pa.field("loss_mask", pa.list_(pa.list_(pa.int8()))),
-    pa.field("logprobs", pa.list_(pa.list_(pa.float32()))),
-    pa.field("token_branch", pa.list_(pa.int32())),
-    pa.field("token_drift", pa.list_(pa.int32())),
-]
 _CONVERSATION_FIELDS = [
     pa.field("messages", pa.string()),
     pa.field("trace", pa.binary()),
-    *_TOKEN_FIELDS,
+    *TOKEN_FIELDS,
 ]
 _ERROR = pa.struct([pa.field("type", pa.string()), pa.field("message", pa.string())])
 _ATTEMPT = pa.struct([pa.field("attempt", pa.int32()), pa.field("errors", pa.list_(_ERROR))])
 _HISTORY_FIELDS = [pa.field("attempts", pa.list_(_ATTEMPT))]
-_POLICY_TOKEN_FIELD = pa.field("token_policy", pa.list_(pa.list_(pa.int32())))
-_POLICY_FIELDS = [_POLICY_TOKEN_FIELD, pa.field("policy_min", pa.int64()), pa.field("policy_max", pa.int64())]
+_POLICY_FIELDS = [POLICY_TOKEN_FIELD, pa.field("policy_min", pa.int64()), pa.field("policy_max", pa.int64())]
 _BRANCH_FIELDS = [pa.field("branches", pa.int32()), pa.field("branch_reasons", pa.list_(pa.string()))]
 
 TRACE_SCHEMA: pa.Schema = pa.schema(
@@ -131,10 +119,6 @@ TRACE_SCHEMA: pa.Schema = pa.schema(
 SCALAR_COLUMNS: tuple[str, ...] = tuple(f.name for f in _SCALAR_FIELDS)
 """The small columns of the first schema version: everything but the conversation (the
 policy range, appended later, is small too: ``POLICY_COLUMNS``)."""
-
-TOKEN_COLUMNS: tuple[str, ...] = (*(f.name for f in _TOKEN_FIELDS), _POLICY_TOKEN_FIELD.name)
-"""The training sequences of each rollout, and each id's policy version (null: it has no
-token ids)."""
 
 CONVERSATION_COLUMNS: tuple[str, ...] = ("messages", "trace", *TOKEN_COLUMNS)
 """The large columns: the last branch's messages (JSON), the whole trace (msgpack), the tokens."""
@@ -158,7 +142,6 @@ _ENCODER = msgspec.msgpack.Encoder()
 _JSON_ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Trace)
 
-log = logging.getLogger("rollout_ray")
 
 
 @dataclass(frozen=True)
@@ -230,7 +213,7 @@ def warm_arrow() -> None:
 def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
     """Convert many records at once, column by column, into a ``TRACE_SCHEMA`` table."""
     traces = [r.trace for r in records]
-    sequences = [_sequences(t) if has_tokens(t) else None for t in traces]
+    sequences = [row_sequences(t) if has_tokens(t) else None for t in traces]
     counts = [t.counts() for t in traces]
     history = [r.attempt_errors() for r in records]
     last_errors = [h[-1][-1] if h[-1] else None for h in history]
@@ -278,7 +261,7 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
         "scoring_s": [tm.scoring.duration for tm in timings],
         "messages": [_JSON_ENCODER.encode([wire_message(m) for m in t.messages]) for t in traces],
         "trace": [_ENCODER.encode(t if r is None else without_ids(t)) for t, r in zip(traces, sequences)],
-        **_token_columns(traces, sequences),
+        **token_columns(traces, sequences),
         "attempts": [_attempts_row(r.attempt, h) for r, h in zip(records, history)],
         "policy_min": [low for low, _ in ranges],
         "policy_max": [high for _, high in ranges],
@@ -294,48 +277,6 @@ def _attempts_row(attempt: int, history: list[list[ErrorRecord]]) -> list[dict[s
     first = attempt - len(history) + 1
     return [{"attempt": first + i, "errors": [{"type": e.type, "message": e.message} for e in errors]}
             for i, errors in enumerate(history)]
-
-
-def _token_columns(traces: Sequence[Trace], rows: list[list[TokenSequence] | None]) -> dict[str, pa.Array]:
-    """The token columns of ``traces``' sequences (``None``: the row's are null)."""
-    if all(r is None for r in rows):
-        return {f.name: pa.nulls(len(traces), f.type) for f in (*_TOKEN_FIELDS, _POLICY_TOKEN_FIELD)}
-    null = pa.array([r is None for r in rows])
-    outer = _offsets(len(r or ()) for r in rows)
-    sequences = [s for r in rows for s in r or ()]
-    inner = _offsets(len(s.input_ids) for s in sequences)
-
-    def nested(name: str, dtype: type) -> pa.Array:
-        parts: list[np.ndarray] = [np.asarray(getattr(s, name), dtype) for s in sequences]
-        values = np.concatenate(parts) if parts else np.empty(0, dtype)
-        return pa.ListArray.from_arrays(outer, pa.ListArray.from_arrays(inner, pa.array(values)), mask=null)
-
-    return {
-        "input_ids": nested("input_ids", np.int32),
-        "loss_mask": nested("loss_mask", np.int8),
-        "logprobs": nested("logprobs", np.float32),
-        "token_branch": pa.ListArray.from_arrays(outer, pa.array([s.branch for s in sequences], pa.int32()),
-                                                 mask=null),
-        "token_drift": pa.array([token_drift(t) if r is not None else None for t, r in zip(traces, rows)],
-                                pa.list_(pa.int32())),
-        "token_policy": pa.ListArray.from_arrays(
-            outer, pa.ListArray.from_arrays(inner, pa.array([v for s in sequences for v in s.policy], pa.int32())),
-            mask=null),
-    }
-
-
-def _sequences(trace: Trace) -> list[TokenSequence] | None:
-    try:
-        return token_sequences(trace)
-    except ValueError as e:  # one bad record must not cost the batch its table
-        log.warning("rollout=%s token columns left null: %s", trace.id, e)
-        return None
-
-
-def _offsets(sizes: Iterable[int]) -> pa.Array:
-    offsets = np.zeros(1, np.int32)
-    counts = np.fromiter(sizes, np.int64)
-    return pa.array(np.concatenate([offsets, np.cumsum(counts)]).astype(np.int32))
 
 
 def _to_array(values: pa.Array | list[Any], type_: pa.DataType) -> pa.Array:
