@@ -2,7 +2,7 @@
 
 Every model request of a rollout goes through ``chat``:
 
-    released? stopped? → admission → limits → trace @stops → request @intercepts → request @stops
+    released? stopped? → limit reservation → limits → trace @stops → request @intercepts → request @stops
     → policy gate (waits while paused) → the fields that go upstream → model call (continued
     across interrupts) → response @intercepts → response @stops → commit the turn with its usage
 
@@ -55,9 +55,9 @@ from .._record.messages import (
 )
 from .._record.tokens import branch_prefix, record_tokens
 from .._record.trace import ErrorRecord, InterceptRecord, ModelCall, TimeSpan, Trace
-from .admission import Admission
 from .generation import generate
 from .hooks import Hook, call_by_type, resolve
+from .limit_reservations import LimitReservations
 from .limits import RolloutLimits
 from .model import SESSION_ID, Model
 from .policy_gate import PolicyGate, process_gate
@@ -124,11 +124,11 @@ class RolloutSession:
         self.error: RolloutError | None = None
         """The latest model, tool or hook failure, stashed for the rollout (B30, B31)."""
         self.released = False
-        # Through a weak proxy: a session and its admission in a reference cycle would outlive
+        # Through a weak proxy: a session and its reservations in a reference cycle would outlive
         # the rollout until a full garbage collection (the largest GC cost per rollout).
         me = weakref.proxy(self)
-        self.admission = Admission(self.limits, lambda: me.trace.num_turns, lambda: me._check_open())
-        """Requests in flight count against the limits (see ``_core/admission``)."""
+        self.reservations = LimitReservations(self.limits, lambda: me.trace.num_turns, lambda: me._check_open())
+        """Requests in flight count against the limits (see ``_core/limit_reservations``)."""
         self.prepared: set[bytes] = set()
         """Hashes of user turns already rewritten by ``prepare_users`` (not intercepted again)."""
         self.calling: list[ModelCall] = []
@@ -141,7 +141,7 @@ class RolloutSession:
     def release(self) -> None:
         """Seal the session: no later request is answered or committed."""
         self.released = True
-        self.admission.wake()
+        self.reservations.wake()
 
     # -- the model route --------------------------------------------------------------------
 
@@ -163,7 +163,7 @@ class RolloutSession:
                 (``ProviderError``); both are stashed in ``error`` first.
         """
         self._check_open()
-        async with self.admission.admitted():
+        async with self.reservations.admitted():
             await self.refused()
             request, stop_name = await self._guarded(self.rewrite_request(request))
             if stop_name is not None:
