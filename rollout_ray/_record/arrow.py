@@ -49,11 +49,11 @@ import pyarrow as pa
 
 from .._errors import SchemaMismatch
 from .branching import branch_reasons
+from .openai_codec import wire_message
 from .token_columns import POLICY_TOKEN_FIELD, TOKEN_COLUMNS, TOKEN_FIELDS, row_sequences, token_columns
 from .token_store import has_stored_ids, restore_rows, without_ids
 from .tokens import has_tokens, policy_range
 from .trace import ErrorRecord, Trace
-from .wire import wire_message
 
 # WARNING: the schema evolves by appending columns at the end of TRACE_SCHEMA, never by
 # retyping, renaming or reordering one. Bump only for an incompatible change: a reader refuses
