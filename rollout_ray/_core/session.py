@@ -10,7 +10,7 @@ The fields that go upstream (``_core/upstream_fields``): the operator's ``sampli
 harness's allowed fields, the reply's length clamped to the rollout's token budget left; the
 rest is dropped and recorded on the call (``ModelCall.dropped``). The model call
 (``_core/generation``) may be interrupted by a weight update and continued from its partial
-output; the model is told the token ids the branch already has (``tokens.branch_prefix``) so
+output; the model is told the token ids the branch already has (``_core/token_prefix``) so
 a token-in client builds the prompt from them.
 
 A refusal raises ``TurnRefused`` (HTTP 400 ``rollout stopped: <name>``) and stops the trace;
@@ -41,19 +41,17 @@ from .._errors import (
     TurnRefused,
     UpstreamError,
 )
-from .._record.branching import tools_digest
-from .._record.graph import ConversationGraph, path_to
+from .._record.graph import ConversationGraph
 from .._record.messages import (
     AssistantMessage,
     Message,
     Request,
     Response,
-    Tool,
     ToolMessage,
     UserMessage,
     message_hash,
 )
-from .._record.tokens import branch_prefix, record_tokens
+from .._record.tokens import record_tokens
 from .._record.trace import ErrorRecord, InterceptRecord, ModelCall, TimeSpan, Trace
 from .generation import generate
 from .hooks import Hook, call_by_type, resolve
@@ -62,6 +60,7 @@ from .limits import RolloutLimits
 from .model import SESSION_ID, Model
 from .policy_gate import PolicyGate, process_gate
 from .sampling import SAMPLING_FIELDS
+from .token_prefix import TokenPrefix
 from .upstream_fields import upstream_fields
 
 _CODEC_ENCODER = msgspec.msgpack.Encoder()
@@ -120,7 +119,8 @@ class RolloutSession:
         self.sampling = dict(sampling or {})
         self.policy = policy or process_gate()
         self.graph = ConversationGraph(trace)
-        self._digests: list[tuple[list[Tool], str | None]] = []  # the last tool sets seen, newest first
+        self.token_prefix = TokenPrefix(trace, self.graph)
+        """The ids a request's branch already has, told to a token-in model (``_core/token_prefix``)."""
         self.error: RolloutError | None = None
         """The latest model, tool or hook failure, stashed for the rollout (B30, B31)."""
         self.released = False
@@ -191,7 +191,7 @@ class RolloutSession:
             time=TimeSpan(start=time.time()),
             policy=policy.version,  # the server's own stamp, if any, replaces it (record_tokens)
             dropped=dropped or None,
-            tools_digest=self._tools_digest(request.tools),
+            tools_digest=self.token_prefix.digest(request.tools),
         )
         self.calling.append(call)
         try:
@@ -234,7 +234,7 @@ class RolloutSession:
         token = SESSION_ID.set(self.trace.id)
         try:
             return await generate(self.model, request, name=self.model_name, sampling=sampling, policy=self.policy,
-                                  call=call, prefix=self._prefix(request, call.tools_digest), check_open=self._check_open)
+                                  call=call, prefix=self.token_prefix.prefix(request, call.tools_digest), check_open=self._check_open)
         except (RolloutError, Refusal):
             raise
         except Exception as e:
@@ -249,22 +249,6 @@ class RolloutSession:
         except RolloutError as e:
             self.error = e
             raise
-
-    def _prefix(self, request: Request, tools: str | None) -> tuple[list[int] | None, int]:
-        """The ids the request's branch already has, and how many of its messages they hold;
-        none when the tools differ from those of the turn the ids end with (the prompt lists
-        them; a sub-agent's calls in between, with tools of their own, change nothing here)."""
-        parent, _ = self.graph.resolve(request.messages)
-        if parent is None:
-            return None, 0
-        ids, held = branch_prefix(self.trace, path := path_to(self.trace, parent))
-        if ids is None:
-            return None, 0
-        turn = path[held - 1]
-        call = next((c for c in reversed(self.trace.calls) if c.node == turn), None)
-        if call is None or call.tools_digest != tools:
-            return None, 0
-        return ids, held
 
     def _tokens_left(self) -> int | None:
         """Completion tokens the rollout's token caps still allow (``None``: no cap)."""
@@ -281,21 +265,6 @@ class RolloutSession:
             raise SessionConcluded()
         if self.trace.stopped:
             raise TurnRefused(self.trace.stop_condition or "stopped")
-
-    def _tools_digest(self, tools: list[Tool] | None) -> str | None:
-        """``tools_digest(tools)``, remembered for the last few tool sets: an agent sends the
-        same tools at every turn, and digesting Claude Code's (~76 KB of JSON) costs ~0.27 ms
-        where comparing them costs ~1 us; a few, as a sub-agent's calls interleave."""
-        if not tools:
-            return None
-        for k, (seen, digest) in enumerate(self._digests):
-            if seen == tools:
-                if k:
-                    self._digests.insert(0, self._digests.pop(k))
-                return digest
-        digest = tools_digest(tools)
-        self._digests = [(list(tools), digest), *self._digests[:3]]
-        return digest
 
     def _record_tools(self, request: Request) -> None:
         if request.tools:
