@@ -24,7 +24,7 @@ from .._runtimes.host import runtime_kind
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
 from .._simulated.server import SimulatedModelServer
-from .progress import ProgressDisplay
+from .progress_display import ProgressDisplay
 
 
 def version() -> str:

@@ -2,7 +2,7 @@
 
 Every model request of a rollout goes through ``chat``:
 
-    released? stopped? → admission → limits → trace @stops → request @intercepts → request @stops
+    released? stopped? → limit reservation → limits → trace @stops → request @intercepts → request @stops
     → policy gate (waits while paused) → the fields that go upstream → model call (continued
     across interrupts) → response @intercepts → response @stops → commit the turn with its usage
 
@@ -10,14 +10,15 @@ The fields that go upstream (``_core/upstream_fields``): the operator's ``sampli
 harness's allowed fields, the reply's length clamped to the rollout's token budget left; the
 rest is dropped and recorded on the call (``ModelCall.dropped``). The model call
 (``_core/generation``) may be interrupted by a weight update and continued from its partial
-output; the model is told the token ids the branch already has (``tokens.branch_prefix``) so
+output; the model is told the token ids the branch already has (``_core/token_prefix``) so
 a token-in client builds the prompt from them.
 
 A refusal raises ``TurnRefused`` (HTTP 400 ``rollout stopped: <name>``) and stops the trace;
 a released session raises ``SessionConcluded`` (409) and never commits a late turn. Failures
 of hooks and of the provider are *stashed* in ``error`` before being raised, so the rollout
 can prefer them over the harness's own exit (B30, B31). The HTTP proxy (a later layer) only
-adapts this object to the wire; in-process harnesses call it directly.
+adapts this object to the wire; in-process harnesses call it directly. The hooks of each side
+(``@intercept`` and ``@stop`` on requests and responses) run in ``_core/turn_hooks``.
 
 The session is confined to one event loop and is its trace's only writer while the rollout
 runs; concurrent requests of one rollout interleave only at ``await`` points.
@@ -30,8 +31,6 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
-
 from .._errors import (
     OverlongPromptError,
     Refusal,
@@ -41,43 +40,23 @@ from .._errors import (
     TurnRefused,
     UpstreamError,
 )
-from .._record.branching import tools_digest
-from .._record.graph import ConversationGraph, path_to
-from .._record.messages import (
-    AssistantMessage,
-    Message,
-    Request,
-    Response,
-    Tool,
-    ToolMessage,
-    UserMessage,
-    message_hash,
-)
-from .._record.tokens import branch_prefix, record_tokens
-from .._record.trace import ErrorRecord, InterceptRecord, ModelCall, TimeSpan, Trace
-from .admission import Admission
+from .._record.graph import ConversationGraph
+from .._record.messages import Request, Response
+from .._record.tokens import record_tokens
+from .._record.trace import ErrorRecord, ModelCall, TimeSpan, Trace
 from .generation import generate
 from .hooks import Hook, call_by_type, resolve
+from .limit_reservations import LimitReservations
 from .limits import RolloutLimits
 from .model import SESSION_ID, Model
 from .policy_gate import PolicyGate, process_gate
 from .sampling import SAMPLING_FIELDS
+from .token_prefix import TokenPrefix
+from .turn_hooks import TurnHooks
 from .upstream_fields import upstream_fields
 
-_CODEC_ENCODER = msgspec.msgpack.Encoder()
-_REQUEST_DECODER = msgspec.msgpack.Decoder(Request)
-_RESPONSE_DECODER = msgspec.msgpack.Decoder(Response)
 
-
-def _copy_request(request: Request) -> Request:
-    return _REQUEST_DECODER.decode(_CODEC_ENCODER.encode(request))
-
-
-def _copy_response(response: Response) -> Response:
-    return _RESPONSE_DECODER.decode(_CODEC_ENCODER.encode(response))
-
-
-class RolloutSession:
+class RolloutSession(TurnHooks):
     """The model boundary of one rollout.
 
     Args:
@@ -120,15 +99,16 @@ class RolloutSession:
         self.sampling = dict(sampling or {})
         self.policy = policy or process_gate()
         self.graph = ConversationGraph(trace)
-        self._digests: list[tuple[list[Tool], str | None]] = []  # the last tool sets seen, newest first
+        self.token_prefix = TokenPrefix(trace, self.graph)
+        """The ids a request's branch already has, told to a token-in model (``_core/token_prefix``)."""
         self.error: RolloutError | None = None
         """The latest model, tool or hook failure, stashed for the rollout (B30, B31)."""
         self.released = False
-        # Through a weak proxy: a session and its admission in a reference cycle would outlive
+        # Through a weak proxy: a session and its reservations in a reference cycle would outlive
         # the rollout until a full garbage collection (the largest GC cost per rollout).
         me = weakref.proxy(self)
-        self.admission = Admission(self.limits, lambda: me.trace.num_turns, lambda: me._check_open())
-        """Requests in flight count against the limits (see ``_core/admission``)."""
+        self.reservations = LimitReservations(self.limits, lambda: me.trace.num_turns, lambda: me._check_open())
+        """Requests in flight count against the limits (see ``_core/limit_reservations``)."""
         self.prepared: set[bytes] = set()
         """Hashes of user turns already rewritten by ``prepare_users`` (not intercepted again)."""
         self.calling: list[ModelCall] = []
@@ -141,7 +121,7 @@ class RolloutSession:
     def release(self) -> None:
         """Seal the session: no later request is answered or committed."""
         self.released = True
-        self.admission.wake()
+        self.reservations.wake()
 
     # -- the model route --------------------------------------------------------------------
 
@@ -163,7 +143,7 @@ class RolloutSession:
                 (``ProviderError``); both are stashed in ``error`` first.
         """
         self._check_open()
-        async with self.admission.admitted():
+        async with self.reservations.admitted():
             await self.refused()
             request, stop_name = await self._guarded(self.rewrite_request(request))
             if stop_name is not None:
@@ -191,7 +171,7 @@ class RolloutSession:
             time=TimeSpan(start=time.time()),
             policy=policy.version,  # the server's own stamp, if any, replaces it (record_tokens)
             dropped=dropped or None,
-            tools_digest=self._tools_digest(request.tools),
+            tools_digest=self.token_prefix.digest(request.tools),
         )
         self.calling.append(call)
         try:
@@ -210,7 +190,7 @@ class RolloutSession:
             if stop_name is not None:
                 self.trace.stop(stop_name)
                 raise TurnRefused(stop_name)
-            return response  # type: ignore[no-any-return]
+            return response
         except OverlongPromptError as e:
             call.error = ErrorRecord.from_exception(e)
             self.trace.stop("context_length")
@@ -234,7 +214,7 @@ class RolloutSession:
         token = SESSION_ID.set(self.trace.id)
         try:
             return await generate(self.model, request, name=self.model_name, sampling=sampling, policy=self.policy,
-                                  call=call, prefix=self._prefix(request, call.tools_digest), check_open=self._check_open)
+                                  call=call, prefix=self.token_prefix.prefix(request, call.tools_digest), check_open=self._check_open)
         except (RolloutError, Refusal):
             raise
         except Exception as e:
@@ -249,22 +229,6 @@ class RolloutSession:
         except RolloutError as e:
             self.error = e
             raise
-
-    def _prefix(self, request: Request, tools: str | None) -> tuple[list[int] | None, int]:
-        """The ids the request's branch already has, and how many of its messages they hold;
-        none when the tools differ from those of the turn the ids end with (the prompt lists
-        them; a sub-agent's calls in between, with tools of their own, change nothing here)."""
-        parent, _ = self.graph.resolve(request.messages)
-        if parent is None:
-            return None, 0
-        ids, held = branch_prefix(self.trace, path := path_to(self.trace, parent))
-        if ids is None:
-            return None, 0
-        turn = path[held - 1]
-        call = next((c for c in reversed(self.trace.calls) if c.node == turn), None)
-        if call is None or call.tools_digest != tools:
-            return None, 0
-        return ids, held
 
     def _tokens_left(self) -> int | None:
         """Completion tokens the rollout's token caps still allow (``None``: no cap)."""
@@ -281,21 +245,6 @@ class RolloutSession:
             raise SessionConcluded()
         if self.trace.stopped:
             raise TurnRefused(self.trace.stop_condition or "stopped")
-
-    def _tools_digest(self, tools: list[Tool] | None) -> str | None:
-        """``tools_digest(tools)``, remembered for the last few tool sets: an agent sends the
-        same tools at every turn, and digesting Claude Code's (~76 KB of JSON) costs ~0.27 ms
-        where comparing them costs ~1 us; a few, as a sub-agent's calls interleave."""
-        if not tools:
-            return None
-        for k, (seen, digest) in enumerate(self._digests):
-            if seen == tools:
-                if k:
-                    self._digests.insert(0, self._digests.pop(k))
-                return digest
-        digest = tools_digest(tools)
-        self._digests = [(list(tools), digest), *self._digests[:3]]
-        return digest
 
     def _record_tools(self, request: Request) -> None:
         if request.tools:
@@ -328,151 +277,3 @@ class RolloutSession:
             if result:
                 self.trace.stop(hook.name)
                 raise TurnRefused(hook.name)
-
-    # -- request side -----------------------------------------------------------------------
-
-    async def prepare_users(self, request: Request) -> Request:
-        """Rewrite a caller's new user turns with the request interceptors only (no stops).
-
-        The rewritten messages are remembered, so that when the harness later sends them to
-        the model they are not intercepted a second time (B15, B25, B37).
-        """
-        request, records = await self._intercept(request)
-        self.trace.request_rewrites.extend(records)
-        _, matched = self.graph.resolve(request.messages)
-        for message in request.messages[matched:]:
-            if isinstance(message, UserMessage):
-                self.prepared.add(message_hash(message))
-        return request
-
-    async def rewrite_request(self, request: Request) -> tuple[Request, str | None]:
-        """Run request interceptors, then request stops; returns the request and a stop name."""
-        request, records = await self._intercept(request)
-        self.trace.request_rewrites.extend(records)
-        for hook in self.request_stops:
-            fired = await self._run_request_hook(
-                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(request), Trace: self.trace})  # noqa: B023 - awaited in this iteration
-            )
-            if not isinstance(fired, bool):
-                raise TaskError(
-                    "request interception failed: TypeError: "
-                    f"@stop must return bool, got {type(fired).__name__}"
-                )
-            if fired:
-                return request, hook.name
-        return request, None
-
-    async def _intercept(self, request: Request) -> tuple[Request, list[InterceptRecord]]:
-        records: list[InterceptRecord] = []
-        if not self.request_interceptors:
-            return request, records
-        _, matched = self.graph.resolve(request.messages)
-        if not any(self._rewritable(m) for m in request.messages[matched:]):
-            # Nothing new to rewrite (e.g. prompt turns already rewritten at open): the
-            # interceptors are not applied a second time.
-            return request, records
-        for hook in self.request_interceptors:
-            current = request
-            result = await self._run_request_hook(
-                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(current), Trace: self.trace})  # noqa: B023 - awaited in this iteration
-            )
-            if result is None:
-                continue
-            try:
-                self._validate_request(request, result, matched)
-            except (TypeError, ValueError) as e:
-                raise TaskError(f"request interception failed: {type(e).__name__}: {e}") from e
-            if result != request:
-                request = result
-                records.append(InterceptRecord(hook.name))
-        return request, records
-
-    @staticmethod
-    async def _run_request_hook(hook: Hook, call: Any) -> Any:
-        try:
-            return await resolve(call())
-        except RolloutError:
-            raise
-        except Exception as e:
-            raise TaskError(f"request interception failed: {type(e).__name__}: {e}") from e
-
-    def _validate_request(self, before: Request, after: object, matched: int) -> None:
-        if not isinstance(after, Request):
-            raise TypeError(f"interceptor must return a Request or None, got {type(after).__name__}")
-        if len(after.messages) != len(before.messages):
-            raise ValueError("cannot add or remove messages")
-        if after.tools != before.tools:
-            raise ValueError("cannot rewrite tools")
-        for i, (old, new) in enumerate(zip(before.messages, after.messages, strict=True)):
-            if old == new:
-                continue
-            if i < matched or not self._rewritable(old):
-                raise ValueError("can only rewrite new user or tool messages")
-            if type(new) is not type(old):
-                raise TypeError("cannot change a message's type")
-            if isinstance(old, ToolMessage) and new.tool_call_id != old.tool_call_id:  # type: ignore[union-attr]
-                raise ValueError("cannot change a tool message's tool_call_id")
-
-    def _rewritable(self, message: Message) -> bool:
-        """A user or tool message not already rewritten by ``prepare_users``."""
-        return (
-            isinstance(message, UserMessage | ToolMessage)
-            and message_hash(message) not in self.prepared
-        )
-
-    def _consume_prepared(self, messages: Sequence[Message]) -> None:
-        for message in messages:
-            self.prepared.discard(message_hash(message))
-
-    # -- response side ----------------------------------------------------------------------
-
-    async def _rewrite_response(
-        self, response: Response
-    ) -> tuple[Response, list[InterceptRecord], str | None]:
-        records: list[InterceptRecord] = []
-        for hook in self.response_interceptors:
-            current = response
-            result = await self._run_response_hook(
-                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(current), Trace: self.trace})  # noqa: B023 - awaited in this iteration
-            )
-            if result is None or result == response:
-                continue
-            try:
-                _validate_response(response, result)
-            except (TypeError, ValueError) as e:
-                raise TaskError(f"response interception failed: {type(e).__name__}: {e}") from e
-            response = msgspec.structs.replace(result, finish_reason="stop")
-            records.append(InterceptRecord(hook.name))
-        for hook in self.response_stops:
-            fired = await self._run_response_hook(
-                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(response), Trace: self.trace})  # noqa: B023 - awaited in this iteration
-            )
-            if not isinstance(fired, bool):
-                raise TaskError(
-                    "response interception failed: TypeError: "
-                    f"@stop must return bool, got {type(fired).__name__}"
-                )
-            if fired:
-                return response, records, hook.name
-        return response, records, None
-
-    @staticmethod
-    async def _run_response_hook(hook: Hook, call: Any) -> Any:
-        try:
-            return await resolve(call())
-        except RolloutError:
-            raise
-        except Exception as e:
-            raise TaskError(f"response interception failed: {type(e).__name__}: {e}") from e
-
-
-def _validate_response(before: Response, after: object) -> None:
-    if not isinstance(after, Response):
-        raise TypeError(f"interceptor must return a Response or None, got {type(after).__name__}")
-    if msgspec.structs.replace(after, message=before.message, finish_reason=before.finish_reason) != before:
-        raise ValueError("can only replace the assistant message")
-    message = after.message
-    if not isinstance(message, AssistantMessage) or (
-        message.reasoning_content is not None or message.tool_calls
-    ):
-        raise ValueError("must return an inert text-only message")

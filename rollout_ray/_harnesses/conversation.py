@@ -10,7 +10,7 @@ import msgspec
 from .._core.harness import HarnessContext
 from .._record.agents import agent_messages
 from .._record.messages import Message, SystemMessage, UserMessage
-from .._record.wire import wire_message
+from .._record.openai_codec import wire_message
 
 
 def wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ import aiohttp
 from .._core.harness import HarnessContext
 from .._core.runtime import ProgramResult
 from .._errors import WireError
-from .._record.wire_stream import StreamAssembler
+from .._record.openai_stream import StreamAssembler
 from .conversation import wire_messages
 
 _STOPPED = "rollout stopped:"

@@ -4,16 +4,13 @@ A row is one rollout. The *scalar* columns (ids, outcome, reward, token counts, 
 durations) are what reports, the env finalize and resume read; the *conversation* columns
 (``messages`` as JSON and ``trace`` as the msgpack of the whole Trace, the lossless copy) are
 large and a reader skips them by selecting columns. ``table_to_traces`` decodes the ``trace``
-column only, so every Trace field survives the table whatever the scalar columns hold.
+column only, so every Trace field survives the table whatever the scalar columns hold. The
+schema itself and the check a reader makes are in ``trace_schema.py``, re-exported here.
 
-The *token* columns (schema version 2) are the trace's training sequences
-(``tokens.token_sequences``), one list per sequence in each row: ``input_ids``
-(list<list<int32>>), ``loss_mask`` (list<list<int8>>), ``logprobs`` (list<list<float32>>),
-``token_branch`` (the branch of each sequence) and ``token_drift`` (the drifted turns). A row
-stays one rollout, so the table keeps its key; a rollout with one branch and no drift has one
-sequence. A rollout without token ids has nulls there. They count among the conversation
-columns, the large ones a reader of outcomes leaves out. A table of version 1 lacks them and
-is still read whole.
+The *token* columns (schema version 2; ``token_policy`` in version 4) are the trace's
+training sequences, one list per sequence in each row, built in ``token_columns.py``. They
+count among the conversation columns, the large ones a reader of outcomes leaves out. A table
+of version 1 lacks them and is still read whole.
 
 Schema version 3 appended ``attempts``: every attempt of the rollout's sample, oldest first,
 each with its number and its errors (list<struct<attempt, errors: list<struct<type,
@@ -41,8 +38,6 @@ the conversation has (one per ``token_branch`` value), and ``branch_reasons``
 from __future__ import annotations
 
 import gc
-import itertools
-import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -55,111 +50,35 @@ import pyarrow as pa
 
 from .._errors import SchemaMismatch
 from .branching import branch_reasons
+from .openai_codec import wire_message
+from .token_columns import TOKEN_COLUMNS, row_sequences, token_columns
 from .token_store import has_stored_ids, restore_rows, without_ids
-from .tokens import TokenSequence, has_tokens, policy_range, token_drift, token_sequences
+from .tokens import has_tokens, policy_range
 from .trace import ErrorRecord, Trace
-from .wire import wire_message
-
-# WARNING: the schema evolves by appending columns at the end of TRACE_SCHEMA, never by
-# retyping, renaming or reordering one. Bump only for an incompatible change: a reader refuses
-# a table whose version is newer than the one it knows.
-ARROW_SCHEMA_VERSION = 5
-
-VERSION_KEY = b"rollout_ray.schema_version"
-"""The schema-metadata key holding ``ARROW_SCHEMA_VERSION`` (ASCII digits)."""
-
-_SCORES = pa.map_(pa.string(), pa.float64())
-
-_SCALAR_FIELDS = [
-    pa.field("run_id", pa.string()),
-    pa.field("rollout_id", pa.string()),
-    pa.field("group_id", pa.string()),
-    pa.field("sample_idx", pa.int32()),
-    pa.field("attempt", pa.int32()),
-    pa.field("task_type", pa.string()),
-    pa.field("task_key", pa.string()),
-    pa.field("task_hash", pa.string()),
-    pa.field("task_idx", pa.int64()),
-    pa.field("ok", pa.bool_()),
-    pa.field("is_completed", pa.bool_()),
-    pa.field("stop_condition", pa.string()),
-    pa.field("error_type", pa.string()),
-    pa.field("error_message", pa.string()),
-    pa.field("num_errors", pa.int32()),
-    pa.field("reward", pa.float64()),
-    pa.field("rewards", _SCORES),
-    pa.field("reward_weights", _SCORES),
-    pa.field("metrics", _SCORES),
-    pa.field("num_turns", pa.int64()),
-    pa.field("num_input_tokens", pa.int64()),
-    pa.field("num_output_tokens", pa.int64()),
-    pa.field("num_total_tokens", pa.int64()),
-    pa.field("num_tool_calls", pa.int32()),
-    pa.field("started_at", pa.float64()),
-    pa.field("boot_s", pa.float64()),
-    pa.field("setup_s", pa.float64()),
-    pa.field("agent_s", pa.float64()),
-    pa.field("agent_model_s", pa.float64()),
-    pa.field("agent_harness_s", pa.float64()),
-    pa.field("finalize_s", pa.float64()),
-    pa.field("scoring_s", pa.float64()),
-]
-_TOKEN_FIELDS = [
-    pa.field("input_ids", pa.list_(pa.list_(pa.int32()))),
-    pa.field("loss_mask", pa.list_(pa.list_(pa.int8()))),
-    pa.field("logprobs", pa.list_(pa.list_(pa.float32()))),
-    pa.field("token_branch", pa.list_(pa.int32())),
-    pa.field("token_drift", pa.list_(pa.int32())),
-]
-_CONVERSATION_FIELDS = [
-    pa.field("messages", pa.string()),
-    pa.field("trace", pa.binary()),
-    *_TOKEN_FIELDS,
-]
-_ERROR = pa.struct([pa.field("type", pa.string()), pa.field("message", pa.string())])
-_ATTEMPT = pa.struct([pa.field("attempt", pa.int32()), pa.field("errors", pa.list_(_ERROR))])
-_HISTORY_FIELDS = [pa.field("attempts", pa.list_(_ATTEMPT))]
-_POLICY_TOKEN_FIELD = pa.field("token_policy", pa.list_(pa.list_(pa.int32())))
-_POLICY_FIELDS = [_POLICY_TOKEN_FIELD, pa.field("policy_min", pa.int64()), pa.field("policy_max", pa.int64())]
-_BRANCH_FIELDS = [pa.field("branches", pa.int32()), pa.field("branch_reasons", pa.list_(pa.string()))]
-
-TRACE_SCHEMA: pa.Schema = pa.schema(
-    _SCALAR_FIELDS + _CONVERSATION_FIELDS + _HISTORY_FIELDS + _POLICY_FIELDS + _BRANCH_FIELDS,
-    metadata={VERSION_KEY: str(ARROW_SCHEMA_VERSION).encode()},
+from .trace_schema import (
+    ARROW_SCHEMA_VERSION,
+    BRANCH_COLUMNS,
+    CONVERSATION_COLUMNS,
+    HISTORY_COLUMNS,
+    POLICY_COLUMNS,
+    SCALAR_COLUMNS,
+    SCORES,
+    TRACE_SCHEMA,
+    VERSION_KEY,
+    check_schema,
+    newer_columns,
 )
-"""One row per rollout; see the module docstring for the column sets."""
 
-SCALAR_COLUMNS: tuple[str, ...] = tuple(f.name for f in _SCALAR_FIELDS)
-"""The small columns of the first schema version: everything but the conversation (the
-policy range, appended later, is small too: ``POLICY_COLUMNS``)."""
-
-TOKEN_COLUMNS: tuple[str, ...] = (*(f.name for f in _TOKEN_FIELDS), _POLICY_TOKEN_FIELD.name)
-"""The training sequences of each rollout, and each id's policy version (null: it has no
-token ids)."""
-
-CONVERSATION_COLUMNS: tuple[str, ...] = ("messages", "trace", *TOKEN_COLUMNS)
-"""The large columns: the last branch's messages (JSON), the whole trace (msgpack), the tokens."""
-
-HISTORY_COLUMNS: tuple[str, ...] = tuple(f.name for f in _HISTORY_FIELDS)
-"""Every attempt of the sample and its errors (small, but nested: not a scalar)."""
-
-POLICY_COLUMNS: tuple[str, ...] = ("policy_min", "policy_max")
-"""The oldest and newest policy version a rollout sampled with (small; null: none recorded)."""
-
-BRANCH_COLUMNS: tuple[str, ...] = tuple(f.name for f in _BRANCH_FIELDS)
-"""How many branches a rollout's conversation has and why each exists (small)."""
-
-_ADDED_IN = {**dict.fromkeys(TOKEN_COLUMNS[:5], 2), **dict.fromkeys(HISTORY_COLUMNS, 3),
-             **dict.fromkeys(("token_policy", *POLICY_COLUMNS), 4), **dict.fromkeys(BRANCH_COLUMNS, 5)}
-"""Columns appended after version 1, by the version that added them."""
-
-_SCHEMA_NAMES = frozenset(TRACE_SCHEMA.names)
+__all__ = [  # the schema's names are re-exported: importers of arrow keep working
+    "ARROW_SCHEMA_VERSION", "BRANCH_COLUMNS", "CONVERSATION_COLUMNS", "HISTORY_COLUMNS", "POLICY_COLUMNS",
+    "SCALAR_COLUMNS", "TOKEN_COLUMNS", "TRACE_SCHEMA", "VERSION_KEY", "RolloutRecord", "SchemaMismatch",
+    "check_schema", "newer_columns", "records_to_table", "table_to_records", "table_to_traces", "warm_arrow",
+]
 
 _ENCODER = msgspec.msgpack.Encoder()
 _JSON_ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Trace)
 
-log = logging.getLogger("rollout_ray")
 
 
 @dataclass(frozen=True)
@@ -189,7 +108,7 @@ class RolloutRecord:
         if not self.attempts or sum(self.attempts) != len(errors):
             return [list(errors)]
         bounds = np.cumsum((0, *self.attempts))
-        return [errors[a:b] for a, b in itertools.pairwise(bounds)]
+        return [errors[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def _score_map(maps: Iterable[dict[str, Any]]) -> pa.MapArray:
@@ -205,7 +124,7 @@ def _score_map(maps: Iterable[dict[str, Any]]) -> pa.MapArray:
         pa.array(offsets, pa.int32()),
         pa.array(keys, pa.string()),
         pa.array(values, pa.float64()),
-        type=_SCORES,
+        type=SCORES,
     )
 
 
@@ -231,7 +150,7 @@ def warm_arrow() -> None:
 def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
     """Convert many records at once, column by column, into a ``TRACE_SCHEMA`` table."""
     traces = [r.trace for r in records]
-    sequences = [_sequences(t) if has_tokens(t) else None for t in traces]
+    sequences = [row_sequences(t) if has_tokens(t) else None for t in traces]
     counts = [t.counts() for t in traces]
     history = [r.attempt_errors() for r in records]
     last_errors = [h[-1][-1] if h[-1] else None for h in history]
@@ -279,7 +198,7 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
         "scoring_s": [tm.scoring.duration for tm in timings],
         "messages": [_JSON_ENCODER.encode([wire_message(m) for m in t.messages]) for t in traces],
         "trace": [_ENCODER.encode(t if r is None else without_ids(t)) for t, r in zip(traces, sequences)],
-        **_token_columns(traces, sequences),
+        **token_columns(traces, sequences),
         "attempts": [_attempts_row(r.attempt, h) for r, h in zip(records, history)],
         "policy_min": [low for low, _ in ranges],
         "policy_max": [high for _, high in ranges],
@@ -295,48 +214,6 @@ def _attempts_row(attempt: int, history: list[list[ErrorRecord]]) -> list[dict[s
     first = attempt - len(history) + 1
     return [{"attempt": first + i, "errors": [{"type": e.type, "message": e.message} for e in errors]}
             for i, errors in enumerate(history)]
-
-
-def _token_columns(traces: Sequence[Trace], rows: list[list[TokenSequence] | None]) -> dict[str, pa.Array]:
-    """The token columns of ``traces``' sequences (``None``: the row's are null)."""
-    if all(r is None for r in rows):
-        return {f.name: pa.nulls(len(traces), f.type) for f in (*_TOKEN_FIELDS, _POLICY_TOKEN_FIELD)}
-    null = pa.array([r is None for r in rows])
-    outer = _offsets(len(r or ()) for r in rows)
-    sequences = [s for r in rows for s in r or ()]
-    inner = _offsets(len(s.input_ids) for s in sequences)
-
-    def nested(name: str, dtype: type) -> pa.Array:
-        parts: list[np.ndarray] = [np.asarray(getattr(s, name), dtype) for s in sequences]
-        values = np.concatenate(parts) if parts else np.empty(0, dtype)
-        return pa.ListArray.from_arrays(outer, pa.ListArray.from_arrays(inner, pa.array(values)), mask=null)
-
-    return {
-        "input_ids": nested("input_ids", np.int32),
-        "loss_mask": nested("loss_mask", np.int8),
-        "logprobs": nested("logprobs", np.float32),
-        "token_branch": pa.ListArray.from_arrays(outer, pa.array([s.branch for s in sequences], pa.int32()),
-                                                 mask=null),
-        "token_drift": pa.array([token_drift(t) if r is not None else None for t, r in zip(traces, rows)],
-                                pa.list_(pa.int32())),
-        "token_policy": pa.ListArray.from_arrays(
-            outer, pa.ListArray.from_arrays(inner, pa.array([v for s in sequences for v in s.policy], pa.int32())),
-            mask=null),
-    }
-
-
-def _sequences(trace: Trace) -> list[TokenSequence] | None:
-    try:
-        return token_sequences(trace)
-    except ValueError as e:  # one bad record must not cost the batch its table
-        log.warning("rollout=%s token columns left null: %s", trace.id, e)
-        return None
-
-
-def _offsets(sizes: Iterable[int]) -> pa.Array:
-    offsets = np.zeros(1, np.int32)
-    counts = np.fromiter(sizes, np.int64)
-    return pa.array(np.concatenate([offsets, np.cumsum(counts)]).astype(np.int32))
 
 
 def _to_array(values: pa.Array | list[Any], type_: pa.DataType) -> pa.Array:
@@ -420,79 +297,3 @@ def table_to_records(table: pa.Table) -> list[RolloutRecord]:
             traces, run_ids, group_ids, sample_idxs, attempts, positions, histories
         )
     ]
-
-
-def check_schema(
-    table_or_schema: pa.Table | pa.RecordBatch | pa.Schema,
-    columns: Iterable[str] | None = None,
-) -> None:
-    """Check that a table (or schema) is a trace table this code can read.
-
-    A table without the version metadata is accepted when its columns match. Columns beyond
-    ``TRACE_SCHEMA`` are allowed (appended by a newer writer of the same version). When the
-    whole schema is checked, a column added after the table's version (or in any version, for
-    a table without one) may be absent: an older shard is read as it was written.
-
-    Args:
-        table_or_schema: the table, record batch or schema to check.
-        columns: the columns that must be present with their ``TRACE_SCHEMA`` type; all of
-            ``TRACE_SCHEMA`` when ``None``. A name outside ``TRACE_SCHEMA`` need only exist.
-
-    Raises:
-        SchemaMismatch: a column is missing or mistyped, or the version is newer than
-            ``ARROW_SCHEMA_VERSION`` (or not an integer).
-    """
-    schema = table_or_schema if isinstance(table_or_schema, pa.Schema) else table_or_schema.schema
-    version = _check_version(schema.metadata or {})
-    names = TRACE_SCHEMA.names if columns is None else columns
-    for name in names:
-        expected = TRACE_SCHEMA.field(name).type if name in _SCHEMA_NAMES else None
-        index = schema.get_field_index(name)
-        if index < 0 and columns is None and (version or 0) < _ADDED_IN.get(name, 0):
-            continue
-        if index < 0:
-            wanted = str(expected) if expected is not None else "any type"
-            raise SchemaMismatch(
-                f"trace table has no column {name!r} (expected {wanted})",
-                column=name,
-                expected=wanted,
-                found="missing",
-            )
-        found = schema.field(index).type
-        if expected is not None and found != expected:
-            raise SchemaMismatch(
-                f"column {name!r} has type {found}, expected {expected}",
-                column=name,
-                expected=str(expected),
-                found=str(found),
-            )
-
-
-def newer_columns(schema: pa.Schema) -> frozenset[str]:
-    """The columns appended to ``TRACE_SCHEMA`` after ``schema``'s version: a table of that
-    version lacks them, and a reader gives nulls there."""
-    version = _check_version(schema.metadata or {}) or 0
-    return frozenset(name for name, added in _ADDED_IN.items() if version < added)
-
-
-def _check_version(metadata: dict[bytes, bytes]) -> int | None:
-    """The table's schema version (``None``: not recorded), if this code can read it."""
-    raw = metadata.get(VERSION_KEY)
-    if raw is None:
-        return None
-    try:
-        version = int(raw)
-    except ValueError:
-        raise SchemaMismatch(
-            f"schema version {raw!r} is not an integer",
-            expected=str(ARROW_SCHEMA_VERSION),
-            found=repr(raw),
-        ) from None
-    if version > ARROW_SCHEMA_VERSION:
-        raise SchemaMismatch(
-            f"trace table has schema version {version}, newer than version "
-            f"{ARROW_SCHEMA_VERSION} known here; upgrade rollout_ray to read it",
-            expected=str(ARROW_SCHEMA_VERSION),
-            found=str(version),
-        )
-    return version

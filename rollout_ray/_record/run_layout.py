@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .run_files import TMP_SUFFIX, RunFiles
+from .run_files import RunFiles
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"
@@ -131,11 +131,6 @@ def shard_index(path: str | Path) -> int:
     match = _SHARD.match(Path(path).name)
     assert match is not None, path
     return int(match.group(1))
-
-
-def being_written(path: Path) -> Path:
-    """The name ``path`` is written under until it is complete (then renamed to ``path``)."""
-    return path.with_name(path.name + TMP_SUFFIX)
 
 
 # -- score versions (``rollout-ray rescore``; read by score_versions.py) -----------------------

@@ -322,7 +322,7 @@ def _stored_columns(run_dir: str | os.PathLike[str]) -> list[str]:
     """Every column any shard has, in first-seen order (schemas only: no data is read)."""
     names: dict[str, None] = dict.fromkeys(TRACE_SCHEMA.names)
     for folder, name in shard_files(run_dir):
-        with folder.arrow_reader(name) as f, _unreadable_is_corrupt(folder.path / name):
+        with folder.arrow_reader(name) as f, unreadable_is_corrupt(folder.path / name):
             names.update(dict.fromkeys(pq.read_schema(f).names))
     return list(names)
 
@@ -366,13 +366,13 @@ def _read_shard(folder: RunFiles, name: str, columns: Sequence[str] | None, *, t
     ``TRACE_SCHEMA``), or all of another table (``trace_schema=False``: groups)."""
     path = folder.path / name
     with folder.arrow_reader(name) as f:
-        with _unreadable_is_corrupt(path):
+        with unreadable_is_corrupt(path):
             shard = pq.ParquetFile(f, page_checksum_verification=True)
         with shard:
             if not trace_schema:
-                with _unreadable_is_corrupt(path):
+                with unreadable_is_corrupt(path):
                     return shard.read()
-            with _unreadable_is_corrupt(path):
+            with unreadable_is_corrupt(path):
                 schema = shard.schema_arrow
             # Checked before reading, so a missing column is a SchemaMismatch, not a CorruptRun.
             # Columns beyond TRACE_SCHEMA (group and judge columns) may be absent from a shard,
@@ -381,14 +381,15 @@ def _read_shard(folder: RunFiles, name: str, columns: Sequence[str] | None, *, t
             check_schema(schema, None if columns is None else
                          [c for c in columns if c in _SCHEMA_NAMES and c not in newer])
             present = None if columns is None else [c for c in columns if c in schema.names]
-            with _unreadable_is_corrupt(path):
+            with unreadable_is_corrupt(path):
                 return shard.read(columns=present)
 
 
 @contextmanager
-def _unreadable_is_corrupt(path: Path) -> Iterator[None]:
+def unreadable_is_corrupt(path: Path) -> Iterator[None]:
+    """Turn a failure to read a shard into ``CorruptRun`` (a vanished file stays one)."""
     # A damaged footer can surface as ArrowInvalid, OSError or even UnicodeDecodeError; a
-    # vanished file is not damage.
+    # vanished file is not damage. The viewer reads shards through this too.
     try:
         yield
     except (FileNotFoundError, CorruptRun):

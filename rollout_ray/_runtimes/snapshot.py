@@ -224,9 +224,6 @@ class SnapshotStore:
                 inodes += int(info.get("inodes") or 0)
         return size, inodes
 
-    def owned_bytes(self) -> int:
-        return sum(h.bytes for h in self.owned.values())
-
 
 def _owned(path: str) -> bool:
     """Whether a process holds the owner lock ``path`` (a snapshot whose owner let go, or died,

@@ -42,7 +42,7 @@ from .._core.model import CallContext, Interrupted
 from .._core.policy_gate import Interrupt
 from .._errors import OverlongPromptError, ProviderError, WireError
 from .._record.messages import AssistantMessage, Response, Usage
-from .._record.wire import parse_response
+from .._record.openai_codec import parse_response
 from .affinity import Server
 from .upstream_wire import POLICY_HEADER, Transient, check_status, int_or_none, sse_data, unreachable
 

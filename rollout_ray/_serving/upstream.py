@@ -67,8 +67,8 @@ import msgspec
 from .._core.model import SESSION_ID, CallContext, Interrupted, Model
 from .._errors import ProviderError, WireError
 from .._record.messages import Request, Response
-from .._record.wire import encode_request, parse_response
-from .._record.wire_stream import StreamAssembler
+from .._record.openai_codec import encode_request, parse_response
+from .._record.openai_stream import StreamAssembler
 from .affinity import Routing, Server, ServerPool
 from .server_load import LoadReader
 from .token_in import Partial, TokenIn

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 
 from .config import CapacityConfig
-from .engine import Engine, Flight
+from .engine_state import Engine, Flight
 from .scheduler import Scheduler
 
 __all__ = ["Batcher", "metrics_route", "metrics_text"]

@@ -1,5 +1,5 @@
 """Decoding on the engine's clock: each choice a token at a time, each token under the policy
-version current when it is produced (``engine.py``), and continuing a completion given so far.
+version current when it is produced (``engine_state.py``), and continuing a completion given so far.
 
 A choice's plan under version ``v`` is its whole completion as the model at ``v`` writes it
 (``completion.choose``, unscored). Token ``j`` is the plan's token ``j`` under the version of
@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .completion import Choice, deltas
-from .engine import Engine, Flight
+from .engine_state import Engine, Flight
 from .logprobs import Scored, Scorer
 from .tokenizer import IM_END, decode
 

@@ -43,7 +43,7 @@ from aiohttp import web
 from .decoding import Decoder, Token
 from .dialects import sglang_finish
 from .logprobs import TOP_MAX, Scored
-from .request import Capture, ChatCall, Invalid
+from .request import Capture, ChatCall, Invalid, json_object
 from .served import Served
 from .sse import SSE
 from .template import parse
@@ -51,7 +51,6 @@ from .tokenizer import ENDOFTEXT, IM_END, IM_START, decode
 
 __all__ = ["add_token_routes"]
 
-_decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 _HIDDEN = {ENDOFTEXT, IM_START, IM_END}
 """Special tokens SGLang's ``text`` leaves out (``skip_special_tokens``)."""
@@ -82,12 +81,7 @@ def _field(body: dict[str, Any], name: str, kind: type, low: int | None = None) 
 
 
 def _ask(raw: bytes, server: Served, sglang: bool) -> _Ask:
-    try:
-        body = _decode(raw)
-    except msgspec.DecodeError:
-        raise Invalid("We could not parse the JSON body of your request.", None) from None
-    if not isinstance(body, dict):
-        raise Invalid("The request body must be a JSON object.", None)
+    body = json_object(raw)
     name = "input_ids" if sglang else "token_ids"
     ids = body.get(name)
     if not isinstance(ids, list) or not ids or not all(type(i) is int and i >= 0 for i in ids):

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from .request import Invalid, parse
+from .request import Invalid, json_object, parse
 from .served import Served
 from .template import GENERATION_HEADER, assistant, render
 from .tokenizer import ENDOFTEXT, IM_END, decode, encode, token_bytes, token_text
@@ -35,7 +35,6 @@ from .tokenizer import ENDOFTEXT, IM_END, decode, encode, token_bytes, token_tex
 __all__ = ["add_rendering_routes"]
 
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
 _HIDDEN = {ENDOFTEXT, IM_END}
 """Ids a reply's text leaves out (the stop tokens)."""
 SCALE_OUT_OFF = ("Scale-out endpoints are disabled. Start the server with --enable-scale-out to use "
@@ -49,16 +48,6 @@ def _json(payload: Any, status: int = 200) -> web.Response:
 def _error(status: int, message: str, param: str | None = None) -> web.Response:
     kind = "BadRequestError" if status == 400 else "Forbidden"
     return _json({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
-
-
-def _object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = _decode(raw)
-    except msgspec.DecodeError:
-        raise Invalid("We could not parse the JSON body of your request.", None) from None
-    if not isinstance(body, dict):
-        raise Invalid("The request body must be a JSON object.", None)
-    return body
 
 
 def _tokens(body: dict[str, Any], drift: bool) -> list[int]:
@@ -126,11 +115,11 @@ def add_rendering_routes(app: web.Application, server: Served) -> None:
         return answer
 
     def tokenize(raw: bytes) -> Any:
-        ids = _tokens(_object(raw), config.template_drift)
+        ids = _tokens(json_object(raw), config.template_drift)
         return {"count": len(ids), "max_model_len": None, "tokens": ids, "token_strs": None}
 
     def render_chat(raw: bytes) -> Any:
-        body, call = _object(raw), parse(raw, config)
+        body, call = json_object(raw), parse(raw, config)
         return {"request_id": f"chatcmpl-{call.request_id or uuid.uuid4().hex[:16]}",
                 "token_ids": render(call.messages, call.tools, drift=config.template_drift),
                 "sampling_params": {"temperature": call.temperature, "max_tokens": call.cap, "seed": call.seed},
@@ -140,7 +129,7 @@ def add_rendering_routes(app: web.Application, server: Served) -> None:
         if not config.scale_out:
             return _error(403, SCALE_OUT_OFF)
         try:
-            ids = _object(await request.read()).get("request_ids")
+            ids = json_object(await request.read()).get("request_ids")
         except Invalid as exc:
             return _error(400, str(exc))
         if not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
@@ -150,5 +139,5 @@ def add_rendering_routes(app: web.Application, server: Served) -> None:
 
     app.router.add_post("/tokenize", route(tokenize, scale_out=False))
     app.router.add_post("/v1/chat/completions/render", route(render_chat))
-    app.router.add_post("/v1/chat/completions/derender", route(lambda raw: _reply(_object(raw))))
+    app.router.add_post("/v1/chat/completions/derender", route(lambda raw: _reply(json_object(raw))))
     app.router.add_post("/inference/v1/abort_requests", abort)

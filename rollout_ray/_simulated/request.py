@@ -119,7 +119,9 @@ def _capture(body: dict[str, Any], stream: bool, config: SimulatedModelConfig) -
     )
 
 
-def _object(raw: bytes) -> dict[str, Any]:
+def json_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; raises :class:`Invalid` (400) when it is not one.
+    Every route of the simulated model reads its body through here, so all say the same."""
     try:
         body = _decode(raw)
     except msgspec.DecodeError:
@@ -140,7 +142,7 @@ def _temperature(body: dict[str, Any]) -> float:
 
 def parse(raw: bytes, config: SimulatedModelConfig) -> ChatCall:
     """The request's fields; raises :class:`Invalid` naming the offending one."""
-    body = _object(raw)
+    body = json_object(raw)
     messages = body.get("messages")
     if messages is None:
         raise Invalid("Missing required parameter: 'messages'.", "messages")

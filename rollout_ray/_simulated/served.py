@@ -1,4 +1,4 @@
-"""What the route modules (``control``, ``generate``) use of the simulated model's server: a
+"""What the route modules (``weight_routes``, ``generate``) use of the simulated model's server: a
 protocol, so that they need not import ``server``, which adds their routes."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from .attempts import Attempts
 from .completion import Choice, Draw
 from .config import SimulatedModelConfig
 from .decoding import Decoder
-from .engine import Engine, Flight
+from .engine_state import Engine, Flight
 from .request import ChatCall
+from .request_draws import Attempts
 
 
 class Served(Protocol):

@@ -4,23 +4,23 @@ Routes: ``POST /v1/chat/completions`` (JSON and SSE; ``n`` choices; token captur
 vLLM and SGLang shapes, ``dialects.py``), ``GET /v1/models``, ``GET /health``, the info
 route of ``config.dialect`` so a client can tell the dialect (vLLM: ``GET /version`` →
 ``{"version": ...}``; SGLang: ``GET /model_info`` and its older name ``/get_model_info``,
-with ``weight_version``), the dialect's interrupt and weight routes (``control.py``) and its
+with ``weight_version``), the dialect's interrupt and weight routes (``weight_routes.py``) and its
 token-in route (``generate.py``), and, for tests and benchmarks only,
 ``POST /admin/policy_version`` ``{"version": N}`` which sets
 :attr:`SimulatedModelServer.policy_version`. Every response carries ``X-Policy-Version``: the
 version when it starts (a JSON answer: when its last token was produced; a stream: when it was
 admitted).
 
-Determinism: ``attempts.py`` (faults, error draws and ids per request key; what the model
+Determinism: ``request_draws.py`` (faults, error draws and ids per request key; what the model
 samples from per conversation) and ``completion.py`` (temperature and ``seed``).
 
 ``GET /metrics``: vLLM's gauges and counters, of the capacity model (``config.capacity``:
 batching, waiting queue, KV and prefix cache, ``batcher.py``) when it is on.
 
 Time: a request that arrives while the engine is paused waits for the resume
-(``engine.py``); then its tokens are produced on the engine's clock, token ``j`` at
+(``engine_state.py``); then its tokens are produced on the engine's clock, token ``j`` at
 ``ttft + per_token * (j + 1)``, each under the policy version of its moment
-(``decoding.py``); a stream sends each token when it is produced. An abort (``control.py``)
+(``decoding.py``); a stream sends each token when it is produced. An abort (``weight_routes.py``)
 ends a generation with ``finish_reason: "abort"`` and what it produced so far; a closed
 connection ends it at once. Without token capture an answer is fixed when it is admitted: it
 waits ``ttft + per_token * tokens`` (the longest choice's estimate), or streams four pieces of
@@ -42,11 +42,9 @@ import msgspec
 from aiohttp import web
 
 from .answers import prompt_tokens
-from .attempts import Attempt, Attempts
 from .batcher import Batcher, metrics_route
 from .completion import Choice, Draw, choose
 from .config import SimulatedModelConfig
-from .control import add_control_routes
 from .decoding import Decoder, Token, produce
 from .dialects import (
     sglang_completion,
@@ -59,15 +57,17 @@ from .dialects import (
     vllm_opening,
     vllm_token,
 )  # fmt: skip
-from .engine import Engine, Flight
+from .engine_state import Engine, Flight
 from .generate import add_token_routes
 from .plain import plain_events
 from .rendering import add_rendering_routes
 from .request import ChatCall, Invalid, parse
+from .request_draws import Attempt, Attempts
 from .sse import SSE
 from .template import body as assistant_body
 from .template import render
 from .tokenizer import IM_END, encode
+from .weight_routes import add_control_routes
 
 __all__ = ["SimulatedModelConfig", "SimulatedModelServer", "SimulatedModelStats"]
 

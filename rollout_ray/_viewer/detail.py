@@ -24,9 +24,10 @@ from .._errors import CorruptRun
 from .._record.messages import AssistantMessage, Content, ImagePart, ToolMessage
 from .._record.run_layout import SAMPLES
 from .._record.score_versions import rescored_trace
+from .._record.store import unreadable_is_corrupt
 from .._record.token_store import has_stored_ids, restore_ids
 from .._record.trace import Trace, decode_trace
-from .index import RunIndex, unreadable_is_corrupt
+from .index import RunIndex
 from .tokens_view import token_view
 
 _BATCH = 16

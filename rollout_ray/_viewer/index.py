@@ -13,10 +13,8 @@ when its page is opened (``detail.read_trace``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +27,7 @@ from .._record.arrow import SCALAR_COLUMNS, TRACE_SCHEMA, check_schema
 from .._record.run_files import RunFiles
 from .._record.run_layout import SAMPLES, RunLayout
 from .._record.score_versions import ScoreVersion, latest_version, read_version
-from .._record.store import read_manifest, shard_files
+from .._record.store import read_manifest, shard_files, unreadable_is_corrupt
 
 INDEX_COLUMNS: tuple[str, ...] = tuple(
     c for c in SCALAR_COLUMNS if c not in ("rewards", "reward_weights", "metrics", "task_hash")
@@ -225,17 +223,6 @@ def _decoded_if_short(table: pa.Table, name: str, long: set[str]) -> pa.Table:
 def _is_scalar(type_: pa.DataType) -> bool:
     t = pa.types
     return t.is_integer(type_) or t.is_floating(type_) or t.is_boolean(type_) or t.is_string(type_)  # type: ignore[no-any-return]
-
-
-@contextmanager
-def unreadable_is_corrupt(path: Path) -> Iterator[None]:
-    """Turn a failure to read a shard into ``CorruptRun`` (a vanished file stays one)."""
-    try:
-        yield
-    except (FileNotFoundError, CorruptRun):
-        raise
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptRun.shard(path, f"{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True)

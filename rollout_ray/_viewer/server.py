@@ -41,7 +41,7 @@ from .._record.tokens import has_tokens
 from .catalog import NotARunDirectory, RunEntry, describe, find_runs, model_shown
 from .detail import read_trace, siblings, trace_view
 from .index import BadQuery, Query, RunIndex, build_index, overview, page, select
-from .live import live_status
+from .live_status import live_status
 
 STATIC_DIR = Path(__file__).parent / "static"
 PlotFn = Callable[[pa.Table, str], object]

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from rollout_ray._cli.progress import ProgressDisplay
+from rollout_ray._cli.progress_display import ProgressDisplay
 from rollout_ray._driver.driver import Progress
 
 ROOT = pathlib.Path(__file__).parents[2]

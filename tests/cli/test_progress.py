@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from rollout_ray._cli.progress import PLAIN_EVERY, ProgressDisplay
+from rollout_ray._cli.progress_display import PLAIN_EVERY, ProgressDisplay
 from rollout_ray._driver.driver import Progress
 
 

@@ -49,4 +49,4 @@ def test_a_chat_rollout_leaves_no_cyclic_garbage(garbage: list[object]) -> None:
         assert trace.ok
         del rollout, trace
     kinds = _collect(garbage)
-    assert not kinds & {"Rollout", "RolloutSession", "Trace", "HarnessSession", "Admission"}, kinds
+    assert not kinds & {"Rollout", "RolloutSession", "Trace", "HarnessSession", "LimitReservations"}, kinds

@@ -17,8 +17,8 @@ from rollout_ray._driver.finalize import FinalizeConfig, finalize
 from rollout_ray._driver.group_finalizer import Group
 from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray._record.arrow import TOKEN_COLUMNS, RolloutRecord, records_to_table
+from rollout_ray._record.openai_codec import wire_message
 from rollout_ray._record.trace import MessageNode, ModelCall
-from rollout_ray._record.wire import wire_message
 from rollout_ray._simulated.template import render
 from rollout_ray._simulated.tokenizer import IM_END, encode
 

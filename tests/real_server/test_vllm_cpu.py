@@ -41,8 +41,8 @@ from rollout_ray import (
     table_to_traces,
 )
 from rollout_ray._record.graph import path_to
+from rollout_ray._record.openai_codec import encode_request
 from rollout_ray._record.tokens import full_prompt, token_sequences
-from rollout_ray._record.wire import encode_request
 from rollout_ray._serving.proxy import HTTPInterception
 
 pytestmark = [pytest.mark.real_server, pytest.mark.timeout(900)]

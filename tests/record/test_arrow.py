@@ -53,7 +53,7 @@ from rollout_ray._record.arrow import (
     table_to_traces,
 )
 from rollout_ray._record.messages import ImageURL
-from rollout_ray._record.wire import parse_request
+from rollout_ray._record.openai_codec import parse_request
 
 
 def full_trace() -> Trace:

@@ -21,7 +21,7 @@ from rollout_ray import (
     UserMessage,
 )
 from rollout_ray._core.model import Model
-from rollout_ray._record.wire import wire_message
+from rollout_ray._record.openai_codec import wire_message
 from rollout_ray._simulated.template import body, render
 from rollout_ray._simulated.tokenizer import IM_END, encode
 from rollout_ray.testing import run_virtual

@@ -15,7 +15,7 @@ from aiohttp import web
 from rollout_ray import RolloutSession, Trace, TraceTask
 from rollout_ray._core.interception import Slot
 from rollout_ray._record.messages import Response
-from rollout_ray._record.wire_stream import StreamAssembler
+from rollout_ray._record.openai_stream import StreamAssembler
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig

@@ -12,7 +12,7 @@ import msgspec
 
 from rollout_ray import ProviderError, Request, RolloutLimits, RolloutSession, Trace, TraceTask
 from rollout_ray._core.hooks import Hook
-from rollout_ray._record.wire_stream import StreamAssembler
+from rollout_ray._record.openai_stream import StreamAssembler
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray.testing import Reply, ScriptedModel
 

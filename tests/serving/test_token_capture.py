@@ -18,7 +18,7 @@ from capture_rig import QUESTION, recording_server, rig, run, sse
 
 from rollout_ray._errors import ProviderError
 from rollout_ray._record.messages import Request, UserMessage
-from rollout_ray._record.wire import parse_response
+from rollout_ray._record.openai_codec import parse_response
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
 from rollout_ray._simulated.template import render

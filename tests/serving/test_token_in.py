@@ -13,8 +13,8 @@ import pytest
 
 from rollout_ray import Request, RolloutSession, SystemMessage, Tool, ToolMessage, Trace, TraceTask, UserMessage
 from rollout_ray._core.model import CallContext
+from rollout_ray._record.openai_codec import encode_request
 from rollout_ray._record.tokens import full_prompt, token_sequences
-from rollout_ray._record.wire import encode_request
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
 from rollout_ray._simulated.server import SimulatedModelServer

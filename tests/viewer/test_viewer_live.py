@@ -77,7 +77,7 @@ def test_the_run_page_shows_a_live_run_refreshing_with_its_stalled_rollouts_mark
 
 def test_a_status_file_not_an_object_or_with_a_bad_updated_at_or_too_large_is_not_live_and_says_why(
         tmp_path: Path) -> None:
-    from rollout_ray._viewer import live
+    from rollout_ray._viewer import live_status as live
 
     run_dir = write_run(tmp_path / "arith", 4)
     status = run_dir / "status.json"

@@ -1,5 +1,5 @@
 """OpenAI Chat Completions (``POST /v1/chat/completions``): the upstream's own format, so
-the request goes through as sent (``_record/wire``) and only ``tool_choice`` is checked."""
+the request goes through as sent (``_record/openai_codec``) and only ``tool_choice`` is checked."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import msgspec
 
 from ..._errors import WireError
 from ..._record.messages import Response
-from ..._record.wire import encode_response, parse_request
-from ..._record.wire_stream import sse_events
+from ..._record.openai_codec import encode_response, parse_request
+from ..._record.openai_stream import sse_events
 from .dialect import Dialect, History, Parsed
 
 TOOL_CHOICE_STRINGS = ("none", "auto", "required")

@@ -10,7 +10,7 @@ import msgspec
 
 from ..._errors import WireError
 from ..._record.messages import Message, Request, Response
-from ..._record.wire import check_integers
+from ..._record.openai_codec import check_integers
 
 UNTRANSLATABLE = "dropped: the upstream's Chat Completions request cannot express it"
 """Why a field the agent sent is recorded as dropped when no upstream request can carry it."""

@@ -1,5 +1,5 @@
 """The routes a trainer drives a server with around a weight update: abort, pause, resume,
-load weights, in the shapes of the dialect the server speaks (``engine.py`` does the work).
+load weights, in the shapes of the dialect the server speaks (``engine_state.py`` does the work).
 
 vLLM 0.32 (its dev-mode routes, ``VLLM_SERVER_DEV_MODE=1``; shapes recorded from the CPU build):
 
@@ -40,7 +40,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from .engine import PAUSE_MODES, PauseMode
+from .engine_state import PAUSE_MODES, PauseMode
 from .served import Served
 
 __all__ = ["add_control_routes"]

@@ -19,7 +19,7 @@ from .messages import (
     ToolCall,
     Usage,
 )
-from .wire import _ENCODER, L, WireLogprobs, WireUsage, _finish, _Logprob, _usage, _wire_usage, captured
+from .openai_codec import _ENCODER, L, WireLogprobs, WireUsage, _finish, _Logprob, _usage, _wire_usage, captured
 
 
 def sse_events(response: Response, *, include_usage: bool, completion_id: str | None = None) -> Iterator[bytes]:

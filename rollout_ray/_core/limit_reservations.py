@@ -1,9 +1,9 @@
-"""Admission: the limits hold however many requests a rollout sends at once (B33–B35).
+"""Limit reservations: the limits hold however many requests a rollout sends at once (B33–B35).
 
 The limits are checked before each model call against what the trace holds, so with one
 request at a time ``max_turns=N`` commits N turns and a token cap lets exactly one turn
 cross it. A harness that sends requests concurrently would otherwise have all of them pass
-the check before any of them commits. Admission counts the requests in flight as reserved:
+the check before any of them commits. The session counts the requests in flight as reserved:
 
 * with a token cap set, a rollout's requests are admitted one at a time: the check then
   sees every earlier turn, and at most one turn can cross the cap (soft by one turn);
@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 from .limits import RolloutLimits
 
 
-class Admission:
+class LimitReservations:
     """Counts one rollout's model requests in flight; ``admitted()`` waits for a place.
 
     Args:
