@@ -78,8 +78,9 @@ class _Server:
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
-            self.proc = subprocess.Popen([sys.executable, "-I", "-S", _MOUNTER, "serve"], stdin=theirs, env={},
-                                         start_new_session=True)  # the host's Ctrl-C is the host's to handle
+            self.proc = subprocess.Popen(  # noqa: S603 - argv is this interpreter and our own mounter script
+                [sys.executable, "-I", "-S", _MOUNTER, "serve"], stdin=theirs.fileno(), env={},
+                start_new_session=True)  # the host's Ctrl-C is the host's to handle
         self.sock, self.owner, self.lock = ours, os.getpid(), threading.Lock()
 
     def ask(self, request: dict[str, Any], fds: list[int]) -> tuple[int, int]:
@@ -87,7 +88,7 @@ class _Server:
         with self.lock:
             socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
             data, got, _flags, _addr = socket.recv_fds(self.sock, 4096, 1)
-        answer = json.loads(data) if data else {"errno": 0, "error": "the mounter server exited"}
+        answer: dict[str, Any] = json.loads(data) if data else {"errno": 0, "error": "the mounter server exited"}
         if "pid" not in answer or len(got) != 1:
             for fd in got:
                 os.close(fd)
