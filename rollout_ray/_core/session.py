@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
 from .._errors import (
     OverlongPromptError,
@@ -55,6 +55,7 @@ from .token_prefix import TokenPrefix
 from .turn_hooks import TurnHooks
 from .upstream_fields import upstream_fields
 
+_T = TypeVar("_T")
 
 class RolloutSession(TurnHooks):
     """The model boundary of one rollout.
@@ -222,7 +223,7 @@ class RolloutSession(TurnHooks):
         finally:
             SESSION_ID.reset(token)
 
-    async def _guarded(self, awaitable: Any) -> Any:
+    async def _guarded(self, awaitable: Awaitable[_T]) -> _T:
         """Await a hook phase, stashing its failure (hook errors answer 502, Q11)."""
         try:
             return await awaitable

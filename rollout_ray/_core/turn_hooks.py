@@ -79,7 +79,7 @@ class TurnHooks:
         self.trace.request_rewrites.extend(records)
         for hook in self.request_stops:
             fired = await self._run_request_hook(
-                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(request), Trace: self.trace})
+                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(request), Trace: self.trace})  # noqa: B023 - awaited in this iteration
             )
             if not isinstance(fired, bool):
                 raise TaskError(
@@ -102,7 +102,7 @@ class TurnHooks:
         for hook in self.request_interceptors:
             current = request
             result = await self._run_request_hook(
-                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(current), Trace: self.trace})
+                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(current), Trace: self.trace})  # noqa: B023 - awaited in this iteration
             )
             if result is None:
                 continue
@@ -161,7 +161,7 @@ class TurnHooks:
         for hook in self.response_interceptors:
             current = response
             result = await self._run_response_hook(
-                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(current), Trace: self.trace})
+                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(current), Trace: self.trace})  # noqa: B023 - awaited in this iteration
             )
             if result is None or result == response:
                 continue
@@ -173,7 +173,7 @@ class TurnHooks:
             records.append(InterceptRecord(hook.name))
         for hook in self.response_stops:
             fired = await self._run_response_hook(
-                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(response), Trace: self.trace})
+                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(response), Trace: self.trace})  # noqa: B023 - awaited in this iteration
             )
             if not isinstance(fired, bool):
                 raise TaskError(

@@ -38,6 +38,7 @@ the conversation has (one per ``token_branch`` value), and ``branch_reasons``
 from __future__ import annotations
 
 import gc
+import itertools
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -108,7 +109,7 @@ class RolloutRecord:
         if not self.attempts or sum(self.attempts) != len(errors):
             return [list(errors)]
         bounds = np.cumsum((0, *self.attempts))
-        return [errors[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        return [errors[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def _score_map(maps: Iterable[dict[str, Any]]) -> pa.MapArray:

@@ -66,7 +66,7 @@ class V1Task(Task):
     def toolsets(self, config: Any) -> list[Any]:  # type: ignore[override]
         """The v1 task's toolsets as ours, one set per rollout; made from the v1 task's own
         config (upstream's ``toolsets`` reads it), not ours."""
-        return [toolset_class(type(t))(t) for t in type(self.upstream).toolsets(self.upstream.config)]
+        return [toolset_class(type(t))(t) for t in type(self.upstream).toolsets(self.upstream.config)]  # type: ignore[call-arg,arg-type]
 
     def hooks(self, kind: HookKind) -> list[Hook]:
         if kind in ("stop", "intercept"):

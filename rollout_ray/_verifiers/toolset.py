@@ -43,7 +43,7 @@ def toolset_class(upstream_cls: type) -> type[Toolset]:
     ``task.adapter_class``, so a ``.py`` taskset ships to Ray workers by value)."""
     from verifiers.v1.utils.decorators import discover_decorated
 
-    probe = object.__new__(upstream_cls)  # discover_decorated reads the class's methods only
+    probe: Any = object.__new__(upstream_cls)  # discover_decorated reads the class's methods only
     prefix = upstream_cls.server_name.fget(probe)  # type: ignore[attr-defined]
     members: dict[str, Any] = {}
     for fn in discover_decorated(probe, "tool"):

@@ -39,9 +39,9 @@ def spelled_names(source: str) -> list[str]:
     return found
 
 
-OTHER_FORMATS = ("_runtimes/",)
-"""Packages whose files of the same names belong to other formats: an image's
-``manifest.json`` (``docker save``), the image cache's ``.lock``."""
+OTHER_FORMATS = ("_runtimes/", "_harnesses/agent_install.py")
+"""Files whose names of the same spelling belong to other formats: an image's
+``manifest.json`` (``docker save``), the image cache's ``.lock``, an agent install's lock."""
 
 
 def test_no_module_but_run_layout_spells_a_name_of_a_run_directory() -> None:
