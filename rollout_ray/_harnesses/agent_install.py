@@ -27,7 +27,12 @@ from pathlib import Path
 from .._errors import HarnessError
 
 INSTALL_TIMEOUT = 900.0
-"""Seconds an install may take (Claude Code's native binary is ~200 MB)."""
+"""Seconds an install may take (Claude Code's native binary is ~200 MB); the environment's
+``ROLLOUT_RAY_AGENT_INSTALL_TIMEOUT`` overrides it."""
+
+
+def _install_timeout() -> float:
+    return float(os.environ.get("ROLLOUT_RAY_AGENT_INSTALL_TIMEOUT") or INSTALL_TIMEOUT)
 
 
 def agents_dir() -> Path:
@@ -56,7 +61,7 @@ def _installed(name: str, command: Sequence[str], what: str) -> Path:
         try:
             argv = [a.replace("{dir}", str(work)) for a in command]
             try:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT)  # noqa: S603 - argv is the preset's own install command
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=_install_timeout())  # noqa: S603 - argv is the preset's own install command
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise HarnessError(f"cannot install {what}: {exc}; install it by hand into {final}") from None
             if done.returncode != 0:
