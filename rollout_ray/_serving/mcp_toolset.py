@@ -45,7 +45,9 @@ class MCPToolset(Toolset):
         name: the tool server's name (as a ``Toolset``'s ``name``).
         url: a streamable HTTP endpoint (e.g. ``http://127.0.0.1:8000/mcp``); or
         command: a stdio server to start (e.g. ``["npx", "-y", "@modelcontextprotocol/server-filesystem", "/data"]``),
-            one per rollout runtime, in ``cwd`` with ``env`` (``None``: this process's).
+            one per rollout runtime, run on the host unsandboxed. Its environment is ``env`` over
+            HOME, LOGNAME, PATH, SHELL, TERM and USER of this process (no other host variable:
+            pass what it needs in ``env``); its working directory ``cwd``, or a fresh empty one.
         headers: sent with every HTTP request (e.g. ``Authorization``).
         timeout: seconds per request to the server; over it the rollout fails with
             ``ToolServerError``. Keep it under the tool server's ``call_timeout`` (60 s), which
