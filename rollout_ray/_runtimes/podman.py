@@ -41,6 +41,7 @@ import os
 import resource
 import shutil
 import signal
+import subprocess
 import tarfile
 import uuid
 from collections.abc import Mapping, Sequence
@@ -278,10 +279,9 @@ class PodmanRuntime(Runtime):
         token = uuid.uuid4().hex
         variables = {**(env or {}), **(grading_env(GRADER_DIR) if self._grading else {}), EXEC_MARKER: token}
         where = GRADER_DIR if self._grading else self.workdir
-        command = ["exec", "-i" if stdin is not None else "", "--workdir", where,
-                   *(a for k, v in variables.items() for a in ("--env", f"{k}={v}")), self.container, *argv]
+        command, client_env = _exec_command(self.container, argv, variables, where, stdin is not None)
         proc = await asyncio.create_subprocess_exec(
-            "podman", *filter(None, command),
+            *command, env=client_env,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         reads = asyncio.gather(_capped(proc.stdout, max_output), _capped(proc.stderr, max_output))
@@ -324,15 +324,10 @@ class PodmanRuntime(Runtime):
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
         """A regular file of the container (relative: under the work directory)."""
         self._require_running(f"read {path!r}")
-        code, out, err = await _podman("cp", f"{self.container}:{self._path(path)}", "-")
-        if code != 0:
-            raise SandboxError(f"read {path!r} in runtime {self.name!r}: {err}")
-        with tarfile.open(fileobj=io.BytesIO(out)) as archive:
-            member = archive.next()
-            if member is None or not member.isfile():
-                raise SandboxError(f"read {path!r} in runtime {self.name!r}: not a regular file")
-            data = archive.extractfile(member).read()  # type: ignore[union-attr]
-        return data if max_bytes is None else data[:max_bytes]
+        outcome = await asyncio.to_thread(_read_streamed, f"{self.container}:{self._path(path)}", max_bytes)
+        if isinstance(outcome, str):
+            raise SandboxError(f"read {path!r} in runtime {self.name!r}: {outcome}")
+        return outcome
 
     async def write(self, path: str, data: bytes | str) -> None:
         """Write a file of the container, making its parent directories."""
@@ -343,6 +338,18 @@ class PodmanRuntime(Runtime):
         code, _, err = await _podman("cp", "-", f"{self.container}:/", stdin=_tar(entries))
         if code != 0:
             raise SandboxError(f"write {path!r} in runtime {self.name!r}: {err}")
+
+
+def _exec_command(container: str, argv: list[str], variables: Mapping[str, str], workdir: str,
+                  interactive: bool) -> tuple[list[str], dict[str, str]]:
+    """The ``podman exec`` command line and the podman client's environment.
+
+    Values go through the client's environment with only ``--env NAME`` on the command line:
+    a command line is readable by every user of the host (``ps``), and an exec's variables
+    carry secrets (``OPENAI_API_KEY``)."""
+    command = ["podman", "exec", *(["-i"] if interactive else []), "--workdir", workdir,
+               *(a for k in variables for a in ("--env", k)), container, *argv]
+    return command, {**os.environ, **variables}
 
 
 def _parents(path: str) -> list[tuple[str, int, bytes | None]]:
@@ -370,6 +377,36 @@ async def _capped(stream: Any, cap: int) -> tuple[bytes, bool]:
         cut = cut or len(chunk) > room
         kept += chunk[:max(room, 0)]
     return bytes(kept), cut
+
+
+def _read_streamed(source: str, max_bytes: int | None) -> bytes | str:
+    """The file ``podman cp source -`` streams as a tar, reading no more than ``max_bytes`` of
+    it (the client is killed then): a file of the container may be as large as its disk. The
+    reason as a string when it is no regular file (a directory's tar would be its whole tree)."""
+    proc = subprocess.Popen(["podman", "cp", source, "-"],  # noqa: S603,S607 - podman from PATH as _podman; no shell
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        try:
+            with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
+                member = archive.next()
+                if member is None or not member.isfile():
+                    return "not a regular file (a directory or a link is refused): give a file's path"
+                stream = archive.extractfile(member)
+                assert stream is not None
+                return stream.read(member.size if max_bytes is None else min(member.size, max(max_bytes, 0)))
+        except tarfile.TarError:
+            proc.kill()
+            proc.wait(CALL_TIMEOUT)
+            assert proc.stderr is not None
+            return proc.stderr.read(4096).decode(errors="replace").strip() or "podman cp wrote no archive"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(CALL_TIMEOUT)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def _environ(pid: int) -> list[bytes]:

@@ -280,3 +280,46 @@ def test_a_rollout_over_podman_scores_with_files_its_agent_never_saw() -> None:
     assert trace.errors == [], trace.errors
     assert trace.agent.runtime is not None and trace.agent.runtime.type == "podman"
     assert {k: r.score for k, r in trace.rewards.items()} == {"passed": 1.0, "hidden_from_agent": 1.0}
+
+
+def test_a_large_file_is_read_only_up_to_max_bytes_and_a_directory_is_refused(tmp_path: Path) -> None:
+    """Security review F2: ``read`` buffered the whole ``podman cp`` tar before trimming it (a
+    300 MB file: +600 MiB on the host); now it streams and stops at ``max_bytes``."""
+    import resource
+
+    async def main() -> None:
+        async with box(tmp_path) as rt:
+            made = await rt.exec(["sh", "-c", "head -c 314572800 /dev/zero > /work/big && echo made"], timeout=120)
+            assert made.stdout == "made\n", made.stderr
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            assert await rt.read("/work/big", max_bytes=16) == b"\0" * 16
+            grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024
+            assert grown_mib < 100, f"reading 16 bytes grew this process's peak memory by {grown_mib} MiB"
+            await rt.exec(["mkdir", "-p", "/work/dir/sub"])
+            with pytest.raises(SandboxError, match="not a regular file"):
+                await rt.read("/work/dir")
+            with pytest.raises(SandboxError, match="read '/work/missing'"):
+                await rt.read("/work/missing")
+
+    run(main())
+
+
+def test_an_execs_variables_are_not_on_the_podman_command_line() -> None:
+    """Security review F5: ``--env NAME=value`` put an exec's secrets in ``ps`` for every user
+    of the host; values now go through the podman client's environment."""
+    from rollout_ray._runtimes.podman import _exec_command
+
+    command, env = _exec_command("c1", ["sh", "-c", "echo $OPENAI_API_KEY"], {"OPENAI_API_KEY": "sk-secret"},
+                                 "/work", interactive=False)
+    assert not any("sk-secret" in a for a in command)
+    assert command[:6] == ["podman", "exec", "--workdir", "/work", "--env", "OPENAI_API_KEY"]
+    assert env["OPENAI_API_KEY"] == "sk-secret"
+
+
+def test_an_execs_variable_passed_by_name_still_reaches_the_program_whole(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with box(tmp_path) as rt:
+            r = await rt.exec(["sh", "-c", 'echo "$OPENAI_API_KEY"'], env={"OPENAI_API_KEY": "sk-secret=with=equals"})
+            assert r.stdout == "sk-secret=with=equals\n", r.stderr
+
+    run(main())
