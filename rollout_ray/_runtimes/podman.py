@@ -21,9 +21,11 @@ shell to stay up); every ``exec`` is a ``podman exec`` in it. What it guarantees
   at once (``podman rm -f``). Its images stay in Podman's store, which refuses to remove an
   image a container uses (the lease).
 
-Not enforced (``enforces`` says so): the network — a container shares the host's network
-namespace, so a program reaches the framework's routes at their host URLs, and anything
-else the host reaches; and a disk limit (the writable layer grows on the host's disk).
+* network: none (``--network none``: a namespace of its own, only loopback) but the routes
+  ``prepare_execution`` allows, served on ``127.0.0.1:PORT`` inside (``podman_net.py``): a
+  program reaches no other host port, Ray's included.
+
+Not enforced (``enforces`` says so): a disk limit (the writable layer grows on the host's disk).
 
 An image is a name in the node's Podman store (never pulled), or an absolute path to a
 ``docker save`` / ``podman save`` archive, an OCI archive or layout (``podman load``), or a
@@ -46,13 +48,16 @@ import tarfile
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import SandboxError
 from .files import components
 from .grader import grading_env, write_grader_files
 from .layout import GRADER_DIR
+from .podman_net import ContainerNetwork
 from .provider import Capabilities, HostResources, Provider
+from .routes import port_of, sandbox_url
 
 EXEC_MARKER = "ROLLOUT_RAY_EXEC"
 """Each exec's programs carry it: a timed-out or cancelled exec kills what carries its value."""
@@ -179,7 +184,7 @@ class PodmanRuntime(Runtime):
     """
 
     type = "podman"
-    enforces: frozenset[str] = frozenset({"filesystem", "pid", "pids", "memory"})
+    enforces: frozenset[str] = frozenset({"filesystem", "pid", "pids", "memory", "network"})
 
     def __init__(self, name: str | None = None, *, root: str, image: str | None, env: Mapping[str, str] | None = None,
                  host_token: str = "") -> None:
@@ -193,6 +198,8 @@ class PodmanRuntime(Runtime):
         self._grading = False
         self._init_pid: int | None = None
         self._created = False
+        self._remote: dict[int, tuple[str, int]] = {}
+        self.network = ContainerNetwork(os.path.join(root, f"{self.container}.net"), self.env)
 
     @property
     def id(self) -> str:
@@ -211,7 +218,7 @@ class PodmanRuntime(Runtime):
         self._created = True  # from here on, teardown removes the container, whatever exists of it
         code, _, err = await _podman(
             *_oci_runtime(), "create", "--rm", "--pull", "never", "--name", self.container,
-            "--label", f"{LABEL}={self.host_token}", "--network", "host", "--cap-drop", "all",
+            "--label", f"{LABEL}={self.host_token}", "--network", "none", "--cap-drop", "all",
             "--security-opt", "no-new-privileges", "--pids-limit", str(PIDS_LIMIT), "--memory", MEMORY_LIMIT,
             "--ulimit", _ulimit("nofile", resource.RLIMIT_NOFILE, NOFILE),
             "--ulimit", _ulimit("nproc", resource.RLIMIT_NPROC, PIDS_LIMIT),
@@ -232,9 +239,26 @@ class PodmanRuntime(Runtime):
         self._init_pid = int(out.decode().strip() or 0) if code == 0 else None
 
     async def _teardown(self) -> None:
+        await self.network.close()
         if self._created:
             await _podman("rm", "-f", "-t", "0", self.container)
         await asyncio.to_thread(shutil.rmtree, self.grader_host_dir, True)
+        await asyncio.to_thread(shutil.rmtree, self.network.directory, True)
+
+    async def prepare_execution(self, routes: Sequence[str] | None) -> None:
+        """Allow exactly ``routes`` (full URLs) to the execs started from now on: the
+        container has no other network (``podman_net.py``)."""
+        self._require_running("prepare_execution")
+        if self._init_pid is None:
+            raise SandboxError(f"runtime {self.name!r}: its container's first process is unknown; cannot route")
+        await self.network.allow(self._init_pid, routes, self._remote, self.name)
+
+    def host_url(self, url: str) -> str:
+        """``url`` as the container reaches it (``sandbox_url``), remembering the real target."""
+        inside = sandbox_url(url)
+        if inside != url:
+            self._remote[port_of(url)] = (urlsplit(url).hostname or "", port_of(url))
+        return inside
 
     def _require_running(self, what: str) -> None:
         if self.stopped or not self.started:
@@ -423,6 +447,6 @@ def _make(name: str, image: str | None, r: HostResources) -> Runtime:
 
 
 PROVIDER = Provider(
-    "podman", _make, Capabilities(isolation=True, images=True, grader_files=True),
-    unavailable=podman_unavailable, enforces=PodmanRuntime.enforces, label="podman",
-    help="a Podman container over the task's image; network and disk not limited")
+    "podman", _make, Capabilities(isolation=True, images=True, grader_files=True, routes=True),
+    unavailable=podman_unavailable, enforces=PodmanRuntime.enforces, label="podman", host_url=sandbox_url,
+    help="a Podman container over the task's image; no network but the framework's routes; disk not limited")

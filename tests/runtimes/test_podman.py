@@ -323,3 +323,48 @@ def test_an_execs_variable_passed_by_name_still_reaches_the_program_whole(tmp_pa
             assert r.stdout == "sk-secret=with=equals\n", r.stderr
 
     run(main())
+
+
+FETCH = ("import sys, urllib.request\n"
+         "try:\n"
+         "    print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())\n"
+         "except OSError as e:\n"
+         "    print('unreachable', type(e).__name__)\n")
+
+
+def test_a_host_service_is_unreachable_and_only_the_allowed_route_is_served(tmp_path: Path) -> None:
+    """Security review F1: the container shared the host's network (``--network host``): its
+    program reached every host loopback port, Ray's included. Now only the routes allowed."""
+    import http.server
+    import threading
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"host-only " + self.path.encode())
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    secret, allowed = (f"http://127.0.0.1:{s.server_address[1]}/x" for s in servers)
+
+    async def main() -> None:
+        async with box(tmp_path) as rt:
+            fetch = ["python3", "-c", FETCH]
+            assert (await rt.exec([*fetch, secret], timeout=30)).stdout.startswith("unreachable")
+            await rt.prepare_execution([allowed.removesuffix("/x")])
+            assert (await rt.exec([*fetch, allowed], timeout=30)).stdout == "host-only /x\n"
+            assert (await rt.exec([*fetch, secret], timeout=30)).stdout.startswith("unreachable")
+            await rt.prepare_execution(None)
+            assert (await rt.exec([*fetch, allowed], timeout=30)).stdout.startswith("unreachable")
+
+    try:
+        run(main())
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
