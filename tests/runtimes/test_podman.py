@@ -368,3 +368,23 @@ def test_a_host_service_is_unreachable_and_only_the_allowed_route_is_served(tmp_
         for server in servers:
             server.shutdown()
             server.server_close()
+
+
+def test_an_agent_program_in_the_container_reaches_the_proxy_through_its_route() -> None:
+    """With ``--network none``, the example agent still reaches the rollout's proxy: through the
+    route ``prepare_execution`` allows, not through the host's network."""
+    from test_image_sandbox import AGENT_SOURCE, Three
+
+    from rollout_ray._harnesses.program import ProgramHarness
+
+    async def main() -> Trace:
+        async with LocalExecutor(runtime="podman") as executor:
+            harness = ProgramHarness(["python3", "agent_program.py"], files={"agent_program.py": AGENT_SOURCE},
+                                     timeout=60)
+            task = Three({"prompt": "1+2?", "image": python_image()})
+            return await executor.run(RolloutSpec(task, harness, ScriptedModel(["3"])))
+
+    trace = run(main())
+    assert trace.errors == [], trace.errors
+    assert trace.agent.runtime is not None and trace.agent.runtime.type == "podman"
+    assert trace.rewards["correct"].score == 1.0 and trace.num_turns == 1
