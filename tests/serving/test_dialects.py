@@ -165,6 +165,7 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("/v1/responses", {"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
     ("/v1/responses", {"input": "hi", "temperature": 2**70}, "temperature"),  # the trace holds 64 bits
     ("/v1/messages", {"messages": "hi"}, "messages"),
+    ("/v1/messages", {"messages": [], "max_tokens": 1, "top_k": "5"}, "top_k"),  # went upstream as a string
     ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
      "messages[0].content[0].tool_use_id"),
     ("/v1/messages", {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f",
