@@ -85,8 +85,10 @@ class MCPToolset(Toolset):
         if self.url is not None:
             client: _Client = http_client(self.name, self.url, self.headers, self.limits)
         else:
-            runtime_id = None if runtime is None else runtime.id
-            client = stdio_client(self.name, self.command, self.env, self.cwd, self.limits, runtime_id)
+            # Without a runtime, the server is this toolset's own: keyed on nothing, it was shared
+            # by every runtime-less rollout of the process (one rollout's files and state seen by another).
+            owner = f"toolset-{id(self)}" if runtime is None else runtime.id
+            client = stdio_client(self.name, self.command, self.env, self.cwd, self.limits, owner)
         self._client = client
         try:
             await client.ready()

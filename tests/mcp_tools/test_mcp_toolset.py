@@ -249,3 +249,20 @@ def test_stdio_server_sees_no_host_secret_nor_the_tool_servers_directory(monkeyp
         assert not os.path.exists(seen["cwd"])  # its scratch directory went with it
 
     asyncio.run(main())
+
+
+def test_runtime_less_rollouts_do_not_share_a_stdio_server() -> None:
+    """Security review F3: with no runtime (a ChatHarness rollout), every rollout of the process
+    got the one server keyed on ``None``: each saw the others' server state and files."""
+    async def main() -> None:
+        toolsets = [MCPToolset("calc", command=sdk_stdio_command()) for _ in range(2)]
+        try:
+            for t in toolsets:
+                await open_toolsets([t], None)
+            pids = [(await LocalTools([t], None).call(ToolCall("1", "pid", {}))).content for t in toolsets]
+            assert pids[0] != pids[1]
+        finally:
+            await close_toolsets(toolsets)
+            await close_clients()
+
+    asyncio.run(main())
