@@ -237,7 +237,7 @@ class HTTPInterception(HTTPService, Interception):
             return error(400, str(e), "invalid_request_error", e.param)
         except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
             return error(400, "invalid request: JSON nested too deeply", "invalid_request_error")
-        if replay:
+        if replay and reg.last_response is not None:  # (replay says so; this line tells mypy)
             return await self._answer(request, dialect, parsed, reg.last_response, digest)
         if not retry and digest == reg.last_hash:
             reg.last_hash = reg.last_response = None
