@@ -84,6 +84,8 @@ def podman_unavailable() -> str | None:
         return "the podman runtime needs podman: apt-get install podman (and runc on cgroup v1 or hybrid hosts)"
     if _catatonit() is None:
         return "the podman runtime needs catatonit (Debian's catatonit package, which podman recommends)"
+    if shutil.which("nsenter") is None:  # serves a container's routes in its network namespace
+        return "the podman runtime needs nsenter (Debian's util-linux package)"
     return None
 
 

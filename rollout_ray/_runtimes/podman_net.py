@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -69,7 +70,7 @@ class ContainerNetwork:
             await route.open(os.path.join(self.directory, f"{port}.sock"))
         if not wanted:
             return
-        command = ["nsenter", f"--net=/proc/{pid}/ns/net", "--", sys.executable, "-I", "-S", FORWARDER,
+        command = [shutil.which("nsenter") or "nsenter", f"--net=/proc/{pid}/ns/net", "--", sys.executable, "-I", "-S", FORWARDER,
                    *(a for port in wanted for a in ("--route", f"{port}={port}.sock")),
                    "--", sys.executable, "-I", "-S", "-c", _HOLD]
         self.forwarder = await asyncio.create_subprocess_exec(
