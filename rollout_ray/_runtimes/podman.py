@@ -21,9 +21,11 @@ shell to stay up); every ``exec`` is a ``podman exec`` in it. What it guarantees
   at once (``podman rm -f``). Its images stay in Podman's store, which refuses to remove an
   image a container uses (the lease).
 
-Not enforced (``enforces`` says so): the network — a container shares the host's network
-namespace, so a program reaches the framework's routes at their host URLs, and anything
-else the host reaches; and a disk limit (the writable layer grows on the host's disk).
+* network: none (``--network none``: a namespace of its own, only loopback) but the routes
+  ``prepare_execution`` allows, served on ``127.0.0.1:PORT`` inside (``podman_net.py``): a
+  program reaches no other host port, Ray's included.
+
+Not enforced (``enforces`` says so): a disk limit (the writable layer grows on the host's disk).
 
 An image is a name in the node's Podman store (never pulled), or an absolute path to a
 ``docker save`` / ``podman save`` archive, an OCI archive or layout (``podman load``), or a
@@ -41,17 +43,21 @@ import os
 import resource
 import shutil
 import signal
+import subprocess
 import tarfile
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import SandboxError
 from .files import components
 from .grader import grading_env, write_grader_files
 from .layout import GRADER_DIR
+from .podman_net import ContainerNetwork
 from .provider import Capabilities, HostResources, Provider
+from .routes import port_of, sandbox_url
 
 EXEC_MARKER = "ROLLOUT_RAY_EXEC"
 """Each exec's programs carry it: a timed-out or cancelled exec kills what carries its value."""
@@ -78,6 +84,8 @@ def podman_unavailable() -> str | None:
         return "the podman runtime needs podman: apt-get install podman (and runc on cgroup v1 or hybrid hosts)"
     if _catatonit() is None:
         return "the podman runtime needs catatonit (Debian's catatonit package, which podman recommends)"
+    if shutil.which("nsenter") is None:  # serves a container's routes in its network namespace
+        return "the podman runtime needs nsenter (Debian's util-linux package)"
     return None
 
 
@@ -178,7 +186,7 @@ class PodmanRuntime(Runtime):
     """
 
     type = "podman"
-    enforces: frozenset[str] = frozenset({"filesystem", "pid", "pids", "memory"})
+    enforces: frozenset[str] = frozenset({"filesystem", "pid", "pids", "memory", "network"})
 
     def __init__(self, name: str | None = None, *, root: str, image: str | None, env: Mapping[str, str] | None = None,
                  host_token: str = "") -> None:
@@ -192,6 +200,8 @@ class PodmanRuntime(Runtime):
         self._grading = False
         self._init_pid: int | None = None
         self._created = False
+        self._remote: dict[int, tuple[str, int]] = {}
+        self.network = ContainerNetwork(os.path.join(root, f"{self.container}.net"), self.env)
 
     @property
     def id(self) -> str:
@@ -210,7 +220,7 @@ class PodmanRuntime(Runtime):
         self._created = True  # from here on, teardown removes the container, whatever exists of it
         code, _, err = await _podman(
             *_oci_runtime(), "create", "--rm", "--pull", "never", "--name", self.container,
-            "--label", f"{LABEL}={self.host_token}", "--network", "host", "--cap-drop", "all",
+            "--label", f"{LABEL}={self.host_token}", "--network", "none", "--cap-drop", "all",
             "--security-opt", "no-new-privileges", "--pids-limit", str(PIDS_LIMIT), "--memory", MEMORY_LIMIT,
             "--ulimit", _ulimit("nofile", resource.RLIMIT_NOFILE, NOFILE),
             "--ulimit", _ulimit("nproc", resource.RLIMIT_NPROC, PIDS_LIMIT),
@@ -231,9 +241,26 @@ class PodmanRuntime(Runtime):
         self._init_pid = int(out.decode().strip() or 0) if code == 0 else None
 
     async def _teardown(self) -> None:
+        await self.network.close()
         if self._created:
             await _podman("rm", "-f", "-t", "0", self.container)
         await asyncio.to_thread(shutil.rmtree, self.grader_host_dir, True)
+        await asyncio.to_thread(shutil.rmtree, self.network.directory, True)
+
+    async def prepare_execution(self, routes: Sequence[str] | None) -> None:
+        """Allow exactly ``routes`` (full URLs) to the execs started from now on: the
+        container has no other network (``podman_net.py``)."""
+        self._require_running("prepare_execution")
+        if self._init_pid is None:
+            raise SandboxError(f"runtime {self.name!r}: its container's first process is unknown; cannot route")
+        await self.network.allow(self._init_pid, routes, self._remote, self.name)
+
+    def host_url(self, url: str) -> str:
+        """``url`` as the container reaches it (``sandbox_url``), remembering the real target."""
+        inside = sandbox_url(url)
+        if inside != url:
+            self._remote[port_of(url)] = (urlsplit(url).hostname or "", port_of(url))
+        return inside
 
     def _require_running(self, what: str) -> None:
         if self.stopped or not self.started:
@@ -278,10 +305,9 @@ class PodmanRuntime(Runtime):
         token = uuid.uuid4().hex
         variables = {**(env or {}), **(grading_env(GRADER_DIR) if self._grading else {}), EXEC_MARKER: token}
         where = GRADER_DIR if self._grading else self.workdir
-        command = ["exec", "-i" if stdin is not None else "", "--workdir", where,
-                   *(a for k, v in variables.items() for a in ("--env", f"{k}={v}")), self.container, *argv]
+        command, client_env = _exec_command(self.container, argv, variables, where, stdin is not None)
         proc = await asyncio.create_subprocess_exec(
-            "podman", *filter(None, command),
+            *command, env=client_env,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         reads = asyncio.gather(_capped(proc.stdout, max_output), _capped(proc.stderr, max_output))
@@ -324,15 +350,10 @@ class PodmanRuntime(Runtime):
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
         """A regular file of the container (relative: under the work directory)."""
         self._require_running(f"read {path!r}")
-        code, out, err = await _podman("cp", f"{self.container}:{self._path(path)}", "-")
-        if code != 0:
-            raise SandboxError(f"read {path!r} in runtime {self.name!r}: {err}")
-        with tarfile.open(fileobj=io.BytesIO(out)) as archive:
-            member = archive.next()
-            if member is None or not member.isfile():
-                raise SandboxError(f"read {path!r} in runtime {self.name!r}: not a regular file")
-            data = archive.extractfile(member).read()  # type: ignore[union-attr]
-        return data if max_bytes is None else data[:max_bytes]
+        outcome = await asyncio.to_thread(_read_streamed, f"{self.container}:{self._path(path)}", max_bytes)
+        if isinstance(outcome, str):
+            raise SandboxError(f"read {path!r} in runtime {self.name!r}: {outcome}")
+        return outcome
 
     async def write(self, path: str, data: bytes | str) -> None:
         """Write a file of the container, making its parent directories."""
@@ -343,6 +364,18 @@ class PodmanRuntime(Runtime):
         code, _, err = await _podman("cp", "-", f"{self.container}:/", stdin=_tar(entries))
         if code != 0:
             raise SandboxError(f"write {path!r} in runtime {self.name!r}: {err}")
+
+
+def _exec_command(container: str, argv: list[str], variables: Mapping[str, str], workdir: str,
+                  interactive: bool) -> tuple[list[str], dict[str, str]]:
+    """The ``podman exec`` command line and the podman client's environment.
+
+    Values go through the client's environment with only ``--env NAME`` on the command line:
+    a command line is readable by every user of the host (``ps``), and an exec's variables
+    carry secrets (``OPENAI_API_KEY``)."""
+    command = ["podman", "exec", *(["-i"] if interactive else []), "--workdir", workdir,
+               *(a for k in variables for a in ("--env", k)), container, *argv]
+    return command, {**os.environ, **variables}
 
 
 def _parents(path: str) -> list[tuple[str, int, bytes | None]]:
@@ -372,6 +405,36 @@ async def _capped(stream: Any, cap: int) -> tuple[bytes, bool]:
     return bytes(kept), cut
 
 
+def _read_streamed(source: str, max_bytes: int | None) -> bytes | str:
+    """The file ``podman cp source -`` streams as a tar, reading no more than ``max_bytes`` of
+    it (the client is killed then): a file of the container may be as large as its disk. The
+    reason as a string when it is no regular file (a directory's tar would be its whole tree)."""
+    proc = subprocess.Popen(["podman", "cp", source, "-"],  # noqa: S603,S607 - podman from PATH as _podman; no shell
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        try:
+            with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
+                member = archive.next()
+                if member is None or not member.isfile():
+                    return "not a regular file (a directory or a link is refused): give a file's path"
+                stream = archive.extractfile(member)
+                assert stream is not None
+                return stream.read(member.size if max_bytes is None else min(member.size, max(max_bytes, 0)))
+        except tarfile.TarError:
+            proc.kill()
+            proc.wait(CALL_TIMEOUT)
+            assert proc.stderr is not None
+            return proc.stderr.read(4096).decode(errors="replace").strip() or "podman cp wrote no archive"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(CALL_TIMEOUT)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
 def _environ(pid: int) -> list[bytes]:
     """The initial environment of host process ``pid`` (none once gone)."""
     try:
@@ -386,6 +449,6 @@ def _make(name: str, image: str | None, r: HostResources) -> Runtime:
 
 
 PROVIDER = Provider(
-    "podman", _make, Capabilities(isolation=True, images=True, grader_files=True),
-    unavailable=podman_unavailable, enforces=PodmanRuntime.enforces, label="podman",
-    help="a Podman container over the task's image; network and disk not limited")
+    "podman", _make, Capabilities(isolation=True, images=True, grader_files=True, routes=True),
+    unavailable=podman_unavailable, enforces=PodmanRuntime.enforces, label="podman", host_url=sandbox_url,
+    help="a Podman container over the task's image; no network but the framework's routes; disk not limited")

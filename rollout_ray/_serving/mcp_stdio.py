@@ -5,6 +5,10 @@ under the per-process limit on starts in progress; a message over ``max_message`
 line that is not JSON, or the process's exit fails the requests waiting with
 ``ToolServerError``, and the next request starts it again. Stopped by killing its process
 group (it may have started children: ``npx`` does).
+
+It runs on the host, unsandboxed, so it gets none of the host's secrets by default: only the
+variables of ``INHERITED_ENV`` (the official MCP SDK's allow-list) plus its ``env``, and, without
+a ``cwd``, a fresh empty working directory of its own (removed when it stops).
 """
 
 from __future__ import annotations
@@ -12,13 +16,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
 from .mcp_client import Limits, _Client, _Retry
+
+INHERITED_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
+"""Variables a stdio server inherits from this process (as the MCP SDK's DEFAULT_INHERITED_ENV_VARS)."""
+
+
+def server_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """A stdio server's environment: this process's ``INHERITED_ENV`` variables, then ``env``."""
+    inherited = {k: v for k in INHERITED_ENV if (v := os.environ.get(k)) is not None and not v.startswith("()")}
+    return {**inherited, **(env or {})}  # "()": a shell function exported, as the SDK skips
 
 
 class StdioClient(_Client):
@@ -29,6 +44,7 @@ class StdioClient(_Client):
         super().__init__(server, limits)
         self.command, self._env, self._cwd, self._starting_slots = list(command), env, cwd, starting
         self.process: asyncio.subprocess.Process | None = None
+        self._scratch: str | None = None  # the working directory made when no cwd is given
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
@@ -38,11 +54,14 @@ class StdioClient(_Client):
 
     async def _open(self) -> None:
         await self.close()
+        cwd = self._cwd
+        if cwd is None:  # not the tool server's own directory: the server sees nothing of the host's files there
+            cwd = self._scratch = tempfile.mkdtemp(prefix="rollout-ray-mcp-")
         try:
             self.process = await asyncio.create_subprocess_exec(
                 *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, env=None if self._env is None else dict(self._env),
-                cwd=self._cwd, limit=self.limits.max_message, start_new_session=True)
+                stderr=asyncio.subprocess.DEVNULL, env=server_env(self._env),
+                cwd=cwd, limit=self.limits.max_message, start_new_session=True)
         except OSError as e:
             raise self._fail(f"cannot start {self.command[0]!r}: {e}") from None
         self._reader = asyncio.ensure_future(self._read_lines(self.process))
@@ -109,6 +128,9 @@ class StdioClient(_Client):
             reader.cancel()
             with contextlib.suppress(BaseException):
                 await reader
+        scratch, self._scratch = self._scratch, None
+        if scratch is not None:
+            await asyncio.to_thread(shutil.rmtree, scratch, True)
 
 
 def _kill(process: asyncio.subprocess.Process) -> None:

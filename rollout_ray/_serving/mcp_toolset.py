@@ -45,7 +45,9 @@ class MCPToolset(Toolset):
         name: the tool server's name (as a ``Toolset``'s ``name``).
         url: a streamable HTTP endpoint (e.g. ``http://127.0.0.1:8000/mcp``); or
         command: a stdio server to start (e.g. ``["npx", "-y", "@modelcontextprotocol/server-filesystem", "/data"]``),
-            one per rollout runtime, in ``cwd`` with ``env`` (``None``: this process's).
+            one per rollout runtime, run on the host unsandboxed. Its environment is ``env`` over
+            HOME, LOGNAME, PATH, SHELL, TERM and USER of this process (no other host variable:
+            pass what it needs in ``env``); its working directory ``cwd``, or a fresh empty one.
         headers: sent with every HTTP request (e.g. ``Authorization``).
         timeout: seconds per request to the server; over it the rollout fails with
             ``ToolServerError``. Keep it under the tool server's ``call_timeout`` (60 s), which
@@ -83,8 +85,10 @@ class MCPToolset(Toolset):
         if self.url is not None:
             client: _Client = http_client(self.name, self.url, self.headers, self.limits)
         else:
-            runtime_id = None if runtime is None else runtime.id
-            client = stdio_client(self.name, self.command, self.env, self.cwd, self.limits, runtime_id)
+            # Without a runtime, the server is this toolset's own: keyed on nothing, it was shared
+            # by every runtime-less rollout of the process (one rollout's files and state seen by another).
+            owner = f"toolset-{id(self)}" if runtime is None else runtime.id
+            client = stdio_client(self.name, self.command, self.env, self.cwd, self.limits, owner)
         self._client = client
         try:
             await client.ready()

@@ -184,6 +184,10 @@ class HTTPInterception(HTTPService, Interception):
         registration = self._lookup(request, self._by_model, dialect)
         if registration is None:
             return _error(401, "unknown or missing rollout secret", kind="authentication_error", dialect=dialect)
+        if (closed := _closed(registration.session)) is not None:  # before its body is read or parsed
+            refusal = _error(*closed, dialect=dialect)
+            refusal.force_close()  # its body is never read: no keep-alive after it
+            return refusal
         try:
             with self.admitted(request, registration.held) as reservation:
                 return web.Response(body=answer(await self.read_body(request, reservation)),
@@ -212,27 +216,32 @@ class HTTPInterception(HTTPService, Interception):
         def error(status: int, message: str, kind: str = "rollout_error", param: str | None = None) -> web.Response:
             return _error(status, message, kind=kind, param=param, dialect=dialect)
 
+        # A concluded or stopped rollout gets no body read nor parsed (a parse of a large body
+        # stalls the node's loop), except an SDK retry that may be the replay of its last answer.
+        retry = _retry_count(request) > 0
+        if not (retry and reg.last_response is not None) and (closed := _closed(reg.session)) is not None:
+            refusal = error(*closed)
+            refusal.force_close()  # its body is never read: no keep-alive after it
+            return refusal
         try:
             body = await self.read_body(request, reservation)
         except WireError as e:
             return error(e.status, str(e))
         digest = hashlib.blake2b(body, digest_size=16).digest()
+        replay = retry and digest == reg.last_hash and reg.last_response is not None
+        if not replay and (closed := _closed(reg.session)) is not None:
+            return error(*closed)
         try:
             parsed = dialect.parse(body, reg.history.get)
         except WireError as e:
             return error(400, str(e), "invalid_request_error", e.param)
         except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
             return error(400, "invalid request: JSON nested too deeply", "invalid_request_error")
-        retry = _retry_count(request) > 0
-        if retry and digest == reg.last_hash and reg.last_response is not None:
+        if replay and reg.last_response is not None:  # (replay says so; this line tells mypy)
             return await self._answer(request, dialect, parsed, reg.last_response, digest)
         if not retry and digest == reg.last_hash:
             reg.last_hash = reg.last_response = None
         session = reg.session
-        if session.released:
-            return error(409, "rollout concluded")
-        if session.stopped:
-            return error(400, f"rollout stopped: {session.trace.stop_condition}")
         if retry and digest in reg.inflight:
             joined = await asyncio.shield(reg.inflight[digest])
             if joined is None:
@@ -279,6 +288,15 @@ class HTTPInterception(HTTPService, Interception):
             # The client hung up; the turn is committed all the same, and there is nobody to tell.
             log.debug("interception: client hung up before its stream was written")
         return out
+
+
+def _closed(session: RolloutSession) -> tuple[int, str] | None:
+    """The refusal of a request to a concluded (409) or stopped (400) rollout, or ``None``."""
+    if session.released:
+        return 409, "rollout concluded"
+    if session.stopped:
+        return 400, f"rollout stopped: {session.trace.stop_condition}"
+    return None
 
 
 def _retry_count(request: web.Request) -> int:

@@ -197,3 +197,72 @@ def test_stdio_servers_start_at_most_max_starting_at_once(tmp_path: Any) -> None
             await close_clients()  # kills the servers still held at the gate, if any
 
     asyncio.run(main())
+
+
+ENV_SERVER = """
+import json, os, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m:
+        continue
+    if m["method"] == "initialize":
+        r = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "e", "version": "1"}}
+    elif m["method"] == "tools/list":
+        r = {"tools": [{"name": "env", "inputSchema": {"type": "object"}}]}
+    else:
+        seen = {"cwd": os.getcwd(), "files": os.listdir("."), "env": dict(os.environ)}
+        r = {"content": [{"type": "text", "text": json.dumps(seen)}]}
+    print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": r}), flush=True)
+"""
+
+
+def test_stdio_server_sees_no_host_secret_nor_the_tool_servers_directory(monkeypatch: Any, tmp_path: Any) -> None:
+    """Security review F3: a stdio server runs on the host, unsandboxed; a secret of the tool
+    server's environment must not reach it (nor, through its results, a rollout)."""
+    import json
+
+    monkeypatch.setenv("HOST_SECRET", "sk-host-do-not-leak")
+    (tmp_path / "host-file").write_text("x")
+    monkeypatch.chdir(tmp_path)
+
+    class Box:
+        def __init__(self, id: str) -> None:
+            self.id = id
+
+    async def main() -> None:
+        bare = MCPToolset("envs", command=[sys.executable, "-c", ENV_SERVER])  # env=None: was all of the host's
+        given = MCPToolset("envs", command=[sys.executable, "-c", ENV_SERVER], env={"GIVEN": "1"})
+        await open_toolsets([bare], Box("r1"))  # type: ignore[arg-type]
+        await open_toolsets([given], Box("r2"))  # type: ignore[arg-type]
+        try:
+            seen, seen_given = [json.loads((await LocalTools([t], None).call(ToolCall("1", "env", {}))).content)
+                                for t in (bare, given)]
+        finally:
+            await close_toolsets([bare, given])
+            await close_clients()
+        assert "HOST_SECRET" not in seen["env"]
+        assert seen["env"].get("PATH") == os.environ.get("PATH")
+        allowed = {"HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LC_CTYPE"}  # LC_CTYPE: Python's own
+        assert set(seen["env"]) <= allowed  # locale coercion (PEP 538) in the server
+        assert seen_given["env"]["GIVEN"] == "1" and "HOST_SECRET" not in seen_given["env"]
+        assert seen["cwd"] != str(tmp_path) and seen["files"] == []
+        assert not os.path.exists(seen["cwd"])  # its scratch directory went with it
+
+    asyncio.run(main())
+
+
+def test_runtime_less_rollouts_do_not_share_a_stdio_server() -> None:
+    """Security review F3: with no runtime (a ChatHarness rollout), every rollout of the process
+    got the one server keyed on ``None``: each saw the others' server state and files."""
+    async def main() -> None:
+        toolsets = [MCPToolset("calc", command=sdk_stdio_command()) for _ in range(2)]
+        try:
+            for t in toolsets:
+                await open_toolsets([t], None)
+            pids = [(await LocalTools([t], None).call(ToolCall("1", "pid", {}))).content for t in toolsets]
+            assert pids[0] != pids[1]
+        finally:
+            await close_toolsets(toolsets)
+            await close_clients()
+
+    asyncio.run(main())

@@ -280,3 +280,111 @@ def test_a_rollout_over_podman_scores_with_files_its_agent_never_saw() -> None:
     assert trace.errors == [], trace.errors
     assert trace.agent.runtime is not None and trace.agent.runtime.type == "podman"
     assert {k: r.score for k, r in trace.rewards.items()} == {"passed": 1.0, "hidden_from_agent": 1.0}
+
+
+def test_a_large_file_is_read_only_up_to_max_bytes_and_a_directory_is_refused(tmp_path: Path) -> None:
+    """Security review F2: ``read`` buffered the whole ``podman cp`` tar before trimming it (a
+    300 MB file: +600 MiB on the host); now it streams and stops at ``max_bytes``."""
+    import resource
+
+    async def main() -> None:
+        async with box(tmp_path) as rt:
+            made = await rt.exec(["sh", "-c", "head -c 314572800 /dev/zero > /work/big && echo made"], timeout=120)
+            assert made.stdout == "made\n", made.stderr
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            assert await rt.read("/work/big", max_bytes=16) == b"\0" * 16
+            grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024
+            assert grown_mib < 100, f"reading 16 bytes grew this process's peak memory by {grown_mib} MiB"
+            await rt.exec(["mkdir", "-p", "/work/dir/sub"])
+            with pytest.raises(SandboxError, match="not a regular file"):
+                await rt.read("/work/dir")
+            with pytest.raises(SandboxError, match="read '/work/missing'"):
+                await rt.read("/work/missing")
+
+    run(main())
+
+
+def test_an_execs_variables_are_not_on_the_podman_command_line() -> None:
+    """Security review F5: ``--env NAME=value`` put an exec's secrets in ``ps`` for every user
+    of the host; values now go through the podman client's environment."""
+    from rollout_ray._runtimes.podman import _exec_command
+
+    command, env = _exec_command("c1", ["sh", "-c", "echo $OPENAI_API_KEY"], {"OPENAI_API_KEY": "sk-secret"},
+                                 "/work", interactive=False)
+    assert not any("sk-secret" in a for a in command)
+    assert command[:6] == ["podman", "exec", "--workdir", "/work", "--env", "OPENAI_API_KEY"]
+    assert env["OPENAI_API_KEY"] == "sk-secret"
+
+
+def test_an_execs_variable_passed_by_name_still_reaches_the_program_whole(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with box(tmp_path) as rt:
+            r = await rt.exec(["sh", "-c", 'echo "$OPENAI_API_KEY"'], env={"OPENAI_API_KEY": "sk-secret=with=equals"})
+            assert r.stdout == "sk-secret=with=equals\n", r.stderr
+
+    run(main())
+
+
+FETCH = ("import sys, urllib.request\n"
+         "try:\n"
+         "    print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())\n"
+         "except OSError as e:\n"
+         "    print('unreachable', type(e).__name__)\n")
+
+
+def test_a_host_service_is_unreachable_and_only_the_allowed_route_is_served(tmp_path: Path) -> None:
+    """Security review F1: the container shared the host's network (``--network host``): its
+    program reached every host loopback port, Ray's included. Now only the routes allowed."""
+    import http.server
+    import threading
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"host-only " + self.path.encode())
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    secret, allowed = (f"http://127.0.0.1:{s.server_address[1]}/x" for s in servers)
+
+    async def main() -> None:
+        async with box(tmp_path) as rt:
+            fetch = ["python3", "-c", FETCH]
+            assert (await rt.exec([*fetch, secret], timeout=30)).stdout.startswith("unreachable")
+            await rt.prepare_execution([allowed.removesuffix("/x")])
+            assert (await rt.exec([*fetch, allowed], timeout=30)).stdout == "host-only /x\n"
+            assert (await rt.exec([*fetch, secret], timeout=30)).stdout.startswith("unreachable")
+            await rt.prepare_execution(None)
+            assert (await rt.exec([*fetch, allowed], timeout=30)).stdout.startswith("unreachable")
+
+    try:
+        run(main())
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def test_an_agent_program_in_the_container_reaches_the_proxy_through_its_route() -> None:
+    """With ``--network none``, the example agent still reaches the rollout's proxy: through the
+    route ``prepare_execution`` allows, not through the host's network."""
+    from test_image_sandbox import AGENT_SOURCE, Three
+
+    from rollout_ray._harnesses.program import ProgramHarness
+
+    async def main() -> Trace:
+        async with LocalExecutor(runtime="podman") as executor:
+            harness = ProgramHarness(["python3", "agent_program.py"], files={"agent_program.py": AGENT_SOURCE},
+                                     timeout=60)
+            task = Three({"prompt": "1+2?", "image": python_image()})
+            return await executor.run(RolloutSpec(task, harness, ScriptedModel(["3"])))
+
+    trace = run(main())
+    assert trace.errors == [], trace.errors
+    assert trace.agent.runtime is not None and trace.agent.runtime.type == "podman"
+    assert trace.rewards["correct"].score == 1.0 and trace.num_turns == 1

@@ -6,6 +6,7 @@ template that re-tokenizes replies, stored as one training sequence."""
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import aiohttp
@@ -164,6 +165,7 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("/v1/responses", {"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
     ("/v1/responses", {"input": "hi", "temperature": 2**70}, "temperature"),  # the trace holds 64 bits
     ("/v1/messages", {"messages": "hi"}, "messages"),
+    ("/v1/messages", {"messages": [], "max_tokens": 1, "top_k": "5"}, "top_k"),  # went upstream as a string
     ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
      "messages[0].content[0].tool_use_id"),
     ("/v1/messages", {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f",
@@ -413,3 +415,37 @@ def test_a_namespace_tools_functions_go_upstream_and_come_back_namespaced(stream
     assert [t.name for t in trace.tools or ()] == ["mcp__calc__add"]
     assert trace.nodes[trace.calls[0].node].message.tool_calls[0].name == "mcp__calc__add"  # type: ignore[index,union-attr]
     assert_one_sequence(trace, "/responses", 2)
+
+
+def test_an_array_of_too_many_items_is_a_400_naming_it_before_its_items_are_translated() -> None:
+    """Security review F4: a 15 MiB body of empty messages (500,000) was translated item by item
+    on the node's loop (seconds of stall), and ``count_tokens`` did it with no model call."""
+    from rollout_ray._serving.dialects.dialect import MAX_ITEMS
+
+    many = [{"role": "user", "content": ""}] * (MAX_ITEMS + 1)
+    cases = [("/v1/messages", {"max_tokens": 1, "messages": many}, "messages"),
+             ("/v1/messages/count_tokens", {"messages": many}, "messages"),
+             ("/v1/messages", {"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]
+                                                               * (MAX_ITEMS + 1)}]}, "messages[0].content"),
+             ("/v1/responses", {"input": many}, "input"),
+             ("/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": "f"}] * (MAX_ITEMS + 1)},
+              "tools")]
+
+    async def post_large(r: Rig, slot: Slot, path: str, body: Any) -> tuple[int, Any]:
+        data = io.BytesIO(msgspec.json.encode(body))  # aiohttp warns of large bytes sent as such
+        auth = {"x-api-key": slot.model_secret, "Authorization": f"Bearer {slot.model_secret}"}
+        async with r.client.post(f"{slot.base_url}{path}", data=data, headers=auth) as resp:
+            return resp.status, msgspec.json.decode(await resp.read())
+
+    async def main() -> None:
+        async with rig() as r:
+            session, slot = await r.open_session()
+            for path, body, param in cases:
+                status, answer = await post_large(r, slot, path, {"model": "x", **body})
+                assert status == 400, (path, param, answer)
+                assert f"`{param}` has {MAX_ITEMS + 1} items" in answer["error"]["message"], (param, answer)
+            assert session.trace.calls == []
+            status, _ = await post_large(r, slot, "/v1/messages/count_tokens", {"model": "x", "messages": many[:MAX_ITEMS]})
+            assert status == 200  # at the cap: still answered
+
+    run(main)

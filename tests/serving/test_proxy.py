@@ -311,3 +311,31 @@ def test_tool_choice_object_shape_is_dropped_and_recorded_and_a_malformed_one_is
     (call,) = session.trace.calls
     assert call.dropped == {"tool_choice": "not forwarded: a forced tool call is constrained decoding"}
     assert call.endpoint == "/chat/completions"
+
+
+def test_a_stopped_or_concluded_rollout_gets_no_body_parsed_but_its_last_answer_replayed() -> None:
+    """Security review F4: the dialect parse ran before the stopped/released checks (and
+    count_tokens parsed for any session), so a spent rollout could still stall the node's
+    loop with 15 MiB bodies. A body that does not parse shows which check came first."""
+    session = new_session()
+    unparsable = b'{"messages": [' + b"{}," * 1000  # truncated JSON: parsing it is a 400 of its own
+
+    async def main() -> None:
+        async with proxy(session) as (_, (slot,), client):
+            status, first = await post(client, slot)
+            session.trace.stop("max_turns")  # its budget spent: every model call is refused
+            assert status == 200 and session.stopped
+            status, body = await post(client, slot, unparsable)
+            assert (status, body["error"]["message"]) == (400, "rollout stopped: max_turns")
+            status, again = await post(client, slot, headers={"x-stainless-retry-count": "1"})
+            assert status == 200 and again["id"] == first["id"]  # the SDK retry of the last answer still replays
+            status, body = await post(client, slot, unparsable, headers={"x-stainless-retry-count": "1"})
+            assert (status, body["error"]["message"]) == (400, "rollout stopped: max_turns")
+            count = f"{slot.base_url}/v1/messages/count_tokens"
+            async with client.post(count, data=b'{"messages": []}', headers={"x-api-key": slot.model_secret}) as r:
+                assert r.status == 400 and "rollout stopped" in (await r.json())["error"]["message"]
+            session.release()
+            status, body = await post(client, slot, unparsable)
+            assert (status, body["error"]["message"]) == (409, "rollout concluded")
+
+    run(main)

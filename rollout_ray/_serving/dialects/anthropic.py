@@ -104,6 +104,8 @@ def _params(raw: dict[str, Any], dropped: dict[str, str]) -> dict[str, Any]:
             dropped[key] = UNTRANSLATABLE
     if "max_tokens" in params:
         typed(params["max_tokens"], int, "max_tokens", "an integer")
+    if "top_k" in params:
+        typed(params["top_k"], int, "top_k", "an integer")
     if "stop" in params:
         for i, stop in enumerate(typed(params["stop"], list, "stop_sequences", "an array of strings")):
             typed(stop, str, f"stop_sequences[{i}]", "a string")

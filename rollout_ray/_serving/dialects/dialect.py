@@ -110,11 +110,21 @@ def decode_object(body: bytes, structural: frozenset[str] = frozenset()) -> dict
 _ENCODER = msgspec.json.Encoder()
 
 
+MAX_ITEMS = 50_000
+"""Items of any one array of a request (messages, input items, content parts, tools): more are
+a 400 before they are translated one by one on the node's event loop, which a body of tiny
+items (15 MiB: 500,000 of them) would stall for seconds."""
+
+
 def typed(value: Any, types: type | tuple[type, ...], param: str, what: str) -> Any:
-    """``value`` if it is one of ``types`` (a bool is no number), else a 400 naming ``param``."""
+    """``value`` if it is one of ``types`` (a bool is no number; an array of at most
+    ``MAX_ITEMS``), else a 400 naming ``param``."""
     wanted = types if isinstance(types, tuple) else (types,)
     if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
         raise WireError(f"invalid request: `{param}` must be {what}, got {_json_type(value)}", param)
+    if isinstance(value, list) and len(value) > MAX_ITEMS:
+        raise WireError(f"invalid request: `{param}` has {len(value)} items, over the {MAX_ITEMS} a request may "
+                        "carry; send fewer", param)
     return value
 
 
