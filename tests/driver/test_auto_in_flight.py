@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import aclosing
+from typing import Any
 
 from rollout_ray import ChatHarness
 from rollout_ray._driver.auto_in_flight import START_PER_SERVER, STEP_PER_SERVER, parse_sample
@@ -97,3 +98,28 @@ def test_the_driver_bound_follows_the_fleet_and_the_operator_overrides_it() -> N
                 await s.stop()
 
     asyncio.run(main())
+
+
+def test_a_fleet_without_metrics_keeps_the_starting_bound_and_says_why(caplog: Any) -> None:
+    import socket
+
+    from rollout_ray._driver.auto_in_flight import AutoInFlight
+    from rollout_ray._driver.slots import Slots
+
+    with socket.socket() as closed:  # a loopback port with no listener: nothing answers /metrics
+        closed.bind(("127.0.0.1", 0))
+        root = f"http://127.0.0.1:{closed.getsockname()[1]}"
+
+    async def main() -> None:
+        slots = Slots(16)
+        auto = AutoInFlight(slots, [root])
+        assert await auto.sample() is None
+        await auto.run()  # returns at once: a fleet that never answered is not sampled again
+        await auto.aclose()
+        assert (auto.mode, slots.limit) == ("fixed", START_PER_SERVER)
+        assert auto.status()["why"] == "no server serves vLLM's or SGLang's /metrics"
+        nowhere = AutoInFlight(Slots(16), [])  # a model with no servers (scripted)
+        assert nowhere.mode == "fixed" and "names no server" in nowhere.status()["why"]
+
+    asyncio.run(main())
+    assert "set max_in_flight=N to choose" in caplog.text
