@@ -14,7 +14,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 from pydantic import ValidationError
 
@@ -70,6 +70,16 @@ def _command_suggestion(message: str) -> str:
     choices = re.findall(r"'([^']*)'", found.group(2))
     close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def in_flight_bound(text: str) -> int | Literal["auto"]:
+    """``--max-in-flight``'s type: an integer >= 1, or ``auto`` (the servers' /metrics set it)."""
+    if text == "auto":
+        return "auto"
+    try:
+        return integer(1)(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (or 'auto': as many as keep the model's servers saturated)") from None
 
 
 def integer(minimum: int) -> Callable[[str], int]:

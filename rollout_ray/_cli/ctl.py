@@ -19,7 +19,7 @@ from typing import Any
 
 from .._errors import CorruptRun, UsageError
 from .._record.run_layout import CONTROL, STATUS, RunLayout
-from .arguments import integer, number
+from .arguments import in_flight_bound, number
 
 TIMEOUT = 30.0
 """Seconds the driver has to answer (a status polls every rollout actor, within 5 s)."""
@@ -37,7 +37,8 @@ def add_ctl_arguments(p: argparse.ArgumentParser) -> None:
         sub.add_parser(name, help=what).add_argument("rollout", metavar="ROLLOUT", help="its id or label, from status")
     setting = sub.add_parser("set", help="change a setting of the live run")
     setting.add_argument("setting", choices=["max-in-flight"])
-    setting.add_argument("value", metavar="N", type=integer(1))
+    setting.add_argument("value", metavar="N", type=in_flight_bound,
+                         help="a number, or 'auto': back to the controller of a run started with --max-in-flight auto")
     sub.add_parser("pause", help="start no more rollouts (those running go on)")
     sub.add_parser("resume", help="start rollouts again")
     sub.add_parser("stop", help="start no more; what runs finishes and is stored; the run exits with its resume line")
@@ -132,6 +133,8 @@ def format_status(s: dict[str, Any]) -> str:
     total = "" if p["total"] is None else f"/{p['total'] - p['skipped']}"
     lines = [f"{s['state']}: done {p['done']}{total}  failed {p['failed']}  in flight {p['in_flight']}  "
              f"max in flight {s['max_in_flight']}  {p['rate']:.2f} rollouts/s  stalled {s['stalled']}"]
+    if target := s.get("in_flight_target"):
+        lines.append(f"in-flight target {target['target']} ({target['mode']}): {target['why']}")
     phases = [f"{name} {n}" for name, n in s["phases"].items() if n]
     lines.append("phases: " + ("  ".join(phases) if phases else "none in flight"))
     for server in s["servers"]:

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from .._core.harness import Harness
 from .._core.limits import RolloutLimits, RolloutTimeouts
@@ -42,7 +42,7 @@ def eval_config(
     module: ModuleType,
     *,
     samples: int | None = None,
-    max_in_flight: int | None = None,
+    max_in_flight: int | Literal["auto"] | None = None,
     model_name: str | None = None,
     limits: Mapping[str, int | None] | None = None,
     sampling: Mapping[str, Any] | None = None,

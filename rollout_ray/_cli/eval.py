@@ -31,7 +31,7 @@ from .._record.store import stored_outcomes
 from .._runtimes import providers
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
-from .arguments import integer, json_object, k_list, number, one_line
+from .arguments import in_flight_bound, integer, json_object, k_list, number, one_line
 from .checks import check_address, check_api_key, check_out, check_pass_k, check_resume, check_sampling
 from .claim import Claim
 from .drive import TOKEN_CAPTURES, drive, eval_config, header, make_executor, model_record, open_model, version
@@ -70,7 +70,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                      help="with --resume: keep every stored failure (none is redone)")
     run.add_argument("--samples", metavar="N", type=integer(1), help="samples per task (n)")
     run.add_argument("--limit", metavar="N", type=integer(1), help="run only the first N tasks")
-    run.add_argument("--max-in-flight", metavar="N", type=integer(1), help="rollouts running at once")
+    run.add_argument("--max-in-flight", metavar="N", type=in_flight_bound,
+                     help="rollouts running at once; 'auto': as many as keep the model's servers at their saturation "
+                          "point, read from their vLLM/SGLang /metrics")
     run.add_argument("--retries", metavar="N", type=integer(0), help="retries of a rollout lost to infrastructure (default 2)")
     run.add_argument("--retry-failed", action="store_true",
                      help="also retry rollouts that failed inside (task or harness errors), up to --retries; "

@@ -67,7 +67,8 @@ class ProgressDisplay:
         rate = self.rate(p.done)
         eta = None if total is None or not rate else max(total - p.done, 0) / rate
         return {"done": p.done, "total": total, "failed": p.failed, "in_flight": p.in_flight,
-                "mean_reward": p.mean_reward, "wall": now - self.started, "rate": rate, "eta": eta}
+                "mean_reward": p.mean_reward, "wall": now - self.started, "rate": rate, "eta": eta,
+                "target": p.target, "target_why": p.target_why}
 
     def update(self, p: Progress) -> None:
         f = self.fields(p)
@@ -121,7 +122,8 @@ def _duration(seconds: float) -> str:
 def _postfix(f: dict[str, Any]) -> str:
     mean = "-" if f["mean_reward"] is None else f"{f['mean_reward']:.3f}"
     rate = "warming up" if f["rate"] is None else f"{f['rate']:.1f}/s ETA {_duration(f['eta'] or 0)}"
-    return f"failed {f['failed']}  reward {mean}  [wall {_duration(f['wall'])}, {rate}]"
+    target = "" if f.get("target") is None else f"  target {f['target']} ({f['target_why']})"
+    return f"failed {f['failed']}{target}  reward {mean}  [wall {_duration(f['wall'])}, {rate}]"
 
 
 def plain_line(f: dict[str, Any]) -> str:
@@ -129,5 +131,6 @@ def plain_line(f: dict[str, Any]) -> str:
     total = "" if f["total"] is None else f"/{f['total']}"
     mean = "-" if f["mean_reward"] is None else f"{f['mean_reward']:.3f}"
     rate = "warming up" if f["rate"] is None else f"{f['rate']:.1f} rollouts/s  ETA {_duration(f['eta'] or 0)}"
-    return (f"done {f['done']}{total}  failed {f['failed']}  in flight {f['in_flight']}  reward {mean}  "
+    target = "" if f.get("target") is None else f"/{f['target']} ({f['target_why']})"
+    return (f"done {f['done']}{total}  failed {f['failed']}  in flight {f['in_flight']}{target}  reward {mean}  "
             f"wall {_duration(f['wall'])}  {rate}")

@@ -8,7 +8,8 @@ else. Every request carries ``Authorization: Bearer <token>``; any other gets 40
     GET  /status[?stall_after=S]      the run now (``Steering.status``)
     POST /cancel    {"rollout": REF}  fail the rollout as cancelled (404: none in flight)
     POST /requeue   {"rollout": REF}  drop its attempt and run it again
-    POST /max-in-flight {"n": N}      run at most N at once from now on
+    POST /max-in-flight {"n": N}      run at most N at once from now on ("auto": the
+                                      controller of a run started with max_in_flight="auto")
     POST /pause, /resume              stop / restart admitting rollouts
     POST /stop                        admit nothing more; what runs finishes, is stored, the run ends
 
@@ -133,10 +134,17 @@ def _run_command(steering: Steering, name: str, body: dict[str, Any]) -> web.Res
         return _answer(200, done=f"{name} {ref}")
     if name == "max-in-flight":
         n = body.get("n")
+        if n == "auto":
+            try:
+                steering.set_max_in_flight(None)
+            except ValueError as e:
+                return _answer(409, error=str(e))
+            return _answer(200, done="max-in-flight auto")
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_IN_FLIGHT:
             shown = n if not isinstance(n, int) or abs(n) < 10**18 else f"{n:.3e}"  # not 100 digits
-            return _answer(400, error=f"max-in-flight must be an integer >= 1 and <= {MAX_IN_FLIGHT}, got {shown!r}")
-        steering.slots.resize(n)
+            return _answer(400, error=f"max-in-flight must be an integer >= 1 and <= {MAX_IN_FLIGHT} "
+                                      f"or 'auto', got {shown!r}")
+        steering.set_max_in_flight(n)
         return _answer(200, done=f"max-in-flight {n}")
     if name == "pause":
         steering.slots.pause()

@@ -50,6 +50,7 @@ from .._record.store import read_groups
 from .._record.trace import Trace
 from .admission import Admission
 from .attempts import run_attempts
+from .auto_in_flight import AutoInFlight, fleet_roots
 from .control import ControlServer
 from .eval_config import EvalConfig
 from .group_finalizer import Group, GroupFinalizer, Masks
@@ -144,8 +145,11 @@ class Driver(PolicyOwner):
                                     batch_groups=config.batch_groups, max_groups=config.max_groups)
         self._tg: asyncio.TaskGroup | None = None
         # Steered while it runs (``rollout-ray ctl``: steering, control); the rollouts run through it.
-        self._slots = Slots(config.max_in_flight)
-        self._steering = Steering(executor, self.progress, self._slots, stop=self._stopped_by_operator)
+        self._slots = Slots(AutoInFlight.start(config.max_in_flight))
+        self.in_flight = AutoInFlight(self._slots, fleet_roots(model)) if config.max_in_flight == "auto" else None
+        """``max_in_flight="auto"``: the controller that sets the bound from the servers' /metrics."""
+        self._steering = Steering(executor, self.progress, self._slots, stop=self._stopped_by_operator,
+                                  auto=self.in_flight)
         self._group_tasks: dict[str, tuple[int, Task]] = {}
         """With ``max_staleness``: the task of each group closed and not yet finalized."""
 
@@ -259,7 +263,7 @@ class Driver(PolicyOwner):
         await queue.put(None)
 
     async def _drive_run(self, queue: asyncio.Queue[Group | None], demand: asyncio.Semaphore) -> None:
-        finalizer = control = None
+        finalizer = control = sampler = None
         warm_arrow()  # in a thread, beside the first rollouts: not on the loop at the first group
         try:
             self._open_store()
@@ -268,6 +272,9 @@ class Driver(PolicyOwner):
                 await control.start()
             await self._announce_policy()
             finalizer = self._finalizer = self._make_finalizer(queue, demand)
+            if self.in_flight is not None:  # the first bound from the fleet as it is, before any rollout
+                await self.in_flight.sample()
+                sampler = asyncio.create_task(self.in_flight.run())
             # A lazy taskset is checked as it is planned, while rollouts run.
             with tuned_for_rollouts(), unwrapped(ResumeMismatch), self._error_unwrapped():
                 async with asyncio.TaskGroup() as tg:
@@ -278,6 +285,11 @@ class Driver(PolicyOwner):
                     finally:
                         finalizer.finish()
         finally:
+            if sampler is not None:
+                sampler.cancel()
+                await asyncio.gather(sampler, return_exceptions=True)
+            if self.in_flight is not None:
+                await self.in_flight.aclose()
             try:
                 # Also on cancellation: what was finalized is kept, so a resume will not redo it.
                 if finalizer is not None:
@@ -337,15 +349,15 @@ class Driver(PolicyOwner):
         allows, until done or halted."""
         slots = self._slots
         bound = self.executor.max_in_flight
-        if bound is not None and bound < self.config.max_in_flight:
+        if bound is not None and bound < slots.limit:
             log.warning("the executor runs at most %d rollouts at once, below max_in_flight=%d: "
-                        "the rest wait for room in it", bound, self.config.max_in_flight)
+                        "the rest wait for room in it", bound, slots.limit)
         limits, timeouts = self.config.limits, self.config.timeouts
         if all(getattr(limits, name) is None for name in LIMIT_FIELDS) and timeouts.agent is None:
             log.warning("EvalConfig sets no turn, token or time limit: an agent that never stops runs forever; "
                         "set limits=RolloutLimits(max_turns=...) or timeouts=RolloutTimeouts(agent=...)")
         # The executor hears what comes next (warm sandboxes per image, setup snapshots kept).
-        window = self.config.max_in_flight if self.executor.looks_ahead else 0
+        window = slots.limit if self.executor.looks_ahead else 0
         planned = lookahead(self._plan(), window, self.executor.prepare,
                             tasks_of=lambda group: [group[1]] * len(group[3]))
         async with aclosing(planned), asyncio.TaskGroup() as tg:
@@ -479,6 +491,8 @@ class Driver(PolicyOwner):
         """Call ``on_progress`` when due. If it raises, the run fails with its error: raised
         here, and by ``groups`` / ``arun`` (the callback is not called again)."""
         now = time.monotonic()
+        if self.in_flight is not None:
+            self.progress.target, self.progress.target_why = self.in_flight.target.target, self.in_flight.status()["why"]
         if self._on_progress is None or self._callback_error is not None:
             return
         if force or now - self._last_report >= self._progress_every:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
@@ -23,8 +23,9 @@ class EvalConfig(BaseModel):
 
     samples_per_task: int = Field(1, ge=1)
     """n: rollouts per task; the samples of one task form a group."""
-    max_in_flight: int = Field(64, ge=1)
-    """Rollouts running at once (backpressure)."""
+    max_in_flight: Annotated[int, Field(ge=1)] | Literal["auto"] = 64
+    """Rollouts running at once (backpressure). ``"auto"``: as many as keep the model's servers
+    at their saturation point, read from their ``/metrics`` (``auto_in_flight``)."""
     max_infra_retries: int = Field(2, ge=0)
     """Retries of a rollout whose host died."""
     retry_failed: bool = False

@@ -1,5 +1,5 @@
 """How many rollouts to keep in flight so the model servers stay at their saturation point
-(issue 33 §3's ``max_in_flight="auto"``; the driver does not use it yet).
+(issue 33 §3's ``max_in_flight="auto"``; ``auto_in_flight.py`` feeds it and applies it).
 
 The signal is what the servers say on ``/metrics`` (summed over the fleet): requests running
 and waiting, KV-cache usage, preemptions so far. Saturation is a small queue that is not

@@ -34,6 +34,10 @@ class Progress:
     reward_sum: float = 0.0
     """Σ reward of the rollouts counted in ``done``: each one's kept (stored) outcome, a failed
     one as 0, as the summary counts it; a retried attempt's outcome is not in it."""
+    target: int | None = None
+    """``max_in_flight="auto"``: the in-flight target the servers' load sets (``auto_in_flight``)."""
+    target_why: str = ""
+    """What moved ``target`` last."""
     started: float = field(default_factory=time.monotonic)
 
     @property

@@ -29,6 +29,7 @@ from .._hosting.live import PHASES
 from .._hosting.spec import RolloutSpec
 from .._record.trace import Trace
 from .._record.trace_parts import AgentSpan, TimeSpan
+from .auto_in_flight import AutoInFlight
 from .progress import Progress
 from .slots import Slots
 
@@ -98,13 +99,16 @@ class Steering:
         inner: the executor the rollouts run on.
         progress: the driver's counters.
         slots: the driver's in-flight bound (``set max-in-flight``, ``pause``).
+        auto: the controller of that bound, with ``max_in_flight="auto"``.
         stop: stops the run's admission; what is in flight finishes (``stop``).
         rule: the default stall rule.
     """
 
     def __init__(self, inner: Executor, progress: Progress, slots: Slots, stop: Callable[[], None],
-                 rule: StallRule | None = None) -> None:
+                 rule: StallRule | None = None, auto: AutoInFlight | None = None) -> None:
         self.inner, self.progress, self.slots, self._stop = inner, progress, slots, stop
+        self.auto = auto
+        """``max_in_flight="auto"``: the controller of ``slots`` (``set max-in-flight`` overrides it)."""
         self.rule = rule or StallRule()
         self.samples: dict[str, _Sample] = {}
         self.durations = _Durations()
@@ -178,7 +182,7 @@ class Steering:
                              "attempt": sample.attempts, "stalled": age > bounds[phase]})
         rollouts.sort(key=lambda r: -r["age"])
         return {"state": self._state(), "updated_at": now, "progress": self._progress(),
-                "max_in_flight": self.slots.limit, "phases": by_phase, "rollouts": rollouts,
+                "max_in_flight": self.slots.limit, "in_flight_target": self._target(), "phases": by_phase, "rollouts": rollouts,
                 "stalled": sum(r["stalled"] for r in rollouts), "stall_bounds": bounds,
                 "servers": _servers(live["servers"]), "model_call_errors": self.durations.model_errors}
 
@@ -187,6 +191,25 @@ class Steering:
         return {"updated_at": time.time(), "progress": self._progress(), "max_in_flight": self.slots.limit,
                 "phases": dict.fromkeys(PHASES, 0), "rollouts": [], "stalled": 0, "servers": [],
                 "model_call_errors": self.durations.model_errors}
+
+    def set_max_in_flight(self, n: int | None) -> None:
+        """``set max-in-flight N`` (``None``: ``auto``, back to the controller).
+
+        Raises:
+            ValueError: ``auto`` for a run not started with ``max_in_flight="auto"``.
+        """
+        if n is None:
+            if self.auto is None:
+                raise ValueError("this run was not started with max_in_flight='auto' (--max-in-flight auto): "
+                                 "there is no controller to give the bound back to; set a number")
+            self.auto.back_to_auto()
+        elif self.auto is not None:
+            self.auto.set_by_operator(n)
+        else:
+            self.slots.resize(n)
+
+    def _target(self) -> dict[str, Any] | None:
+        return None if self.auto is None else self.auto.status()
 
     def _state(self) -> str:
         if self.stopping:

@@ -162,3 +162,21 @@ def test_the_wall_clock_is_the_commands_not_the_drivers() -> None:
     display = ProgressDisplay(stream, clock=clock, tty=False, started=clock.now - 3.5)  # Ray took 3.5 s
     display.update(Progress(total=4, done=1))
     assert "  wall 3s  " in stream.getvalue()
+
+
+def test_with_an_adaptive_bound_the_line_shows_the_target_and_why() -> None:
+    stream = io.StringIO()
+    display = ProgressDisplay(stream, clock=Clock(), tty=False)
+    p = Progress(total=4, done=1, in_flight=30, target=40, target_why="servers have room")
+    display.update(p)
+    assert stream.getvalue().startswith("done 1/4  failed 0  in flight 30/40 (servers have room)  reward")
+
+
+def test_max_in_flight_takes_a_number_or_auto() -> None:
+    import argparse
+
+    from rollout_ray._cli.arguments import in_flight_bound
+
+    assert in_flight_bound("auto") == "auto" and in_flight_bound("8") == 8
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be >= 1, got 0 \(or 'auto'"):
+        in_flight_bound("0")

@@ -244,6 +244,10 @@ def test_a_stall_bound_not_finite_or_negative_and_a_max_in_flight_beyond_its_bou
         code, body = await ctl.call("POST", "/max-in-flight", {"n": 10**100})
         assert code == 400 and f"<= {control.MAX_IN_FLIGHT}" in body["error"], body
         assert (await ctl.status())["max_in_flight"] == 2  # unchanged
+        # `auto` only gives the bound back to a controller: this run was started with a number.
+        code, body = await ctl.call("POST", "/max-in-flight", {"n": "auto"})
+        assert code == 409 and "max_in_flight='auto'" in body["error"], body
+        assert (await ctl.status())["in_flight_target"] is None
         assert await ctl.call("POST", "/max-in-flight", {"n": control.MAX_IN_FLIGHT}) == (
             200, {"done": f"max-in-flight {control.MAX_IN_FLIGHT}"})
 
