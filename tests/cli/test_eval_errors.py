@@ -25,7 +25,8 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--samples", "0"], "argument --samples: must be >= 1, got 0"),
-    (["--max-in-flight", "-1"], "argument --max-in-flight: must be >= 1, got -1"),
+    (["--max-in-flight", "-1"], "argument --max-in-flight: must be >= 1, got -1 (or 'auto': as many as keep the "
+                                 "model's servers saturated)"),
     (["--limit", "-5"], "argument --limit: must be >= 1, got -5"),
     (["--limit", "0"], "argument --limit: must be >= 1, got 0"),
     (["--max-turns", "-1"], "argument --max-turns: must be >= 0, got -1"),
