@@ -154,8 +154,12 @@ class RunSender:
             try:
                 results = await self._collect_once()
             except TimeoutError:
-                ray.kill(self._actor, no_restart=True)  # hung: the next collect fails, and so does every rollout
-                continue
+                # Hung: killed, and its rollouts fail now, not when Ray reports the death (a
+                # stopped process's death took over 120 s to be reported on a loaded machine).
+                ray.kill(self._actor, no_restart=True)
+                self._die(RayActorError(error_msg=f"rollout actor hung: no answer to collect within "
+                                                  f"{self.collect_wait + self.answer_timeout:g}s; killed"))
+                return
             except RayActorError as e:
                 self._die(e)
                 return
