@@ -11,7 +11,8 @@ So, once per node and host Python (``kit_dir``), those files are linked (or copi
 filesystems) into a directory of the image cache, laid out as the installation is (Python
 finds its standard library from its executable's place): ``python/...`` for files of the
 installation, ``lib/`` for the C libraries outside it. Which files: what a probe run of the
-interpreter (``-I -S``, as the relay runs) loaded after importing the relay, with their
+interpreter (``-I -S``, as the relay runs) loaded after importing the relay, and ``libgcc_s``
+beside its libc (glibc loads it lazily when a thread ends, as the relay's do), with their
 bytecode caches (the relay compiles nothing at each exec), plus every codec (the locale
 picks one at startup). Each sandbox mounts the directory read-only as an
 overlay named by descriptor (``/proc/self/fd/N``), so its mount table names no host path.
@@ -38,10 +39,11 @@ RUN_DIR = "/.rollout-ray"
 """Where the runtime's ``net`` directory is inside (top level: it cannot be moved away)."""
 KIT = "host"
 """Subdirectory of ``RUN_DIR`` where the kit is, read-only."""
-KIT_FORMAT = 2
+KIT_FORMAT = 3
 """Bumped when what a kit directory holds changes."""
 PROBE_TIMEOUT = 60.0
-_LIBC_NAMES = ("ld-", "libc.", "libc-", "libm.", "libm-", "libpython", "libpthread", "libdl", "libutil", "librt")
+_LIBC_NAMES = ("ld-", "libc.", "libc-", "libm.", "libm-", "libpython", "libpthread", "libdl", "libutil", "librt",
+               "libgcc_s")
 _PROBE = """
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("rollout_ray_forwarder", sys.argv[1])
@@ -95,6 +97,14 @@ def host_kit() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
                 wanted.add(os.path.realpath(compiled))
     libraries = {os.path.realpath(p) for p in found["mapped"]
                  if p.startswith("/") and os.path.basename(p).startswith(_LIBC_NAMES) and os.path.isfile(p)}
+    # The relay's threads end, and glibc then loads libgcc_s (pthread_exit's unwinder) lazily,
+    # after any probe: without it the relay aborts ("libgcc_s.so.1 must be installed for
+    # pthread_exit to work"). It lives beside libc.
+    libc = next((p for p in libraries if os.path.basename(p).startswith(("libc.", "libc-"))), None)
+    if libc is not None:
+        beside = os.path.join(os.path.dirname(libc), "libgcc_s.so.1")
+        if os.path.isfile(beside):
+            libraries.add(os.path.realpath(beside))
     wanted.update(libraries)
     files = {}
     for path in sorted(wanted):
