@@ -27,7 +27,7 @@ first call's version), mean in-flight rollouts and waiting requests. A plot over
 note if matplotlib is missing).
 
     python benchmarks/bench_fleet.py            # 4 servers x 64 slots, 8 steps of 8 groups x 8
-    python benchmarks/bench_fleet.py --quick    # 2 servers x 16 slots, 5 steps of 4 groups x 4, train 4 s
+    python benchmarks/bench_fleet.py --quick    # 2 servers x 16 slots, 4 steps of 8 groups x 4, train 4 s
 
 The servers, the driver, the tools and the trainer share this process and its 2 cores: the
 fleet's clock is the capacity model's steps, which stretch when the process is busy, so compare
@@ -242,9 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", type=float, default=0.25, help="seconds between utilisation samples")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--plot", default=str(Path(__file__).with_name("bench_fleet.png")))
-    p.add_argument("--quick", action="store_true", help="2 servers x 16 slots, 5 steps of 4 groups x 4, train 4 s")
+    p.add_argument("--quick", action="store_true", help="2 servers x 16 slots, 4 steps of 8 groups x 4, train 4 s")
     if p.parse_known_args(argv)[0].quick:  # smaller defaults; a flag given still wins
-        p.set_defaults(servers=2, batch=16, steps=5, groups=4, samples=4, train=4.0)
+        p.set_defaults(servers=2, batch=16, steps=4, groups=8, samples=4, train=4.0)
     args = p.parse_args(argv)
     TOOL_WAIT[0] = args.tool_wait
     print(f"{args.servers} servers x {args.batch} slots; {args.steps} steps of {args.groups} groups x {args.samples} "
