@@ -55,8 +55,15 @@ class BenchModelServer(SimulatedModelServer):
             self.in_flight -= 1
 
     async def _bench_stats(self, request: web.Request) -> web.Response:
-        return web.json_response({"first": self.first, "last": self.last, "requests": self.requests,
-                                  "peak_in_flight": self.peak_in_flight, "in_flight": self.in_flight})
+        return web.json_response(
+            {
+                "first": self.first,
+                "last": self.last,
+                "requests": self.requests,
+                "peak_in_flight": self.peak_in_flight,
+                "in_flight": self.in_flight,
+            }
+        )
 
     async def _bench_reset(self, request: web.Request) -> web.Response:
         self._reset()

@@ -67,10 +67,18 @@ def raise_nofile() -> None:
 
 # -- floor: a bare aiohttp client loop ------------------------------------------------------------
 
-ADD_TOOL = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
 
 
 def floor_prompts(kind: str, tasks: int, group: int) -> list[tuple[list[dict[str, Any]], int]]:
@@ -81,8 +89,10 @@ def floor_prompts(kind: str, tasks: int, group: int) -> list[tuple[list[dict[str
         rng = random.Random(0)
         for _ in range(tasks):
             a, b = rng.randint(1, 99), rng.randint(1, 99)
-            messages = [{"role": "system", "content": "Answer with the number only."},
-                        {"role": "user", "content": f"What is {a} + {b}?"}]
+            messages = [
+                {"role": "system", "content": "Answer with the number only."},
+                {"role": "user", "content": f"What is {a} + {b}?"},
+            ]
             out += [(messages, a + b)] * group
     else:
         rng = random.Random(1)
@@ -93,8 +103,9 @@ def floor_prompts(kind: str, tasks: int, group: int) -> list[tuple[list[dict[str
     return out
 
 
-async def floor_run(session: Any, url: str, kind: str, prompts: list[tuple[list[dict[str, Any]], int]],
-                    concurrency: int) -> dict[str, Any]:
+async def floor_run(
+    session: Any, url: str, kind: str, prompts: list[tuple[list[dict[str, Any]], int]], concurrency: int
+) -> dict[str, Any]:
     failed = correct = 0
     endpoint = url.rstrip("/") + "/chat/completions"
 
@@ -113,9 +124,17 @@ async def floor_run(session: Any, url: str, kind: str, prompts: list[tuple[list[
             call = msg["tool_calls"][0]
             args = json.loads(call["function"]["arguments"])
             result = int(args["a"]) + int(args["b"])  # the calculator, executed here
-            msg = await complete({"model": "simulated", "tools": [ADD_TOOL], "messages": [
-                *messages, {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": call["id"], "content": str(result)}]})
+            msg = await complete(
+                {
+                    "model": "simulated",
+                    "tools": [ADD_TOOL],
+                    "messages": [
+                        *messages,
+                        {"role": "assistant", "content": None, "tool_calls": [call]},
+                        {"role": "tool", "tool_call_id": call["id"], "content": str(result)},
+                    ],
+                }
+            )
         return (msg.get("content") or "").strip() == str(answer)
 
     it = iter(prompts)
@@ -152,8 +171,14 @@ async def floor(spec: dict[str, Any]) -> dict[str, Any]:
         r = await floor_run(session, url, kind, prompts, c)
         wall = time.perf_counter() - t0
         mark("end")
-    return {**r, "n": len(prompts), "wall": wall, "warm_wall": warm_wall, "warm_failed": w["failed"],
-            "pool": f"1 session, limit {c}"}
+    return {
+        **r,
+        "n": len(prompts),
+        "wall": wall,
+        "warm_wall": warm_wall,
+        "warm_failed": w["failed"],
+        "pool": f"1 session, limit {c}",
+    }
 
 
 # -- Driver + LocalExecutor / RayExecutor ---------------------------------------------------------
@@ -202,8 +227,9 @@ def make_config(module: Any, group: int, concurrency: int) -> Any:
         return EvalConfig(samples_per_task=group, max_in_flight=concurrency)
 
 
-async def drive(module: Any, model: Any, executor: Any, config: Any, n: int, group: int,
-                report: bool) -> dict[str, Any]:
+async def drive(
+    module: Any, model: Any, executor: Any, config: Any, n: int, group: int, report: bool
+) -> dict[str, Any]:
     from rollout_ray import Driver
 
     tasks = module.tasks(math.ceil(n / group))
@@ -217,9 +243,20 @@ async def drive(module: Any, model: Any, executor: Any, config: Any, n: int, gro
             emit(f"@@PROG {getattr(p, 'done', 0)} {in_flight} {getattr(p, 'failed', 0)} {time.time():.3f}")
 
     try:
-        driver = Driver(tasks, module.harness(), model, **accepted(Driver, {
-            "executor": executor, "config": config, "run_dir": os.path.join(run_dir, "run"),
-            "on_progress": on_progress}))
+        driver = Driver(
+            tasks,
+            module.harness(),
+            model,
+            **accepted(
+                Driver,
+                {
+                    "executor": executor,
+                    "config": config,
+                    "run_dir": os.path.join(run_dir, "run"),
+                    "on_progress": on_progress,
+                },
+            ),
+        )
         if report:
             mark("start")
         t0 = time.perf_counter()
@@ -231,14 +268,20 @@ async def drive(module: Any, model: Any, executor: Any, config: Any, n: int, gro
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     progress = getattr(driver, "progress", None)
-    out: dict[str, Any] = {"wall": wall, "n": len(tasks) * group,
-                           "failed": getattr(progress, "failed", -1), "done": getattr(progress, "done", -1),
-                           "driver_peak_in_flight": peak[0], "status": getattr(result, "status", "?"),
-                           "reason": getattr(result, "reason", "")}
+    out: dict[str, Any] = {
+        "wall": wall,
+        "n": len(tasks) * group,
+        "failed": getattr(progress, "failed", -1),
+        "done": getattr(progress, "done", -1),
+        "driver_peak_in_flight": peak[0],
+        "status": getattr(result, "status", "?"),
+        "reason": getattr(result, "reason", ""),
+    }
     try:  # why rollouts failed, most common first: a failed row must say why
         kinds: dict[str, int] = {}
-        for kind, message in zip(result.samples.column("error_type").to_pylist(),
-                                 result.samples.column("error_message").to_pylist()):
+        for kind, message in zip(
+            result.samples.column("error_type").to_pylist(), result.samples.column("error_message").to_pylist()
+        ):
             if kind is not None:
                 key = f"{kind}: {(message or '')[:160]}"
                 kinds[key] = kinds.get(key, 0) + 1
@@ -274,9 +317,11 @@ async def with_driver(spec: dict[str, Any]) -> dict[str, Any]:
         try:
             from rollout_ray._ray.executor import init_ray
         except ImportError:
+
             def init_ray(address: str | None) -> None:
                 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
                 ray.init(address="local", include_dashboard=False, log_to_driver=False)
+
         t0 = time.perf_counter()
         init_ray(None)
         extra["ray_init_s"] = time.perf_counter() - t0

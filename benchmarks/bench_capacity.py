@@ -24,17 +24,24 @@ from rollout_ray._simulated.server import SimulatedModelServer
 
 
 async def run(args: argparse.Namespace) -> None:
-    capacity = CapacityConfig(max_batch=args.batch, kv_blocks=args.batch * (args.tokens // 16 + 8),
-                              step_base=args.step, step_per_seq=0.0, prefill_per_token=0.0,
-                              gen_median=args.tokens, gen_sigma=0.0)
+    capacity = CapacityConfig(
+        max_batch=args.batch,
+        kv_blocks=args.batch * (args.tokens // 16 + 8),
+        step_base=args.step,
+        step_per_seq=0.0,
+        prefill_per_token=0.0,
+        gen_median=args.tokens,
+        gen_sigma=0.0,
+    )
     config = SimulatedModelConfig(capacity=capacity, max_completion_tokens=2 * args.tokens)
     async with AsyncExitStack() as stack:
         servers = [await stack.enter_async_context(SimulatedModelServer(config)) for _ in range(args.servers)]
         client = await stack.enter_async_context(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
 
         async def one(server: SimulatedModelServer, i: int) -> None:
-            async with client.post(f"{server.base_url}/chat/completions",
-                                   json={"messages": [{"role": "user", "content": f"task {i}"}]}) as resp:
+            async with client.post(
+                f"{server.base_url}/chat/completions", json={"messages": [{"role": "user", "content": f"task {i}"}]}
+            ) as resp:
                 assert resp.status == 200, await resp.text()
                 await resp.read()
 
@@ -43,8 +50,10 @@ async def run(args: argparse.Namespace) -> None:
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         counters = [s.batcher.scheduler.counters for s in servers if s.batcher is not None]
     tokens, steps = sum(c.generation_tokens for c in counters), sum(c.steps for c in counters)
-    print(f"{args.servers} servers x {args.batch} sequences x ~{args.tokens} tokens: {tokens:,} tokens in {steps:,} "
-          f"steps; {wall:.1f} s wall for {args.tokens * args.step:.0f} s of model time a server; {cpu:.1f} CPU-s")
+    print(
+        f"{args.servers} servers x {args.batch} sequences x ~{args.tokens} tokens: {tokens:,} tokens in {steps:,} "
+        f"steps; {wall:.1f} s wall for {args.tokens * args.step:.0f} s of model time a server; {cpu:.1f} CPU-s"
+    )
 
 
 def main() -> None:

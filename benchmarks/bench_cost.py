@@ -69,8 +69,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 EXAMPLES = {"single": ROOT / "examples" / "arith.py", "tool": ROOT / "examples" / "calc_tool.py"}
 CALLS = {"single": 1, "tool": 2}
-GROUPS = ["driver", "model server", "rollout actors", "node services actor", "runtime actors",
-          "raylet+gcs+other ray", "other", "not sampled"]
+GROUPS = [
+    "driver",
+    "model server",
+    "rollout actors",
+    "node services actor",
+    "runtime actors",
+    "raylet+gcs+other ray",
+    "other",
+    "not sampled",
+]
 EVAL_DEFAULT_POOL = "2 x no cap"  # rollout-ray eval's --actors / --capacity defaults today
 NOT_SAMPLED = "not sampled"
 DEBUG = bool(os.environ.get("BENCH_COST_DEBUG"))
@@ -105,8 +113,13 @@ def read_procs() -> dict[int, Proc]:
             f = stat_fields(int(entry))
             if f is not None:
                 utime, stime, cutime, cstime = (int(x) for x in f[11:15])
-                out[int(entry)] = Proc(int(f[1]), f[0].decode(), (utime + stime) / TICK,
-                                       (utime + stime + cutime + cstime) / TICK, int(f[21]) * PAGE)
+                out[int(entry)] = Proc(
+                    int(f[1]),
+                    f[0].decode(),
+                    (utime + stime) / TICK,
+                    (utime + stime + cutime + cstime) / TICK,
+                    int(f[21]) * PAGE,
+                )
     return out
 
 
@@ -240,8 +253,9 @@ class Tracker:
             for pid, p in procs.items():
                 children[p.ppid].append(pid)
             # Reparented to this script during the row (not the model, not an earlier row's).
-            todo = [self.root] + [pid for pid in children.get(self.me, ())
-                                  if pid not in self.popen and pid not in self.seen_before]
+            todo = [self.root] + [
+                pid for pid in children.get(self.me, ()) if pid not in self.popen and pid not in self.seen_before
+            ]
             tree: set[int] = set()
             while todo:
                 pid = todo.pop()
@@ -327,8 +341,10 @@ class Tracker:
             for m in self.members.values():
                 if not m.alive and not m.reaped_here:
                     reaped[m.ppid] += m.full_cpu
-            cpu = {pid: (m.self_cpu, max(0.0, m.full_cpu - m.self_cpu - reaped.get(pid, 0.0)))
-                   for pid, m in self.members.items()}
+            cpu = {
+                pid: (m.self_cpu, max(0.0, m.full_cpu - m.self_cpu - reaped.get(pid, 0.0)))
+                for pid, m in self.members.items()
+            }
         f = stat_fields(self.model_pid)
         model = sum(int(x) for x in f[11:15]) / TICK if f is not None else 0.0
         return cpu, model, machine_busy()
@@ -336,11 +352,16 @@ class Tracker:
     def leftovers(self) -> list[tuple[int, str]]:
         procs = read_procs()
         with self.lock:
-            return [(pid, m.name) for pid, m in self.members.items()
-                    if pid in procs and procs[pid].state != "Z" and pid != self.root]
+            return [
+                (pid, m.name)
+                for pid, m in self.members.items()
+                if pid in procs and procs[pid].state != "Z" and pid != self.root
+            ]
 
 
-def cpu_delta(tracker: Tracker, before: Snapshot, after: Snapshot) -> tuple[float, dict[str, float], dict[str, float], float]:
+def cpu_delta(
+    tracker: Tracker, before: Snapshot, after: Snapshot
+) -> tuple[float, dict[str, float], dict[str, float], float]:
     """(total CPU s, by kind, by process name, machine busy s) between two snapshots: every
     process's own CPU, by kind; children born and gone between samples as "not sampled"."""
     b_cpu, b_model, b_busy = before
@@ -358,9 +379,11 @@ def cpu_delta(tracker: Tracker, before: Snapshot, after: Snapshot) -> tuple[floa
         by_name[m.name if m.role is None else m.role] += own - own0
         by_group[NOT_SAMPLED] += unseen - unseen0
         if DEBUG and (own - own0 > 0.005 or abs(unseen - unseen0) > 0.005):
-            print(f"    DEBUG {pid} {m.name!r} role={m.role} ppid={m.ppid} alive={m.alive} zombie_seen={m.zombie_seen} "
-                  f"reaped_here={m.reaped_here} own {own0:.2f}->{own:.2f} unseen {unseen0:.2f}->{unseen:.2f}",
-                  file=sys.stderr)
+            print(
+                f"    DEBUG {pid} {m.name!r} role={m.role} ppid={m.ppid} alive={m.alive} zombie_seen={m.zombie_seen} "
+                f"reaped_here={m.reaped_here} own {own0:.2f}->{own:.2f} unseen {unseen0:.2f}->{unseen:.2f}",
+                file=sys.stderr,
+            )
     return sum(by_group.values()), dict(by_group), dict(by_name), a_busy - b_busy
 
 
@@ -369,8 +392,20 @@ def cpu_delta(tracker: Tracker, before: Snapshot, after: Snapshot) -> tuple[floa
 
 class ModelServer:
     def __init__(self, latency: float) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "_cost_model.py"), "--ttft", str(latency),
-                                      "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "_cost_model.py"),
+                "--ttft",
+                str(latency),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         match = re.search(r"serving at (\S+)", line)
@@ -490,16 +525,31 @@ def wait_root(pid: int) -> tuple[int, Proc | None]:
     return status, final
 
 
-def run_row(tracker: Tracker, model: ModelServer, row: Row, argv: list[str], role: str, *,
-            marks: bool, timeout: float, cwd: str | None = None) -> dict[str, Any]:
+def run_row(
+    tracker: Tracker,
+    model: ModelServer,
+    row: Row,
+    argv: list[str],
+    role: str,
+    *,
+    marks: bool,
+    timeout: float,
+    cwd: str | None = None,
+) -> dict[str, Any]:
     """Run one row's command; returns the worker's result (or {} for eval)."""
     row.load = loadavg()
     model.reset()
     log = tempfile.NamedTemporaryFile(prefix="bench_cost_", suffix=".log", delete=False)
     t_cmd = time.time()
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE if marks else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE if marks else log, stderr=log, text=True,
-                            env=child_env(), cwd=cwd)
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if marks else subprocess.DEVNULL,
+        stdout=subprocess.PIPE if marks else log,
+        stderr=log,
+        text=True,
+        env=child_env(),
+        cwd=cwd,
+    )
     tracker.begin(proc.pid, role)
     t0 = time.perf_counter()
     start = tracker.snapshot()
@@ -548,7 +598,7 @@ def run_row(tracker: Tracker, model: ModelServer, row: Row, argv: list[str], rol
                     proc.stdin.write("go\n")
                     proc.stdin.flush()
                 elif line.startswith("@@RESULT "):
-                    result = json.loads(line[len("@@RESULT "):])
+                    result = json.loads(line[len("@@RESULT ") :])
                 else:
                     sys.stderr.write(f"  [{row.label}] {line}")
         status, root_final = wait_root(proc.pid)
@@ -620,16 +670,33 @@ def run_row(tracker: Tracker, model: ModelServer, row: Row, argv: list[str], rol
     return result
 
 
-def worker_row(tracker: Tracker, model: ModelServer, args: argparse.Namespace, kind: str, group: int,
-               executor: str, n: int) -> Row:
+def worker_row(
+    tracker: Tracker, model: ModelServer, args: argparse.Namespace, kind: str, group: int, executor: str, n: int
+) -> Row:
     c = args.concurrency
     capacity = math.ceil(c / args.actors)
     row = Row(kind, group, executor, math.ceil(n / group) * group, n, c, args.latency)
-    spec = {"executor": executor, "kind": kind, "group": group, "n": n, "concurrency": c, "url": model.url,
-            "warmup": args.warmup, "actors": args.actors, "capacity": capacity}
+    spec = {
+        "executor": executor,
+        "kind": kind,
+        "group": group,
+        "n": n,
+        "concurrency": c,
+        "url": model.url,
+        "warmup": args.warmup,
+        "actors": args.actors,
+        "capacity": capacity,
+    }
     timeout = args.row_timeout or max(300.0, 60 * row.ideal + 240)
-    run_row(tracker, model, row, [sys.executable, str(HERE / "_cost_worker.py"), json.dumps(spec)], "driver",
-            marks=True, timeout=timeout)
+    run_row(
+        tracker,
+        model,
+        row,
+        [sys.executable, str(HERE / "_cost_worker.py"), json.dumps(spec)],
+        "driver",
+        marks=True,
+        timeout=timeout,
+    )
     return row
 
 
@@ -639,8 +706,10 @@ def eval_taskset(kind: str, tasks: int, folder: str) -> str:
     src = EXAMPLES[kind].read_text()
     path = os.path.join(folder, EXAMPLES[kind].name)
     with open(path, "w") as f:
-        f.write(src + f"\n\n_example_tasks = tasks\n\n\ndef tasks(n: int = {tasks}, seed: int | None = None):\n"
-                f"    return _example_tasks(n) if seed is None else _example_tasks(n, seed)\n")
+        f.write(
+            src + f"\n\n_example_tasks = tasks\n\n\ndef tasks(n: int = {tasks}, seed: int | None = None):\n"
+            f"    return _example_tasks(n) if seed is None else _example_tasks(n, seed)\n"
+        )
     return path
 
 
@@ -655,13 +724,26 @@ def eval_row(tracker: Tracker, model: ModelServer, args: argparse.Namespace, kin
         taskset = eval_taskset(kind, tasks, folder)
         cli = Path(sys.executable).with_name("rollout-ray")
         head = [str(cli)] if cli.exists() else [sys.executable, "-m", "rollout_ray"]
-        argv = [*head, "eval", taskset, "--samples", str(group), "--limit", str(tasks), "--model-url", model.url,
-                "--max-in-flight", str(c), "--out", os.path.join(folder, "run")]
+        argv = [
+            *head,
+            "eval",
+            taskset,
+            "--samples",
+            str(group),
+            "--limit",
+            str(tasks),
+            "--model-url",
+            model.url,
+            "--max-in-flight",
+            str(c),
+            "--out",
+            os.path.join(folder, "run"),
+        ]
         if args.eval_pool:
             actors, capacity = args.eval_pool.split("x")
             argv += ["--actors", actors.strip(), "--capacity", capacity.strip()]
             row.pool = f"{actors.strip()} x {capacity.strip()}"
-        row.cmd = "rollout-ray " + " ".join(argv[len(head):]).replace(folder, "$TMP")
+        row.cmd = "rollout-ray " + " ".join(argv[len(head) :]).replace(folder, "$TMP")
         timeout = args.row_timeout or max(300.0, 60 * row.ideal + 240)
         run_row(tracker, model, row, argv, "driver", marks=False, timeout=timeout, cwd=folder)
         try:
@@ -692,27 +774,72 @@ def print_main(rows: list[Row], floor: dict[tuple[str, int], Row]) -> None:
     out = []
     for r in rows:
         if r.error and not r.wall:
-            out.append([r.kind, r.group, r.executor, r.pool, r.n, r.concurrency, r.load, f"FAILED ({r.error})"]
-                       + ["-"] * 11)
+            out.append(
+                [r.kind, r.group, r.executor, r.pool, r.n, r.concurrency, r.load, f"FAILED ({r.error})"] + ["-"] * 11
+            )
             continue
         fl = floor.get((r.kind, r.group))
         x_floor = f"{r.cpu_ms / fl.cpu_ms:.1f}x" if fl and fl.cpu_ms and r is not fl else ("1.0x" if r is fl else "-")
-        out.append([r.kind, r.group, r.executor, r.pool, r.n, r.concurrency, r.load, f"{r.wall:.2f}", f"{r.ideal:.2f}",
-                    f"{r.wall / r.ideal:.1f}x" if r.ideal else "-", f"{r.n / r.wall:.0f}" if r.wall else "-",
-                    f"{r.n / r.ideal:.0f}", f"{r.cpu_ms:.2f}", x_floor, f"{r.peak_window / MiB:.0f}",
-                    r.model_peak_in_flight, "-" if r.failed is None else r.failed, f2(r.reward),
-                    f"{r.other_cores:.2f}"])
-    print(table(["kind", "g", "executor", "actors x cap", "N", "C", "load before (1/5/15 min)", "wall s",
-                 "ideal s", "x ideal", "rollouts/s", "ideal/s", "CPU-ms/rollout", "x floor", "peak MiB",
-                 "model peak in flight", "failed", "reward", "other cores"], out))
+        out.append(
+            [
+                r.kind,
+                r.group,
+                r.executor,
+                r.pool,
+                r.n,
+                r.concurrency,
+                r.load,
+                f"{r.wall:.2f}",
+                f"{r.ideal:.2f}",
+                f"{r.wall / r.ideal:.1f}x" if r.ideal else "-",
+                f"{r.n / r.wall:.0f}" if r.wall else "-",
+                f"{r.n / r.ideal:.0f}",
+                f"{r.cpu_ms:.2f}",
+                x_floor,
+                f"{r.peak_window / MiB:.0f}",
+                r.model_peak_in_flight,
+                "-" if r.failed is None else r.failed,
+                f2(r.reward),
+                f"{r.other_cores:.2f}",
+            ]
+        )
+    print(
+        table(
+            [
+                "kind",
+                "g",
+                "executor",
+                "actors x cap",
+                "N",
+                "C",
+                "load before (1/5/15 min)",
+                "wall s",
+                "ideal s",
+                "x ideal",
+                "rollouts/s",
+                "ideal/s",
+                "CPU-ms/rollout",
+                "x floor",
+                "peak MiB",
+                "model peak in flight",
+                "failed",
+                "reward",
+                "other cores",
+            ],
+            out,
+        )
+    )
 
 
 def print_breakdown(rows: list[Row], floor: dict[tuple[str, int], Row]) -> None:
     for kind in dict.fromkeys(r.kind for r in rows):
         sub = [r for r in rows if r.kind == kind]
         print(f"\nCPU-ms per rollout by process kind, {kind} (measured window; eval: the whole command):\n")
-        body = [[g] + [f"{r.by_group.get(g, 0.0) * 1000 / r.n:.2f}" for r in sub] for g in GROUPS
-                if any(abs(r.by_group.get(g, 0.0)) * 1000 / r.n >= 0.005 for r in sub)]
+        body = [
+            [g] + [f"{r.by_group.get(g, 0.0) * 1000 / r.n:.2f}" for r in sub]
+            for g in GROUPS
+            if any(abs(r.by_group.get(g, 0.0)) * 1000 / r.n >= 0.005 for r in sub)
+        ]
         body.append(["total"] + [f"{r.cpu_ms:.2f}" for r in sub])
         xs = []
         for r in sub:
@@ -723,30 +850,70 @@ def print_breakdown(rows: list[Row], floor: dict[tuple[str, int], Row]) -> None:
         names = sorted({k for r in sub for k in r.by_name}, key=lambda k: -max(r.by_name.get(k, 0) / r.n for r in sub))
         names = [k for k in names if max(abs(r.by_name.get(k, 0.0)) * 1000 / r.n for r in sub) >= 0.01]
         print(f"\nCPU-ms per rollout by process, {kind} (each name summed over its processes):\n")
-        print(table(["process"] + [f"g={r.group} {r.executor}" for r in sub],
-                    [[k] + [f"{r.by_name.get(k, 0.0) * 1000 / r.n:.2f}" for r in sub] for k in names]))
+        print(
+            table(
+                ["process"] + [f"g={r.group} {r.executor}" for r in sub],
+                [[k] + [f"{r.by_name.get(k, 0.0) * 1000 / r.n:.2f}" for r in sub] for k in names],
+            )
+        )
 
 
 def print_memory(rows: list[Row]) -> None:
     groups = [g for g in GROUPS if any(r.group_peak.get(g, 0) >= MiB for r in rows)]
-    print("\nPeak resident MiB by process kind (each kind's own peak over the measured window; eval: whole command),"
-          " and the peak of the sum:\n")
-    print(table(["process kind"] + [f"{r.kind} g={r.group} {r.executor}" for r in rows],
-                [[g] + [f"{r.group_peak.get(g, 0) / MiB:.0f}" for r in rows] for g in groups]
-                + [["total (peak of the sum)"] + [f"{r.peak_window / MiB:.0f}" for r in rows]]))
+    print(
+        "\nPeak resident MiB by process kind (each kind's own peak over the measured window; eval: whole command),"
+        " and the peak of the sum:\n"
+    )
+    print(
+        table(
+            ["process kind"] + [f"{r.kind} g={r.group} {r.executor}" for r in rows],
+            [[g] + [f"{r.group_peak.get(g, 0) / MiB:.0f}" for r in rows] for g in groups]
+            + [["total (peak of the sum)"] + [f"{r.peak_window / MiB:.0f}" for r in rows]],
+        )
+    )
 
 
 def print_cold(rows: list[Row]) -> None:
     print("\nCold start and the whole command (start-up, warm-up, measured run and shutdown; eval has no warm-up):\n")
     body = []
     for r in rows:
-        body.append([r.kind, r.group, r.executor, f2(r.cmd_to_first_call), f2(r.ray_init), f2(r.executor_to_first_call),
-                     f2(r.warm_wall), f2(r.drive_span), f"{r.cmd_wall:.2f}", f"{r.cmd_cpu:.2f}",
-                     f"{r.peak_whole / MiB:.0f}", len(r.leftovers), "; ".join(r.notes + ([r.error] if r.error else []))])
-    print(table(["kind", "g", "executor", "command start -> first model call s", "ray.init s",
-                 "executor start -> first model call s", "warm-up run s", "eval: first..last model call s",
-                 "command wall s", "command CPU s (all processes)", "peak MiB (whole command)",
-                 "processes left after exit", "notes"], body))
+        body.append(
+            [
+                r.kind,
+                r.group,
+                r.executor,
+                f2(r.cmd_to_first_call),
+                f2(r.ray_init),
+                f2(r.executor_to_first_call),
+                f2(r.warm_wall),
+                f2(r.drive_span),
+                f"{r.cmd_wall:.2f}",
+                f"{r.cmd_cpu:.2f}",
+                f"{r.peak_whole / MiB:.0f}",
+                len(r.leftovers),
+                "; ".join(r.notes + ([r.error] if r.error else [])),
+            ]
+        )
+    print(
+        table(
+            [
+                "kind",
+                "g",
+                "executor",
+                "command start -> first model call s",
+                "ray.init s",
+                "executor start -> first model call s",
+                "warm-up run s",
+                "eval: first..last model call s",
+                "command wall s",
+                "command CPU s (all processes)",
+                "peak MiB (whole command)",
+                "processes left after exit",
+                "notes",
+            ],
+            body,
+        )
+    )
     for r in rows:
         if r.cmd:
             print(f"{r.kind} g={r.group} {r.executor}: {r.cmd}")
@@ -765,29 +932,51 @@ def print_targets(rows: list[Row]) -> None:
             continue
         if r.executor == "ray":
             limit = 2.0 if r.kind == "single" else 3.5
-            out.append([f"ray warm {r.kind} g={r.group}: CPU-ms/rollout <= {limit}", f"{r.cpu_ms:.2f}",
-                        status(r.cpu_ms <= limit)])
+            out.append(
+                [
+                    f"ray warm {r.kind} g={r.group}: CPU-ms/rollout <= {limit}",
+                    f"{r.cpu_ms:.2f}",
+                    status(r.cpu_ms <= limit),
+                ]
+            )
             if r.kind == "single":
-                out.append([f"ray warm single g={r.group}: >= 800 rollouts/s", f"{r.n / r.wall:.0f}",
-                            status(r.n / r.wall >= 800)])
+                out.append(
+                    [
+                        f"ray warm single g={r.group}: >= 800 rollouts/s",
+                        f"{r.n / r.wall:.0f}",
+                        status(r.n / r.wall >= 800),
+                    ]
+                )
         if r.executor == "local" and r.kind == "single":
             out.append([f"local single g={r.group}: CPU-ms/rollout <= 1.5", f"{r.cpu_ms:.2f}", status(r.cpu_ms <= 1.5)])
         if r.executor == "eval" and r.kind == "single" and r.cmd_to_first_call is not None:
             bound = 2 * (r.ideal + r.cmd_to_first_call)
-            out.append([f"eval single g={r.group} N={r.n}: wall <= 2 x (ideal + cold start) = {bound:.2f} s",
-                        f"{r.wall:.2f}", status(r.wall <= bound)])
-            out.append([f"eval single g={r.group}: cold start <= 4 s", f"{r.cmd_to_first_call:.2f}",
-                        status(r.cmd_to_first_call <= 4)])
+            out.append(
+                [
+                    f"eval single g={r.group} N={r.n}: wall <= 2 x (ideal + cold start) = {bound:.2f} s",
+                    f"{r.wall:.2f}",
+                    status(r.wall <= bound),
+                ]
+            )
+            out.append(
+                [
+                    f"eval single g={r.group}: cold start <= 4 s",
+                    f"{r.cmd_to_first_call:.2f}",
+                    status(r.cmd_to_first_call <= 4),
+                ]
+            )
     print(table(["target", "measured", ""], out))
 
 
 def print_scale(rows: list[Row]) -> None:
     for r in rows:
-        print(f"\nScale, {r.label}: N={r.n}, C={r.concurrency}, latency {r.latency:g} s, pool {r.pool}: "
-              f"failed {r.failed}, model peak in flight {r.model_peak_in_flight}, peak memory of the whole system "
-              f"{r.peak_whole / 2**30:.2f} GiB (measured run {r.peak_window / 2**30:.2f} GiB; target <= 6 GiB: "
-              f"{'met' if r.peak_whole <= 6 * 2**30 and r.failed == 0 else 'MISSED'}), wall {r.wall:.1f} s = "
-              f"{r.wall / r.ideal:.2f}x the ideal {r.ideal:.0f} s\n")
+        print(
+            f"\nScale, {r.label}: N={r.n}, C={r.concurrency}, latency {r.latency:g} s, pool {r.pool}: "
+            f"failed {r.failed}, model peak in flight {r.model_peak_in_flight}, peak memory of the whole system "
+            f"{r.peak_whole / 2**30:.2f} GiB (measured run {r.peak_window / 2**30:.2f} GiB; target <= 6 GiB: "
+            f"{'met' if r.peak_whole <= 6 * 2**30 and r.failed == 0 else 'MISSED'}), wall {r.wall:.1f} s = "
+            f"{r.wall / r.ideal:.2f}x the ideal {r.ideal:.0f} s\n"
+        )
         if r.progress:
             t0 = r.t_start or r.progress[0][2]
             picks, step = [], max(1, r.n // 10)
@@ -799,16 +988,21 @@ def print_scale(rows: list[Row]) -> None:
             print("Driver memory during the measured run (at the driver's progress reports; t from the run's start):\n")
             print(table(["done", "in flight", "t s", "driver RSS MiB"], picks))
             rss = [p[3] for p in r.progress]
-            print(f"\ndriver RSS: first report {rss[0] / MiB:.0f} MiB, max {max(rss) / MiB:.0f} MiB, "
-                  f"last {rss[-1] / MiB:.0f} MiB")
+            print(
+                f"\ndriver RSS: first report {rss[0] / MiB:.0f} MiB, max {max(rss) / MiB:.0f} MiB, "
+                f"last {rss[-1] / MiB:.0f} MiB"
+            )
 
 
 # -- main -----------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--n", default=None, help="rollouts per row, comma list (default 1000)")
     p.add_argument("--concurrency", type=int, default=None, help="C: rollouts in flight (default 256)")
     p.add_argument("--latency", type=float, default=None, help="model seconds per call (ttft; default 0.09)")
@@ -816,26 +1010,58 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default=None, help="single,tool")
     p.add_argument("--executors", default=None, help="floor,local,ray,eval")
     p.add_argument("--actors", type=int, default=2, help="RayExecutor actors (capacity = ceil(C / actors))")
-    p.add_argument("--warmup", type=int, default=None, help="warm-up rollouts before each measured run "
-                   "(floor, local, ray; default 300)")
-    p.add_argument("--eval-pool", default=None, help="e.g. '2x128': pass --actors/--capacity to rollout-ray eval "
-                   "(default: the CLI's own defaults, an actor per CPU, no cap per actor)")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="warm-up rollouts before each measured run (floor, local, ray; default 300)",
+    )
+    p.add_argument(
+        "--eval-pool",
+        default=None,
+        help="e.g. '2x128': pass --actors/--capacity to rollout-ray eval "
+        "(default: the CLI's own defaults, an actor per CPU, no cap per actor)",
+    )
     p.add_argument("--sample-interval", type=float, default=0.25, help="seconds between /proc samples")
     p.add_argument("--row-timeout", type=float, default=None, help="seconds before a row is killed")
     p.add_argument("--quick", action="store_true", help="N=300, C=64")
-    p.add_argument("--scale", action="store_true",
-                   help="10,000 in flight: ray only, single, g=1, latency 5 s, N=20,000, C=10,000 "
-                        "(--n / --concurrency / --latency override)")
+    p.add_argument(
+        "--scale",
+        action="store_true",
+        help="10,000 in flight: ray only, single, g=1, latency 5 s, N=20,000, C=10,000 "
+        "(--n / --concurrency / --latency override)",
+    )
     args = p.parse_args(argv)
     if args.scale:
-        d = {"n": "20000", "concurrency": 10000, "latency": 5.0, "groups": "1", "kinds": "single", "executors": "ray",
-             "warmup": 300}
+        d = {
+            "n": "20000",
+            "concurrency": 10000,
+            "latency": 5.0,
+            "groups": "1",
+            "kinds": "single",
+            "executors": "ray",
+            "warmup": 300,
+        }
     elif args.quick:
-        d = {"n": "300", "concurrency": 64, "latency": 0.09, "groups": "1,8", "kinds": "single,tool",
-             "executors": "floor,local,ray,eval", "warmup": 128}
+        d = {
+            "n": "300",
+            "concurrency": 64,
+            "latency": 0.09,
+            "groups": "1,8",
+            "kinds": "single,tool",
+            "executors": "floor,local,ray,eval",
+            "warmup": 128,
+        }
     else:
-        d = {"n": "1000", "concurrency": 256, "latency": 0.09, "groups": "1,8", "kinds": "single,tool",
-             "executors": "floor,local,ray,eval", "warmup": 300}
+        d = {
+            "n": "1000",
+            "concurrency": 256,
+            "latency": 0.09,
+            "groups": "1,8",
+            "kinds": "single,tool",
+            "executors": "floor,local,ray,eval",
+            "warmup": 300,
+        }
     for k, v in d.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -852,14 +1078,21 @@ def main(argv: list[str] | None = None) -> int:
     import rollout_ray
 
     where = Path(rollout_ray.__file__).resolve().parent.parent
-    print(f"rollout_ray: {source_version()}" if where == ROOT else
-          f"rollout_ray: imported from {where} (PYTHONPATH), not from this checkout ({ROOT})")
-    print(f"machine: {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * PAGE / 2**30:.1f} GiB; Python "
-          f"{platform.python_version()}, Ray {ray.__version__}; RLIMIT_NOFILE {nofile[0]}; child subreaper "
-          f"{'on' if subreaper else 'OFF (orphans not measured)'}; load average at start {loadavg()}")
-    print(f"model: benchmarks/_cost_model.py (SimulatedModelServer), ttft {args.latency:g} s, own process; "
-          f"C={args.concurrency}; RayExecutor(actors={args.actors}, capacity={math.ceil(args.concurrency / args.actors)}); "
-          f"warm-up {args.warmup} rollouts (floor, local, ray)\n")
+    print(
+        f"rollout_ray: {source_version()}"
+        if where == ROOT
+        else f"rollout_ray: imported from {where} (PYTHONPATH), not from this checkout ({ROOT})"
+    )
+    print(
+        f"machine: {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * PAGE / 2**30:.1f} GiB; Python "
+        f"{platform.python_version()}, Ray {ray.__version__}; RLIMIT_NOFILE {nofile[0]}; child subreaper "
+        f"{'on' if subreaper else 'OFF (orphans not measured)'}; load average at start {loadavg()}"
+    )
+    print(
+        f"model: benchmarks/_cost_model.py (SimulatedModelServer), ttft {args.latency:g} s, own process; "
+        f"C={args.concurrency}; RayExecutor(actors={args.actors}, capacity={math.ceil(args.concurrency / args.actors)}); "
+        f"warm-up {args.warmup} rollouts (floor, local, ray)\n"
+    )
 
     model = ModelServer(args.latency)
     tracker = Tracker(model.proc.pid, args.sample_interval)
@@ -875,8 +1108,12 @@ def main(argv: list[str] | None = None) -> int:
                         else:
                             row = worker_row(tracker, model, args, kind, group, ex, n)
                         rows.append(row)
-                        print(f"    wall {row.wall:.2f} s, {row.cpu_ms:.2f} CPU-ms/rollout, failed {row.failed}, "
-                              f"command {row.cmd_wall:.1f} s", file=sys.stderr, flush=True)
+                        print(
+                            f"    wall {row.wall:.2f} s, {row.cpu_ms:.2f} CPU-ms/rollout, failed {row.failed}, "
+                            f"command {row.cmd_wall:.1f} s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
     finally:
         tracker.close()
         model.stop()
@@ -887,12 +1124,14 @@ def main(argv: list[str] | None = None) -> int:
         if len(ns) > 1:
             print(f"\n## N = {n}\n")
         print_main(sub, floor)
-        print("\nx ideal: wall / (ceil(N / C) x latency x model calls per rollout); CPU-ms/rollout: every process of "
-              "the system (this row's tree, the model server, orphans) over the measured window (eval: the whole "
-              "command, start-up and shutdown included); x floor: against the floor row of the same kind and g; "
-              "peak MiB: resident memory of all of them, summed, sampled every "
-              f"{args.sample_interval:g} s; model peak in flight: most concurrent requests at the model server; "
-              "other cores: CPU of the rest of the machine during the row (above ~0.1: the machine was busy).")
+        print(
+            "\nx ideal: wall / (ceil(N / C) x latency x model calls per rollout); CPU-ms/rollout: every process of "
+            "the system (this row's tree, the model server, orphans) over the measured window (eval: the whole "
+            "command, start-up and shutdown included); x floor: against the floor row of the same kind and g; "
+            "peak MiB: resident memory of all of them, summed, sampled every "
+            f"{args.sample_interval:g} s; model peak in flight: most concurrent requests at the model server; "
+            "other cores: CPU of the rest of the machine during the row (above ~0.1: the machine was busy)."
+        )
         print_breakdown(sub, floor)
         print_memory(sub)
         print_cold(sub)

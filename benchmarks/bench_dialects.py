@@ -30,52 +30,99 @@ from rollout_ray.testing import Reply, ScriptedModel
 
 WARMUP = 100
 INSTRUCTIONS = "You are a coding agent. Follow the repository's conventions. " * 34
-SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
-          "required": ["command"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
+    "required": ["command"],
+}
 TOOLS = [("shell", "Run a shell command."), ("read_file", "Read a file."), ("write_file", "Write a file.")]
-TURNS = [(f"Step {i}: looking.", f"call_{i}", {"command": f"grep -rn pattern_{i} src/ | head -20"},
-          f"src/module_{i}.py:{i}: " + "x" * 400) for i in range(5)]
+TURNS = [
+    (
+        f"Step {i}: looking.",
+        f"call_{i}",
+        {"command": f"grep -rn pattern_{i} src/ | head -20"},
+        f"src/module_{i}.py:{i}: " + "x" * 400,
+    )
+    for i in range(5)
+]
 PROMPT = "Fix the failing test in tests/test_parser.py."
 
 
 def chat_body() -> dict[str, Any]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": PROMPT}]
     for text, call_id, args, result in TURNS:
-        messages += [{"role": "assistant", "content": text, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": "shell", "arguments": json.dumps(args)}}]},
-            {"role": "tool", "tool_call_id": call_id, "content": result}]
+        messages += [
+            {
+                "role": "assistant",
+                "content": text,
+                "tool_calls": [
+                    {"id": call_id, "type": "function", "function": {"name": "shell", "arguments": json.dumps(args)}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": result},
+        ]
     tools = [{"type": "function", "function": {"name": n, "description": d, "parameters": SCHEMA}} for n, d in TOOLS]
     return {"model": "m", "messages": messages, "tools": tools, "max_tokens": 512}
 
 
 def responses_body() -> dict[str, Any]:
-    items: list[dict[str, Any]] = [{"type": "message", "role": "user",
-                                    "content": [{"type": "input_text", "text": PROMPT}]}]
+    items: list[dict[str, Any]] = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": PROMPT}]}
+    ]
     for i, (text, call_id, args, result) in enumerate(TURNS):
-        items += [{"type": "message", "role": "assistant", "id": f"msg_{i}", "status": "completed",
-                   "content": [{"type": "output_text", "text": text, "annotations": []}]},
-                  {"type": "function_call", "id": f"fc_{i}", "call_id": call_id, "name": "shell",
-                   "arguments": json.dumps(args), "status": "completed"},
-                  {"type": "function_call_output", "call_id": call_id, "output": result}]
-    tools = [{"type": "function", "name": n, "description": d, "parameters": SCHEMA, "strict": False}
-             for n, d in TOOLS]
-    return {"model": "m", "instructions": INSTRUCTIONS, "input": items, "tools": tools, "max_output_tokens": 512,
-            "tool_choice": "auto", "parallel_tool_calls": False, "store": False}
+        items += [
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": f"msg_{i}",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            },
+            {
+                "type": "function_call",
+                "id": f"fc_{i}",
+                "call_id": call_id,
+                "name": "shell",
+                "arguments": json.dumps(args),
+                "status": "completed",
+            },
+            {"type": "function_call_output", "call_id": call_id, "output": result},
+        ]
+    tools = [{"type": "function", "name": n, "description": d, "parameters": SCHEMA, "strict": False} for n, d in TOOLS]
+    return {
+        "model": "m",
+        "instructions": INSTRUCTIONS,
+        "input": items,
+        "tools": tools,
+        "max_output_tokens": 512,
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "store": False,
+    }
 
 
 def messages_body() -> dict[str, Any]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": PROMPT}]
     for text, call_id, args, result in TURNS:
-        messages += [{"role": "assistant", "content": [{"type": "text", "text": text},
-                                                       {"type": "tool_use", "id": call_id, "name": "shell",
-                                                        "input": args}]},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": result}]}]
+        messages += [
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": text},
+                    {"type": "tool_use", "id": call_id, "name": "shell", "input": args},
+                ],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": result}]},
+        ]
     tools = [{"name": n, "description": d, "input_schema": SCHEMA} for n, d in TOOLS]
     return {"model": "m", "system": INSTRUCTIONS, "messages": messages, "tools": tools, "max_tokens": 512}
 
 
-ROWS = {"chat": ("/v1/chat/completions", chat_body), "responses": ("/v1/responses", responses_body),
-        "messages": ("/v1/messages", messages_body)}
+ROWS = {
+    "chat": ("/v1/chat/completions", chat_body),
+    "responses": ("/v1/responses", responses_body),
+    "messages": ("/v1/messages", messages_body),
+}
 
 CLIENT = """
 import sys, asyncio, aiohttp
@@ -105,8 +152,16 @@ async def row(proxy: HTTPInterception, path: str, body: dict[str, Any], n: int) 
     session = RolloutSession(Trace(task=TraceTask(type="T")), model)
     async with proxy.serve(session) as slot:
         client = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", CLIENT, slot.base_url + path, slot.model_secret, str(n), str(WARMUP),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            sys.executable,
+            "-c",
+            CLIENT,
+            slot.base_url + path,
+            slot.model_secret,
+            str(n),
+            str(WARMUP),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         assert client.stdin is not None and client.stdout is not None
         client.stdin.write(json.dumps(body).encode() + b"\n")
         assert await asyncio.wait_for(client.stdout.readline(), 300) == b"warm\n"

@@ -284,22 +284,43 @@ def template_trace() -> Trace:
             timestamp=t + 1.012,
         ),
         MessageNode(3, ToolMessage("call_0", str(a + b), name="add"), timestamp=t + 1.016),
-        MessageNode(4, AssistantMessage(content=f"The two depots hold {a + b} pallets.\n{a + b}"),
-                    sampled=True, timestamp=t + 2.021),
+        MessageNode(
+            4,
+            AssistantMessage(content=f"The two depots hold {a + b} pallets.\n{a + b}"),
+            sampled=True,
+            timestamp=t + 2.021,
+        ),
     ]
     calls = [
-        ModelCall(node=3, model="simulated", endpoint="/chat/completions", finish_reason="tool_calls",
-                  usage=Usage(prompt_tokens=214, completion_tokens=61), time=TimeSpan(t + 0.006, t + 1.012)),
-        ModelCall(node=5, model="simulated", endpoint="/chat/completions", finish_reason="stop",
-                  usage=Usage(prompt_tokens=291, completion_tokens=14), time=TimeSpan(t + 1.017, t + 2.021)),
+        ModelCall(
+            node=3,
+            model="simulated",
+            endpoint="/chat/completions",
+            finish_reason="tool_calls",
+            usage=Usage(prompt_tokens=214, completion_tokens=61),
+            time=TimeSpan(t + 0.006, t + 1.012),
+        ),
+        ModelCall(
+            node=5,
+            model="simulated",
+            endpoint="/chat/completions",
+            finish_reason="stop",
+            usage=Usage(prompt_tokens=291, completion_tokens=14),
+            time=TimeSpan(t + 1.017, t + 2.021),
+        ),
     ]
     return Trace(
         id=uuid.uuid4().hex,
-        task=TraceTask(type="Calc", key="0" * 64, hash="0" * 64, idx=0,
-                       data={"idx": 0, "name": None, "prompt": "", "system_prompt": SYSTEM,
-                             "timeout": None, "answer": a + b}),
-        agent=AgentInfo(harness="chat", model="simulated",
-                        runtime=RuntimeInfo(id="local-0", type="local", name="rt-0")),
+        task=TraceTask(
+            type="Calc",
+            key="0" * 64,
+            hash="0" * 64,
+            idx=0,
+            data={"idx": 0, "name": None, "prompt": "", "system_prompt": SYSTEM, "timeout": None, "answer": a + b},
+        ),
+        agent=AgentInfo(
+            harness="chat", model="simulated", runtime=RuntimeInfo(id="local-0", type="local", name="rt-0")
+        ),
         tools=[CALC_TOOL],
         nodes=nodes,
         calls=calls,
@@ -344,19 +365,30 @@ def synthetic_records(n: int) -> list[RolloutRecord]:
         trace = replace(
             tpl,
             id=uuid.uuid4().hex,
-            task=replace(tpl.task, key=digest, hash=digest, idx=group,
-                         data={**tpl.task.data, "idx": group, "answer": a + b}),
+            task=replace(
+                tpl.task, key=digest, hash=digest, idx=group, data={**tpl.task.data, "idx": group, "answer": a + b}
+            ),
             nodes=[
-                sys_node, ctx_node,
+                sys_node,
+                ctx_node,
                 replace(q_node, message=UserMessage(f"Depot A has {a} pallets, depot B has {b}. Total?")),
-                replace(call_node, message=replace(
-                    call_node.message, content=f"I'll add {a} and {b} with the calculator.",
-                    reasoning_content=" ".join(rng.choices(words, k=30)),
-                    tool_calls=[ToolCall("call_0", "add", f'{{"a": {a}, "b": {b}}}')])),
+                replace(
+                    call_node,
+                    message=replace(
+                        call_node.message,
+                        content=f"I'll add {a} and {b} with the calculator.",
+                        reasoning_content=" ".join(rng.choices(words, k=30)),
+                        tool_calls=[ToolCall("call_0", "add", f'{{"a": {a}, "b": {b}}}')],
+                    ),
+                ),
                 replace(tool_node, message=ToolMessage("call_0", str(a + b), name="add")),
-                replace(ans_node, message=AssistantMessage(
-                    content=" ".join(rng.choices(words, k=15))
-                    + f"\nThe two depots hold {a + b + (correct == 0)} pallets.\n{a + b + (correct == 0)}")),
+                replace(
+                    ans_node,
+                    message=AssistantMessage(
+                        content=" ".join(rng.choices(words, k=15))
+                        + f"\nThe two depots hold {a + b + (correct == 0)} pallets.\n{a + b + (correct == 0)}"
+                    ),
+                ),
             ],
             rewards={"correct": Reward(correct), "format": Reward(1.0, 0.1)},
             timing=replace(tpl.timing, start=tpl.timing.start + i * 0.01),
@@ -375,15 +407,18 @@ def make_records(n: int) -> list[RolloutRecord]:
     gen_s = time.perf_counter() - t0
     tpl = records[0].trace
     trace_bytes = len(msgspec.msgpack.encode(tpl))
-    print(f"template trace: {len(tpl.nodes)} messages, {len(tpl.calls)} model calls, "
-          f"{len(tpl.tool_calls)} tool call, {len(tpl.rewards)} rewards, {len(tpl.metrics)} metrics, "
-          f"{trace_bytes:,} bytes as msgpack; {n:,} copies made in {gen_s:.2f} s "
-          f"(RSS {rss0 / MiB:.0f} -> {status_kib('VmRSS') / 1024:.0f} MiB)\n")
+    print(
+        f"template trace: {len(tpl.nodes)} messages, {len(tpl.calls)} model calls, "
+        f"{len(tpl.tool_calls)} tool call, {len(tpl.rewards)} rewards, {len(tpl.metrics)} metrics, "
+        f"{trace_bytes:,} bytes as msgpack; {n:,} copies made in {gen_s:.2f} s "
+        f"(RSS {rss0 / MiB:.0f} -> {status_kib('VmRSS') / 1024:.0f} MiB)\n"
+    )
     return records
 
 
-def convert_and_write(records: list[RolloutRecord], run_dir: str, batch: int,
-                      rows_per_shard: int) -> tuple[list[list[Any]], int, bool]:
+def convert_and_write(
+    records: list[RolloutRecord], run_dir: str, batch: int, rows_per_shard: int
+) -> tuple[list[list[Any]], int, bool]:
     """Convert and write ``records`` in batches, timed: the table rows, RSS at the start, whether VmHWM was reset."""
     n = len(records)
     gc.collect()
@@ -412,12 +447,27 @@ def convert_and_write(records: list[RolloutRecord], run_dir: str, batch: int,
     assert stats.rows == n, stats
     step_mem = f"{peak / MiB:.0f} (+{(peak - base) / MiB:.0f})"
     rows = [
-        ["records_to_table (batches of 1,000)", f"{convert_s:.2f}", f"{n / convert_s:,.0f}",
-         f"{arrow_bytes / MiB:.0f} MiB Arrow", ""],
-        [f"ShardWriter.write+close ({stats.shards} shards, fsync)", f"{write_s:.2f}",
-         f"{n / write_s:,.0f}", f"{disk / MiB:.1f} MiB on disk", ""],
-        ["convert + write", f"{convert_s + write_s:.2f}", f"{n / (convert_s + write_s):,.0f}",
-         f"{disk / n:,.0f} B/trace on disk", step_mem],
+        [
+            "records_to_table (batches of 1,000)",
+            f"{convert_s:.2f}",
+            f"{n / convert_s:,.0f}",
+            f"{arrow_bytes / MiB:.0f} MiB Arrow",
+            "",
+        ],
+        [
+            f"ShardWriter.write+close ({stats.shards} shards, fsync)",
+            f"{write_s:.2f}",
+            f"{n / write_s:,.0f}",
+            f"{disk / MiB:.1f} MiB on disk",
+            "",
+        ],
+        [
+            "convert + write",
+            f"{convert_s + write_s:.2f}",
+            f"{n / (convert_s + write_s):,.0f}",
+            f"{disk / n:,.0f} B/trace on disk",
+            step_mem,
+        ],
     ]
     return rows, base, hwm_ok
 
@@ -429,14 +479,28 @@ def read_back(run_dir: str, n: int) -> list[list[Any]]:
     scalars = read_run(run_dir, columns=SCALAR_COLUMNS)
     s = time.perf_counter() - t0
     assert scalars.num_rows == n
-    rows.append([f"read_run scalar columns ({len(SCALAR_COLUMNS)})", f"{s:.2f}", f"{n / s:,.0f}",
-                 f"{scalars.nbytes / MiB:.0f} MiB Arrow", ""])
+    rows.append(
+        [
+            f"read_run scalar columns ({len(SCALAR_COLUMNS)})",
+            f"{s:.2f}",
+            f"{n / s:,.0f}",
+            f"{scalars.nbytes / MiB:.0f} MiB Arrow",
+            "",
+        ]
+    )
     del scalars
     t0 = time.perf_counter()
     whole = read_run(run_dir)
     s = time.perf_counter() - t0
-    rows.append([f"read_run all columns ({whole.num_columns})", f"{s:.2f}", f"{n / s:,.0f}",
-                 f"{whole.nbytes / MiB:.0f} MiB Arrow", ""])
+    rows.append(
+        [
+            f"read_run all columns ({whole.num_columns})",
+            f"{s:.2f}",
+            f"{n / s:,.0f}",
+            f"{whole.nbytes / MiB:.0f} MiB Arrow",
+            "",
+        ]
+    )
     t0 = time.perf_counter()
     traces = table_to_traces(whole)
     s = time.perf_counter() - t0
@@ -447,8 +511,10 @@ def read_back(run_dir: str, n: int) -> list[list[Any]]:
 
 
 def bench_arrow(n: int, batch: int = 1000, rows_per_shard: int = 10_000) -> None:
-    print(f"\n## 1. Arrow + Parquet: {n:,} traces, records_to_table in batches of {batch:,}, "
-          f"ShardWriter rows_per_shard={rows_per_shard:,}\n")
+    print(
+        f"\n## 1. Arrow + Parquet: {n:,} traces, records_to_table in batches of {batch:,}, "
+        f"ShardWriter rows_per_shard={rows_per_shard:,}\n"
+    )
     records = make_records(n)
     run_dir = tempfile.mkdtemp(prefix="bench_driver_arrow_")
     try:
@@ -459,9 +525,10 @@ def bench_arrow(n: int, batch: int = 1000, rows_per_shard: int = 10_000) -> None
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     print(table(["step", "seconds", "traces/s", "size", "peak RSS MiB (+ over start)"], rows))
-    print(f"\npeak RSS = this process's VmHWM during conversion + write ({'reset just before it' if hwm_ok else 'sampled every 50 ms'}); "
-          f"at its start the process held {base / MiB:.0f} MiB, the {n:,} synthetic records included.")
-
+    print(
+        f"\npeak RSS = this process's VmHWM during conversion + write ({'reset just before it' if hwm_ok else 'sampled every 50 ms'}); "
+        f"at its start the process held {base / MiB:.0f} MiB, the {n:,} synthetic records included."
+    )
 
 
 # -- 2. End to end ----------------------------------------------------------------------------
@@ -501,9 +568,20 @@ def start_model(latency: float) -> tuple[subprocess.Popen[str], str]:
     """``rollout-ray serve-model`` on 127.0.0.1, a free port, ttft = latency (a child process,
     standing in for the inference server; its CPU is shown on its own line)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rollout_ray", "serve-model", "--host", "127.0.0.1", "--port", "0",
-         "--ttft", str(latency)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "rollout_ray",
+            "serve-model",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--ttft",
+            str(latency),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -514,9 +592,17 @@ def start_model(latency: float) -> tuple[subprocess.Popen[str], str]:
     return proc, match.group(1)
 
 
-async def measure(label: str, executor: Any, module: Any, model: Any, n: int, concurrency: int,
-                  latency: float, idle_probe: float = 1.0,
-                  roots: Callable[[], Iterable[int]] | None = None) -> Row:
+async def measure(
+    label: str,
+    executor: Any,
+    module: Any,
+    model: Any,
+    n: int,
+    concurrency: int,
+    latency: float,
+    idle_probe: float = 1.0,
+    roots: Callable[[], Iterable[int]] | None = None,
+) -> Row:
     """One Driver run. ``roots``: the processes whose trees are measured (default: this one)."""
     from rollout_ray import Driver, EvalConfig
 
@@ -534,12 +620,20 @@ async def measure(label: str, executor: Any, module: Any, model: Any, n: int, co
         await asyncio.sleep(idle_probe)
         row.idle_cores = (sum(cpu_now().values()) - sum(c0.values())) / idle_probe
     try:
+
         def on_progress(progress: Any) -> None:
             # Called at most every 0.5 s, and once more when the last rollout is stored.
             row.rss_stored = status_kib("VmRSS") * 1024
 
-        driver = Driver(tasks, module.harness(), model, executor=executor, config=config,
-                        run_dir=os.path.join(run_dir, "run"), on_progress=on_progress)
+        driver = Driver(
+            tasks,
+            module.harness(),
+            model,
+            executor=executor,
+            config=config,
+            run_dir=os.path.join(run_dir, "run"),
+            on_progress=on_progress,
+        )
         row.rss_start = status_kib("VmRSS") * 1024
         with RssSampler(0.1) as sampler:
             before, busy0 = cpu_now(), machine_busy()
@@ -599,8 +693,9 @@ def load_arith(by_reference: bool) -> Any:
     return module
 
 
-async def run_ray_rows(label: str, ns: list[int], concurrency: int, latency: float, actors: int, capacity: int,
-                       module: Any, model: Any) -> tuple[list[Row], list[list[Any]]]:
+async def run_ray_rows(
+    label: str, ns: list[int], concurrency: int, latency: float, actors: int, capacity: int, module: Any, model: Any
+) -> tuple[list[Row], list[list[Any]]]:
     """Start Ray and one RayExecutor, warm it up, run a row per N, stop both: the rows and the startup times."""
     import ray
 
@@ -616,8 +711,12 @@ async def run_ray_rows(label: str, ns: list[int], concurrency: int, latency: flo
     t0 = time.perf_counter()
     await executor.start()
     warm = await measure("ray warm-up", executor, module, model, concurrency, concurrency, latency, 0.0)
-    startup.append([f"RayExecutor.start + warm-up run of {concurrency} rollouts (actors created)",
-                    f"{time.perf_counter() - t0:.2f}"])
+    startup.append(
+        [
+            f"RayExecutor.start + warm-up run of {concurrency} rollouts (actors created)",
+            f"{time.perf_counter() - t0:.2f}",
+        ]
+    )
     if warm.failed:
         print(f"  !! warm-up: {warm.failed} failed", file=sys.stderr)
     pids = await asyncio.gather(*(a.actor.pid.remote() for a in executor._pool if a is not None))
@@ -651,49 +750,105 @@ async def run_local_rows(url: str, ns: list[int], concurrency: int, latency: flo
 
 def print_e2e_rows(rows: list[Row]) -> None:
     """The end-to-end table, a row per executor and N, and what its RSS and cores columns mean."""
-    print(table(
-        ["executor", "N", "C", "latency s", "wall s", "ideal s", "ratio", "rollouts/s", "ideal/s",
-         "CPU-ms/rollout", "failed", "reward", "driver RSS MiB start/stored/peak/end", "bg cores", "other cores"],
-        [[r.executor, r.n, r.concurrency, f"{r.latency:g}", f"{r.wall:.2f}", f"{r.ideal:.2f}",
-          f"{r.wall / r.ideal:.2f}x", f"{r.n / r.wall:.0f}", f"{r.n / r.ideal:.0f}",
-          f"{r.cpu_s * 1000 / r.n:.1f}", r.failed, f"{r.correct:.2f}",
-          f"{r.rss_start / MiB:.0f} / {r.rss_stored / MiB:.0f} / {r.rss_peak / MiB:.0f} / {r.rss_end / MiB:.0f}",
-          f"{r.idle_cores:.2f}", f"{r.others_cores:.2f}"] for r in rows],
-    ))
-    print("\ndriver RSS: VmRSS of this process (sampled every 100 ms) at the row's start, when its last rollout "
-          "was stored, its peak, and at the end of Driver.arun (which then reads the whole run back and "
-          "finalizes it).")
-    print("bg cores: CPU of the tree while idle, just before the row (Ray's own background); "
-          "other cores: CPU used by processes outside the tree during the row (other work on the machine).")
+    print(
+        table(
+            [
+                "executor",
+                "N",
+                "C",
+                "latency s",
+                "wall s",
+                "ideal s",
+                "ratio",
+                "rollouts/s",
+                "ideal/s",
+                "CPU-ms/rollout",
+                "failed",
+                "reward",
+                "driver RSS MiB start/stored/peak/end",
+                "bg cores",
+                "other cores",
+            ],
+            [
+                [
+                    r.executor,
+                    r.n,
+                    r.concurrency,
+                    f"{r.latency:g}",
+                    f"{r.wall:.2f}",
+                    f"{r.ideal:.2f}",
+                    f"{r.wall / r.ideal:.2f}x",
+                    f"{r.n / r.wall:.0f}",
+                    f"{r.n / r.ideal:.0f}",
+                    f"{r.cpu_s * 1000 / r.n:.1f}",
+                    r.failed,
+                    f"{r.correct:.2f}",
+                    f"{r.rss_start / MiB:.0f} / {r.rss_stored / MiB:.0f} / {r.rss_peak / MiB:.0f} / {r.rss_end / MiB:.0f}",
+                    f"{r.idle_cores:.2f}",
+                    f"{r.others_cores:.2f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
+    print(
+        "\ndriver RSS: VmRSS of this process (sampled every 100 ms) at the row's start, when its last rollout "
+        "was stored, its peak, and at the end of Driver.arun (which then reads the whole run back and "
+        "finalizes it)."
+    )
+    print(
+        "bg cores: CPU of the tree while idle, just before the row (Ray's own background); "
+        "other cores: CPU used by processes outside the tree during the row (other work on the machine)."
+    )
 
 
 def print_e2e_breakdowns(rows: list[Row]) -> None:
     """Per row: CPU per rollout by process kind, mean timing spans, resident memory by process kind."""
     kinds = sorted({k for r in rows for k in r.by_kind}, key=lambda k: -max(r.by_kind.get(k, 0) / r.n for r in rows))
     print("\nCPU-ms per rollout by process kind (the tree: this script, its simulated-model child, Ray):\n")
-    print(table(["process"] + [f"{r.executor} N={r.n}" for r in rows],
-                [[k] + [f"{r.by_kind.get(k, 0.0) * 1000 / r.n:.2f}" for r in rows] for k in kinds]
-                + [["total"] + [f"{r.cpu_s * 1000 / r.n:.1f}" for r in rows]]))
+    print(
+        table(
+            ["process"] + [f"{r.executor} N={r.n}" for r in rows],
+            [[k] + [f"{r.by_kind.get(k, 0.0) * 1000 / r.n:.2f}" for r in rows] for k in kinds]
+            + [["total"] + [f"{r.cpu_s * 1000 / r.n:.1f}" for r in rows]],
+        )
+    )
 
     names = ("boot_s", "setup_s", "agent_s", "agent_model_s", "agent_harness_s", "finalize_s", "scoring_s")
     print("\nMean seconds per rollout, from the traces' timing spans (agent = model + harness):\n")
-    print(table(["executor", "N"] + [n.removesuffix("_s") for n in names],
-                [[r.executor, r.n] + [f"{r.spans.get(n, 0.0):.3f}" for n in names] for r in rows]))
-    kinds = [k for k in sorted({k for r in rows for k in r.rss_by_kind}, key=lambda k: -max(r.rss_by_kind.get(k, 0) for r in rows))
-             if max(r.rss_by_kind.get(k, 0) for r in rows) >= 1]
+    print(
+        table(
+            ["executor", "N"] + [n.removesuffix("_s") for n in names],
+            [[r.executor, r.n] + [f"{r.spans.get(n, 0.0):.3f}" for n in names] for r in rows],
+        )
+    )
+    kinds = [
+        k
+        for k in sorted(
+            {k for r in rows for k in r.rss_by_kind}, key=lambda k: -max(r.rss_by_kind.get(k, 0) for r in rows)
+        )
+        if max(r.rss_by_kind.get(k, 0) for r in rows) >= 1
+    ]
     print("\nResident memory (MiB) by process kind at the end of each row (Ray actors live across rows):\n")
-    print(table(["process"] + [f"{r.executor} N={r.n}" for r in rows],
-                [[k] + [f"{r.rss_by_kind.get(k, 0.0):.0f}" for r in rows] for k in kinds]))
+    print(
+        table(
+            ["process"] + [f"{r.executor} N={r.n}" for r in rows],
+            [[k] + [f"{r.rss_by_kind.get(k, 0.0):.0f}" for r in rows] for k in kinds],
+        )
+    )
 
 
-async def bench_e2e(ns: list[int], concurrency: int, latency: float, actors: int, skip_local: bool,
-                    by_reference: bool) -> None:
+async def bench_e2e(
+    ns: list[int], concurrency: int, latency: float, actors: int, skip_local: bool, by_reference: bool
+) -> None:
     from rollout_ray import OpenAIModel
 
     capacity = math.ceil(concurrency / actors)
-    print(f"\n## 2. End to end: examples/arith.py tasks x {SAMPLES_PER_TASK} samples, simulated model "
-          f"ttft={latency:g} s, max_in_flight C={concurrency}, RayExecutor(actors={actors}, "
-          f"capacity={capacity})\n")
+    print(
+        f"\n## 2. End to end: examples/arith.py tasks x {SAMPLES_PER_TASK} samples, simulated model "
+        f"ttft={latency:g} s, max_in_flight C={concurrency}, RayExecutor(actors={actors}, "
+        f"capacity={capacity})\n"
+    )
     module = load_arith(by_reference)
     ray_label = "ray (by ref)" if by_reference else "ray"
     proc, url = start_model(latency)
@@ -711,26 +866,30 @@ async def bench_e2e(ns: list[int], concurrency: int, latency: float, actors: int
     print(table(["step", "seconds"], startup))
 
 
-
 # -- main -------------------------------------------------------------------------------------
 
 
 def source_version() -> str:
     """The git commit measured, and whether rollout_ray/ differs from it."""
     try:
+
         def run(*a: str) -> str:
-            return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True,
-                                  check=True).stdout.strip()
+            return subprocess.run(
+                ["git", "-C", str(ROOT), *a], capture_output=True, text=True, check=True
+            ).stdout.strip()
 
         dirty = run("status", "--porcelain", "--", "rollout_ray")
         return f"commit {run('rev-parse', '--short', 'HEAD')}" + (
-            f", {len(dirty.splitlines())} file(s) under rollout_ray/ differ from it" if dirty else ", clean")
+            f", {len(dirty.splitlines())} file(s) under rollout_ray/ differ from it" if dirty else ", clean"
+        )
     except (OSError, subprocess.CalledProcessError):
         return "not a git checkout"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--n", default="500,2000", help="rollouts per end-to-end row (comma list)")
     p.add_argument("--concurrency", type=int, default=256, help="max_in_flight C (RayExecutor capacity C/actors)")
     p.add_argument("--latency", type=float, default=1.0, help="simulated model ttft, seconds")
@@ -739,9 +898,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-e2e", action="store_true")
     p.add_argument("--skip-arrow", action="store_true")
     p.add_argument("--skip-local", action="store_true", help="no LocalExecutor rows")
-    p.add_argument("--taskset-by-reference", action="store_true",
-                   help="make examples/ importable by Ray's workers, so task classes are pickled by "
-                        "reference instead of by value (rollout-ray eval pickles a taskset file by value)")
+    p.add_argument(
+        "--taskset-by-reference",
+        action="store_true",
+        help="make examples/ importable by Ray's workers, so task classes are pickled by "
+        "reference instead of by value (rollout-ray eval pickles a taskset file by value)",
+    )
     p.add_argument("--quick", action="store_true", help="traces 10,000; n 100,300; concurrency 64; latency 0.2")
     args = p.parse_args(argv)
     if args.quick:
@@ -753,14 +915,17 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"# bench_driver.py {' '.join(sys.argv[1:])}")
     print(f"rollout_ray: {source_version()}")
-    print(f"machine: {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * PAGE / 2**30:.1f} GiB; "
-          f"Python {platform.python_version()}, Ray {ray.__version__}, pyarrow {pa.__version__}, "
-          f"msgspec {msgspec.__version__}; RLIMIT_NOFILE {nofile[0]}; "
-          f"load average at start {loadavg()}")
+    print(
+        f"machine: {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * PAGE / 2**30:.1f} GiB; "
+        f"Python {platform.python_version()}, Ray {ray.__version__}, pyarrow {pa.__version__}, "
+        f"msgspec {msgspec.__version__}; RLIMIT_NOFILE {nofile[0]}; "
+        f"load average at start {loadavg()}"
+    )
     # End to end first, so the driver's memory is not inflated by the Arrow step's heap.
     if not args.skip_e2e:
-        asyncio.run(bench_e2e(ns, args.concurrency, args.latency, args.actors, args.skip_local,
-                              args.taskset_by_reference))
+        asyncio.run(
+            bench_e2e(ns, args.concurrency, args.latency, args.actors, args.skip_local, args.taskset_by_reference)
+        )
     if not args.skip_arrow:
         bench_arrow(args.traces)
     print(f"\nload average at end {loadavg()}")

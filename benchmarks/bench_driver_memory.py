@@ -67,8 +67,9 @@ def waiting_groups(driver: Driver) -> int:
     return 0 if finalizer is None else len(finalizer._closed)
 
 
-async def measure(n: int, concurrency: int
-                  ) -> tuple[list[tuple[float, int, float, int]], float, int | None, tuple[float, float]]:
+async def measure(
+    n: int, concurrency: int
+) -> tuple[list[tuple[float, int, float, int]], float, int | None, tuple[float, float]]:
     reports: list[tuple[float, int, float, int]] = []  # (seconds, done, RSS MiB, waiting)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-driver-memory-") as root:
@@ -76,12 +77,20 @@ async def measure(n: int, concurrency: int
 
         def on_progress(progress: Any) -> None:
             assert driver is not None
-            reports.append((time.monotonic() - started, progress.done, status_kib("VmRSS") / 1024,
-                            waiting_groups(driver)))
+            reports.append(
+                (time.monotonic() - started, progress.done, status_kib("VmRSS") / 1024, waiting_groups(driver))
+            )
 
-        driver = Driver((Question({"idx": i}) for i in range(n)), ChatHarness(), ScriptedModel(), executor=Instant(),
-                        config=EvalConfig(samples_per_task=1, max_in_flight=concurrency),
-                        run_dir=str(Path(root) / "run"), on_progress=on_progress, progress_every=0.5)
+        driver = Driver(
+            (Question({"idx": i}) for i in range(n)),
+            ChatHarness(),
+            ScriptedModel(),
+            executor=Instant(),
+            config=EvalConfig(samples_per_task=1, max_in_flight=concurrency),
+            run_dir=str(Path(root) / "run"),
+            on_progress=on_progress,
+            progress_every=0.5,
+        )
         result = await driver.arun()
         wall = time.monotonic() - started
         end = (status_kib("VmRSS") / 1024, status_kib("VmHWM") / 1024)  # the result still held
@@ -98,18 +107,23 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     reports, wall, most_waiting, (after, peak) = asyncio.run(measure(args.n, args.concurrency))
     marks = sorted({0, *(len(reports) * q // 4 for q in (1, 2, 3)), len(reports) - 1})
-    rows = [[f"{reports[i][0]:.1f}", f"{reports[i][1]:,}", f"{reports[i][2]:.0f}", f"{reports[i][3]:,}"]
-            for i in marks]
-    print(f"driver of {Path(rollout_ray.__file__).parent.parent} ({source_version()}); N={args.n:,}, "
-          f"C={args.concurrency}, finished_buffer={EvalConfig().model_dump().get('finished_buffer', 'none')}")
+    rows = [[f"{reports[i][0]:.1f}", f"{reports[i][1]:,}", f"{reports[i][2]:.0f}", f"{reports[i][3]:,}"] for i in marks]
+    print(
+        f"driver of {Path(rollout_ray.__file__).parent.parent} ({source_version()}); N={args.n:,}, "
+        f"C={args.concurrency}, finished_buffer={EvalConfig().model_dump().get('finished_buffer', 'none')}"
+    )
     print(table(["s", "done", "driver RSS MiB", "groups waiting to be finalized"], rows))
     first, quarter, last = reports[0], reports[marks[1]], reports[-1]
     most = max(r[3] for r in reports) if most_waiting is None else most_waiting
-    print(f"RSS first report → last: {first[2]:.0f} → {last[2]:.0f} MiB (from a quarter of the run: "
-          f"{quarter[2]:.0f} → {last[2]:.0f}); most groups waiting: {most:,}; wall {wall:.1f} s, "
-          f"{args.n / wall:,.0f} rollouts/s")
-    print(f"arun's end: RSS last report → once arun returned: {last[2]:.0f} → {after:.0f} MiB "
-          f"({after - last[2]:+.0f}); peak RSS (VmHWM) {peak:.0f} MiB")
+    print(
+        f"RSS first report → last: {first[2]:.0f} → {last[2]:.0f} MiB (from a quarter of the run: "
+        f"{quarter[2]:.0f} → {last[2]:.0f}); most groups waiting: {most:,}; wall {wall:.1f} s, "
+        f"{args.n / wall:,.0f} rollouts/s"
+    )
+    print(
+        f"arun's end: RSS last report → once arun returned: {last[2]:.0f} → {after:.0f} MiB "
+        f"({after - last[2]:+.0f}); peak RSS (VmHWM) {peak:.0f} MiB"
+    )
     return 0
 
 

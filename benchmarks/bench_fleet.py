@@ -130,14 +130,20 @@ class Outcome:
 
 
 def first_versions(samples: Any) -> list[int]:
-    return [min((c.policy for c in decode_trace(blob).calls if c.policy is not None), default=0)
-            for blob in samples.column("trace").to_pylist()]
+    return [
+        min((c.policy for c in decode_trace(blob).calls if c.policy is not None), default=0)
+        for blob in samples.column("trace").to_pylist()
+    ]
 
 
 def config_of(mode: str, args: argparse.Namespace) -> tuple[EvalConfig, dict[str, Any], str]:
     fixed = args.groups * args.samples  # one step's rollouts: what a synchronous step needs
-    common: dict[str, Any] = {"samples_per_task": args.samples, "batch_groups": args.groups,
-                              "limits": RolloutLimits(max_turns=args.turns + 2), "sampling": {"temperature": 1.0}}
+    common: dict[str, Any] = {
+        "samples_per_task": args.samples,
+        "batch_groups": args.groups,
+        "limits": RolloutLimits(max_turns=args.turns + 2),
+        "sampling": {"temperature": 1.0},
+    }
     if mode == "synchronous":
         return EvalConfig(max_in_flight=fixed, max_staleness=0, **common), {"interrupt": False}, "sticky"
     if mode == "one-step-off":
@@ -151,16 +157,24 @@ async def run(mode: str, args: argparse.Namespace) -> Outcome:
     # (rollout_ray/_serving/token_in.py): counted here rather than printed as tracebacks.
     asyncio.get_running_loop().set_exception_handler(lambda _loop, _ctx: out.__setattr__("leaked", out.leaked + 1))
     config, pause, routing = config_of(mode, args)
-    capacity = CapacityConfig(max_batch=args.batch, kv_blocks=args.kv_blocks, step_base=args.step_base,
-                              step_per_seq=args.step_per_seq, gen_median=args.gen_median, gen_sigma=args.gen_sigma)
+    capacity = CapacityConfig(
+        max_batch=args.batch,
+        kv_blocks=args.kv_blocks,
+        step_base=args.step_base,
+        step_per_seq=args.step_per_seq,
+        gen_median=args.gen_median,
+        gen_sigma=args.gen_sigma,
+    )
     served = SimulatedModelConfig(capacity=capacity, max_completion_tokens=args.max_tokens, scale_out=True)
     async with AsyncExitStack() as stack:
         servers = [await stack.enter_async_context(SimulatedModelServer(served)) for _ in range(args.servers)]
-        model = await stack.enter_async_context(OpenAIModel([s.base_url or "" for s in servers], name="simulated",
-                                                            token_capture="vllm", routing=routing))
+        model = await stack.enter_async_context(
+            OpenAIModel([s.base_url or "" for s in servers], name="simulated", token_capture="vllm", routing=routing)
+        )
         executor = await stack.enter_async_context(LocalExecutor(runtime="local"))
-        driver = Driver(tasks(args.steps * args.groups * 2, args.turns), ChatHarness(), model,
-                        executor=executor, config=config)
+        driver = Driver(
+            tasks(args.steps * args.groups * 2, args.turns), ChatHarness(), model, executor=executor, config=config
+        )
         slots = args.servers * args.batch
         started = time.monotonic()
         done = asyncio.Event()
@@ -168,8 +182,14 @@ async def run(mode: str, args: argparse.Namespace) -> Outcome:
         async def sample() -> None:
             while not done.is_set():
                 scheds = [s.batcher.scheduler for s in servers if s.batcher is not None]
-                out.series.append((time.monotonic() - started, sum(len(x.running) for x in scheds) / slots,
-                                   driver.progress.in_flight, sum(len(x.waiting) for x in scheds)))
+                out.series.append(
+                    (
+                        time.monotonic() - started,
+                        sum(len(x.running) for x in scheds) / slots,
+                        driver.progress.in_flight,
+                        sum(len(x.waiting) for x in scheds),
+                    )
+                )
                 try:
                     await asyncio.wait_for(done.wait(), args.sample)
                 except TimeoutError:
@@ -247,30 +267,39 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(servers=2, batch=16, steps=4, groups=8, samples=4, train=4.0)
     args = p.parse_args(argv)
     TOOL_WAIT[0] = args.tool_wait
-    print(f"{args.servers} servers x {args.batch} slots; {args.steps} steps of {args.groups} groups x {args.samples} "
-          f"samples, {args.turns} tool calls each (median {args.tool_wait} s), answers median {args.gen_median} "
-          f"tokens sigma {args.gen_sigma}; train {args.train} s a step; ours: max_staleness {args.k}")
+    print(
+        f"{args.servers} servers x {args.batch} slots; {args.steps} steps of {args.groups} groups x {args.samples} "
+        f"samples, {args.turns} tool calls each (median {args.tool_wait} s), answers median {args.gen_median} "
+        f"tokens sigma {args.gen_sigma}; train {args.train} s a step; ours: max_staleness {args.k}"
+    )
     outcomes = []
     for mode in args.modes.split(","):
         outcomes.append(asyncio.run(run(mode, args)))
         o = outcomes[-1]
-        print(f"  {mode}: {o.steps} steps in {o.wall:.1f} s ({o.leaked} unretrieved task errors at teardown)",
-              flush=True)
+        print(
+            f"  {mode}: {o.steps} steps in {o.wall:.1f} s ({o.leaked} unretrieved task errors at teardown)", flush=True
+        )
     base = next((o for o in outcomes if o.mode == "synchronous"), outcomes[0])
     base_rate = base.steps / base.wall
-    print(f"{'mode':<14}{'util':>6}{'tok/s':>8}{'steps/s':>9}{'speedup':>9}{'idle':>7}{'in-flight':>10}"
-          f"{'waiting':>9}  staleness 0/1/2/>2 (mean)")
+    print(
+        f"{'mode':<14}{'util':>6}{'tok/s':>8}{'steps/s':>9}{'speedup':>9}{'idle':>7}{'in-flight':>10}"
+        f"{'waiting':>9}  staleness 0/1/2/>2 (mean)"
+    )
     for o in outcomes:
         total = sum(o.staleness.values()) or 1
         shares = " / ".join(f"{o.staleness[s] / total:.0%}" for s in range(3))
         over = sum(n for s, n in o.staleness.items() if s > 2) / total
         mean = sum(s * n for s, n in o.staleness.items()) / total
         n = max(len(o.series), 1)
-        print(f"{o.mode:<14}{o.utilisation:>6.0%}{o.tokens / o.wall:>8.0f}{o.steps / o.wall:>9.3f}"
-              f"{o.steps / o.wall / base_rate:>8.1f}x{o.idle / o.wall:>7.0%}{sum(s[2] for s in o.series) / n:>10.0f}"
-              f"{sum(s[3] for s in o.series) / n:>9.1f}  {shares} / {over:.0%} ({mean:.2f})")
+        print(
+            f"{o.mode:<14}{o.utilisation:>6.0%}{o.tokens / o.wall:>8.0f}{o.steps / o.wall:>9.3f}"
+            f"{o.steps / o.wall / base_rate:>8.1f}x{o.idle / o.wall:>7.0%}{sum(s[2] for s in o.series) / n:>10.0f}"
+            f"{sum(s[3] for s in o.series) / n:>9.1f}  {shares} / {over:.0%} ({mean:.2f})"
+        )
     for o in outcomes:
-        print(f"{o.mode}: utilisation {o.utilisation * 100:.0f} %, {o.steps / o.wall / base_rate:.1f}x over synchronous")
+        print(
+            f"{o.mode}: utilisation {o.utilisation * 100:.0f} %, {o.steps / o.wall / base_rate:.1f}x over synchronous"
+        )
     print(plot(outcomes, Path(args.plot)))
     return 0
 

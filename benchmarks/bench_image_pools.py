@@ -192,12 +192,22 @@ async def bench_concurrent(image: str, n: int, parallel: int, execs_each: int = 
     finally:
         await host.shutdown()
     total = time.perf_counter() - t0
-    return {"n": n, "execs_each": execs_each, "alive_at_once": alive, "start_s": round(started, 2), "exec_s": round(execs, 2),
-            "exec_p50_ms": round(1000 * percentile(took, 0.5)), "exec_p99_ms": round(1000 * percentile(took, 0.99)),
-            "stop_s": round(stopped, 2), "total_s": round(total, 2),
-            "left_processes": len(pids_with_marker(HOST_MARKER, token)), "left_mounts": len(mounts_under(root)),
-            "left_root": os.path.exists(root), "left_cgroups": sum(os.path.isdir(d) for d in cgroups),
-            "left_snapshots": len(os.listdir(image_cache.default_image_cache().snapshots._dir("entries")))}
+    return {
+        "n": n,
+        "execs_each": execs_each,
+        "alive_at_once": alive,
+        "start_s": round(started, 2),
+        "exec_s": round(execs, 2),
+        "exec_p50_ms": round(1000 * percentile(took, 0.5)),
+        "exec_p99_ms": round(1000 * percentile(took, 0.99)),
+        "stop_s": round(stopped, 2),
+        "total_s": round(total, 2),
+        "left_processes": len(pids_with_marker(HOST_MARKER, token)),
+        "left_mounts": len(mounts_under(root)),
+        "left_root": os.path.exists(root),
+        "left_cgroups": sum(os.path.isdir(d) for d in cgroups),
+        "left_snapshots": len(os.listdir(image_cache.default_image_cache().snapshots._dir("entries"))),
+    }
 
 
 async def bench_exec_vs_live(image: str, counts: list[int], samples: int) -> list[dict[str, object]]:
@@ -228,9 +238,16 @@ async def bench_exec_vs_live(image: str, counts: list[int], samples: int) -> lis
                 assert result.exit_code == 0, result.stderr
             with open("/proc/self/mountinfo") as f:
                 host_mounts = sum(1 for _ in f)
-            rows.append({"live": count, "exec_p50_ms": round(1000 * percentile(took, 0.5), 1),
-                         "exec_p99_ms": round(1000 * percentile(took, 0.99), 1), "host_mounts": host_mounts,
-                         "start_more_s": round(started, 1), "load": round(os.getloadavg()[0], 1)})
+            rows.append(
+                {
+                    "live": count,
+                    "exec_p50_ms": round(1000 * percentile(took, 0.5), 1),
+                    "exec_p99_ms": round(1000 * percentile(took, 0.99), 1),
+                    "host_mounts": host_mounts,
+                    "start_more_s": round(started, 1),
+                    "load": round(os.getloadavg()[0], 1),
+                }
+            )
             print(f"  {rows[-1]}", flush=True)
     finally:
         await host.shutdown()
@@ -241,8 +258,7 @@ async def bench_exec_vs_live(image: str, counts: list[int], samples: int) -> lis
 
 
 def line(label: str, values: list[float]) -> str:
-    return (f"{label:<34} {1000 * percentile(values, 0.5):9.1f} {1000 * percentile(values, 0.99):9.1f}"
-            f" {len(values):5d}")
+    return f"{label:<34} {1000 * percentile(values, 0.5):9.1f} {1000 * percentile(values, 0.99):9.1f} {len(values):5d}"
 
 
 def source_version() -> str:
@@ -257,15 +273,19 @@ async def main(args: argparse.Namespace) -> None:
     os.environ["ROLLOUT_RAY_IMAGE_CACHE"] = image_rig.shared_cache().root
     image_cache.default_image_cache.cache_clear()
     await bench_cold(image, 1)  # the image unpacked (once per machine), the caches warm
-    print(f"# {platform.python_version()}, {os.cpu_count()} CPUs, commit {source_version()}, "
-          f"load {os.getloadavg()[0]:.1f}")
+    print(
+        f"# {platform.python_version()}, {os.cpu_count()} CPUs, commit {source_version()}, "
+        f"load {os.getloadavg()[0]:.1f}"
+    )
     if args.exec_vs_live:
         counts = [int(c) for c in args.exec_vs_live.split(",")]
         rows = await bench_exec_vs_live(image, counts, args.samples)
         print(f"{'live':>6} {'exec p50 ms':>12} {'p99 ms':>9} {'vs first':>9} {'host mounts':>12} {'load':>6}")
         for r in rows:
-            print(f"{r['live']:>6} {r['exec_p50_ms']:>12} {r['exec_p99_ms']:>9} {r['vs_first']:>9} "
-                  f"{r['host_mounts']:>12} {r['load']:>6}")
+            print(
+                f"{r['live']:>6} {r['exec_p50_ms']:>12} {r['exec_p99_ms']:>9} {r['vs_first']:>9} "
+                f"{r['host_mounts']:>12} {r['load']:>6}"
+            )
         return
     if args.only_concurrent:
         print(f"concurrent: {await bench_concurrent(image, args.concurrent, args.exec_parallel, args.execs_each)}")
@@ -287,9 +307,11 @@ async def main(args: argparse.Namespace) -> None:
     print(line("cold + setup (no snapshot)", [c + setup_alone for c in cold]))
     print(f"first sample (start, setup, freeze): {first * 1000:.0f} ms; pool: {pool}")
     per_pss, per_avail, per_kernel, procs = await bench_idle(image, args.idle)
-    print(f"idle: {args.idle} sandboxes, {procs} processes: PSS {per_pss / 2**20:.2f} MiB each; "
-          f"kernel slab + shmem grew {per_kernel / 2**20:.3f} MiB each; "
-          f"MemAvailable fell {per_avail / 2**20:.2f} MiB each")
+    print(
+        f"idle: {args.idle} sandboxes, {procs} processes: PSS {per_pss / 2**20:.2f} MiB each; "
+        f"kernel slab + shmem grew {per_kernel / 2**20:.3f} MiB each; "
+        f"MemAvailable fell {per_avail / 2**20:.2f} MiB each"
+    )
     print(f"concurrent: {await bench_concurrent(image, args.concurrent, args.exec_parallel, args.execs_each)}")
     print(f"load at end {os.getloadavg()[0]:.1f}")
 
@@ -303,8 +325,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only-concurrent", action="store_true", help="the scale run alone")
     parser.add_argument("--exec-parallel", type=int, default=8, help="programs running at once in the scale run")
     parser.add_argument("--execs-each", type=int, default=1, help="programs each sandbox runs in the scale run")
-    parser.add_argument("--exec-vs-live", default="", metavar="N,N,...",
-                        help="only: exec p50 with N live sandboxes, for each N (e.g. 1,100,300,1000)")
+    parser.add_argument(
+        "--exec-vs-live",
+        default="",
+        metavar="N,N,...",
+        help="only: exec p50 with N live sandboxes, for each N (e.g. 1,100,300,1000)",
+    )
     return parser.parse_args(argv)
 
 

@@ -93,8 +93,14 @@ def bench_unpack(name: str, spec: str, work: Path, n: int) -> tuple[str, ...]:
         cache.lease(spec).release()
         warm.append(time.perf_counter() - t0)
         subprocess.run(["rm", "-rf", cache.root], check=True)
-    return (name, f"{archive_bytes(spec) / 2**20:.1f}", f"{size / 2**20:.1f}", f"{statistics.median(cold) * 1e3:.0f}",
-            f"{max(cold) * 1e3:.0f}", f"{statistics.median(warm) * 1e3:.2f}")
+    return (
+        name,
+        f"{archive_bytes(spec) / 2**20:.1f}",
+        f"{size / 2**20:.1f}",
+        f"{statistics.median(cold) * 1e3:.0f}",
+        f"{max(cold) * 1e3:.0f}",
+        f"{statistics.median(warm) * 1e3:.2f}",
+    )
 
 
 async def bench_cycles(name: str, spec: str | None, cache: ImageCache, root: str, n: int) -> tuple[str, ...]:
@@ -122,8 +128,9 @@ async def bench_cycles(name: str, spec: str | None, cache: ImageCache, root: str
 def table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     cells = [head, *rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cell, widths)))
-             for cell in cells]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cell, widths))) for cell in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -145,16 +152,23 @@ async def main(args: argparse.Namespace) -> None:
         unpacks = [bench_unpack(name, spec, work, args.unpacks) for name, spec in specs.items()]
         cache = ImageCache(str(work / "cache"))
         (work / "rt").mkdir()
-        kinds: list[tuple[str, str | None]] = [("host system", None), ("busybox image", specs["busybox rootfs.tar.gz"]),
-                                               ("python image", specs["python rootfs.tar.gz"])]
+        kinds: list[tuple[str, str | None]] = [
+            ("host system", None),
+            ("busybox image", specs["busybox rootfs.tar.gz"]),
+            ("python image", specs["python rootfs.tar.gz"]),
+        ]
         cycles = [await bench_cycles(name, spec, cache, str(work / "rt"), args.cycles) for name, spec in kinds]
-    print(f"Images: {args.unpacks} unpacks per image, {args.cycles} sandbox cycles per kind, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, source {source_version()}")
-    print(table(("image", "archive MiB", "unpacked MiB", "unpack p50 ms", "unpack max ms", "cached lease ms"),
-                unpacks))
+    print(
+        f"Images: {args.unpacks} unpacks per image, {args.cycles} sandbox cycles per kind, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, source {source_version()}"
+    )
+    print(table(("image", "archive MiB", "unpacked MiB", "unpack p50 ms", "unpack max ms", "cached lease ms"), unpacks))
     print()
-    print(table(("sandbox over", "start p50", "start p99", "exec true p50", "exec true p99", "stop p50", "stop p99"),
-                cycles))
+    print(
+        table(
+            ("sandbox over", "start p50", "start p99", "exec true p50", "exec true p99", "stop p50", "stop p99"), cycles
+        )
+    )
     print("(milliseconds)")
 
 

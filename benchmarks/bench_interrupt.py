@@ -91,8 +91,9 @@ async def _serve(per_token: float, tokens: int) -> None:
             app.router.add_get("/bench/stats", stats)
             return app
 
-    config = SimulatedModelConfig(ttft=0.01, per_token=per_token, preamble_tokens=tokens - 2,
-                                  max_completion_tokens=tokens + 8, scale_out=True)
+    config = SimulatedModelConfig(
+        ttft=0.01, per_token=per_token, preamble_tokens=tokens - 2, max_completion_tokens=tokens + 8, scale_out=True
+    )
     async with Counted(config) as server:
         assert server.base_url is not None
         print(server.base_url.rsplit(":", 1)[1].removesuffix("/v1"), flush=True)
@@ -106,8 +107,12 @@ class Servers:
 
     def __init__(self, count: int, per_token: float, tokens: int) -> None:
         lengths = [max(4, tokens * (k + 1) // count) for k in range(count)]
-        self.procs = [subprocess.Popen([sys.executable, __file__, "--serve", str(per_token), str(n)],
-                                       stdout=subprocess.PIPE, text=True) for n in lengths]
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--serve", str(per_token), str(n)], stdout=subprocess.PIPE, text=True
+            )
+            for n in lengths
+        ]
         self.urls = [f"http://127.0.0.1:{int(p.stdout.readline())}/v1" for p in self.procs]  # type: ignore[union-attr]
 
     async def sampled(self) -> int:
@@ -209,25 +214,51 @@ async def scenario(s: Scenario, urls: list[str], args: argparse.Namespace, serve
     await model.aclose()
     calls = [c for blob in result.samples["trace"].to_pylist() for c in decode_trace(blob).calls]
     kept = sum(len(ids) for seqs in result.samples["input_ids"].to_pylist() for ids in seqs or ()) - sum(
-        mask.count(0) for masks in result.samples["loss_mask"].to_pylist() for mask in masks or ())
+        mask.count(0) for masks in result.samples["loss_mask"].to_pylist() for mask in masks or ()
+    )
     spans = zip(result.samples["policy_min"].to_pylist(), result.samples["policy_max"].to_pylist())
-    return Row(s.name, updates, kept, await servers.sampled() - before - kept,
-               sum(c.interrupts > 0 for c in calls), len(calls), result.stale,
-               sum(lo != hi for lo, hi in spans), result.samples.num_rows, wall)
+    return Row(
+        s.name,
+        updates,
+        kept,
+        await servers.sampled() - before - kept,
+        sum(c.interrupts > 0 for c in calls),
+        len(calls),
+        result.stale,
+        sum(lo != hi for lo, hi in spans),
+        result.samples.num_rows,
+        wall,
+    )
 
 
 def table(rows: list[Row]) -> str:
     def mean(values: list[float]) -> str:
         return f"{sum(values) / len(values):.2f} (max {max(values):.2f})" if values else "-"
 
-    header = ["scenario", "pause reached s", "trainer blocked s", "fleet idle s / update", "tokens kept",
-              "thrown away", "calls continued",
-              "rollouts re-run", "rollouts of 2 versions"]
+    header = [
+        "scenario",
+        "pause reached s",
+        "trainer blocked s",
+        "fleet idle s / update",
+        "tokens kept",
+        "thrown away",
+        "calls continued",
+        "rollouts re-run",
+        "rollouts of 2 versions",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        cells = [r.scenario, mean([u.reached for u in r.updates]), mean([u.blocked for u in r.updates]),
-                 mean([u.idle for u in r.updates]), f"{r.kept:,}", f"{r.thrown:,}", f"{r.continued} of {r.calls}",
-                 f"{r.rerun}", f"{r.two_versions} of {r.rollouts}"]
+        cells = [
+            r.scenario,
+            mean([u.reached for u in r.updates]),
+            mean([u.blocked for u in r.updates]),
+            mean([u.idle for u in r.updates]),
+            f"{r.kept:,}",
+            f"{r.thrown:,}",
+            f"{r.continued} of {r.calls}",
+            f"{r.rerun}",
+            f"{r.two_versions} of {r.rollouts}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -245,8 +276,12 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=32, help="rollouts in flight")
     parser.add_argument("--tokens", type=int, default=1000, help="tokens per generation")
     parser.add_argument("--per-token", type=float, default=0.004, help="seconds per token")
-    parser.add_argument("--servers", type=int, default=4,
-                        help="simulated-model processes; the k-th answers with tokens * k / servers tokens")
+    parser.add_argument(
+        "--servers",
+        type=int,
+        default=4,
+        help="simulated-model processes; the k-th answers with tokens * k / servers tokens",
+    )
     parser.add_argument("--stream", action="store_true", help="stream the generations (SSE) from the servers")
     parser.add_argument("--updates", type=int, default=3, help="weight updates per scenario")
     parser.add_argument("--every", type=float, default=5.0, help="seconds between updates")
@@ -260,10 +295,12 @@ def main() -> None:
     if args.quick:
         args.tokens, args.updates, args.every, args.update = 250, 2, 1.5, 0.3
     rows = asyncio.run(measure(args))
-    print(f"{args.rollouts} rollouts in flight, generations of up to {args.tokens} tokens at "
-          f"{args.per_token * 1000:g} ms/token ({args.rollouts / args.per_token:,.0f} tokens/s asked at most) on "
-          f"{args.servers} simulated-model processes{' (SSE)' if args.stream else ''}; "
-          f"an update of {args.update:g} s every {args.every:g} s, {args.updates} per scenario; cpus={os.cpu_count()}")
+    print(
+        f"{args.rollouts} rollouts in flight, generations of up to {args.tokens} tokens at "
+        f"{args.per_token * 1000:g} ms/token ({args.rollouts / args.per_token:,.0f} tokens/s asked at most) on "
+        f"{args.servers} simulated-model processes{' (SSE)' if args.stream else ''}; "
+        f"an update of {args.update:g} s every {args.every:g} s, {args.updates} per scenario; cpus={os.cpu_count()}"
+    )
     print(table(rows))
 
 

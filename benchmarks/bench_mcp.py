@@ -64,26 +64,36 @@ async def _calls(n: int, c: int, call: Any) -> tuple[float, float]:
 async def rows(url: str, n: int, c: int) -> None:
     # one rollout makes all C calls at once: its share of calls in flight is raised to C
     async with ToolServer(max_requests_per_rollout=c) as server, aiohttp.ClientSession() as http:
+
         async def native(tool_url: str) -> Any:
             async def call(i: int) -> None:
                 async with http.post(f"{tool_url}/call", json={"name": "add", "arguments": {"a": i, "b": 1}}) as r:
                     assert (await r.json())["content"] == str(i + 1), await r.text()
+
             return call
 
         async def over_mcp(tool_url: str) -> Any:
             async def call(i: int) -> None:
-                body = {"jsonrpc": "2.0", "id": i, "method": "tools/call",
-                        "params": {"name": "add", "arguments": {"a": i, "b": 1}}}
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": i,
+                    "method": "tools/call",
+                    "params": {"name": "add", "arguments": {"a": i, "b": 1}},
+                }
                 async with http.post(f"{tool_url}/mcp", json=body) as r:
                     assert (await r.json())["result"]["content"][0]["text"] == str(i + 1)
+
             return call
 
         print(f"N={n} calls, C={c} at once; CPU of this process (the node's tool server and the agents' client)")
         print(f"| {'row':<18} | CPU ms / call | calls / s |")
         print(f"| {'-' * 18} | ---: | ---: |")
-        cases = [("native", [Calc()], native), ("native over MCP", [Calc()], over_mcp),
-                 ("MCPToolset http", [MCPToolset("calc", url=url)], native),
-                 ("MCPToolset stdio", [MCPToolset("calc", command=[sys.executable, str(SERVER), "stdio"])], native)]
+        cases = [
+            ("native", [Calc()], native),
+            ("native over MCP", [Calc()], over_mcp),
+            ("MCPToolset http", [MCPToolset("calc", url=url)], native),
+            ("MCPToolset stdio", [MCPToolset("calc", command=[sys.executable, str(SERVER), "stdio"])], native),
+        ]
         for label, toolsets, make in cases:
             async with server.serve(toolsets, None) as urls:
                 call = await make(urls["calc"])
@@ -94,8 +104,10 @@ async def rows(url: str, n: int, c: int) -> None:
 
 
 async def inflight(url: str, rollouts: int) -> None:
-    async with ToolServer(max_requests_per_rollout=8) as server, aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0)) as http:
+    async with (
+        ToolServer(max_requests_per_rollout=8) as server,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http,
+    ):
         failed, done = 0, 0
         everyone_in = asyncio.Barrier(rollouts)
 
@@ -104,8 +116,9 @@ async def inflight(url: str, rollouts: int) -> None:
             async with server.serve([MCPToolset("calc", url=url)], None) as urls:
                 await everyone_in.wait()  # all R registered and in flight before any call
                 for j in range(4):
-                    async with http.post(f"{urls['calc']}/call",
-                                         json={"name": "add", "arguments": {"a": k, "b": j}}) as r:
+                    async with http.post(
+                        f"{urls['calc']}/call", json={"name": "add", "arguments": {"a": k, "b": j}}
+                    ) as r:
                         ok = r.status == 200 and (await r.json()).get("content") == str(k + j)
                     failed += not ok
                     done += 1
@@ -117,8 +130,10 @@ async def inflight(url: str, rollouts: int) -> None:
             async with http.post(f"{urls['calc']}/call", json={"name": "connections"}) as r:
                 connections = (await r.json())["content"]
         await close_clients()
-    print(f"{rollouts} rollouts in flight, {done} calls to one MCP server: {failed} failed, "
-          f"{connections} TCP connections at the server, {wall:.1f} s")
+    print(
+        f"{rollouts} rollouts in flight, {done} calls to one MCP server: {failed} failed, "
+        f"{connections} TCP connections at the server, {wall:.1f} s"
+    )
 
 
 def main() -> None:

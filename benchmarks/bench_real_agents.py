@@ -41,8 +41,11 @@ PROGRAMS = HERE.parent / "tests" / "serving" / "programs"
 AGENTS_ROOT = Path(os.environ.get("ROLLOUT_RAY_TEST_AGENTS") or Path.home() / ".cache" / "rollout-ray-test-agents")
 AGENTS = {
     "codex": (AGENTS_ROOT / "@openai+codex@0.169.0" / "node_modules" / ".bin" / "codex", "codex_exec.py", "CODEX"),
-    "claude-code": (AGENTS_ROOT / "@anthropic-ai+claude-code@2.1.328" / "node_modules" / ".bin" / "claude",
-                    "claude_print.py", "CLAUDE"),
+    "claude-code": (
+        AGENTS_ROOT / "@anthropic-ai+claude-code@2.1.328" / "node_modules" / ".bin" / "claude",
+        "claude_print.py",
+        "CLAUDE",
+    ),
 }
 
 
@@ -63,17 +66,23 @@ class Ask(Task):
 
 async def one(agent: str, model_url: str, model_pid: int) -> dict[str, float]:
     binary, wrapper, variable = AGENTS[agent]
-    harness = ProgramHarness([sys.executable, str(PROGRAMS / wrapper)], env={variable: str(binary.resolve())},
-                             timeout=120)
+    harness = ProgramHarness(
+        [sys.executable, str(PROGRAMS / wrapper)], env={variable: str(binary.resolve())}, timeout=120
+    )
     model = OpenAIModel(model_url, name="simulated", token_capture="vllm")
     try:
         async with HTTPInterception() as proxy:
             cpu, agent_cpu, model_cpu, wall = time.process_time(), children_cpu(), cpu_of(model_pid), time.time()
-            trace = await Rollout(Ask({"prompt": "What is 2+2?"}), harness, model=model, interception=proxy,
-                                  runtime_factory=LocalRuntime).run()
+            trace = await Rollout(
+                Ask({"prompt": "What is 2+2?"}), harness, model=model, interception=proxy, runtime_factory=LocalRuntime
+            ).run()
             wall = time.time() - wall
-            row = {"wall": wall, "agent": children_cpu() - agent_cpu,
-                   "proxy": time.process_time() - cpu, "model": cpu_of(model_pid) - model_cpu}
+            row = {
+                "wall": wall,
+                "agent": children_cpu() - agent_cpu,
+                "proxy": time.process_time() - cpu,
+                "model": cpu_of(model_pid) - model_cpu,
+            }
     finally:
         await model.aclose()
     assert trace.ok and trace.last_reply == "4", trace.errors
@@ -81,8 +90,9 @@ async def one(agent: str, model_url: str, model_pid: int) -> dict[str, float]:
 
 
 async def main(n: int) -> None:
-    server = subprocess.Popen([sys.executable, str(HERE / "_cost_model.py"), "--ttft", "0"], stdout=subprocess.PIPE,
-                              text=True)
+    server = subprocess.Popen(
+        [sys.executable, str(HERE / "_cost_model.py"), "--ttft", "0"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert server.stdout is not None
         url = server.stdout.readline().split()[-1]
@@ -109,7 +119,18 @@ if __name__ == "__main__":
     if not args.isolated:  # again, in a network namespace of its own
         from rollout_ray._runtimes.sandbox import bwrap_path
 
-        command = [bwrap_path(), "--dev-bind", "/", "/", "--unshare-net", "--", sys.executable, __file__,
-                   "-n", str(args.n), "--isolated"]
+        command = [
+            bwrap_path(),
+            "--dev-bind",
+            "/",
+            "/",
+            "--unshare-net",
+            "--",
+            sys.executable,
+            __file__,
+            "-n",
+            str(args.n),
+            "--isolated",
+        ]
         sys.exit(subprocess.run(command).returncode)
     asyncio.run(main(args.n))

@@ -111,7 +111,6 @@ def check(trace: Trace, kind: str) -> str | None:
 # -- the process tree: memory and CPU from /proc ---------------------------------------------
 
 
-
 def tree_pids(root: int, extra: Iterable[int] = ()) -> list[int]:
     """``root`` and all its descendants (by ppid), plus ``extra`` pids that are alive."""
     children: dict[int, list[int]] = defaultdict(list)
@@ -267,8 +266,14 @@ IDLE_PROBE = 2.0
 """Seconds of idleness over which the tree's background CPU is measured before each row."""
 
 
-async def measure(mode: str, kind: str, n: int, concurrency: int, extra_pids: Iterable[int],
-                  run: Callable[[], Awaitable[tuple[list[Any], list[float]]]]) -> Row:
+async def measure(
+    mode: str,
+    kind: str,
+    n: int,
+    concurrency: int,
+    extra_pids: Iterable[int],
+    run: Callable[[], Awaitable[tuple[list[Any], list[float]]]],
+) -> Row:
     """Run ``run()`` under the monitors; it returns one Trace (or exception) per rollout and
     the latency of each as the driver saw it."""
     row = Row(mode, kind, n, concurrency)
@@ -362,9 +367,14 @@ class AsyncioRunner:
             async with room:
                 t0 = time.perf_counter()
                 try:
-                    rollout = Rollout(make_task(kind, first + i), ChatHarness(), model=self.model,
-                                      interception=self.interception, tool_server=self.tools.serve,
-                                      runtime_factory=LocalRuntime)
+                    rollout = Rollout(
+                        make_task(kind, first + i),
+                        ChatHarness(),
+                        model=self.model,
+                        interception=self.interception,
+                        tool_server=self.tools.serve,
+                        runtime_factory=LocalRuntime,
+                    )
                     return await rollout.run()
                 finally:
                     latencies[i] = time.perf_counter() - t0
@@ -403,8 +413,9 @@ class RayRunner:
         self.guardians = list(await asyncio.gather(*(r.guardian_pid.remote() for r in runtime_actors)))
         self.created_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        traces = await asyncio.gather(*(h.run(self.spec("tool", -1 - i)) for i, h in enumerate(self.handles)),
-                                      return_exceptions=True)
+        traces = await asyncio.gather(
+            *(h.run(self.spec("tool", -1 - i)) for i, h in enumerate(self.handles)), return_exceptions=True
+        )
         self.warm_s = time.perf_counter() - t0
         for t in traces:
             problem = f"{type(t).__name__}: {t}" if isinstance(t, BaseException) else check(t, "tool")
@@ -472,8 +483,7 @@ async def proxy_latency(requests: int, warmup: int) -> dict[str, list[float]]:
                         out["direct"].append(elapsed)
                 proxy_url = f"{interception.base_url}/v1/chat/completions"
                 for i in range(warmup + requests):
-                    rollout = Rollout(make_task("single", i), ChatHarness(), model=model,
-                                      runtime_factory=LocalRuntime)
+                    rollout = Rollout(make_task("single", i), ChatHarness(), model=model, runtime_factory=LocalRuntime)
                     async with interception.serve(rollout.session) as slot:
                         elapsed = await once(proxy_url, {"Authorization": f"Bearer {slot.model_secret}"})
                     if i >= warmup:
@@ -518,9 +528,11 @@ def provenance() -> str:
     for path in sorted(package.rglob("*.py")):
         digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
     try:
+
         def git(*argv: str) -> str:
-            return subprocess.run(["git", *argv], check=False, cwd=package.parent, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+            return subprocess.run(
+                ["git", *argv], check=False, cwd=package.parent, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
 
         head = git("rev-parse", "--short", "HEAD") or "?"
         dirty = len(git("status", "--porcelain", "--", package.name).splitlines())
@@ -544,7 +556,9 @@ def raise_fd_limit(needed: int) -> tuple[int, int, str | None]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--n", type=int, default=1000, help="rollouts per row (default 1000)")
     p.add_argument("--concurrency", type=int, default=250, help="concurrent rollouts C (default 250)")
     p.add_argument("--latency", type=float, default=0.5, help="simulated model ttft, seconds (default 0.5)")
@@ -599,8 +613,14 @@ async def run_asyncio_rows(url: str, args: argparse.Namespace, rows: list[Row]) 
             print(f"asyncio {kind}: {rows[-1].wall:.2f}s", flush=True)
 
 
-async def run_ray_rows(url: str, args: argparse.Namespace, per_actor: int, rows: list[Row],
-                       trees: dict[str, dict[str, tuple[int, float]]], notes: list[str]) -> None:
+async def run_ray_rows(
+    url: str,
+    args: argparse.Namespace,
+    per_actor: int,
+    rows: list[Row],
+    trees: dict[str, dict[str, tuple[int, float]]],
+    notes: list[str],
+) -> None:
     """Start a local Ray, run the packed and (unless skipped) K=1 rows, shut Ray down."""
     import ray
 
@@ -619,8 +639,16 @@ async def run_ray_rows(url: str, args: argparse.Namespace, per_actor: int, rows:
         ray.shutdown()
 
 
-async def run_ray_mode(url: str, args: argparse.Namespace, mode: str, actors: int, capacity: int,
-                       rows: list[Row], trees: dict[str, dict[str, tuple[int, float]]], notes: list[str]) -> None:
+async def run_ray_mode(
+    url: str,
+    args: argparse.Namespace,
+    mode: str,
+    actors: int,
+    capacity: int,
+    rows: list[Row],
+    trees: dict[str, dict[str, tuple[int, float]]],
+    notes: list[str],
+) -> None:
     """The rows of one Ray mode on its own actors; if they fail, its missing rows are marked skipped."""
     n = args.n
     ray_runner = RayRunner(url, actors, capacity)
@@ -633,15 +661,17 @@ async def run_ray_mode(url: str, args: argparse.Namespace, mode: str, actors: in
         )
         trees[mode] = breakdown(tree_pids(os.getpid(), ray_runner.guardians))
         for kind in args.kinds:
-            rows.append(await measure(mode, kind, n, actors * capacity, ray_runner.guardians,
-                                      functools.partial(ray_runner.run, kind, n)))
+            rows.append(
+                await measure(
+                    mode, kind, n, actors * capacity, ray_runner.guardians, functools.partial(ray_runner.run, kind, n)
+                )
+            )
             print(f"{mode} {kind}: {rows[-1].wall:.2f}s", flush=True)
     except Exception as e:  # noqa: BLE001 - e.g. out of processes or fds
         traceback.print_exc()
         for kind in args.kinds:
             if not any(r.mode == mode and r.kind == kind for r in rows):
-                rows.append(Row(mode, kind, n, actors * capacity,
-                                skipped=f"{type(e).__name__}: {e}"))
+                rows.append(Row(mode, kind, n, actors * capacity, skipped=f"{type(e).__name__}: {e}"))
     finally:
         await ray_runner.close()
 
@@ -650,20 +680,45 @@ def print_rollouts_table(args: argparse.Namespace, rows: list[Row]) -> None:
     """The main table: the ideal rows and each mode's row, per kind."""
     n, c, latency = args.n, args.concurrency, args.latency
     print()
-    print(f"Rollouts: N={n}, simulated model latency (ttft) {latency:g}s, "
-          f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"
-          + (f", Ray {__import__('ray').__version__}" if not args.skip_ray else ""))
-    headers = ["mode", "kind", "N", "conc", "wall s", "rollouts/s", "x ideal", "x asyncio",
-               "peak MiB", "CPU-ms/rollout", "failed"]
+    print(
+        f"Rollouts: N={n}, simulated model latency (ttft) {latency:g}s, "
+        f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"
+        + (f", Ray {__import__('ray').__version__}" if not args.skip_ray else "")
+    )
+    headers = [
+        "mode",
+        "kind",
+        "N",
+        "conc",
+        "wall s",
+        "rollouts/s",
+        "x ideal",
+        "x asyncio",
+        "peak MiB",
+        "CPU-ms/rollout",
+        "failed",
+    ]
     out: list[list[str]] = []
     for kind in args.kinds:
         base = next((r for r in rows if r.mode == "asyncio" and r.kind == kind), None)
         concurrencies = [c] + ([args.k1_actors] if not (args.skip_ray or args.skip_k1) and args.k1_actors != c else [])
         for conc in concurrencies:
             ideal = ideal_wall(n, conc, kind, latency)
-            out.append(["ideal", kind, str(n), str(conc), f"{ideal:.2f}", f"{n / ideal:.1f}", "1.00",
-                        fmt(ideal / base.wall if base and base.wall else None, ".2f") if conc == c else "-",
-                        "-", "-", "-"])
+            out.append(
+                [
+                    "ideal",
+                    kind,
+                    str(n),
+                    str(conc),
+                    f"{ideal:.2f}",
+                    f"{n / ideal:.1f}",
+                    "1.00",
+                    fmt(ideal / base.wall if base and base.wall else None, ".2f") if conc == c else "-",
+                    "-",
+                    "-",
+                    "-",
+                ]
+            )
         for mode in ("asyncio", "ray K=1", "ray packed"):
             r = next((r for r in rows if r.mode == mode and r.kind == kind), None)
             if r is None:
@@ -673,9 +728,21 @@ def print_rollouts_table(args: argparse.Namespace, rows: list[Row]) -> None:
                 continue
             ideal = ideal_wall(n, r.concurrency, kind, latency)
             vs = r.wall / base.wall if base and base.wall else None
-            out.append([mode, kind, str(n), str(r.concurrency), f"{r.wall:.2f}", f"{n / r.wall:.1f}",
-                        f"{r.wall / ideal:.2f}", fmt(vs, ".2f"), f"{r.peak_mib:.0f}", f"{r.cpu_ms:.1f}",
-                        str(r.failed)])
+            out.append(
+                [
+                    mode,
+                    kind,
+                    str(n),
+                    str(r.concurrency),
+                    f"{r.wall:.2f}",
+                    f"{n / r.wall:.1f}",
+                    f"{r.wall / ideal:.2f}",
+                    fmt(vs, ".2f"),
+                    f"{r.peak_mib:.0f}",
+                    f"{r.cpu_ms:.1f}",
+                    str(r.failed),
+                ]
+            )
     print(table(headers, out))
 
 
@@ -686,22 +753,33 @@ def print_legend(args: argparse.Namespace, rows: list[Row]) -> None:
     print("x ideal: wall / ideal at the row's own concurrency. x asyncio: wall / the asyncio row of the same")
     print(f"  kind (concurrency {c}).")
     if not args.skip_ray:
-        print(f"ray K=1: concurrency is capped by the number of actors M={args.k1_actors} (one rollout each), not C={c};")
+        print(
+            f"ray K=1: concurrency is capped by the number of actors M={args.k1_actors} (one rollout each), not C={c};"
+        )
         print("  its x asyncio compares against asyncio at C, its x ideal against the ideal at M.")
     print("peak MiB: peak of the sum of VmRSS over this process and all its descendants (Ray's gcs, raylet,")
     print("  workers), plus the runtime hosts' detached guardians, sampled every 50 ms; shared pages are")
-    print("  counted once per process. Tree RSS at row start: "
-          + ", ".join(f"{r.mode}/{r.kind} {r.base_mib:.0f}" for r in rows if r.base_mib is not None) + " MiB.")
+    print(
+        "  counted once per process. Tree RSS at row start: "
+        + ", ".join(f"{r.mode}/{r.kind} {r.base_mib:.0f}" for r in rows if r.base_mib is not None)
+        + " MiB."
+    )
     print("CPU-ms/rollout: utime+stime(+cutime+cstime of reaped children) of that tree from /proc, after")
     print("  minus before, over N, minus the sampler thread's own CPU. It misses short-lived children reaped")
     print("  outside the tree (and processes that exit mid-row unreaped by the tree); resolution 10 ms/process.")
-    print(f"  Idle tree CPU (ms per s, over {IDLE_PROBE:g}s before the row) / sampler thread CPU (ms, whole row): "
-          + ", ".join(f"{r.mode}/{r.kind} {r.idle_ms_per_s:.0f} / {r.sampler_ms:.0f}" for r in rows
-                      if r.idle_ms_per_s is not None) + ".")
-    print("Other processes on the machine (not this benchmark) used, in cores of "
-          f"{os.cpu_count()}, during each row: "
-          + ", ".join(f"{r.mode}/{r.kind} {r.others_cores:.2f}" for r in rows if r.others_cores is not None)
-          + " -- above ~0.1 the walls are disturbed.")
+    print(
+        f"  Idle tree CPU (ms per s, over {IDLE_PROBE:g}s before the row) / sampler thread CPU (ms, whole row): "
+        + ", ".join(
+            f"{r.mode}/{r.kind} {r.idle_ms_per_s:.0f} / {r.sampler_ms:.0f}" for r in rows if r.idle_ms_per_s is not None
+        )
+        + "."
+    )
+    print(
+        "Other processes on the machine (not this benchmark) used, in cores of "
+        f"{os.cpu_count()}, during each row: "
+        + ", ".join(f"{r.mode}/{r.kind} {r.others_cores:.2f}" for r in rows if r.others_cores is not None)
+        + " -- above ~0.1 the walls are disturbed."
+    )
 
 
 def print_failures(failed: list[Row]) -> None:
@@ -725,8 +803,9 @@ def print_spans(rows: list[Row]) -> None:
     print("the trace's timing spans; harness = agent span - model calls, and includes unregistering the")
     print("session and tools; rest = latency - all spans: dispatch, building the rollout, runtime teardown,")
     print("moving the trace)")
-    print(table(["mode", "kind", *SPANS],
-                [[r.mode, r.kind, *(f"{r.spans[k] * 1e3:.1f}" for k in SPANS)] for r in timed]))
+    print(
+        table(["mode", "kind", *SPANS], [[r.mode, r.kind, *(f"{r.spans[k] * 1e3:.1f}" for k in SPANS)] for r in timed])
+    )
 
 
 def print_process_trees(trees: dict[str, dict[str, tuple[int, float]]]) -> None:
@@ -736,23 +815,47 @@ def print_process_trees(trees: dict[str, dict[str, tuple[int, float]]]) -> None:
     print()
     print("Process tree after actor creation and warm-up (processes, MiB RSS) -- what each Ray row starts from")
     kinds = list(dict.fromkeys(k for tree in trees.values() for k in tree))
-    print(table(["process", *trees], [[k, *(f"{t[k][0]} / {t[k][1]:.0f}" if k in t else "-" for t in trees.values())]
-                                      for k in kinds] +
-                [["total", *(f"{sum(v[0] for v in t.values())} / {sum(v[1] for v in t.values()):.0f}"
-                             for t in trees.values())]], left=1))
+    print(
+        table(
+            ["process", *trees],
+            [[k, *(f"{t[k][0]} / {t[k][1]:.0f}" if k in t else "-" for t in trees.values())] for k in kinds]
+            + [
+                [
+                    "total",
+                    *(f"{sum(v[0] for v in t.values())} / {sum(v[1] for v in t.values()):.0f}" for t in trees.values()),
+                ]
+            ],
+            left=1,
+        )
+    )
 
 
 def print_proxy_latency(requests: int, lat: dict[str, list[float]]) -> None:
     """p50, p99 and mean of a model call direct and through the proxy, and the difference."""
     print()
-    print(f"Proxy added latency per model call: {requests} sequential requests after 30 warm-up, "
-          "simulated model ttft=0")
+    print(
+        f"Proxy added latency per model call: {requests} sequential requests after 30 warm-up, simulated model ttft=0"
+    )
     d, p = lat["direct"], lat["proxy"]
     lat_rows = [
-        ["direct to simulated model", f"{pct(d, .5) * 1e3:.2f}", f"{pct(d, .99) * 1e3:.2f}", f"{statistics.fmean(d) * 1e3:.2f}"],
-        ["through HTTPInterception", f"{pct(p, .5) * 1e3:.2f}", f"{pct(p, .99) * 1e3:.2f}", f"{statistics.fmean(p) * 1e3:.2f}"],
-        ["added by the proxy", f"{(pct(p, .5) - pct(d, .5)) * 1e3:.2f}", f"{(pct(p, .99) - pct(d, .99)) * 1e3:.2f}",
-         f"{(statistics.fmean(p) - statistics.fmean(d)) * 1e3:.2f}"],
+        [
+            "direct to simulated model",
+            f"{pct(d, 0.5) * 1e3:.2f}",
+            f"{pct(d, 0.99) * 1e3:.2f}",
+            f"{statistics.fmean(d) * 1e3:.2f}",
+        ],
+        [
+            "through HTTPInterception",
+            f"{pct(p, 0.5) * 1e3:.2f}",
+            f"{pct(p, 0.99) * 1e3:.2f}",
+            f"{statistics.fmean(p) * 1e3:.2f}",
+        ],
+        [
+            "added by the proxy",
+            f"{(pct(p, 0.5) - pct(d, 0.5)) * 1e3:.2f}",
+            f"{(pct(p, 0.99) - pct(d, 0.99)) * 1e3:.2f}",
+            f"{(statistics.fmean(p) - statistics.fmean(d)) * 1e3:.2f}",
+        ],
     ]
     print(table(["path", "p50 ms", "p99 ms", "mean ms"], lat_rows, left=1))
 
@@ -764,8 +867,11 @@ async def main(args: argparse.Namespace) -> int:
     per_actor = math.ceil(c / args.actors)
     rows: list[Row] = []
     trees: dict[str, dict[str, tuple[int, float]]] = {}
-    print(f"bench_rollouts: N={n} C={c} latency={latency}s kinds={','.join(args.kinds)} "
-          f"packed={args.actors}x{per_actor} K=1 actors={args.k1_actors}", flush=True)
+    print(
+        f"bench_rollouts: N={n} C={c} latency={latency}s kinds={','.join(args.kinds)} "
+        f"packed={args.actors}x{per_actor} K=1 actors={args.k1_actors}",
+        flush=True,
+    )
 
     code_before = provenance()
     await note_machine_busy(notes)

@@ -55,8 +55,10 @@ def metrics(text: str) -> dict[str, float]:
 async def rollout(k: int, pool: ServerPool, client: aiohttp.ClientSession, args: argparse.Namespace) -> None:
     rng = random.Random(k)
     system = " ".join(f"r{k:03d}t{i:03d}"[:8] for i in range(args.system // 2))  # 2 tokens a word
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system},
-                                      {"role": "user", "content": f"Task {k}: work it out with the tool."}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": f"Task {k}: work it out with the tool."},
+    ]
     cap = {} if args.long_every and k % args.long_every == 0 else {"max_tokens": args.short_tokens}
     for turn in range(args.turns):
         server = pool.pick(f"rollout-{k}")
@@ -73,14 +75,21 @@ async def rollout(k: int, pool: ServerPool, client: aiohttp.ClientSession, args:
 
 
 async def run_policy(routing: Routing, args: argparse.Namespace) -> dict[str, float]:
-    capacity = CapacityConfig(max_batch=args.batch, kv_blocks=args.kv_blocks, step_base=args.step_base,
-                              step_per_seq=args.step_per_seq, prefill_per_token=args.prefill_per_token,
-                              gen_median=args.gen_median, gen_sigma=args.gen_sigma)
+    capacity = CapacityConfig(
+        max_batch=args.batch,
+        kv_blocks=args.kv_blocks,
+        step_base=args.step_base,
+        step_per_seq=args.step_per_seq,
+        prefill_per_token=args.prefill_per_token,
+        gen_median=args.gen_median,
+        gen_sigma=args.gen_sigma,
+    )
     config = SimulatedModelConfig(capacity=capacity, max_completion_tokens=args.max_tokens)
     async with AsyncExitStack() as stack:
         servers = [await stack.enter_async_context(SimulatedModelServer(config)) for _ in range(args.servers)]
-        client = await stack.enter_async_context(aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600)))
+        client = await stack.enter_async_context(
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600))
+        )
         pool = ServerPool([s.base_url or "" for s in servers], routing=routing)
         start = time.perf_counter()
         await asyncio.gather(*[rollout(k, pool, client, args) for k in range(args.rollouts)])
@@ -92,9 +101,14 @@ async def run_policy(routing: Routing, args: argparse.Namespace) -> dict[str, fl
     tokens = [m["vllm:generation_tokens_total"] for m in per_server]
     hits = sum(m["vllm:prefix_cache_hits_total"] for m in per_server)
     queries = sum(m["vllm:prefix_cache_queries_total"] for m in per_server)
-    return {"hit rate": hits / queries, "tokens/s": sum(tokens) / wall, "spread": max(tokens) / (sum(tokens) / len(tokens)),
-            "preemptions": sum(m["vllm:num_preemptions_total"] for m in per_server), "wall s": wall,
-            "tokens": sum(tokens)}
+    return {
+        "hit rate": hits / queries,
+        "tokens/s": sum(tokens) / wall,
+        "spread": max(tokens) / (sum(tokens) / len(tokens)),
+        "preemptions": sum(m["vllm:num_preemptions_total"] for m in per_server),
+        "wall s": wall,
+        "tokens": sum(tokens),
+    }
 
 
 def main() -> None:
@@ -112,22 +126,30 @@ def main() -> None:
     parser.add_argument("--gen-median", type=int, default=60)
     parser.add_argument("--gen-sigma", type=float, default=1.0)
     parser.add_argument("--max-tokens", type=int, default=1024)
-    parser.add_argument("--long-every", type=int, default=0,
-                        help="every N-th rollout answers at full length, the others are cut to --short-tokens "
-                             "(0: all full): long rollouts that a placement can gather on one server")
+    parser.add_argument(
+        "--long-every",
+        type=int,
+        default=0,
+        help="every N-th rollout answers at full length, the others are cut to --short-tokens "
+        "(0: all full): long rollouts that a placement can gather on one server",
+    )
     parser.add_argument("--short-tokens", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="2 servers, 12 rollouts x 4 turns")
     args = parser.parse_args()
     if args.quick:
         args.servers, args.rollouts, args.turns = 2, 12, 4
-    print(f"{args.servers} servers (batch {args.batch}, {args.kv_blocks} KV blocks), {args.rollouts} rollouts "
-          f"x {args.turns} turns, system prompt {args.system} tokens, answers lognormal median {args.gen_median}"
-          + (f", all but every {args.long_every}th cut to {args.short_tokens} tokens" if args.long_every else ""))
+    print(
+        f"{args.servers} servers (batch {args.batch}, {args.kv_blocks} KV blocks), {args.rollouts} rollouts "
+        f"x {args.turns} turns, system prompt {args.system} tokens, answers lognormal median {args.gen_median}"
+        + (f", all but every {args.long_every}th cut to {args.short_tokens} tokens" if args.long_every else "")
+    )
     print(f"{'routing':<14}{'hit rate':>10}{'tokens/s':>10}{'spread':>8}{'preempt':>9}{'wall s':>8}")
     for routing in POLICIES:
         r = asyncio.run(run_policy(routing, args))
-        print(f"{routing:<14}{r['hit rate']:>10.1%}{r['tokens/s']:>10.0f}{r['spread']:>8.2f}"
-              f"{r['preemptions']:>9.0f}{r['wall s']:>8.1f}")
+        print(
+            f"{routing:<14}{r['hit rate']:>10.1%}{r['tokens/s']:>10.0f}{r['spread']:>8.2f}"
+            f"{r['preemptions']:>9.0f}{r['wall s']:>8.1f}"
+        )
 
 
 if __name__ == "__main__":

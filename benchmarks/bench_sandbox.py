@@ -91,8 +91,15 @@ async def timed(n: int, op: Callable[[], Awaitable[float]]) -> tuple[list[float]
 
 
 def row(kind: str, what: str, walls: list[float], cpu: float, machine: float) -> Row:
-    return Row(kind, what, len(walls), statistics.median(walls) * 1e3, p95(walls) * 1e3,
-               cpu * 1e3 / len(walls), machine * 1e3 / len(walls))
+    return Row(
+        kind,
+        what,
+        len(walls),
+        statistics.median(walls) * 1e3,
+        p95(walls) * 1e3,
+        cpu * 1e3 / len(walls),
+        machine * 1e3 / len(walls),
+    )
 
 
 async def bench_cycles(kind: str, root: str, cycles: int) -> Row:
@@ -133,11 +140,14 @@ async def bench_execs(kind: str, root: str, execs: int) -> list[Row]:
 
 def table(rows: list[Row]) -> str:
     head = ("kind", "operation", "n", "median ms", "p95 ms", "CPU-ms/op (rusage)", "machine CPU-ms/op")
-    cells = [head] + [(r.kind, r.what, str(r.n), f"{r.median_ms:.2f}", f"{r.p95_ms:.2f}", f"{r.cpu_ms:.2f}",
-                       f"{r.machine_ms:.2f}") for r in rows]
+    cells = [head] + [
+        (r.kind, r.what, str(r.n), f"{r.median_ms:.2f}", f"{r.p95_ms:.2f}", f"{r.cpu_ms:.2f}", f"{r.machine_ms:.2f}")
+        for r in rows
+    ]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cell, widths)))
-             for cell in cells]
+    lines = [
+        "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cell, widths))) for cell in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -159,8 +169,10 @@ async def main(args: argparse.Namespace) -> None:
                 continue
             rows.append(await bench_cycles(kind, root, args.cycles))
             rows.extend(await bench_execs(kind, root, args.execs))
-    print(f"Runtimes: {args.execs} execs, {args.cycles} start/stop cycles, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, {PYTHON}, source {source_version()}")
+    print(
+        f"Runtimes: {args.execs} execs, {args.cycles} start/stop cycles, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, {PYTHON}, source {source_version()}"
+    )
     print(table(rows))
 
 

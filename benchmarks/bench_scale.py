@@ -174,37 +174,52 @@ def cause(r: ScaleRow) -> str:
     share = r.row.by_kind[kind] / r.row.cpu_s if r.row.cpu_s else 0.0
     failed = f"; {r.row.failed} of {r.row.n} rollouts failed" if r.row.failed else ""
     if r.machine_cores >= 0.85 * NCPU:
-        other = (f", {r.row.others_cores:.1f} of them by other processes on the machine"
-                 if r.row.others_cores >= 0.1 else "")
-        return (f"CPU: {r.machine_cores:.1f} of {NCPU} cores busy{other}; {kind} uses "
-                f"{share:.0%} of the benchmark's CPU ({kind_cores:.2f} cores){failed}")
+        other = (
+            f", {r.row.others_cores:.1f} of them by other processes on the machine" if r.row.others_cores >= 0.1 else ""
+        )
+        return (
+            f"CPU: {r.machine_cores:.1f} of {NCPU} cores busy{other}; {kind} uses "
+            f"{share:.0%} of the benchmark's CPU ({kind_cores:.2f} cores){failed}"
+        )
     if pid_cores >= 0.85:
-        return (f"one process: {kind_of(pid)} (pid {pid}) at {pid_cores:.2f} cores -- its one "
-                f"thread/event loop is full -- while only {r.machine_cores:.1f} of {NCPU} cores are busy{failed}")
+        return (
+            f"one process: {kind_of(pid)} (pid {pid}) at {pid_cores:.2f} cores -- its one "
+            f"thread/event loop is full -- while only {r.machine_cores:.1f} of {NCPU} cores are busy{failed}"
+        )
     ratio = r.row.wall / r.row.ideal
     if ratio <= 1.3:
-        return (f"latency: {ratio:.2f}x the ideal, only {r.machine_cores:.1f} of {NCPU} cores busy "
-                f"(busiest: {kind}, {kind_cores:.2f} cores){failed}")
-    return (f"not CPU: only {r.machine_cores:.1f} of {NCPU} cores busy and no process above 0.85 core "
-            f"(busiest: {kind}, {kind_cores:.2f} cores); look at the ratio, failures, connection "
-            f"or concurrency limits{failed}")
+        return (
+            f"latency: {ratio:.2f}x the ideal, only {r.machine_cores:.1f} of {NCPU} cores busy "
+            f"(busiest: {kind}, {kind_cores:.2f} cores){failed}"
+        )
+    return (
+        f"not CPU: only {r.machine_cores:.1f} of {NCPU} cores busy and no process above 0.85 core "
+        f"(busiest: {kind}, {kind_cores:.2f} cores); look at the ratio, failures, connection "
+        f"or concurrency limits{failed}"
+    )
 
 
 def saturation(rows: list[ScaleRow], growth: float) -> str:
     rows = sorted(rows, key=lambda r: r.c)
     if len(rows) < 2:
         r = rows[0]
-        return (f"only one C ({r.c}): no saturation point; at it {r.rate:.0f} rollouts/s "
-                f"({r.row.wall / r.row.ideal:.2f}x ideal); {cause(r)}")
+        return (
+            f"only one C ({r.c}): no saturation point; at it {r.rate:.0f} rollouts/s "
+            f"({r.row.wall / r.row.ideal:.2f}x ideal); {cause(r)}"
+        )
     for prev, cur in itertools.pairwise(rows):
         gain = cur.rate / prev.rate - 1
         if gain <= growth:
-            return (f"saturates at C={prev.c}: {prev.rate:.0f} rollouts/s, then {cur.rate:.0f} at "
-                    f"C={cur.c} ({gain:+.0%}, not more than +{growth:.0%}). Cause (at C={cur.c}): {cause(cur)}")
+            return (
+                f"saturates at C={prev.c}: {prev.rate:.0f} rollouts/s, then {cur.rate:.0f} at "
+                f"C={cur.c} ({gain:+.0%}, not more than +{growth:.0%}). Cause (at C={cur.c}): {cause(cur)}"
+            )
     last, before = rows[-1], rows[-2]
-    return (f"no saturation up to C={last.c}: rollouts/s still grew {last.rate / before.rate - 1:+.0%} "
-            f"from C={before.c} to C={last.c} ({last.rate:.0f}/s, {last.row.wall / last.row.ideal:.2f}x ideal). "
-            f"At C={last.c}: {cause(last)}")
+    return (
+        f"no saturation up to C={last.c}: rollouts/s still grew {last.rate / before.rate - 1:+.0%} "
+        f"from C={before.c} to C={last.c} ({last.rate:.0f}/s, {last.row.wall / last.row.ideal:.2f}x ideal). "
+        f"At C={last.c}: {cause(last)}"
+    )
 
 
 # -- one topology -------------------------------------------------------------------------------
@@ -248,9 +263,17 @@ async def actor_nodes(executor: Any) -> list[str]:
     return [names.get(i, i[:8]) for i in ids]
 
 
-async def run_topology(label: str, cs: list[int], actors: int, options: list[dict[str, Any]] | None,
-                       roots_fn: Any, module: Any, model: Any, args: argparse.Namespace,
-                       notes: list[str]) -> list[ScaleRow]:
+async def run_topology(
+    label: str,
+    cs: list[int],
+    actors: int,
+    options: list[dict[str, Any]] | None,
+    roots_fn: Any,
+    module: Any,
+    model: Any,
+    args: argparse.Namespace,
+    notes: list[str],
+) -> list[ScaleRow]:
     out: list[ScaleRow] = []
     for c in cs:
         capacity = math.ceil(c / actors)
@@ -261,8 +284,10 @@ async def run_topology(label: str, cs: list[int], actors: int, options: list[dic
         try:
             warm = await measure("warm-up", executor, module, model, c, c, args.latency, 0.0, roots=roots_fn)
             placed = await actor_nodes(executor)
-            notes.append(f"{label} C={c}: {actors} actors x capacity {capacity} on nodes {placed}; creation + "
-                         f"warm-up ({c} rollouts, {warm.failed} failed) {time.perf_counter() - t0:.1f}s -- excluded from wall")
+            notes.append(
+                f"{label} C={c}: {actors} actors x capacity {capacity} on nodes {placed}; creation + "
+                f"warm-up ({c} rollouts, {warm.failed} failed) {time.perf_counter() - t0:.1f}s -- excluded from wall"
+            )
             if options is not None and len(set(placed)) < min(actors, len(options)):
                 print(f"  !! {label} C={c}: actors on {placed}, not one per node", file=sys.stderr)
             gc.collect()
@@ -273,13 +298,23 @@ async def run_topology(label: str, cs: list[int], actors: int, options: list[dic
             await asyncio.sleep(args.idle_probe)
             idle = (sum(tree_cpu(roots).values()) - sum(c0.values())) / args.idle_probe
             with TreeSampler(roots, args.sample_interval) as sampler:
-                row = await measure(label, executor, module, model, n, c, args.latency, 0.0,
-                                    roots=lambda roots=roots: roots)
+                row = await measure(
+                    label, executor, module, model, n, c, args.latency, 0.0, roots=lambda roots=roots: roots
+                )
         finally:
             await executor.stop()
         row.idle_cores = idle
-        r = ScaleRow(label, actors, capacity, row, sampler.start_total, sampler.peak_total,
-                     dict(sampler.peak_kind), sampler.thread_cpu, row.cpu_s)
+        r = ScaleRow(
+            label,
+            actors,
+            capacity,
+            row,
+            sampler.start_total,
+            sampler.peak_total,
+            dict(sampler.peak_kind),
+            sampler.thread_cpu,
+            row.cpu_s,
+        )
         # The sampler thread runs in this process: take its CPU off the driver's.
         me = os.getpid()
         spent = min(sampler.thread_cpu, row.by_pid.get(me, 0.0))
@@ -288,9 +323,11 @@ async def run_topology(label: str, cs: list[int], actors: int, options: list[dic
         row.cpu_s -= spent
         out.append(r)
         kind, cores = r.busiest_kind()
-        print(f"  {label} C={c} N={n}: {row.wall:.2f}s, {r.rate:.0f}/s, {row.failed} failed, "
-              f"peak {r.mib_peak:.0f} MiB, busiest {kind} {cores:.2f} cores, machine {r.machine_cores:.2f} cores",
-              file=sys.stderr)
+        print(
+            f"  {label} C={c} N={n}: {row.wall:.2f}s, {r.rate:.0f}/s, {row.failed} failed, "
+            f"peak {r.mib_peak:.0f} MiB, busiest {kind} {cores:.2f} cores, machine {r.machine_cores:.2f} cores",
+            file=sys.stderr,
+        )
     return out
 
 
@@ -301,8 +338,13 @@ def cluster_subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     # bench_driver sets this to 0 (loopback) for the one-node Ray; with it `ray start` refuses
     # worker nodes. Nothing may point the cluster's client elsewhere either.
-    for name in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN",
-                 "RAY_AUTH_TOKEN_PATH"):
+    for name in (
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
+        "RAY_ADDRESS",
+        "RAY_AUTH_MODE",
+        "RAY_AUTH_TOKEN",
+        "RAY_AUTH_TOKEN_PATH",
+    ):
         env.pop(name, None)
     return env
 
@@ -319,8 +361,14 @@ def refresh_ray_auth() -> None:
 
 def start_cluster(lc: Any, d: Path, cpus: int) -> dict[str, Any]:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(CLUSTER_SCRIPT), "start", "--dir", str(d), "--cpus", str(cpus)],
-                          env=cluster_subprocess_env(), capture_output=True, text=True, timeout=240, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(CLUSTER_SCRIPT), "start", "--dir", str(d), "--cpus", str(cpus)],
+        env=cluster_subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     state = lc.load_state(d)
     if proc.returncode != 0 or state is None or not state.get("address"):
         raise RuntimeError(f"local cluster did not start (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
@@ -332,8 +380,14 @@ def stop_cluster(lc: Any, d: Path) -> str:
     """The cluster script's own ``stop`` (only this cluster's processes), then a check."""
     t0 = time.perf_counter()
     state = lc.load_state(d)
-    proc = subprocess.run([sys.executable, str(CLUSTER_SCRIPT), "stop", "--dir", str(d), "--grace", "10"],
-                          env=cluster_subprocess_env(), capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(CLUSTER_SCRIPT), "stop", "--dir", str(d), "--grace", "10"],
+        env=cluster_subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     left = lc.cluster_pids(state) if state else []
     msg = f"local cluster stopped in {time.perf_counter() - t0:.1f}s (exit {proc.returncode})"
     if left:
@@ -352,15 +406,18 @@ def stop_cluster(lc: Any, d: Path) -> str:
 # -- main ---------------------------------------------------------------------------------------
 
 
-async def run_one_node(args: argparse.Namespace, cs: list[int], module: Any, model: Any,
-                       notes: list[str]) -> list[ScaleRow]:
+async def run_one_node(
+    args: argparse.Namespace, cs: list[int], module: Any, model: Any, notes: list[str]
+) -> list[ScaleRow]:
     """The one-node rows, on a local Ray started here and shut down after."""
     import ray
 
     t0 = time.perf_counter()
     ray.init(address="local", include_dashboard=False, log_to_driver=False)
-    notes.append(f"one node: ray.init (local Ray, this script's descendants) {time.perf_counter() - t0:.1f}s, "
-                 f"{ray.cluster_resources().get('CPU', 0):g} logical CPUs")
+    notes.append(
+        f"one node: ray.init (local Ray, this script's descendants) {time.perf_counter() - t0:.1f}s, "
+        f"{ray.cluster_resources().get('CPU', 0):g} logical CPUs"
+    )
     try:
         return await run_topology("one node", cs, args.actors, None, lambda: None, module, model, args, notes)
     finally:
@@ -381,14 +438,17 @@ def join_cluster(lc: Any, state: dict[str, Any], d: Path, args: argparse.Namespa
     # The nodes registered with the machine's routable IP; this driver must say it
     # is on that node (bench_driver made Ray default to loopback).
     ray.init(address=state["address"], _node_ip_address=host, log_to_driver=False)
-    notes.append(f"3-node cluster: local_cluster.py start {state['_start_s']:.1f}s (dir {d}, "
-                 f"{args.cluster_cpus} logical CPU per node, token auth {'on' if state['auth'] else 'off'}), "
-                 f"ray.init {time.perf_counter() - t0:.1f}s, "
-                 f"{len(lc.cluster_pids(state))} cluster processes at start")
+    notes.append(
+        f"3-node cluster: local_cluster.py start {state['_start_s']:.1f}s (dir {d}, "
+        f"{args.cluster_cpus} logical CPU per node, token auth {'on' if state['auth'] else 'off'}), "
+        f"ray.init {time.perf_counter() - t0:.1f}s, "
+        f"{len(lc.cluster_pids(state))} cluster processes at start"
+    )
 
 
-async def run_cluster(args: argparse.Namespace, cs: list[int], module: Any, model: Any,
-                      notes: list[str]) -> list[ScaleRow]:
+async def run_cluster(
+    args: argparse.Namespace, cs: list[int], module: Any, model: Any, notes: list[str]
+) -> list[ScaleRow]:
     """The 3-node rows, on a local cluster started here, always stopped after (and the auth env restored)."""
     import ray
 
@@ -400,14 +460,22 @@ async def run_cluster(args: argparse.Namespace, cs: list[int], module: Any, mode
         join_cluster(lc, state, d, args, notes)
         nodes = list(state["nodes"])
         if args.placement == "pinned":
-            options = [{"resources": {f"node_{nodes[i % len(nodes)]}": 0.001}}
-                       for i in range(args.cluster_actors)]
+            options = [{"resources": {f"node_{nodes[i % len(nodes)]}": 0.001}} for i in range(args.cluster_actors)]
         else:
             options = None
         me = os.getpid()
         try:
-            return await run_topology("3 nodes", cs, args.cluster_actors, options,
-                                      lambda: [me, *lc.cluster_pids(state)], module, model, args, notes)
+            return await run_topology(
+                "3 nodes",
+                cs,
+                args.cluster_actors,
+                options,
+                lambda: [me, *lc.cluster_pids(state)],
+                module,
+                model,
+                args,
+                notes,
+            )
         finally:
             ray.shutdown()
     finally:
@@ -445,23 +513,58 @@ async def bench(args: argparse.Namespace, cs: list[int], topologies: list[str]) 
 
 def print_rows(rows: list[ScaleRow], args: argparse.Namespace) -> None:
     """The table, a row per (topology, C), and how to read it."""
-    print(f"\n## Rollouts/s and memory vs concurrency: examples/arith.py x {SAMPLES_PER_TASK} samples, "
-          f"simulated model ttft={args.latency:g} s, N = max({args.per_slot} x C, {args.min_n})\n")
+    print(
+        f"\n## Rollouts/s and memory vs concurrency: examples/arith.py x {SAMPLES_PER_TASK} samples, "
+        f"simulated model ttft={args.latency:g} s, N = max({args.per_slot} x C, {args.min_n})\n"
+    )
     body = []
     for r in rows:
         kind, kind_cores = r.busiest_kind()
         pid, pid_cores = r.busiest_process()
         share = r.row.by_kind[kind] / r.row.cpu_s if r.row.cpu_s else 0.0
-        body.append([
-            r.topology, r.c, f"{r.actors} x {r.capacity}", r.row.n, f"{r.row.wall:.2f}", f"{r.row.ideal:.2f}",
-            f"{r.row.wall / r.row.ideal:.2f}x", f"{r.rate:.0f}", f"{r.row.cpu_s * 1000 / r.row.n:.1f}",
-            r.row.failed, f"{r.mib_start:.0f} / {r.mib_peak:.0f}",
-            f"{kind} {kind_cores:.2f} ({share:.0%})", f"{kind_of(pid)} {pid_cores:.2f}",
-            f"{r.tree_cores:.2f}", f"{r.row.others_cores:.2f}", f"{r.machine_cores:.2f} / {NCPU}",
-        ])
-    print(table(["topology", "C", "actors x cap", "N", "wall s", "ideal s", "ratio", "rollouts/s",
-                 "CPU-ms/rollout", "failed", "tree MiB start / peak", "busiest kind: cores (share)",
-                 "busiest process: cores", "tree cores", "other cores", "machine cores / of"], body))
+        body.append(
+            [
+                r.topology,
+                r.c,
+                f"{r.actors} x {r.capacity}",
+                r.row.n,
+                f"{r.row.wall:.2f}",
+                f"{r.row.ideal:.2f}",
+                f"{r.row.wall / r.row.ideal:.2f}x",
+                f"{r.rate:.0f}",
+                f"{r.row.cpu_s * 1000 / r.row.n:.1f}",
+                r.row.failed,
+                f"{r.mib_start:.0f} / {r.mib_peak:.0f}",
+                f"{kind} {kind_cores:.2f} ({share:.0%})",
+                f"{kind_of(pid)} {pid_cores:.2f}",
+                f"{r.tree_cores:.2f}",
+                f"{r.row.others_cores:.2f}",
+                f"{r.machine_cores:.2f} / {NCPU}",
+            ]
+        )
+    print(
+        table(
+            [
+                "topology",
+                "C",
+                "actors x cap",
+                "N",
+                "wall s",
+                "ideal s",
+                "ratio",
+                "rollouts/s",
+                "CPU-ms/rollout",
+                "failed",
+                "tree MiB start / peak",
+                "busiest kind: cores (share)",
+                "busiest process: cores",
+                "tree cores",
+                "other cores",
+                "machine cores / of",
+            ],
+            body,
+        )
+    )
     print(f"""
 How to read it: one row per (topology, C), each on fresh rollout actors warmed up by one run of C
   rollouts. ideal = ceil(N / C) x latency (no overhead at all); ratio = wall / ideal; 1.00x means
@@ -480,61 +583,91 @@ How to read it: one row per (topology, C), each on fresh rollout actors warmed u
 
 def print_by_kind(rows: list[ScaleRow]) -> None:
     """CPU per rollout and peak resident memory per process kind, a column per row."""
-    kinds = sorted({k for r in rows for k in r.row.by_kind},
-                   key=lambda k: -max(r.row.by_kind.get(k, 0.0) / r.row.n for r in rows))
+    kinds = sorted(
+        {k for r in rows for k in r.row.by_kind}, key=lambda k: -max(r.row.by_kind.get(k, 0.0) / r.row.n for r in rows)
+    )
     kinds = [k for k in kinds if max(r.row.by_kind.get(k, 0.0) * 1000 / r.row.n for r in rows) >= 0.005]
     cols = [f"{'1n' if r.topology == 'one node' else '3n'} C={r.c}" for r in rows]
     print("\nCPU-ms per rollout by process kind (1n = one node, 3n = 3-node cluster):\n")
-    print(table(["process"] + cols,
-                [[k] + [f"{r.row.by_kind.get(k, 0.0) * 1000 / r.row.n:.2f}" for r in rows] for k in kinds]
-                + [["total"] + [f"{r.row.cpu_s * 1000 / r.row.n:.1f}" for r in rows]]))
+    print(
+        table(
+            ["process"] + cols,
+            [[k] + [f"{r.row.by_kind.get(k, 0.0) * 1000 / r.row.n:.2f}" for r in rows] for k in kinds]
+            + [["total"] + [f"{r.row.cpu_s * 1000 / r.row.n:.1f}" for r in rows]],
+        )
+    )
 
     kinds = sorted({k for r in rows for k in r.peak_kind}, key=lambda k: -max(r.peak_kind.get(k, 0.0) for r in rows))
     kinds = [k for k in kinds if max(r.peak_kind.get(k, 0.0) for r in rows) >= 1]
-    print("\nPeak resident memory (MiB) by process kind during each row (each kind's own peak, summed over "
-          "its processes; the total line is the peak of the whole tree's sum):\n")
-    print(table(["process"] + cols,
-                [[k] + [f"{r.peak_kind.get(k, 0.0):.0f}" for r in rows] for k in kinds]
-                + [["total (peak of the sum)"] + [f"{r.mib_peak:.0f}" for r in rows]]))
+    print(
+        "\nPeak resident memory (MiB) by process kind during each row (each kind's own peak, summed over "
+        "its processes; the total line is the peak of the whole tree's sum):\n"
+    )
+    print(
+        table(
+            ["process"] + cols,
+            [[k] + [f"{r.peak_kind.get(k, 0.0):.0f}" for r in rows] for k in kinds]
+            + [["total (peak of the sum)"] + [f"{r.mib_peak:.0f}" for r in rows]],
+        )
+    )
 
 
 def report(rows: list[ScaleRow], notes: list[str], args: argparse.Namespace) -> None:
     print_rows(rows, args)
     print_by_kind(rows)
 
-    print("\nbackground: tree CPU while idle just before each row (cores) / the sampler thread's CPU "
-          "during the row (ms): " + ", ".join(
-              f"{'1n' if r.topology == 'one node' else '3n'} C={r.c} {r.row.idle_cores:.2f} / {r.sampler_cpu * 1000:.0f}"
-              for r in rows))
+    print(
+        "\nbackground: tree CPU while idle just before each row (cores) / the sampler thread's CPU "
+        "during the row (ms): "
+        + ", ".join(
+            f"{'1n' if r.topology == 'one node' else '3n'} C={r.c} {r.row.idle_cores:.2f} / {r.sampler_cpu * 1000:.0f}"
+            for r in rows
+        )
+    )
     for note in notes:
         print(f"note: {note}")
 
-    print("\n## Saturation (first C after which rollouts/s grows by no more than "
-          f"{args.saturation_growth:.0%})\n")
+    print(f"\n## Saturation (first C after which rollouts/s grows by no more than {args.saturation_growth:.0%})\n")
     for topo in dict.fromkeys(r.topology for r in rows):
         print(f"{topo}: {saturation([r for r in rows if r.topology == topo], args.saturation_growth)}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--concurrency", default="64,256,1000,2000", help="rollouts in flight, C (comma list)")
     p.add_argument("--latency", type=float, default=1.0, help="simulated model ttft, seconds (default 1)")
     p.add_argument("--min-n", type=int, default=500, help="N = max(per_slot x C, min_n) (default 500)")
     p.add_argument("--per-slot", type=int, default=2, help="N = max(per_slot x C, min_n) (default 2)")
-    p.add_argument("--topology", choices=("one", "cluster", "both"), default=None,
-                   help="one node, the simulated 3-node cluster, or both (default both; --quick: one)")
+    p.add_argument(
+        "--topology",
+        choices=("one", "cluster", "both"),
+        default=None,
+        help="one node, the simulated 3-node cluster, or both (default both; --quick: one)",
+    )
     p.add_argument("--actors", type=int, default=2, help="rollout actors on one node (default 2)")
     p.add_argument("--cluster-actors", type=int, default=3, help="rollout actors on the cluster (default 3)")
     p.add_argument("--cluster-cpus", type=int, default=1, help="logical CPUs per cluster node (default 1)")
-    p.add_argument("--placement", choices=("pinned", "spread"), default="pinned",
-                   help="cluster actors: pinned round-robin to the nodes (default) or RayExecutor's SPREAD")
-    p.add_argument("--saturation-growth", type=float, default=0.10,
-                   help="saturated once rollouts/s grows by no more than this fraction (default 0.10)")
+    p.add_argument(
+        "--placement",
+        choices=("pinned", "spread"),
+        default="pinned",
+        help="cluster actors: pinned round-robin to the nodes (default) or RayExecutor's SPREAD",
+    )
+    p.add_argument(
+        "--saturation-growth",
+        type=float,
+        default=0.10,
+        help="saturated once rollouts/s grows by no more than this fraction (default 0.10)",
+    )
     p.add_argument("--sample-interval", type=float, default=0.25, help="memory sampling period, s")
     p.add_argument("--idle-probe", type=float, default=1.0, help="seconds of idle CPU probe before each row")
-    p.add_argument("--quick", action="store_true",
-                   help="C=64,256; latency 0.2; min-n 200; one node only unless --cluster")
+    p.add_argument(
+        "--quick", action="store_true", help="C=64,256; latency 0.2; min-n 200; one node only unless --cluster"
+    )
     p.add_argument("--cluster", action="store_true", help="with --quick: both topologies")
     args = p.parse_args(argv)
     if args.quick:
@@ -557,11 +690,15 @@ def main(argv: list[str] | None = None) -> int:
     busy = (machine_busy() - busy0) / (time.monotonic() - t0)
     print(f"# bench_scale.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"rollout_ray: {source_version()}")
-    print(f"machine: {NCPU} cores, {os.sysconf('SC_PHYS_PAGES') * PAGE / 2**30:.1f} GiB; Python "
-          f"{platform.python_version()}, Ray {ray.__version__}; RLIMIT_NOFILE {nofile[0]}; load average at start "
-          f"{loadavg()}; busy before the run (other processes): {busy:.2f} cores of {NCPU}")
-    print(f"run: topologies {', '.join(topologies)}; C = {', '.join(map(str, cs))}; latency {args.latency:g} s; "
-          f"actors: one node {args.actors}, cluster {args.cluster_actors} ({args.placement})")
+    print(
+        f"machine: {NCPU} cores, {os.sysconf('SC_PHYS_PAGES') * PAGE / 2**30:.1f} GiB; Python "
+        f"{platform.python_version()}, Ray {ray.__version__}; RLIMIT_NOFILE {nofile[0]}; load average at start "
+        f"{loadavg()}; busy before the run (other processes): {busy:.2f} cores of {NCPU}"
+    )
+    print(
+        f"run: topologies {', '.join(topologies)}; C = {', '.join(map(str, cs))}; latency {args.latency:g} s; "
+        f"actors: one node {args.actors}, cluster {args.cluster_actors} ({args.placement})"
+    )
     rows, notes = asyncio.run(bench(args, cs, topologies))
     report(rows, notes, args)
     print(f"\nload average at end {loadavg()}")

@@ -89,8 +89,10 @@ def config_of(mode: str, k: int, batch: int, samples: int, in_flight: int) -> Ev
 
 
 def first_versions(samples: Any) -> list[int]:
-    return [min(c.policy for c in decode_trace(blob).calls if c.policy is not None)
-            for blob in samples.column("trace").to_pylist()]
+    return [
+        min(c.policy for c in decode_trace(blob).calls if c.policy is not None)
+        for blob in samples.column("trace").to_pylist()
+    ]
 
 
 async def trainer(mode: str, args: argparse.Namespace) -> Outcome:
@@ -100,8 +102,7 @@ async def trainer(mode: str, args: argparse.Namespace) -> Outcome:
     model_config = SimulatedModelConfig(ttft=args.latency, error_rate=0.3)
     async with SimulatedModelServer(model_config) as server:
         assert server.base_url is not None
-        async with (OpenAIModel(server.base_url, name="simulated") as model,
-                    LocalExecutor(runtime="local") as executor):
+        async with OpenAIModel(server.base_url, name="simulated") as model, LocalExecutor(runtime="local") as executor:
             driver = Driver(arith.tasks(steps_groups * 4), arith.harness(), model, executor=executor, config=config)
             started = asked = time.monotonic()
             stream = driver.groups()
@@ -131,9 +132,20 @@ def row(o: Outcome, k: int) -> list[Any]:
     share = [o.staleness[s] / total for s in range(k + 2)]
     over = sum(n for s, n in o.staleness.items() if s > k + 1) / total
     mean = sum(s * n for s, n in o.staleness.items()) / total
-    return [o.mode, o.groups, o.rollouts, o.reruns, o.masked, o.held, o.rejected,
-            " / ".join(f"{x:.0%}" for x in (*share, over)), f"{mean:.2f}", max(o.staleness, default=0),
-            f"{o.wall:.1f}", f"{o.waited:.1f}"]
+    return [
+        o.mode,
+        o.groups,
+        o.rollouts,
+        o.reruns,
+        o.masked,
+        o.held,
+        o.rejected,
+        " / ".join(f"{x:.0%}" for x in (*share, over)),
+        f"{mean:.2f}",
+        max(o.staleness, default=0),
+        f"{o.wall:.1f}",
+        f"{o.waited:.1f}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,13 +161,31 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     outcomes = [asyncio.run(trainer(mode, args)) for mode in args.modes.split(",")]
     k = args.k
-    print(f"{source_version()}; {args.steps} steps x {args.batch} groups x {args.samples} samples, "
-          f"train {args.train} s per step, rollout ~{args.latency} s, "
-          f"max_in_flight {args.in_flight}, max_staleness {k}")
+    print(
+        f"{source_version()}; {args.steps} steps x {args.batch} groups x {args.samples} samples, "
+        f"train {args.train} s per step, rollout ~{args.latency} s, "
+        f"max_in_flight {args.in_flight}, max_staleness {k}"
+    )
     stale_header = " / ".join([*(str(s) for s in range(k + 2)), f">{k + 1}"])
-    print(table(["mode", "groups", "rollouts run", "re-runs", "masked", "held", "rejected",
-                 f"staleness {stale_header}", "mean", "max", "wall s", "trainer waited s"],
-                [row(o, k) for o in outcomes]))
+    print(
+        table(
+            [
+                "mode",
+                "groups",
+                "rollouts run",
+                "re-runs",
+                "masked",
+                "held",
+                "rejected",
+                f"staleness {stale_header}",
+                "mean",
+                "max",
+                "wall s",
+                "trainer waited s",
+            ],
+            [row(o, k) for o in outcomes],
+        )
+    )
     return 0
 
 

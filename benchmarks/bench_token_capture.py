@@ -69,10 +69,17 @@ def _answer(seed: int, shape: str, logprobs: bool, stream: bool) -> bytes:
     """A fresh answer in ``shape`` (``plain``, ``vllm`` or ``sglang``), JSON or SSE."""
     choice, prompt = _reply(seed)
     head = {"id": f"chatcmpl-{seed}", "created": 0, "model": "bench"}
-    usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
-             "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS}
-    capture = Capture("sglang" if shape == "sglang" else "vllm", token_ids=shape != "plain",
-                      prompt_ids=shape == "sglang", logprobs=logprobs or shape != "plain")
+    usage = {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": COMPLETION_TOKENS,
+        "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
+    }
+    capture = Capture(
+        "sglang" if shape == "sglang" else "vllm",
+        token_ids=shape != "plain",
+        prompt_ids=shape == "sglang",
+        logprobs=logprobs or shape != "plain",
+    )
     if stream:  # SGLang refuses token ids on a stream: only vLLM's chunks are asked for
         events = vllm_events(head, [choice], prompt, usage, capture, 0.0, 0.0)
         return b"".join(b"data: " + _encode(e) + b"\n\n" for _, e in events) + b"data: [DONE]\n\n"
@@ -159,22 +166,33 @@ async def _proxy_row(url: str, capture: str | None, stream: bool, logprobs: bool
         cpu = time.process_time() - cpu
     await model.aclose()
     trace_bytes = sum(len(msgspec.msgpack.encode(t)) for t in traces) / len(traces)
-    return Row("proxy", capture or "off", "sse" if stream else "json", logprobs, 1e3 * cpu / calls,
-               trace_bytes, _parquet_bytes(traces))
+    return Row(
+        "proxy",
+        capture or "off",
+        "sse" if stream else "json",
+        logprobs,
+        1e3 * cpu / calls,
+        trace_bytes,
+        _parquet_bytes(traces),
+    )
 
 
 def _parquet_bytes(traces: list[Trace]) -> float:
     records = [RolloutRecord(t, "bench", f"g{i}", 0) for i, t in enumerate(traces)]
     sink = io.BytesIO()
-    pq.write_table(records_to_table(records), sink, compression="zstd", write_page_checksum=True,
-                   row_group_size=1000)
+    pq.write_table(records_to_table(records), sink, compression="zstd", write_page_checksum=True, row_group_size=1000)
     return len(sink.getvalue()) / len(traces)
 
 
 CASES = [
-    (None, False, False), ("vllm", False, False), ("sglang", False, False),
-    (None, True, False), ("vllm", True, False),
-    (None, False, True), ("vllm", False, True), ("sglang", False, True),
+    (None, False, False),
+    ("vllm", False, False),
+    ("sglang", False, False),
+    (None, True, False),
+    ("vllm", True, False),
+    (None, False, True),
+    ("vllm", False, True),
+    ("sglang", False, True),
 ]
 """``(capture, upstream stream, harness asks logprobs)``."""
 
@@ -190,17 +208,19 @@ async def _measure(url: str, calls: int) -> list[Row]:
 
 def _table(rows: list[Row]) -> str:
     base = {(r.path, r.upstream, r.agent_logprobs): r for r in rows if r.capture == "off"}
-    header = (f"{'path':8}  {'capture':7}  {'upstream':8}  {'harness logprobs':16}  {'CPU ms/call':>11}  "
-              f"{'vs off':>7}  {'trace B':>8}  {'parquet B':>9}")
+    header = (
+        f"{'path':8}  {'capture':7}  {'upstream':8}  {'harness logprobs':16}  {'CPU ms/call':>11}  "
+        f"{'vs off':>7}  {'trace B':>8}  {'parquet B':>9}"
+    )
     lines = [header, "-" * len(header)]
     for r in rows:
         off = base[r.path, "json" if r.capture == "sglang" else r.upstream, r.agent_logprobs]
         delta = "" if r is off else f"{r.cpu_ms - off.cpu_ms:+.2f}"
-        sizes = (f"{r.trace_bytes:8.0f}  {r.parquet_bytes:9.0f}" if r.trace_bytes is not None
-                 else f"{'':8}  {'':9}")
+        sizes = f"{r.trace_bytes:8.0f}  {r.parquet_bytes:9.0f}" if r.trace_bytes is not None else f"{'':8}  {'':9}"
         upstream = "json*" if r.capture == "sglang" and r.upstream == "sse" else r.upstream
-        lines.append(f"{r.path:8}  {r.capture:7}  {upstream:8}  {r.agent_logprobs!s:16}  {r.cpu_ms:11.2f}  "
-                     f"{delta:>7}  {sizes}")
+        lines.append(
+            f"{r.path:8}  {r.capture:7}  {upstream:8}  {r.agent_logprobs!s:16}  {r.cpu_ms:11.2f}  {delta:>7}  {sizes}"
+        )
     lines.append("* SGLang refuses token ids on a stream: with capture the call is made without streaming.")
     return "\n".join(lines)
 
@@ -223,8 +243,10 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=10)
-    print(f"token capture, {COMPLETION_TOKENS}-token completions, {PROMPT_TOKENS}-token prompts, "
-          f"{calls} calls per row, cpus={os.cpu_count()}")
+    print(
+        f"token capture, {COMPLETION_TOKENS}-token completions, {PROMPT_TOKENS}-token prompts, "
+        f"{calls} calls per row, cpus={os.cpu_count()}"
+    )
     print(_table(rows))
 
 

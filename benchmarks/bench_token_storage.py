@@ -108,10 +108,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200, help="rollouts per row of the table")
     args = parser.parse_args()
-    print(f"schema version {ARROW_SCHEMA_VERSION}; {args.rows} rollouts per row; bytes per stored rollout "
-          f"(zstd); {COMPLETION}-token completions")
-    header = (f"{'turns':>5}  {'capture':7}  {'row B':>8}  " + "  ".join(f"{c + ' B':>11}" for c in COLUMNS)
-              + f"  {'read CPU µs':>8}")
+    print(
+        f"schema version {ARROW_SCHEMA_VERSION}; {args.rows} rollouts per row; bytes per stored rollout "
+        f"(zstd); {COMPLETION}-token completions"
+    )
+    header = (
+        f"{'turns':>5}  {'capture':7}  {'row B':>8}  "
+        + "  ".join(f"{c + ' B':>11}" for c in COLUMNS)
+        + f"  {'read CPU µs':>8}"
+    )
     print(header)
     print("-" * len(header))
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,8 +125,11 @@ def main() -> None:
             for capture in (False, True):
                 traces = [rollout(seed, turns, capture) for seed in range(args.rows)]
                 measured[capture] = m = measure(traces, Path(tmp) / f"{turns}-{capture}")
-                print(f"{turns:>5}  {'on' if capture else 'off':7}  {m['row']:8.0f}  "
-                      + "  ".join(f"{m[c]:11.0f}" for c in COLUMNS) + f"  {m['read_us']:8.0f}")
+                print(
+                    f"{turns:>5}  {'on' if capture else 'off':7}  {m['row']:8.0f}  "
+                    + "  ".join(f"{m[c]:11.0f}" for c in COLUMNS)
+                    + f"  {m['read_us']:8.0f}"
+                )
             more = (measured[True]["row"] - measured[False]["row"]) / turns
             print(f"{'':>5}  capture adds {more:,.0f} B per turn")
 

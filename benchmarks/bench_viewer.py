@@ -77,25 +77,50 @@ def template() -> Trace:
     nodes = [
         MessageNode(None, SystemMessage("You add numbers with the calculator."), timestamp=T0 + 0.004),
         MessageNode(0, UserMessage("Depot A has 237 pallets, depot B has 682. Total?"), timestamp=T0 + 0.004),
-        MessageNode(1, AssistantMessage(content="I'll add 237 and 682 with the calculator.",
-                                        tool_calls=[ToolCall("call_0", "add", '{"a": 237, "b": 682}')]),
-                    sampled=True, timestamp=T0 + 1.0),
+        MessageNode(
+            1,
+            AssistantMessage(
+                content="I'll add 237 and 682 with the calculator.",
+                tool_calls=[ToolCall("call_0", "add", '{"a": 237, "b": 682}')],
+            ),
+            sampled=True,
+            timestamp=T0 + 1.0,
+        ),
         MessageNode(2, ToolMessage("call_0", "919", name="add"), timestamp=T0 + 1.01),
-        MessageNode(3, AssistantMessage(content="The two depots hold 919 pallets.\n919"), sampled=True,
-                    timestamp=T0 + 2.0),
+        MessageNode(
+            3, AssistantMessage(content="The two depots hold 919 pallets.\n919"), sampled=True, timestamp=T0 + 2.0
+        ),
     ]
-    calls = [ModelCall(node=2, model="simulated", finish_reason="tool_calls", usage=Usage(214, 61),
-                       time=TimeSpan(T0 + 0.006, T0 + 1.0)),
-             ModelCall(node=4, model="simulated", finish_reason="stop", usage=Usage(291, 14),
-                       time=TimeSpan(T0 + 1.01, T0 + 2.0))]
+    calls = [
+        ModelCall(
+            node=2,
+            model="simulated",
+            finish_reason="tool_calls",
+            usage=Usage(214, 61),
+            time=TimeSpan(T0 + 0.006, T0 + 1.0),
+        ),
+        ModelCall(
+            node=4, model="simulated", finish_reason="stop", usage=Usage(291, 14), time=TimeSpan(T0 + 1.01, T0 + 2.0)
+        ),
+    ]
     return Trace(
         task=TraceTask(type="Calc", key="0" * 64, hash="0" * 64, idx=0, data={"answer": 919}),
-        agent=AgentInfo(harness="chat", model="simulated"), nodes=nodes, calls=calls,
-        rewards={"correct": Reward(1.0), "format": Reward(1.0, 0.1)}, metrics={"tool_calls": 1.0},
-        is_completed=True, ok=True, stop_condition="agent_completed",
-        timing=Timing(start=T0, boot=TimeSpan(T0, T0 + 0.002), setup=TimeSpan(T0 + 0.002, T0 + 0.004),
-                      agent=AgentSpan(T0 + 0.004, T0 + 2.0, model=TimeSplit(1.98), harness=TimeSplit(0.016)),
-                      finalize=TimeSpan(T0 + 2.0, T0 + 2.001), scoring=TimeSpan(T0 + 2.001, T0 + 2.002)),
+        agent=AgentInfo(harness="chat", model="simulated"),
+        nodes=nodes,
+        calls=calls,
+        rewards={"correct": Reward(1.0), "format": Reward(1.0, 0.1)},
+        metrics={"tool_calls": 1.0},
+        is_completed=True,
+        ok=True,
+        stop_condition="agent_completed",
+        timing=Timing(
+            start=T0,
+            boot=TimeSpan(T0, T0 + 0.002),
+            setup=TimeSpan(T0 + 0.002, T0 + 0.004),
+            agent=AgentSpan(T0 + 0.004, T0 + 2.0, model=TimeSplit(1.98), harness=TimeSplit(0.016)),
+            finalize=TimeSpan(T0 + 2.0, T0 + 2.001),
+            scoring=TimeSpan(T0 + 2.001, T0 + 2.002),
+        ),
         tool_calls=[ToolCallRecord("calc", "add", '{"a":237,"b":682}', True, duration=0.003)],
     )
 
@@ -133,16 +158,27 @@ def synthetic_run(run_dir: Path, n: int, text_bytes: int, prompt_bytes: int = 0)
                 data = {**tpl.task.data, "prompt": prompt} if prompt_bytes else tpl.task.data
                 question = replace(tpl.nodes[1], message=UserMessage(prompt)) if prompt_bytes else tpl.nodes[1]
                 trace = replace(
-                    tpl, id=hashlib.blake2b(i.to_bytes(8, "little"), digest_size=16).hexdigest(),
+                    tpl,
+                    id=hashlib.blake2b(i.to_bytes(8, "little"), digest_size=16).hexdigest(),
                     task=replace(tpl.task, type=("Calc", "Arith", "Depot")[group % 3], idx=group, data=data),
-                    nodes=[tpl.nodes[0], question,
-                           replace(turn, message=replace(turn.message, reasoning_content=_words(
-                               rng, vocabulary, text_bytes // 2))), tpl.nodes[3],
-                           replace(answer, message=AssistantMessage(
-                               content=_words(rng, vocabulary, text_bytes // 2) + "\n919"))],
+                    nodes=[
+                        tpl.nodes[0],
+                        question,
+                        replace(
+                            turn,
+                            message=replace(turn.message, reasoning_content=_words(rng, vocabulary, text_bytes // 2)),
+                        ),
+                        tpl.nodes[3],
+                        replace(
+                            answer, message=AssistantMessage(content=_words(rng, vocabulary, text_bytes // 2) + "\n919")
+                        ),
+                    ],
                     rewards={} if broken else {"correct": Reward(float(i % 3 != 0)), "format": Reward(1.0, 0.1)},
-                    ok=not broken, stop_condition="error" if broken else "agent_completed",
-                    errors=[error] if broken else [], timing=replace(tpl.timing, start=T0 + i * 0.01))
+                    ok=not broken,
+                    stop_condition="error" if broken else "agent_completed",
+                    errors=[error] if broken else [],
+                    timing=replace(tpl.timing, start=T0 + i * 0.01),
+                )
                 records.append(RolloutRecord(trace, "bench-viewer", f"g{group:06d}", i % SAMPLES))
             writer.write(with_filter_columns(records_to_table(records), {}))
 
@@ -151,11 +187,17 @@ STEPS = [
     ("open: run overview (builds the index)", "api/run", {}),
     ("first page (50 rows)", "api/rollouts", {"limit": "50"}),
     ("filter ok=false", "api/rollouts", {"ok": "false", "limit": "50"}),
-    ("filter error + task + reward range", "api/rollouts",
-     {"error": "ToolsetError", "task": "calc", "reward_min": "0", "reward_max": "0.5", "limit": "50"}),
+    (
+        "filter error + task + reward range",
+        "api/rollouts",
+        {"error": "ToolsetError", "task": "calc", "reward_min": "0", "reward_max": "0.5", "limit": "50"},
+    ),
     ("sort by reward desc", "api/rollouts", {"sort": "reward", "order": "desc", "limit": "50"}),
-    ("sort + filter, page 100", "api/rollouts",
-     {"sort": "agent_s", "order": "desc", "ok": "true", "offset": "5000", "limit": "50"}),
+    (
+        "sort + filter, page 100",
+        "api/rollouts",
+        {"sort": "agent_s", "order": "desc", "ok": "true", "offset": "5000", "limit": "50"},
+    ),
     ("one rollout (trace from its shard)", "api/rollout", {"id": "{last}"}),
     ("its group (advantages by finalize)", "api/siblings", {"id": "{last}"}),
     ("runs list (shard footers)", "api/runs", {}),
@@ -182,9 +224,13 @@ def serve(run_dir: Path) -> tuple[subprocess.Popen[str], str]:
     # a ``-m`` process's path, could hold another checkout).
     package = str(Path(rollout_ray.__file__).parents[1])
     path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen([sys.executable, "-m", "rollout_ray", "view", str(run_dir.resolve()), "--port", "0"],
-                            stdout=subprocess.PIPE, text=True, cwd=run_dir.parent,
-                            env={**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollout_ray", "view", str(run_dir.resolve()), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=run_dir.parent,
+        env={**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if " at http" not in line:
@@ -212,18 +258,25 @@ async def measure(run_dir: Path, url: str, pid: int) -> list[Row]:
                 last = page["rows"][-1]["rollout_id"] if page["rows"] else last
             elif path == "api/run":
                 note = f"{msgspec.json.decode(body)['rollouts']:,} rollouts"
-            out.append((label, times[0], times[1], note, len(body), status_mib(pid, "VmRSS"),
-                        status_mib(pid, "VmHWM")))
+            out.append((label, times[0], times[1], note, len(body), status_mib(pid, "VmRSS"), status_mib(pid, "VmHWM")))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=100_000, help="rollouts in the synthetic run (default 100,000)")
-    p.add_argument("--text-bytes", type=int, default=2_000,
-                   help="random text per rollout, in its reasoning and answer (default 2,000)")
-    p.add_argument("--prompt-bytes", type=int, default=0,
-                   help="a prompt of this many bytes per task, in its data and user message (default none)")
+    p.add_argument(
+        "--text-bytes",
+        type=int,
+        default=2_000,
+        help="random text per rollout, in its reasoning and answer (default 2,000)",
+    )
+    p.add_argument(
+        "--prompt-bytes",
+        type=int,
+        default=0,
+        help="a prompt of this many bytes per task, in its data and user message (default none)",
+    )
     p.add_argument("--keep", type=Path, help="write the run here and keep it (reused if it exists)")
     args = p.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="bench-viewer-"))
@@ -233,8 +286,10 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             synthetic_run(run_dir, args.rows, args.text_bytes, args.prompt_bytes)
             size = sum(f.stat().st_size for f in (run_dir / "shards").iterdir())
-            print(f"wrote {args.rows:,} rollouts in {time.perf_counter() - t:.1f} s: {size / 2**20:.0f} MiB of "
-                  f"Parquet in {len(list((run_dir / 'shards').iterdir()))} shards")
+            print(
+                f"wrote {args.rows:,} rollouts in {time.perf_counter() - t:.1f} s: {size / 2**20:.0f} MiB of "
+                f"Parquet in {len(list((run_dir / 'shards').iterdir()))} shards"
+            )
         proc, url = serve(run_dir)
         try:
             started = status_mib(proc.pid, "VmRSS")
@@ -247,8 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     prompts = f", a {args.prompt_bytes:,}-byte prompt per task" if args.prompt_bytes else ""
-    print(f"\nViewer over {args.rows:,} rollouts ({args.text_bytes:,} bytes of text each{prompts}); "
-          f"{os.cpu_count()} cores, Python {platform.python_version()}, pyarrow {pa.__version__}")
+    print(
+        f"\nViewer over {args.rows:,} rollouts ({args.text_bytes:,} bytes of text each{prompts}); "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}, pyarrow {pa.__version__}"
+    )
     width = max(len(r[0]) for r in rows)
     print(f"{'step':<{width}}  {'cold s':>7}  {'warm s':>7}  {'bytes':>11}  {'RSS MiB':>7}  {'peak':>5}  result")
     print(f"{'-' * width}  {'-' * 7}  {'-' * 7}  {'-' * 11}  {'-' * 7}  {'-' * 5}  {'-' * 20}")
@@ -256,13 +313,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:<{width}}  {cold:7.3f}  {warm:7.3f}  {size:11,}  {rss:7.0f}  {peak:5.0f}  {note}")
     opened = rows[0][1] + rows[1][1]
     print(f"\nopen + first page: {opened:.2f} s (target < 2 s)")
-    print(f"viewer RSS (MiB): {started:.0f} started, {rows[1][5]:.0f} after the first page, "
-          f"{max(r[5] for r in rows[:-1]):.0f} at most before the plot, peak {rows[-2][6]:.0f} before the plot")
+    print(
+        f"viewer RSS (MiB): {started:.0f} started, {rows[1][5]:.0f} after the first page, "
+        f"{max(r[5] for r in rows[:-1]):.0f} at most before the plot, peak {rows[-2][6]:.0f} before the plot"
+    )
     print(f"first page: {rows[1][4]:,} bytes")
     at = next(i for i, r in enumerate(rows) if r[0].startswith("one rollout"))
-    print(f"opening one rollout: RSS {rows[at - 1][5]:.0f} -> {rows[at][5]:.0f} MiB "
-          f"({rows[at][5] - rows[at - 1][5]:+.0f}), peak {rows[at - 1][6]:.0f} -> {rows[at][6]:.0f} MiB "
-          f"({rows[at][6] - rows[at - 1][6]:+.0f}) for a {rows[at][4]:,}-byte answer")
+    print(
+        f"opening one rollout: RSS {rows[at - 1][5]:.0f} -> {rows[at][5]:.0f} MiB "
+        f"({rows[at][5] - rows[at - 1][5]:+.0f}), peak {rows[at - 1][6]:.0f} -> {rows[at][6]:.0f} MiB "
+        f"({rows[at][6] - rows[at - 1][6]:+.0f}) for a {rows[at][4]:,}-byte answer"
+    )
     return 0
 
 

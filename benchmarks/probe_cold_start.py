@@ -60,8 +60,12 @@ def main() -> None:
     rows = []
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as out:
-            done = subprocess.run([sys.executable, "-c", CHILD, str(ROOT / "examples" / "arith.py"),
-                                   str(Path(out) / "run")], capture_output=True, text=True, timeout=300)
+            done = subprocess.run(
+                [sys.executable, "-c", CHILD, str(ROOT / "examples" / "arith.py"), str(Path(out) / "run")],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
         line = next((l for l in done.stdout.splitlines() if l.startswith("@@")), None)
         if line is None:
             sys.exit(f"eval failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
@@ -71,8 +75,11 @@ def main() -> None:
     print("| " + " | ".join(phases) + " | ray.init | actors |")
     print("|" + "---:|" * (len(phases) + 2))
     for r in rows:
-        print("| " + " | ".join(f"{r.get(p, float('nan')):.2f}" for p in phases)
-              + f" | {r['ray.init end'] - r['ray.init start']:.2f} | {r['actors ready'] - r['ray.init end']:.2f} |")
+        print(
+            "| "
+            + " | ".join(f"{r.get(p, float('nan')):.2f}" for p in phases)
+            + f" | {r['ray.init end'] - r['ray.init start']:.2f} | {r['actors ready'] - r['ray.init end']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

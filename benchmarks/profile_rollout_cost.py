@@ -53,8 +53,11 @@ async def main(n: int, profile: str | None, local: bool) -> None:
     from rollout_ray import ChatHarness, Driver, EvalConfig, LocalExecutor, OpenAIModel, RayExecutor
     from rollout_ray._cli.taskset import import_taskset
 
-    server = subprocess.Popen([sys.executable, "-m", "rollout_ray", "serve-model", "--port", "0", "--ttft", "0.09"],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rollout_ray", "serve-model", "--port", "0", "--ttft", "0.09"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     url = server.stdout.readline().split()[-1]  # type: ignore[union-attr]
     try:
         example = "calc_tool.py" if "--tool" in sys.argv else "arith.py"
@@ -63,8 +66,9 @@ async def main(n: int, profile: str | None, local: bool) -> None:
         executor = LocalExecutor() if local else RayExecutor(actors=int(os.environ.get("ACTORS", "1")))
         async with executor:
             config = EvalConfig(max_in_flight=256)
-            await Driver(tasks[n:], ChatHarness(), model, executor=executor, config=config,
-                         run_dir=tempfile.mkdtemp()).arun()
+            await Driver(
+                tasks[n:], ChatHarness(), model, executor=executor, config=config, run_dir=tempfile.mkdtemp()
+            ).arun()
             pids = {"driver": [os.getpid()], "model": [server.pid], **({} if local else ray_processes())}
             before = {k: sum(cpu_of(p) for p in v) for k, v in pids.items()}
             collecting = [0.0]
@@ -84,11 +88,26 @@ async def main(n: int, profile: str | None, local: bool) -> None:
             gc.callbacks.append(on_gc)
             spy = None
             if profile:
-                spy = subprocess.Popen(["py-spy", "record", "-p", str(pids[profile][0]), "-o", f"/tmp/{profile}.txt",
-                                        "-f", "raw", "-r", "200"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                spy = subprocess.Popen(
+                    [
+                        "py-spy",
+                        "record",
+                        "-p",
+                        str(pids[profile][0]),
+                        "-o",
+                        f"/tmp/{profile}.txt",
+                        "-f",
+                        "raw",
+                        "-r",
+                        "200",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             t0 = time.monotonic()
-            result = await Driver(tasks[:n], ChatHarness(), model, executor=executor, config=config,
-                                  run_dir=tempfile.mkdtemp()).arun()
+            result = await Driver(
+                tasks[:n], ChatHarness(), model, executor=executor, config=config, run_dir=tempfile.mkdtemp()
+            ).arun()
             wall = time.monotonic() - t0
             gc.callbacks.remove(on_gc)
             if spy is not None:

@@ -26,8 +26,7 @@ class McpCalc(Calc):
 
 
 def tasks(n: int = 4) -> list[McpCalc]:
-    return [McpCalc({"idx": i, "prompt": f"What is {100 + i} + {23 * i}?", "answer": 100 + 24 * i})
-            for i in range(n)]
+    return [McpCalc({"idx": i, "prompt": f"What is {100 + i} + {23 * i}?", "answer": 100 + 24 * i}) for i in range(n)]
 
 
 PRESETS = {"claude_code": ClaudeCodeHarness, "codex": CodexHarness, "agents_sdk": AgentsSdkHarness}

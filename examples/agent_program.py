@@ -103,8 +103,9 @@ def main() -> int:
                 break
             for call in message["tool_calls"]:
                 content = call_tool(owners, call)
-                messages.append({"role": "tool", "tool_call_id": call["id"], "content": content,
-                                 "name": call["function"]["name"]})
+                messages.append(
+                    {"role": "tool", "tool_call_id": call["id"], "content": content, "name": call["function"]["name"]}
+                )
     except AgentError as e:
         print(e, file=sys.stderr)
         return 1

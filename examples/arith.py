@@ -1,7 +1,7 @@
 """Single-turn arithmetic: the model answers, a reward checks it.
 
-    rollout-ray eval examples/arith.py                 # built-in simulated model, local Ray
-    rollout-ray eval examples/arith.py --samples 4 --model-url http://127.0.0.1:8000/v1 --model my-model
+rollout-ray eval examples/arith.py                 # built-in simulated model, local Ray
+rollout-ray eval examples/arith.py --samples 4 --model-url http://127.0.0.1:8000/v1 --model my-model
 """
 
 from __future__ import annotations
@@ -32,8 +32,16 @@ def tasks(n: int = 50, seed: int = 0) -> list[Arith]:
     out = []
     for idx in range(n):
         a, b = rng.randint(1, 99), rng.randint(1, 99)
-        out.append(Arith({"idx": idx, "prompt": f"What is {a} + {b}?", "answer": a + b,
-                          "system_prompt": "Answer with the number only."}))
+        out.append(
+            Arith(
+                {
+                    "idx": idx,
+                    "prompt": f"What is {a} + {b}?",
+                    "answer": a + b,
+                    "system_prompt": "Answer with the number only.",
+                }
+            )
+        )
     return out
 
 

@@ -33,8 +33,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-DEFAULT_OUT = Path(os.environ.get("ROLLOUT_RAY_EXAMPLE_IMAGES") or Path.home() / ".cache" / "rollout-ray" /
-                   "example-images")
+DEFAULT_OUT = Path(
+    os.environ.get("ROLLOUT_RAY_EXAMPLE_IMAGES") or Path.home() / ".cache" / "rollout-ray" / "example-images"
+)
 JQ = ["jq", "libjq1", "libonig5"]
 
 
@@ -51,8 +52,16 @@ def python_packages() -> list[str]:
     if found is None:
         sys.exit(f"cannot tell which Python python3-minimal depends on: {depends[:200]}")
     v = found.group(1)
-    return ["busybox-static", "libc6", "zlib1g", "libexpat1", "python3-minimal", f"python{v}-minimal",
-            f"libpython{v}-minimal", f"libpython{v}-stdlib"]
+    return [
+        "busybox-static",
+        "libc6",
+        "zlib1g",
+        "libexpat1",
+        "python3-minimal",
+        f"python{v}-minimal",
+        f"libpython{v}-minimal",
+        f"libpython{v}-stdlib",
+    ]
 
 
 def extract(packages: list[str], rootfs: Path, work: Path) -> None:
@@ -87,6 +96,7 @@ def tar_of(root: Path, skip: Path | None = None) -> bytes:
 
 def oci_layout(layers: list[bytes], dest: Path, config: dict[str, object]) -> None:
     """An OCI image layout of gzipped ``layers``, every blob named by its digest."""
+
     def add(data: bytes) -> dict[str, object]:
         digest = hashlib.sha256(data).hexdigest()
         (dest / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
@@ -95,15 +105,27 @@ def oci_layout(layers: list[bytes], dest: Path, config: dict[str, object]) -> No
 
     zipped = [gzip.compress(layer, compresslevel=6, mtime=0) for layer in layers]
     diff_ids = [f"sha256:{hashlib.sha256(layer).hexdigest()}" for layer in layers]
-    image_config = json.dumps({"architecture": "amd64", "os": "linux", "config": config,
-                               "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **add(image_config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **add(z)} for z in zipped],
-    }).encode()
-    index = {"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                                                **add(manifest), "platform": {"architecture": "amd64", "os": "linux"}}]}
+    image_config = json.dumps(
+        {"architecture": "amd64", "os": "linux", "config": config, "rootfs": {"type": "layers", "diff_ids": diff_ids}}
+    ).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **add(image_config)},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **add(z)} for z in zipped],
+        }
+    ).encode()
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                **add(manifest),
+                "platform": {"architecture": "amd64", "os": "linux"},
+            }
+        ],
+    }
     (dest / "index.json").write_text(json.dumps(index))
     (dest / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
 
@@ -121,8 +143,11 @@ def build(out: Path) -> None:
         python = work / "python.tar"
         python.write_bytes(tar_of(base))
         oci = work / "python-jq"
-        oci_layout([tar_of(base), tar_of(full, skip=base)], oci,
-                   {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"], "WorkingDir": "/work"})
+        oci_layout(
+            [tar_of(base), tar_of(full, skip=base)],
+            oci,
+            {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"], "WorkingDir": "/work"},
+        )
         for made in (python, oci):
             final = out / made.name
             if final.is_dir():

@@ -1,6 +1,6 @@
 """Multi-turn with a tool: the model calls a calculator served by the tool server, then answers.
 
-    rollout-ray eval examples/calc_tool.py
+rollout-ray eval examples/calc_tool.py
 """
 
 from __future__ import annotations

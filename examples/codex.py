@@ -36,10 +36,12 @@ def coding_tasks(n: int) -> list[dict[str, object]]:
     rows = []
     for i in range(n):
         name, a, b = f"result{i}", i + 2, 3 * i + 1
-        prompt = (f"Compute {a} times {b} with the shell and save it in out/{name}.txt, then leave a note.\n"
-                  f"RUN: mkdir -p out && echo $(({a}*{b})) > out/{name}.txt\n"
-                  f"WRITE: out/NOTE.md: wrote {name}\n"
-                  f"ANSWER: saved out/{name}.txt")
+        prompt = (
+            f"Compute {a} times {b} with the shell and save it in out/{name}.txt, then leave a note.\n"
+            f"RUN: mkdir -p out && echo $(({a}*{b})) > out/{name}.txt\n"
+            f"WRITE: out/NOTE.md: wrote {name}\n"
+            f"ANSWER: saved out/{name}.txt"
+        )
         rows.append({"idx": i, "prompt": prompt, "name": name, "value": a * b})
     return rows
 

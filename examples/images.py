@@ -26,8 +26,7 @@ from pathlib import Path
 
 from rollout_ray import EvalConfig, ProgramHarness, Runtime, Task, TaskData, Trace, metric, reward
 
-IMAGES = Path(os.environ.get("ROLLOUT_RAY_EXAMPLE_IMAGES") or Path.home() / ".cache" / "rollout-ray" /
-              "example-images")
+IMAGES = Path(os.environ.get("ROLLOUT_RAY_EXAMPLE_IMAGES") or Path.home() / ".cache" / "rollout-ray" / "example-images")
 AGENT = Path(__file__).resolve().parent / "agent_program.py"
 
 
@@ -77,8 +76,10 @@ class Ledger(Sum):
 def tasks(n: int = 4) -> list[Sum]:
     missing = [p for p in (IMAGES / "python.tar", IMAGES / "python-jq" / "index.json") if not p.exists()]
     if missing:
-        raise FileNotFoundError(f"no image at {missing[0]}: build them with python examples/build_images.py "
-                                f"(or set ROLLOUT_RAY_EXAMPLE_IMAGES)")
+        raise FileNotFoundError(
+            f"no image at {missing[0]}: build them with python examples/build_images.py "
+            f"(or set ROLLOUT_RAY_EXAMPLE_IMAGES)"
+        )
     out: list[Sum] = []
     for idx in range(n):
         a, b = 10 + 7 * idx, 3 + 5 * idx

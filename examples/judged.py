@@ -40,8 +40,9 @@ def tasks(n: int = 20, seed: int = 0) -> list[Arith]:
     out = []
     for _ in range(n):
         a, b = rng.randint(1, 99), rng.randint(1, 99)
-        out.append(Arith({"prompt": f"What is {a} + {b}?", "answer": a + b,
-                          "system_prompt": "Answer with the number only."}))
+        out.append(
+            Arith({"prompt": f"What is {a} + {b}?", "answer": a + b, "system_prompt": "Answer with the number only."})
+        )
     return out
 
 

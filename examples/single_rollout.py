@@ -60,7 +60,7 @@ async def main() -> Trace:
         task,
         ScriptedHarness(tools={"add": add}),
         model=model,
-        runtime_factory=LocalRuntime,           # the rollout owns a private work dir
+        runtime_factory=LocalRuntime,  # the rollout owns a private work dir
         limits=RolloutLimits(max_turns=8),
         timeouts=RolloutTimeouts(setup=30, agent=60, finalize=30, scoring=30),
     )
@@ -72,8 +72,10 @@ if __name__ == "__main__":
     trace = asyncio.run(main())
     print()
     print(f"ok={trace.ok} stop={trace.stop_condition} reward={trace.reward:.3f}")
-    print(f"turns={trace.num_turns} tokens in/out/total="
-          f"{trace.num_input_tokens}/{trace.num_output_tokens}/{trace.num_total_tokens}")
+    print(
+        f"turns={trace.num_turns} tokens in/out/total="
+        f"{trace.num_input_tokens}/{trace.num_output_tokens}/{trace.num_total_tokens}"
+    )
     print(f"rewards={trace.rewards} metrics={trace.metrics}")
     for name, span in trace.timing.spans().items():
         print(f"  {name:<9} {span.duration * 1000:8.2f} ms")

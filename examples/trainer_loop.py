@@ -90,21 +90,30 @@ def versions_of(samples: Any) -> list[set[int]]:
     return out
 
 
-async def main(groups: int = 16, samples: int = 4, update_every: int = 2, max_staleness: int = 2,
-               quiet: bool = False) -> Report:
+async def main(
+    groups: int = 16, samples: int = 4, update_every: int = 2, max_staleness: int = 2, quiet: bool = False
+) -> Report:
     """Stream ``groups`` groups of ``samples`` that carry signal; a weight update after every
     ``update_every`` groups; admission keeps every group within ``max_staleness`` versions."""
     say = (lambda *_: None) if quiet else print
-    config = EvalConfig(samples_per_task=samples, max_in_flight=16, max_staleness=max_staleness,
-                        batch_groups=update_every, keep_group="nonzero_std", max_groups=groups,
-                        sampling={"temperature": 1.0})
+    config = EvalConfig(
+        samples_per_task=samples,
+        max_in_flight=16,
+        max_staleness=max_staleness,
+        batch_groups=update_every,
+        keep_group="nonzero_std",
+        max_groups=groups,
+        sampling={"temperature": 1.0},
+    )
     tasks = [LongArith(t.data) for t in arith.tasks(groups * 8)]  # room for refused groups
     report = Report()
     served = SimulatedModelConfig(ttft=0.005, per_token=0.002, preamble_tokens=60, scale_out=True, error_rate=0.3)
     async with SimulatedModelServer(served) as server:
         assert server.base_url is not None
-        async with (OpenAIModel(server.base_url, name="simulated", token_capture="vllm") as model,
-                    LocalExecutor(runtime="local") as executor):
+        async with (
+            OpenAIModel(server.base_url, name="simulated", token_capture="vllm") as model,
+            LocalExecutor(runtime="local") as executor,
+        ):
             driver = Driver(tasks, arith.harness(), model, executor=executor, config=config)
             async for group in driver.groups():
                 batch = group.batch(pad_id=0)
@@ -118,12 +127,14 @@ async def main(groups: int = 16, samples: int = 4, update_every: int = 2, max_st
                 report.versions.append((driver.policy_version, oldest))
                 report.stds.append(group.summary["std"][0].as_py())
                 sampled = batch["loss_mask"] > 0
-                say(f"step {report.steps:2d} group {group.group_id}: batch {batch['input_ids'].shape}, "
+                say(
+                    f"step {report.steps:2d} group {group.group_id}: batch {batch['input_ids'].shape}, "
                     f"{int(sampled.sum())} sampled tokens, mean old logprob "
                     f"{float(batch['old_logprobs'][sampled].mean()):.2f}, rewards "
                     f"{group.samples['reward'].to_pylist()}, advantages "
                     f"{[round(a, 2) + 0.0 for a in group.samples['advantage'].to_pylist()]}, "
-                    f"versions {[sorted(v) for v in versions]} (now {driver.policy_version})")
+                    f"versions {[sorted(v) for v in versions]} (now {driver.policy_version})"
+                )
                 if report.steps % update_every == 0:
                     version = driver.policy_version + 1
                     async with driver.paused(version=version, interrupt=True):
@@ -133,10 +144,12 @@ async def main(groups: int = 16, samples: int = 4, update_every: int = 2, max_st
                     say(f"         weights updated: policy version {version}")
         progress = driver.progress
         report.stale, report.held, report.rejected = progress.stale, progress.held, progress.rejected
-        say(f"{report.steps} groups, {report.rows} sequences, {report.trained_tokens} sampled tokens, "
+        say(
+            f"{report.steps} groups, {report.rows} sequences, {report.trained_tokens} sampled tokens, "
             f"{report.updates} weight updates; {report.continued} samples continued across an update; "
             f"admission held {report.held} groups, {report.stale} rollouts re-run as stale "
-            f"(max_staleness={max_staleness}); {report.rejected} groups without signal not streamed")
+            f"(max_staleness={max_staleness}); {report.rejected} groups without signal not streamed"
+        )
     return report
 
 

@@ -41,8 +41,9 @@ class Count(Task):
         def move(said: str) -> str:
             return f"Your opponent said {said}. What is {said} + {step}?"
 
-        return PeerAgent("You are player B. Answer with the number only.", name="player_b", ask=move, tell=move,
-                         max_turns=2)
+        return PeerAgent(
+            "You are player B. Answer with the number only.", name="player_b", ask=move, tell=move, max_turns=2
+        )
 
     @reward
     def player_a(self, task: CountData, trace: Trace) -> float:
@@ -62,9 +63,17 @@ def tasks(n: int = 20, seed: int = 4) -> list[Count]:
     out = []
     for idx in range(n):
         start, step = rng.randint(1, 50), rng.randint(2, 9)
-        out.append(Count({"idx": idx, "start": start, "step": step,
-                          "prompt": f"We count up by {step} from {start}. What is {start} + {step}?",
-                          "system_prompt": "You are player A. Answer with the number only."}))
+        out.append(
+            Count(
+                {
+                    "idx": idx,
+                    "start": start,
+                    "step": step,
+                    "prompt": f"We count up by {step} from {start}. What is {start} + {step}?",
+                    "system_prompt": "You are player A. Answer with the number only.",
+                }
+            )
+        )
     return out
 
 

@@ -76,11 +76,22 @@ def tasks(n: int = 20, seed: int = 3) -> list[FlightChange]:
     out = []
     for idx in range(n):
         fee, diff, bag = rng.randint(50, 99), rng.randint(100, 400), rng.randint(30, 60)
-        prompt = (f"Hi, I'm on flight UA{100 + idx} and want the 6pm one instead. The change fee is {fee} "
-                  f"and the fare difference is {diff}: what is {fee} + {diff}?")
-        out.append(FlightChange({"idx": idx, "prompt": prompt, "change_fee": fee, "fare_difference": diff,
-                                 "bag_fee": bag,
-                                 "system_prompt": "You are an airline agent. Answer with the total only."}))
+        prompt = (
+            f"Hi, I'm on flight UA{100 + idx} and want the 6pm one instead. The change fee is {fee} "
+            f"and the fare difference is {diff}: what is {fee} + {diff}?"
+        )
+        out.append(
+            FlightChange(
+                {
+                    "idx": idx,
+                    "prompt": prompt,
+                    "change_fee": fee,
+                    "fare_difference": diff,
+                    "bag_fee": bag,
+                    "system_prompt": "You are an airline agent. Answer with the total only.",
+                }
+            )
+        )
     return out
 
 

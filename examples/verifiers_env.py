@@ -40,8 +40,10 @@ class ArithTaskset(vf.Taskset[ArithTask]):
         rng = random.Random(0)
         for _ in range(8):
             a, b = rng.randint(1, 99), rng.randint(1, 99)
-            yield ArithTask(ArithData(prompt=f"What is {a} + {b}?", answer=a + b,
-                                      system_prompt="Answer with the number only."), self.config.task)
+            yield ArithTask(
+                ArithData(prompt=f"What is {a} + {b}?", answer=a + b, system_prompt="Answer with the number only."),
+                self.config.task,
+            )
 
 
 __all__ = ["ArithTaskset"]

@@ -186,9 +186,7 @@ class SchemaMismatch(ValueError):
     ``expected`` and ``found`` describe what was wanted and what is there.
     """
 
-    def __init__(
-        self, message: str, *, column: str | None = None, expected: str = "", found: str = ""
-    ) -> None:
+    def __init__(self, message: str, *, column: str | None = None, expected: str = "", found: str = "") -> None:
         super().__init__(message)
         self.column = column
         self.expected = expected
@@ -206,14 +204,19 @@ class CorruptRun(ValueError):
     @classmethod
     def shard(cls, path: Path, reason: str) -> CorruptRun:
         """A final shard that cannot be read: the run needs repair."""
-        return cls(path, f"shard {path} is truncated or corrupt ({reason}); the run needs repair: move the "
-                         "file aside and resume the run to redo its rollouts")
+        return cls(
+            path,
+            f"shard {path} is truncated or corrupt ({reason}); the run needs repair: move the "
+            "file aside and resume the run to redo its rollouts",
+        )
 
     @classmethod
     def foreign(cls, path: Path, found: str, expected: str) -> CorruptRun:
         """A shard that holds rows of run ``found``, in the directory of run ``expected``."""
-        return cls(path, f"shard {path} holds rows of run {found}, not of this run ({expected}); "
-                         "move it to the run it belongs to")
+        return cls(
+            path,
+            f"shard {path} holds rows of run {found}, not of this run ({expected}); move it to the run it belongs to",
+        )
 
     @classmethod
     def manifest(cls, path: Path, reason: str) -> CorruptRun:
@@ -223,8 +226,11 @@ class CorruptRun(ValueError):
     @classmethod
     def link(cls, path: Path) -> CorruptRun:
         """A symbolic link in a run directory, or one given as a run directory: never followed."""
-        return cls(path, f"{path} is a symbolic link; a run directory and what it holds are never reached through "
-                         "one: remove the link, or pass the directory itself")
+        return cls(
+            path,
+            f"{path} is a symbolic link; a run directory and what it holds are never reached through "
+            "one: remove the link, or pass the directory itself",
+        )
 
 
 CorruptShard = ForeignShard = CorruptManifest = CorruptRun
@@ -244,22 +250,35 @@ class ResumeMismatch(ValueError):
     ``values`` holds each one's ``(stored, given)`` where the caller knows them (the message
     shows them)."""
 
-    def __init__(self, run_dir: str, settings: list[str], message: str | None = None, *,
-                 values: dict[str, tuple[Any, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str,
+        settings: list[str],
+        message: str | None = None,
+        *,
+        values: dict[str, tuple[Any, Any]] | None = None,
+    ) -> None:
         values = values or {}
-        named = "; ".join(f"{s}: stored {_shown(values[s][0])}, given {_shown(values[s][1])}" if s in values else s
-                          for s in settings)
-        super().__init__(message or f"{run_dir} was run with other settings ({named}); resume "
-                         "with the settings it was run with, or start a new run in another directory")
+        named = "; ".join(
+            f"{s}: stored {_shown(values[s][0])}, given {_shown(values[s][1])}" if s in values else s for s in settings
+        )
+        super().__init__(
+            message
+            or f"{run_dir} was run with other settings ({named}); resume "
+            "with the settings it was run with, or start a new run in another directory"
+        )
         self.run_dir, self.settings, self.values = run_dir, settings, values
 
     @classmethod
     def taskset(cls, run_dir: str, position: int, stored: str, planned: str) -> ResumeMismatch:
         """The task at ``position`` is not the one the run stored there (group ids differ)."""
-        return cls(run_dir, ["taskset"],
-                   f"{run_dir} was run with another taskset: task {position} is not the task stored at that "
-                   f"position (group {stored}, now {planned}); resume with the tasks it was run with, in "
-                   "the same order, or start a new run in another directory")
+        return cls(
+            run_dir,
+            ["taskset"],
+            f"{run_dir} was run with another taskset: task {position} is not the task stored at that "
+            f"position (group {stored}, now {planned}); resume with the tasks it was run with, in "
+            "the same order, or start a new run in another directory",
+        )
 
 
 def _shown(value: Any, limit: int = 60) -> str:
@@ -281,8 +300,9 @@ class UsageError(ValueError):
     @classmethod
     def in_file(cls, path: str, problems: list[tuple[str, str]]) -> UsageError:
         """The problems of file ``path`` (a grid), each ``(key path, message)``, one line each."""
-        return cls("\n".join(f"{path}: {where}: {what}" if where else f"{path}: {what}"
-                             for where, what in problems), problems)
+        return cls(
+            "\n".join(f"{path}: {where}: {what}" if where else f"{path}: {what}" for where, what in problems), problems
+        )
 
 
 def error_class(type_name: str) -> type[BaseException] | None:
@@ -301,8 +321,11 @@ def error_class(type_name: str) -> type[BaseException] | None:
 
 @functools.cache
 def _rollout_errors() -> dict[str, type[BaseException]]:
-    ours = {name: v for name, v in globals().items()
-            if isinstance(v, type) and issubclass(v, Exception) and v.__module__ == __name__}
+    ours = {
+        name: v
+        for name, v in globals().items()
+        if isinstance(v, type) and issubclass(v, Exception) and v.__module__ == __name__
+    }
     found: dict[str, type[BaseException]] = dict(ours)  # a former name too (``CorruptShard``)
     pending: list[type[BaseException]] = list(ours.values())
     while pending:

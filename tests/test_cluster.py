@@ -42,8 +42,7 @@ def _clean_env() -> dict[str, str]:
 
 
 def _run(argv: list[str], *, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 _PROBE = """
@@ -98,9 +97,23 @@ def test_eval_on_local_three_node_cluster(tmp_path: Path) -> None:
         client = {**env, **lc.client_env(state)}
         out = tmp_path / "run"
         evaluated = _run(
-            [sys.executable, "-m", "rollout_ray", "eval", "examples/arith.py", "--address", state["address"],
-             "--limit", "4", "--samples", "2", "--out", str(out)],
-            env=client, timeout=150,
+            [
+                sys.executable,
+                "-m",
+                "rollout_ray",
+                "eval",
+                "examples/arith.py",
+                "--address",
+                state["address"],
+                "--limit",
+                "4",
+                "--samples",
+                "2",
+                "--out",
+                str(out),
+            ],
+            env=client,
+            timeout=150,
         )
         lap("eval")
         assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr

@@ -24,8 +24,9 @@ def _files() -> list[pathlib.Path]:
     found = []
     for parent, dirs, names in os.walk(ROOT):
         dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
-        found += [pathlib.Path(parent, n) for n in names
-                  if pathlib.Path(n).suffix in TEXT or n in ("Dockerfile", "run")]
+        found += [
+            pathlib.Path(parent, n) for n in names if pathlib.Path(n).suffix in TEXT or n in ("Dockerfile", "run")
+        ]
     return found
 
 
@@ -92,14 +93,17 @@ def _benchmark_numbers_missing(quoted: str, benchmarks: str) -> list[str]:
     """The numbers of ``quoted`` that no number of ``benchmarks`` equals to within 3 % (the
     README rounds: ~220 for 216–224, ~290 for 291)."""
     measured = [float(n.replace(",", "")) for n in NUMBER.findall(benchmarks)]
-    return [n for n in NUMBER.findall(quoted)
-            if not any(abs(m - float(n.replace(",", ""))) <= 0.03 * float(n.replace(",", "")) for m in measured)]
+    return [
+        n
+        for n in NUMBER.findall(quoted)
+        if not any(abs(m - float(n.replace(",", ""))) <= 0.03 * float(n.replace(",", "")) for m in measured)
+    ]
 
 
 def test_every_number_the_readme_quotes_from_the_benchmarks_is_in_their_readme() -> None:
     readme = (ROOT / "README.md").read_text()
-    quoted = readme[readme.index("## Performance"):readme.index("## Layout")]
-    quoted += readme[readme.index("Cost at 1,000-token completions"):readme.index("## Failures and hostile")]
+    quoted = readme[readme.index("## Performance") : readme.index("## Layout")]
+    quoted += readme[readme.index("Cost at 1,000-token completions") : readme.index("## Failures and hostile")]
     assert _benchmark_numbers_missing(quoted, (ROOT / "benchmarks" / "README.md").read_text()) == []
 
 

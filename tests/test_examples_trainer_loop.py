@@ -38,12 +38,16 @@ def test_max_staleness_0_hands_on_only_groups_of_the_current_version() -> None:
 
 
 def test_it_runs_as_a_script_and_reports_what_it_saw() -> None:
-    done = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=120,
-                          cwd=EXAMPLE.parents[1])
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=120, cwd=EXAMPLE.parents[1]
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert re.match(r"step  1 group \d+-", lines[0]) and "sampled tokens, mean old logprob" in lines[0]
-    assert re.fullmatch(r"16 groups, 64 sequences, \d+ sampled tokens, 8 weight updates; \d+ samples continued "
-                        r"across an update; admission held \d+ groups, \d+ rollouts re-run as stale "
-                        r"\(max_staleness=2\); \d+ groups without signal not streamed", lines[-1]), lines[-1]
+    assert re.fullmatch(
+        r"16 groups, 64 sequences, \d+ sampled tokens, 8 weight updates; \d+ samples continued "
+        r"across an update; admission held \d+ groups, \d+ rollouts re-run as stale "
+        r"\(max_staleness=2\); \d+ groups without signal not streamed",
+        lines[-1],
+    ), lines[-1]
     assert "weights updated: policy version 8" in done.stdout

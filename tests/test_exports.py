@@ -49,7 +49,8 @@ def test_every_public_name_is_api_or_advanced_and_the_docs_table_says_which() ->
     api, advanced = set(rollout_ray._API), set(rollout_ray._ADVANCED)
     assert not api & advanced, f"in both tiers: {sorted(api & advanced)}"
     assert api | advanced == set(rollout_ray.__all__), (
-        f"exported but in no tier (add it to _API or _ADVANCED): {sorted(set(rollout_ray.__all__) - api - advanced)}")
+        f"exported but in no tier (add it to _API or _ADVANCED): {sorted(set(rollout_ray.__all__) - api - advanced)}"
+    )
     documented: dict[str, set[str]] = {"API": set(), "Advanced": set()}
     for line in (PACKAGE.parent / "docs" / "public-names.md").read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -57,4 +58,5 @@ def test_every_public_name_is_api_or_advanced_and_the_docs_table_says_which() ->
             documented[cells[0]] |= set(re.findall(r"`([^`]+)`", cells[2]))
     assert documented == {"API": api, "Advanced": advanced}, (
         "docs/public-names.md's table differs from the tiers in rollout_ray/__init__.py: "
-        f"API {sorted(documented['API'] ^ api)}, Advanced {sorted(documented['Advanced'] ^ advanced)}")
+        f"API {sorted(documented['API'] ^ api)}, Advanced {sorted(documented['Advanced'] ^ advanced)}"
+    )

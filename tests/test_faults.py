@@ -190,8 +190,13 @@ def test_rollout_actor_killed_mid_segment(ray_cluster: Any, report: Any, how: st
         try:
             async with executor:
                 watched = Watched(executor, expect=2)
-                driver = Driver(tasks(4), Parked(gate), ScriptedModel(default="4"), executor=watched,  # type: ignore[arg-type]
-                                config=EvalConfig(samples_per_task=1, max_infra_retries=retries))
+                driver = Driver(
+                    tasks(4),
+                    Parked(gate),
+                    ScriptedModel(default="4"),
+                    executor=watched,  # type: ignore[arg-type]
+                    config=EvalConfig(samples_per_task=1, max_infra_retries=retries),
+                )
                 running = asyncio.ensure_future(driver.arun())
                 arrived = await first(gate.until.remote(4), running, timeout=120)
                 victim_pid = arrived[0][0]
@@ -244,9 +249,13 @@ def test_rollout_actor_killed_mid_segment(ray_cluster: Any, report: Any, how: st
     wait_exit(host["guardian"], 5.0)
     assert not os.path.exists(host["root"])
     assert detected < 30  # a hang guard: the table prints the time
-    report(f"1 rollout actor killed (retries={retries})", f"{how}, 2 of 4 rollouts on it",
-           "2 siblings ok; 2 retried ok" if retries else "2 siblings ok",
-           "0" if retries else "2 failed: InfrastructureLost", detected)
+    report(
+        f"1 rollout actor killed (retries={retries})",
+        f"{how}, 2 of 4 rollouts on it",
+        "2 siblings ok; 2 retried ok" if retries else "2 siblings ok",
+        "0" if retries else "2 failed: InfrastructureLost",
+        detected,
+    )
 
 
 # -- 2. the runtime actor killed mid tool call --------------------------------------------------
@@ -323,8 +332,13 @@ def test_runtime_actor_killed_mid_tool_call(tool_call_kill: dict[str, Any], repo
     wait_exit(host["guardian"], 5.0)
     assert not os.path.exists(host["root"])
     assert tool_call_kill["seconds"] < 30  # a hang guard
-    report("2 runtime actor killed", "SIGKILL mid tool call", "processes + files gone; lost, so run again",
-           "0 failed: InfrastructureLost (retried: ray/test_lost_runtime_actor)", tool_call_kill["seconds"])
+    report(
+        "2 runtime actor killed",
+        "SIGKILL mid tool call",
+        "processes + files gone; lost, so run again",
+        "0 failed: InfrastructureLost (retried: ray/test_lost_runtime_actor)",
+        tool_call_kill["seconds"],
+    )
 
 
 @pytest.mark.ray
@@ -354,8 +368,15 @@ def test_worker_node_removed_mid_run(report: Any, tmp_path: Path) -> None:
     TEMP_AREAS.append(area)
     env = {**os.environ, "TMPDIR": str(area), "RAY_TMPDIR": "/tmp", "PYTHONPATH": str(REPO)}
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, str(SCRIPTS / "node_loss.py"), "3", "2"], env=env, cwd=str(tmp_path),
-                          capture_output=True, text=True, timeout=150, check=False)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "node_loss.py"), "3", "2"],
+        env=env,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
     wall = time.monotonic() - t0
     lines = [line for line in done.stdout.splitlines() if line.startswith("FACTS ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
@@ -371,11 +392,17 @@ def test_worker_node_removed_mid_run(report: Any, tmp_path: Path) -> None:
     retried = [r for r in rows.values() if r["attempt"] == 1]  # ...and retried (max_infra_retries=1)
     assert [(r["ok"], r["num_errors"], r["error_type"]) for r in retried] == [(True, 0, None)] * 3
     assert [[[e["type"] for e in a["errors"]] for a in r["attempts"]] for r in retried] == [
-        [["InfrastructureLost"], []]] * 3
+        [["InfrastructureLost"], []]
+    ] * 3
     assert facts["replaced"] == 1 and facts["detected"] < 5 and facts["elapsed"] < 30
     assert facts["leftover"] == [] and list(area.iterdir()) == []  # cluster.shutdown() took everything
-    report("3 worker node removed", "remove_node, 3 of 6 rollouts on it", "3 node-A ok; 3 retried ok",
-           "0 (6 rows, no duplicate)", facts["detected"])
+    report(
+        "3 worker node removed",
+        "remove_node, 3 of 6 rollouts on it",
+        "3 node-A ok; 3 retried ok",
+        "0 (6 rows, no duplicate)",
+        facts["detected"],
+    )
     assert wall < 120
 
 
@@ -390,11 +417,16 @@ def test_ray_executor_placement_is_one_mapping_or_one_per_actor() -> None:
 # -- 4. model server faults ---------------------------------------------------------------------
 
 
-COMPLETION = json.dumps({
-    "id": "c", "object": "chat.completion", "created": 0, "model": "m",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-})
+COMPLETION = json.dumps(
+    {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+)
 REQUEST = Request([UserMessage("What is 2 + 2?")])
 
 
@@ -458,13 +490,17 @@ def test_upstream_retries_transient_errors_with_backoff_and_retry_after(report: 
     report("4 upstream retry", "503, then 429 Retry-After 0.3", "1/1 after 2 retries", "0", seconds)
 
 
-@pytest.mark.parametrize(("script", "status", "requests"), [
-    ((answer(400, '{"error": {"message": "bad"}}'),), 400, 1),  # an answer: final
-    ((answer(200, COMPLETION[:40]),), 502, 1),  # a malformed 200: final, never re-sampled
-    ((answer(429, "{}", **{"Retry-After": "60"}),), 429, 1),  # asks for more than max_backoff
-    ((answer(502, "{}"),) * 3, 502, 3),  # transient every time: gives up after `retries`
-    ((hang(), answer(200)), None, 2),  # the first attempt times out; the second answers
-], ids=["400", "malformed", "retry-after-too-long", "502-exhausted", "timeout-then-ok"])
+@pytest.mark.parametrize(
+    ("script", "status", "requests"),
+    [
+        ((answer(400, '{"error": {"message": "bad"}}'),), 400, 1),  # an answer: final
+        ((answer(200, COMPLETION[:40]),), 502, 1),  # a malformed 200: final, never re-sampled
+        ((answer(429, "{}", **{"Retry-After": "60"}),), 429, 1),  # asks for more than max_backoff
+        ((answer(502, "{}"),) * 3, 502, 3),  # transient every time: gives up after `retries`
+        ((hang(), answer(200)), None, 2),  # the first attempt times out; the second answers
+    ],
+    ids=["400", "malformed", "retry-after-too-long", "502-exhausted", "timeout-then-ok"],
+)
 def test_upstream_retries_only_what_is_transient(script: Any, status: int | None, requests: int) -> None:
     async def main() -> tuple[Any, int, float]:
         async with provider(*script) as (url, at):
@@ -526,8 +562,13 @@ def test_simulated_model_faults_are_retried_or_recorded(report: Any, private_tmp
     async def main() -> tuple[Any, Any, float]:
         async with SimulatedModelServer(faults) as server, LocalExecutor() as executor:
             model = OpenAIModel(server.base_url, timeout=2.0, retries=4, backoff=0.01, max_backoff=0.05)  # type: ignore[arg-type]
-            driver = Driver(tasks(40), ChatHarness(retries=0), model, executor=executor,
-                            config=EvalConfig(samples_per_task=1, max_in_flight=40))
+            driver = Driver(
+                tasks(40),
+                ChatHarness(retries=0),
+                model,
+                executor=executor,
+                config=EvalConfig(samples_per_task=1, max_in_flight=40),
+            )
             t0 = time.monotonic()
             result = await driver.arun()
             seconds = time.monotonic() - t0
@@ -544,8 +585,13 @@ def test_simulated_model_faults_are_retried_or_recorded(report: Any, private_tmp
     assert {(t.last_error.type, t.last_error.status_code) for t in failed} == {("ProviderError", 502)}  # type: ignore[union-attr]
     assert all(t.num_turns == 1 for t in traces if t.ok) and result.status == "completed"
     faults = ", ".join(f"{n}×{k}" for k, n in sorted(stats.by_fault.items()))
-    report("4 simulated model faults", faults, f"{40 - len(failed)}/40 ok, {transient} retries",
-           f"{len(failed)} ProviderError 502 (malformed)", seconds)
+    report(
+        "4 simulated model faults",
+        faults,
+        f"{40 - len(failed)}/40 ok, {transient} retries",
+        f"{len(failed)} ProviderError 502 (malformed)",
+        seconds,
+    )
 
 
 def test_model_server_down_trips_the_circuit_breaker(report: Any, private_tmp: Path) -> None:
@@ -556,8 +602,13 @@ def test_model_server_down_trips_the_circuit_breaker(report: Any, private_tmp: P
     async def run(model: OpenAIModel) -> tuple[Any, Any, float]:
         try:
             async with LocalExecutor() as executor:
-                driver = Driver(tasks(20), ChatHarness(retries=0), model, executor=executor,
-                                config=EvalConfig(samples_per_task=1, max_in_flight=1, breaker=3))
+                driver = Driver(
+                    tasks(20),
+                    ChatHarness(retries=0),
+                    model,
+                    executor=executor,
+                    config=EvalConfig(samples_per_task=1, max_in_flight=1, breaker=3),
+                )
                 t0 = time.monotonic()
                 result = await driver.arun()
                 return driver, result, time.monotonic() - t0
@@ -567,10 +618,16 @@ def test_model_server_down_trips_the_circuit_breaker(report: Any, private_tmp: P
     driver, result, seconds = asyncio.run(main())
     assert result.status == "halted" and driver.progress.done == 3 and result.samples.num_rows == 3
     assert result.reason.startswith(
-        "circuit breaker: 3 consecutive provider failures (last: cannot reach the model at http://127.0.0.1:")
+        "circuit breaker: 3 consecutive provider failures (last: cannot reach the model at http://127.0.0.1:"
+    )
     assert seconds < 30  # a hang guard: the table prints the time
-    report("4 model server down", "connection refused, 20 scheduled", "halted by breaker=3",
-           "3 failed, 17 not started", seconds)
+    report(
+        "4 model server down",
+        "connection refused, 20 scheduled",
+        "halted by breaker=3",
+        "3 failed, 17 not started",
+        seconds,
+    )
 
 
 # -- 5. programs that hang, fork or flood -------------------------------------------------------
@@ -600,12 +657,18 @@ while True:
 """
 
 
-async def run_program(command: list[str], runtime_factory: Callable[[str], Any], agent: float = 1.0,
-                      **kwargs: Any) -> tuple[Trace, float]:
+async def run_program(
+    command: list[str], runtime_factory: Callable[[str], Any], agent: float = 1.0, **kwargs: Any
+) -> tuple[Trace, float]:
     async with HTTPInterception() as proxy:
-        rollout = Rollout(Echo({"prompt": "hi"}), ProgramHarness(command, **kwargs), model=ScriptedModel(default="4"),
-                          interception=proxy, runtime_factory=runtime_factory,
-                          timeouts=RolloutTimeouts(agent=agent))
+        rollout = Rollout(
+            Echo({"prompt": "hi"}),
+            ProgramHarness(command, **kwargs),
+            model=ScriptedModel(default="4"),
+            interception=proxy,
+            runtime_factory=runtime_factory,
+            timeouts=RolloutTimeouts(agent=agent),
+        )
         t0 = time.monotonic()
         trace = await rollout.run()
         return trace, time.monotonic() - t0
@@ -617,18 +680,26 @@ def test_program_ignoring_sigterm_is_killed_at_the_agent_deadline(report: Any, t
 
     async def main() -> tuple[Trace, float, list[int]]:
         pids = asyncio.ensure_future(asyncio.to_thread(_read, fifo))
-        trace, seconds = await run_program([sys.executable, "-c", IGNORES_TERM, fifo],
-                                           lambda name: LocalRuntime(name, root=str(tmp_path)))
+        trace, seconds = await run_program(
+            [sys.executable, "-c", IGNORES_TERM, fifo], lambda name: LocalRuntime(name, root=str(tmp_path))
+        )
         async with asyncio.timeout(1):
             return trace, seconds, [int(p) for p in (await pids).split()]
 
     trace, seconds, pids = asyncio.run(main())
-    assert [(e.type, e.message) for e in trace.errors] == [("HarnessError", "agent timeout: rollout exceeded its 1s budget")]
+    assert [(e.type, e.message) for e in trace.errors] == [
+        ("HarnessError", "agent timeout: rollout exceeded its 1s budget")
+    ]
     assert len(pids) == 2 and not [p for p in pids if process_alive(p)]  # the whole tree, setsid included
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("rollout-ray-")]
     assert 1.0 <= seconds < 30  # the deadline, then no hang
-    report("5 hung program", "ignores SIGTERM, setsid child", "tree killed at deadline 1 s",
-           "1 HarnessError (agent timeout)", seconds)
+    report(
+        "5 hung program",
+        "ignores SIGTERM, setsid child",
+        "tree killed at deadline 1 s",
+        "1 HarnessError (agent timeout)",
+        seconds,
+    )
 
 
 @pytest.mark.skipif(sandbox_unavailable() is not None, reason=f"no sandbox: {sandbox_unavailable()}")
@@ -640,20 +711,28 @@ def test_fork_bomb_is_bounded_by_the_sandbox_and_killed(report: Any, tmp_path: P
         return made[-1]
 
     trace, seconds = asyncio.run(run_program([sys.executable, "-c", FORK_BOMB], sandbox))
-    assert [(e.type, e.message) for e in trace.errors] == [("HarnessError", "agent timeout: rollout exceeded its 1s budget")]
+    assert [(e.type, e.message) for e in trace.errors] == [
+        ("HarnessError", "agent timeout: rollout exceeded its 1s budget")
+    ]
     (runtime,) = made
     assert runtime.stopped and pids_with_marker(RUNTIME_MARKER, runtime._token) == []
     assert runtime._cgroups is not None and not any(os.path.exists(p) for p in runtime._cgroups.procs_files)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("rollout-ray-")]
     assert seconds < 40  # a hang guard
-    report("5 fork bomb", "SandboxRuntime pids_limit=32", "bounded, killed at deadline 1 s",
-           "1 HarnessError (agent timeout)", seconds)
+    report(
+        "5 fork bomb",
+        "SandboxRuntime pids_limit=32",
+        "bounded, killed at deadline 1 s",
+        "1 HarnessError (agent timeout)",
+        seconds,
+    )
 
 
 def test_output_flood_is_capped(report: Any, tmp_path: Path) -> None:
     flood = ["sh", "-c", "head -c 20000000 /dev/zero | tr '\\0' x; exit 3"]
-    trace, seconds = asyncio.run(run_program(flood, lambda name: LocalRuntime(name, root=str(tmp_path)),
-                                             agent=10.0, max_output=1000))
+    trace, seconds = asyncio.run(
+        run_program(flood, lambda name: LocalRuntime(name, root=str(tmp_path)), agent=10.0, max_output=1000)
+    )
     (error,) = trace.errors
     assert error.type == "HarnessError" and error.message == "harness 'program' exited 3: " + "x" * 1000
     assert seconds < 50  # a hang guard
@@ -672,12 +751,28 @@ def killed_eval(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     area.mkdir()
     TEMP_AREAS.append(area)
     env = {**os.environ, "TMPDIR": str(area)}
-    command = [sys.executable, "-m", "rollout_ray", "eval", str(SCRIPTS / "sharded_arith.py"), "--executor",
-               "local", "--out", str(out), "--limit", "12", "--samples", "2", "--sim-ttft", "0.1"]
+    command = [
+        sys.executable,
+        "-m",
+        "rollout_ray",
+        "eval",
+        str(SCRIPTS / "sharded_arith.py"),
+        "--executor",
+        "local",
+        "--out",
+        str(out),
+        "--limit",
+        "12",
+        "--samples",
+        "2",
+        "--sim-ttft",
+        "0.1",
+    ]
 
     async def kill_after_first_shard() -> int:
-        with subprocess.Popen(command, env=env, cwd=str(REPO), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) as first:
+        with subprocess.Popen(
+            command, env=env, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ) as first:
             try:
                 await until(lambda: any((out / "shards").glob("part-*.parquet")), 30, "a first shard")
             finally:
@@ -703,8 +798,15 @@ def test_driver_killed_mid_run_resumes_exactly_once(report: Any, killed_eval: di
     partial = read_run(out)
     assert 0 < partial.num_rows < 24  # killed midway
     t0 = time.monotonic()
-    resumed = subprocess.run([*killed_eval["command"], "--resume"], env=killed_eval["env"], cwd=str(REPO),
-                             capture_output=True, text=True, timeout=60, check=False)
+    resumed = subprocess.run(
+        [*killed_eval["command"], "--resume"],
+        env=killed_eval["env"],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     seconds = time.monotonic() - t0
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     table = read_run(out)
@@ -713,8 +815,13 @@ def test_driver_killed_mid_run_resumes_exactly_once(report: Any, killed_eval: di
     assert set(table["run_id"].to_pylist()) == {read_manifest(out).run_id}
     assert set(partial["rollout_id"].to_pylist()) <= set(table["rollout_id"].to_pylist())  # kept, not redone
     assert seconds < 30
-    report("6 driver killed, resumed", f"SIGKILL eval at {partial.num_rows}/24 stored",
-           f"{24 - partial.num_rows}/24 redone on --resume", "0 lost, 0 duplicated", seconds)
+    report(
+        "6 driver killed, resumed",
+        f"SIGKILL eval at {partial.num_rows}/24 stored",
+        f"{24 - partial.num_rows}/24 redone on --resume",
+        "0 lost, 0 duplicated",
+        seconds,
+    )
 
 
 def test_a_killed_local_driver_leaves_no_runtime_directories(killed_eval: dict[str, Any]) -> None:
@@ -741,8 +848,15 @@ def test_a_truncated_shard_is_refused_loudly_and_never_streamed(report: Any, pri
     async def drive(resume: bool) -> tuple[list[Any], int]:
         executor, groups = Counting(), []
         async with executor:
-            driver = Driver(tasks(3), ChatHarness(), ScriptedModel(default="4"), executor=executor, config=config,
-                            run_dir=run_dir, resume=resume)
+            driver = Driver(
+                tasks(3),
+                ChatHarness(),
+                ScriptedModel(default="4"),
+                executor=executor,
+                config=config,
+                run_dir=run_dir,
+                resume=resume,
+            )
             async for group in driver.groups():
                 groups.append(group)
         return groups, executor.calls
@@ -767,8 +881,13 @@ def test_a_truncated_shard_is_refused_loudly_and_never_streamed(report: Any, pri
     seconds = time.monotonic() - t0
     assert err.value.path == bad and streamed == []
     assert shard_paths(run_dir) == shards  # and nothing written
-    report("7 truncated shard", "shard 2 of 3 cut in half", "read + resume refuse: CorruptRun",
-           "0 rows streamed or written", seconds)
+    report(
+        "7 truncated shard",
+        "shard 2 of 3 cut in half",
+        "read + resume refuse: CorruptRun",
+        "0 rows streamed or written",
+        seconds,
+    )
 
 
 # -- 8. nothing left behind ---------------------------------------------------------------------
@@ -830,9 +949,12 @@ def _live_rollout_actors() -> list[str]:
     from ray._private import state
 
     services = ("_NodeServiceActor",)  # shared by every driver of the session, by design
-    return [f"{info.get('ActorClassName')} {actor_id}" for actor_id, info in state.actors().items()
-            if info.get("State") in ("ALIVE", "PENDING_CREATION", "RESTARTING")
-            and info.get("ActorClassName") not in services]
+    return [
+        f"{info.get('ActorClassName')} {actor_id}"
+        for actor_id, info in state.actors().items()
+        if info.get("State") in ("ALIVE", "PENDING_CREATION", "RESTARTING")
+        and info.get("ActorClassName") not in services
+    ]
 
 
 def test_the_suite_leaves_nothing_behind(report: Any) -> None:
@@ -841,14 +963,21 @@ def test_the_suite_leaves_nothing_behind(report: Any) -> None:
     async def settle() -> float:
         t0 = time.monotonic()
         # Guardians clean up after their host dies: observed, with a deadline.
-        await until(lambda: not _leftover_processes() and not _leftover_dirs() and not _live_rollout_actors(),
-                    10, "cleanup")
+        await until(
+            lambda: not _leftover_processes() and not _leftover_dirs() and not _live_rollout_actors(), 10, "cleanup"
+        )
         return time.monotonic() - t0
 
     try:
         seconds = asyncio.run(settle())
     except AssertionError:
-        pytest.fail(f"left behind: processes {_leftover_processes()}, dirs {_leftover_dirs()}, "
-                    f"actors {_live_rollout_actors()}")
-    report("8 leftovers", f"{len(HOST_ROOTS)} hosts, {len(TEMP_AREAS)} temp dirs checked", "-",
-           "0 processes, actors, dirs", seconds)
+        pytest.fail(
+            f"left behind: processes {_leftover_processes()}, dirs {_leftover_dirs()}, actors {_live_rollout_actors()}"
+        )
+    report(
+        "8 leftovers",
+        f"{len(HOST_ROOTS)} hosts, {len(TEMP_AREAS)} temp dirs checked",
+        "-",
+        "0 processes, actors, dirs",
+        seconds,
+    )

@@ -116,8 +116,9 @@ def test_a_trace_stop_sees_the_tool_calls_made_so_far(executor_kind: str, transp
 
 
 def test_a_harness_that_syncs_sees_the_stop_mid_rollout(executor_kind: str, transport: Any) -> None:
-    spec = _spec(WithTools({"prompt": "2 + 3?"}), NotesWhetherStopped(transport=transport),
-                 limits=RolloutLimits(max_turns=1))
+    spec = _spec(
+        WithTools({"prompt": "2 + 3?"}), NotesWhetherStopped(transport=transport), limits=RolloutLimits(max_turns=1)
+    )
     trace = asyncio.run(_run(executor_kind, spec))
     assert trace.ok and trace.stop_condition == "max_turns"
     assert trace.info["harness_saw"] == "max_turns"

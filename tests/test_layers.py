@@ -30,7 +30,19 @@ LAYERS: dict[str, set[str]] = {
     "_ray": {"_hosting", "_serving", "_runtimes", "_core", "_record"},
     "_driver": {"_hosting", "_serving", "_runtimes", "_core", "_record"},
     "_simulated": set(),
-    "_cli": {"_verifiers", "_viewer", "_ray", "_driver", "_hosting", "_simulated", "_harnesses", "_serving", "_runtimes", "_core", "_record"},
+    "_cli": {
+        "_verifiers",
+        "_viewer",
+        "_ray",
+        "_driver",
+        "_hosting",
+        "_simulated",
+        "_harnesses",
+        "_serving",
+        "_runtimes",
+        "_core",
+        "_record",
+    },
     "_viewer": {"_driver", "_record"},
     "_verifiers": {"_harnesses", "_core", "_record"},
     "testing": {"_core", "_record"},
@@ -101,8 +113,9 @@ def _import_functions(tree: ast.Module) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.module == "importlib":
             names |= {alias.asname or alias.name for alias in node.names if alias.name == "import_module"}
         elif isinstance(node, ast.Import):
-            names |= {f"{alias.asname}.import_module" for alias in node.names
-                      if alias.name == "importlib" and alias.asname}
+            names |= {
+                f"{alias.asname}.import_module" for alias in node.names if alias.name == "importlib" and alias.asname
+            }
     return names
 
 
@@ -158,8 +171,10 @@ def import_graph(sources: list[tuple[str, str, bool]]) -> dict[str, set[str]]:
     """``module -> the modules of sources it imports``, for ``(module, source, is_package)``
     triples; imports of anything outside them are left out."""
     modules = {module for module, _, _ in sources}
-    return {module: set(imports_of(source, module, is_package)) & modules - {module}
-            for module, source, is_package in sources}
+    return {
+        module: set(imports_of(source, module, is_package)) & modules - {module}
+        for module, source, is_package in sources
+    }
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -205,8 +220,11 @@ def test_every_module_sits_in_a_known_layer() -> None:
 
 
 def test_imports_point_down_only_and_only_the_ray_layer_imports_ray() -> None:
-    problems = [v for path, module in package_modules()
-                for v in violations(path.read_text(), module, path.name == "__init__.py")]
+    problems = [
+        v
+        for path, module in package_modules()
+        for v in violations(path.read_text(), module, path.name == "__init__.py")
+    ]
     assert problems == []
 
 

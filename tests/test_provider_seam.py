@@ -24,7 +24,7 @@ REGISTRY = PACKAGE / "_runtimes" / "providers.py"
 NOT_A_RUNTIME_KIND = {
     ("_cli/drive.py", 'kind == "local"'): "the executor's kind (this process, no Ray), not a runtime's",
     ("_runtimes/engine.py", 'os.path.basename(engine) == "podman"'): "the image engine whose store a sandbox "
-                                                                      "reads an image from, not a runtime's kind",
+    "reads an image from, not a runtime's kind",
 }
 """Comparisons with a provider's name that are about something else, and what."""
 
@@ -42,7 +42,11 @@ def kind_branches(source: str, kinds: set[str]) -> list[str]:
         return False
 
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Compare) and any(names_kind(o) for o in (node.left, *node.comparators))) or (isinstance(node, ast.MatchValue) and names_kind(node.value)) or (isinstance(node, ast.Dict) and any(k is not None and names_kind(k) for k in node.keys)):
+        if (
+            (isinstance(node, ast.Compare) and any(names_kind(o) for o in (node.left, *node.comparators)))
+            or (isinstance(node, ast.MatchValue) and names_kind(node.value))
+            or (isinstance(node, ast.Dict) and any(k is not None and names_kind(k) for k in node.keys))
+        ):
             found.append(node)
     return [ast.get_source_segment(source, n) or ast.dump(n) for n in found]
 
@@ -55,20 +59,31 @@ def test_no_module_but_the_registry_branches_on_a_runtime_kinds_name() -> None:
         if path == REGISTRY:
             continue
         relative = str(path.relative_to(PACKAGE))
-        problems += [f"{relative}: {segment}" for segment in kind_branches(path.read_text(), kinds)
-                     if (relative, segment) not in NOT_A_RUNTIME_KIND]
-    assert problems == [], ("ask the provider (rollout_ray._runtimes.providers: its capabilities, enforces, "
-                            f"host_url, make) instead of comparing a runtime kind's name: {problems}")
+        problems += [
+            f"{relative}: {segment}"
+            for segment in kind_branches(path.read_text(), kinds)
+            if (relative, segment) not in NOT_A_RUNTIME_KIND
+        ]
+    assert problems == [], (
+        "ask the provider (rollout_ray._runtimes.providers: its capabilities, enforces, "
+        f"host_url, make) instead of comparing a runtime kind's name: {problems}"
+    )
 
 
 def test_the_check_catches_each_form_of_kind_branch() -> None:
-    source = ('if self.kind == "sandbox": pass\n'
-              'ok = t in ("local", "x")\n'
-              'match k:\n    case "sandbox": pass\n'
-              'make = {"sandbox": 1}[k]\n'
-              'other = mode == "vllm"\n')
+    source = (
+        'if self.kind == "sandbox": pass\n'
+        'ok = t in ("local", "x")\n'
+        'match k:\n    case "sandbox": pass\n'
+        'make = {"sandbox": 1}[k]\n'
+        'other = mode == "vllm"\n'
+    )
     assert kind_branches(source, {"local", "sandbox"}) == [
-        'self.kind == "sandbox"', 't in ("local", "x")', '"sandbox"', '{"sandbox": 1}']
+        'self.kind == "sandbox"',
+        't in ("local", "x")',
+        '"sandbox"',
+        '{"sandbox": 1}',
+    ]
 
 
 class _TaggedRuntime(LocalRuntime):
@@ -111,7 +126,7 @@ def test_an_unknown_kind_names_the_kinds_there_are() -> None:
         providers.register(providers.Provider("auto", lambda *a: None, providers.Capabilities()))  # type: ignore[arg-type,return-value]
 
 
-PLUGIN = '''
+PLUGIN = """
 from rollout_ray._runtimes.local import LocalRuntime
 from rollout_ray._runtimes.provider import Capabilities, Provider
 
@@ -120,7 +135,7 @@ class ModalLike(LocalRuntime):
 
 PROVIDER = Provider("modal-like", lambda name, image, r: ModalLike(name, root=r.root, env=r.env),
                     Capabilities(), unavailable=lambda: "set MODAL_LIKE_TOKEN")
-'''
+"""
 
 
 def test_an_installed_package_adds_a_provider_by_entry_point(tmp_path: pathlib.Path) -> None:
@@ -132,9 +147,27 @@ def test_an_installed_package_adds_a_provider_by_entry_point(tmp_path: pathlib.P
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: modal-like\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[{providers.ENTRY_POINT_GROUP}]\nmodal-like = modal_like:PROVIDER\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "rollout_ray", "eval", "examples/arith.py", "--executor", "local",
-                           "--runtime", "modal-like", "--out", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=PACKAGE.parent)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollout_ray",
+            "eval",
+            "examples/arith.py",
+            "--executor",
+            "local",
+            "--runtime",
+            "modal-like",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=PACKAGE.parent,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert ("--runtime modal-like: this machine cannot run the modal-like (set MODAL_LIKE_TOKEN)"
-            in done.stderr), done.stderr
+    assert "--runtime modal-like: this machine cannot run the modal-like (set MODAL_LIKE_TOKEN)" in done.stderr, (
+        done.stderr
+    )

@@ -50,13 +50,16 @@ def documented_walk(text: str) -> tuple[list[str], list[str], dict[str, int], di
     counts its text states ("N files move the rollout on", "the walk crosses M files") and
     the run stack of each side (a line "- driver: `file:function` → ...")."""
     section = text.split("## Following one rollout", 1)[1].split("\n## ", 1)[0]
-    movers = [f for line in section.splitlines() if re.match(r"\| \d+ \|", line)
-              for f in _files(line.split("|")[2])]
+    movers = [f for line in section.splitlines() if re.match(r"\| \d+ \|", line) for f in _files(line.split("|")[2])]
     helpers_line = next(line for line in section.splitlines() if line.startswith("Records and helpers on the way:"))
-    counts = {"movers": int(re.search(r"(\d+) files move the rollout on", section).group(1)),  # type: ignore[union-attr]
-              "walk": int(re.search(r"the walk crosses (\d+) files", section).group(1))}  # type: ignore[union-attr]
-    stacks = {m.group(1): re.findall(r"`([^`]+:[^`]+)`", m.group(2))
-              for m in re.finditer(r"^- (driver|actor): (.*)$", section, re.MULTILINE)}
+    counts = {
+        "movers": int(re.search(r"(\d+) files move the rollout on", section).group(1)),  # type: ignore[union-attr]
+        "walk": int(re.search(r"the walk crosses (\d+) files", section).group(1)),
+    }  # type: ignore[union-attr]
+    stacks = {
+        m.group(1): re.findall(r"`([^`]+:[^`]+)`", m.group(2))
+        for m in re.finditer(r"^- (driver|actor): (.*)$", section, re.MULTILINE)
+    }
     return movers, _files(helpers_line), counts, stacks
 
 
@@ -74,10 +77,12 @@ def test_the_documented_walk_is_the_traced_one(ray_cluster: Any, tmp_path: Path)
     async def main() -> Any:
         async with SimulatedModelServer() as server:
             model = OpenAIModel(server.base_url)  # type: ignore[arg-type]
-            async with RayExecutor(actors=1, capacity=1, runtime="local",
-                                   actor_options={"runtime_env": env}) as executor:
-                driver = Driver(tasks(1), ChatHarness(), model, executor=executor,
-                                config=EvalConfig(samples_per_task=1))
+            async with RayExecutor(
+                actors=1, capacity=1, runtime="local", actor_options={"runtime_env": env}
+            ) as executor:
+                driver = Driver(
+                    tasks(1), ChatHarness(), model, executor=executor, config=EvalConfig(samples_per_task=1)
+                )
                 tracer = Tracer(driver_files.add, driver_stacks.append)
                 sys.setprofile(tracer)
                 threading.setprofile(tracer)
@@ -100,10 +105,14 @@ def test_the_documented_walk_is_the_traced_one(ray_cluster: Any, tmp_path: Path)
     movers, helpers, counts, stacks = documented_walk(DOC.read_text())
     documented = set(movers) | set(helpers)
     assert len(movers) == len(set(movers)) and not set(movers) & set(helpers), "a file named twice in the doc"
-    assert traced == documented, (f"docs/architecture.md's walk is not the traced one: "
-                                  f"not in the doc {sorted(traced - documented)}, "
-                                  f"not on the walk {sorted(documented - traced)}")
+    assert traced == documented, (
+        f"docs/architecture.md's walk is not the traced one: "
+        f"not in the doc {sorted(traced - documented)}, "
+        f"not on the walk {sorted(documented - traced)}"
+    )
     assert stacks == {"driver": driver_stacks[0], "actor": actor_stacks[0]}, (
-        f"docs/architecture.md's run stacks {stacks}; traced: driver {driver_stacks}, actor {actor_stacks}")
+        f"docs/architecture.md's run stacks {stacks}; traced: driver {driver_stacks}, actor {actor_stacks}"
+    )
     assert counts == {"movers": len(movers), "walk": len(documented)}, (
-        f"the doc's counts {counts}; traced: {len(movers)} that move the rollout on, {len(documented)} in all")
+        f"the doc's counts {counts}; traced: {len(movers)} that move the rollout on, {len(documented)} in all"
+    )

@@ -53,7 +53,7 @@ class Tracer:
         f: FrameType | None = frame
         while f is not None:
             code = f.f_code
-            if code.co_filename.startswith(PACKAGE) and (code.co_filename[len(PACKAGE):], code.co_name) in ROOTS:
+            if code.co_filename.startswith(PACKAGE) and (code.co_filename[len(PACKAGE) :], code.co_name) in ROOTS:
                 under_root = True
                 break
             f = f.f_back
@@ -66,7 +66,7 @@ class Tracer:
             return
         elif marked_by is None:
             return
-        rel = frame.f_code.co_filename[len(PACKAGE):]
+        rel = frame.f_code.co_filename[len(PACKAGE) :]
         if rel not in self.seen:
             self.seen.add(rel)
             self.on_file(rel)
@@ -76,7 +76,7 @@ class Tracer:
             stack, f = [], frame
             while f is not None:
                 if f.f_code.co_filename.startswith(PACKAGE):
-                    stack.append(f"{f.f_code.co_filename[len(PACKAGE):]}:{f.f_code.co_qualname}")
+                    stack.append(f"{f.f_code.co_filename[len(PACKAGE) :]}:{f.f_code.co_qualname}")
                 f = f.f_back
             self.on_stack(stack[::-1])
 

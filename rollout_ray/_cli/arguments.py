@@ -27,8 +27,11 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}{_command_suggestion(message)}\n")
 
-    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+    def parse_args(
+        self,
+        args: Sequence[str] | None = None,  # type: ignore[override]
+        namespace: argparse.Namespace | None = None,
+    ) -> argparse.Namespace:
         """As argparse's, but flags nobody takes are refused by the command they were given to
         (its name in the line), with the nearest flag it has."""
         parsed, extras = self.parse_known_args(args, namespace)
@@ -98,8 +101,9 @@ def integer(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def number(*, above: float | None = None, minimum: float | None = None, maximum: float | None = None
-           ) -> Callable[[str], float]:
+def number(
+    *, above: float | None = None, minimum: float | None = None, maximum: float | None = None
+) -> Callable[[str], float]:
     """A float flag's type: finite, ``> above``, ``>= minimum``, ``<= maximum`` (those given)."""
 
     def parse(text: str) -> float:
@@ -147,4 +151,3 @@ def json_object(text: str) -> dict[str, Any]:
 def one_line(error: ValidationError) -> str:
     """A pydantic error as one line: ``location: message`` for each problem."""
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in error.errors())
-

@@ -37,16 +37,18 @@ def check_out(out: str, *, resume: bool, overwrite: bool) -> None:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise UsageError(f"--out {out}: cannot write in {ancestor} (permission denied); choose another --out")
     if os.path.islink(path):
-        raise UsageError(f"--out {out} is a symbolic link; a run directory is never reached through one: pass the "
-                         "directory itself")
+        raise UsageError(
+            f"--out {out} is a symbolic link; a run directory is never reached through one: pass the directory itself"
+        )
     holds_run = RunLayout.of(path).holds_run()
     if overwrite:
         if not holds_run and os.path.isdir(path) and os.listdir(path):
-            raise UsageError(f"--overwrite: {out} is not a run directory (no {MANIFEST}); "
-                             "nothing there is replaced: choose another --out")
+            raise UsageError(
+                f"--overwrite: {out} is not a run directory (no {MANIFEST}); "
+                "nothing there is replaced: choose another --out"
+            )
     elif holds_run and not resume:
-        raise UsageError(f"--out {out} already holds a run; pass --resume to continue it, or --overwrite to "
-                         "replace it")
+        raise UsageError(f"--out {out} already holds a run; pass --resume to continue it, or --overwrite to replace it")
     if holds_run:
         lock = RunLock(path)
         try:
@@ -63,8 +65,10 @@ def check_api_key(variable: str | None, *, model_url: str | None) -> None:
     if not model_url:
         warn(f"--api-key-env {variable} is not used: the built-in simulated model needs no key (pass --model-url)")
     elif not os.environ.get(variable):
-        raise UsageError(f"--api-key-env {variable}: {variable} is not set; export it, or leave --api-key-env "
-                         "out for a server that needs no key")
+        raise UsageError(
+            f"--api-key-env {variable}: {variable} is not set; export it, or leave --api-key-env "
+            "out for a server that needs no key"
+        )
 
 
 def check_pass_k(config: EvalConfig, *, given: bool) -> None:
@@ -76,10 +80,14 @@ def check_pass_k(config: EvalConfig, *, given: bool) -> None:
         return
     ks = ",".join(map(str, over))
     if given:
-        raise UsageError(f"--pass-k {ks}: pass@k needs at least k samples per task, and there are {n} "
-                         f"(--samples); lower --pass-k or raise --samples to {max(over)}")
-    warn(f"the taskset's pass_k {ks} exceeds the {n} samples per task: pass_at_{max(over)} is empty; "
-         f"pass --samples {max(over)}")
+        raise UsageError(
+            f"--pass-k {ks}: pass@k needs at least k samples per task, and there are {n} "
+            f"(--samples); lower --pass-k or raise --samples to {max(over)}"
+        )
+    warn(
+        f"the taskset's pass_k {ks} exceeds the {n} samples per task: pass_at_{max(over)} is empty; "
+        f"pass --samples {max(over)}"
+    )
 
 
 def check_sampling(sampling: Mapping[str, Any] | None) -> None:

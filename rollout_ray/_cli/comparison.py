@@ -12,8 +12,9 @@ from .grid import Point
 from .summary import SPANS, counted_rewards, summarize
 
 
-def comparison_row(point: Point, samples: pa.Table, groups: pa.Table, status: str, reason: str,
-                   run_dir: str) -> dict[str, Any]:
+def comparison_row(
+    point: Point, samples: pa.Table, groups: pa.Table, status: str, reason: str, run_dir: str
+) -> dict[str, Any]:
     """One point's settings and ``summarize`` numbers as flat columns.
 
     ``status`` is the driver's (``completed`` or ``halted``), or ``stored`` for a point that
@@ -59,20 +60,40 @@ def format_comparison(table: pa.Table) -> str:
     """The table's main columns as aligned text (every column is in the Parquet and CSV)."""
     settings = table.column_names[1 : table.column_names.index("status")]
     passes = [c for c in table.column_names if c.startswith("pass_at_")]
-    header = ["#", *settings, "status", "rollouts", "failed", "mean reward ± sem",
-              *(c.replace("pass_at_", "pass@") for c in passes), "tokens/rollout",
-              "agent p50/p95 ms", "stop conditions", "error types"]
+    header = [
+        "#",
+        *settings,
+        "status",
+        "rollouts",
+        "failed",
+        "mean reward ± sem",
+        *(c.replace("pass_at_", "pass@") for c in passes),
+        "tokens/rollout",
+        "agent p50/p95 ms",
+        "stop conditions",
+        "error types",
+    ]
     lines = [header]
     for row in table.to_pylist():
-        counts = {p: " ".join(f"{k.removeprefix(p)}={v}" for k, v in row.items() if k.startswith(p) and v)
-                  for p in ("stop_", "error_")}
-        lines.append([row["point"].split("-", 1)[0], *("-" if row[c] is None else str(row[c]) for c in settings),
-                      row["status"], str(row["rollouts"]), str(row["failed"]),
-                      f"{row['mean_reward']:.4f} ± {row['reward_sem']:.4f}",
-                      *(_number(row[c], ".4f") for c in passes),
-                      _number(row.get("total_tokens_per_rollout"), ".1f"),
-                      f"{_ms(row.get('agent_p50_s'))} / {_ms(row.get('agent_p95_s'))}",
-                      counts["stop_"], counts["error_"] or "none"])
+        counts = {
+            p: " ".join(f"{k.removeprefix(p)}={v}" for k, v in row.items() if k.startswith(p) and v)
+            for p in ("stop_", "error_")
+        }
+        lines.append(
+            [
+                row["point"].split("-", 1)[0],
+                *("-" if row[c] is None else str(row[c]) for c in settings),
+                row["status"],
+                str(row["rollouts"]),
+                str(row["failed"]),
+                f"{row['mean_reward']:.4f} ± {row['reward_sem']:.4f}",
+                *(_number(row[c], ".4f") for c in passes),
+                _number(row.get("total_tokens_per_rollout"), ".1f"),
+                f"{_ms(row.get('agent_p50_s'))} / {_ms(row.get('agent_p95_s'))}",
+                counts["stop_"],
+                counts["error_"] or "none",
+            ]
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
 
@@ -106,8 +127,7 @@ def plot_comparison(table: pa.Table, path: Any) -> Any:
         p50 = [_finite(r[f"{s}_p50_s"]) * 1000 for s in spans]
         p95 = [_finite(r[f"{s}_p95_s"]) * 1000 for s in spans]
         whisker = [[0.0] * len(spans), [max(0.0, b - a) for a, b in zip(p50, p95, strict=True)]]
-        right.bar([i + j * width for i in range(len(spans))], p50, width, yerr=whisker, capsize=2,
-                  label=r["point"])
+        right.bar([i + j * width for i in range(len(spans))], p50, width, yerr=whisker, capsize=2, label=r["point"])
     right.set_xticks([i + 0.4 - width / 2 for i in range(len(spans))], spans, rotation=30)
     right.set(title="time per span (p50, whisker to p95)", ylabel="ms")
     fig.legend(loc="outside lower center", fontsize="small", ncols=1)

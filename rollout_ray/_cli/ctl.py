@@ -29,16 +29,26 @@ def add_ctl_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of a running eval or driver")
     sub = p.add_subparsers(dest="action", required=True, metavar="COMMAND")
     status = sub.add_parser("status", help="rollouts in flight by phase, the stalled ones, the rate, the model servers")
-    status.add_argument("--stall-after", metavar="S", type=number(minimum=0),
-                        help="count a rollout stalled after S seconds in one phase (default: 3 x the phase's p99)")
+    status.add_argument(
+        "--stall-after",
+        metavar="S",
+        type=number(minimum=0),
+        help="count a rollout stalled after S seconds in one phase (default: 3 x the phase's p99)",
+    )
     status.add_argument("--json", action="store_true", help="the status as JSON")
-    for name, what in (("cancel", "fail a rollout as cancelled (retried as failures are: --retry-failed)"),
-                       ("requeue", "drop a rollout's attempt and run it again")):
+    for name, what in (
+        ("cancel", "fail a rollout as cancelled (retried as failures are: --retry-failed)"),
+        ("requeue", "drop a rollout's attempt and run it again"),
+    ):
         sub.add_parser(name, help=what).add_argument("rollout", metavar="ROLLOUT", help="its id or label, from status")
     setting = sub.add_parser("set", help="change a setting of the live run")
     setting.add_argument("setting", choices=["max-in-flight"])
-    setting.add_argument("value", metavar="N", type=in_flight_bound,
-                         help="a number, or 'auto': back to the controller of a run started with --max-in-flight auto")
+    setting.add_argument(
+        "value",
+        metavar="N",
+        type=in_flight_bound,
+        help="a number, or 'auto': back to the controller of a run started with --max-in-flight auto",
+    )
     sub.add_parser("pause", help="start no more rollouts (those running go on)")
     sub.add_parser("resume", help="start rollouts again")
     sub.add_parser("stop", help="start no more; what runs finishes and is stored; the run exits with its resume line")
@@ -71,11 +81,14 @@ def _endpoint(run_dir: str) -> tuple[str, str]:
     except FileNotFoundError:
         holder = _holder(layout)
         if holder is not None:
-            raise UsageError(f"{run_dir}: its run (pid {holder}) has no control endpoint yet: it opens when the "
-                             "rollouts start, after Ray's warm-up; try again in a few seconds") from None
+            raise UsageError(
+                f"{run_dir}: its run (pid {holder}) has no control endpoint yet: it opens when the "
+                "rollouts start, after Ray's warm-up; try again in a few seconds"
+            ) from None
         state = _final_state(layout)
-        raise UsageError(f"{run_dir}: no live run (no control.json{state}); start one with "
-                         "`rollout-ray eval ... --out RUN_DIR`") from None
+        raise UsageError(
+            f"{run_dir}: no live run (no control.json{state}); start one with `rollout-ray eval ... --out RUN_DIR`"
+        ) from None
     except (OSError, ValueError, CorruptRun) as e:
         raise UsageError(f"{run_dir}: cannot read its control.json ({e})") from None
     return info["url"], info["token"]
@@ -111,8 +124,12 @@ def _final_state(layout: RunLayout) -> str:
 
 def _call(url: str, token: str, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     data = None if method == "GET" else json.dumps(body or {}).encode()
-    request = urllib.request.Request(url + path, data=data, method=method,  # noqa: S310 - the control URL is the run's own http:// address (ctl.json)
-                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    request = urllib.request.Request(  # noqa: S310 - the control URL is the run's own http:// address (ctl.json)
+        url + path,
+        data=data,
+        method=method,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:  # noqa: S310 - the request built above, to the run's http:// address
             return json.loads(response.read())  # type: ignore[no-any-return]
@@ -131,8 +148,10 @@ def format_status(s: dict[str, Any]) -> str:
     """The status for people: the run's line, the phases, the model servers, the rollouts (stalled first)."""
     p = s["progress"]
     total = "" if p["total"] is None else f"/{p['total'] - p['skipped']}"
-    lines = [f"{s['state']}: done {p['done']}{total}  failed {p['failed']}  in flight {p['in_flight']}  "
-             f"max in flight {s['max_in_flight']}  {p['rate']:.2f} rollouts/s  stalled {s['stalled']}"]
+    lines = [
+        f"{s['state']}: done {p['done']}{total}  failed {p['failed']}  in flight {p['in_flight']}  "
+        f"max in flight {s['max_in_flight']}  {p['rate']:.2f} rollouts/s  stalled {s['stalled']}"
+    ]
     if target := s.get("in_flight_target"):
         lines.append(f"in-flight target {target['target']} ({target['mode']}): {target['why']}")
     phases = [f"{name} {n}" for name, n in s["phases"].items() if n]
@@ -146,6 +165,5 @@ def format_status(s: dict[str, Any]) -> str:
         lines.append(f"{'':8}{'rollout':34}{'label':26}{'task':>6}  {'phase':11}{'age':>8}")
     for r in rollouts:
         mark = "STALLED " if r["stalled"] else ""
-        lines.append(f"{mark:8}{r['id'] or '-':34}{r['label']:26}{r['task']!s:>6}  {r['phase']:11}"
-                     f"{r['age']:>7.1f}s")
+        lines.append(f"{mark:8}{r['id'] or '-':34}{r['label']:26}{r['task']!s:>6}  {r['phase']:11}{r['age']:>7.1f}s")
     return "\n".join(lines)

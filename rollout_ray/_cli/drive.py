@@ -82,8 +82,15 @@ def eval_config(
     return EvalConfig.model_validate({**base.model_dump(), **update}) if update else base
 
 
-def make_executor(kind: str, module: ModuleType, *, actors: int | None = None, capacity: int | None = None,
-                  address: str | None = None, runtime: str = "auto") -> Executor:
+def make_executor(
+    kind: str,
+    module: ModuleType,
+    *,
+    actors: int | None = None,
+    capacity: int | None = None,
+    address: str | None = None,
+    runtime: str = "auto",
+) -> Executor:
     """``"local"``: this process, no Ray; ``"ray"``: rollout actors (starts or joins Ray;
     ``actors=None``: one per CPU of the cluster).
 
@@ -92,8 +99,11 @@ def make_executor(kind: str, module: ModuleType, *, actors: int | None = None, c
     """
     _, reason = runtime_kind(runtime)
     if reason is not None:
-        print(f"rollout-ray: no sandbox on this machine ({reason}); rollouts run in LocalRuntime, "
-              "isolated neither from each other nor from the host", file=sys.stderr)
+        print(
+            f"rollout-ray: no sandbox on this machine ({reason}); rollouts run in LocalRuntime, "
+            "isolated neither from each other nor from the host",
+            file=sys.stderr,
+        )
     if kind == "local":
         return LocalExecutor(runtime=runtime)
     from .._ray.executor import RayExecutor
@@ -101,9 +111,15 @@ def make_executor(kind: str, module: ModuleType, *, actors: int | None = None, c
     return RayExecutor(actors=actors, capacity=capacity, address=address, runtime=runtime)
 
 
-async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None, api_key_env: str,
-                     simulated: SimulatedModelConfig | None = None, token_capture: str = "auto",
-                     ) -> tuple[OpenAIModel, str, dict[str, Any]]:
+async def open_model(
+    stack: AsyncExitStack,
+    *,
+    url: str | None,
+    name: str | None,
+    api_key_env: str,
+    simulated: SimulatedModelConfig | None = None,
+    token_capture: str = "auto",
+) -> tuple[OpenAIModel, str, dict[str, Any]]:
     """The upstream model, where it is (for people), and what it is (for the manifest: the
     same for every run of the same model, so a resume can check it); closed with ``stack``.
 
@@ -125,8 +141,7 @@ async def open_model(stack: AsyncExitStack, *, url: str | None, name: str | None
     return model, where, record
 
 
-def model_record(*, url: str | None, name: str | None, simulated: SimulatedModelConfig | None = None
-                 ) -> dict[str, Any]:
+def model_record(*, url: str | None, name: str | None, simulated: SimulatedModelConfig | None = None) -> dict[str, Any]:
     """What the manifest records of the model (``open_model``'s third value), known before it
     is opened: a resume is checked against it before anything starts."""
     if url:
@@ -134,19 +149,44 @@ def model_record(*, url: str | None, name: str | None, simulated: SimulatedModel
     return {"simulated": (simulated or SimulatedModelConfig()).model_dump(mode="json")}
 
 
-async def drive(label: str, module: ModuleType, tasks: list[Task], harness: Harness, model: Model,
-                executor: Executor, config: EvalConfig, out: str, *, resume: bool, where: str,
-                manifest_config: dict[str, Any], keep_failed: bool = False, announce: bool = True,
-                overwrite: bool = False, started: float | None = None) -> RunResult:
+async def drive(
+    label: str,
+    module: ModuleType,
+    tasks: list[Task],
+    harness: Harness,
+    model: Model,
+    executor: Executor,
+    config: EvalConfig,
+    out: str,
+    *,
+    resume: bool,
+    where: str,
+    manifest_config: dict[str, Any],
+    keep_failed: bool = False,
+    announce: bool = True,
+    overwrite: bool = False,
+    started: float | None = None,
+) -> RunResult:
     """One eval run into ``out``, with eval's header (unless ``announce`` is off: the caller
     printed it) and progress on stderr, its wall clock counted from ``started`` (monotonic;
     default: now)."""
     if announce:
         print(header(label, tasks, config, where, out), file=sys.stderr)
     display = ProgressDisplay(sys.stderr, started=started)
-    driver = Driver(tasks, harness, model, executor=executor, config=config, run_dir=out,
-                    resume=resume, overwrite=overwrite, keep_failed=keep_failed, judge=getattr(module, "judge", None),
-                    on_progress=display.update, manifest_config=manifest_config)
+    driver = Driver(
+        tasks,
+        harness,
+        model,
+        executor=executor,
+        config=config,
+        run_dir=out,
+        resume=resume,
+        overwrite=overwrite,
+        keep_failed=keep_failed,
+        judge=getattr(module, "judge", None),
+        on_progress=display.update,
+        manifest_config=manifest_config,
+    )
     try:
         return await driver.arun()
     finally:
@@ -157,5 +197,4 @@ def header(label: str, tasks: list[Task], config: EvalConfig, where: str, out: s
     tasks_text = f"{len(tasks)} tasks"
     if config.max_groups is not None and config.max_groups < len(tasks):
         tasks_text = f"{config.max_groups} groups from {len(tasks)} tasks (max_groups)"
-    return (f"{label}: {tasks_text} × {config.samples_per_task} samples, model: {where}, "
-            f"run dir: {out}")
+    return f"{label}: {tasks_text} × {config.samples_per_task} samples, model: {where}, run dir: {out}"

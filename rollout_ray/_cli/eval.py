@@ -55,92 +55,182 @@ DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("taskset", nargs="?", help="a .py file or a module defining tasks() and harness()")
-    p.add_argument("--verifiers", metavar="REF", help="instead of a taskset: a verifiers v1 taskset (a .py file, a "
-                   "module or an installed id exporting its Taskset in __all__), run unchanged; what is not mapped "
-                   "yet is refused before anything runs (needs the verifiers extra)")
+    p.add_argument(
+        "--verifiers",
+        metavar="REF",
+        help="instead of a taskset: a verifiers v1 taskset (a .py file, a "
+        "module or an installed id exporting its Taskset in __all__), run unchanged; what is not mapped "
+        "yet is refused before anything runs (needs the verifiers extra)",
+    )
     p.add_argument("--version", action="version", version=f"rollout-ray {version()}")
     run = p.add_argument_group("run")
-    run.add_argument("--out", metavar="DIR", help="run directory for the manifest and Parquet shards (default: runs/<time>)")
-    run.add_argument("--resume", action="store_true", help="continue the run in --out (default: the latest run of "
-                     "this taskset under runs/), skipping what is stored (rollouts that failed for infrastructure "
-                     "or provider reasons are redone; with --retry-failed, every stored failure)")
-    run.add_argument("--overwrite", action="store_true",
-                     help="replace the run stored in --out (only a run directory: one with a manifest)")
-    run.add_argument("--keep-failed", action="store_true",
-                     help="with --resume: keep every stored failure (none is redone)")
+    run.add_argument(
+        "--out", metavar="DIR", help="run directory for the manifest and Parquet shards (default: runs/<time>)"
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out (default: the latest run of "
+        "this taskset under runs/), skipping what is stored (rollouts that failed for infrastructure "
+        "or provider reasons are redone; with --retry-failed, every stored failure)",
+    )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run stored in --out (only a run directory: one with a manifest)",
+    )
+    run.add_argument(
+        "--keep-failed", action="store_true", help="with --resume: keep every stored failure (none is redone)"
+    )
     run.add_argument("--samples", metavar="N", type=integer(1), help="samples per task (n)")
     run.add_argument("--limit", metavar="N", type=integer(1), help="run only the first N tasks")
-    run.add_argument("--max-in-flight", metavar="N", type=in_flight_bound,
-                     help="rollouts running at once; 'auto': as many as keep the model's servers at their saturation "
-                          "point, read from their vLLM/SGLang /metrics")
-    run.add_argument("--retries", metavar="N", type=integer(0), help="retries of a rollout lost to infrastructure (default 2)")
-    run.add_argument("--retry-failed", action="store_true",
-                     help="also retry rollouts that failed inside (task or harness errors), up to --retries; "
-                          "with --resume, redo the stored ones too")
+    run.add_argument(
+        "--max-in-flight",
+        metavar="N",
+        type=in_flight_bound,
+        help="rollouts running at once; 'auto': as many as keep the model's servers at their saturation "
+        "point, read from their vLLM/SGLang /metrics",
+    )
+    run.add_argument(
+        "--retries", metavar="N", type=integer(0), help="retries of a rollout lost to infrastructure (default 2)"
+    )
+    run.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="also retry rollouts that failed inside (task or harness errors), up to --retries; "
+        "with --resume, redo the stored ones too",
+    )
     run.add_argument("--pass-k", type=k_list, metavar="K,K,...", help="pass@k values stored per group (e.g. 1,4,8)")
     model = p.add_argument_group("model")
-    model.add_argument("--model-url", metavar="URL", help="OpenAI-compatible base URL (default: the built-in simulated model)")
-    model.add_argument("--model", metavar="NAME", default=None, help="model name sent upstream (default with --model-url: the "
-                       "server's only model, from its /v1/models)")
-    model.add_argument("--api-key-env", metavar="VAR", help="variable holding the provider's key (default: "
-                       f"{DEFAULT_API_KEY_ENV}, if set; a variable named here must be set)")
+    model.add_argument(
+        "--model-url", metavar="URL", help="OpenAI-compatible base URL (default: the built-in simulated model)"
+    )
+    model.add_argument(
+        "--model",
+        metavar="NAME",
+        default=None,
+        help="model name sent upstream (default with --model-url: the server's only model, from its /v1/models)",
+    )
+    model.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="variable holding the provider's key (default: "
+        f"{DEFAULT_API_KEY_ENV}, if set; a variable named here must be set)",
+    )
     model.add_argument("--temperature", metavar="T", type=number(minimum=0), help="sampling temperature")
     model.add_argument("--top-p", metavar="P", type=number(above=0, maximum=1), help="nucleus sampling probability")
     model.add_argument("--max-tokens", metavar="N", type=integer(1), help="completion tokens per model call")
     model.add_argument("--seed", metavar="N", type=int, help="sampling seed sent with every request")
-    model.add_argument("--sampling", type=json_object, metavar="JSON",
-                       help="other sampling parameters as a JSON object, e.g. '{\"top_k\": 20}' (flags win)")
-    model.add_argument("--sim-ttft", metavar="S", type=number(minimum=0), default=0.05,
-                       help="simulated model: seconds to first token")
-    model.add_argument("--token-capture", choices=TOKEN_CAPTURES, default="auto",
-                       help="store the prompt and completion token ids and logprobs (input_ids, loss_mask, "
-                            "logprobs columns), asked in vLLM's or SGLang's request fields; auto (default): "
-                            "the server's own, found once per server by its info route (GET /version: vLLM, "
-                            "GET /get_model_info: SGLang; neither: nothing is asked or stored); off: never")
+    model.add_argument(
+        "--sampling",
+        type=json_object,
+        metavar="JSON",
+        help="other sampling parameters as a JSON object, e.g. '{\"top_k\": 20}' (flags win)",
+    )
+    model.add_argument(
+        "--sim-ttft", metavar="S", type=number(minimum=0), default=0.05, help="simulated model: seconds to first token"
+    )
+    model.add_argument(
+        "--token-capture",
+        choices=TOKEN_CAPTURES,
+        default="auto",
+        help="store the prompt and completion token ids and logprobs (input_ids, loss_mask, "
+        "logprobs columns), asked in vLLM's or SGLang's request fields; auto (default): "
+        "the server's own, found once per server by its info route (GET /version: vLLM, "
+        "GET /get_model_info: SGLang; neither: nothing is asked or stored); off: never",
+    )
     limits = p.add_argument_group("limits (per rollout)")
-    limits.add_argument("--max-turns", metavar="N", type=integer(0),
-                        help=f"model calls (default: {DEFAULT_MAX_TURNS}, unless the taskset's config sets it)")
+    limits.add_argument(
+        "--max-turns",
+        metavar="N",
+        type=integer(0),
+        help=f"model calls (default: {DEFAULT_MAX_TURNS}, unless the taskset's config sets it)",
+    )
     limits.add_argument("--max-tokens-total", metavar="N", type=integer(0), help="input + output tokens over all turns")
     limits.add_argument("--max-input-tokens", metavar="N", type=integer(0), help="input tokens over all turns")
     limits.add_argument("--max-output-tokens", metavar="N", type=integer(0), help="output tokens over all turns")
     limits.add_argument("--timeout-setup", type=number(above=0), metavar="S", help="seconds for task and harness setup")
-    limits.add_argument("--timeout-agent", type=number(above=0), metavar="S",
-                        help=f"seconds for the agent, all segments (default: {DEFAULT_AGENT_TIMEOUT:g}, unless the "
-                             "taskset's config sets it)")
+    limits.add_argument(
+        "--timeout-agent",
+        type=number(above=0),
+        metavar="S",
+        help=f"seconds for the agent, all segments (default: {DEFAULT_AGENT_TIMEOUT:g}, unless the "
+        "taskset's config sets it)",
+    )
     where = p.add_argument_group("where rollouts run")
-    where.add_argument("--executor", choices=["ray", "local"], default="ray",
-                       help="ray: rollout actors (default); local: this process, no Ray")
-    where.add_argument("--address", metavar="ADDR", help="Ray cluster address (default: RAY_ADDRESS, else a private local Ray on "
-                       "127.0.0.1)")
+    where.add_argument(
+        "--executor",
+        choices=["ray", "local"],
+        default="ray",
+        help="ray: rollout actors (default); local: this process, no Ray",
+    )
+    where.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="Ray cluster address (default: RAY_ADDRESS, else a private local Ray on 127.0.0.1)",
+    )
     kinds = [providers.provider(n) for n in providers.names() if n != providers.AUTO]
-    where.add_argument("--runtime", choices=providers.names(), default=providers.AUTO, metavar="NAME",
-                       help="runtime of each rollout (its provider, docs/runtime-providers.md): "
-                            + ", ".join(f"{k.name} ({k.help})" for k in kinds)
-                            + f", {providers.AUTO} ({' else '.join(providers.AUTO_ORDER)}, said at the start and in the "
-                            "summary); sandbox never falls back, nor does any named runtime: refused where it cannot run")
-    where.add_argument("--actors", metavar="N", type=integer(1), default=None,
-                       help="rollout actors (ray executor; default: one per CPU of the cluster, at most 32; "
-                            "for the private local Ray, of this machine)")
-    where.add_argument("--capacity", metavar="K", type=integer(1), default=None,
-                       help="rollouts per actor at once (ray executor; default: no cap, --max-in-flight bounds the run)")
+    where.add_argument(
+        "--runtime",
+        choices=providers.names(),
+        default=providers.AUTO,
+        metavar="NAME",
+        help="runtime of each rollout (its provider, docs/runtime-providers.md): "
+        + ", ".join(f"{k.name} ({k.help})" for k in kinds)
+        + f", {providers.AUTO} ({' else '.join(providers.AUTO_ORDER)}, said at the start and in the "
+        "summary); sandbox never falls back, nor does any named runtime: refused where it cannot run",
+    )
+    where.add_argument(
+        "--actors",
+        metavar="N",
+        type=integer(1),
+        default=None,
+        help="rollout actors (ray executor; default: one per CPU of the cluster, at most 32; "
+        "for the private local Ray, of this machine)",
+    )
+    where.add_argument(
+        "--capacity",
+        metavar="K",
+        type=integer(1),
+        default=None,
+        help="rollouts per actor at once (ray executor; default: no cap, --max-in-flight bounds the run)",
+    )
     p.set_defaults(run=_eval)
 
 
-_LIMIT_FLAGS = {"max_turns": "max_turns", "max_tokens_total": "max_total_tokens",
-                "max_input_tokens": "max_input_tokens", "max_output_tokens": "max_output_tokens"}
+_LIMIT_FLAGS = {
+    "max_turns": "max_turns",
+    "max_tokens_total": "max_total_tokens",
+    "max_input_tokens": "max_input_tokens",
+    "max_output_tokens": "max_output_tokens",
+}
 _SAMPLING_FLAGS = ("temperature", "top_p", "max_tokens", "seed")
 
 
 def _config(module: ModuleType, args: argparse.Namespace) -> EvalConfig:
     limits = {field: getattr(args, flag) for flag, field in _LIMIT_FLAGS.items() if getattr(args, flag) is not None}
-    timeouts = {phase: getattr(args, f"timeout_{phase}") for phase in ("setup", "agent")
-                if getattr(args, f"timeout_{phase}") is not None}
-    sampling = {**(args.sampling or {}), **{k: getattr(args, k) for k in _SAMPLING_FLAGS if getattr(args, k) is not None}}
+    timeouts = {
+        phase: getattr(args, f"timeout_{phase}")
+        for phase in ("setup", "agent")
+        if getattr(args, f"timeout_{phase}") is not None
+    }
+    sampling = {
+        **(args.sampling or {}),
+        **{k: getattr(args, k) for k in _SAMPLING_FLAGS if getattr(args, k) is not None},
+    }
     try:
-        return eval_config(module, samples=args.samples, max_in_flight=args.max_in_flight, model_name=args.model,
-                           limits=limits, sampling=sampling, timeouts=timeouts, retries=args.retries,
-                           retry_failed=args.retry_failed,
-                           finalize={"pass_k": args.pass_k} if args.pass_k else None)
+        return eval_config(
+            module,
+            samples=args.samples,
+            max_in_flight=args.max_in_flight,
+            model_name=args.model,
+            limits=limits,
+            sampling=sampling,
+            timeouts=timeouts,
+            retries=args.retries,
+            retry_failed=args.retry_failed,
+            finalize={"pass_k": args.pass_k} if args.pass_k else None,
+        )
     except ValidationError as e:
         raise UsageError(f"invalid settings (with the taskset's config): {one_line(e)}") from None
     except (TypeError, ValueError) as e:
@@ -197,8 +287,14 @@ def _plan(args: argparse.Namespace) -> _Plan:
         check_address(args.executor, args.address)
         check_runtime(args.runtime, remote=_remote(args))
         if args.resume:
-            check_resume(out, {"taskset": args.taskset, "eval": config.model_dump(mode="json"),
-                               "model": model_record(url=args.model_url, name=model_name, simulated=_simulated(args))})
+            check_resume(
+                out,
+                {
+                    "taskset": args.taskset,
+                    "eval": config.model_dump(mode="json"),
+                    "model": model_record(url=args.model_url, name=model_name, simulated=_simulated(args)),
+                },
+            )
     except BaseException:
         claim.close()  # and the directory it made goes
         raise
@@ -214,23 +310,36 @@ def _api_key_env(args: argparse.Namespace) -> str:
     return args.api_key_env or DEFAULT_API_KEY_ENV
 
 
-async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
-               started: float) -> tuple[RunResult, dict[str, float | None], dict[str, str | None]]:
+async def _run(
+    args: argparse.Namespace, plan: _Plan, signals: Signals, started: float
+) -> tuple[RunResult, dict[str, float | None], dict[str, str | None]]:
     """The run, its clock since ``started``: ``start`` (the model, Ray and the actors, up to
     the driver's start), ``rollouts`` (the driver's run) and ``rate`` (rollouts run in this
     session per second of ``rollouts``), and how its tokens were captured (the summary's
     ``token_capture``)."""
     async with AsyncExitStack() as stack:
-        model, where, record = await open_model(stack, url=args.model_url, name=plan.model_name,
-                                                api_key_env=_api_key_env(args), simulated=_simulated(args),
-                                                token_capture=args.token_capture)
+        model, where, record = await open_model(
+            stack,
+            url=args.model_url,
+            name=plan.model_name,
+            api_key_env=_api_key_env(args),
+            simulated=_simulated(args),
+            token_capture=args.token_capture,
+        )
         probing = asyncio.create_task(_capture_dialect(model))  # asked while Ray starts
         stack.callback(probing.cancel)
         label = f"eval {args.taskset}"
         print(header(label, plan.tasks, plan.config, where, plan.out), file=sys.stderr)  # before Ray's wait
         executor = await stack.enter_async_context(
-            make_executor(args.executor, plan.module, actors=args.actors, capacity=args.capacity,
-                          address=args.address, runtime=args.runtime))
+            make_executor(
+                args.executor,
+                plan.module,
+                actors=args.actors,
+                capacity=args.capacity,
+                address=args.address,
+                runtime=args.runtime,
+            )
+        )
         if _remote(args):  # this machine's check said nothing of the cluster's nodes: ask them
             await _say_nodes_lacking(args.runtime)
         signals.install()
@@ -239,11 +348,23 @@ async def _run(args: argparse.Namespace, plan: _Plan, signals: Signals,
             print(f"warmup {time.monotonic() - started:.1f}s: Ray, {what}", file=sys.stderr)
         driving, since = time.monotonic(), time.time()
         plan.claim.hand_over()  # the driver locks the run as it opens it
-        result = await drive(label, plan.module, plan.tasks, plan.harness, model, executor,
-                           plan.config, plan.out, resume=args.resume, overwrite=args.overwrite, where=where,
-                           keep_failed=args.keep_failed,
-                           manifest_config={"taskset": args.taskset, "model": record}, announce=False,
-                           started=started)
+        result = await drive(
+            label,
+            plan.module,
+            plan.tasks,
+            plan.harness,
+            model,
+            executor,
+            plan.config,
+            plan.out,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            where=where,
+            keep_failed=args.keep_failed,
+            manifest_config={"taskset": args.taskset, "model": record},
+            announce=False,
+            started=started,
+        )
         rollouts = time.monotonic() - driving
         capture = {"capture": args.token_capture, "dialect": await probing}
         timing = {"start": driving - started, "rollouts": rollouts, "rate": _rate(result, since, rollouts)}
@@ -281,26 +402,42 @@ async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: Signals) -
             raise
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
         return _interrupted(args, plan, signals.received)
-    summary = summarize(result.samples, result.groups, timing={**timing, "wall": time.monotonic() - started},
-                        status=result.status, reason=result.reason)
-    summary.update(token_rows=stored_token_rows(plan.out), token_capture=capture,
-                   protections=[budgets_line(plan.config, plan.defaulted), runtime_line(args.runtime)])
+    summary = summarize(
+        result.samples,
+        result.groups,
+        timing={**timing, "wall": time.monotonic() - started},
+        status=result.status,
+        reason=result.reason,
+    )
+    summary.update(
+        token_rows=stored_token_rows(plan.out),
+        token_capture=capture,
+        protections=[budgets_line(plan.config, plan.defaulted), runtime_line(args.runtime)],
+    )
     print(format_summary(summary))
     print(f"run dir: {plan.out}")
     if result.status != "completed":
-        print(f"rollout-ray eval: run halted: {result.reason}; continue with: "
-              f"{continue_command(args.argv, plan.out)}", file=sys.stderr)
+        print(
+            f"rollout-ray eval: run halted: {result.reason}; continue with: {continue_command(args.argv, plan.out)}",
+            file=sys.stderr,
+        )
         return HALTED
     if summary["rollouts"] and not summary["ok"]:
-        print(f"rollout-ray eval: every rollout failed ({summary['failed']} of {summary['rollouts']}); "
-              "see the error types above, or `rollout-ray view` the run", file=sys.stderr)
+        print(
+            f"rollout-ray eval: every rollout failed ({summary['failed']} of {summary['rollouts']}); "
+            "see the error types above, or `rollout-ray view` the run",
+            file=sys.stderr,
+        )
         return ALL_FAILED
     judged, first = summary["judge_failures"]
     if judged:
         # rescore stores the fixed judge's columns (a score version); finalize(read_run(...)) only computes them
-        print(f"rollout-ray eval: the judge failed on {judged} of {summary['groups']} groups ({first}); the "
-              f"rollouts are stored: fix the judge, then `rollout-ray rescore {shlex.quote(plan.out)}` stores its "
-              "columns, without a model", file=sys.stderr)
+        print(
+            f"rollout-ray eval: the judge failed on {judged} of {summary['groups']} groups ({first}); the "
+            f"rollouts are stored: fix the judge, then `rollout-ray rescore {shlex.quote(plan.out)}` stores its "
+            "columns, without a model",
+            file=sys.stderr,
+        )
         return JUDGE_FAILED
     return 0
 
@@ -330,10 +467,16 @@ def _interrupted(args: argparse.Namespace, plan: _Plan, signum: int) -> int:
         stored = 0
     # A group is stored whole, when its last sample finishes: the bar's count of finished
     # rollouts can exceed this one, and a user must know those are not lost by mistake.
-    unfinished = (" (finished samples of groups not yet complete are not stored: the resume runs them again)"
-                  if stored < total and plan.config.samples_per_task > 1 else "")
-    print(f"\ninterrupted: {stored} of {total} stored{unfinished}; continue with: "
-          f"{continue_command(args.argv, plan.out)}", file=sys.stderr)
+    unfinished = (
+        " (finished samples of groups not yet complete are not stored: the resume runs them again)"
+        if stored < total and plan.config.samples_per_task > 1
+        else ""
+    )
+    print(
+        f"\ninterrupted: {stored} of {total} stored{unfinished}; continue with: "
+        f"{continue_command(args.argv, plan.out)}",
+        file=sys.stderr,
+    )
     return 128 + signum
 
 
@@ -346,8 +489,7 @@ def _eval(args: argparse.Namespace) -> int:
     signals = Signals()
     try:
         return asyncio.run(_eval_async(args, plan, signals))
-    except (RunInUse, ResumeMismatch, CorruptRun, FileExistsError,
-            RayUnreachable) as e:
+    except (RunInUse, ResumeMismatch, CorruptRun, FileExistsError, RayUnreachable) as e:
         print(f"rollout-ray eval: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before the event loop took the signal over

@@ -57,13 +57,16 @@ class SweepModel(SimulatedModelConfig):
     def _simulated_only_without_url(self) -> SweepModel:
         given = sorted(self.model_fields_set & _SIMULATED)
         if self.url is not None and given:
-            raise ValueError(f"simulated-model settings ({', '.join(given)}) given with url; remove "
-                             "them, or remove url to use the simulated model")
+            raise ValueError(
+                f"simulated-model settings ({', '.join(given)}) given with url; remove "
+                "them, or remove url to use the simulated model"
+            )
         return self
 
     def simulated(self) -> SimulatedModelConfig:
-        return SimulatedModelConfig(**self.model_dump(include=set(_SIMULATED)),
-                                    model_name=self.model_name or "simulated")
+        return SimulatedModelConfig(
+            **self.model_dump(include=set(_SIMULATED)), model_name=self.model_name or "simulated"
+        )
 
     def upstream(self) -> str | None:
         """The model name forced on every request: a url model's own, none for the simulated."""
@@ -226,8 +229,9 @@ def _harness(module: ModuleType, taskset: str, ref: str) -> Harness:
         raise ValueError(f"cannot import {owner}: {e}") from None
     if not callable(factory):
         where = owner or taskset
-        raise ValueError(f"{attr!r} is not a function of {where}; name a function returning a Harness, "
-                         "or 'module:function'")
+        raise ValueError(
+            f"{attr!r} is not a function of {where}; name a function returning a Harness, or 'module:function'"
+        )
     harness = factory()
     if not isinstance(harness, Harness):
         raise ValueError(f"{ref}() returned {type(harness).__name__}, not a Harness")

@@ -98,19 +98,35 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--error-rate", type=float, default=0.0, help="share of wrong arithmetic answers")
     serve.add_argument("--rate-429", type=float, default=0.0, help="share of 429 answers")
     serve.add_argument("--rate-5xx", type=float, default=0.0, help="share of 5xx answers")
-    serve.add_argument("--rate-timeout", type=float, default=0.0, help="share of requests held until the client times out")
+    serve.add_argument(
+        "--rate-timeout", type=float, default=0.0, help="share of requests held until the client times out"
+    )
     serve.add_argument("--rate-malformed", type=float, default=0.0, help="share of malformed bodies")
     serve.add_argument("--seed", type=int, default=0, help="seed of every random draw")
     serve.add_argument("--model-name", default="simulated", help="model name in answers")
     serve.add_argument("--max-completion-tokens", type=int, default=256, help="cap on completion tokens")
-    serve.add_argument("--temperature-error", type=float, default=0.5,
-                       help="how fast wrong answers grow with temperature (see SimulatedModelConfig)")
-    serve.add_argument("--dialect", choices=["vllm", "sglang"], default="vllm",
-                       help="token-capture shapes and info route when a request does not say")
-    serve.add_argument("--return-tokens-as-token-ids", action="store_true",
-                       help="logprob tokens read token_id:N, as vLLM's flag of that name")
-    serve.add_argument("--template-drift", action="store_true",
-                       help="re-tokenize earlier assistant turns differently from how they were sampled")
+    serve.add_argument(
+        "--temperature-error",
+        type=float,
+        default=0.5,
+        help="how fast wrong answers grow with temperature (see SimulatedModelConfig)",
+    )
+    serve.add_argument(
+        "--dialect",
+        choices=["vllm", "sglang"],
+        default="vllm",
+        help="token-capture shapes and info route when a request does not say",
+    )
+    serve.add_argument(
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help="logprob tokens read token_id:N, as vLLM's flag of that name",
+    )
+    serve.add_argument(
+        "--template-drift",
+        action="store_true",
+        help="re-tokenize earlier assistant turns differently from how they were sampled",
+    )
     serve.add_argument("--policy-version", type=int, default=0, help="initial X-Policy-Version")
     serve.set_defaults(run=_serve_model)
     return p

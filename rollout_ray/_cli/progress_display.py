@@ -40,8 +40,14 @@ class ProgressDisplay:
         started: where ``wall`` counts from, on ``clock`` (default: now).
     """
 
-    def __init__(self, stream: TextIO, *, clock: Callable[[], float] = time.monotonic, tty: bool | None = None,
-                 started: float | None = None) -> None:
+    def __init__(
+        self,
+        stream: TextIO,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        tty: bool | None = None,
+        started: float | None = None,
+    ) -> None:
         self.stream, self.clock = stream, clock
         self.tty = (stream.isatty() if tty is None else tty) and installed("tqdm")
         self.started = clock() if started is None else started
@@ -66,9 +72,18 @@ class ProgressDisplay:
         total = None if p.total is None else p.total - p.skipped
         rate = self.rate(p.done)
         eta = None if total is None or not rate else max(total - p.done, 0) / rate
-        return {"done": p.done, "total": total, "failed": p.failed, "in_flight": p.in_flight,
-                "mean_reward": p.mean_reward, "wall": now - self.started, "rate": rate, "eta": eta,
-                "target": p.target, "target_why": p.target_why}
+        return {
+            "done": p.done,
+            "total": total,
+            "failed": p.failed,
+            "in_flight": p.in_flight,
+            "mean_reward": p.mean_reward,
+            "wall": now - self.started,
+            "rate": rate,
+            "eta": eta,
+            "target": p.target,
+            "target_why": p.target_why,
+        }
 
     def update(self, p: Progress) -> None:
         f = self.fields(p)
@@ -99,9 +114,15 @@ class ProgressDisplay:
         if self._bar is None:
             # A terminal that reports no size (some ptys) would get no bar: assume 100 x 24.
             width = {} if _columns(self.stream) else {"ncols": 100, "nrows": 24}
-            self._bar = tqdm(total=f["total"], file=self.stream, unit="rollout", dynamic_ncols=not width, **width,
-                             bar_format="{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}{postfix}",
-                             mininterval=0)
+            self._bar = tqdm(
+                total=f["total"],
+                file=self.stream,
+                unit="rollout",
+                dynamic_ncols=not width,
+                **width,
+                bar_format="{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}{postfix}",
+                mininterval=0,
+            )
         self._bar.n = f["done"]
         self._bar.set_postfix_str(_postfix(f), refresh=False)
         self._bar.refresh()
@@ -132,5 +153,7 @@ def plain_line(f: dict[str, Any]) -> str:
     mean = "-" if f["mean_reward"] is None else f"{f['mean_reward']:.3f}"
     rate = "warming up" if f["rate"] is None else f"{f['rate']:.1f} rollouts/s  ETA {_duration(f['eta'] or 0)}"
     target = "" if f.get("target") is None else f"/{f['target']} ({f['target_why']})"
-    return (f"done {f['done']}{total}  failed {f['failed']}  in flight {f['in_flight']}{target}  reward {mean}  "
-            f"wall {_duration(f['wall'])}  {rate}")
+    return (
+        f"done {f['done']}{total}  failed {f['failed']}  in flight {f['in_flight']}{target}  reward {mean}  "
+        f"wall {_duration(f['wall'])}  {rate}"
+    )

@@ -40,16 +40,21 @@ def with_finite_defaults(config: EvalConfig) -> tuple[EvalConfig, list[str]]:
 
 def budgets_line(config: EvalConfig, defaulted: list[str]) -> str:
     """The summary's line of a rollout's budgets, saying which are the CLI's defaults."""
+
     def mark(name: str) -> str:
         return " (default)" if name in defaulted else ""
 
     limits, timeouts = config.limits, config.timeouts
-    parts = [f"max_turns {limits.max_turns}{mark('max_turns')}" if limits.max_turns is not None
-             else "max_turns none"]
-    tokens = [f"{name} {value}" for name, value in (("max_input_tokens", limits.max_input_tokens),
-                                                    ("max_output_tokens", limits.max_output_tokens),
-                                                    ("max_total_tokens", limits.max_total_tokens))
-              if value is not None]
+    parts = [f"max_turns {limits.max_turns}{mark('max_turns')}" if limits.max_turns is not None else "max_turns none"]
+    tokens = [
+        f"{name} {value}"
+        for name, value in (
+            ("max_input_tokens", limits.max_input_tokens),
+            ("max_output_tokens", limits.max_output_tokens),
+            ("max_total_tokens", limits.max_total_tokens),
+        )
+        if value is not None
+    ]
     parts += tokens or ["tokens no cap"]
     parts.append(f"agent {timeouts.agent:g}s{mark('agent')}" if timeouts.agent is not None else "agent no time limit")
     return "budgets per rollout  " + "  ".join(parts)
@@ -60,10 +65,14 @@ def runtime_line(requested: str) -> str:
     kind, reason = runtime_kind(requested)
     chosen = provider(kind)
     if reason is not None:
-        return (f"runtime  {chosen.label}: --runtime {AUTO} fell back, no {AUTO_ORDER[0]} on this machine ({reason}); "
-                "rollouts were isolated neither from each other nor from the host")
+        return (
+            f"runtime  {chosen.label}: --runtime {AUTO} fell back, no {AUTO_ORDER[0]} on this machine ({reason}); "
+            "rollouts were isolated neither from each other nor from the host"
+        )
     if not chosen.capabilities.isolation:
-        return f"runtime  {chosen.label} (--runtime {kind}): rollouts isolated neither from each other nor from the host"
+        return (
+            f"runtime  {chosen.label} (--runtime {kind}): rollouts isolated neither from each other nor from the host"
+        )
     return f"runtime  {chosen.label}"
 
 
@@ -79,8 +88,10 @@ def check_runtime(requested: str, *, remote: bool) -> None:
         return
     reason = provider(requested).unavailable()
     if reason is not None:
-        raise UsageError(f"--runtime {requested}: this machine cannot run the {requested} ({reason}); install what "
-                         "it needs, or pass --runtime local to run rollouts without isolation")
+        raise UsageError(
+            f"--runtime {requested}: this machine cannot run the {requested} ({reason}); install what "
+            "it needs, or pass --runtime local to run rollouts without isolation"
+        )
 
 
 def nodes_line(requested: str, lacking: dict[str, str], nodes: int) -> str | None:
@@ -90,7 +101,12 @@ def nodes_line(requested: str, lacking: dict[str, str], nodes: int) -> str | Non
         return None
     address, reason = next(iter(lacking.items()))
     kind = AUTO_ORDER[0] if requested == AUTO else requested
-    then = (f"rollouts there run in the {AUTO_ORDER[-1]} runtime, isolated neither from each other nor from the host"
-            if requested == AUTO else "rollouts there fail; pass --runtime local to run them without isolation")
-    return (f"rollout-ray: {len(lacking)} of {nodes} nodes cannot run the {kind} runtime ({address}: {reason}): "
-            f"{then} (pod security: docs/runtime-providers.md)")
+    then = (
+        f"rollouts there run in the {AUTO_ORDER[-1]} runtime, isolated neither from each other nor from the host"
+        if requested == AUTO
+        else "rollouts there fail; pass --runtime local to run them without isolation"
+    )
+    return (
+        f"rollout-ray: {len(lacking)} of {nodes} nodes cannot run the {kind} runtime ({address}: {reason}): "
+        f"{then} (pod security: docs/runtime-providers.md)"
+    )

@@ -34,8 +34,9 @@ def _summarize(path: str, plot_path: str | None) -> int:
     from .._driver.run_dir import stored_results
 
     if not RunLayout.of(path).holds_run() and not shard_paths(path):
-        raise UsageError(f"{path} is not a run directory (no {MANIFEST}, no shards); "
-                         "`rollout-ray eval TASKSET --out DIR` writes one")
+        raise UsageError(
+            f"{path} is not a run directory (no {MANIFEST}, no shards); `rollout-ray eval TASKSET --out DIR` writes one"
+        )
     samples, groups = stored_results(path)
     if not samples.num_rows:
         raise UsageError(f"{path} holds no rollouts yet")

@@ -21,11 +21,19 @@ from .taskset import import_taskset, taskset_tasks
 
 def add_rescore_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by eval")
-    p.add_argument("--taskset", metavar="FILE", help="the taskset with the fixed scoring (default: the one the run "
-                   "recorded), whose tasks are the run's, in the same order")
+    p.add_argument(
+        "--taskset",
+        metavar="FILE",
+        help="the taskset with the fixed scoring (default: the one the run "
+        "recorded), whose tasks are the run's, in the same order",
+    )
     p.add_argument("--workers", metavar="N", type=integer(1), help="worker processes (default: one per CPU)")
-    p.add_argument("--timeout", metavar="S", type=number(above=0), help="seconds one rollout's scoring may take "
-                   "(default: the run's scoring timeout, else the task's, else 60)")
+    p.add_argument(
+        "--timeout",
+        metavar="S",
+        type=number(above=0),
+        help="seconds one rollout's scoring may take (default: the run's scoring timeout, else the task's, else 60)",
+    )
     p.set_defaults(run=_rescore)
 
 
@@ -39,8 +47,9 @@ def _rescore(args: argparse.Namespace) -> int:
 
     path = args.run_dir
     if not RunLayout.of(path).holds_run():
-        raise UsageError(f"{path} is not a run directory (no {MANIFEST}); `rollout-ray eval TASKSET --out DIR` "
-                         "writes one")
+        raise UsageError(
+            f"{path} is not a run directory (no {MANIFEST}); `rollout-ray eval TASKSET --out DIR` writes one"
+        )
     try:
         ref = args.taskset or read_manifest(path).config.get("taskset")
     except CorruptRun as e:
@@ -51,16 +60,26 @@ def _rescore(args: argparse.Namespace) -> int:
         raise UsageError(f"the run's taskset {ref} is not here; give it with --taskset FILE")
     module = import_taskset(ref)
     try:
-        result = rescore(path, functools.partial(taskset_of, ref), judge=getattr(module, "judge", None),
-                         workers=args.workers, timeout=args.timeout, describe=ref)
+        result = rescore(
+            path,
+            functools.partial(taskset_of, ref),
+            judge=getattr(module, "judge", None),
+            workers=args.workers,
+            timeout=args.timeout,
+            describe=ref,
+        )
     except (RescoreRefused, RunInUse, CorruptRun) as e:
         raise UsageError(str(e)) from None
     before, after = _mean(result.mean_before), _mean(result.mean_after)
-    print(f"rescored {result.rescored} of {result.rows} rollouts ({result.rows - result.rescored} failed before "
-          f"scoring) in {result.seconds:.1f}s: {result.changed} rewards changed, {result.failed} scoring failures; "
-          f"mean reward {before} -> {after}")
-    print(f"score version {result.version} written; earlier versions kept "
-          f"(read_run({path!r}, scores=1) reads the stored one)")
+    print(
+        f"rescored {result.rescored} of {result.rows} rollouts ({result.rows - result.rescored} failed before "
+        f"scoring) in {result.seconds:.1f}s: {result.changed} rewards changed, {result.failed} scoring failures; "
+        f"mean reward {before} -> {after}"
+    )
+    print(
+        f"score version {result.version} written; earlier versions kept "
+        f"(read_run({path!r}, scores=1) reads the stored one)"
+    )
     return 0
 
 

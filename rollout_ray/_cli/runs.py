@@ -37,8 +37,9 @@ def latest_run(taskset: str, root: str = RUNS_ROOT) -> str:
     if mine:
         return os.path.join(root, mine[-1][1])
     there = ", ".join(f"{name} ({ref})" for _, name, ref in sorted(runs)[-5:]) or "none"
-    raise UsageError(f"--resume without --out: no run of {taskset} under {root}/ (runs there: {there}); "
-                     "pass --out RUN_DIR")
+    raise UsageError(
+        f"--resume without --out: no run of {taskset} under {root}/ (runs there: {there}); pass --out RUN_DIR"
+    )
 
 
 def continue_command(argv: list[str], out: str) -> str:
@@ -61,21 +62,27 @@ def served_model(url: str, api_key: str | None, timeout: float = 10.0) -> str:
         UsageError: the server is unreachable, cannot list its models, or serves none or
             several (they are listed).
     """
-    request = urllib.request.Request(url.rstrip("/") + "/models",  # noqa: S310 - the model server's http(s) URL the user passed
-                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    request = urllib.request.Request(  # noqa: S310 - the model server's http(s) URL the user passed
+        url.rstrip("/") + "/models",
+        headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - the request built above
             ids = [m["id"] for m in json.load(response)["data"]]
     except urllib.error.HTTPError as e:  # it answers, but not with its models: naming one is the way
-        raise UsageError(f"--model-url {url}: cannot list its models (GET /models: HTTP {e.code} {e.reason}); "
-                         "pass --model NAME") from None
+        raise UsageError(
+            f"--model-url {url}: cannot list its models (GET /models: HTTP {e.code} {e.reason}); pass --model NAME"
+        ) from None
     except (urllib.error.URLError, OSError) as e:  # nothing answers: a name would not help
         reason = getattr(e, "reason", None) or e
-        raise UsageError(f"--model-url {url}: the server is unreachable ({reason}); start it, or check the "
-                         "URL") from None
+        raise UsageError(
+            f"--model-url {url}: the server is unreachable ({reason}); start it, or check the URL"
+        ) from None
     except (ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"--model-url {url}: cannot list its models (GET /models is not an OpenAI model list: "
-                         f"{type(e).__name__}: {e}); pass --model NAME") from None
+        raise UsageError(
+            f"--model-url {url}: cannot list its models (GET /models is not an OpenAI model list: "
+            f"{type(e).__name__}: {e}); pass --model NAME"
+        ) from None
     if len(ids) != 1:
         listed = ", ".join(ids) if ids else "none"
         raise UsageError(f"--model-url {url} serves {len(ids)} models ({listed}); pass --model NAME")

@@ -30,8 +30,14 @@ MESSAGE_CHARS = 160
 """Characters of an error's first message the summary shows (its first line, cut here)."""
 
 
-def summarize(samples: pa.Table, groups: pa.Table, *, timing: dict[str, float | None] | None = None,
-              status: str = "completed", reason: str = "") -> dict[str, Any]:
+def summarize(
+    samples: pa.Table,
+    groups: pa.Table,
+    *,
+    timing: dict[str, float | None] | None = None,
+    status: str = "completed",
+    reason: str = "",
+) -> dict[str, Any]:
     """The run's numbers: counts, reward, pass@k, the task's metrics, the judge's columns, stops,
     errors (each type's count and first message), the judge's failures, span quantiles, tokens,
     time.
@@ -60,8 +66,9 @@ def summarize(samples: pa.Table, groups: pa.Table, *, timing: dict[str, float | 
         "judge": _judged(samples),
         "stop_conditions": dict(Counter(samples["stop_condition"].to_pylist()).most_common()) if n else {},
         "error_types": dict(Counter(e for e in errors if e).most_common()),
-        "first_errors": _first_messages(errors, samples["error_message"].to_pylist()
-                                        if "error_message" in samples.column_names else [None] * n),
+        "first_errors": _first_messages(
+            errors, samples["error_message"].to_pylist() if "error_message" in samples.column_names else [None] * n
+        ),
         "judge_failures": _judge_failures(groups),
         "spans": {},
         "tokens": {},
@@ -129,8 +136,11 @@ def _pass_at(groups: pa.Table) -> dict[int, float]:
         n = groups["n_valid"].to_numpy(zero_copy_only=False)
         c = groups["n_correct"].to_numpy(zero_copy_only=False)
         most = int(n.max(initial=0))
-        ks = sorted({k for k in stored if k <= most} | {2**i for i in range(most.bit_length()) if 2**i <= most}
-                    | ({most} if most else set()))
+        ks = sorted(
+            {k for k in stored if k <= most}
+            | {2**i for i in range(most.bit_length()) if 2**i <= most}
+            | ({most} if most else set())
+        )
         values = {k: pass_at_k(n, c, k).to_pylist() for k in ks}
     out = {}
     for k in ks:
@@ -169,8 +179,11 @@ def _span_of_run(samples: pa.Table) -> dict[str, float | None]:
     if not samples.num_rows or "started_at" not in samples.column_names:
         return {}
     starts = samples["started_at"].to_numpy(zero_copy_only=False)
-    total = sum(samples[s].fill_null(0.0).to_numpy(zero_copy_only=False) for s in SPANS if s in samples.column_names
-                and s not in ("agent_model_s", "agent_harness_s"))
+    total = sum(
+        samples[s].fill_null(0.0).to_numpy(zero_copy_only=False)
+        for s in SPANS
+        if s in samples.column_names and s not in ("agent_model_s", "agent_harness_s")
+    )
     value = float((starts + total).max() - starts.min())
     if not math.isfinite(value):
         return {}
@@ -183,8 +196,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary.get("status") == "halted":
         lines.append(f"halted: {summary['reason']}")
     lines += [
-        f"rollouts {summary['rollouts']}  ok {summary['ok']}  failed {summary['failed']}  "
-        f"groups {summary['groups']}",
+        f"rollouts {summary['rollouts']}  ok {summary['ok']}  failed {summary['failed']}  groups {summary['groups']}",
         f"mean reward {summary['mean_reward']:.4f}  ({FAILED_RULE}, here and in pass@k)",
     ]
     if summary.get("rejected"):
@@ -262,8 +274,10 @@ def token_data(summary: dict[str, Any]) -> str:
     if how["capture"] == "off":
         return "token data: none (--token-capture off)"
     if how["dialect"] is None:
-        return ("token data: none (the server offers no token ids: it answers neither vLLM's GET /version "
-                "nor SGLang's GET /get_model_info)")
+        return (
+            "token data: none (the server offers no token ids: it answers neither vLLM's GET /version "
+            "nor SGLang's GET /get_model_info)"
+        )
     if how["dialect"] == "unknown":
         return "token data: none (--token-capture auto could not ask the server which it is)"
     return f"token data: none (asked in {how['dialect']}'s request fields; no rollout recorded token ids)"

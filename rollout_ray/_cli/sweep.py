@@ -64,8 +64,9 @@ GRID_COPY = "grid.toml"
 def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.description, p.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
     p.add_argument("grid", help="a TOML grid file (see above and examples/sweep.toml)")
-    p.add_argument("--out", help="directory for the points' run dirs and the comparison "
-                                 "(default: runs/sweep-<grid file name>)")
+    p.add_argument(
+        "--out", help="directory for the points' run dirs and the comparison (default: runs/sweep-<grid file name>)"
+    )
     p.add_argument("--resume", action="store_true", help="skip complete points, resume incomplete ones")
     p.add_argument("--executor", choices=["ray", "local"], help="override [base] executor")
     p.add_argument("--address", help="override [base] address (Ray cluster)")
@@ -100,8 +101,9 @@ def _sweep(args: argparse.Namespace) -> int:
     return 3 if "halted" in table["status"].to_pylist() else 0
 
 
-async def _run_until_signalled(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBase,
-                               signals: Signals) -> pa.Table | None:
+async def _run_until_signalled(
+    sweep: Sweep, out: str, plan: dict[str, str], base: SweepBase, signals: Signals
+) -> pa.Table | None:
     """``run_sweep``, or ``None`` once SIGINT or SIGTERM stopped it (what is stored stays)."""
     signals.install()  # also when SIGINT was ignored at start (a background job): kill -INT stops it
     try:
@@ -118,8 +120,11 @@ def _interrupted(args: argparse.Namespace, sweep: Sweep, out: str, signum: int) 
         stored = sum(_complete(sweep, point, os.path.join(out, point.name)) for point in sweep.points)
     except Exception:  # noqa: BLE001 - the count is a courtesy; the line must still be printed
         stored = 0
-    print(f"\ninterrupted: {stored} of {len(sweep.points)} points stored; continue with: "
-          f"{continue_command(args.argv, out)}", file=sys.stderr)
+    print(
+        f"\ninterrupted: {stored} of {len(sweep.points)} points stored; continue with: "
+        f"{continue_command(args.argv, out)}",
+        file=sys.stderr,
+    )
     return 128 + signum
 
 
@@ -133,16 +138,27 @@ def _complete(sweep: Sweep, point: Point, run_dir: str) -> bool:
 
 def point_config(sweep: Sweep, point: Point) -> EvalConfig:
     base = sweep.file.base
-    config = eval_config(sweep.module, samples=base.samples, max_in_flight=base.max_in_flight,
-                         model_name=point.model.upstream(), limits=point.limits, sampling=point.sampling,
-                         finalize={"pass_k": sorted(base.pass_k)} if base.pass_k else None)
+    config = eval_config(
+        sweep.module,
+        samples=base.samples,
+        max_in_flight=base.max_in_flight,
+        model_name=point.model.upstream(),
+        limits=point.limits,
+        sampling=point.sampling,
+        finalize={"pass_k": sorted(base.pass_k)} if base.pass_k else None,
+    )
     return with_finite_defaults(config)[0]  # as eval's: no point runs an endless agent forever
 
 
 def _record(sweep: Sweep, point: Point) -> dict[str, Any]:
     """What the point's manifest records of it; a resume must find the same."""
-    fields = {"model": point.model.model_dump(mode="json"), "sampling": point.sampling,
-              "limits": point.limits, "harness": point.harness, "limit": sweep.file.base.limit}
+    fields = {
+        "model": point.model.model_dump(mode="json"),
+        "sampling": point.sampling,
+        "limits": point.limits,
+        "harness": point.harness,
+        "limit": sweep.file.base.limit,
+    }
     return json.loads(json.dumps(fields))  # type: ignore[no-any-return]
 
 
@@ -160,15 +176,28 @@ def preflight(sweep: Sweep, out: str, *, resume: bool) -> dict[str, str]:
             plan[point.name] = "run"
             continue
         if not resume:
-            raise UsageError.in_file(out, [("", f"already holds runs of a sweep ({point.name}, ...); "
-                                              "pass --resume to continue it, or choose another --out")])
+            raise UsageError.in_file(
+                out,
+                [
+                    (
+                        "",
+                        f"already holds runs of a sweep ({point.name}, ...); "
+                        "pass --resume to continue it, or choose another --out",
+                    )
+                ],
+            )
         config = point_config(sweep, point)
         stored = read_manifest(run_dir).config
         now = {"sweep": _record(sweep, point), "eval": config.model_dump(mode="json")}
         changed = _changed({k: stored.get(k) for k in now}, now)
         if changed:
-            problems.append((point.name, f"was run with other settings ({', '.join(changed)}); resume "
-                                         "with the grid it was run with, or choose another --out"))
+            problems.append(
+                (
+                    point.name,
+                    f"was run with other settings ({', '.join(changed)}); resume "
+                    "with the grid it was run with, or choose another --out",
+                )
+            )
         plan[point.name] = "skip" if _complete(sweep, point, run_dir) else "resume"
     if problems:
         raise UsageError.in_file(out, problems)
@@ -176,8 +205,9 @@ def preflight(sweep: Sweep, out: str, *, resume: bool) -> dict[str, str]:
     return plan
 
 
-async def run_sweep(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBase, *,
-                    signals: Signals | None = None) -> pa.Table:
+async def run_sweep(
+    sweep: Sweep, out: str, plan: dict[str, str], base: SweepBase, *, signals: Signals | None = None
+) -> pa.Table:
     """Run (or skip, or resume) every point on one executor; write and return the comparison.
     ``signals`` are installed again once Ray started (``ray.init`` sets its own handlers)."""
     rows = []
@@ -194,22 +224,31 @@ async def run_sweep(sweep: Sweep, out: str, plan: dict[str, str], base: SweepBas
             else:
                 if executor is None:  # once per sweep, and not at all when every point is done
                     started = time.monotonic()
-                    executor = await stack.enter_async_context(make_executor(
-                        base.executor, sweep.module, actors=base.actors, capacity=base.capacity,
-                        address=base.address))
+                    executor = await stack.enter_async_context(
+                        make_executor(
+                            base.executor,
+                            sweep.module,
+                            actors=base.actors,
+                            capacity=base.capacity,
+                            address=base.address,
+                        )
+                    )
                     if signals is not None:
                         signals.install()
                     # Before the first point: its setup spans are not charged with the cold start.
                     what = await warm_up(executor)
                     if what is not None:
                         print(f"warmup {time.monotonic() - started:.1f}s: Ray, {what}", file=sys.stderr)
-                result = await _run_point(sweep, point, config, executor, run_dir, label,
-                                          resume=plan[point.name] == "resume")
+                result = await _run_point(
+                    sweep, point, config, executor, run_dir, label, resume=plan[point.name] == "resume"
+                )
                 samples, groups, status, reason = result.samples, result.groups, result.status, result.reason
             row = comparison_row(point, samples, groups, status, reason, run_dir)
             done = {"stored": "skipped (complete)", "halted": f"halted ({reason})"}.get(status, status)
-            print(f"{label}: {done}, mean reward {row['mean_reward']:.4f}, "
-                  f"failed {row['failed']}/{row['rollouts']}", file=sys.stderr)
+            print(
+                f"{label}: {done}, mean reward {row['mean_reward']:.4f}, failed {row['failed']}/{row['rollouts']}",
+                file=sys.stderr,
+            )
             rows.append(row)
     table = comparison_table(rows)
     # Written as a run directory's files are (``run_files``): a sweep's directory may be shared
@@ -238,15 +277,31 @@ def _copy_grid(grid: str, out: str) -> None:
             folder.write_bytes(GRID_COPY, f.read())
 
 
-async def _run_point(sweep: Sweep, point: Point, config: EvalConfig, executor: Executor, run_dir: str,
-                     label: str, *, resume: bool) -> RunResult:
+async def _run_point(
+    sweep: Sweep, point: Point, config: EvalConfig, executor: Executor, run_dir: str, label: str, *, resume: bool
+) -> RunResult:
     async with AsyncExitStack() as stack:
-        model, where, record = await open_model(stack, url=point.model.url, name=point.model.upstream(),
-                                                api_key_env=point.model.api_key_env,
-                                                simulated=point.model.simulated())
+        model, where, record = await open_model(
+            stack,
+            url=point.model.url,
+            name=point.model.upstream(),
+            api_key_env=point.model.api_key_env,
+            simulated=point.model.simulated(),
+        )
         manifest = {"taskset": sweep.file.taskset, "model": record, "sweep": _record(sweep, point)}
-        return await drive(label, sweep.module, sweep.tasks, sweep.harnesses[point.harness], model,
-                           executor, config, run_dir, resume=resume, where=where, manifest_config=manifest)
+        return await drive(
+            label,
+            sweep.module,
+            sweep.tasks,
+            sweep.harnesses[point.harness],
+            model,
+            executor,
+            config,
+            run_dir,
+            resume=resume,
+            where=where,
+            manifest_config=manifest,
+        )
 
 
 # -- the comparison --------------------------------------------------------------------------

@@ -125,8 +125,10 @@ def taskset_tasks(module: ModuleType, ref: str, limit: int | None = None) -> lis
         raise UsageError(f"tasks() of {ref} yielded no tasks; it must yield Task objects")
     for i, task in enumerate(tasks):
         if not isinstance(task, Task):
-            raise UsageError(f"tasks() of {ref} must yield Task objects (e.g. MyTask({{...}})), "
-                               f"but item {i} is a {type(task).__name__}")
+            raise UsageError(
+                f"tasks() of {ref} must yield Task objects (e.g. MyTask({{...}})), "
+                f"but item {i} is a {type(task).__name__}"
+            )
     return tasks
 
 
@@ -141,6 +143,7 @@ def taskset_harness(module: ModuleType, ref: str) -> Harness:
     except Exception as e:  # noqa: BLE001 - the user's code: its failure is one line, not a traceback
         raise UsageError(f"harness() of {ref} raised {type(e).__name__}: {e}") from None
     if not isinstance(harness, Harness):
-        raise UsageError(f"harness() of {ref} must return a Harness (e.g. ChatHarness()), "
-                           f"got a {type(harness).__name__}")
+        raise UsageError(
+            f"harness() of {ref} must return a Harness (e.g. ChatHarness()), got a {type(harness).__name__}"
+        )
     return harness

@@ -9,8 +9,13 @@ from collections.abc import Callable
 
 
 def add_view_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", default=["runs"],
-                   help="run directories, or directories of runs (default: runs/)")
+    p.add_argument(
+        "run_dirs",
+        nargs="*",
+        metavar="RUN_DIR",
+        default=["runs"],
+        help="run directories, or directories of runs (default: runs/)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
     p.add_argument("--port", type=int, default=8765, help="port (0 picks a free one; default 8765)")
     p.set_defaults(run=_view)
@@ -41,8 +46,11 @@ def _view(args: argparse.Namespace) -> int:
         print(f"rollout-ray view: {exc}", file=sys.stderr)
         return 2
     if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"rollout-ray view: serving on {args.host}: anyone who reaches it reads every trace "
-              "(there is no authentication)", file=sys.stderr)
+        print(
+            f"rollout-ray view: serving on {args.host}: anyone who reaches it reads every trace "
+            "(there is no authentication)",
+            file=sys.stderr,
+        )
 
     def announce(url: str) -> None:
         print(f"viewing {len(viewer.runs)} run(s) at {url}  (Ctrl-C stops)", flush=True)

@@ -28,9 +28,17 @@ MAX_UNASKED_ABORTS = 3
 """Aborts in a row by the server alone before the call fails (502)."""
 
 
-async def generate(model: Model, request: Request, *, name: str | None, sampling: dict[str, Any],
-                   policy: PolicyGate, call: ModelCall, prefix: tuple[list[int] | None, int],
-                   check_open: Callable[[], None]) -> Response:
+async def generate(
+    model: Model,
+    request: Request,
+    *,
+    name: str | None,
+    sampling: dict[str, Any],
+    policy: PolicyGate,
+    call: ModelCall,
+    prefix: tuple[list[int] | None, int],
+    check_open: Callable[[], None],
+) -> Response:
     """The whole reply to ``request``; ``call.interrupts`` counts the interrupts.
 
     Raises:

@@ -113,9 +113,7 @@ class Harness:
         """Continue the conversation with the caller's ``messages``."""
         raise HarnessError(f"harness '{self.id}' cannot resume: it does not support users")
 
-    async def score(
-        self, trace: Trace, runtime: Runtime | None = None, task: TaskData | None = None
-    ) -> None:
+    async def score(self, trace: Trace, runtime: Runtime | None = None, task: TaskData | None = None) -> None:
         """Seed and run the harness's own ``@metric``s (harnesses have no rewards, B48).
 
         Metrics receive ``task`` (the task data), ``trace`` and ``runtime`` by parameter name.
@@ -164,9 +162,7 @@ class HarnessSession:
             return
         tail = (result.stderr or result.stdout or "<no output>")[-OUTPUT_TAIL:]
         if not await self.ctx.runtime.alive():
-            raise SandboxError(
-                f"runtime died under harness '{self.harness.id}' (exit {result.exit_code}): {tail}"
-            )
+            raise SandboxError(f"runtime died under harness '{self.harness.id}' (exit {result.exit_code}): {tail}")
         raise HarnessError(f"harness '{self.harness.id}' exited {result.exit_code}: {tail}")
 
     async def close(self) -> None:

@@ -37,8 +37,9 @@ class LimitReservations:
         self._limits = limits
         self._turns = turns
         self._closed = closed
-        self._token_caps = any(cap is not None for cap in (
-            limits.max_input_tokens, limits.max_output_tokens, limits.max_total_tokens))
+        self._token_caps = any(
+            cap is not None for cap in (limits.max_input_tokens, limits.max_output_tokens, limits.max_total_tokens)
+        )
         self.in_flight = 0
         self._changed: asyncio.Event | None = None
 

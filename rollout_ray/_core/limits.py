@@ -91,9 +91,7 @@ class RolloutTimeouts:
             return self
         return RolloutTimeouts(
             **{
-                f.name: getattr(self, f.name)
-                if getattr(self, f.name) is not None
-                else getattr(fallback, f.name)
+                f.name: getattr(self, f.name) if getattr(self, f.name) is not None else getattr(fallback, f.name)
                 for f in fields(self)
             }
         )

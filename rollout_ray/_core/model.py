@@ -60,20 +60,26 @@ class Model(ABC):
     (the operator's choice; see ``_core/upstream_fields``)."""
 
     @abstractmethod
-    async def complete(
-        self, request: Request, *, model: str | None, sampling: dict[str, Any]
-    ) -> Response:
+    async def complete(self, request: Request, *, model: str | None, sampling: dict[str, Any]) -> Response:
         """Sample one reply to ``request``."""
 
-    async def generate(self, request: Request, *, model: str | None, sampling: dict[str, Any],
-                       call: CallContext) -> Response:
+    async def generate(
+        self, request: Request, *, model: str | None, sampling: dict[str, Any], call: CallContext
+    ) -> Response:
         """Sample one reply to ``request``, knowing ``call``: the session's entry point. A client
         that sends token ids or can be interrupted overrides it (raising ``Interrupted`` when
         stopped); this one is ``complete``."""
         return await self.complete(request, model=model, sampling=sampling)
 
-    async def resume(self, request: Request, interrupted: Interrupted, *, model: str | None,
-                     sampling: dict[str, Any], call: CallContext) -> Response:
+    async def resume(
+        self,
+        request: Request,
+        interrupted: Interrupted,
+        *,
+        model: str | None,
+        sampling: dict[str, Any],
+        call: CallContext,
+    ) -> Response:
         """Continue the call ``interrupted`` stopped: the whole reply (what it sampled, then the
         rest), or ``Interrupted`` again. Only a model whose ``generate`` raises it is asked."""
         raise NotImplementedError(f"{type(self).__name__} does not continue interrupted calls")

@@ -39,8 +39,16 @@ class PeerAgent(UserSimulator):
         done: whether the peer's reply ends the conversation.
     """
 
-    def __init__(self, system_prompt: str, name: str = "peer", *, ask: Frame = _same, tell: Frame = _same,
-                 done: Callable[[str], bool] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        system_prompt: str,
+        name: str = "peer",
+        *,
+        ask: Frame = _same,
+        tell: Frame = _same,
+        done: Callable[[str], bool] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(name, **kwargs)
         self.system_prompt, self.ask, self.tell, self.done = system_prompt, ask, tell, done
         self._history: list[Message] = [SystemMessage(system_prompt)]
@@ -49,8 +57,10 @@ class PeerAgent(UserSimulator):
 
     def attach(self, trace: Trace, client: Any) -> None:
         if client is None:
-            raise UserSimulatorError(f"peer agent {self.name!r} needs the rollout's session in process: run "
-                                     "the rollout with an in-process harness (ChatHarness())")
+            raise UserSimulatorError(
+                f"peer agent {self.name!r} needs the rollout's session in process: run "
+                "the rollout with an in-process harness (ChatHarness())"
+            )
         self._trace, self._client = trace, client
 
     async def reply(self, dialogue: Sequence[Message]) -> UserTurn:

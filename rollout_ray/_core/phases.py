@@ -140,8 +140,9 @@ class Segment:
 # -- close ----------------------------------------------------------------------------------
 
 
-async def finalize_and_score(task: Task, harness: Harness, trace: Trace, runtime: Any,
-                             timeouts: RolloutTimeouts) -> None:
+async def finalize_and_score(
+    task: Task, harness: Harness, trace: Trace, runtime: Any, timeouts: RolloutTimeouts
+) -> None:
     """Task finalize, then task and harness scoring concurrently, each under its timeout."""
     timing = trace.timing
     timing.finalize.start = time.time()

@@ -96,8 +96,17 @@ class PolicyGate:
     """One process's policy version and pause: model calls wait at it while it is paused, and
     the agent clocks of running segments stand still."""
 
-    __slots__ = ("version", "paused", "_gate", "_paused_since", "_paused_total", "_clocks", "_calls",
-                 "_stopped", "_warned")
+    __slots__ = (
+        "version",
+        "paused",
+        "_gate",
+        "_paused_since",
+        "_paused_total",
+        "_clocks",
+        "_calls",
+        "_stopped",
+        "_warned",
+    )
 
     def __init__(self) -> None:
         self.version: int | None = None
@@ -148,9 +157,12 @@ class PolicyGate:
         when the interrupt fires is counted once it goes out on the plain one)."""
         if calls and not self._warned:
             self._warned = True
-            log.warning("interrupt: %d model calls in flight cannot be interrupted (their model client has no "
-                        "token-in route to continue them: a plain OpenAI-compatible server, or token capture "
-                        "off); they run to their end, as with interrupt=False", calls)
+            log.warning(
+                "interrupt: %d model calls in flight cannot be interrupted (their model client has no "
+                "token-in route to continue them: a plain OpenAI-compatible server, or token capture "
+                "off); they run to their end, as with interrupt=False",
+                calls,
+            )
 
     @contextmanager
     def watch(self) -> Iterator[Interrupt]:

@@ -130,8 +130,10 @@ class Rollout:
         policy: PolicyGate | None = None,
     ) -> None:
         if runtime is None and runtime_factory is None:
-            raise TypeError("Rollout needs runtime= (a live runtime to borrow) or runtime_factory= "
-                            "(to own one, e.g. runtime_factory=LocalRuntime)")
+            raise TypeError(
+                "Rollout needs runtime= (a live runtime to borrow) or runtime_factory= "
+                "(to own one, e.g. runtime_factory=LocalRuntime)"
+            )
         self.task = task
         self.harness = harness
         self.trace = Trace(
@@ -151,16 +153,23 @@ class Rollout:
         self._runtime_factory = runtime_factory
         # An in-process agent talks to its session directly: no proxy hop, one trace.
         if interception is not None and harness.in_process:
-            warnings.warn(f"Rollout: interception= is not used: the harness {harness.id!r} runs in process and "
-                          "talks to its session directly", stacklevel=2)
-        self.interception = interception if interception is not None and not harness.in_process \
-            else LocalInterception()
+            warnings.warn(
+                f"Rollout: interception= is not used: the harness {harness.id!r} runs in process and "
+                "talks to its session directly",
+                stacklevel=2,
+            )
+        self.interception = interception if interception is not None and not harness.in_process else LocalInterception()
         self._local_tools: LocalTools | None = None
         self._tool_server = tool_server
         self.has_user = has_user
         self.session = RolloutSession(
-            self.trace, model, limits=limits, model_name=model_name, sampling=sampling,
-            policy=self.policy, **classify(task),
+            self.trace,
+            model,
+            limits=limits,
+            model_name=model_name,
+            sampling=sampling,
+            policy=self.policy,
+            **classify(task),
         )
         self.harness_session: HarnessSession | None = None
         self._stack = AsyncExitStack()
@@ -203,8 +212,13 @@ class Rollout:
             )
         runtime = self.runtime
         self.trace.agent.runtime = runtime.info(borrowed=not self.owns_runtime)
-        log.info("rollout start: id=%s task=%s harness=%s runtime=%s",
-                 self.trace.id, self.task.data.idx, self.harness.id, runtime.type)
+        log.info(
+            "rollout start: id=%s task=%s harness=%s runtime=%s",
+            self.trace.id,
+            self.task.data.idx,
+            self.harness.id,
+            runtime.type,
+        )
         try:
             await self._open(runtime)
         except Exception as e:  # noqa: BLE001 - any failure to open is this rollout's, recorded on its trace
@@ -233,9 +247,7 @@ class Rollout:
                 "resume a conversation (supports_resume is False): use ChatHarness or a harness that resumes"
             )
         if self.task.data.prompt is None and not self.has_user and self._user is None:
-            raise TaskError(
-                f"task {self.task.data.idx} has no prompt and no user to open the conversation"
-            )
+            raise TaskError(f"task {self.task.data.idx} has no prompt and no user to open the conversation")
         if self.owns_runtime:
             await runtime.start()
             self.trace.agent.runtime = runtime.info(borrowed=False)  # the id is known now
@@ -251,8 +263,12 @@ class Rollout:
         tool_urls = await self._serve_tools(toolsets, runtime, slot.state_secret)
         await runtime.prepare_execution([] if self.harness.in_process else [endpoint, *tool_urls.values()])
         if self.task.data.network_policy and "network" not in runtime.enforces:
-            log.warning("rollout %s: task %s asks for a network policy; a %r runtime does not "
-                        "enforce one (use SandboxRuntime)", self.trace.id, self.task.data.idx, runtime.type)
+            log.warning(
+                "rollout %s: task %s asks for a network policy; a %r runtime does not enforce one (use SandboxRuntime)",
+                self.trace.id,
+                self.task.data.idx,
+                runtime.type,
+            )
         with boundary(HarnessError, "opening harness session"):
             data = await harness_data(self.task.data, self.harness, self.session, self.interception)
             if self.session.stopped:
@@ -271,16 +287,15 @@ class Rollout:
             )
             self.harness_session = self.harness.session(ctx)
 
-    async def _serve_tools(
-        self, toolsets: list[Any], runtime: Runtime, state_secret: str
-    ) -> dict[str, str]:
+    async def _serve_tools(self, toolsets: list[Any], runtime: Runtime, state_secret: str) -> dict[str, str]:
         if not toolsets:
             return {}
         if self.harness.in_process:
             await open_toolsets(toolsets, runtime)
             self._stack.push_async_callback(close_toolsets, toolsets)
-            self._local_tools = LocalTools(toolsets, runtime, on_call=self.trace.tool_calls.append,
-                                           caller=self.trace.id)
+            self._local_tools = LocalTools(
+                toolsets, runtime, on_call=self.trace.tool_calls.append, caller=self.trace.id
+            )
             return {}
         if self._tool_server is None:
             raise ToolsetError(
@@ -306,12 +321,9 @@ class Rollout:
             ValueError: the borrowed runtime was stopped by its owner mid-run.
         """
         if not self.owns_runtime and self.runtime is not None and self.runtime.stopped:
-            raise ValueError(
-                f"borrowed runtime {self.runtime.name!r} was torn down by its owner mid-run"
-            ) from error
+            raise ValueError(f"borrowed runtime {self.runtime.name!r} was torn down by its owner mid-run") from error
         if not isinstance(error, RolloutError | InfrastructureLost):
-            log.warning("rollout %s: unexpected %s", self.trace.id, type(error).__name__,
-                        exc_info=error)
+            log.warning("rollout %s: unexpected %s", self.trace.id, type(error).__name__, exc_info=error)
         self._failed = True
         self.failure = error
         self.trace.record_error(error)
@@ -469,8 +481,14 @@ class Rollout:
     def _log_done(self) -> None:
         trace = self.trace
         stop = trace.last_error.type if trace.last_error else trace.stop_condition
-        log.info("rollout done: id=%s task=%s reward=%.3f turns=%d stop=%s",
-                 trace.id, self.task.data.idx, trace.reward, trace.num_turns, stop)
+        log.info(
+            "rollout done: id=%s task=%s reward=%.3f turns=%d stop=%s",
+            trace.id,
+            self.task.data.idx,
+            trace.reward,
+            trace.num_turns,
+            stop,
+        )
 
     # -- the whole run ----------------------------------------------------------------------
 

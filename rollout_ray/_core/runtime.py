@@ -137,8 +137,9 @@ class Runtime(ABC):
         Raises:
             SandboxError: this kind cannot keep them from the agent.
         """
-        raise SandboxError(f"runtime {self.name!r} ({self.type}) cannot hold a task's grader files; "
-                           f"use SandboxRuntime or LocalRuntime")
+        raise SandboxError(
+            f"runtime {self.name!r} ({self.type}) cannot hold a task's grader files; use SandboxRuntime or LocalRuntime"
+        )
 
     @abstractmethod
     async def _start(self) -> None: ...

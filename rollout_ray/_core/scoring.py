@@ -46,7 +46,7 @@ async def run_rewards(trace: Trace, hooks: Sequence[Hook], available: Mapping[st
     """
     results = await gather_all(call_by_name(h.fn, available) for h in hooks)
     for hook, result in zip(hooks, results, strict=True):
-        for name, value in (result.items() if isinstance(result, Mapping) else [(hook.name, result)]):
+        for name, value in result.items() if isinstance(result, Mapping) else [(hook.name, result)]:
             if not math.isfinite(float(value)):
                 raise TaskError(f"@reward {name} returned {value!r}: a reward must be a finite number")
     for hook, result in zip(hooks, results, strict=True):

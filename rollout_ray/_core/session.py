@@ -57,6 +57,7 @@ from .upstream_fields import upstream_fields
 
 _T = TypeVar("_T")
 
+
 class RolloutSession(TurnHooks):
     """The model boundary of one rollout.
 
@@ -126,8 +127,14 @@ class RolloutSession(TurnHooks):
 
     # -- the model route --------------------------------------------------------------------
 
-    async def chat(self, request: Request, params: dict[str, Any] | None = None, *,
-                   endpoint: str = "/chat/completions", dropped: dict[str, str] | None = None) -> Response:
+    async def chat(
+        self,
+        request: Request,
+        params: dict[str, Any] | None = None,
+        *,
+        endpoint: str = "/chat/completions",
+        dropped: dict[str, str] | None = None,
+    ) -> Response:
         """Run one model request through the whole pipeline and commit the turn.
 
         ``params`` are the harness's other request fields (``max_tokens``, ``tool_choice``,
@@ -154,15 +161,17 @@ class RolloutSession(TurnHooks):
                 raise TurnRefused(stop_name)
             return await self._sample(request, params or {}, endpoint, dropped or {})
 
-    async def _sample(self, request: Request, params: dict[str, Any], endpoint: str,
-                      untranslated: dict[str, str]) -> Response:
+    async def _sample(
+        self, request: Request, params: dict[str, Any], endpoint: str, untranslated: dict[str, str]
+    ) -> Response:
         policy = self.policy
         if policy.paused:  # a weight update: wait before anything goes upstream
             await policy.wait()
             self._check_open()
         self.error = None
-        sampling, dropped = upstream_fields(params, self.sampling, extra=self.model.forward_fields,
-                                            tokens_left=self._tokens_left())
+        sampling, dropped = upstream_fields(
+            params, self.sampling, extra=self.model.forward_fields, tokens_left=self._tokens_left()
+        )
         recorded = {k: v for k, v in sampling.items() if k in SAMPLING_FIELDS}
         dropped = {**untranslated, **dropped}
         call = ModelCall(
@@ -214,8 +223,16 @@ class RolloutSession(TurnHooks):
     async def _complete(self, request: Request, sampling: dict[str, Any], call: ModelCall) -> Response:
         token = SESSION_ID.set(self.trace.id)
         try:
-            return await generate(self.model, request, name=self.model_name, sampling=sampling, policy=self.policy,
-                                  call=call, prefix=self.token_prefix.prefix(request, call.tools_digest), check_open=self._check_open)
+            return await generate(
+                self.model,
+                request,
+                name=self.model_name,
+                sampling=sampling,
+                policy=self.policy,
+                call=call,
+                prefix=self.token_prefix.prefix(request, call.tools_digest),
+                check_open=self._check_open,
+            )
         except (RolloutError, Refusal):
             raise
         except Exception as e:
@@ -237,8 +254,14 @@ class RolloutSession(TurnHooks):
         if limits.max_output_tokens is None and limits.max_total_tokens is None:
             return None
         counts = self.trace.counts()
-        left = [cap - used for cap, used in ((limits.max_output_tokens, counts.num_output_tokens),
-                                             (limits.max_total_tokens, counts.num_total_tokens)) if cap is not None]
+        left = [
+            cap - used
+            for cap, used in (
+                (limits.max_output_tokens, counts.num_output_tokens),
+                (limits.max_total_tokens, counts.num_total_tokens),
+            )
+            if cap is not None
+        ]
         return min(left)
 
     def _check_open(self) -> None:

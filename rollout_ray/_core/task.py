@@ -65,8 +65,9 @@ class TaskData(BaseModel):
     def _not_empty(cls, prompt: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
         # An empty prompt reaches the model as an empty message, which is never what a row meant.
         if prompt is not None and not (prompt.strip() if isinstance(prompt, str) else prompt):
-            raise ValueError("the prompt is empty; give the opening user turn, or prompt=None when a user "
-                             "opens the conversation")
+            raise ValueError(
+                "the prompt is empty; give the opening user turn, or prompt=None when a user opens the conversation"
+            )
         return prompt
 
     @property
@@ -135,9 +136,7 @@ class Task:
     def __init__(self, data: TaskData | Mapping[str, Any], config: TaskConfig | None = None):
         if isinstance(data, Mapping):
             self._refuse_unknown_keys(data)
-        self.data: TaskData = (
-            data if isinstance(data, self.data_type) else self.data_type.model_validate(data)
-        )
+        self.data: TaskData = data if isinstance(data, self.data_type) else self.data_type.model_validate(data)
         self.config = config or TaskConfig()
         self._check_config()
 
@@ -180,9 +179,14 @@ class Task:
         digest = self.hash
         key = digest if type(self).key is Task.key else self.key  # one hash per rollout, not two
         data_cls = type(self.data)
-        return TraceTask(type=type(self).__name__, key=key, hash=digest, idx=self.data.idx,
-                         data=self.data.model_dump(mode="json"),
-                         data_cls=f"{data_cls.__module__}:{data_cls.__qualname__}")
+        return TraceTask(
+            type=type(self).__name__,
+            key=key,
+            hash=digest,
+            idx=self.data.idx,
+            data=self.data.model_dump(mode="json"),
+            data_cls=f"{data_cls.__module__}:{data_cls.__qualname__}",
+        )
 
     @property
     def setup_key(self) -> str | None:
@@ -230,8 +234,10 @@ class Task:
                 base = decorated.get(name)
                 reward_fn = plug.fn or (base.fn if base else None)
                 if reward_fn is None:
-                    raise ValueError(f"TaskConfig.rewards[{name!r}] has no fn and the task no @reward {name!r} "
-                                     "to weigh: give fn=, or name one of the task's rewards")
+                    raise ValueError(
+                        f"TaskConfig.rewards[{name!r}] has no fn and the task no @reward {name!r} "
+                        "to weigh: give fn=, or name one of the task's rewards"
+                    )
                 weight = plug.weight if plug.weight is not None else (base.weight if base else 1.0)
                 decorated[name] = Hook(name, reward_fn, base.priority if base else 0, weight)
         return sort_hooks(list(decorated.values()))
@@ -271,8 +277,7 @@ class Task:
         for name, plug in self.config.rewards.items():
             if plug.fn is None and name not in decorated:
                 raise ValueError(
-                    f"no @reward method named {name!r} on {type(self).__name__}; "
-                    "give the plugged reward an fn"
+                    f"no @reward method named {name!r} on {type(self).__name__}; give the plugged reward an fn"
                 )
         seen = decorated | set(self.config.rewards)
         for judge in self.config.judges:

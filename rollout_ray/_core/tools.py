@@ -107,9 +107,15 @@ def calling_as(caller: str | None) -> Iterator[None]:
         CALLER.reset(token)
 
 
-async def call_tool(toolset: Toolset, name: str, arguments: Any, runtime: Runtime | None, *,
-                    timeout: float = DEFAULT_CALL_TIMEOUT,
-                    on_call: Callable[[ToolCallRecord], None] | None = None) -> ToolOutcome:
+async def call_tool(
+    toolset: Toolset,
+    name: str,
+    arguments: Any,
+    runtime: Runtime | None,
+    *,
+    timeout: float = DEFAULT_CALL_TIMEOUT,
+    on_call: Callable[[ToolCallRecord], None] | None = None,
+) -> ToolOutcome:
     """Run tool ``name`` of ``toolset`` with ``arguments`` (a dict, or its JSON text).
 
     Raises:
@@ -170,9 +176,15 @@ def _record(server: str, name: str, arguments: Any, error: str | None, seconds: 
     """The call's record, its texts cut at ``MAX_TOOL_CALL_CHARS``: a rollout's trace lives
     as long as the rollout, and what a program sends its tools must not grow it unbounded."""
     text = msgspec.json.encode(arguments).decode()
-    return ToolCallRecord(server, name, capped(text, MAX_TOOL_CALL_CHARS), error is None,
-                          None if error is None else capped(error, MAX_TOOL_CALL_CHARS), seconds,
-                          arguments_chars=len(text) if len(text) > MAX_TOOL_CALL_CHARS else None)
+    return ToolCallRecord(
+        server,
+        name,
+        capped(text, MAX_TOOL_CALL_CHARS),
+        error is None,
+        None if error is None else capped(error, MAX_TOOL_CALL_CHARS),
+        seconds,
+        arguments_chars=len(text) if len(text) > MAX_TOOL_CALL_CHARS else None,
+    )
 
 
 class LocalTools:
@@ -186,9 +198,15 @@ class LocalTools:
         caller: the rollout's trace id, which its calls carry to a shared server (``CALLER``).
     """
 
-    def __init__(self, toolsets: Sequence[Any], runtime: Runtime | None, *,
-                 on_call: Callable[[ToolCallRecord], None] | None = None,
-                 timeout: float = DEFAULT_CALL_TIMEOUT, caller: str | None = None) -> None:
+    def __init__(
+        self,
+        toolsets: Sequence[Any],
+        runtime: Runtime | None,
+        *,
+        on_call: Callable[[ToolCallRecord], None] | None = None,
+        timeout: float = DEFAULT_CALL_TIMEOUT,
+        caller: str | None = None,
+    ) -> None:
         self._owners: dict[str, Toolset] = {}
         self._specs: list[Tool] = []
         for toolset in index_toolsets(toolsets).values():
@@ -217,13 +235,16 @@ class LocalTools:
         self.calling.append(started)
         try:
             with calling_as(self._caller):
-                return await call_tool(toolset, call.name, call.arguments, self._runtime, timeout=self._timeout,
-                                       on_call=self._on_call)
+                return await call_tool(
+                    toolset, call.name, call.arguments, self._runtime, timeout=self._timeout, on_call=self._on_call
+                )
         finally:
             self.calling.remove(started)
 
 
 def tool_specs(specs: Sequence[Tool]) -> list[Mapping[str, Any]]:
     """OpenAI ``tools`` entries for ``specs``."""
-    return [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                              "parameters": t.parameters}} for t in specs]
+    return [
+        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+        for t in specs
+    ]

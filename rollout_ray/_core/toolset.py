@@ -5,7 +5,6 @@ hints; a parameter named ``runtime`` is hidden from the model and gets the rollo
 The ``ToolServer`` (``_serving/tool_server``) serves them over HTTP.
 """
 
-
 from __future__ import annotations
 
 import asyncio
@@ -58,8 +57,7 @@ def _clean(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     literal = ("default", "const", "enum", "examples")
-    return {k: v if k in literal else _clean(v) for k, v in node.items()
-            if not (k == "title" and isinstance(v, str))}
+    return {k: v if k in literal else _clean(v) for k, v in node.items() if not (k == "title" and isinstance(v, str))}
 
 
 def _build(cls: type, attr: str, fn: Callable[..., Any], name: str) -> _ToolDef:
@@ -198,5 +196,3 @@ def _text(result: Any) -> str:
         return result
     hook = lambda obj: pydantic_core.to_jsonable_python(obj, fallback=str)  # noqa: E731
     return msgspec.json.encode(result, enc_hook=hook).decode()
-
-

@@ -79,12 +79,12 @@ class TurnHooks:
         self.trace.request_rewrites.extend(records)
         for hook in self.request_stops:
             fired = await self._run_request_hook(
-                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(request), Trace: self.trace})  # noqa: B023 - awaited in this iteration
+                hook,
+                lambda: call_by_type(hook.fn, {Request: _copy_request(request), Trace: self.trace}),  # noqa: B023 - awaited in this iteration
             )
             if not isinstance(fired, bool):
                 raise TaskError(
-                    "request interception failed: TypeError: "
-                    f"@stop must return bool, got {type(fired).__name__}"
+                    f"request interception failed: TypeError: @stop must return bool, got {type(fired).__name__}"
                 )
             if fired:
                 return request, hook.name
@@ -102,7 +102,8 @@ class TurnHooks:
         for hook in self.request_interceptors:
             current = request
             result = await self._run_request_hook(
-                hook, lambda: call_by_type(hook.fn, {Request: _copy_request(current), Trace: self.trace})  # noqa: B023 - awaited in this iteration
+                hook,
+                lambda: call_by_type(hook.fn, {Request: _copy_request(current), Trace: self.trace}),  # noqa: B023 - awaited in this iteration
             )
             if result is None:
                 continue
@@ -143,10 +144,7 @@ class TurnHooks:
 
     def _rewritable(self, message: Message) -> bool:
         """A user or tool message not already rewritten by ``prepare_users``."""
-        return (
-            isinstance(message, UserMessage | ToolMessage)
-            and message_hash(message) not in self.prepared
-        )
+        return isinstance(message, UserMessage | ToolMessage) and message_hash(message) not in self.prepared
 
     def _consume_prepared(self, messages: Sequence[Message]) -> None:
         for message in messages:
@@ -154,14 +152,13 @@ class TurnHooks:
 
     # -- response side ----------------------------------------------------------------------
 
-    async def _rewrite_response(
-        self, response: Response
-    ) -> tuple[Response, list[InterceptRecord], str | None]:
+    async def _rewrite_response(self, response: Response) -> tuple[Response, list[InterceptRecord], str | None]:
         records: list[InterceptRecord] = []
         for hook in self.response_interceptors:
             current = response
             result = await self._run_response_hook(
-                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(current), Trace: self.trace})  # noqa: B023 - awaited in this iteration
+                hook,
+                lambda: call_by_type(hook.fn, {Response: _copy_response(current), Trace: self.trace}),  # noqa: B023 - awaited in this iteration
             )
             if result is None or result == response:
                 continue
@@ -173,12 +170,12 @@ class TurnHooks:
             records.append(InterceptRecord(hook.name))
         for hook in self.response_stops:
             fired = await self._run_response_hook(
-                hook, lambda: call_by_type(hook.fn, {Response: _copy_response(response), Trace: self.trace})  # noqa: B023 - awaited in this iteration
+                hook,
+                lambda: call_by_type(hook.fn, {Response: _copy_response(response), Trace: self.trace}),  # noqa: B023 - awaited in this iteration
             )
             if not isinstance(fired, bool):
                 raise TaskError(
-                    "response interception failed: TypeError: "
-                    f"@stop must return bool, got {type(fired).__name__}"
+                    f"response interception failed: TypeError: @stop must return bool, got {type(fired).__name__}"
                 )
             if fired:
                 return response, records, hook.name
@@ -200,7 +197,5 @@ def _validate_response(before: Response, after: object) -> None:
     if msgspec.structs.replace(after, message=before.message, finish_reason=before.finish_reason) != before:
         raise ValueError("can only replace the assistant message")
     message = after.message
-    if not isinstance(message, AssistantMessage) or (
-        message.reasoning_content is not None or message.tool_calls
-    ):
+    if not isinstance(message, AssistantMessage) or (message.reasoning_content is not None or message.tool_calls):
         raise ValueError("must return an inert text-only message")

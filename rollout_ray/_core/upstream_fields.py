@@ -18,8 +18,13 @@ NOT_FORWARDED = "not forwarded: it may change the sampling distribution or the s
 FORCED_TOOL = "not forwarded: a forced tool call is constrained decoding"
 
 
-def upstream_fields(params: Mapping[str, Any], operator: Mapping[str, Any], *, extra: frozenset[str] = frozenset(),
-                    tokens_left: int | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+def upstream_fields(
+    params: Mapping[str, Any],
+    operator: Mapping[str, Any],
+    *,
+    extra: frozenset[str] = frozenset(),
+    tokens_left: int | None = None,
+) -> tuple[dict[str, Any], dict[str, str]]:
     """``(fields sent upstream, dropped field → why)``.
 
     Args:
@@ -54,8 +59,9 @@ def _unforced(choice: Any) -> bool:
     return isinstance(choice, str) and choice in FORWARDED_TOOL_CHOICES
 
 
-def _one_alias(sent: dict[str, Any], operator: Mapping[str, Any], names: tuple[str, ...],
-               dropped: dict[str, str]) -> None:
+def _one_alias(
+    sent: dict[str, Any], operator: Mapping[str, Any], names: tuple[str, ...], dropped: dict[str, str]
+) -> None:
     """Keep at most one name of a setting: the operator's, else the one the server reads first."""
     chosen = next((n for n in names if n in operator), None)
     why = f"the operator's {chosen} overrides it"

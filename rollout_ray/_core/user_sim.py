@@ -108,9 +108,17 @@ class ModelUser(UserSimulator):
         stop: the marker with which it ends the conversation (removed from the text).
     """
 
-    def __init__(self, model: Model, system_prompt: str, name: str = "model_user", *,
-                 model_name: str | None = None, sampling: dict[str, Any] | None = None,
-                 stop: str = "###STOP###", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Model,
+        system_prompt: str,
+        name: str = "model_user",
+        *,
+        model_name: str | None = None,
+        sampling: dict[str, Any] | None = None,
+        stop: str = "###STOP###",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(name, **kwargs)
         self.model, self.system_prompt, self.stop = model, system_prompt, stop
         self.model_name, self.sampling = model_name, dict(sampling or {})
@@ -129,14 +137,19 @@ class ModelUser(UserSimulator):
     async def reply(self, dialogue: Sequence[Message]) -> UserTurn:
         started = time.time()
         try:
-            response = await self.model.complete(Request(self.view(dialogue)), model=self.model_name,
-                                                 sampling=self.sampling)
+            response = await self.model.complete(
+                Request(self.view(dialogue)), model=self.model_name, sampling=self.sampling
+            )
         except Exception as e:
             raise UserSimulatorError(f"user simulator {self.name!r}: its model failed: {e}") from e
         text = text_of(response.message.content or "")
-        call = ModelCall(model=response.model or self.model_name or self.model.name, sampling=self.sampling or None,
-                         finish_reason=response.finish_reason, usage=response.usage,
-                         time=TimeSpan(started, time.time()))
+        call = ModelCall(
+            model=response.model or self.model_name or self.model.name,
+            sampling=self.sampling or None,
+            finish_reason=response.finish_reason,
+            usage=response.usage,
+            time=TimeSpan(started, time.time()),
+        )
         content = text.replace(self.stop, "").strip()
         self._said.add(content)
         return UserTurn(by=self.name, content=content, done=self.stop in text, call=call)
@@ -189,8 +202,9 @@ async def _ask(rollout: Rollout, user: UserSimulator) -> UserTurn:
     except Exception as e:
         raise UserSimulatorError(f"user simulator {user.name!r} raised {type(e).__name__}: {e}") from e
     if not isinstance(turn, UserTurn):
-        raise UserSimulatorError(f"user simulator {user.name!r}: reply() must return a UserTurn, "
-                                 f"got {type(turn).__name__}")
+        raise UserSimulatorError(
+            f"user simulator {user.name!r}: reply() must return a UserTurn, got {type(turn).__name__}"
+        )
     rollout.trace.user_turns.append(turn)
     return turn
 

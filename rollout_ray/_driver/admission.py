@@ -52,8 +52,9 @@ class Admission:
         max_groups: the groups the run streams, then ends (``None``: every task).
     """
 
-    def __init__(self, *, version: int, max_staleness: int | None, batch_groups: int | None,
-                 max_groups: int | None) -> None:
+    def __init__(
+        self, *, version: int, max_staleness: int | None, batch_groups: int | None, max_groups: int | None
+    ) -> None:
         self.window = None if max_staleness is None or batch_groups is None else (max_staleness + 1) * batch_groups
         self.batch_groups, self.max_groups = batch_groups, max_groups
         self.admitted = self.passed = self.rejected = self.streamed = 0
@@ -65,14 +66,19 @@ class Admission:
         self._consumer_waits = self._stopped = self._warned = False
         self._changed = asyncio.Event()
         if max_staleness is not None and batch_groups is None:
-            log.warning("max_staleness=%d without batch_groups: rollouts are not held back, only checked "
-                        "when handed on; set batch_groups to the groups your trainer takes per version",
-                        max_staleness)
+            log.warning(
+                "max_staleness=%d without batch_groups: rollouts are not held back, only checked "
+                "when handed on; set batch_groups to the groups your trainer takes per version",
+                max_staleness,
+            )
 
     def resumed(self, stored_groups: pa.Table) -> None:
         """A resumed run's stored groups: those not rejected count toward ``max_groups``."""
-        rejected = (pc.sum(pc.is_valid(stored_groups["rejected"])).as_py() or 0
-                    if "rejected" in stored_groups.column_names else 0)
+        rejected = (
+            pc.sum(pc.is_valid(stored_groups["rejected"])).as_py() or 0
+            if "rejected" in stored_groups.column_names
+            else 0
+        )
         self.before = stored_groups.num_rows - rejected
 
     @property
@@ -106,10 +112,14 @@ class Admission:
         if self.open == 0 and self._consumer_waits:
             if not self._warned:
                 self._warned = True
-                log.warning("admission: the consumer took %d groups at policy version %d, more than "
-                            "batch_groups=%d, and waits for more: one group at a time is admitted; set "
-                            "batch_groups to the groups your trainer takes per version",
-                            self.streamed - self._streamed_at_version, self._version, self.batch_groups)
+                log.warning(
+                    "admission: the consumer took %d groups at policy version %d, more than "
+                    "batch_groups=%d, and waits for more: one group at a time is admitted; set "
+                    "batch_groups to the groups your trainer takes per version",
+                    self.streamed - self._streamed_at_version,
+                    self._version,
+                    self.batch_groups,
+                )
             return True
         return False
 

@@ -24,10 +24,16 @@ def lost(trace: Trace) -> bool:
     return not trace.ok and any(error.is_a(InfrastructureLost) for error in trace.errors)
 
 
-async def run_attempts(run: Callable[[RolloutSpec], Awaitable[Trace]], spec: Callable[[], RolloutSpec],
-                       earlier: RolloutRecord | None, *,
-                       retries: int, retry_failed: bool, on_retry: Callable[[], None], run_id: str | None = None
-                       ) -> tuple[Trace, int, tuple[int, ...]]:
+async def run_attempts(
+    run: Callable[[RolloutSpec], Awaitable[Trace]],
+    spec: Callable[[], RolloutSpec],
+    earlier: RolloutRecord | None,
+    *,
+    retries: int,
+    retry_failed: bool,
+    on_retry: Callable[[], None],
+    run_id: str | None = None,
+) -> tuple[Trace, int, tuple[int, ...]]:
     """Run ``spec()`` with ``run`` (``Steering.run``: the executor's, steerable) until it is not
     lost (or ``retries`` are spent).
 

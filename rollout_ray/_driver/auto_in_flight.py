@@ -99,8 +99,11 @@ class AutoInFlight:
         slots.resize(self.target.target)
         if not roots:
             self.target.why = "the model names no server to read /metrics from"
-            log.warning("max_in_flight='auto': the model names no server to read /metrics from; running at most "
-                        "%d rollouts at once (set max_in_flight=N to choose)", self.target.target)
+            log.warning(
+                "max_in_flight='auto': the model names no server to read /metrics from; running at most "
+                "%d rollouts at once (set max_in_flight=N to choose)",
+                self.target.target,
+            )
 
     @staticmethod
     def start(limit: int | Literal["auto"]) -> int:
@@ -128,14 +131,22 @@ class AutoInFlight:
         if not samples:
             if self.last is None and self.mode == "auto":  # never read: not a vLLM / SGLang fleet
                 self.mode, self.target.why = "fixed", "no server serves vLLM's or SGLang's /metrics"
-                log.warning("max_in_flight='auto': none of %s serves vLLM's or SGLang's /metrics; running at "
-                            "most %d rollouts at once (set max_in_flight=N to choose)", self.roots, self.slots.limit)
+                log.warning(
+                    "max_in_flight='auto': none of %s serves vLLM's or SGLang's /metrics; running at "
+                    "most %d rollouts at once (set max_in_flight=N to choose)",
+                    self.roots,
+                    self.slots.limit,
+                )
             return None
-        fleet = FleetSample(sum(s.running for s in samples), sum(s.waiting for s in samples),
-                            max(s.kv_usage for s in samples), sum(s.preemptions for s in samples))
+        fleet = FleetSample(
+            sum(s.running for s in samples),
+            sum(s.waiting for s in samples),
+            max(s.kv_usage for s in samples),
+            sum(s.preemptions for s in samples),
+        )
         target = self.target.update(fleet)
         self.last = fleet
-        self.decisions = [*self.decisions[-(KEPT - 1):], (fleet, target, self.target.why)]
+        self.decisions = [*self.decisions[-(KEPT - 1) :], (fleet, target, self.target.why)]
         if self.mode == "auto":
             self.slots.resize(target)
         return fleet
@@ -164,9 +175,19 @@ class AutoInFlight:
         """For ``ctl status`` and the progress line: who sets the bound, the target, why."""
         why = self.target.why if self.mode != "operator" else f"set by the operator (auto: {self.target.why})"
         last = self.last
-        return {"mode": self.mode, "target": self.target.target, "why": why,
-                "fleet": None if last is None else {"running": last.running, "waiting": last.waiting,
-                                                     "kv_usage": last.kv_usage, "preemptions": last.preemptions}}
+        return {
+            "mode": self.mode,
+            "target": self.target.target,
+            "why": why,
+            "fleet": None
+            if last is None
+            else {
+                "running": last.running,
+                "waiting": last.waiting,
+                "kv_usage": last.kv_usage,
+                "preemptions": last.preemptions,
+            },
+        }
 
 
 KEPT = 256

@@ -50,10 +50,16 @@ def batch_arrays(samples: pa.Table, *, pad_to: int | None = None, pad_id: int = 
     present = set(samples.column_names)
     missing = [c for c in ("sample_idx", "ok", "advantage", *TOKEN_COLUMNS[:3], "token_branch") if c not in present]
     if missing:
-        raise ValueError(f"samples lack the column(s) {', '.join(missing)}: pass a finalized group's "
-                         "samples, written with token columns (schema version 2)")
-    kept = samples.filter(pc.and_(pc.and_(pc.fill_null(samples["ok"], False), pc.is_valid(samples["advantage"])),
-                                  pc.is_valid(samples["input_ids"])))
+        raise ValueError(
+            f"samples lack the column(s) {', '.join(missing)}: pass a finalized group's "
+            "samples, written with token columns (schema version 2)"
+        )
+    kept = samples.filter(
+        pc.and_(
+            pc.and_(pc.fill_null(samples["ok"], False), pc.is_valid(samples["advantage"])),
+            pc.is_valid(samples["input_ids"]),
+        )
+    )
     per_sample = _numpy(pc.list_value_length(kept["input_ids"]), np.int64)
     ids, starts, lengths = _flat(kept["input_ids"])
     rows = len(lengths)
@@ -63,8 +69,10 @@ def batch_arrays(samples: pa.Table, *, pad_to: int | None = None, pad_id: int = 
     too_long = np.flatnonzero(lengths > width)
     if too_long.size:
         r = int(too_long[0])
-        raise ValueError(f"sample {sample_idx[r]} (branch {branch[r]}) has a sequence of {lengths[r]} ids, "
-                         f"more than pad_to={width}: raise pad_to, or leave it None to pad to the longest")
+        raise ValueError(
+            f"sample {sample_idx[r]} (branch {branch[r]}) has a sequence of {lengths[r]} ids, "
+            f"more than pad_to={width}: raise pad_to, or leave it None to pad to the longest"
+        )
     at = (np.repeat(np.arange(rows), lengths), np.arange(ids.size) - np.repeat(starts, lengths))
 
     def padded(values: np.ndarray, dtype: type, fill: float = 0) -> np.ndarray:
@@ -72,8 +80,10 @@ def batch_arrays(samples: pa.Table, *, pad_to: int | None = None, pad_id: int = 
         out[at] = values
         return out
 
-    masked = np.repeat(np.array(kept["masked"].fill_null("").to_pylist() if "masked" in present
-                                else [""] * kept.num_rows, dtype=str), per_sample)
+    masked = np.repeat(
+        np.array(kept["masked"].fill_null("").to_pylist() if "masked" in present else [""] * kept.num_rows, dtype=str),
+        per_sample,
+    )
     loss_mask = padded(_flat(kept["loss_mask"])[0], np.float32)
     loss_mask[masked != ""] = 0.0
     advantage = np.repeat(_numpy(kept["advantage"], np.float32), per_sample)

@@ -44,8 +44,7 @@ def call_within(fn: Callable[[Any], T], arg: Any, timeout: float, what: str) -> 
         _, earlier, since = hung
         if earlier == what:  # the same call again (a caller retrying it): the same answer
             raise CallTimeout(f"{what} did not return within {timeout:g}s")
-        raise CallTimeout(f"{what}: not called, it still runs {earlier} "
-                          f"(overran {time.monotonic() - since:.0f}s ago)")
+        raise CallTimeout(f"{what}: not called, it still runs {earlier} (overran {time.monotonic() - since:.0f}s ago)")
     outcome: list[Any] = []
     done = threading.Event()
 

@@ -142,8 +142,9 @@ def _run_command(steering: Steering, name: str, body: dict[str, Any]) -> web.Res
             return _answer(200, done="max-in-flight auto")
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_IN_FLIGHT:
             shown = n if not isinstance(n, int) or abs(n) < 10**18 else f"{n:.3e}"  # not 100 digits
-            return _answer(400, error=f"max-in-flight must be an integer >= 1 and <= {MAX_IN_FLIGHT} "
-                                      f"or 'auto', got {shown!r}")
+            return _answer(
+                400, error=f"max-in-flight must be an integer >= 1 and <= {MAX_IN_FLIGHT} or 'auto', got {shown!r}"
+            )
         steering.set_max_in_flight(n)
         return _answer(200, done=f"max-in-flight {n}")
     if name == "pause":

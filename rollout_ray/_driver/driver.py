@@ -141,15 +141,20 @@ class Driver(PolicyOwner):
         self._store: RunDirectory | None = None
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ray-shards")
         self._init_policy(policy_version)
-        self._admission = Admission(version=policy_version, max_staleness=config.max_staleness,
-                                    batch_groups=config.batch_groups, max_groups=config.max_groups)
+        self._admission = Admission(
+            version=policy_version,
+            max_staleness=config.max_staleness,
+            batch_groups=config.batch_groups,
+            max_groups=config.max_groups,
+        )
         self._tg: asyncio.TaskGroup | None = None
         # Steered while it runs (``rollout-ray ctl``: steering, control); the rollouts run through it.
         self._slots = Slots(AutoInFlight.start(config.max_in_flight))
         self.in_flight = AutoInFlight(self._slots, fleet_roots(model)) if config.max_in_flight == "auto" else None
         """``max_in_flight="auto"``: the controller that sets the bound from the servers' /metrics."""
-        self._steering = Steering(executor, self.progress, self._slots, stop=self._stopped_by_operator,
-                                  auto=self.in_flight)
+        self._steering = Steering(
+            executor, self.progress, self._slots, stop=self._stopped_by_operator, auto=self.in_flight
+        )
         self._group_tasks: dict[str, tuple[int, Task]] = {}
         """With ``max_staleness``: the task of each group closed and not yet finalized."""
 
@@ -303,8 +308,11 @@ class Driver(PolicyOwner):
                 if self._store is not None:
                     self._store.close()
                 if self.progress.stale:
-                    log.info("staleness: %d rollouts dropped as older than max_staleness=%s versions "
-                             "and re-run", self.progress.stale, self.config.max_staleness)
+                    log.info(
+                        "staleness: %d rollouts dropped as older than max_staleness=%s versions and re-run",
+                        self.progress.stale,
+                        self.config.max_staleness,
+                    )
                 if self._callback_error is None:
                     self._report(force=True)
 
@@ -320,13 +328,22 @@ class Driver(PolicyOwner):
             self.progress.rejected += 1
             log.debug("group %s stored, not streamed: %s", group_id, reason)
 
-        staleness: dict[str, Any] = {} if config.max_staleness is None else {"keep": self._fresh_or_rerun,
-                                                                              "demand": demand}
+        staleness: dict[str, Any] = (
+            {} if config.max_staleness is None else {"keep": self._fresh_or_rerun, "demand": demand}
+        )
         return GroupFinalizer(
-            config=config.finalize, judge=self.judge, store=self._store, io=self._io, emit=emit,
-            rows_per_write=config.rows_per_shard, capacity=config.finished_buffer, rule=config.keep_group,
+            config=config.finalize,
+            judge=self.judge,
+            store=self._store,
+            io=self._io,
+            emit=emit,
+            rows_per_write=config.rows_per_shard,
+            capacity=config.finished_buffer,
+            rule=config.keep_group,
             judge_timeout=config.judge_timeout,
-            rejected=rejected, **staleness)
+            rejected=rejected,
+            **staleness,
+        )
 
     @contextmanager
     def _error_unwrapped(self) -> Iterator[None]:
@@ -350,16 +367,22 @@ class Driver(PolicyOwner):
         slots = self._slots
         bound = self.executor.max_in_flight
         if bound is not None and bound < slots.limit:
-            log.warning("the executor runs at most %d rollouts at once, below max_in_flight=%d: "
-                        "the rest wait for room in it", bound, slots.limit)
+            log.warning(
+                "the executor runs at most %d rollouts at once, below max_in_flight=%d: the rest wait for room in it",
+                bound,
+                slots.limit,
+            )
         limits, timeouts = self.config.limits, self.config.timeouts
         if all(getattr(limits, name) is None for name in LIMIT_FIELDS) and timeouts.agent is None:
-            log.warning("EvalConfig sets no turn, token or time limit: an agent that never stops runs forever; "
-                        "set limits=RolloutLimits(max_turns=...) or timeouts=RolloutTimeouts(agent=...)")
+            log.warning(
+                "EvalConfig sets no turn, token or time limit: an agent that never stops runs forever; "
+                "set limits=RolloutLimits(max_turns=...) or timeouts=RolloutTimeouts(agent=...)"
+            )
         # The executor hears what comes next (warm sandboxes per image, setup snapshots kept).
         window = slots.limit if self.executor.looks_ahead else 0
-        planned = lookahead(self._plan(), window, self.executor.prepare,
-                            tasks_of=lambda group: [group[1]] * len(group[3]))
+        planned = lookahead(
+            self._plan(), window, self.executor.prepare, tasks_of=lambda group: [group[1]] * len(group[3])
+        )
         async with aclosing(planned), asyncio.TaskGroup() as tg:
             while await self._admission.room():
                 self.progress.held = self._admission.held
@@ -380,11 +403,17 @@ class Driver(PolicyOwner):
         if self.run_dir is None:
             return
         config = {**self._manifest_config, "eval": self.config.model_dump(mode="json")}
-        self._store = RunDirectory(self.run_dir, run_id=self.run_id, config=config, resume=self.resume_run,
-                                   overwrite=self.overwrite, keep_failed=self.keep_failed,
-                                   retry_failed=self.config.retry_failed,
-                                   samples_per_task=self.config.samples_per_task,
-                                   rows_per_shard=self.config.rows_per_shard)
+        self._store = RunDirectory(
+            self.run_dir,
+            run_id=self.run_id,
+            config=config,
+            resume=self.resume_run,
+            overwrite=self.overwrite,
+            keep_failed=self.keep_failed,
+            retry_failed=self.config.retry_failed,
+            samples_per_task=self.config.samples_per_task,
+            rows_per_shard=self.config.rows_per_shard,
+        )
         self._store.open()
         self.run_id = self._store.run_id
         self._done, self._redo = self._store.done, self._store.redo
@@ -409,17 +438,20 @@ class Driver(PolicyOwner):
             if todo:
                 yield position, task, group_id, todo
 
-    async def _one(self, position: int, task: Task, group_id: str, sample_idx: int,
-                   slots: Slots) -> None:
+    async def _one(self, position: int, task: Task, group_id: str, sample_idx: int, slots: Slots) -> None:
         """One sample; its slot is held until its record is in (and, if it closes its group,
         until the group is queued for the finalizer: ``finished_buffer``)."""
         try:
             try:
                 trace, attempt, attempts = await run_attempts(
-                    self._steering.run, lambda: self._spec(task, f"{group_id}#{sample_idx}"),
+                    self._steering.run,
+                    lambda: self._spec(task, f"{group_id}#{sample_idx}"),
                     self._redo.pop((group_id, sample_idx), None),
-                    retries=self.config.max_infra_retries, retry_failed=self.config.retry_failed,
-                    on_retry=self._retried, run_id=self.run_id)
+                    retries=self.config.max_infra_retries,
+                    retry_failed=self.config.retry_failed,
+                    on_retry=self._retried,
+                    run_id=self.run_id,
+                )
             finally:
                 self.progress.in_flight -= 1
             self._count(trace)
@@ -467,8 +499,16 @@ class Driver(PolicyOwner):
 
     def _spec(self, task: Task, label: str = "") -> RolloutSpec:
         c = self.config
-        return RolloutSpec(task, self.harness, self.model, limits=c.limits, timeouts=c.timeouts,
-                           model_name=c.model_name, sampling=dict(c.sampling), label=label)
+        return RolloutSpec(
+            task,
+            self.harness,
+            self.model,
+            limits=c.limits,
+            timeouts=c.timeouts,
+            model_name=c.model_name,
+            sampling=dict(c.sampling),
+            label=label,
+        )
 
     def _retried(self) -> None:
         self.progress.retried += 1
@@ -480,8 +520,10 @@ class Driver(PolicyOwner):
             self._provider_streak += 1
             if self._provider_streak >= self.config.breaker and not self._halt.is_set():
                 self.status = "halted"
-                self.reason = (f"circuit breaker: {self._provider_streak} consecutive provider "
-                               f"failures (last: {last.message[:200]})")
+                self.reason = (
+                    f"circuit breaker: {self._provider_streak} consecutive provider "
+                    f"failures (last: {last.message[:200]})"
+                )
                 self._halt.set()
                 self._admission.stop()
         else:
@@ -492,7 +534,10 @@ class Driver(PolicyOwner):
         here, and by ``groups`` / ``arun`` (the callback is not called again)."""
         now = time.monotonic()
         if self.in_flight is not None:
-            self.progress.target, self.progress.target_why = self.in_flight.target.target, self.in_flight.status()["why"]
+            self.progress.target, self.progress.target_why = (
+                self.in_flight.target.target,
+                self.in_flight.status()["why"],
+            )
         if self._on_progress is None or self._callback_error is not None:
             return
         if force or now - self._last_report >= self._progress_every:
@@ -502,4 +547,3 @@ class Driver(PolicyOwner):
             except Exception as e:
                 self._callback_error = e
                 raise
-

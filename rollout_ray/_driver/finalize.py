@@ -37,9 +37,7 @@ GroupJudge = Callable[[pa.Table], "Mapping[str, Sequence[float | None]] | None"]
 """The cross-trace hook over one group's table (``Judge`` is the per-trace grader of a task)."""
 
 _REQUIRED = ("group_id", "ok", "reward")
-_SAMPLE_STATS = (
-    "group_size", "group_valid", "group_mean", "group_std", "group_min", "group_max"
-)
+_SAMPLE_STATS = ("group_size", "group_valid", "group_mean", "group_std", "group_min", "group_max")
 _TRACE_COLUMNS = frozenset(TRACE_SCHEMA.names)
 _GROUP_COLUMNS = frozenset((*_SAMPLE_STATS, "advantage", "best"))
 _JUDGE_PREFIXES = ("reward_", "metric_")
@@ -98,7 +96,10 @@ _DEFAULT = FinalizeConfig()  # frozen, so one shared default is safe
 
 
 def finalize(
-    table: pa.Table, config: FinalizeConfig = _DEFAULT, judge: GroupJudge | None = None, *,
+    table: pa.Table,
+    config: FinalizeConfig = _DEFAULT,
+    judge: GroupJudge | None = None,
+    *,
     judge_timeout: float = JUDGE_TIMEOUT,
 ) -> Finalized:
     """Score every group of ``table`` by ``group_id``. See the module docstring for failures.
@@ -129,8 +130,9 @@ def counted_reward(table: pa.Table, failed: np.ndarray | None = None) -> pa.Arra
     return pc.if_else(pa.array(failed), 0.0, table["reward"].cast(_F64).combine_chunks())
 
 
-def _group_summary(gidx: np.ndarray, group_ids: pa.Array, eff: pa.Array, failed: np.ndarray,
-                   config: FinalizeConfig) -> pa.Table:
+def _group_summary(
+    gidx: np.ndarray, group_ids: pa.Array, eff: pa.Array, failed: np.ndarray, config: FinalizeConfig
+) -> pa.Table:
     """One row per group: counts, reward statistics, pass@k."""
     correct = pc.and_(pc.invert(pa.array(failed)), pc.greater_equal(eff, config.correct_threshold)).cast(pa.int32())
     stats = _group_stats(gidx, len(group_ids), eff, correct, failed, config.std_ddof)
@@ -157,8 +159,9 @@ def _group_summary(gidx: np.ndarray, group_ids: pa.Array, eff: pa.Array, failed:
     )
 
 
-def _with_group_columns(table: pa.Table, gidx: np.ndarray, eff: pa.Array, groups: pa.Table,
-                        config: FinalizeConfig) -> pa.Table:
+def _with_group_columns(
+    table: pa.Table, gidx: np.ndarray, eff: pa.Array, groups: pa.Table, config: FinalizeConfig
+) -> pa.Table:
     """``table`` plus each sample's group statistics, advantage, best and pass@k."""
     rows = pa.array(gidx, type=pa.int32())
     r_mean, r_std, r_min, r_max = (groups[name].take(rows) for name in ("mean", "std", "min", "max"))
@@ -185,8 +188,9 @@ def _with_group_columns(table: pa.Table, gidx: np.ndarray, eff: pa.Array, groups
     return table
 
 
-def _group_stats(gidx: np.ndarray, groups: int, eff: pa.Array, correct: pa.Array, failed: np.ndarray,
-                 ddof: int) -> dict[str, Any]:
+def _group_stats(
+    gidx: np.ndarray, groups: int, eff: pa.Array, correct: pa.Array, failed: np.ndarray, ddof: int
+) -> dict[str, Any]:
     """Per-group counts and reward statistics, with numpy over group indices.
 
     (Arrow's group_by costs about a millisecond per call whatever the size, and the driver
@@ -221,7 +225,7 @@ def _group_stats(gidx: np.ndarray, groups: int, eff: pa.Array, correct: pa.Array
 
 def _is_group_column(name: str) -> bool:
     """A column ``finalize`` adds (whatever the k of a ``pass_at_k``)."""
-    return name in _GROUP_COLUMNS or (name.startswith("pass_at_") and name[len("pass_at_"):].isdigit())
+    return name in _GROUP_COLUMNS or (name.startswith("pass_at_") and name[len("pass_at_") :].isdigit())
 
 
 def _check_input(table: pa.Table) -> None:
@@ -265,8 +269,7 @@ def _apply_judge(
         where = f"judge result for group {group_ids[g].as_py()!r}"
         if not isinstance(out, Mapping):  # ValueError like every other bad judge result
             raise ValueError(  # noqa: TRY004
-                f"{where}: expected a mapping of column -> values or None, "
-                f"got {type(out).__name__}"
+                f"{where}: expected a mapping of column -> values or None, got {type(out).__name__}"
             )
         for name, col in out.items():
             arr = _judge_column(where, name, col, hi - lo)
@@ -296,9 +299,7 @@ def _judge_column(where: str, name: object, col: object, size: int) -> pa.Array:
         kind = type(col).__name__
         raise ValueError(f"{where}: column {name!r} must be a sequence of floats, got {kind}")
     if len(col) != size:
-        raise ValueError(
-            f"{where}: column {name!r} has {len(col)} values, expected {size} (one per sample)"
-        )
+        raise ValueError(f"{where}: column {name!r} has {len(col)} values, expected {size} (one per sample)")
     try:
         if isinstance(col, pa.ChunkedArray):  # e.g. computed from the group's table
             col = col.combine_chunks()

@@ -40,8 +40,16 @@ class FleetSample:
 class FleetTarget:
     """The in-flight target, moved by each :meth:`update`, within ``[low, high]``."""
 
-    def __init__(self, initial: int, *, low: int = 1, high: int = 1 << 16, step: int = 4,
-                 queue_share: float = 0.1, kv_full: float = 0.95) -> None:
+    def __init__(
+        self,
+        initial: int,
+        *,
+        low: int = 1,
+        high: int = 1 << 16,
+        step: int = 4,
+        queue_share: float = 0.1,
+        kv_full: float = 0.95,
+    ) -> None:
         if not 1 <= low <= initial <= high:
             raise ValueError(f"the in-flight target needs 1 <= low <= initial <= high, got {low}, {initial}, {high}")
         if step < 1:

@@ -72,8 +72,14 @@ class Group:
 
     __slots__ = ("group_id", "_samples", "_summary", "_view")
 
-    def __init__(self, group_id: str, samples: pa.Table | None = None, summary: pa.Table | None = None, *,
-                 view: tuple[pa.Table, int, int, pa.Table, int] | None = None) -> None:
+    def __init__(
+        self,
+        group_id: str,
+        samples: pa.Table | None = None,
+        summary: pa.Table | None = None,
+        *,
+        view: tuple[pa.Table, int, int, pa.Table, int] | None = None,
+    ) -> None:
         """``view``: ``(samples, first row, rows, summaries, summary row)`` of a batch."""
         if (samples is None or summary is None) == (view is None):
             raise ValueError("a Group is its samples and summary, or a view of a batch's")
@@ -142,12 +148,24 @@ class GroupFinalizer:
         judge_timeout: as ``finalize``'s.
     """
 
-    def __init__(self, *, config: FinalizeConfig, judge: GroupJudge | None, store: RunDirectory | None,
-                 io: Executor, emit: Callable[[Group], Any], rows_per_write: int, capacity: int = 1 << 30,
-                 rule: KeepGroup | None = None, rejected: Callable[[str, str], None] = lambda *_: None,
-                 keep: Callable[[str, list[RolloutRecord]], Masks | None] | None = None,
-                 demand: asyncio.Semaphore | None = None, write_within: float = WRITE_WITHIN,
-                 gather: float = GATHER, judge_timeout: float = JUDGE_TIMEOUT) -> None:
+    def __init__(
+        self,
+        *,
+        config: FinalizeConfig,
+        judge: GroupJudge | None,
+        store: RunDirectory | None,
+        io: Executor,
+        emit: Callable[[Group], Any],
+        rows_per_write: int,
+        capacity: int = 1 << 30,
+        rule: KeepGroup | None = None,
+        rejected: Callable[[str, str], None] = lambda *_: None,
+        keep: Callable[[str, list[RolloutRecord]], Masks | None] | None = None,
+        demand: asyncio.Semaphore | None = None,
+        write_within: float = WRITE_WITHIN,
+        gather: float = GATHER,
+        judge_timeout: float = JUDGE_TIMEOUT,
+    ) -> None:
         if (keep is None) != (demand is None):
             raise ValueError("keep and demand go together: pass both or neither")
         self.config, self.judge, self.store, self.io, self.emit = config, judge, store, io, emit
@@ -224,8 +242,11 @@ class GroupFinalizer:
         """Until ``gather`` seconds after the last finalize, unless a write's rows closed or
         the queue is full (groups wait to close)."""
         wait = self._finalized_at + self.gather - asyncio.get_running_loop().time()
-        if (wait > 0 and len(self._closed) < self.capacity
-                and sum(len(members) for _, members in self._closed) < self.rows_per_write):
+        if (
+            wait > 0
+            and len(self._closed) < self.capacity
+            and sum(len(members) for _, members in self._closed) < self.rows_per_write
+        ):
             await asyncio.sleep(wait)
         self._finalized_at = asyncio.get_running_loop().time()
 
@@ -267,8 +288,10 @@ class GroupFinalizer:
         if not self._memory:
             return pa.table({}), pa.table({})
         samples, groups = zip(*self._memory)
-        return (pa.concat_tables(samples, promote_options="permissive"),
-                pa.concat_tables(groups, promote_options="permissive"))
+        return (
+            pa.concat_tables(samples, promote_options="permissive"),
+            pa.concat_tables(groups, promote_options="permissive"),
+        )
 
     async def _keep(self, samples: pa.Table, summaries: pa.Table) -> None:
         if self.store is None:
@@ -280,8 +303,11 @@ class GroupFinalizer:
         self._unwritten.append((samples, summaries))
         self._unwritten_rows += samples.num_rows
         self._unwritten_bytes += samples.nbytes + summaries.nbytes
-        if (self._unwritten_rows >= self.rows_per_write or self._unwritten_bytes >= WRITE_BYTES
-                or now >= self._write_due):
+        if (
+            self._unwritten_rows >= self.rows_per_write
+            or self._unwritten_bytes >= WRITE_BYTES
+            or now >= self._write_due
+        ):
             await self.flush()
 
     def _write(self, pending: list[tuple[pa.Table, pa.Table]]) -> None:
@@ -292,8 +318,9 @@ class GroupFinalizer:
 
     # -- finalizing -------------------------------------------------------------------------
 
-    def _finalize(self, batch: list[tuple[str, list[RolloutRecord]]]
-                  ) -> tuple[list[Group], list[tuple[pa.Table, pa.Table]], dict[str, str]]:
+    def _finalize(
+        self, batch: list[tuple[str, list[RolloutRecord]]]
+    ) -> tuple[list[Group], list[tuple[pa.Table, pa.Table]], dict[str, str]]:
         """Every group of ``batch`` finalized, in order; the tables that hold them (the
         batch's two, from one ``finalize`` call, if nothing fails; else one pair per group),
         their summaries with ``rejected``; the reasons of the groups refused."""
@@ -307,8 +334,12 @@ class GroupFinalizer:
                 raise
             tables = [self._finalize_alone(group_id, members) for group_id, members in batch]
         else:
-            tables = [(result.samples, result.groups.append_column(
-                "judge_error", pa.nulls(result.groups.num_rows, pa.string())))]
+            tables = [
+                (
+                    result.samples,
+                    result.groups.append_column("judge_error", pa.nulls(result.groups.num_rows, pa.string())),
+                )
+            ]
         views: dict[str, Group] = {}
 
         def samples_of(group_id: str) -> pa.Table:
@@ -318,9 +349,16 @@ class GroupFinalizer:
 
         summaries = pa.concat_tables([s for _, s in tables]) if len(tables) > 1 else tables[0][1]
         reasons = rejections(batch, summaries, samples_of, self.rule)
-        tables = [(samples, summaries.append_column("rejected", pa.array(
-            [reasons.get(g) for g in summaries.column("group_id").to_pylist()], pa.string())))
-            for samples, summaries in tables]
+        tables = [
+            (
+                samples,
+                summaries.append_column(
+                    "rejected",
+                    pa.array([reasons.get(g) for g in summaries.column("group_id").to_pylist()], pa.string()),
+                ),
+            )
+            for samples, summaries in tables
+        ]
         return self._groups(batch, tables), tables, reasons
 
     @staticmethod
@@ -351,7 +389,8 @@ class GroupFinalizer:
             judge_error = f"{type(e).__name__}: {e}"
             result = finalize(table, self.config)
         return result.samples, result.groups.append_column(
-            "judge_error", pa.array([judge_error] * result.groups.num_rows, pa.string()))
+            "judge_error", pa.array([judge_error] * result.groups.num_rows, pa.string())
+        )
 
 
 def _split(batch: list[tuple[str, list[RolloutRecord]]], samples: pa.Table, summaries: pa.Table) -> list[Group]:
@@ -362,6 +401,9 @@ def _split(batch: list[tuple[str, list[RolloutRecord]]], samples: pa.Table, summ
     rows = {str(ids[a]): (a, b - a) for a, b in itertools.pairwise(starts) if b > a}
     summary_row = {g: i for i, g in enumerate(summaries.column("group_id").to_pylist())}
     none = summaries.num_rows  # the row past the end: no summary
-    return [Group(group_id, view=(samples, *rows[group_id], summaries, summary_row[group_id]))
-            if group_id in rows else Group(group_id, view=(samples, 0, 0, summaries, none))  # dropped
-            for group_id, _ in batch]
+    return [
+        Group(group_id, view=(samples, *rows[group_id], summaries, summary_row[group_id]))
+        if group_id in rows
+        else Group(group_id, view=(samples, 0, 0, summaries, none))  # dropped
+        for group_id, _ in batch
+    ]

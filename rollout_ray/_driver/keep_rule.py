@@ -32,8 +32,12 @@ def lost_on_last_attempt(record: RolloutRecord) -> bool:
     return not record.trace.ok and any(e.is_a(InfrastructureLost) for e in record.attempt_errors()[-1])
 
 
-def rejections(batch: Iterable[tuple[str, list[RolloutRecord]]], summaries: pa.Table,
-               samples_of: Callable[[str], pa.Table], rule: KeepGroup | None) -> dict[str, str]:
+def rejections(
+    batch: Iterable[tuple[str, list[RolloutRecord]]],
+    summaries: pa.Table,
+    samples_of: Callable[[str], pa.Table],
+    rule: KeepGroup | None,
+) -> dict[str, str]:
     """The reason each refused group of ``batch`` is kept from the stream (see the module).
 
     Args:
@@ -46,8 +50,9 @@ def rejections(batch: Iterable[tuple[str, list[RolloutRecord]]], summaries: pa.T
     for group_id, members in batch:
         gone = [r.sample_idx for r in members if lost_on_last_attempt(r)]
         if gone:
-            reasons[group_id] = (f"lost: sample(s) {gone} lost to the infrastructure on every attempt; "
-                                 "a resume runs them again")
+            reasons[group_id] = (
+                f"lost: sample(s) {gone} lost to the infrastructure on every attempt; a resume runs them again"
+            )
     if rule == "nonzero_std":
         ids, stds = summaries.column("group_id").to_pylist(), summaries.column("std").to_pylist()
         for group_id, std in zip(ids, stds):

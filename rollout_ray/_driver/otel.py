@@ -40,11 +40,20 @@ def _end(trace: Trace, start: float) -> float:
 
 
 def rollout_attributes(trace: Trace, run_id: str | None, attempt: int) -> dict[str, Any]:
-    attributes: dict[str, Any] = {"rollout.id": trace.id, "rollout.task": trace.task.type,
-                                  "rollout.attempt": attempt, "rollout.ok": trace.ok}
-    optional = {"rollout.run_id": run_id, "rollout.task_idx": trace.task.idx, "rollout.task_key": trace.task.key,
-                "rollout.reward": trace.reward, "rollout.stop_condition": trace.stop_condition,
-                "rollout.error_type": trace.last_error.type if trace.last_error else None}
+    attributes: dict[str, Any] = {
+        "rollout.id": trace.id,
+        "rollout.task": trace.task.type,
+        "rollout.attempt": attempt,
+        "rollout.ok": trace.ok,
+    }
+    optional = {
+        "rollout.run_id": run_id,
+        "rollout.task_idx": trace.task.idx,
+        "rollout.task_key": trace.task.key,
+        "rollout.reward": trace.reward,
+        "rollout.stop_condition": trace.stop_condition,
+        "rollout.error_type": trace.last_error.type if trace.last_error else None,
+    }
     attributes.update((k, v) for k, v in optional.items() if v is not None)
     return attributes
 
@@ -81,8 +90,9 @@ def _model_calls(tracer: Any, trace: Trace, context: Any, ids: dict[str, Any]) -
             continue
         extra = {"model.name": call.model, "model.finish_reason": call.finish_reason}
         attributes = {**ids, **{k: v for k, v in extra.items() if v is not None}}
-        span = tracer.start_span("rollout.model_call", context=context, start_time=_ns(call.time.start),
-                                 attributes=attributes)
+        span = tracer.start_span(
+            "rollout.model_call", context=context, start_time=_ns(call.time.start), attributes=attributes
+        )
         if call.error is not None:
             span.set_status(otel.Status(otel.StatusCode.ERROR, f"{call.error.type}: {call.error.message}"))
         span.end(end_time=_ns(call.time.end or call.time.start))

@@ -77,8 +77,7 @@ class PolicyOwner:
 
     async def _set_policy(self, version: int, paused: bool, interrupt: bool = False) -> None:
         if version < self._policy_version:
-            raise ValueError(f"policy version must not go back: {version} is below the current "
-                             f"{self._policy_version}")
+            raise ValueError(f"policy version must not go back: {version} is below the current {self._policy_version}")
         async with self._policy_lock:
             self._policy_version, self._paused = version, paused
             if interrupt:

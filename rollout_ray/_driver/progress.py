@@ -111,6 +111,8 @@ class RunResult:
         if self.run_dir is None:  # not made by a driver: it gave both tables
             raise ValueError("RunResult without a run directory must be given its samples and groups")
         if not os.path.isdir(self.run_dir):
-            raise FileNotFoundError(f"the run directory {self.run_dir} is gone: RunResult reads its samples and "
-                                    "groups from it when first asked for; ask before removing it")
+            raise FileNotFoundError(
+                f"the run directory {self.run_dir} is gone: RunResult reads its samples and "
+                "groups from it when first asked for; ask before removing it"
+            )
         return read(self.run_dir)

@@ -62,8 +62,19 @@ JOB_ROWS = 256
 TasksLoader = Callable[[], Sequence[Task]]
 """Gives the taskset's tasks in order; picklable (each worker process calls it once)."""
 
-_SCALARS = ("run_id", *KEY, "task_idx", "ok", "error_type", "error_message", "num_errors", "reward", "rewards",
-            "reward_weights", "metrics")
+_SCALARS = (
+    "run_id",
+    *KEY,
+    "task_idx",
+    "ok",
+    "error_type",
+    "error_message",
+    "num_errors",
+    "reward",
+    "rewards",
+    "reward_weights",
+    "metrics",
+)
 
 
 class RescoreRefused(ValueError):
@@ -87,8 +98,16 @@ class RescoreResult:
     seconds: float
 
 
-def rescore(run_dir: str, load_tasks: TasksLoader, *, judge: GroupJudge | None = None, workers: int | None = None,
-            timeout: float | None = None, describe: str = "", judge_timeout: float = JUDGE_TIMEOUT) -> RescoreResult:
+def rescore(
+    run_dir: str,
+    load_tasks: TasksLoader,
+    *,
+    judge: GroupJudge | None = None,
+    workers: int | None = None,
+    timeout: float | None = None,
+    describe: str = "",
+    judge_timeout: float = JUDGE_TIMEOUT,
+) -> RescoreResult:
     """Score the run in ``run_dir`` again and store the result as its next score version.
 
     Args:
@@ -119,17 +138,32 @@ def rescore(run_dir: str, load_tasks: TasksLoader, *, judge: GroupJudge | None =
         jobs = _jobs(rows, shards)
         outcomes = _score(jobs, load_tasks, scoring, workers or os.cpu_count() or 1)
         outcome = _version_rows(rows, outcomes)
-        counts = {"rows": outcome.num_rows, "rescored": int(pc.sum(outcome["rescored"]).as_py() or 0),
-                  "failed": int(pc.sum(pc.is_valid(outcome["score_error"])).as_py() or 0),
-                  "changed": _changed(shown, outcome)}
+        counts = {
+            "rows": outcome.num_rows,
+            "rescored": int(pc.sum(outcome["rescored"]).as_py() or 0),
+            "failed": int(pc.sum(pc.is_valid(outcome["score_error"])).as_py() or 0),
+            "changed": _changed(shown, outcome),
+        }
         finalize_config = FinalizeConfig.model_validate(config.get("finalize") or {})
         samples, groups = _finalized(run_dir, outcome, finalize_config, judge, judge_timeout)
-        number = write_version(run_dir, samples, groups, {
-            "taskset": describe, "based_on": latest_version(run_dir), "shards": len(shards), **counts})
+        number = write_version(
+            run_dir,
+            samples,
+            groups,
+            {"taskset": describe, "based_on": latest_version(run_dir), "shards": len(shards), **counts},
+        )
     finally:
         lock.release()
-    return RescoreResult(number, counts["rows"], counts["rescored"], counts["failed"], counts["changed"],
-                         _mean(shown), _mean(outcome), time.monotonic() - t0)
+    return RescoreResult(
+        number,
+        counts["rows"],
+        counts["rescored"],
+        counts["failed"],
+        counts["changed"],
+        _mean(shown),
+        _mean(outcome),
+        time.monotonic() - t0,
+    )
 
 
 # -- what to score --------------------------------------------------------------------------------
@@ -166,15 +200,19 @@ def _check_tasks(tasks: list[Task], rows: pa.Table) -> None:
     seen: set[type] = set()
     for position, group_id in sorted(set(zip(rows["task_idx"].to_pylist(), rows["group_id"].to_pylist()))):
         if position >= len(tasks) or group_id_of(position, tasks[position]) != group_id:
-            raise RescoreRefused(f"the taskset's task at position {position} is not the run's (group {group_id}): "
-                                 "give the taskset the run was made with")
+            raise RescoreRefused(
+                f"the taskset's task at position {position} is not the run's (group {group_id}): "
+                "give the taskset the run was made with"
+            )
         task = tasks[position]
         if type(task) not in seen:
             seen.add(type(task))
             hook = needs_runtime(task)
             if hook is not None:
-                raise RescoreRefused(f"task {type(task).__name__}'s {hook} takes `runtime`: its scoring needs the "
-                                     "rollout's sandbox, which a rescore does not have")
+                raise RescoreRefused(
+                    f"task {type(task).__name__}'s {hook} takes `runtime`: its scoring needs the "
+                    "rollout's sandbox, which a rescore does not have"
+                )
 
 
 def _jobs(rows: pa.Table, shards: list[str]) -> list[tuple[str, list[int]]]:
@@ -183,15 +221,19 @@ def _jobs(rows: pa.Table, shards: list[str]) -> list[tuple[str, list[int]]]:
     by_shard: dict[int, list[int]] = {}
     for shard, row in zip(rows["_shard"].to_pylist(), rows["_row"].to_pylist()):
         by_shard.setdefault(shard, []).append(row)
-    return [(shards[shard], picked[i:i + JOB_ROWS]) for shard, picked in sorted(by_shard.items())
-            for i in range(0, len(picked), JOB_ROWS)]
+    return [
+        (shards[shard], picked[i : i + JOB_ROWS])
+        for shard, picked in sorted(by_shard.items())
+        for i in range(0, len(picked), JOB_ROWS)
+    ]
 
 
 # -- the pool -------------------------------------------------------------------------------------
 
 
-def _score(jobs: list[tuple[str, list[int]]], load_tasks: TasksLoader, scoring: float | None,
-           workers: int) -> dict[tuple[str, int, str], dict[str, Any]]:
+def _score(
+    jobs: list[tuple[str, list[int]]], load_tasks: TasksLoader, scoring: float | None, workers: int
+) -> dict[tuple[str, int, str], dict[str, Any]]:
     """Every job's outcomes, by (group_id, sample_idx, rollout_id)."""
     if not jobs:
         return {}
@@ -205,8 +247,10 @@ def _score(jobs: list[tuple[str, list[int]]], load_tasks: TasksLoader, scoring: 
             try:
                 outcomes.update(results.next(timeout=bound))
             except multiprocessing.TimeoutError:
-                raise TimeoutError(f"rescore halted: its worker processes returned nothing for {bound:g}s "
-                                   "(a scoring function that ignores its timeout, or a worker that died)") from None
+                raise TimeoutError(
+                    f"rescore halted: its worker processes returned nothing for {bound:g}s "
+                    "(a scoring function that ignores its timeout, or a worker that died)"
+                ) from None
         pool.close()
     finally:
         pool.terminate()  # by the pool's own handles: only the processes it started
@@ -236,13 +280,19 @@ def _overran(signum: int, frame: Any) -> None:
 def _score_job(job: tuple[str, list[int]]) -> list[tuple[tuple[str, int, str], dict[str, Any]]]:
     path, rows = job
     with pq.ParquetFile(path) as shard:
-        names = ["task_idx", "num_errors", *KEY, "trace", *(c for c in ("input_ids", "logprobs")
-                                                          if c in shard.schema_arrow.names)]
+        names = [
+            "task_idx",
+            "num_errors",
+            *KEY,
+            "trace",
+            *(c for c in ("input_ids", "logprobs") if c in shard.schema_arrow.names),
+        ]
         table = shard.read(columns=names).take(pa.array(rows, pa.int64()))
     traces = table_to_traces(table)
     out = []
-    for trace, position, stored_errors, *key in zip(traces, *(table[c].to_pylist() for c in ("task_idx", "num_errors",
-                                                                                        *KEY))):
+    for trace, position, stored_errors, *key in zip(
+        traces, *(table[c].to_pylist() for c in ("task_idx", "num_errors", *KEY))
+    ):
         outcome = _score_one(trace, _tasks[position], stored_errors)
         if outcome is not None:
             out.append((tuple(key), outcome))
@@ -269,8 +319,9 @@ def _score_one(trace: Any, task: Task, stored_errors: int) -> dict[str, Any] | N
     if error is not None:
         trace.record_error(error)
     attempt_errors = stored_errors - stripped + (error is not None)
-    return outcome_row(trace, rescored=True, score_error=None if error is None else str(error),
-                       attempt_errors=attempt_errors)
+    return outcome_row(
+        trace, rescored=True, score_error=None if error is None else str(error), attempt_errors=attempt_errors
+    )
 
 
 # -- the version ------------------------------------------------------------------------------------
@@ -291,8 +342,9 @@ def _version_rows(rows: pa.Table, outcomes: dict[tuple[str, int, str], dict[str,
     return pa.table(columns)
 
 
-def _finalized(run_dir: str, outcome: pa.Table, config: FinalizeConfig, judge: GroupJudge | None,
-               judge_timeout: float) -> tuple[pa.Table, pa.Table]:
+def _finalized(
+    run_dir: str, outcome: pa.Table, config: FinalizeConfig, judge: GroupJudge | None, judge_timeout: float
+) -> tuple[pa.Table, pa.Table]:
     """The version's rows with their groups' columns, and the groups' table: the stored rows
     (whole, for a judge; their scalars otherwise) with the new outcomes, finalized again."""
     table = read_run(run_dir, scores=1, conversation=judge is not None)
@@ -304,19 +356,25 @@ def _finalized(run_dir: str, outcome: pa.Table, config: FinalizeConfig, judge: G
             raise
         done, errors = _finalized_by_group(table, config, judge, judge_timeout)
     keep = [*KEY, *(f.name for f in OUTCOME_FIELDS if f.name not in KEY)]
-    extra = [c for c in done.samples.column_names if c not in table.column_names or c.startswith(("reward_", "metric_"))
-             or c in _GROUP_COLUMNS or c.startswith("pass_at_")]
+    extra = [
+        c
+        for c in done.samples.column_names
+        if c not in table.column_names
+        or c.startswith(("reward_", "metric_"))
+        or c in _GROUP_COLUMNS
+        or c.startswith("pass_at_")
+    ]
     version = done.samples.select([*keep, *(c for c in extra if c not in keep)])
     groups = done.groups.append_column("judge_error", pa.array(errors or [None] * done.groups.num_rows, pa.string()))
     return version, groups
 
 
-_GROUP_COLUMNS = ("group_size", "group_valid", "group_mean", "group_std", "group_min", "group_max", "advantage",
-                  "best")
+_GROUP_COLUMNS = ("group_size", "group_valid", "group_mean", "group_std", "group_min", "group_max", "advantage", "best")
 
 
-def _finalized_by_group(table: pa.Table, config: FinalizeConfig, judge: GroupJudge,
-                        judge_timeout: float) -> tuple[Finalized, list[str | None]]:
+def _finalized_by_group(
+    table: pa.Table, config: FinalizeConfig, judge: GroupJudge, judge_timeout: float
+) -> tuple[Finalized, list[str | None]]:
     parts: list[Finalized] = []
     errors: list[str | None] = []
     for group_id in pc.unique(table["group_id"]).to_pylist():

@@ -64,9 +64,19 @@ class RunDirectory:
         rows_per_shard: as ``ShardWriter``.
     """
 
-    def __init__(self, path: str, *, run_id: str, config: dict[str, Any], resume: bool, keep_failed: bool,
-                 samples_per_task: int, rows_per_shard: int, overwrite: bool = False,
-                 retry_failed: bool = False) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        run_id: str,
+        config: dict[str, Any],
+        resume: bool,
+        keep_failed: bool,
+        samples_per_task: int,
+        rows_per_shard: int,
+        overwrite: bool = False,
+        retry_failed: bool = False,
+    ) -> None:
         self.path, self.run_id, self.config = path, run_id, config
         self.resume, self.keep_failed, self.overwrite = resume, keep_failed, overwrite
         self.retry_failed = retry_failed
@@ -102,8 +112,10 @@ class RunDirectory:
             if not holds_run or self.overwrite:
                 write_manifest(self.path, Manifest(run_id=self.run_id, config=self.config))
             elif not self.resume:
-                raise FileExistsError(f"{self.path} already holds a run; pass resume=True to continue it, "
-                                      "overwrite=True to replace it, or another directory")
+                raise FileExistsError(
+                    f"{self.path} already holds a run; pass resume=True to continue it, "
+                    "overwrite=True to replace it, or another directory"
+                )
             else:
                 stored = read_manifest(self.path)
                 self._check_settings(stored.config)
@@ -153,8 +165,11 @@ class RunDirectory:
             position = _position(group_id)
             if position is not None:
                 self.groups_at.setdefault(position, set()).add(group_id)
-        redo = set() if self.keep_failed else {k for k, (ok, error) in outcomes.items()
-                                               if not ok and (self.retry_failed or redoable(error))}
+        redo = (
+            set()
+            if self.keep_failed
+            else {k for k, (ok, error) in outcomes.items() if not ok and (self.retry_failed or redoable(error))}
+        )
         self.done = set(outcomes) - redo
         counts = Counter(group for group, _ in self.done)
         partial = sorted({g for g, _ in redo} | {g for g, c in counts.items() if c < self.samples_per_task})
@@ -262,10 +277,13 @@ def check_settings(path: str, stored: dict[str, Any], planned: dict[str, Any]) -
     Raises:
         ResumeMismatch: naming each setting that differs, with its stored and given values.
     """
+
     def decisive(config: dict[str, Any]) -> dict[str, Any]:
         eval_config = config.get("eval", {})
-        return {**{k: v for k, v in config.items() if k != "eval"},
-                "eval": {k: eval_config.get(k) for k in RESULT_SETTINGS}}
+        return {
+            **{k: v for k, v in config.items() if k != "eval"},
+            "eval": {k: eval_config.get(k) for k in RESULT_SETTINGS},
+        }
 
     values = _changed_values(decisive(stored), decisive(planned))
     if values:
@@ -275,21 +293,28 @@ def check_settings(path: str, stored: dict[str, Any], planned: dict[str, Any]) -
 def _changed_values(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
     """``changed_settings`` with each path's ``(old, new)`` values."""
     if isinstance(old, dict) and isinstance(new, dict):
-        return {path: pair for k in sorted(old.keys() | new.keys(), key=str)
-                for path, pair in _changed_values(old.get(k), new.get(k), f"{prefix}{k}.").items()}
+        return {
+            path: pair
+            for k in sorted(old.keys() | new.keys(), key=str)
+            for path, pair in _changed_values(old.get(k), new.get(k), f"{prefix}{k}.").items()
+        }
     return {} if old == new else {prefix.rstrip("."): (old, new)}
 
 
 def changed_settings(old: Any, new: Any, prefix: str = "") -> list[str]:
     """The dotted paths at which two settings trees differ."""
     if isinstance(old, dict) and isinstance(new, dict):
-        return [c for k in sorted(old.keys() | new.keys(), key=str)
-                for c in changed_settings(old.get(k), new.get(k), f"{prefix}{k}.")]
+        return [
+            c
+            for k in sorted(old.keys() | new.keys(), key=str)
+            for c in changed_settings(old.get(k), new.get(k), f"{prefix}{k}.")
+        ]
     return [] if old == new else [prefix.rstrip(".")]
 
 
-def stored_results(path: str, config: FinalizeConfig | None = None,
-                   judge: GroupJudge | None = None) -> tuple[pa.Table, pa.Table]:
+def stored_results(
+    path: str, config: FinalizeConfig | None = None, judge: GroupJudge | None = None
+) -> tuple[pa.Table, pa.Table]:
     """``(samples, groups)`` of a run directory, without its conversation columns.
 
     The driver stores each group finalized as it closes; a run written before it did so

@@ -35,8 +35,9 @@ def is_stale(trace: Trace, current: int, max_staleness: int) -> bool:
     return oldest is not None and current - oldest > max_staleness
 
 
-def split_stale(members: list[RolloutRecord], current: int,
-                max_staleness: int) -> tuple[list[RolloutRecord], list[RolloutRecord]]:
+def split_stale(
+    members: list[RolloutRecord], current: int, max_staleness: int
+) -> tuple[list[RolloutRecord], list[RolloutRecord]]:
     """``members`` as ``(fresh, stale)``, each in its order."""
     fresh: list[RolloutRecord] = []
     stale: list[RolloutRecord] = []

@@ -104,8 +104,15 @@ class Steering:
         rule: the default stall rule.
     """
 
-    def __init__(self, inner: Executor, progress: Progress, slots: Slots, stop: Callable[[], None],
-                 rule: StallRule | None = None, auto: AutoInFlight | None = None) -> None:
+    def __init__(
+        self,
+        inner: Executor,
+        progress: Progress,
+        slots: Slots,
+        stop: Callable[[], None],
+        rule: StallRule | None = None,
+        auto: AutoInFlight | None = None,
+    ) -> None:
         self.inner, self.progress, self.slots, self._stop = inner, progress, slots, stop
         self.auto = auto
         """``max_in_flight="auto"``: the controller of ``slots`` (``set max-in-flight`` overrides it)."""
@@ -177,20 +184,45 @@ class Steering:
             phase, since = (seen["phase"], seen["since"]) if seen else ("queued", sample.started)
             age = max(0.0, now - since)
             by_phase[phase] = by_phase.get(phase, 0) + 1
-            rollouts.append({"label": label, "id": seen["id"] if seen else None, "task": sample.task,
-                             "phase": phase, "age": age, "running": max(0.0, now - sample.started),
-                             "attempt": sample.attempts, "stalled": age > bounds[phase]})
+            rollouts.append(
+                {
+                    "label": label,
+                    "id": seen["id"] if seen else None,
+                    "task": sample.task,
+                    "phase": phase,
+                    "age": age,
+                    "running": max(0.0, now - sample.started),
+                    "attempt": sample.attempts,
+                    "stalled": age > bounds[phase],
+                }
+            )
         rollouts.sort(key=lambda r: -r["age"])
-        return {"state": self._state(), "updated_at": now, "progress": self._progress(),
-                "max_in_flight": self.slots.limit, "in_flight_target": self._target(), "phases": by_phase, "rollouts": rollouts,
-                "stalled": sum(r["stalled"] for r in rollouts), "stall_bounds": bounds,
-                "servers": _servers(live["servers"]), "model_call_errors": self.durations.model_errors}
+        return {
+            "state": self._state(),
+            "updated_at": now,
+            "progress": self._progress(),
+            "max_in_flight": self.slots.limit,
+            "in_flight_target": self._target(),
+            "phases": by_phase,
+            "rollouts": rollouts,
+            "stalled": sum(r["stalled"] for r in rollouts),
+            "stall_bounds": bounds,
+            "servers": _servers(live["servers"]),
+            "model_call_errors": self.durations.model_errors,
+        }
 
     def final(self) -> dict[str, Any]:
         """The status of a run that ended (nothing in flight; ``state`` is the caller's)."""
-        return {"updated_at": time.time(), "progress": self._progress(), "max_in_flight": self.slots.limit,
-                "phases": dict.fromkeys(PHASES, 0), "rollouts": [], "stalled": 0, "servers": [],
-                "model_call_errors": self.durations.model_errors}
+        return {
+            "updated_at": time.time(),
+            "progress": self._progress(),
+            "max_in_flight": self.slots.limit,
+            "phases": dict.fromkeys(PHASES, 0),
+            "rollouts": [],
+            "stalled": 0,
+            "servers": [],
+            "model_call_errors": self.durations.model_errors,
+        }
 
     def set_max_in_flight(self, n: int | None) -> None:
         """``set max-in-flight N`` (``None``: ``auto``, back to the controller).
@@ -200,8 +232,10 @@ class Steering:
         """
         if n is None:
             if self.auto is None:
-                raise ValueError("this run was not started with max_in_flight='auto' (--max-in-flight auto): "
-                                 "there is no controller to give the bound back to; set a number")
+                raise ValueError(
+                    "this run was not started with max_in_flight='auto' (--max-in-flight auto): "
+                    "there is no controller to give the bound back to; set a number"
+                )
             self.auto.back_to_auto()
         elif self.auto is not None:
             self.auto.set_by_operator(n)
@@ -218,8 +252,15 @@ class Steering:
 
     def _progress(self) -> dict[str, Any]:
         p = self.progress
-        return {"total": p.total, "done": p.done, "failed": p.failed, "in_flight": p.in_flight,
-                "retried": p.retried, "skipped": p.skipped, "rate": p.rate}
+        return {
+            "total": p.total,
+            "done": p.done,
+            "failed": p.failed,
+            "in_flight": p.in_flight,
+            "retried": p.retried,
+            "skipped": p.skipped,
+            "rate": p.rate,
+        }
 
 
 def _servers(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:

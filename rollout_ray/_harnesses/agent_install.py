@@ -51,8 +51,10 @@ def _installed(name: str, command: Sequence[str], what: str) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         lock = open(root / f".{name}.lock", "w")  # noqa: SIM115 (closed by the with below)
     except OSError as exc:
-        raise HarnessError(f"cannot install {what} into {root}: {exc}; set ROLLOUT_RAY_AGENTS to a writable "
-                           "directory (only a LocalRuntime sees one outside the environment)") from None
+        raise HarnessError(
+            f"cannot install {what} into {root}: {exc}; set ROLLOUT_RAY_AGENTS to a writable "
+            "directory (only a LocalRuntime sees one outside the environment)"
+        ) from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # held by one installer; the others wait, then reuse
         if final.is_dir():
@@ -95,6 +97,15 @@ def pip_install(requirement: str) -> Path:
         HarnessError: the install failed (its output's tail).
     """
     name = requirement.replace("==", "@").replace("/", "+")
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-               "--target", "{dir}", requirement]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--target",
+        "{dir}",
+        requirement,
+    ]
     return _installed(name, command, requirement)

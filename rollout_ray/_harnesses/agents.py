@@ -48,13 +48,23 @@ class AgentHarness(ProgramHarness):
     launcher = ""
     variable = ""
 
-    def __init__(self, *, model: str = "rollout", env: Mapping[str, str] | None = None,
-                 timeout: float | None = 600.0, id: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model: str = "rollout",
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 600.0,
+        id: str | None = None,
+    ) -> None:
         path = f"{LAUNCHER_DIR}/{self.launcher}"
         # sys.executable runs in a sandbox too (it links it); the launcher needs only the stdlib.
-        super().__init__([sys.executable, path], id=id or self.launcher.removesuffix(".py"),
-                         env={"ROLLOUT_AGENT_MODEL": model, **(env or {})}, timeout=timeout,
-                         files={path: (PROGRAMS / self.launcher).read_text()})
+        super().__init__(
+            [sys.executable, path],
+            id=id or self.launcher.removesuffix(".py"),
+            env={"ROLLOUT_AGENT_MODEL": model, **(env or {})},
+            timeout=timeout,
+            files={path: (PROGRAMS / self.launcher).read_text()},
+        )
 
     def install(self) -> str:
         """Install the agent on this node if it is not yet (blocking); its binary's path."""
@@ -75,8 +85,15 @@ class CodexHarness(AgentHarness):
     launcher = "codex_exec.py"
     variable = "CODEX"
 
-    def __init__(self, *, version: str = "0.169.0", model: str = "rollout", env: Mapping[str, str] | None = None,
-                 timeout: float | None = 600.0, id: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        version: str = "0.169.0",
+        model: str = "rollout",
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 600.0,
+        id: str | None = None,
+    ) -> None:
         self.version = version
         super().__init__(model=model, env=env, timeout=timeout, id=id)
 
@@ -93,8 +110,15 @@ class ClaudeCodeHarness(AgentHarness):
     launcher = "claude_print.py"
     variable = "CLAUDE"
 
-    def __init__(self, *, version: str = "2.1.328", model: str = "rollout", env: Mapping[str, str] | None = None,
-                 timeout: float | None = 600.0, id: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        version: str = "2.1.328",
+        model: str = "rollout",
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 600.0,
+        id: str | None = None,
+    ) -> None:
         self.version = version
         super().__init__(model=model, env=env, timeout=timeout, id=id)
 
@@ -112,11 +136,20 @@ class MiniSweAgentHarness(AgentHarness):
     launcher = "mini_swe_agent.py"
     variable = "MINI_SWE_AGENT"
 
-    def __init__(self, *, version: str = "2.4.6", step_limit: int = 30, model: str = "rollout",
-                 env: Mapping[str, str] | None = None, timeout: float | None = 600.0, id: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        version: str = "2.4.6",
+        step_limit: int = 30,
+        model: str = "rollout",
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 600.0,
+        id: str | None = None,
+    ) -> None:
         self.version = version
-        super().__init__(model=model, env={"MINI_SWE_AGENT_STEP_LIMIT": str(step_limit), **(env or {})},
-                         timeout=timeout, id=id)
+        super().__init__(
+            model=model, env={"MINI_SWE_AGENT_STEP_LIMIT": str(step_limit), **(env or {})}, timeout=timeout, id=id
+        )
 
     def install(self) -> str:
         return str(pip_install(f"mini-swe-agent=={self.version}"))
@@ -132,9 +165,17 @@ class AgentsSdkHarness(AgentHarness):
     launcher = "agents_sdk.py"
     variable = "AGENTS_SDK"
 
-    def __init__(self, *, version: str = "0.24.0", instructions: str = "", max_turns: int = 30,
-                 model: str = "rollout", env: Mapping[str, str] | None = None, timeout: float | None = 600.0,
-                 id: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        version: str = "0.24.0",
+        instructions: str = "",
+        max_turns: int = 30,
+        model: str = "rollout",
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 600.0,
+        id: str | None = None,
+    ) -> None:
         self.version = version
         extra = {"AGENTS_SDK_INSTRUCTIONS": instructions, "AGENTS_SDK_MAX_TURNS": str(max_turns)}
         super().__init__(model=model, env={**extra, **(env or {})}, timeout=timeout, id=id)

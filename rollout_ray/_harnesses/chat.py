@@ -91,8 +91,10 @@ class ChatHarness(Harness):
 
     async def _loop(self, ctx: HarnessContext, messages: list[Message]) -> ProgramResult:
         if ctx.client is None:
-            raise RuntimeError("ChatHarness(transport='inprocess') needs an in-process interception; "
-                               "the rollout provides one for an in_process harness")
+            raise RuntimeError(
+                "ChatHarness(transport='inprocess') needs an in-process interception; "
+                "the rollout provides one for an in_process harness"
+            )
         specs = ctx.tools.specs() if ctx.tools is not None else None
         answer = ""
         for _ in range(self.max_calls):

@@ -41,7 +41,6 @@ def _error_text(raw: bytes) -> str:
         return raw.decode("utf-8", errors="replace")[:2000]
 
 
-
 class LoopSettings(Protocol):
     """What the loop reads of its harness (a ``ChatHarness``), each time it reads it."""
 
@@ -139,7 +138,10 @@ class HTTPAgent:
             raise _Exit(f"tool {name!r} call failed: {type(e).__name__}: {e}") from None
 
     async def _complete(
-        self, http: aiohttp.ClientSession, ctx: HarnessContext, messages: list[dict[str, Any]],
+        self,
+        http: aiohttp.ClientSession,
+        ctx: HarnessContext,
+        messages: list[dict[str, Any]],
         specs: list[dict[str, Any]],
     ) -> dict[str, Any]:
         """One model call with SDK-style retries; returns the assistant message dict."""

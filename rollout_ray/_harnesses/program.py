@@ -118,9 +118,7 @@ class ProgramHarness(Harness):
             "ROLLOUT_RAY_MCP": json.dumps(mcp_servers(ctx.tool_urls)),
             "ROLLOUT_RAY_INPUT": path,
         }
-        result = await ctx.runtime.exec(
-            self.command, env=env, timeout=self.timeout, max_output=self.max_output
-        )
+        result = await ctx.runtime.exec(self.command, env=env, timeout=self.timeout, max_output=self.max_output)
         if result.timed_out:
             await ctx.sync()
         if result.timed_out and not ctx.trace.stopped:

@@ -25,8 +25,9 @@ def failed_trace(spec: RolloutSpec, error: BaseException) -> Trace:
     """The record of a rollout that ended without a trace of its own: its host was lost
     (``error`` an ``InfrastructureLost``: a lost rollout) or it could not be run at all
     (a task that cannot be pickled, say: a failed one). Completed, not ok, with ``error``."""
-    trace = Trace(task=spec.task.trace_task(), agent=AgentInfo(harness=spec.harness.id),
-                  timing=Timing(start=time.time()))
+    trace = Trace(
+        task=spec.task.trace_task(), agent=AgentInfo(harness=spec.harness.id), timing=Timing(start=time.time())
+    )
     trace.record_error(error)
     trace.is_completed = True
     return trace

@@ -53,8 +53,9 @@ class RolloutHost:
         self.completed = 0
 
     def _build(self, spec: RolloutSpec) -> Rollout:
-        return build_rollout(spec, interception=self._interception, runtime_factory=self._runtime_factory,
-                             tool_server=self._tool_server)
+        return build_rollout(
+            spec, interception=self._interception, runtime_factory=self._runtime_factory, tool_server=self._tool_server
+        )
 
     async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
         """Open a rollout; returns its id (the trace id) and ``Rollout.open``'s result."""
@@ -137,8 +138,14 @@ class RolloutHost:
         await asyncio.gather(*(self.abort(i) for i in list(self._rollouts)), return_exceptions=True)
 
 
-def build_rollout(spec: RolloutSpec, *, interception: Interception, runtime_factory: Callable[..., Runtime],
-                  tool_server: ToolServerFactory | None, policy: PolicyGate | None = None) -> Rollout:
+def build_rollout(
+    spec: RolloutSpec,
+    *,
+    interception: Interception,
+    runtime_factory: Callable[..., Runtime],
+    tool_server: ToolServerFactory | None,
+    policy: PolicyGate | None = None,
+) -> Rollout:
     """The ``Rollout`` ``spec`` describes, served by the given services, under ``policy``
     (default: the process's). An in-process harness is served by its own session, whatever
     the host's interception."""

@@ -99,9 +99,15 @@ class LazyRuntime(Runtime):
             return self.started and not self.stopped  # it would start for a program
         return await super().alive()
 
-    async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                   timeout: float | None = None, max_output: int = DEFAULT_OUTPUT_CAP,
-                   stdin: bytes | None = None) -> ProgramResult:
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_output: int = DEFAULT_OUTPUT_CAP,
+        stdin: bytes | None = None,
+    ) -> ProgramResult:
         runtime = await self._runtime()
         return await runtime.exec(argv, env=env, timeout=timeout, max_output=max_output, stdin=stdin)
 
@@ -121,8 +127,9 @@ class LazyRuntime(Runtime):
         return await (await self._runtime()).add_grader_files(files)
 
 
-def _copy_of_lazy_runtime(inner: Runtime, started: bool, stopped: bool, routes: Sequence[str] | None,
-                          provisioned: bool) -> LazyRuntime:
+def _copy_of_lazy_runtime(
+    inner: Runtime, started: bool, stopped: bool, routes: Sequence[str] | None, provisioned: bool
+) -> LazyRuntime:
     runtime = LazyRuntime(inner)
     runtime.started, runtime.stopped, runtime._routes, runtime._provisioned = started, stopped, routes, provisioned
     return runtime

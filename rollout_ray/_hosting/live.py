@@ -46,8 +46,9 @@ def live_report(rollouts: Iterable[tuple[str, Rollout]]) -> dict[str, Any]:
     records, models = [], {}
     for label, rollout in rollouts:
         phase, since = phase_of(rollout)
-        records.append({"label": label, "id": rollout.trace.id, "task": rollout.task.data.idx,
-                        "phase": phase, "since": since})
+        records.append(
+            {"label": label, "id": rollout.trace.id, "task": rollout.task.data.idx, "phase": phase, "since": since}
+        )
         models[id(rollout.session.model)] = rollout.session.model
     return {"rollouts": records, "servers": [s for model in models.values() for s in _servers(model)]}
 
@@ -57,5 +58,7 @@ def _servers(model: Any) -> list[dict[str, Any]]:
     if pool is None:
         return []
     now = pool.clock()
-    return [{"url": s.url, "in_flight": s.inflight, "failures": s.failures, "down": s.down_until > now}
-            for s in pool.servers]
+    return [
+        {"url": s.url, "in_flight": s.inflight, "failures": s.failures, "down": s.down_until > now}
+        for s in pool.servers
+    ]

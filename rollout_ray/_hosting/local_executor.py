@@ -58,8 +58,13 @@ class LocalExecutor(Executor):
     async def run(self, spec: RolloutSpec) -> Trace:
         if self._proxy is None or self._tools is None:
             raise RuntimeError("LocalExecutor.run before start(); use 'async with LocalExecutor()'")
-        rollout = build_rollout(spec, interception=self._proxy, runtime_factory=self._new_runtime,
-                               tool_server=self._tools.serve, policy=self.policy)
+        rollout = build_rollout(
+            spec,
+            interception=self._proxy,
+            runtime_factory=self._new_runtime,
+            tool_server=self._tools.serve,
+            policy=self.policy,
+        )
         self._running[id(rollout)] = (spec.label, rollout)
         try:
             return await rollout.run()

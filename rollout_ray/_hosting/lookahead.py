@@ -23,8 +23,9 @@ Prepare = Callable[[Sequence[Task], Sequence[Task]], Awaitable[None]]
 """``prepare(upcoming, admitted)``: ``Executor.prepare``."""
 
 
-async def lookahead(plan: Iterator[T], window: int, prepare: Prepare,
-                    tasks_of: Callable[[T], Sequence[Task]]) -> AsyncGenerator[T, None]:
+async def lookahead(
+    plan: Iterator[T], window: int, prepare: Prepare, tasks_of: Callable[[T], Sequence[Task]]
+) -> AsyncGenerator[T, None]:
     """``plan``'s items (each with its rollouts' tasks, ``tasks_of``: a group's samples), with
     ``prepare`` told what comes next (see the module docstring); ``window`` counts rollouts.
     A ``window`` of 0: the items as they come, nothing read ahead, ``prepare`` never called."""
@@ -63,6 +64,9 @@ def wanted(upcoming: Iterable[Task], admitted: Iterable[Task] = ()) -> tuple[dic
     admitted ones (snapshots to keep)."""
     upcoming = list(upcoming)
     images = Counter(t.data.image for t in upcoming if t.data.image is not None)
-    setups = {(t.data.image, key) for t in (*upcoming, *admitted)
-              if t.data.image is not None and (key := t.setup_key) is not None}
+    setups = {
+        (t.data.image, key)
+        for t in (*upcoming, *admitted)
+        if t.data.image is not None and (key := t.setup_key) is not None
+    }
     return dict(images), setups

@@ -44,8 +44,9 @@ def lost_session() -> InfrastructureLost:
     they registered here, so these services lost it: they were restarted since (their process
     died) or the owner's lease ran out. The rollout's turns held here are gone with it, so it
     is retried, not recorded as a failure of its task or harness."""
-    return InfrastructureLost("the node's services no longer hold this rollout's session "
-                              "(restarted, or its owner's lease ran out)")
+    return InfrastructureLost(
+        "the node's services no longer hold this rollout's session (restarted, or its owner's lease ran out)"
+    )
 
 
 @dataclass
@@ -67,16 +68,27 @@ class NodeServices:
             once, together (``BodyBudget``).
     """
 
-    def __init__(self, *, host: str = "127.0.0.1", advertise_host: str | None = None,
-                 max_body: int | None = None, lease: float = LEASE_SECONDS,
-                 max_body_bytes_in_flight: int = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT) -> None:
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        advertise_host: str | None = None,
+        max_body: int | None = None,
+        lease: float = LEASE_SECONDS,
+        max_body_bytes_in_flight: int = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT,
+    ) -> None:
         proxy_options: dict[str, Any] = {"max_body": max_body} if max_body else {}
         # One bound on the request bodies the node holds, whichever server they arrive at.
         self.body_budget = BodyBudget(max_body_bytes_in_flight)
-        self._proxy = HTTPInterception(host=host, advertise_host=advertise_host, body_budget=self.body_budget,
-                                       **proxy_options)
-        self._tools = ToolServer(host=host, advertise_host=advertise_host, body_budget=self.body_budget,
-                                 sessions=self._proxy.session_of_state)
+        self._proxy = HTTPInterception(
+            host=host, advertise_host=advertise_host, body_budget=self.body_budget, **proxy_options
+        )
+        self._tools = ToolServer(
+            host=host,
+            advertise_host=advertise_host,
+            body_budget=self.body_budget,
+            sessions=self._proxy.session_of_state,
+        )
         self._models: dict[bytes, Model] = {}
         self._sessions: dict[str, _Registration] = {}
         self._toolsets: dict[str, _Registration] = {}
@@ -131,8 +143,9 @@ class NodeServices:
 
     # -- tools ------------------------------------------------------------------------------
 
-    async def register_tools(self, toolsets: Sequence[Toolset], runtime: Runtime | None,
-                             state_secret: str, owner: str | None = None) -> tuple[str, dict[str, str]]:
+    async def register_tools(
+        self, toolsets: Sequence[Toolset], runtime: Runtime | None, state_secret: str, owner: str | None = None
+    ) -> tuple[str, dict[str, str]]:
         """Serve a rollout's toolsets; each call is recorded on its session's trace copy.
 
         Returns a key for ``unregister_tools`` and the URLs by toolset name.

@@ -68,8 +68,13 @@ class Cursor(msgspec.Struct, frozen=True):
 
     @classmethod
     def of(cls, trace: Trace) -> Cursor:
-        return cls(len(trace.nodes), len(trace.calls), len(trace.request_rewrites),
-                   len(trace.response_rewrites), len(trace.tool_calls))
+        return cls(
+            len(trace.nodes),
+            len(trace.calls),
+            len(trace.request_rewrites),
+            len(trace.response_rewrites),
+            len(trace.tool_calls),
+        )
 
 
 class SessionDelta(msgspec.Struct):
@@ -124,11 +129,17 @@ class SessionSpec:
         """The serving side's session over a copy of the trace, calling ``model``."""
         hooks = self.hooks
         session = RolloutSession(
-            decode_trace(self.trace), model, limits=self.limits, model_name=self.model_name,
-            sampling=self.sampling, trace_stops=hooks.get("trace_stops", ()),
-            request_stops=hooks.get("request_stops", ()), response_stops=hooks.get("response_stops", ()),
+            decode_trace(self.trace),
+            model,
+            limits=self.limits,
+            model_name=self.model_name,
+            sampling=self.sampling,
+            trace_stops=hooks.get("trace_stops", ()),
+            request_stops=hooks.get("request_stops", ()),
+            response_stops=hooks.get("response_stops", ()),
             request_interceptors=hooks.get("request_interceptors", ()),
-            response_interceptors=hooks.get("response_interceptors", ()))
+            response_interceptors=hooks.get("response_interceptors", ()),
+        )
         session.prepared = set(self.prepared)
         return session
 
@@ -137,11 +148,11 @@ def delta(session: RolloutSession, since: Cursor) -> SessionDelta:
     """What the serving side's ``session`` holds beyond ``since``."""
     trace = session.trace
     return SessionDelta(
-        nodes=trace.nodes[since.nodes:],
-        calls=trace.calls[since.calls:],
-        request_rewrites=trace.request_rewrites[since.request_rewrites:],
-        response_rewrites=trace.response_rewrites[since.response_rewrites:],
-        tool_calls=trace.tool_calls[since.tool_calls:],
+        nodes=trace.nodes[since.nodes :],
+        calls=trace.calls[since.calls :],
+        request_rewrites=trace.request_rewrites[since.request_rewrites :],
+        response_rewrites=trace.response_rewrites[since.response_rewrites :],
+        tool_calls=trace.tool_calls[since.tool_calls :],
         tools=trace.tools,
         stop_condition=trace.stop_condition,
         is_completed=trace.is_completed,

@@ -77,11 +77,19 @@ class RayExecutor(Executor):
             (``ROLLOUT_RAY_NODE_STARTS``, ``ROLLOUT_RAY_NODE_START_RATE``). Default: none.
     """
 
-    def __init__(self, *, actors: int | None = None, capacity: int | None = None, address: str | None = None,
-                 actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-                 replacement_options: Mapping[str, Any] | None = None, runtime: str = "auto",
-                 probe_interval: float = 2.0, probe_timeout: float = 30.0,
-                 sandbox_starts: StartLimits | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        actors: int | None = None,
+        capacity: int | None = None,
+        address: str | None = None,
+        actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        replacement_options: Mapping[str, Any] | None = None,
+        runtime: str = "auto",
+        probe_interval: float = 2.0,
+        probe_timeout: float = 30.0,
+        sandbox_starts: StartLimits | None = None,
+    ) -> None:
         if (actors is not None and actors < 1) or (capacity is not None and capacity < 1):
             raise ValueError(f"actors and capacity must be >= 1, got {actors} and {capacity}")
         options: list[dict[str, Any]] | dict[str, Any] | None
@@ -126,8 +134,9 @@ class RayExecutor(Executor):
         self._load = [0] * self.actors
 
     def _new_actor(self, options: Mapping[str, Any]) -> RolloutActor:
-        actor = RolloutActor.create(capacity=self.capacity or UNCAPPED, runtime=self.runtime,
-                                    policy=self._policy_state, **options)
+        actor = RolloutActor.create(
+            capacity=self.capacity or UNCAPPED, runtime=self.runtime, policy=self._policy_state, **options
+        )
         probe = asyncio.get_running_loop().create_task(self._probe(actor))
         self._probes.add(probe)
         probe.add_done_callback(self._probes.discard)
@@ -188,8 +197,10 @@ class RayExecutor(Executor):
         plural = "s" if len(actors) != 1 else ""
         if not programs:
             return f"{len(actors)} rollout actor{plural} (runtime actors and node services: when first needed)"
-        return (f"{len(actors)} rollout actor{plural} with their runtime actors, "
-                f"the services of {len(nodes)} node{'s' if len(nodes) != 1 else ''}")
+        return (
+            f"{len(actors)} rollout actor{plural} with their runtime actors, "
+            f"the services of {len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+        )
 
     def _pick(self) -> int:
         # Least loaded; ties broken round-robin so an idle pool fills evenly.
@@ -225,8 +236,10 @@ class RayExecutor(Executor):
         if not actors or message == self._prepared or (self._prepared is None and not images and not setups):
             return
         self._prepared = message
-        outcomes = await asyncio.gather(*(call(a.actor.prepare.remote(*message), timeout=self.probe_timeout)
-                                          for a in actors), return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(call(a.actor.prepare.remote(*message), timeout=self.probe_timeout) for a in actors),
+            return_exceptions=True,
+        )
         for outcome in outcomes:  # a dead or slow actor misses a warm pool: its rollouts start cold
             if isinstance(outcome, BaseException) and not isinstance(outcome, (RayActorError, TimeoutError)):
                 raise outcome
@@ -264,12 +277,18 @@ class RayExecutor(Executor):
             return
         self._policy_state = (version, paused)
         actors = [a for a in self._pool if a is not None]
-        outcomes = await asyncio.gather(*(a.set_policy(version, paused, interrupt, timeout=self.probe_timeout)
-                                          for a in actors), return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(a.set_policy(version, paused, interrupt, timeout=self.probe_timeout) for a in actors),
+            return_exceptions=True,
+        )
         for outcome in outcomes:
             if isinstance(outcome, TimeoutError):
-                log.warning("a rollout actor did not take policy version=%s paused=%s within %gs",
-                            version, paused, self.probe_timeout)
+                log.warning(
+                    "a rollout actor did not take policy version=%s paused=%s within %gs",
+                    version,
+                    paused,
+                    self.probe_timeout,
+                )
             elif isinstance(outcome, BaseException) and not isinstance(outcome, RayActorError):
                 raise outcome
 
@@ -277,8 +296,9 @@ class RayExecutor(Executor):
         """Every actor's ``live`` report, merged; an actor that does not answer within
         ``LIVE_TIMEOUT`` (dead, hung, busy) is left out: its rollouts read as queued."""
         actors = [a for a in self._pool if a is not None]
-        answers = await asyncio.gather(*(call(a.actor.live.remote(), timeout=LIVE_TIMEOUT) for a in actors),
-                                       return_exceptions=True)
+        answers = await asyncio.gather(
+            *(call(a.actor.live.remote(), timeout=LIVE_TIMEOUT) for a in actors), return_exceptions=True
+        )
         merged: dict[str, Any] = {"rollouts": [], "servers": []}
         for answer in answers:
             if isinstance(answer, dict):
@@ -344,9 +364,14 @@ def _beside(module: ModuleType) -> list[ModuleType]:
     if path is None:
         return []
     folder = os.path.dirname(os.path.abspath(path))
-    return [m for m in list(sys.modules.values())
-            if m is not module and (p := getattr(m, "__file__", None))
-            and os.path.dirname(os.path.abspath(p)) == folder and not p.endswith("__init__.py")]
+    return [
+        m
+        for m in list(sys.modules.values())
+        if m is not module
+        and (p := getattr(m, "__file__", None))
+        and os.path.dirname(os.path.abspath(p)) == folder
+        and not p.endswith("__init__.py")
+    ]
 
 
 def _round_robin(actors: int) -> list[dict[str, Any]]:
@@ -357,5 +382,6 @@ def _round_robin(actors: int) -> list[dict[str, Any]]:
     a replacement actor unplaceable when the cluster's CPUs are all claimed.
     """
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
-    return [{"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=True)}
-            for i in range(actors)]
+    return [
+        {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=True)} for i in range(actors)
+    ]

@@ -92,16 +92,21 @@ def check_grpc(conn: socket.socket, address: str, timeout: float) -> None:
         conn.sendall(H2_HELLO)
         answer = conn.recv(1024)
     except TimeoutError:
-        raise RayUnreachable(address, f"something accepts connections there but did not answer a gRPC hello "
-                                      f"within {timeout:g}s: not a Ray cluster") from None
+        raise RayUnreachable(
+            address,
+            f"something accepts connections there but did not answer a gRPC hello "
+            f"within {timeout:g}s: not a Ray cluster",
+        ) from None
     except OSError as e:
-        raise RayUnreachable(address, f"the connection was reset at a gRPC hello ({e.strerror or type(e).__name__}): "
-                                      "not a Ray cluster") from None
+        raise RayUnreachable(
+            address, f"the connection was reset at a gRPC hello ({e.strerror or type(e).__name__}): not a Ray cluster"
+        ) from None
     if len(answer) >= 9 and answer[3] == 4:  # a frame header whose type is SETTINGS
         return
     if not answer:
-        raise RayUnreachable(address, "something accepts connections there but closed at a gRPC hello: "
-                                      "not a Ray cluster")
+        raise RayUnreachable(
+            address, "something accepts connections there but closed at a gRPC hello: not a Ray cluster"
+        )
     raise RayUnreachable(address, f"{_what_answered(answer)}: not a Ray cluster")
 
 

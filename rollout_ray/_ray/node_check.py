@@ -39,8 +39,12 @@ async def nodes_lacking(kind: str, *, timeout: float = CHECK_TIMEOUT) -> tuple[d
     """
     checked = AUTO_ORDER[0] if kind == AUTO else provider(kind).name
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    asked = [_unavailable.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-                                  ).remote(checked) for n in nodes]
+    asked = [
+        _unavailable.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+        ).remote(checked)
+        for n in nodes
+    ]
 
     async def answer(ref: object) -> str | None:
         try:

@@ -14,6 +14,7 @@ different drivers, so the node's services keep one ``PolicyGate`` per owner, set
 rollout actor under its owner id and carried by each batch of registrations, so services
 that were replaced learn it again.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -124,8 +125,9 @@ class _NodeServiceActor(NodeServices):
 
     # -- batches ----------------------------------------------------------------------------
 
-    async def register_many(self, items: list[tuple[bytes, dict[str, bytes]]],
-                            policy: tuple[str, int | None, bool] | None = None) -> list[Slot | Exception]:
+    async def register_many(
+        self, items: list[tuple[bytes, dict[str, bytes]]], policy: tuple[str, int | None, bool] | None = None
+    ) -> list[Slot | Exception]:
         """Register each shipped ``SessionSpec``; an item that fails answers its exception.
 
         ``policy`` is the registering owner's ``(owner, version, paused)``, applied first.
@@ -187,8 +189,11 @@ def node_service_actor(node_id: str) -> Any:
 
 
 def _service_names() -> list[str]:
-    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-            if a.get("namespace") == NAMESPACE and a["name"].startswith(SERVICES_PREFIX)]
+    return [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a.get("namespace") == NAMESPACE and a["name"].startswith(SERVICES_PREFIX)
+    ]
 
 
 async def shutdown_node_services(grace: float = SHUTDOWN_GRACE) -> list[str]:

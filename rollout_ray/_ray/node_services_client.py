@@ -114,8 +114,7 @@ class RayInterception(Interception):
     ``owner``, so the sessions obey the policy of the rollouts they serve.
     """
 
-    def __init__(self, services: NodeServicesRef, owner: str | None = None,
-                 policy: PolicyGate | None = None) -> None:
+    def __init__(self, services: NodeServicesRef, owner: str | None = None, policy: PolicyGate | None = None) -> None:
         self._services = services
         self._owner = owner
         self._secrets: dict[int, str] = {}
@@ -123,15 +122,17 @@ class RayInterception(Interception):
         gate = policy or process_gate()
         # Rollouts of one host start and end in bursts: their calls travel in batches.
         self._register: Coalescer[tuple[bytes, dict[str, bytes]], Slot] = Coalescer(
-            lambda items: services.call("register_many", items,
-                                        None if owner is None else (owner, *gate.state())))
+            lambda items: services.call("register_many", items, None if owner is None else (owner, *gate.state()))
+        )
         self._unregister: Coalescer[tuple[str, Cursor], SessionDelta] = Coalescer(
-            lambda items: services.call("unregister_many", items))
+            lambda items: services.call("unregister_many", items)
+        )
 
     @asynccontextmanager
     async def serve(self, session: RolloutSession) -> AsyncIterator[Slot]:
         slot: Slot = await deliver(
-            self._packer, SessionSpec.of(session, self._owner),
+            self._packer,
+            SessionSpec.of(session, self._owner),
             lambda blob, bodies: self._register((blob, bodies)),
             shared=(session.model,),
         )
@@ -168,19 +169,21 @@ class RayToolServer:
         self._owner = owner
         self._packer = ShipmentPacker()
         self._register: Coalescer[tuple[bytes, dict[str, bytes]], tuple[str, dict[str, str]]] = Coalescer(
-            lambda items: services.call("register_tools_many", items))
-        self._unregister: Coalescer[str, None] = Coalescer(
-            lambda keys: services.call("unregister_tools_many", keys))
+            lambda items: services.call("register_tools_many", items)
+        )
+        self._unregister: Coalescer[str, None] = Coalescer(lambda keys: services.call("unregister_tools_many", keys))
 
     @asynccontextmanager
-    async def serve(self, toolsets: Sequence[Toolset], runtime: Runtime | None, state_secret: str, *,
-                    on_call: Any = None) -> AsyncIterator[dict[str, str]]:
+    async def serve(
+        self, toolsets: Sequence[Toolset], runtime: Runtime | None, state_secret: str, *, on_call: Any = None
+    ) -> AsyncIterator[dict[str, str]]:
         # on_call is not needed: the calls are recorded on the node's copy of the trace.
         # The runtime handle travels only when a tool needs it: shipping it costs a pickle and
         # makes the runtime's teardown reach its actor even if nothing ever ran in it.
         needed = runtime if any(t.wants_runtime() for t in toolsets) else None
         key, urls = await deliver(
-            self._packer, (list(toolsets), needed, state_secret, self._owner),
+            self._packer,
+            (list(toolsets), needed, state_secret, self._owner),
             lambda blob, bodies: self._register((blob, bodies)),
         )
         try:

@@ -31,9 +31,19 @@ class RemoteRuntime(Runtime):
     drives the same runtime. ``start`` provisions it in the actor (``owned_runtime`` defers
     that to the first use)."""
 
-    def __init__(self, actor: Any, name: str, *, owner: str | None = None, started: bool = False,
-                 runtime_type: str = "local", runtime_id: str | None = None, provisioned: bool = False,
-                 actor_on_demand: Callable[[], Any] | None = None, image: str | None = None) -> None:
+    def __init__(
+        self,
+        actor: Any,
+        name: str,
+        *,
+        owner: str | None = None,
+        started: bool = False,
+        runtime_type: str = "local",
+        runtime_id: str | None = None,
+        provisioned: bool = False,
+        actor_on_demand: Callable[[], Any] | None = None,
+        image: str | None = None,
+    ) -> None:
         super().__init__(name)
         self.__actor = actor
         self._actor_on_demand = actor_on_demand
@@ -57,9 +67,20 @@ class RemoteRuntime(Runtime):
         return self.__actor
 
     def __reduce__(self) -> Any:
-        return (_rebuild_remote_runtime, (self._actor, self.name, self._owner, self.started,
-                                          self.type, self._id, self.stopped, self._provisioned,
-                                          self.image))
+        return (
+            _rebuild_remote_runtime,
+            (
+                self._actor,
+                self.name,
+                self._owner,
+                self.started,
+                self.type,
+                self._id,
+                self.stopped,
+                self._provisioned,
+                self.image,
+            ),
+        )
 
     @property
     def id(self) -> str:
@@ -81,8 +102,9 @@ class RemoteRuntime(Runtime):
             # The process hosting the box died, not the box: the rollout is lost, and retried.
             raise InfrastructureLost(f"runtime {self.name!r}: its runtime actor died ({type(e).__name__})") from None
         except TimeoutError:
-            raise SandboxError(f"runtime {self.name!r}: its runtime actor did not answer {method} "
-                               f"within {wait:g}s") from None
+            raise SandboxError(
+                f"runtime {self.name!r}: its runtime actor did not answer {method} within {wait:g}s"
+            ) from None
 
     @property
     def enforces(self) -> frozenset[str]:  # type: ignore[override]
@@ -113,8 +135,13 @@ class RemoteRuntime(Runtime):
         self.type, self._id, self._provisioned, self._info = info.type, info.id, True, info
 
     async def _provision_once(self) -> Any:
-        return await self._call("create_started", self.name, owner=self._owner, image=self.image,
-                                wait=CALL_TIMEOUT if self.image is None else IMAGE_START_TIMEOUT)
+        return await self._call(
+            "create_started",
+            self.name,
+            owner=self._owner,
+            image=self.image,
+            wait=CALL_TIMEOUT if self.image is None else IMAGE_START_TIMEOUT,
+        )
 
     async def _teardown(self) -> None:
         with contextlib.suppress(RayActorError):  # the actor is gone, and its guardian removed the runtime with it
@@ -126,15 +153,29 @@ class RemoteRuntime(Runtime):
         except SandboxError:
             return False
 
-    async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                   timeout: float | None = None, max_output: int = DEFAULT_OUTPUT_CAP,
-                   stdin: bytes | None = None) -> ProgramResult:
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_output: int = DEFAULT_OUTPUT_CAP,
+        stdin: bytes | None = None,
+    ) -> ProgramResult:
         await self._provision()
         # The program's own timeout bounds it, plus time to kill it; an exec without one is
         # bounded by the rollout's deadline of the phase that runs it.
         wait = None if timeout is None else timeout + CALL_TIMEOUT
-        return await self._call("exec", self.name, list(argv), wait=wait, env=dict(env or {}),  # type: ignore[no-any-return]
-                                timeout=timeout, max_output=max_output, stdin=stdin)
+        return await self._call(
+            "exec",
+            self.name,
+            list(argv),
+            wait=wait,
+            env=dict(env or {}),  # type: ignore[no-any-return]
+            timeout=timeout,
+            max_output=max_output,
+            stdin=stdin,
+        )
 
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
         await self._provision()
@@ -158,11 +199,27 @@ class RemoteRuntime(Runtime):
         await self._call("write", self.name, path, data)
 
 
-def _rebuild_remote_runtime(actor: Any, name: str, owner: str | None, started: bool, runtime_type: str,
-                            runtime_id: str | None, stopped: bool, provisioned: bool,
-                            image: str | None = None) -> RemoteRuntime:
-    runtime = RemoteRuntime(actor, name, owner=owner, started=started, runtime_type=runtime_type,
-                            runtime_id=runtime_id, provisioned=provisioned, image=image)
+def _rebuild_remote_runtime(
+    actor: Any,
+    name: str,
+    owner: str | None,
+    started: bool,
+    runtime_type: str,
+    runtime_id: str | None,
+    stopped: bool,
+    provisioned: bool,
+    image: str | None = None,
+) -> RemoteRuntime:
+    runtime = RemoteRuntime(
+        actor,
+        name,
+        owner=owner,
+        started=started,
+        runtime_type=runtime_type,
+        runtime_id=runtime_id,
+        provisioned=provisioned,
+        image=image,
+    )
     runtime.stopped = stopped
     return runtime
 

@@ -117,8 +117,7 @@ class RunReceiver:
 class _RolloutActor:
     """What a ``RolloutActor`` runs: the host, its node's services and its runtime actor."""
 
-    def __init__(self, capacity: int, runtime: str, owner: str,
-                 policy: tuple[int | None, bool] | None = None) -> None:
+    def __init__(self, capacity: int, runtime: str, owner: str, policy: tuple[int | None, bool] | None = None) -> None:
         if policy is not None:
             process_gate().set(*policy)
         runtime, _ = runtime_kind(runtime)  # "auto" is decided by the node that runs the boxes

@@ -47,7 +47,6 @@ ANSWER_TIMEOUT = 30.0
 killed, and every rollout it held fails with Ray's ``RayActorError``."""
 
 
-
 class RunSender:
     """The driver's side for one rollout actor: ``await sender.run(spec)`` → trace bytes.
 
@@ -157,8 +156,12 @@ class RunSender:
                 # Hung: killed, and its rollouts fail now, not when Ray reports the death (a
                 # stopped process's death took over 120 s to be reported on a loaded machine).
                 ray.kill(self._actor, no_restart=True)
-                self._die(RayActorError(error_msg=f"rollout actor hung: no answer to collect within "
-                                                  f"{self.collect_wait + self.answer_timeout:g}s; killed"))
+                self._die(
+                    RayActorError(
+                        error_msg=f"rollout actor hung: no answer to collect within "
+                        f"{self.collect_wait + self.answer_timeout:g}s; killed"
+                    )
+                )
                 return
             except RayActorError as e:
                 self._die(e)
@@ -220,8 +223,6 @@ def _shared(spec: RolloutSpec) -> tuple[Any, ...]:
     return (spec.harness, spec.model, spec.limits, spec.timeouts)
 
 
-
-
 class RolloutActor:
     """Handle to a long-lived actor hosting up to ``capacity`` concurrent rollouts.
 
@@ -238,12 +239,14 @@ class RolloutActor:
         self._runs = RunSender(actor, _shared)
 
     async def _ship(self, method: Any, spec: RolloutSpec) -> Any:
-        return await deliver(self._packer, spec, lambda blob, bodies: call(method.remote(blob, bodies)),
-                             shared=_shared(spec))
+        return await deliver(
+            self._packer, spec, lambda blob, bodies: call(method.remote(blob, bodies)), shared=_shared(spec)
+        )
 
     @classmethod
-    def create(cls, *, capacity: int = 1, runtime: str = "auto", policy: tuple[int | None, bool] | None = None,
-               **options: Any) -> RolloutActor:
+    def create(
+        cls, *, capacity: int = 1, runtime: str = "auto", policy: tuple[int | None, bool] | None = None, **options: Any
+    ) -> RolloutActor:
         """Start the actor. ``runtime`` is the kind of the runtimes its rollouts own
         (``"auto"`` or a provider's name); ``policy`` is the ``(version, paused)`` it
         starts with; ``options`` go to ``.options()`` (e.g. a scheduling strategy)."""
@@ -251,8 +254,9 @@ class RolloutActor:
         owner = uuid.uuid4().hex
         return cls(RolloutActorClass.options(**options).remote(capacity, runtime, owner, policy), owner)
 
-    async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False,
-                         timeout: float | None = None) -> None:
+    async def set_policy(
+        self, version: int | None, paused: bool, interrupt: bool = False, timeout: float | None = None
+    ) -> None:
         """``_RolloutActor.set_policy``, bounded by ``timeout`` seconds."""
         await call(self.actor.set_policy.remote(version, paused, interrupt), timeout=timeout)
 

@@ -76,8 +76,12 @@ class _StartLimiter:
             self._changed.notify_all()
 
     def statistics(self) -> dict[str, Any]:
-        return {"out": len(self._out), "granted": self.granted, "concurrency": self.limits.concurrency,
-                "per_second": self.limits.per_second}
+        return {
+            "out": len(self._out),
+            "granted": self.granted,
+            "concurrency": self.limits.concurrency,
+            "per_second": self.limits.per_second,
+        }
 
 
 StartLimiterClass = ray.remote(num_cpus=0, max_concurrency=10_000)(_StartLimiter)  # type: ignore[call-overload]  # ray's overloads omit actor options
@@ -86,7 +90,8 @@ StartLimiterClass = ray.remote(num_cpus=0, max_concurrency=10_000)(_StartLimiter
 def create_limiter(limits: StartLimits) -> Any:
     """The cluster's limiter, made with ``limits`` unless another driver made it first."""
     return StartLimiterClass.options(name=LIMITER_NAME, namespace=NAMESPACE, get_if_exists=True).remote(
-        limits.concurrency, limits.per_second)
+        limits.concurrency, limits.per_second
+    )
 
 
 def find_limiter() -> Any:
@@ -111,8 +116,10 @@ class ClusterStartGate:
         except (RayActorError, TimeoutError) as e:
             if not self._said:
                 self._said = True
-                log.warning("the cluster's sandbox start limiter is gone or stuck (%s): starts go through "
-                            "without it", type(e).__name__)
+                log.warning(
+                    "the cluster's sandbox start limiter is gone or stuck (%s): starts go through without it",
+                    type(e).__name__,
+                )
             ticket = None
         try:
             yield

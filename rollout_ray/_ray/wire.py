@@ -111,8 +111,12 @@ class ShipmentPacker:
         self._sent.clear()
 
 
-async def deliver(packer: ShipmentPacker, message: Any, send: Callable[[bytes, dict[str, bytes]], Awaitable[T]],
-                  shared: Iterable[Any] = ()) -> T:
+async def deliver(
+    packer: ShipmentPacker,
+    message: Any,
+    send: Callable[[bytes, dict[str, bytes]], Awaitable[T]],
+    shared: Iterable[Any] = (),
+) -> T:
     """``send(blob, bodies)`` the message; once more with every body if the receiver lacks one.
 
     Raises:
@@ -128,8 +132,9 @@ async def deliver(packer: ShipmentPacker, message: Any, send: Callable[[bytes, d
     try:
         return await send(blob, packer.bodies(keys, resend=True))
     except MissingShipment as e:
-        raise InfrastructureLost(f"the receiver lacks a body it was just sent ({e.key}): it was replaced "
-                                 "under the message") from None
+        raise InfrastructureLost(
+            f"the receiver lacks a body it was just sent ({e.key}): it was replaced under the message"
+        ) from None
 
 
 class _Unpickler(pickle.Unpickler):

@@ -71,15 +71,28 @@ from .trace_schema import (
 )
 
 __all__ = [  # the schema's names are re-exported: importers of arrow keep working
-    "ARROW_SCHEMA_VERSION", "BRANCH_COLUMNS", "CONVERSATION_COLUMNS", "HISTORY_COLUMNS", "POLICY_COLUMNS",
-    "SCALAR_COLUMNS", "TOKEN_COLUMNS", "TRACE_SCHEMA", "VERSION_KEY", "RolloutRecord", "SchemaMismatch",
-    "check_schema", "newer_columns", "records_to_table", "table_to_records", "table_to_traces", "warm_arrow",
+    "ARROW_SCHEMA_VERSION",
+    "BRANCH_COLUMNS",
+    "CONVERSATION_COLUMNS",
+    "HISTORY_COLUMNS",
+    "POLICY_COLUMNS",
+    "SCALAR_COLUMNS",
+    "TOKEN_COLUMNS",
+    "TRACE_SCHEMA",
+    "VERSION_KEY",
+    "RolloutRecord",
+    "SchemaMismatch",
+    "check_schema",
+    "newer_columns",
+    "records_to_table",
+    "table_to_records",
+    "table_to_traces",
+    "warm_arrow",
 ]
 
 _ENCODER = msgspec.msgpack.Encoder()
 _JSON_ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Trace)
-
 
 
 @dataclass(frozen=True)
@@ -175,13 +188,9 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
         "error_message": [e.message if e is not None else None for e in last_errors],
         "num_errors": [len(h[-1]) for h in history],
         "reward": [t.reward for t in traces],
-        "rewards": _score_map(
-            {k: (r.score if r is not None else None) for k, r in t.rewards.items()}
-            for t in traces
-        ),
+        "rewards": _score_map({k: (r.score if r is not None else None) for k, r in t.rewards.items()} for t in traces),
         "reward_weights": _score_map(
-            {k: (r.weight if r is not None else None) for k, r in t.rewards.items()}
-            for t in traces
+            {k: (r.weight if r is not None else None) for k, r in t.rewards.items()} for t in traces
         ),
         "metrics": _score_map(t.metrics for t in traces),
         "num_turns": [c.num_turns for c in counts],
@@ -213,8 +222,10 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
 def _attempts_row(attempt: int, history: list[list[ErrorRecord]]) -> list[dict[str, Any]]:
     """Each attempt's number and errors; numbered so that the last is ``attempt``."""
     first = attempt - len(history) + 1
-    return [{"attempt": first + i, "errors": [{"type": e.type, "message": e.message} for e in errors]}
-            for i, errors in enumerate(history)]
+    return [
+        {"attempt": first + i, "errors": [{"type": e.type, "message": e.message} for e in errors]}
+        for i, errors in enumerate(history)
+    ]
 
 
 def _to_array(values: pa.Array | list[Any], type_: pa.DataType) -> pa.Array:
@@ -248,14 +259,19 @@ def table_to_traces(table: pa.Table) -> list[Trace]:
 
 def _restore_ids(table: pa.Table, traces: list[Trace]) -> None:
     if not {"input_ids", "logprobs"} <= set(table.column_names):
-        raise SchemaMismatch("the traces keep their token ids in the token columns: read 'input_ids' and "
-                             "'logprobs' with 'trace'", column="input_ids", expected="present", found="missing")
+        raise SchemaMismatch(
+            "the traces keep their token ids in the token columns: read 'input_ids' and 'logprobs' with 'trace'",
+            column="input_ids",
+            expected="present",
+            found="missing",
+        )
     check_schema(table, columns=("input_ids", "logprobs"))
     try:
         restore_rows(traces, table.column("input_ids"), table.column("logprobs"))
     except ValueError as e:
-        raise SchemaMismatch(str(e), column="input_ids", expected="the sequences the trace counts",
-                             found="other sequences") from None
+        raise SchemaMismatch(
+            str(e), column="input_ids", expected="the sequences the trace counts", found="other sequences"
+        ) from None
 
 
 @contextmanager
@@ -284,16 +300,20 @@ def table_to_records(table: pa.Table) -> list[RolloutRecord]:
     """
     check_schema(table, columns=_RECORD_COLUMNS)
     traces = table_to_traces(table)
-    run_ids, group_ids, sample_idxs, attempts = (
-        table.column(name).to_pylist() for name in _RECORD_COLUMNS[:-1]
-    )
+    run_ids, group_ids, sample_idxs, attempts = (table.column(name).to_pylist() for name in _RECORD_COLUMNS[:-1])
     names = set(table.column_names)
     positions = table.column("task_idx").to_pylist() if "task_idx" in names else [None] * len(traces)
     histories = table.column("attempts").to_pylist() if "attempts" in names else [None] * len(traces)
     return [
-        RolloutRecord(trace, run_id, group_id, sample_idx, attempt,
-                      task_idx=None if position == trace.task.idx else position,
-                      attempts=tuple(len(a["errors"]) for a in history) if history and len(history) > 1 else ())
+        RolloutRecord(
+            trace,
+            run_id,
+            group_id,
+            sample_idx,
+            attempt,
+            task_idx=None if position == trace.task.idx else position,
+            attempts=tuple(len(a["errors"]) for a in history) if history and len(history) > 1 else (),
+        )
         for trace, run_id, group_id, sample_idx, attempt, position, history in zip(
             traces, run_ids, group_ids, sample_idxs, attempts, positions, histories
         )

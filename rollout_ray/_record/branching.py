@@ -97,8 +97,9 @@ def _fork_at(conversation: Conversation, path: list[int], first_child: dict[int 
     return next((k for k, i in enumerate(path) if first_child.get(nodes[i].parent) != i), None)
 
 
-def _context(conversation: Conversation, path: list[int], start: int, tools_at: dict[int, str | None]
-             ) -> tuple[str, str | None]:
+def _context(
+    conversation: Conversation, path: list[int], start: int, tools_at: dict[int, str | None]
+) -> tuple[str, str | None]:
     """What makes an agent: the system messages its branch opens with, and the tools of the
     first call at or after ``path[start]`` (the one that started the branch)."""
     nodes = conversation.nodes
@@ -144,5 +145,6 @@ def _summarizes(conversation: Conversation, path: list[int], k: int, summaries: 
     if any(marker in t for marker in COMPACTION_MARKERS for t in lowered):
         return True
     start = path[k]
-    return any(any(summary in t for t in texts) for i, summary in summaries
-               if i < start and i not in own)  # sampled before the branch, on another
+    return any(
+        any(summary in t for t in texts) for i, summary in summaries if i < start and i not in own
+    )  # sampled before the branch, on another

@@ -121,8 +121,14 @@ class ConversationGraph:
         kept = cap_message(message, self.max_message_chars)
         if kept is message:
             return MessageNode(parent, message, sampled=sampled, timestamp=timestamp)
-        return MessageNode(parent, kept, sampled=sampled, timestamp=timestamp, original_chars=text_chars(message),
-                           original_digest=message_hash(message))
+        return MessageNode(
+            parent,
+            kept,
+            sampled=sampled,
+            timestamp=timestamp,
+            original_chars=text_chars(message),
+            original_digest=message_hash(message),
+        )
 
     def append(self, node: MessageNode) -> int:
         """Append a node to the trace and index it (also copies nodes a live session committed elsewhere)."""

@@ -174,13 +174,8 @@ def message_hash(message: Message) -> bytes:
     harness that re-serialises the conversation still matches its earlier turns.
     """
     if isinstance(message, AssistantMessage):
-        calls = [
-            msgspec.structs.replace(c, arguments=_canonical_json(c.arguments))
-            for c in message.tool_calls or ()
-        ]
-        message = msgspec.structs.replace(
-            message, content=message.content or "", tool_calls=calls or None
-        )
+        calls = [msgspec.structs.replace(c, arguments=_canonical_json(c.arguments)) for c in message.tool_calls or ()]
+        message = msgspec.structs.replace(message, content=message.content or "", tool_calls=calls or None)
     raw = msgspec.json.encode(message)
     return hashlib.blake2b(raw, digest_size=16).digest()
 

@@ -151,8 +151,11 @@ def parse_request(body: bytes) -> tuple[Request, dict[str, Any], bool]:
         check_integers(value, key)
     n = params.get("n")
     if n is not None and n != 1:
-        raise WireError(f"invalid request: `n` must be 1, got {n!r}: each model call of a rollout "
-                        "records one reply; send n requests to sample n replies", "n")
+        raise WireError(
+            f"invalid request: `n` must be 1, got {n!r}: each model call of a rollout "
+            "records one reply; send n requests to sample n replies",
+            "n",
+        )
     return Request(messages, tools), params, wire.stream
 
 
@@ -200,7 +203,11 @@ def _to_tool(t: WireTool) -> Tool:
 
 
 def encode_request(
-    request: Request, params: dict[str, Any], *, model: str | None, stream: bool,
+    request: Request,
+    params: dict[str, Any],
+    *,
+    model: str | None,
+    stream: bool,
     extensions: dict[str, Any] | None = None,
 ) -> bytes:
     """The upstream body: ``params`` with the messages, the tools and the model forced.
@@ -213,8 +220,7 @@ def encode_request(
     body["messages"] = [wire_message(m) for m in request.messages]
     if request.tools:
         body["tools"] = [
-            WireTool(WireFunctionSpec(t.name, t.description, t.parameters, t.strict))
-            for t in request.tools
+            WireTool(WireFunctionSpec(t.name, t.description, t.parameters, t.strict)) for t in request.tools
         ]
     if model is not None:
         body["model"] = model
@@ -262,8 +268,12 @@ def parse_response(body: bytes, *, capture: bool = False, logprobs: bool = True)
     return response
 
 
-def captured(response: Response, prompt_ids: list[int] | None, token_ids: list[int] | None,
-             content: list[TokenLogprob] | list[_Logprob] | None) -> None:
+def captured(
+    response: Response,
+    prompt_ids: list[int] | None,
+    token_ids: list[int] | None,
+    content: list[TokenLogprob] | list[_Logprob] | None,
+) -> None:
     """Set the token fields of ``response``; completion ids missing are read from ``token_id:N``
     logprob tokens (vLLM's ``return_tokens_as_token_ids``) when every token reads so."""
     response.prompt_token_ids = prompt_ids
@@ -330,7 +340,9 @@ def _wire_usage(usage: Usage) -> dict[str, Any]:
 def encode_response(response: Response, *, completion_id: str | None = None) -> bytes:
     """A ``chat.completion`` body for the harness."""
     choice: dict[str, Any] = {
-        "index": 0, "message": wire_message(response.message), "finish_reason": response.finish_reason
+        "index": 0,
+        "message": wire_message(response.message),
+        "finish_reason": response.finish_reason,
     }
     if response.logprobs is not None:
         choice["logprobs"] = {"content": response.logprobs}

@@ -31,8 +31,14 @@ def sse_events(response: Response, *, include_usage: bool, completion_id: str | 
         choices = [{"index": 0, "delta": delta, "finish_reason": finish}] if delta is not None else []
         if logprobs is not None:
             choices[0]["logprobs"] = {"content": logprobs}
-        body = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                "model": response.model, "choices": choices, **extra}
+        body = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": response.model,
+            "choices": choices,
+            **extra,
+        }
         return b"data: " + _ENCODER.encode(body) + b"\n\n"
 
     message = response.message
@@ -43,8 +49,18 @@ def sse_events(response: Response, *, include_usage: bool, completion_id: str | 
         yield chunk({"content": message.content}, logprobs=logprobs)
         logprobs = None
     for i, call in enumerate(message.tool_calls or ()):
-        yield chunk({"tool_calls": [{"index": i, "id": call.id, "type": "function",
-                                     "function": {"name": call.name, "arguments": call.arguments}}]})
+        yield chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": i,
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
+                ]
+            }
+        )
     yield chunk({}, response.finish_reason, logprobs=logprobs)
     if include_usage and response.usage is not None:
         yield chunk(None, usage=_wire_usage(response.usage))  # type: ignore[arg-type]
@@ -138,9 +154,7 @@ class StreamAssembler:
         if not self.done:
             raise WireError("malformed stream from the model: no terminal [DONE] event")
         calls = [ToolCall(c["id"], c["name"], c["arguments"] or "{}") for _, c in sorted(self.calls.items())]
-        message = AssistantMessage(
-            "".join(self.content) or None, "".join(self.reasoning) or None, calls or None
-        )
+        message = AssistantMessage("".join(self.content) or None, "".join(self.reasoning) or None, calls or None)
         response = Response(message, _finish(self.finish), self.usage, self.model)
         if self.tokens:
             content = self.logprobs or None

@@ -193,8 +193,11 @@ class RunFiles:
         st = os.fstat(fd)
         if st.st_nlink != 1:
             os.close(fd)
-            raise CorruptRun(self.path / name, f"{self.path / name} has {st.st_nlink} names (a hard link): a run's "
-                                               "lock is its own file; remove it, or use another directory")
+            raise CorruptRun(
+                self.path / name,
+                f"{self.path / name} has {st.st_nlink} names (a hard link): a run's "
+                "lock is its own file; remove it, or use another directory",
+            )
         os.set_blocking(fd, True)
         return fd
 
@@ -223,8 +226,9 @@ class RunFiles:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self.close()
 
     def _open(self, name: str, flags: int, mode: int = 0o644) -> int:
@@ -250,8 +254,11 @@ class RunFiles:
                 self.stat(name)  # a link, a folder, a FIFO: refused
                 with _ignoring_missing():
                     os.unlink(name, dir_fd=self.fd)
-        raise CorruptRun(self.path / name, f"{self.path / name} keeps reappearing while it is written; "
-                                           "another process writes this run directory: stop it")
+        raise CorruptRun(
+            self.path / name,
+            f"{self.path / name} keeps reappearing while it is written; "
+            "another process writes this run directory: stop it",
+        )
 
 
 def _open_directory(dir_fd: int | None, name: str, path: Path, *, create: bool) -> int:
@@ -275,8 +282,9 @@ def _check_regular(st: os.stat_result, path: Path) -> None:
     if stat.S_ISLNK(st.st_mode):
         raise CorruptRun.link(path)
     if not stat.S_ISREG(st.st_mode):
-        raise CorruptRun(path, f"{path} is not a regular file; a run directory holds only files and its "
-                               "folders: move it aside")
+        raise CorruptRun(
+            path, f"{path} is not a regular file; a run directory holds only files and its folders: move it aside"
+        )
 
 
 @contextmanager

@@ -46,8 +46,19 @@ from .trace import Reward, Trace
 KEY = ("group_id", "sample_idx", "rollout_id")
 """What a version's row is matched on."""
 OUTCOME_FIELDS = [
-    *(TRACE_SCHEMA.field(name) for name in ("ok", "error_type", "error_message", "num_errors", "reward", "rewards",
-                                            "reward_weights", "metrics")),
+    *(
+        TRACE_SCHEMA.field(name)
+        for name in (
+            "ok",
+            "error_type",
+            "error_message",
+            "num_errors",
+            "reward",
+            "rewards",
+            "reward_weights",
+            "metrics",
+        )
+    ),
     pa.field("rescored", pa.bool_()),
     pa.field("score_error", pa.string()),
 ]
@@ -75,8 +86,9 @@ class ScoreVersion:
         are not the version's."""
         return int(self.info["shards"])
 
-    def overlay(self, table: pa.Table, eligible: np.ndarray | None = None,
-                columns: Sequence[str] | None = None) -> pa.Table:
+    def overlay(
+        self, table: pa.Table, eligible: np.ndarray | None = None, columns: Sequence[str] | None = None
+    ) -> pa.Table:
         """``table`` (rows of a trace table) with this version's score columns (or only
         ``columns`` of them) on the rows it scored (``eligible``: which rows may be its,
         default all); the ``trace`` blob of those rows rewritten to match. Needs ``KEY`` in
@@ -106,9 +118,10 @@ class ScoreVersion:
 
     def row(self, group_id: str, sample_idx: int, rollout_id: str) -> dict[str, Any] | None:
         """The version's row of one rollout, or ``None``."""
-        found = pc.and_(pc.and_(pc.equal(self.samples["group_id"], group_id),
-                                pc.equal(self.samples["sample_idx"], sample_idx)),
-                        pc.equal(self.samples["rollout_id"], rollout_id))
+        found = pc.and_(
+            pc.and_(pc.equal(self.samples["group_id"], group_id), pc.equal(self.samples["sample_idx"], sample_idx)),
+            pc.equal(self.samples["rollout_id"], rollout_id),
+        )
         hits = self.samples.filter(found).to_pylist()
         return hits[-1] if hits else None
 
@@ -139,8 +152,7 @@ def failed_in_scoring(trace: Trace) -> bool:
     """Whether the trace's failure is the one scoring recorded: scoring started (it runs
     last, after finalize succeeded) and its last error is a ``TaskError``."""
     last = trace.last_error
-    return (not trace.ok and bool(trace.timing.scoring.start) and last is not None
-            and last.is_a(TaskError))
+    return not trace.ok and bool(trace.timing.scoring.start) and last is not None and last.is_a(TaskError)
 
 
 def strip_scoring_failure(trace: Trace) -> bool:
@@ -173,12 +185,16 @@ def outcome_row(trace: Trace, *, rescored: bool, score_error: str | None, attemp
     stored attempt's (the error columns describe that attempt only)."""
     last = trace.errors[-1] if attempt_errors else None
     return {
-        "ok": trace.ok, "error_type": None if last is None else last.type,
-        "error_message": None if last is None else last.message, "num_errors": attempt_errors,
+        "ok": trace.ok,
+        "error_type": None if last is None else last.type,
+        "error_message": None if last is None else last.message,
+        "num_errors": attempt_errors,
         "reward": trace.reward,
         "rewards": [(k, None if r is None else r.score) for k, r in trace.rewards.items()],
         "reward_weights": [(k, None if r is None else r.weight) for k, r in trace.rewards.items()],
-        "metrics": list(trace.metrics.items()), "rescored": rescored, "score_error": score_error,
+        "metrics": list(trace.metrics.items()),
+        "rescored": rescored,
+        "score_error": score_error,
     }
 
 
@@ -237,13 +253,15 @@ def next_version(run_dir: str | os.PathLike[str]) -> int:
             return number
         with run.folder(SCORES) as scores:
             if scores.exists(path.name):  # not counted by score_versions: not a directory
-                raise CorruptRun(path, f"{path} is not a score version's folder (a file or a link, not a "
-                                       "directory); move it aside and run the rescore again")
+                raise CorruptRun(
+                    path,
+                    f"{path} is not a score version's folder (a file or a link, not a "
+                    "directory); move it aside and run the rescore again",
+                )
     return number
 
 
-def write_version(run_dir: str | os.PathLike[str], samples: pa.Table, groups: pa.Table,
-                  info: Mapping[str, Any]) -> int:
+def write_version(run_dir: str | os.PathLike[str], samples: pa.Table, groups: pa.Table, info: Mapping[str, Any]) -> int:
     """Store a new score version (the next number); returns its number. Written under a
     temporary name, then renamed: a version is complete or absent, and a write that fails
     leaves no temporary folder. The caller holds the run's lock.
@@ -264,8 +282,9 @@ def write_version(run_dir: str | os.PathLike[str], samples: pa.Table, groups: pa
                     pq.write_table(samples, f, compression="zstd")
                 with files.replacing(SCORE_GROUPS) as f:
                     pq.write_table(groups, f, compression="zstd")
-                files.write_bytes(SCORE_INFO, json.dumps({"version": number, "created": time.time(), **info},
-                                                         indent=2).encode())
+                files.write_bytes(
+                    SCORE_INFO, json.dumps({"version": number, "created": time.time(), **info}, indent=2).encode()
+                )
             os.replace(partial, final, src_dir_fd=scores.fd, dst_dir_fd=scores.fd)
         except BaseException:
             _remove(scores.fd, partial)

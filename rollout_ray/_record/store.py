@@ -67,8 +67,9 @@ class ShardWriter:
     from a smaller buffer. Numbering continues after the folder's existing shards.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str] | RunLayout, *, rows_per_shard: int = 10_000,
-                 part: str = SAMPLES) -> None:
+    def __init__(
+        self, run_dir: str | os.PathLike[str] | RunLayout, *, rows_per_shard: int = 10_000, part: str = SAMPLES
+    ) -> None:
         if rows_per_shard < 1:
             raise ValueError(f"`rows_per_shard` must be >= 1, got {rows_per_shard}")
         self._part = part
@@ -213,15 +214,19 @@ def write_shard(table: pa.Table, sink: BinaryIO) -> None:
     rows = ROW_GROUP_ROWS
     if table.num_rows and table.nbytes > ROW_GROUP_BYTES:
         rows = max(1, min(rows, ROW_GROUP_BYTES * table.num_rows // table.nbytes))
-    pq.write_table(table, sink, compression="zstd", write_page_checksum=True, row_group_size=rows,
-                   write_batch_size=16)
+    pq.write_table(table, sink, compression="zstd", write_page_checksum=True, row_group_size=rows, write_batch_size=16)
 
 
 _KEY = ("run_id", "group_id", "sample_idx")
 
 
-def read_run(run_dir: str | os.PathLike[str], columns: Sequence[str] | None = None, *,
-             conversation: bool = True, scores: int | None = None) -> pa.Table:
+def read_run(
+    run_dir: str | os.PathLike[str],
+    columns: Sequence[str] | None = None,
+    *,
+    conversation: bool = True,
+    scores: int | None = None,
+) -> pa.Table:
     """Read the run into one table: the latest row of each ``(group_id, sample_idx)``, in
     write order, with every column (``TRACE_SCHEMA``'s, the group columns the driver adds,
     a judge's) or only ``columns``; ``conversation=False`` leaves out the two large ones
@@ -378,8 +383,9 @@ def _read_shard(folder: RunFiles, name: str, columns: Sequence[str] | None, *, t
             # Columns beyond TRACE_SCHEMA (group and judge columns) may be absent from a shard,
             # and so may one appended to TRACE_SCHEMA after the shard's version.
             newer = newer_columns(schema)
-            check_schema(schema, None if columns is None else
-                         [c for c in columns if c in _SCHEMA_NAMES and c not in newer])
+            check_schema(
+                schema, None if columns is None else [c for c in columns if c in _SCHEMA_NAMES and c not in newer]
+            )
             present = None if columns is None else [c for c in columns if c in schema.names]
             with unreadable_is_corrupt(path):
                 return shard.read(columns=present)

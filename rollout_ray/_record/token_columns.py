@@ -71,13 +71,15 @@ def token_columns(traces: Sequence[Trace], rows: list[list[TokenSequence] | None
         "input_ids": nested("input_ids", np.int32),
         "loss_mask": nested("loss_mask", np.int8),
         "logprobs": nested("logprobs", np.float32),
-        "token_branch": pa.ListArray.from_arrays(outer, pa.array([s.branch for s in sequences], pa.int32()),
-                                                 mask=null),
-        "token_drift": pa.array([token_drift(t) if r is not None else None for t, r in zip(traces, rows)],
-                                pa.list_(pa.int32())),
+        "token_branch": pa.ListArray.from_arrays(outer, pa.array([s.branch for s in sequences], pa.int32()), mask=null),
+        "token_drift": pa.array(
+            [token_drift(t) if r is not None else None for t, r in zip(traces, rows)], pa.list_(pa.int32())
+        ),
         "token_policy": pa.ListArray.from_arrays(
-            outer, pa.ListArray.from_arrays(inner, pa.array([v for s in sequences for v in s.policy], pa.int32())),
-            mask=null),
+            outer,
+            pa.ListArray.from_arrays(inner, pa.array([v for s in sequences for v in s.policy], pa.int32())),
+            mask=null,
+        ),
     }
 
 

@@ -75,8 +75,7 @@ def restore_rows(traces: list[Trace], input_ids: pa.ChunkedArray, logprobs: pa.C
         if has_stored_ids(trace):
             row_ids, row_logprobs = _row(ids_column, k), _row(logprobs_column, k)
             if row_ids is None or row_logprobs is None:
-                raise ValueError(f"row {k}: trace {trace.id} left its token ids to its token columns, "
-                                 "which are null")
+                raise ValueError(f"row {k}: trace {trace.id} left its token ids to its token columns, which are null")
             restore_ids(trace, row_ids, row_logprobs)
 
 
@@ -90,8 +89,9 @@ def _row(column: pa.ListArray, k: int) -> list[np.ndarray] | None:
     return [flat[offsets[s] : offsets[s + 1]] for s in range(len(sequences))]
 
 
-def restore_ids(trace: Trace, input_ids: Sequence[Sequence[int] | np.ndarray],
-                logprobs: Sequence[Sequence[float] | np.ndarray]) -> None:
+def restore_ids(
+    trace: Trace, input_ids: Sequence[Sequence[int] | np.ndarray], logprobs: Sequence[Sequence[float] | np.ndarray]
+) -> None:
     """Put back in ``trace`` the ids ``without_ids`` left to its row's ``input_ids`` and
     ``logprobs`` (the row's values, one array per sequence).
 
@@ -106,8 +106,9 @@ def restore_ids(trace: Trace, input_ids: Sequence[Sequence[int] | np.ndarray],
             continue
         sequence += 1
         if sequence >= len(input_ids):
-            raise ValueError(f"trace {trace.id}: its token columns hold {len(input_ids)} sequences, "
-                             "fewer than its turns make")
+            raise ValueError(
+                f"trace {trace.id}: its token columns hold {len(input_ids)} sequences, fewer than its turns make"
+            )
         for i in members:
             _restore_turn(trace, i, turns[i], np.asarray(input_ids[sequence]), np.asarray(logprobs[sequence]))
 

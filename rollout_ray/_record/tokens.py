@@ -114,8 +114,12 @@ def completion_versions(call: ModelCall, size: int) -> list[int | None]:
 def policy_range(trace: Conversation) -> tuple[int | None, int | None]:
     """The oldest and the newest policy version the trace's model calls sampled with
     (``(None, None)``: none recorded one)."""
-    seen = [v for call in trace.calls
-            for v in ((r[0] for r in call.token_policy) if call.token_policy else (call.policy,)) if v is not None]
+    seen = [
+        v
+        for call in trace.calls
+        for v in ((r[0] for r in call.token_policy) if call.token_policy else (call.policy,))
+        if v is not None
+    ]
     return (min(seen), max(seen)) if seen else (None, None)
 
 
@@ -209,7 +213,9 @@ Lengths = dict[int, tuple[int, int]]
 """Node → the counts of its call's prompt ids and of its completion ids."""
 
 
-def sequence_turns(trace: Conversation, turns: dict[int, ModelCall], lengths: Lengths) -> Iterator[tuple[int, list[int], bool]]:
+def sequence_turns(
+    trace: Conversation, turns: dict[int, ModelCall], lengths: Lengths
+) -> Iterator[tuple[int, list[int], bool]]:
     """Each sequence's branch and turns, path by path (leaves in node order), and whether it is
     new: a sequence on a prefix that branches share is new on the first. ``token_sequences``
     keeps the new ones, in this order. Only ``lengths`` and ``prompt_shared`` decide where a
@@ -263,7 +269,9 @@ def _own_lengths(trace: Conversation, turns: dict[int, ModelCall]) -> Lengths:
     return {i: (len(call.prompt_ids or ()), len(trace.nodes[i].token_ids or ())) for i, call in turns.items()}
 
 
-def _branch_runs(trace: Conversation, path: list[int], turns: dict[int, ModelCall], lengths: Lengths) -> Iterator[list[int]]:
+def _branch_runs(
+    trace: Conversation, path: list[int], turns: dict[int, ModelCall], lengths: Lengths
+) -> Iterator[list[int]]:
     """The turns of each sequence along ``path``: a new one where a turn drifted."""
     length = 0  # of the current sequence
     members: list[int] = []
@@ -287,8 +295,9 @@ def _branch_runs(trace: Conversation, path: list[int], turns: dict[int, ModelCal
         yield members
 
 
-def _assemble(trace: Conversation, previous: list[int], members: list[int], turns: dict[int, ModelCall]
-              ) -> tuple[list[int], list[int], list[float], list[int | None]]:
+def _assemble(
+    trace: Conversation, previous: list[int], members: list[int], turns: dict[int, ModelCall]
+) -> tuple[list[int], list[int], list[float], list[int | None]]:
     """A sequence's ids, loss mask, logprobs and versions: the ids it shares with the
     ``previous`` one on its path (prompt: mask 0, logprob 0.0, no version), then each turn's
     new prompt ids and completion."""

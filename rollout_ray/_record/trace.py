@@ -48,9 +48,7 @@ RECORD_FLOAT_DECIMALS = 4
 # fields with defaults at the end of a struct, never by retyping or reordering.
 TRACE_VERSION = 1
 
-LIMIT_STOPS = frozenset(
-    {"max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens", "context_length"}
-)
+LIMIT_STOPS = frozenset({"max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens", "context_length"})
 
 
 @dataclass(frozen=True)
@@ -309,11 +307,13 @@ class Trace(msgspec.Struct, kw_only=True):
         if usage is not None:
             usage = usage if isinstance(usage, Usage) else msgspec.convert(usage, Usage, from_attributes=True)
             fields["usage"] = msgspec.to_builtins(usage)
-        self.info.setdefault("judge_calls", []).append({
-            "name": name,
-            "request": copy.deepcopy(dict(request)),
-            "response": {"message": msgspec.to_builtins(AssistantMessage(content=text)), **fields},
-        })
+        self.info.setdefault("judge_calls", []).append(
+            {
+                "name": name,
+                "request": copy.deepcopy(dict(request)),
+                "response": {"message": msgspec.to_builtins(AssistantMessage(content=text)), **fields},
+            }
+        )
         if usage is not None:
             self.extra_usage.append(usage)
 

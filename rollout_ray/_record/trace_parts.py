@@ -60,8 +60,13 @@ class Timing(msgspec.Struct):
     scoring: TimeSpan = msgspec.field(default_factory=TimeSpan)
 
     def spans(self) -> dict[str, TimeSpan | AgentSpan]:
-        return {"boot": self.boot, "setup": self.setup, "agent": self.agent,
-                "finalize": self.finalize, "scoring": self.scoring}
+        return {
+            "boot": self.boot,
+            "setup": self.setup,
+            "agent": self.agent,
+            "finalize": self.finalize,
+            "scoring": self.scoring,
+        }
 
     def end_open_spans(self, now: float) -> None:
         """End at ``now`` every span that started and has not ended."""

@@ -93,8 +93,12 @@ POLICY_COLUMNS: tuple[str, ...] = ("policy_min", "policy_max")
 BRANCH_COLUMNS: tuple[str, ...] = tuple(f.name for f in _BRANCH_FIELDS)
 """How many branches a rollout's conversation has and why each exists (small)."""
 
-_ADDED_IN = {**dict.fromkeys(TOKEN_COLUMNS[:5], 2), **dict.fromkeys(HISTORY_COLUMNS, 3),
-             **dict.fromkeys(("token_policy", *POLICY_COLUMNS), 4), **dict.fromkeys(BRANCH_COLUMNS, 5)}
+_ADDED_IN = {
+    **dict.fromkeys(TOKEN_COLUMNS[:5], 2),
+    **dict.fromkeys(HISTORY_COLUMNS, 3),
+    **dict.fromkeys(("token_policy", *POLICY_COLUMNS), 4),
+    **dict.fromkeys(BRANCH_COLUMNS, 5),
+}
 """Columns appended after version 1, by the version that added them."""
 
 _SCHEMA_NAMES = frozenset(TRACE_SCHEMA.names)

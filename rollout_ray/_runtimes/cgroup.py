@@ -37,8 +37,7 @@ stopped while it was being spawned): the program never ran."""
 # itself: in a v1 "tasks" file it moves just this (single-threaded) shell, which spares the
 # kernel's global threadgroup lock — moving a whole process waits for an RCU grace period,
 # ~10 ms per exec here.
-JOIN_CGROUPS = ('while [ "$1" != -- ]; do echo 0 2>/dev/null >"$1" || exit 125; shift; done; '
-                'shift; exec "$@"')
+JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo 0 2>/dev/null >"$1" || exit 125; shift; done; shift; exec "$@"'
 TRACKING = ("pids", "")
 """Hierarchies that can track a runtime's processes without a limit, in order of preference:
 the pids controller, else the v2 unified hierarchy with no controller (``""``)."""
@@ -107,11 +106,16 @@ class Cgroups:
     (``""``: the v2 hierarchy with no controller).
     """
 
-    LIMIT_FILES: ClassVar[dict[tuple[str, str], str]] = {("pids", "v1"): "pids.max", ("pids", "v2"): "pids.max",
-                   ("memory", "v1"): "memory.limit_in_bytes", ("memory", "v2"): "memory.max"}
+    LIMIT_FILES: ClassVar[dict[tuple[str, str], str]] = {
+        ("pids", "v1"): "pids.max",
+        ("pids", "v2"): "pids.max",
+        ("memory", "v1"): "memory.limit_in_bytes",
+        ("memory", "v2"): "memory.max",
+    }
 
-    def __init__(self, name: str, limits: Mapping[str, int | None],
-                 parents: Mapping[str, Parent] | None = None) -> None:
+    def __init__(
+        self, name: str, limits: Mapping[str, int | None], parents: Mapping[str, Parent] | None = None
+    ) -> None:
         self.dirs: list[str] = []
         self._join: dict[str, str] = {}
         try:

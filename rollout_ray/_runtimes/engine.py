@@ -38,8 +38,12 @@ def lookup(name: str) -> tuple[str, str]:
         if engine is None:
             continue
         try:
-            done = subprocess.run([engine, "image", "inspect", "--format", "{{.Id}}", name],  # noqa: S603 - argv of the configured engine binary and an image name, no shell
-                                  capture_output=True, text=True, timeout=LOOKUP_TIMEOUT)
+            done = subprocess.run(  # noqa: S603 - argv of the configured engine binary and an image name, no shell
+                [engine, "image", "inspect", "--format", "{{.Id}}", name],
+                capture_output=True,
+                text=True,
+                timeout=LOOKUP_TIMEOUT,
+            )
         except subprocess.TimeoutExpired:
             failures.append(f"{engine_name}: no answer within {LOOKUP_TIMEOUT:g}s")
             continue
@@ -49,10 +53,14 @@ def lookup(name: str) -> tuple[str, str]:
             return engine, key
         failures.append(f"{engine_name}: {_last_line(done.stderr or done.stdout)}")
     if not failures:
-        raise SandboxError(f"image {name!r} is no file or directory, and no container engine (podman, docker) is "
-                           f"installed to look it up by name; give the path of an exported image (docker save)")
-    raise SandboxError(f"image {name!r} is no file or directory, and no container engine could look it up by "
-                       f"name: {'; '.join(failures)}")
+        raise SandboxError(
+            f"image {name!r} is no file or directory, and no container engine (podman, docker) is "
+            f"installed to look it up by name; give the path of an exported image (docker save)"
+        )
+    raise SandboxError(
+        f"image {name!r} is no file or directory, and no container engine could look it up by "
+        f"name: {'; '.join(failures)}"
+    )
 
 
 def export(engine: str, name: str, archive: str) -> None:

@@ -126,8 +126,10 @@ def own_dir(path: str, what: str) -> None:
     """
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise SandboxError(f"{what} {path!r} is a symbolic link or not a directory of this user's; remove it "
-                           f"(nothing is followed or removed through it)")
+        raise SandboxError(
+            f"{what} {path!r} is a symbolic link or not a directory of this user's; remove it "
+            f"(nothing is followed or removed through it)"
+        )
 
 
 def remove_tree(path: str) -> None:

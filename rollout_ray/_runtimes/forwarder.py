@@ -69,7 +69,7 @@ def parse(argv: list[str]) -> tuple[list[tuple[int, str]], list[str]]:
         i += 2
     if i >= len(argv) or argv[i] != "--" or i + 1 == len(argv):
         raise SystemExit("usage: forwarder.py [--route PORT=SOCKET]... -- PROGRAM [ARGS...]")
-    return routes, argv[i + 1:]
+    return routes, argv[i + 1 :]
 
 
 def main() -> None:

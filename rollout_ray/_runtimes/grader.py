@@ -47,8 +47,9 @@ def grader_parts(name: str) -> list[str]:
     """
     parts = components(name) if not os.path.isabs(name) else None
     if not parts:
-        raise ValueError(f"grader file {name!r} must be a relative path under the grader directory "
-                         f"(e.g. 'tests/test_fix.py')")
+        raise ValueError(
+            f"grader file {name!r} must be a relative path under the grader directory (e.g. 'tests/test_fix.py')"
+        )
     return parts
 
 

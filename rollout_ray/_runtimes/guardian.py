@@ -218,8 +218,11 @@ def _serve(channel: socket.socket) -> dict[str, tuple[int, list[str]]]:
             break
         if not message:
             break
-        fds = [int.from_bytes(data[:4], sys.byteorder) for level, kind, data in ancillary
-               if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS]
+        fds = [
+            int.from_bytes(data[:4], sys.byteorder)
+            for level, kind, data in ancillary
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+        ]
         words = message.decode(errors="replace").split()
         if words[:1] == ["hold"] and len(words) >= 2 and fds:
             held[words[1]] = (fds[0], words[2:4])

@@ -65,8 +65,14 @@ class RuntimeHost:
         max_idle: the most idle sandboxes its warm pool keeps (``warm_pool.py``).
     """
 
-    def __init__(self, root: str | None = None, *, kind: str = "auto", start_gates: Sequence[StartGate] | None = None,
-                 max_idle: int = DEFAULT_MAX_IDLE) -> None:
+    def __init__(
+        self,
+        root: str | None = None,
+        *,
+        kind: str = "auto",
+        start_gates: Sequence[StartGate] | None = None,
+        max_idle: int = DEFAULT_MAX_IDLE,
+    ) -> None:
         self.kind, _ = runtime_kind(kind)
         self.provider = providers.provider(self.kind)
         self.root = root or tempfile.mkdtemp(prefix="rollout-ray-host-")
@@ -112,14 +118,16 @@ class RuntimeHost:
     def owner(self, name: str) -> str | None:
         return self._owners.get(name)
 
-    async def create(self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None,
-                     image: str | None = None) -> RuntimeInfo:
+    async def create(
+        self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None, image: str | None = None
+    ) -> RuntimeInfo:
         """Create (not start) a runtime named ``name``, owned by rollout ``owner``, over
         ``image`` when given (a sandbox's; see ``SandboxRuntime``)."""
         return self.new_runtime(name, owner=owner, env=env, image=image).info()
 
-    def new_runtime(self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None,
-                    image: str | None = None) -> Runtime:
+    def new_runtime(
+        self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None, image: str | None = None
+    ) -> Runtime:
         """``create``, returning the runtime itself, for a caller in this process to drive.
 
         It is the guardian's to clean up if this process dies; its caller starts and stops it.
@@ -130,7 +138,11 @@ class RuntimeHost:
         """
         if name in self._runtimes or name in self._gone:
             raise ValueError(f"runtime {name!r} already exists on this host")
-        member = self.pool.take(image) if image is not None and self.provider.capabilities.warm_pool and env is None else None
+        member = (
+            self.pool.take(image)
+            if image is not None and self.provider.capabilities.warm_pool and env is None
+            else None
+        )
         if member is not None:  # warm: started before it was asked for
             self._adopt(member, name, owner)
             return member
@@ -142,9 +154,18 @@ class RuntimeHost:
             # Amortised: with many runtimes live, the next scan waits until as many more exist.
             self._prune_at = max(_PRUNE_AT, 2 * len(self._runtimes))
         env = {**(env or {}), HOST_MARKER: self.token}
-        runtime = self.provider.make(name, image, providers.HostResources(
-            root=self.root, env=env, cgroup_parents=self._cgroups.parents, keeper=self.keeper,
-            start_gates=self._gates, host_token=self.token))
+        runtime = self.provider.make(
+            name,
+            image,
+            providers.HostResources(
+                root=self.root,
+                env=env,
+                cgroup_parents=self._cgroups.parents,
+                keeper=self.keeper,
+                start_gates=self._gates,
+                host_token=self.token,
+            ),
+        )
         self._runtimes[name] = runtime
         self._owners[name] = owner
         return runtime
@@ -196,8 +217,10 @@ class RuntimeHost:
             await runtime.start()
             check = await runtime.exec(["true"], timeout=CHECK_TIMEOUT)
             if check.exit_code != 0:
-                raise SandboxError(f"a sandbox over image {image!r} cannot run `true`: exit {check.exit_code}, "
-                                   f"{check.stderr.strip()[-200:]}")
+                raise SandboxError(
+                    f"a sandbox over image {image!r} cannot run `true`: exit {check.exit_code}, "
+                    f"{check.stderr.strip()[-200:]}"
+                )
         except BaseException:
             await self.stop(runtime.name)
             raise

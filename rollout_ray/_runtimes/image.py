@@ -48,8 +48,7 @@ from .unpack import CHUNK, Unpacker, apply_layer, relative_parts
 
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 ARCHIVE_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2")
-_INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
-                "application/vnd.docker.distribution.manifest.list.v2+json")
+_INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
 
 
 @dataclass(frozen=True)
@@ -189,8 +188,10 @@ def _files(spec: str, path: str) -> Iterator[_Files]:
 def _check(data: bytes, digest: str, what: str) -> None:
     got = "sha256:" + hashlib.sha256(data).hexdigest()
     if got != digest:
-        raise SandboxError(f"{what}: its digest is {got} but the image says {digest}: the archive is "
-                           f"damaged or was altered; refusing it")
+        raise SandboxError(
+            f"{what}: its digest is {got} but the image says {digest}: the archive is "
+            f"damaged or was altered; refusing it"
+        )
 
 
 def _blob(digest: Any, spec: str) -> str:
@@ -215,8 +216,10 @@ def _pick(index: dict[str, Any], spec: str) -> dict[str, Any]:
     for candidates in (ours, unplatformed):
         if len(candidates) == 1:
             return candidates[0]
-    raise SandboxError(f"image {spec!r}: its index lists {len(found)} images and not exactly one for "
-                       f"linux/{_arch()}; save only the one you mean")
+    raise SandboxError(
+        f"image {spec!r}: its index lists {len(found)} images and not exactly one for "
+        f"linux/{_arch()}; save only the one you mean"
+    )
 
 
 def _config_digest(manifest: dict[str, Any], spec: str) -> str:
@@ -281,14 +284,14 @@ def _image_config(data: bytes, spec: str) -> dict[str, Any]:
         config = None
     rootfs = config.get("rootfs") if isinstance(config, dict) else None
     if not isinstance(rootfs, dict) or not isinstance(rootfs.get("diff_ids"), list):
-        raise SandboxError(f"image {spec!r}: its config {digest} is no image config (no rootfs.diff_ids); "
-                           f"refusing it")
+        raise SandboxError(f"image {spec!r}: its config {digest} is no image config (no rootfs.diff_ids); refusing it")
     assert isinstance(config, dict)
     return config
 
 
-def _apply_all(files: _Files, names: list[str], digests: list[str | None], config: dict[str, Any],
-               unpacker: Unpacker, spec: str) -> None:
+def _apply_all(
+    files: _Files, names: list[str], digests: list[str | None], config: dict[str, Any], unpacker: Unpacker, spec: str
+) -> None:
     diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
     if len(diff_ids) != len(names):
         raise SandboxError(f"image {spec!r}: {len(names)} layers but its config lists {len(diff_ids)} diff_ids")
@@ -302,8 +305,10 @@ def _apply_all(files: _Files, names: list[str], digests: list[str | None], confi
 
 def _layout(spec: str, path: str) -> Image:
     if not os.path.isfile(os.path.join(path, "index.json")):
-        raise SandboxError(f"image {spec!r} is a directory but no OCI image layout (no index.json); pack a "
-                           f"root filesystem as a tarball instead (tar -C DIR -czf rootfs.tar.gz .)")
+        raise SandboxError(
+            f"image {spec!r} is a directory but no OCI image layout (no index.json); pack a "
+            f"root filesystem as a tarball instead (tar -C DIR -czf rootfs.tar.gz .)"
+        )
     with _files(spec, path) as files:
         manifest_keys, manifest = _manifest(files, spec)
     return _LayoutImage(spec, path, _config_digest(manifest, spec), manifest_keys)

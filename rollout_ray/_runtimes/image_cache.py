@@ -112,8 +112,7 @@ class ImageCache:
             ``ROLLOUT_RAY_IMAGE_CACHE_INODES``, else 4 million).
     """
 
-    def __init__(self, root: str | None = None, max_bytes: int | None = None,
-                 max_inodes: int | None = None) -> None:
+    def __init__(self, root: str | None = None, max_bytes: int | None = None, max_inodes: int | None = None) -> None:
         self.root = os.path.abspath(root or os.environ.get("ROLLOUT_RAY_IMAGE_CACHE") or _default_root())
         if max_bytes is None:
             max_bytes = int(os.environ.get("ROLLOUT_RAY_IMAGE_CACHE_BYTES") or DEFAULT_MAX_BYTES)
@@ -128,7 +127,8 @@ class ImageCache:
         self.snapshots = SnapshotStore(os.path.join(self.root, FORMAT, "snapshots"))
         """The node's setup snapshots over these images (``snapshot.py``)."""
         self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
-            weakref.WeakKeyDictionary())
+            weakref.WeakKeyDictionary()
+        )
 
     def _dir(self, name: str) -> str:
         """The cache's directory ``name`` (made when missing), checked to be a directory of
@@ -137,8 +137,10 @@ class ImageCache:
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         st = os.stat(self.root)  # the root is the user's choice: it may be a link
         if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise SandboxError(f"image cache {self.root!r} is not this user's own or others may write to it; "
-                               f"set ROLLOUT_RAY_IMAGE_CACHE to a directory of yours")
+            raise SandboxError(
+                f"image cache {self.root!r} is not this user's own or others may write to it; "
+                f"set ROLLOUT_RAY_IMAGE_CACHE to a directory of yours"
+            )
         for own in (os.path.dirname(path), path):
             with contextlib.suppress(FileExistsError):
                 os.mkdir(own, 0o700)
@@ -189,8 +191,10 @@ class ImageCache:
                     with contextlib.suppress(OSError):  # best effort: the lease stands either way
                         self.evict(keep={hex_key})
                 return lease
-        raise SandboxError(f"image {spec!r} was evicted as soon as it was unpacked, three times; "
-                           f"raise the image cache's bound (ROLLOUT_RAY_IMAGE_CACHE_BYTES)")
+        raise SandboxError(
+            f"image {spec!r} was evicted as soon as it was unpacked, three times; "
+            f"raise the image cache's bound (ROLLOUT_RAY_IMAGE_CACHE_BYTES)"
+        )
 
     def _try_lease(self, hex_key: str, deadline: float) -> ImageLease | None:
         meta = os.path.join(self._dir("images"), hex_key, "image.json")
@@ -204,15 +208,17 @@ class ImageCache:
                 return None
             info = json.loads(os.pread(fd, 1 << 20, 0))
             if not stat.S_ISDIR(os.lstat(os.path.join(os.path.dirname(meta), "rootfs")).st_mode):
-                raise SandboxError(f"image cache entry {os.path.dirname(meta)!r} holds no rootfs directory; "
-                                   f"remove the entry")
+                raise SandboxError(
+                    f"image cache entry {os.path.dirname(meta)!r} holds no rootfs directory; remove the entry"
+                )
             os.utime(fd)  # the last lease: what eviction orders by
         except BaseException:
             os.close(fd)
             raise
         config = ImageConfig(tuple(info.get("env") or ()), info.get("working_dir"))
-        return ImageLease("sha256:" + hex_key, os.path.join(os.path.dirname(meta), "rootfs"), config,
-                          int(info.get("bytes") or 0), fd)
+        return ImageLease(
+            "sha256:" + hex_key, os.path.join(os.path.dirname(meta), "rootfs"), config, int(info.get("bytes") or 0), fd
+        )
 
     @contextlib.contextmanager
     def _build_lock(self, hex_key: str, deadline: float, spec: str) -> Iterator[None]:
@@ -241,8 +247,7 @@ class ImageCache:
                     os.unlink(hex_key, dir_fd=images)  # a link or a file: unlink never follows it
                 return None
             try:
-                return os.open("image.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                               dir_fd=entry)
+                return os.open("image.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=entry)
             except FileNotFoundError:
                 return None
             except OSError as e:
@@ -268,17 +273,27 @@ class ImageCache:
             os.mkdir(rootfs, 0o755)
             os.mkdir(scratch, 0o700)
             started = time.monotonic()
-            unpacker = Unpacker(rootfs, max_bytes=self.max_bytes, max_inodes=self.max_inodes,
-                                what=f"image {image.spec!r}")
+            unpacker = Unpacker(
+                rootfs, max_bytes=self.max_bytes, max_inodes=self.max_inodes, what=f"image {image.spec!r}"
+            )
             config = image.unpack(unpacker, scratch)
             if image.proved != image.key:
-                raise SandboxError(f"image {image.spec!r} is named {image.key} but its content proves "
-                                   f"{image.proved}; refusing it (it was changed, or claims another image's name)")
+                raise SandboxError(
+                    f"image {image.spec!r} is named {image.key} but its content proves "
+                    f"{image.proved}; refusing it (it was changed, or claims another image's name)"
+                )
             remove_tree(scratch)
             size, inodes = usage(build)
-            info = {"key": image.key, "format": image.format, "source": image.spec, "env": list(config.env),
-                    "working_dir": config.working_dir, "bytes": size, "inodes": inodes,
-                    "unpack_seconds": round(time.monotonic() - started, 3)}
+            info = {
+                "key": image.key,
+                "format": image.format,
+                "source": image.spec,
+                "env": list(config.env),
+                "working_dir": config.working_dir,
+                "bytes": size,
+                "inodes": inodes,
+                "unpack_seconds": round(time.monotonic() - started, 3),
+            }
             with open(os.path.join(build, "image.json"), "w") as f:
                 json.dump(info, f)
             os.rename(build, os.path.join(self._dir("images"), hex_key))
@@ -298,8 +313,9 @@ class ImageCache:
                     continue
                 try:
                     info = json.loads(os.pread(fd, 1 << 20, 0))
-                    found.append((os.fstat(fd).st_mtime, hex_key, int(info.get("bytes") or 0),
-                                  int(info.get("inodes") or 0)))
+                    found.append(
+                        (os.fstat(fd).st_mtime, hex_key, int(info.get("bytes") or 0), int(info.get("inodes") or 0))
+                    )
                 finally:
                     os.close(fd)
         return found
@@ -355,8 +371,14 @@ class ImageCache:
         entries = self._entries()
         in_use = sum(not self._unused(e[1]) for e in entries)
         snapshot_bytes, snapshot_inodes = self.snapshots.usage()
-        return CacheStatistics(len(entries), sum(e[2] for e in entries), in_use, self.max_bytes, snapshot_bytes,
-                               snapshot_inodes + sum(e[3] for e in entries))
+        return CacheStatistics(
+            len(entries),
+            sum(e[2] for e in entries),
+            in_use,
+            self.max_bytes,
+            snapshot_bytes,
+            snapshot_inodes + sum(e[3] for e in entries),
+        )
 
     def _unused(self, hex_key: str) -> bool:
         with contextlib.suppress(OSError):

@@ -50,12 +50,16 @@ DEFAULT_WORKDIR = "/work"
 SUBDIRS = ("net", "upper", "overlay-work", "root", "grader")
 PINNED = ("proc", "dev", RUN_DIR.lstrip("/"), GRADER_DIR.lstrip("/"))
 """Top-level directories of the root that are mount points in every exec (none is writable)."""
+
+
 def kit_ops(base: str, kit: str) -> list[Op]:
     """Mount the kit (``kit.py``: the host Python's files the relay runs with) under
     ``net/host``, read-only (``mounter.py``'s ops)."""
     point = os.path.join(base, "net", KIT)
-    return [["mkdir", point, 0o755],
-            ["overlay", point, [os.path.join(kit, "tree"), os.path.join(kit, "empty")], None, None, True]]
+    return [
+        ["mkdir", point, 0o755],
+        ["overlay", point, [os.path.join(kit, "tree"), os.path.join(kit, "empty")], None, None, True],
+    ]
 
 
 def root_ops(base: str, lowers: list[str]) -> tuple[list[Op], list[str]]:
@@ -106,8 +110,10 @@ def prepare_root(root: str, config: ImageConfig) -> str:
     what = "preparing the image's /etc"
     etc = tree.resolve(["etc"])
     assert etc is not None
-    for name, line in (("passwd", f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{SANDBOX_USER}:{workdir}:/bin/sh"),
-                       ("group", f"{SANDBOX_USER}:x:{SANDBOX_UID}:")):
+    for name, line in (
+        ("passwd", f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{SANDBOX_USER}:{workdir}:/bin/sh"),
+        ("group", f"{SANDBOX_USER}:x:{SANDBOX_UID}:"),
+    ):
         try:
             text = read_beneath(root, [*etc, name], 1 << 20, what).decode(errors="replace")
         except (FileNotFoundError, SandboxError):  # none, or a link: ours alone

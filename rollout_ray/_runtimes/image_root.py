@@ -92,9 +92,13 @@ class ImageRoot:
             return None
         building, self._building = self._building, None
         assert self._ns is not None
-        held = self._cache.snapshots.freeze(building, self._ns.path(os.path.join(self.base, "upper")),
-                                            {"setup": self._setup_key, "image": self.lease.key}, self._keeper,
-                                            label=(self.spec, self._setup_key))
+        held = self._cache.snapshots.freeze(
+            building,
+            self._ns.path(os.path.join(self.base, "upper")),
+            {"setup": self._setup_key, "image": self.lease.key},
+            self._keeper,
+            label=(self.spec, self._setup_key),
+        )
         return held.entry
 
     # -- letting go ----------------------------------------------------------------------------
@@ -114,4 +118,3 @@ class ImageRoot:
             self._keeper.drop(self._kept)
             self._kept = None
         self.lease.release()
-

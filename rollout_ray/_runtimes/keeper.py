@@ -35,8 +35,9 @@ class Keeper:
         ident = f"{os.getpid()}-{next(self._ids)}"
         words = ["hold", ident, *(reap or ())]
         with self._lock:
-            self._channel.sendmsg([" ".join(words).encode()],
-                                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fd.to_bytes(4, sys.byteorder))])
+            self._channel.sendmsg(
+                [" ".join(words).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fd.to_bytes(4, sys.byteorder))]
+            )
         return ident
 
     def drop(self, ident: str) -> None:

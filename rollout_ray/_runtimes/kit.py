@@ -42,8 +42,19 @@ KIT = "host"
 KIT_FORMAT = 3
 """Bumped when what a kit directory holds changes."""
 PROBE_TIMEOUT = 60.0
-_LIBC_NAMES = ("ld-", "libc.", "libc-", "libm.", "libm-", "libpython", "libpthread", "libdl", "libutil", "librt",
-               "libgcc_s")
+_LIBC_NAMES = (
+    "ld-",
+    "libc.",
+    "libc-",
+    "libm.",
+    "libm-",
+    "libpython",
+    "libpthread",
+    "libdl",
+    "libutil",
+    "librt",
+    "libgcc_s",
+)
 _PROBE = """
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("rollout_ray_forwarder", sys.argv[1])
@@ -79,13 +90,19 @@ def host_kit() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     exe = interpreter()
     why = f"no answer within {PROBE_TIMEOUT:g}s"
     try:
-        done = subprocess.run([exe, "-I", "-S", "-c", _PROBE, FORWARDER], capture_output=True, text=True,  # noqa: S603 - the sandbox interpreter probing our forwarder, no shell
-                              timeout=PROBE_TIMEOUT, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        done = subprocess.run(  # noqa: S603 - the sandbox interpreter probing our forwarder, no shell
+            [exe, "-I", "-S", "-c", _PROBE, FORWARDER],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        )
         why = done.stderr.strip()[-300:]
         found = json.loads(done.stdout)
     except (subprocess.TimeoutExpired, OSError, ValueError):
-        raise SandboxError(f"image sandboxes run the route relay on this host's Python ({exe}), which could not "
-                           f"load it: {why}") from None
+        raise SandboxError(
+            f"image sandboxes run the route relay on this host's Python ({exe}), which could not load it: {why}"
+        ) from None
     prefix = _prefix(exe)
     wanted = {exe}
     wanted.update(os.path.realpath(m) for m in found["modules"] if os.path.isfile(m))
@@ -95,8 +112,11 @@ def host_kit() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
             compiled = importlib.util.cache_from_source(codec)  # the relay compiles nothing
             if os.path.isfile(compiled):
                 wanted.add(os.path.realpath(compiled))
-    libraries = {os.path.realpath(p) for p in found["mapped"]
-                 if p.startswith("/") and os.path.basename(p).startswith(_LIBC_NAMES) and os.path.isfile(p)}
+    libraries = {
+        os.path.realpath(p)
+        for p in found["mapped"]
+        if p.startswith("/") and os.path.basename(p).startswith(_LIBC_NAMES) and os.path.isfile(p)
+    }
     # The relay's threads end, and glibc then loads libgcc_s (pthread_exit's unwinder) lazily,
     # after any probe: without it the relay aborts ("libgcc_s.so.1 must be installed for
     # pthread_exit to work"). It lives beside libc.
@@ -108,13 +128,18 @@ def host_kit() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     wanted.update(libraries)
     files = {}
     for path in sorted(wanted):
-        inside = os.path.join("python", os.path.relpath(path, prefix)) if _within(path, prefix) else (
-            os.path.join("lib", os.path.basename(path)))
+        inside = (
+            os.path.join("python", os.path.relpath(path, prefix))
+            if _within(path, prefix)
+            else (os.path.join("lib", os.path.basename(path)))
+        )
         files[path] = inside
     loader = next((p for p in sorted(libraries) if os.path.basename(p).startswith("ld-")), None)
     if loader is None:
-        raise SandboxError("image sandboxes need the host's dynamic loader (ld-*.so), which the host's Python "
-                           "does not show in /proc/self/maps")
+        raise SandboxError(
+            "image sandboxes need the host's dynamic loader (ld-*.so), which the host's Python "
+            "does not show in /proc/self/maps"
+        )
     base = os.path.join(RUN_DIR, KIT)
     library_path = ":".join(dict.fromkeys(os.path.dirname(os.path.join(base, files[p])) for p in sorted(libraries)))
     argv = (os.path.join(base, files[loader]), "--library-path", library_path, os.path.join(base, files[exe]))

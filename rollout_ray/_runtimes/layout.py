@@ -72,10 +72,28 @@ FORWARDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forwarder.
 FORWARDER_INSIDE = f"{RUN_DIR}/forwarder.py"
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_SHARED = (
-    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone",
-    "nsswitch.conf", "host.conf", "gai.conf", "protocols", "services", "mime.types",
-    "os-release", "debian_version", "ssl/certs", "ssl/openssl.cnf", "ca-certificates",
-    "ca-certificates.conf", "pki/tls/certs", "pki/ca-trust", "terminfo", "python3*",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "localtime",
+    "timezone",
+    "nsswitch.conf",
+    "host.conf",
+    "gai.conf",
+    "protocols",
+    "services",
+    "mime.types",
+    "os-release",
+    "debian_version",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki/tls/certs",
+    "pki/ca-trust",
+    "terminfo",
+    "python3*",
 )
 """Host entries of ``/etc`` a sandbox sees (globs; those the host lacks are skipped)."""
 OWN_ETC = ("passwd", "group", "hosts")
@@ -89,9 +107,20 @@ SNAPSHOT_FORMAT = 1
 def namespace_args() -> list[str]:
     """New namespaces (user, mount, PID, network, IPC, UTS, cgroup), an unprivileged uid,
     no capabilities, and the sandbox dies with its parent."""
-    return ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-            "--hostname", HOSTNAME]
+    return [
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        "--hostname",
+        HOSTNAME,
+    ]
 
 
 def _expose(path: str) -> list[str]:
@@ -217,17 +246,35 @@ def runtime_args(base: str, workdir: str) -> list[str]:
     read-only. ``/var/tmp`` is a relative link (``../tmp``): bwrap builds the root under a
     prefix, where an absolute ``/tmp`` would point out of it and a work directory under
     ``/var/tmp`` could not be made."""
-    return ["--bind", os.path.join(base, "tmp"), "/tmp", "--symlink", "../tmp", "/var/tmp",  # noqa: S108 - the sandbox's own /tmp, bound to a private host directory
-            "--ro-bind", os.path.join(base, "net"), RUN_DIR, "--ro-bind", os.path.join(base, "grader"), GRADER_DIR,
-            *skeleton.args(base, *_runtime_mounts(base, workdir)), "--chdir", workdir, "--remount-ro", "/"]
+    return [
+        "--bind",
+        os.path.join(base, "tmp"),
+        "/tmp",  # noqa: S108 - the sandbox's own /tmp, bound to a private host directory
+        "--symlink",
+        "../tmp",
+        "/var/tmp",  # noqa: S108 - the sandbox's own /tmp, bound to a private host directory
+        "--ro-bind",
+        os.path.join(base, "net"),
+        RUN_DIR,
+        "--ro-bind",
+        os.path.join(base, "grader"),
+        GRADER_DIR,
+        *skeleton.args(base, *_runtime_mounts(base, workdir)),
+        "--chdir",
+        workdir,
+        "--remount-ro",
+        "/",
+    ]
 
 
 def write_run_files(directory: str, home: str) -> None:
     """The runtime's own ``passwd``, ``group``, ``hosts`` and ``forwarder.py``."""
     files = {
-        "passwd": (f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
-                   f"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-                   f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{SANDBOX_USER}:{home}:/bin/sh\n"),
+        "passwd": (
+            f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
+            f"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{SANDBOX_USER}:{home}:/bin/sh\n"
+        ),
         "group": f"root:x:0:\nnogroup:x:65534:\n{SANDBOX_USER}:x:{SANDBOX_UID}:\n",
         "hosts": f"127.0.0.1\tlocalhost {HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n",
         "forwarder.py": _forwarder_source(),
@@ -267,8 +314,11 @@ def _fingerprint(entries: list[str]) -> str:
 def _private(directory: str, names: list[str]) -> set[str]:
     """Entries not readable by everyone: left out, whatever the list says (inside, the
     sandbox user passes owner checks on root's files)."""
-    return {n for n in names if not os.path.islink(p := os.path.join(directory, n))
-            and not os.stat(p).st_mode & stat.S_IROTH}
+    return {
+        n
+        for n in names
+        if not os.path.islink(p := os.path.join(directory, n)) and not os.stat(p).st_mode & stat.S_IROTH
+    }
 
 
 def _fill(target: str, entries: list[str]) -> None:

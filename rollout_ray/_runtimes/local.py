@@ -131,14 +131,21 @@ class LocalRuntime(Runtime):
     type = "local"
 
     def __init__(
-        self, name: str | None = None, *, root: str | None = None,
-        env: Mapping[str, str] | None = None, pass_env: Sequence[str] = (),
-        cgroup_parents: Mapping[str, Parent] | None = None, image: str | None = None,
+        self,
+        name: str | None = None,
+        *,
+        root: str | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
+        cgroup_parents: Mapping[str, Parent] | None = None,
+        image: str | None = None,
     ) -> None:
         super().__init__(name)
         if image is not None:
-            raise SandboxError(f"runtime {self.name!r}: image {image!r} needs a SandboxRuntime, and this runtime "
-                               f"is local (use runtime='sandbox' on a machine that runs sandboxes)")
+            raise SandboxError(
+                f"runtime {self.name!r}: image {image!r} needs a SandboxRuntime, and this runtime "
+                f"is local (use runtime='sandbox' on a machine that runs sandboxes)"
+            )
         self._root = root
         self._env = dict(env or {})
         self._pass_env = tuple(pass_env)
@@ -219,8 +226,13 @@ class LocalRuntime(Runtime):
     def intact(self) -> bool:
         """Whether the runtime still holds what it was started with (its directory, its
         cgroups): a warm pool hands out no other. Cheap: no program runs."""
-        return (self.started and not self.stopped and self._workdir is not None and os.path.isdir(self._workdir)
-                and all(os.path.isdir(d) for d in (self._cgroups.dirs if self._cgroups is not None else ())))
+        return (
+            self.started
+            and not self.stopped
+            and self._workdir is not None
+            and os.path.isdir(self._workdir)
+            and all(os.path.isdir(d) for d in (self._cgroups.dirs if self._cgroups is not None else ()))
+        )
 
     async def _end_programs(self) -> None:
         """Kill every process the runtime started and wait for its execs to end; the runtime
@@ -299,8 +311,10 @@ class LocalRuntime(Runtime):
         else:
             found = shutil.which(program, path=env.get("PATH", os.defpath))
         if found is None:
-            raise SandboxError(f"cannot start program {program!r} in runtime {self.name!r}: "
-                               f"[Errno {errno.ENOENT}] no such executable: {program!r}")
+            raise SandboxError(
+                f"cannot start program {program!r} in runtime {self.name!r}: "
+                f"[Errno {errno.ENOENT}] no such executable: {program!r}"
+            )
 
     async def exec(
         self,
@@ -348,22 +362,25 @@ class LocalRuntime(Runtime):
             timed_out=timed_out,
         )
 
-    async def _spawn(self, command: list[str], env: Mapping[str, str], max_output: int,
-                     with_stdin: bool, what: str) -> tuple[asyncio.SubprocessTransport, _Capture]:
+    async def _spawn(
+        self, command: list[str], env: Mapping[str, str], max_output: int, with_stdin: bool, what: str
+    ) -> tuple[asyncio.SubprocessTransport, _Capture]:
         """Start the program in its own session, its output captured up to ``max_output``."""
         workdir = self._spawn_dir(what)
         loop = asyncio.get_running_loop()
         self._spawned = True  # before the fork: a stop during the spawn must still scan
-        spawn = asyncio.ensure_future(loop.subprocess_exec(
-            lambda: _Capture(max_output),
-            *command,
-            stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=workdir,
-            start_new_session=True,
-        ))
+        spawn = asyncio.ensure_future(
+            loop.subprocess_exec(
+                lambda: _Capture(max_output),
+                *command,
+                stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                cwd=workdir,
+                start_new_session=True,
+            )
+        )
         try:
             return await asyncio.shield(spawn)
         except OSError as e:
@@ -374,8 +391,14 @@ class LocalRuntime(Runtime):
             await asyncio.shield(self._abandon(spawn, env[EXEC_MARKER]))
             raise
 
-    async def _wait(self, transport: asyncio.SubprocessTransport, proto: _Capture, token: str,
-                    timeout: float | None, stdin: bytes | None) -> bool:
+    async def _wait(
+        self,
+        transport: asyncio.SubprocessTransport,
+        proto: _Capture,
+        token: str,
+        timeout: float | None,
+        stdin: bytes | None,
+    ) -> bool:
         """Feed ``stdin``, wait for the program; on timeout or cancellation kill its tree.
         Returns whether it timed out."""
         if stdin is not None:

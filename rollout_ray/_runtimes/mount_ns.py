@@ -50,8 +50,10 @@ Op = Sequence[Any]
 def _tool(name: str) -> str:
     found = shutil.which(name) or shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
     if found is None:
-        raise SandboxError(f"an image or disk-limited sandbox needs `{name}` (Debian: apt-get install util-linux "
-                           f"coreutils); install it or pass disk_limit=None without an image")
+        raise SandboxError(
+            f"an image or disk-limited sandbox needs `{name}` (Debian: apt-get install util-linux "
+            f"coreutils); install it or pass disk_limit=None without an image"
+        )
     return found
 
 
@@ -79,8 +81,8 @@ class _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self.proc = subprocess.Popen(  # noqa: S603 - argv is this interpreter and our own mounter script
-                [sys.executable, "-I", "-S", _MOUNTER, "serve"], stdin=theirs.fileno(), env={},
-                start_new_session=True)  # the host's Ctrl-C is the host's to handle
+                [sys.executable, "-I", "-S", _MOUNTER, "serve"], stdin=theirs.fileno(), env={}, start_new_session=True
+            )  # the host's Ctrl-C is the host's to handle
         self.sock, self.owner, self.lock = ours, os.getpid(), threading.Lock()
 
     def ask(self, request: dict[str, Any], fds: list[int]) -> tuple[int, int]:
@@ -135,8 +137,10 @@ def _start(mode: str, ops: Sequence[Op], arg: int | None = None) -> tuple[int, i
     finally:
         os.close(outcome_w)
     try:
-        _outcome(outcome_r, "making the sandbox's mount namespace" if mode == "hold"
-                 else "mounting in the sandbox's namespace")
+        _outcome(
+            outcome_r,
+            "making the sandbox's mount namespace" if mode == "hold" else "mounting in the sandbox's namespace",
+        )
     except BaseException:
         _end(pidfd)
         raise

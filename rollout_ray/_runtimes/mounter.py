@@ -88,15 +88,15 @@ def overlay(target: str, lowers: list[str], upper: str | None, work: str | None,
     layers = list(lowers)
     if upper:
         if not work:  # reported to the host as the mount's error, not a crash of the child
-            raise OSError(errno.EINVAL, "overlay: `upper` needs `work` (on upper's filesystem); pass both or neither",
-                          target)
+            raise OSError(
+                errno.EINVAL, "overlay: `upper` needs `work` (on upper's filesystem); pass both or neither", target
+            )
         layers += [upper, work]
     fds: list[int] = []
     try:
         named = _opened(layers, fds)
         if upper:
-            options = (f"lowerdir={':'.join(named[:-2])},upperdir={named[-2]},workdir={named[-1]},"
-                       f"index=off,metacopy=off")
+            options = f"lowerdir={':'.join(named[:-2])},upperdir={named[-2]},workdir={named[-1]},index=off,metacopy=off"
         else:
             options = f"lowerdir={':'.join(named)}"
         _mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV | (MS_RDONLY if read_only else 0), options)
@@ -141,7 +141,14 @@ def umount(target: str) -> list[str]:
 
 
 _OPS: dict[str, Callable[..., list[str]]] = {
-    "tmpfs": tmpfs, "mkdir": mkdir, "clear": clear, "overlay": overlay, "pin": pin, "bind": bind, "umount": umount}
+    "tmpfs": tmpfs,
+    "mkdir": mkdir,
+    "clear": clear,
+    "overlay": overlay,
+    "pin": pin,
+    "bind": bind,
+    "umount": umount,
+}
 
 
 def run(ops: list[list[Any]]) -> None:
@@ -167,8 +174,10 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
             _check(_libc.setns(arg, CLONE_NEWNS), "the sandbox's mount namespace")
         run(request["ops"])
     except OSError as e:
-        os.write(outcome, (json.dumps({"errno": e.errno or 0, "error": e.strerror or str(e),
-                                       "path": e.filename}) + "\n").encode())
+        os.write(
+            outcome,
+            (json.dumps({"errno": e.errno or 0, "error": e.strerror or str(e), "path": e.filename}) + "\n").encode(),
+        )
         os._exit(1)
     os.write(outcome, b'{"ok": true}\n')
     os.close(outcome)  # its end: the host reads to it

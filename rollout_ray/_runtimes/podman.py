@@ -115,8 +115,12 @@ def _ulimit(name: str, which: int, wanted: int) -> str:
 async def _podman(*args: str, stdin: bytes | None = None, timeout: float = CALL_TIMEOUT) -> tuple[int, bytes, str]:
     """Run ``podman args``: its exit code, stdout and stderr (the end of it)."""
     proc = await asyncio.create_subprocess_exec(
-        "podman", *args, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        "podman",
+        *args,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         async with asyncio.timeout(timeout):
             out, err = await proc.communicate(stdin)
@@ -133,8 +137,10 @@ async def _image_id(image: str) -> str:
     if not os.path.isabs(image):
         code, _, _err = await _podman("image", "exists", image)
         if code != 0:
-            raise SandboxError(f"image {image!r} is not in this node's podman store (it is never pulled): "
-                               f"podman pull or podman load it first, or give an absolute path to an archive")
+            raise SandboxError(
+                f"image {image!r} is not in this node's podman store (it is never pulled): "
+                f"podman pull or podman load it first, or give an absolute path to an archive"
+            )
         return image
     try:
         st = os.stat(image)
@@ -166,8 +172,10 @@ async def _load(path: str, tag: str) -> str:
         code, out, err = await _podman("import", "-q", path, timeout=LOAD_TIMEOUT)
         loaded = out.decode().strip()
     if code != 0 or not loaded:
-        raise SandboxError(f"image {path!r}: podman can neither load nor import it ({err}); give a docker or "
-                           "OCI archive, an OCI layout, or a rootfs tarball")
+        raise SandboxError(
+            f"image {path!r}: podman can neither load nor import it ({err}); give a docker or "
+            "OCI archive, an OCI layout, or a rootfs tarball"
+        )
     code, _, err = await _podman("tag", loaded, tag)
     if code != 0:
         raise SandboxError(f"image {path!r}: podman tag failed: {err}")
@@ -188,8 +196,15 @@ class PodmanRuntime(Runtime):
     type = "podman"
     enforces: frozenset[str] = frozenset({"filesystem", "pid", "pids", "memory", "network"})
 
-    def __init__(self, name: str | None = None, *, root: str, image: str | None, env: Mapping[str, str] | None = None,
-                 host_token: str = "") -> None:
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        root: str,
+        image: str | None,
+        env: Mapping[str, str] | None = None,
+        host_token: str = "",
+    ) -> None:
         super().__init__(name)
         self.image = image
         self.env = dict(env or {})
@@ -209,8 +224,10 @@ class PodmanRuntime(Runtime):
 
     async def _start(self) -> None:
         if self.image is None:
-            raise SandboxError(f"runtime {self.name!r}: the podman runtime runs over a task's image "
-                               "(TaskData.image); give the task one, or pass --runtime sandbox or local")
+            raise SandboxError(
+                f"runtime {self.name!r}: the podman runtime runs over a task's image "
+                "(TaskData.image); give the task one, or pass --runtime sandbox or local"
+            )
         image = await _image_id(self.image)
         code, out, _ = await _podman("image", "inspect", "--format", "{{.Config.WorkingDir}}", image)
         named = out.decode().strip() if code == 0 else ""
@@ -219,14 +236,40 @@ class PodmanRuntime(Runtime):
         env = [a for k, v in self.env.items() for a in ("--env", f"{k}={v}")]
         self._created = True  # from here on, teardown removes the container, whatever exists of it
         code, _, err = await _podman(
-            *_oci_runtime(), "create", "--rm", "--pull", "never", "--name", self.container,
-            "--label", f"{LABEL}={self.host_token}", "--network", "none", "--cap-drop", "all",
-            "--security-opt", "no-new-privileges", "--pids-limit", str(PIDS_LIMIT), "--memory", MEMORY_LIMIT,
-            "--ulimit", _ulimit("nofile", resource.RLIMIT_NOFILE, NOFILE),
-            "--ulimit", _ulimit("nproc", resource.RLIMIT_NPROC, PIDS_LIMIT),
-            *(() if named else ("--workdir", self.workdir)), "-v", f"{self.grader_host_dir}:{GRADER_DIR}:ro",
-            "-v", f"{_catatonit()}:/.rollout-ray-init:ro", "--entrypoint", "/.rollout-ray-init", *env,
-            image, "-P")
+            *_oci_runtime(),
+            "create",
+            "--rm",
+            "--pull",
+            "never",
+            "--name",
+            self.container,
+            "--label",
+            f"{LABEL}={self.host_token}",
+            "--network",
+            "none",
+            "--cap-drop",
+            "all",
+            "--security-opt",
+            "no-new-privileges",
+            "--pids-limit",
+            str(PIDS_LIMIT),
+            "--memory",
+            MEMORY_LIMIT,
+            "--ulimit",
+            _ulimit("nofile", resource.RLIMIT_NOFILE, NOFILE),
+            "--ulimit",
+            _ulimit("nproc", resource.RLIMIT_NPROC, PIDS_LIMIT),
+            *(() if named else ("--workdir", self.workdir)),
+            "-v",
+            f"{self.grader_host_dir}:{GRADER_DIR}:ro",
+            "-v",
+            f"{_catatonit()}:/.rollout-ray-init:ro",
+            "--entrypoint",
+            "/.rollout-ray-init",
+            *env,
+            image,
+            "-P",
+        )
         if code == 0:  # podman makes no missing work directory, nor /tmp (a rootfs tarball may lack one)
             skeleton = [("tmp", 0o1777, None), *([] if named else _parents(self.workdir))]
             code, _, err = await _podman("cp", "-", f"{self.container}:/", stdin=_tar(skeleton))
@@ -235,8 +278,9 @@ class PodmanRuntime(Runtime):
         if code != 0 or self.stopped:
             err = "it was stopped while starting" if self.stopped else err
             await self._teardown()
-            raise SandboxError(f"runtime {self.name!r}: podman cannot start a container over image "
-                               f"{self.image!r}: {err}")
+            raise SandboxError(
+                f"runtime {self.name!r}: podman cannot start a container over image {self.image!r}: {err}"
+            )
         code, out, err = await _podman("inspect", "--format", "{{.State.Pid}}", self.container)
         self._init_pid = int(out.decode().strip() or 0) if code == 0 else None
 
@@ -264,8 +308,9 @@ class PodmanRuntime(Runtime):
 
     def _require_running(self, what: str) -> None:
         if self.stopped or not self.started:
-            raise SandboxError(f"cannot {what} in runtime {self.name!r}: it is "
-                               f"{'stopped' if self.stopped else 'not started'}")
+            raise SandboxError(
+                f"cannot {what} in runtime {self.name!r}: it is {'stopped' if self.stopped else 'not started'}"
+            )
 
     async def _host_pids(self) -> list[int]:
         """Host pids of the container's processes but its first."""
@@ -295,8 +340,15 @@ class PodmanRuntime(Runtime):
         self.grader_dir = GRADER_DIR
         return GRADER_DIR
 
-    async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float | None = None,
-                   max_output: int = DEFAULT_OUTPUT_CAP, stdin: bytes | None = None) -> ProgramResult:
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_output: int = DEFAULT_OUTPUT_CAP,
+        stdin: bytes | None = None,
+    ) -> ProgramResult:
         """``podman exec``; a timed-out or cancelled exec kills every process it started."""
         argv = list(argv)
         if not argv:
@@ -307,9 +359,12 @@ class PodmanRuntime(Runtime):
         where = GRADER_DIR if self._grading else self.workdir
         command, client_env = _exec_command(self.container, argv, variables, where, stdin is not None)
         proc = await asyncio.create_subprocess_exec(
-            *command, env=client_env,
+            *command,
+            env=client_env,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         reads = asyncio.gather(_capped(proc.stdout, max_output), _capped(proc.stderr, max_output))
         timed_out = False
         try:
@@ -334,11 +389,17 @@ class PodmanRuntime(Runtime):
         if self.stopped and not timed_out:
             raise SandboxError(f"program {argv[0]!r} was killed: runtime {self.name!r} stopped")
         if code in (125, 126, 127) and err.startswith(b"Error:"):  # podman's own, not the program's
-            raise SandboxError(f"cannot start program {argv[0]!r} in runtime {self.name!r}: "
-                               f"{err.decode(errors='replace').strip()}")
-        return ProgramResult(exit_code=-signal.SIGKILL if timed_out else code,
-                             stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
-                             stdout_truncated=out_cut, stderr_truncated=err_cut, timed_out=timed_out)
+            raise SandboxError(
+                f"cannot start program {argv[0]!r} in runtime {self.name!r}: {err.decode(errors='replace').strip()}"
+            )
+        return ProgramResult(
+            exit_code=-signal.SIGKILL if timed_out else code,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+            stdout_truncated=out_cut,
+            stderr_truncated=err_cut,
+            timed_out=timed_out,
+        )
 
     def _path(self, path: str) -> str:
         if os.path.isabs(path):
@@ -366,15 +427,24 @@ class PodmanRuntime(Runtime):
             raise SandboxError(f"write {path!r} in runtime {self.name!r}: {err}")
 
 
-def _exec_command(container: str, argv: list[str], variables: Mapping[str, str], workdir: str,
-                  interactive: bool) -> tuple[list[str], dict[str, str]]:
+def _exec_command(
+    container: str, argv: list[str], variables: Mapping[str, str], workdir: str, interactive: bool
+) -> tuple[list[str], dict[str, str]]:
     """The ``podman exec`` command line and the podman client's environment.
 
     Values go through the client's environment with only ``--env NAME`` on the command line:
     a command line is readable by every user of the host (``ps``), and an exec's variables
     carry secrets (``OPENAI_API_KEY``)."""
-    command = ["podman", "exec", *(["-i"] if interactive else []), "--workdir", workdir,
-               *(a for k in variables for a in ("--env", k)), container, *argv]
+    command = [
+        "podman",
+        "exec",
+        *(["-i"] if interactive else []),
+        "--workdir",
+        workdir,
+        *(a for k in variables for a in ("--env", k)),
+        container,
+        *argv,
+    ]
     return command, {**os.environ, **variables}
 
 
@@ -401,7 +471,7 @@ async def _capped(stream: Any, cap: int) -> tuple[bytes, bool]:
     while chunk := await stream.read(65536):
         room = max(cap, 0) - len(kept)
         cut = cut or len(chunk) > room
-        kept += chunk[:max(room, 0)]
+        kept += chunk[: max(room, 0)]
     return bytes(kept), cut
 
 
@@ -409,8 +479,12 @@ def _read_streamed(source: str, max_bytes: int | None) -> bytes | str:
     """The file ``podman cp source -`` streams as a tar, reading no more than ``max_bytes`` of
     it (the client is killed then): a file of the container may be as large as its disk. The
     reason as a string when it is no regular file (a directory's tar would be its whole tree)."""
-    proc = subprocess.Popen(["podman", "cp", source, "-"],  # noqa: S603,S607 - podman from PATH as _podman; no shell
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(  # noqa: S603 - podman from PATH as _podman; no shell
+        ["podman", "cp", source, "-"],  # noqa: S607 - podman from PATH, as _podman
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
         try:
@@ -449,6 +523,12 @@ def _make(name: str, image: str | None, r: HostResources) -> Runtime:
 
 
 PROVIDER = Provider(
-    "podman", _make, Capabilities(isolation=True, images=True, grader_files=True, routes=True),
-    unavailable=podman_unavailable, enforces=PodmanRuntime.enforces, label="podman", host_url=sandbox_url,
-    help="a Podman container over the task's image; no network but the framework's routes; disk not limited")
+    "podman",
+    _make,
+    Capabilities(isolation=True, images=True, grader_files=True, routes=True),
+    unavailable=podman_unavailable,
+    enforces=PodmanRuntime.enforces,
+    label="podman",
+    host_url=sandbox_url,
+    help="a Podman container over the task's image; no network but the framework's routes; disk not limited",
+)

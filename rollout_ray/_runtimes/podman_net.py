@@ -57,8 +57,9 @@ class ContainerNetwork:
         self.routes: dict[int, Route] = {}
         self.forwarder: asyncio.subprocess.Process | None = None
 
-    async def allow(self, pid: int, routes: Sequence[str] | None, remote: Mapping[int, tuple[str, int]],
-                    name: str) -> None:
+    async def allow(
+        self, pid: int, routes: Sequence[str] | None, remote: Mapping[int, tuple[str, int]], name: str
+    ) -> None:
         """Serve exactly ``routes`` in the network namespace of host process ``pid``."""
         wanted = wanted_routes(routes, remote)
         if self.forwarder is not None and {p: (r.host, r.port) for p, r in self.routes.items()} == wanted:
@@ -70,20 +71,40 @@ class ContainerNetwork:
             await route.open(os.path.join(self.directory, f"{port}.sock"))
         if not wanted:
             return
-        command = [shutil.which("nsenter") or "nsenter", f"--net=/proc/{pid}/ns/net", "--", sys.executable, "-I", "-S", FORWARDER,
-                   *(a for port in wanted for a in ("--route", f"{port}={port}.sock")),
-                   "--", sys.executable, "-I", "-S", "-c", _HOLD]
+        command = [
+            shutil.which("nsenter") or "nsenter",
+            f"--net=/proc/{pid}/ns/net",
+            "--",
+            sys.executable,
+            "-I",
+            "-S",
+            FORWARDER,
+            *(a for port in wanted for a in ("--route", f"{port}={port}.sock")),
+            "--",
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            _HOLD,
+        ]
         self.forwarder = await asyncio.create_subprocess_exec(
-            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=self.env, start_new_session=True,
-            cwd=self.directory)  # relative socket paths: a unix socket's path is limited to 107 bytes
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,
+            cwd=self.directory,
+        )  # relative socket paths: a unix socket's path is limited to 107 bytes
         assert self.forwarder.stdout is not None and self.forwarder.stderr is not None
         async with asyncio.timeout(30):
             ready = await self.forwarder.stdout.readline()
         if ready != b"ready\n":
             why = (await self.forwarder.stderr.read(2000)).decode(errors="replace").strip()
             await self.close()
-            raise SandboxError(f"runtime {name!r}: cannot serve its routes in its container: {why or 'no reason given'}")
+            raise SandboxError(
+                f"runtime {name!r}: cannot serve its routes in its container: {why or 'no reason given'}"
+            )
 
     async def close(self) -> None:
         forwarder, self.forwarder = self.forwarder, None

@@ -23,8 +23,17 @@ from importlib.metadata import entry_points
 from .._core.runtime import Runtime
 from .provider import Capabilities, HostResources, Provider
 
-__all__ = ["AUTO", "AUTO_ORDER", "Capabilities", "HostResources", "Provider", "names", "provider", "register",
-           "resolve"]
+__all__ = [
+    "AUTO",
+    "AUTO_ORDER",
+    "Capabilities",
+    "HostResources",
+    "Provider",
+    "names",
+    "provider",
+    "register",
+    "resolve",
+]
 
 ENTRY_POINT_GROUP = "rollout_ray.runtime_providers"
 """Where installed distributions declare providers of their own (each a ``Provider``)."""
@@ -62,17 +71,39 @@ def _load() -> None:
         return LocalRuntime(name, root=r.root, env=r.env, cgroup_parents=r.cgroup_parents, image=image)
 
     def sandbox(name: str, image: str | None, r: HostResources) -> Runtime:
-        return SandboxRuntime(name, root=r.root, env=r.env, cgroup_parents=r.cgroup_parents, image=image,
-                              keeper=r.keeper, start_gates=r.start_gates)
+        return SandboxRuntime(
+            name,
+            root=r.root,
+            env=r.env,
+            cgroup_parents=r.cgroup_parents,
+            image=image,
+            keeper=r.keeper,
+            start_gates=r.start_gates,
+        )
 
-    register(Provider("local", local, Capabilities(), enforces=LocalRuntime.enforces,
-                      label="LocalRuntime", help="a private dir on the host, no isolation"))
-    register(Provider("sandbox", sandbox, Capabilities(isolation=True, images=True, snapshots=True, grader_files=True,
-                                                       warm_pool=True, routes=True),
-                      unavailable=sandbox_unavailable, enforces=SandboxRuntime.enforces, host_url=sandbox_url,
-                      cgroup_controllers=lambda: ("pids", "memory"),
-                      help="bubblewrap: unprivileged, only the system and the framework routes; the default where "
-                           "the machine runs one"))
+    register(
+        Provider(
+            "local",
+            local,
+            Capabilities(),
+            enforces=LocalRuntime.enforces,
+            label="LocalRuntime",
+            help="a private dir on the host, no isolation",
+        )
+    )
+    register(
+        Provider(
+            "sandbox",
+            sandbox,
+            Capabilities(isolation=True, images=True, snapshots=True, grader_files=True, warm_pool=True, routes=True),
+            unavailable=sandbox_unavailable,
+            enforces=SandboxRuntime.enforces,
+            host_url=sandbox_url,
+            cgroup_controllers=lambda: ("pids", "memory"),
+            help="bubblewrap: unprivileged, only the system and the framework routes; the default where "
+            "the machine runs one",
+        )
+    )
     from . import podman
 
     register(podman.PROVIDER)
@@ -98,8 +129,10 @@ def provider(name: str) -> Provider:
     _load()
     found = _registry.get(name)
     if found is None:
-        raise ValueError(f"runtime must be one of {names()}, got {name!r}: pass one of these, or install "
-                         f"the package declaring it (entry point group {ENTRY_POINT_GROUP!r})")
+        raise ValueError(
+            f"runtime must be one of {names()}, got {name!r}: pass one of these, or install "
+            f"the package declaring it (entry point group {ENTRY_POINT_GROUP!r})"
+        )
     return found
 
 
@@ -120,9 +153,13 @@ def resolve(kind: str) -> tuple[str, str | None]:
         if reason is None:
             if first_reason is not None and first_reason not in _said:
                 _said.add(first_reason)
-                log.warning("this machine cannot run the %s runtime (%s): rollouts run in the %s runtime, which "
-                            "isolates them neither from each other nor from the host", AUTO_ORDER[0], first_reason,
-                            name)
+                log.warning(
+                    "this machine cannot run the %s runtime (%s): rollouts run in the %s runtime, which "
+                    "isolates them neither from each other nor from the host",
+                    AUTO_ORDER[0],
+                    first_reason,
+                    name,
+                )
             return name, first_reason
         first_reason = first_reason or reason
     raise ValueError(f"no runtime of {AUTO_ORDER} can run here ({first_reason}): pass --runtime NAME")

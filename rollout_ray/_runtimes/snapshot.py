@@ -115,8 +115,9 @@ class SnapshotStore:
             lease = self._lease(hex_key)
             if lease is not None:
                 return "lease", self._hold(lease, keeper)
-            fd = os.open(os.path.join(self._dir("locks"), f"{hex_key}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                         0o600)
+            fd = os.open(
+                os.path.join(self._dir("locks"), f"{hex_key}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+            )
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -162,8 +163,9 @@ class SnapshotStore:
 
     # -- freezing ----------------------------------------------------------------------------
 
-    def freeze(self, build: Held, upper: str, about: dict[str, str], keeper: Keeper | None,
-               label: tuple[str, str] = ("", "")) -> Held:
+    def freeze(
+        self, build: Held, upper: str, about: dict[str, str], keeper: Keeper | None, label: tuple[str, str] = ("", "")
+    ) -> Held:
         """Copy ``upper`` (an idle sandbox's writable layer) into the store as the snapshot
         ``build`` claimed, owned by this process; let the build lock go. Returns the ownership,
         ``label``ed (image, setup key) for ``let_go``."""
@@ -247,8 +249,12 @@ def copy_layer(source: str, dest: str) -> None:
         SandboxError: the copy failed (e.g. the node's disk is full).
     """
     try:
-        done = subprocess.run(["cp", "-a", "--no-dereference", "--preserve=all", "--", source, dest],  # noqa: S603, S607 - coreutils cp from PATH on fixed flags, no shell
-                              capture_output=True, text=True, timeout=COPY_TIMEOUT)
+        done = subprocess.run(  # noqa: S603 - coreutils cp from PATH on fixed flags, no shell
+            ["cp", "-a", "--no-dereference", "--preserve=all", "--", source, dest],  # noqa: S607 - cp from PATH
+            capture_output=True,
+            text=True,
+            timeout=COPY_TIMEOUT,
+        )
     except subprocess.TimeoutExpired:
         raise SandboxError(f"freezing a setup snapshot took over {COPY_TIMEOUT:g}s") from None
     if done.returncode != 0:

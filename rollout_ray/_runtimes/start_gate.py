@@ -86,8 +86,9 @@ class NodeStartGate:
         """A descriptor holding one of the node's ``slots`` start locks (waits for a free one)."""
         while True:
             for i in range(slots):
-                fd = os.open(os.path.join(self.directory, f"slot-{i}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                             0o600)
+                fd = os.open(
+                    os.path.join(self.directory, f"slot-{i}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+                )
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     return fd

@@ -84,8 +84,9 @@ def _remove(path: str) -> None:
 class Unpacker:
     """Applies layers, in the order given, to ``root`` (see the module docstring)."""
 
-    def __init__(self, root: str, *, max_bytes: int | None = None, max_inodes: int | None = None,
-                 what: str = "image") -> None:
+    def __init__(
+        self, root: str, *, max_bytes: int | None = None, max_inodes: int | None = None, what: str = "image"
+    ) -> None:
         self.root = root
         self.max_bytes = max_bytes
         self.max_inodes = max_inodes
@@ -151,9 +152,9 @@ class Unpacker:
             if layered and name == OPAQUE:
                 self._opaque(parent, created)
             elif layered and name.startswith(WHITEOUT):
-                if name[len(WHITEOUT):] in ("", ".", ".."):
+                if name[len(WHITEOUT) :] in ("", ".", ".."):
                     raise SandboxError(f"{self.what}: whiteout {member.name!r} names no file; refusing the image")
-                hidden = (*parent, name[len(WHITEOUT):])
+                hidden = (*parent, name[len(WHITEOUT) :])
                 if hidden not in created:  # a whiteout hides the layers below, not its own
                     _remove(self._path(list(hidden)))
             elif self._write(member, tar, [*parent, name]):
@@ -201,11 +202,15 @@ class Unpacker:
         self.written += size
         self.inodes += 1
         if self.max_bytes is not None and self.written > self.max_bytes:
-            raise SandboxError(f"{self.what} unpacks to more than {self.max_bytes} bytes, the image "
-                               f"cache's bound; raise it (ROLLOUT_RAY_IMAGE_CACHE_BYTES) to use this image")
+            raise SandboxError(
+                f"{self.what} unpacks to more than {self.max_bytes} bytes, the image "
+                f"cache's bound; raise it (ROLLOUT_RAY_IMAGE_CACHE_BYTES) to use this image"
+            )
         if self.max_inodes is not None and self.inodes > self.max_inodes:
-            raise SandboxError(f"{self.what} unpacks to more than {self.max_inodes} files and directories, the "
-                               f"image cache's bound; raise it (ROLLOUT_RAY_IMAGE_CACHE_INODES) to use this image")
+            raise SandboxError(
+                f"{self.what} unpacks to more than {self.max_inodes} files and directories, the "
+                f"image cache's bound; raise it (ROLLOUT_RAY_IMAGE_CACHE_INODES) to use this image"
+            )
 
     def _copy(self, member: tarfile.TarInfo, tar: tarfile.TarFile, path: str) -> None:
         source = tar.extractfile(member)
@@ -221,8 +226,10 @@ class Unpacker:
         source = None if parent is None else self._path([*parent, parts[-1]])
         st = None if source is None else _lstat(source)
         if st is None or stat.S_ISDIR(st.st_mode):
-            raise SandboxError(f"{self.what}: hard link {member.name!r} -> {member.linkname!r} points at no "
-                               f"file of the image; refusing the image")
+            raise SandboxError(
+                f"{self.what}: hard link {member.name!r} -> {member.linkname!r} points at no "
+                f"file of the image; refusing the image"
+            )
         assert source is not None
         if source != path:
             _remove(path)
@@ -234,8 +241,6 @@ def _lstat(path: str) -> os.stat_result | None:
         return os.lstat(path)
     except FileNotFoundError:
         return None
-
-
 
 
 def usage(root: str) -> tuple[int, int]:
@@ -301,13 +306,22 @@ def _decompressed(raw: _Digest, what: str) -> Any:
     if head.startswith(b"\xfd7zXZ\x00"):
         return lzma.LZMAFile(stream)  # type: ignore[arg-type]
     if head.startswith(b"\x28\xb5\x2f\xfd"):
-        raise SandboxError(f"{what} is compressed with zstd, which this Python cannot read; export it "
-                           f"uncompressed or with gzip (docker save, skopeo copy --dest-compress-format gzip)")
+        raise SandboxError(
+            f"{what} is compressed with zstd, which this Python cannot read; export it "
+            f"uncompressed or with gzip (docker save, skopeo copy --dest-compress-format gzip)"
+        )
     return stream
 
 
-def apply_layer(blob: IO[bytes], unpacker: Unpacker, *, layered: bool, what: str,
-                digest: str | None = None, diff_id: str | None = None) -> None:
+def apply_layer(
+    blob: IO[bytes],
+    unpacker: Unpacker,
+    *,
+    layered: bool,
+    what: str,
+    digest: str | None = None,
+    diff_id: str | None = None,
+) -> None:
     """Apply one layer read from ``blob``, checking it against ``digest`` as stored and
     ``diff_id`` uncompressed (each when given)."""
     raw = _Digest(blob)
@@ -322,5 +336,7 @@ def apply_layer(blob: IO[bytes], unpacker: Unpacker, *, layered: bool, what: str
         raise SandboxError(f"{what} is not a readable tar layer: {e}") from None
     for kind, want in (("digest", digest), ("diff_id", diff_id)):
         if want is not None and got[kind] != want:
-            raise SandboxError(f"{what}: its {kind} is {got[kind]} but the image says {want}: the archive is "
-                               f"damaged or was altered; refusing it")
+            raise SandboxError(
+                f"{what}: its {kind} is {got[kind]} but the image says {want}: the archive is "
+                f"damaged or was altered; refusing it"
+            )

@@ -43,8 +43,9 @@ class ImageStats:
     misses: int = 0
 
     def started(self, seconds: float) -> None:
-        self.start_seconds = seconds if self.start_seconds is None else (
-            (1 - EWMA) * self.start_seconds + EWMA * seconds)
+        self.start_seconds = (
+            seconds if self.start_seconds is None else ((1 - EWMA) * self.start_seconds + EWMA * seconds)
+        )
 
     def taken(self, now: float, hit: bool) -> None:
         if self.last_take is not None:
@@ -58,8 +59,12 @@ class ImageStats:
 class WarmPool:
     """Idle sandboxes per image, made with ``start(image)`` and ended with ``stop(runtime)``."""
 
-    def __init__(self, start: Callable[[str], Awaitable[SandboxRuntime]],
-                 stop: Callable[[SandboxRuntime], Awaitable[None]], max_idle: int = DEFAULT_MAX_IDLE) -> None:
+    def __init__(
+        self,
+        start: Callable[[str], Awaitable[SandboxRuntime]],
+        stop: Callable[[SandboxRuntime], Awaitable[None]],
+        max_idle: int = DEFAULT_MAX_IDLE,
+    ) -> None:
         self._start = start
         self._stop = stop
         self.max_idle = max_idle
@@ -161,6 +166,14 @@ class WarmPool:
         return members
 
     def statistics(self) -> dict[str, dict[str, float | int | None]]:
-        return {image: {"idle": len(self.idle.get(image, ())), "target": self.target(image),
-                        "hits": s.hits, "misses": s.misses, "start_seconds": s.start_seconds,
-                        "take_interval": s.take_interval} for image, s in self.stats.items()}
+        return {
+            image: {
+                "idle": len(self.idle.get(image, ())),
+                "target": self.target(image),
+                "hits": s.hits,
+                "misses": s.misses,
+                "start_seconds": s.start_seconds,
+                "take_interval": s.take_interval,
+            }
+            for image, s in self.stats.items()
+        }

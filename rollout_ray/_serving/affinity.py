@@ -114,9 +114,18 @@ class ServerPool:
         clock: monotonic seconds (tests pass a fake).
     """
 
-    def __init__(self, urls: Sequence[str], *, cooldown: float = 10.0, max_failures: int = 3,
-                 failing_sessions: int = 2, max_sessions: int = 1 << 16, routing: Routing = "affinity",
-                 balance: float = 1.25, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        cooldown: float = 10.0,
+        max_failures: int = 3,
+        failing_sessions: int = 2,
+        max_sessions: int = 1 << 16,
+        routing: Routing = "affinity",
+        balance: float = 1.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not urls:
             raise ValueError("`base_url` must name at least one server")
         if not cooldown >= 0:
@@ -139,9 +148,16 @@ class ServerPool:
 
     def fresh(self) -> ServerPool:
         """A pool of the same servers and settings, knowing nothing yet (for a copy)."""
-        return ServerPool([s.url for s in self.servers], cooldown=self.cooldown, max_failures=self.max_failures,
-                          failing_sessions=self.failing_sessions, max_sessions=self.max_sessions, routing=self.routing,
-                          balance=self.balance, clock=self.clock)
+        return ServerPool(
+            [s.url for s in self.servers],
+            cooldown=self.cooldown,
+            max_failures=self.max_failures,
+            failing_sessions=self.failing_sessions,
+            max_sessions=self.max_sessions,
+            routing=self.routing,
+            balance=self.balance,
+            clock=self.clock,
+        )
 
     def pick(self, session: str | None) -> Server:
         """The server for the next call of ``session`` (``None``: no affinity)."""

@@ -132,10 +132,18 @@ class HTTPService:
             of ``DEFAULT_MAX_BODY_BYTES_IN_FLIGHT``).
     """
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
-                 max_body: int, read_timeout: float = DEFAULT_READ_TIMEOUT,
-                 max_requests_per_rollout: int | None = None, max_body_bytes_per_rollout: int | None = None,
-                 body_budget: BodyBudget | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise_host: str | None = None,
+        max_body: int,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        max_requests_per_rollout: int | None = None,
+        max_body_bytes_per_rollout: int | None = None,
+        body_budget: BodyBudget | None = None,
+    ) -> None:
         self.host, self.port = host, port
         self.advertise_host = advertise_host or host
         self.max_body, self.read_timeout = max_body, read_timeout
@@ -156,8 +164,13 @@ class HTTPService:
         """
         app = web.Application(client_max_size=self.max_body)
         self._routes(app.router)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                               keepalive_timeout=self.read_timeout, lingering_time=LINGERING_TIME)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=self.read_timeout,
+            lingering_time=LINGERING_TIME,
+        )
         await runner.setup()
         try:
             await web.TCPSite(runner, self.host, self.port).start()
@@ -198,8 +211,7 @@ class HTTPService:
             raise Refused(413, f"request body over {self.max_body} bytes")
         if self.max_requests_per_rollout is not None and inflight.requests >= self.max_requests_per_rollout:
             raise Refused(429, f"more than {self.max_requests_per_rollout} requests of this rollout in flight")
-        if (self.max_body_bytes_per_rollout is not None
-                and inflight.body_bytes + size > self.max_body_bytes_per_rollout):
+        if self.max_body_bytes_per_rollout is not None and inflight.body_bytes + size > self.max_body_bytes_per_rollout:
             raise Refused(429, f"more than {self.max_body_bytes_per_rollout} body bytes of this rollout in flight")
         if budget.held + size > budget.limit:
             raise Refused(503, f"the node holds {budget.limit} body bytes in flight; retry shortly")

@@ -110,14 +110,18 @@ class _Client:
     async def _handshake(self) -> None:
         async with self._starting():
             await self._open()
-            params = {"protocolVersion": PROTOCOL_VERSION, "capabilities": {},
-                      "clientInfo": {"name": "rollout_ray", "version": "1"}}
+            params = {
+                "protocolVersion": PROTOCOL_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "rollout_ray", "version": "1"},
+            }
             await self._bounded(self._exchange("initialize", params), self.limits.start_timeout)
             await self._bounded(self._send({"jsonrpc": "2.0", "method": "notifications/initialized"}))
             listed = await self._bounded(self._exchange("tools/list", {}))
         tools = listed.get("tools")
-        if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
-                                                  for t in tools):
+        if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools
+        ):
             raise self._fail(f"tools/list answered no list of named tools: {str(listed)[:200]}")
         self.tools = tools
 
@@ -142,8 +146,9 @@ class _Client:
 
     def _result(self, message: Any, id: int) -> dict[str, Any]:
         if not isinstance(message, dict) or message.get("id") != id:
-            raise self._fail(f"answered something that is not the JSON-RPC response to request {id}: "
-                             f"{str(message)[:200]}")
+            raise self._fail(
+                f"answered something that is not the JSON-RPC response to request {id}: {str(message)[:200]}"
+            )
         if isinstance(message.get("error"), dict):
             raise RemoteError(message["error"].get("code"), message["error"].get("message"))
         if not isinstance(message.get("result"), dict):
@@ -170,16 +175,16 @@ class HTTPClient(_Client):
     def __init__(self, server: str, url: str, headers: Mapping[str, str], limits: Limits) -> None:
         super().__init__(server, limits)
         self.url, self._headers = url, dict(headers)
-        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limits.max_connections),
-                                           timeout=aiohttp.ClientTimeout(total=None))
+        self._http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=limits.max_connections), timeout=aiohttp.ClientTimeout(total=None)
+        )
         self._session_id: str | None = None
 
     async def _open(self) -> None:
         self._session_id = None
 
     async def _send(self, message: dict[str, Any]) -> Any:
-        headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
-                   **self._headers}
+        headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json", **self._headers}
         if message.get("method") != "initialize":
             headers["mcp-protocol-version"] = PROTOCOL_VERSION
             if self._session_id:

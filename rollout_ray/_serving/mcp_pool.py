@@ -41,13 +41,16 @@ def http_client(server: str, url: str, headers: Mapping[str, str], limits: Limit
     return client
 
 
-def stdio_client(server: str, command: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
-                 limits: Limits, runtime_id: str) -> StdioClient:
+def stdio_client(
+    server: str, command: Sequence[str], env: Mapping[str, str] | None, cwd: str | None, limits: Limits, runtime_id: str
+) -> StdioClient:
     """The stdio MCP server ``command`` of one runtime (or one caller: ``runtime_id`` is whose
     server it is, never shared beyond it), leased: ``release_stdio`` when done."""
     if not runtime_id:
-        raise ValueError(f"stdio MCP server {server!r}: runtime_id must name the runtime (or caller) it serves; "
-                         "a server keyed on nothing would be shared by every rollout of the process")
+        raise ValueError(
+            f"stdio MCP server {server!r}: runtime_id must name the runtime (or caller) it serves; "
+            "a server keyed on nothing would be shared by every rollout of the process"
+        )
     key = (server, tuple(command), tuple(sorted((env or {}).items())), cwd, limits, runtime_id)
     pool = _pool()
     client, leases = pool.stdio.get(key, (None, 0))

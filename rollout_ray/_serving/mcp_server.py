@@ -53,8 +53,9 @@ _UNCACHED = {"cacheScope": "private", "ttlMs": 0}
 _CAPABILITIES = {"tools": {"listChanged": False}}
 
 
-def rpc_error(status: int, code: int, message: str, id: Any = None,
-              headers: dict[str, str] | None = None) -> web.Response:
+def rpc_error(
+    status: int, code: int, message: str, id: Any = None, headers: dict[str, str] | None = None
+) -> web.Response:
     """A JSON-RPC error answer with HTTP ``status`` (200 for errors the protocol carries)."""
     body = {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
     return web.json_response(body, status=status, headers=headers)
@@ -72,23 +73,34 @@ def _info(server: str) -> dict[str, str]:
 
 def tool_list(toolset: Toolset) -> list[dict[str, Any]]:
     """The toolset's tools as MCP ``Tool`` objects."""
-    return [{"name": t.name, "description": t.description, "inputSchema": {"type": "object", **t.parameters}}
-            for t in toolset.specs()]
+    return [
+        {"name": t.name, "description": t.description, "inputSchema": {"type": "object", **t.parameters}}
+        for t in toolset.specs()
+    ]
 
 
 def call_result(outcome: ToolOutcome) -> dict[str, Any]:
     """``outcome`` as an MCP ``CallToolResult``."""
-    result: dict[str, Any] = {"content": [{"type": "text", "text": outcome.content}],
-                              "isError": outcome.error is not None}
+    result: dict[str, Any] = {
+        "content": [{"type": "text", "text": outcome.content}],
+        "isError": outcome.error is not None,
+    }
     if outcome.data and outcome.error is None:  # always an object: a non-object is wrapped
         value = msgspec.json.decode(outcome.content)
         result["structuredContent"] = value if isinstance(value, dict) else {"result": value}
     return result
 
 
-async def answer(body: bytes, header_version: str | None, toolset: Toolset, runtime: Runtime | None, *,
-                 timeout: float, on_call: Callable[[ToolCallRecord], None] | None,
-                 on_error: Callable[[ToolServerError], None] | None = None) -> web.Response:
+async def answer(
+    body: bytes,
+    header_version: str | None,
+    toolset: Toolset,
+    runtime: Runtime | None,
+    *,
+    timeout: float,
+    on_call: Callable[[ToolCallRecord], None] | None,
+    on_error: Callable[[ToolServerError], None] | None = None,
+) -> web.Response:
     """The answer to one POSTed JSON-RPC message for ``toolset``; ``on_error`` gets the
     failure of the MCP server behind it, if any (the tool server stashes it on the rollout)."""
     try:
@@ -98,8 +110,11 @@ async def answer(body: bytes, header_version: str | None, toolset: Toolset, runt
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
         if isinstance(message, dict) and "method" not in message and ("result" in message or "error" in message):
             return web.Response(status=202)  # a response to a request we never sent: accepted, ignored
-        return rpc_error(400, INVALID_REQUEST, "expected one JSON-RPC 2.0 request or notification object "
-                         "(batches are not part of MCP since 2025-06-18)")
+        return rpc_error(
+            400,
+            INVALID_REQUEST,
+            "expected one JSON-RPC 2.0 request or notification object (batches are not part of MCP since 2025-06-18)",
+        )
     if "id" not in message:  # a notification (notifications/initialized, cancelled): nothing to answer
         return web.Response(status=202)
     id, method = message["id"], message["method"]
@@ -112,15 +127,19 @@ async def answer(body: bytes, header_version: str | None, toolset: Toolset, runt
     version = meta.get(VERSION_META) or header_version
     modern = version in MODERN_VERSIONS
     if version is not None and method != "initialize" and version not in (*HANDSHAKE_VERSIONS, *MODERN_VERSIONS):
-        error = {"code": UNSUPPORTED_PROTOCOL_VERSION, "message": f"unsupported protocol version {version!r}",
-                 "data": {"supported": [*HANDSHAKE_VERSIONS, *MODERN_VERSIONS], "requested": version}}
+        error = {
+            "code": UNSUPPORTED_PROTOCOL_VERSION,
+            "message": f"unsupported protocol version {version!r}",
+            "data": {"supported": [*HANDSHAKE_VERSIONS, *MODERN_VERSIONS], "requested": version},
+        }
         return web.json_response({"jsonrpc": "2.0", "id": id, "error": error}, status=400)
     server = toolset.name
     if method == "initialize":
         asked = params.get("protocolVersion")
         agreed = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[-1]
-        return _result(id, {"protocolVersion": agreed, "capabilities": _CAPABILITIES, "serverInfo": _info(server)},
-                       False, server)
+        return _result(
+            id, {"protocolVersion": agreed, "capabilities": _CAPABILITIES, "serverInfo": _info(server)}, False, server
+        )
     if method == "server/discover":
         discovered = {"supportedVersions": list(MODERN_VERSIONS), "capabilities": _CAPABILITIES, **_UNCACHED}
         return _result(id, discovered, True, server)
@@ -134,8 +153,9 @@ async def answer(body: bytes, header_version: str | None, toolset: Toolset, runt
     if not isinstance(name, str):
         return rpc_error(200, INVALID_PARAMS, "tools/call needs params.name, the tool's name (a string)", id)
     try:
-        outcome = await call_tool(toolset, name, {} if arguments is None else arguments, runtime,
-                                  timeout=timeout, on_call=on_call)
+        outcome = await call_tool(
+            toolset, name, {} if arguments is None else arguments, runtime, timeout=timeout, on_call=on_call
+        )
     except ToolInputError as e:
         if e.status_code == 404:  # the spec's answer to an unknown tool: a protocol error
             return rpc_error(200, INVALID_PARAMS, str(e), id)

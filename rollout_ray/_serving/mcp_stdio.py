@@ -39,8 +39,15 @@ def server_env(env: Mapping[str, str] | None) -> dict[str, str]:
 class StdioClient(_Client):
     """An MCP server run as a subprocess, JSON-RPC messages one per line on its stdin/stdout."""
 
-    def __init__(self, server: str, command: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
-                 limits: Limits, starting: asyncio.Semaphore) -> None:
+    def __init__(
+        self,
+        server: str,
+        command: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        limits: Limits,
+        starting: asyncio.Semaphore,
+    ) -> None:
         super().__init__(server, limits)
         self.command, self._env, self._cwd, self._starting_slots = list(command), env, cwd, starting
         self.process: asyncio.subprocess.Process | None = None
@@ -59,9 +66,15 @@ class StdioClient(_Client):
             cwd = self._scratch = tempfile.mkdtemp(prefix="rollout-ray-mcp-")
         try:
             self.process = await asyncio.create_subprocess_exec(
-                *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, env=server_env(self._env),
-                cwd=cwd, limit=self.limits.max_message, start_new_session=True)
+                *self.command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                env=server_env(self._env),
+                cwd=cwd,
+                limit=self.limits.max_message,
+                start_new_session=True,
+            )
         except OSError as e:
             raise self._fail(f"cannot start {self.command[0]!r}: {e}") from None
         self._reader = asyncio.ensure_future(self._read_lines(self.process))
@@ -78,8 +91,11 @@ class StdioClient(_Client):
                 except (msgspec.DecodeError, RecursionError):
                     why = f"wrote something that is not JSON: {line[:200]!r}"
                     break
-                if (isinstance(message, dict) and (waiter := self._pending.pop(message.get("id"), None))  # type: ignore[arg-type]
-                        and not waiter.done()):
+                if (
+                    isinstance(message, dict)
+                    and (waiter := self._pending.pop(message.get("id"), None))  # type: ignore[arg-type]
+                    and not waiter.done()
+                ):
                     waiter.set_result(message)
         except ValueError:  # asyncio's answer to a line over the stream's limit
             why = f"wrote a message over the {self.limits.max_message} bytes of max_message"

@@ -58,10 +58,21 @@ class MCPToolset(Toolset):
         max_starting: stdio servers starting at once per process (per node).
     """
 
-    def __init__(self, name: str, *, url: str | None = None, command: Sequence[str] | None = None,
-                 headers: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
-                 cwd: str | None = None, timeout: float = 30.0, start_timeout: float = 30.0,
-                 max_message: int = 16 << 20, max_connections: int = 32, max_starting: int = 4) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str | None = None,
+        command: Sequence[str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float = 30.0,
+        start_timeout: float = 30.0,
+        max_message: int = 16 << 20,
+        max_connections: int = 32,
+        max_starting: int = 4,
+    ) -> None:
         if not _NAME.match(name):
             raise ToolsetError(f"MCPToolset name {name!r} must match {_NAME.pattern}")
         if (url is None) == (not command):
@@ -71,8 +82,13 @@ class MCPToolset(Toolset):
         self.name = name  # type: ignore[misc]  # per instance: one class serves many servers
         self.url, self.command = url, list(command or [])
         self.headers, self.env, self.cwd = dict(headers or {}), None if env is None else dict(env), cwd
-        self.limits = Limits(timeout=timeout, start_timeout=start_timeout, max_message=max_message,
-                             max_connections=max_connections, max_starting=max_starting)
+        self.limits = Limits(
+            timeout=timeout,
+            start_timeout=start_timeout,
+            max_message=max_message,
+            max_connections=max_connections,
+            max_starting=max_starting,
+        )
         self._client: _Client | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -107,8 +123,10 @@ class MCPToolset(Toolset):
         return self._client.tools
 
     def specs(self) -> list[Tool]:
-        return [Tool(t["name"], str(t.get("description") or ""), dict(t.get("inputSchema") or {"type": "object"}))
-                for t in self._listed()]
+        return [
+            Tool(t["name"], str(t.get("description") or ""), dict(t.get("inputSchema") or {"type": "object"}))
+            for t in self._listed()
+        ]
 
     def _bind(self, name: str, arguments: Any, runtime: Runtime | None) -> tuple[Any, dict[str, Any]]:
         if not any(t["name"] == name for t in self._listed()):
@@ -138,6 +156,10 @@ def _text(result: Mapping[str, Any]) -> str:
     if not isinstance(blocks, list) or not blocks:
         structured = result.get("structuredContent")
         return "" if structured is None else msgspec.json.encode(structured).decode()
-    parts = [b["text"] if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
-             else msgspec.json.encode(b).decode() for b in blocks]
+    parts = [
+        b["text"]
+        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+        else msgspec.json.encode(b).decode()
+        for b in blocks
+    ]
     return "\n".join(parts)

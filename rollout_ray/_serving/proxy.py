@@ -80,10 +80,21 @@ _OPENAI = ChatCompletions()
 """The dialect of the routes every SDK shares (``/v1/models``) and of the state route."""
 
 
-def _error(status: int, message: str, *, kind: str = "rollout_error", param: str | None = None,
-           headers: dict[str, str] | None = None, dialect: Dialect = _OPENAI) -> web.Response:
-    return web.Response(status=status, body=dialect.error(status, message, kind, param),
-                        content_type="application/json", headers=headers)
+def _error(
+    status: int,
+    message: str,
+    *,
+    kind: str = "rollout_error",
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+    dialect: Dialect = _OPENAI,
+) -> web.Response:
+    return web.Response(
+        status=status,
+        body=dialect.error(status, message, kind, param),
+        content_type="application/json",
+        headers=headers,
+    )
 
 
 class HTTPInterception(HTTPService, Interception):
@@ -95,14 +106,28 @@ class HTTPInterception(HTTPService, Interception):
         past its share; beyond ``body_budget``, 503, so no set of rollouts can.
     """
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
-                 max_body: int = DEFAULT_MAX_BODY, read_timeout: float = DEFAULT_READ_TIMEOUT,
-                 max_requests_per_rollout: int = DEFAULT_MAX_REQUESTS_PER_ROLLOUT,
-                 max_body_bytes_per_rollout: int = DEFAULT_MAX_BODY_BYTES_PER_ROLLOUT,
-                 body_budget: BodyBudget | None = None) -> None:
-        super().__init__(host=host, port=port, advertise_host=advertise_host, max_body=max_body,
-                         read_timeout=read_timeout, max_requests_per_rollout=max_requests_per_rollout,
-                         max_body_bytes_per_rollout=max_body_bytes_per_rollout, body_budget=body_budget)
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise_host: str | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        max_requests_per_rollout: int = DEFAULT_MAX_REQUESTS_PER_ROLLOUT,
+        max_body_bytes_per_rollout: int = DEFAULT_MAX_BODY_BYTES_PER_ROLLOUT,
+        body_budget: BodyBudget | None = None,
+    ) -> None:
+        super().__init__(
+            host=host,
+            port=port,
+            advertise_host=advertise_host,
+            max_body=max_body,
+            read_timeout=read_timeout,
+            max_requests_per_rollout=max_requests_per_rollout,
+            max_body_bytes_per_rollout=max_body_bytes_per_rollout,
+            body_budget=body_budget,
+        )
         self.dialects = all_dialects()
         self._by_model: dict[str, _Registration] = {}
         self._by_state: dict[str, _Registration] = {}
@@ -156,8 +181,9 @@ class HTTPInterception(HTTPService, Interception):
 
     # -- routes -----------------------------------------------------------------------------
 
-    def _lookup(self, request: web.Request, table: dict[str, _Registration],
-                dialect: Dialect = _OPENAI) -> _Registration | None:
+    def _lookup(
+        self, request: web.Request, table: dict[str, _Registration], dialect: Dialect = _OPENAI
+    ) -> _Registration | None:
         token = dialect.secret(request.headers)
         return table.get(token) if token else None
 
@@ -175,12 +201,15 @@ class HTTPInterception(HTTPService, Interception):
             return _error(401, "unknown or missing state secret", kind="authentication_error")
         trace = registration.session.trace
         return web.Response(
-            body=msgspec.json.encode({"cls": trace.task.data_cls, "task": msgspec.json.encode(trace.task.data).decode()}),
+            body=msgspec.json.encode(
+                {"cls": trace.task.data_cls, "task": msgspec.json.encode(trace.task.data).decode()}
+            ),
             content_type="application/json",
         )
 
-    async def _side_route(self, dialect: Dialect, answer: Callable[[bytes], bytes],
-                          request: web.Request) -> web.Response:
+    async def _side_route(
+        self, dialect: Dialect, answer: Callable[[bytes], bytes], request: web.Request
+    ) -> web.Response:
         registration = self._lookup(request, self._by_model, dialect)
         if registration is None:
             return _error(401, "unknown or missing rollout secret", kind="authentication_error", dialect=dialect)
@@ -190,8 +219,9 @@ class HTTPInterception(HTTPService, Interception):
             return refusal
         try:
             with self.admitted(request, registration.held) as reservation:
-                return web.Response(body=answer(await self.read_body(request, reservation)),
-                                    content_type="application/json")
+                return web.Response(
+                    body=answer(await self.read_body(request, reservation)), content_type="application/json"
+                )
         except Refused as e:
             refusal = _error(e.status, str(e), headers=self.refusal_headers(e), dialect=dialect)
             refusal.force_close()
@@ -211,8 +241,9 @@ class HTTPInterception(HTTPService, Interception):
             refusal.force_close()  # the body is never read into memory: no keep-alive after it
             return refusal
 
-    async def _registered_call(self, dialect: Dialect, request: web.Request, reg: _Registration,
-                               reservation: Reservation) -> web.StreamResponse:
+    async def _registered_call(
+        self, dialect: Dialect, request: web.Request, reg: _Registration, reservation: Reservation
+    ) -> web.StreamResponse:
         def error(status: int, message: str, kind: str = "rollout_error", param: str | None = None) -> web.Response:
             return _error(status, message, kind=kind, param=param, dialect=dialect)
 
@@ -251,8 +282,9 @@ class HTTPInterception(HTTPService, Interception):
         reg.inflight[digest] = future
         response: Response | None = None
         try:
-            response = await session.chat(parsed.request, parsed.params, endpoint=dialect.endpoint,
-                                          dropped=parsed.dropped)
+            response = await session.chat(
+                parsed.request, parsed.params, endpoint=dialect.endpoint, dropped=parsed.dropped
+            )
         except Refusal as e:
             return error(e.status_code, e.body)
         except RolloutError as e:
@@ -268,12 +300,15 @@ class HTTPInterception(HTTPService, Interception):
                 future.set_result(response)
         reg.last_hash, reg.last_response = digest, response
         if dialect.continued:
-            reg.history[dialect.id_prefix + digest.hex()] = [*parsed.request.messages[parsed.uncarried:],
-                                                             response.message]
+            reg.history[dialect.id_prefix + digest.hex()] = [
+                *parsed.request.messages[parsed.uncarried :],
+                response.message,
+            ]
         return await self._answer(request, dialect, parsed, response, digest)
 
-    async def _answer(self, request: web.Request, dialect: Dialect, parsed: Parsed, response: Response,
-                      digest: bytes) -> web.StreamResponse:
+    async def _answer(
+        self, request: web.Request, dialect: Dialect, parsed: Parsed, response: Response, digest: bytes
+    ) -> web.StreamResponse:
         # The id derives from the request, so a replayed or joined retry gets the same one.
         answer_id = dialect.id_prefix + digest.hex()
         if not parsed.stream:

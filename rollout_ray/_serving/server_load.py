@@ -24,8 +24,12 @@ from .affinity import Server, ServerPool
 
 __all__ = ["LoadReader", "parse_load"]
 
-_LOAD_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                 "sglang:num_running_reqs", "sglang:num_queue_reqs")
+_LOAD_METRICS = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+)
 
 
 def parse_load(text: str) -> int | None:
@@ -49,8 +53,14 @@ def parse_load(text: str) -> int | None:
 class LoadReader:
     """Keeps a pool's ``Server.reported`` loads fresh (several servers only)."""
 
-    def __init__(self, pool: ServerPool, *, interval: float = 1.0, timeout: float = 0.5,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        pool: ServerPool,
+        *,
+        interval: float = 1.0,
+        timeout: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.pool, self.interval, self.timeout, self.clock = pool, interval, timeout, clock
         self._at = float("-inf")
         self._busy = False

@@ -44,8 +44,7 @@ POLL = 0.05
 def shared_dir() -> Path:
     """Where a node's shared servers are written down (``ROLLOUT_RAY_SHARED_DIR``, else a
     per-user directory in the temporary directory)."""
-    path = Path(os.environ.get("ROLLOUT_RAY_SHARED_DIR") or
-                f"{tempfile.gettempdir()}/rollout_ray-shared-{os.getuid()}")
+    path = Path(os.environ.get("ROLLOUT_RAY_SHARED_DIR") or f"{tempfile.gettempdir()}/rollout_ray-shared-{os.getuid()}")
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
@@ -64,14 +63,26 @@ class SharedToolServer(MCPToolset):
         **kwargs: ``MCPToolset``'s client settings (``timeout``, ``max_connections``, ...).
     """
 
-    def __init__(self, name: str, command: Sequence[str], *, scope: str = "node", path: str = "/mcp",
-                 ready_timeout: float = 60.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        command: Sequence[str],
+        *,
+        scope: str = "node",
+        path: str = "/mcp",
+        ready_timeout: float = 60.0,
+        **kwargs: Any,
+    ) -> None:
         if scope != "node":
-            raise ToolsetError(f"SharedToolServer {name!r}: scope must be 'node', got {scope!r}; for one "
-                               "server for the whole cluster run it yourself and pass MCPToolset(name, url=...)")
+            raise ToolsetError(
+                f"SharedToolServer {name!r}: scope must be 'node', got {scope!r}; for one "
+                "server for the whole cluster run it yourself and pass MCPToolset(name, url=...)"
+            )
         if not command or not any("{port}" in part for part in command):
-            raise ToolsetError(f"SharedToolServer {name!r}: command must contain '{{port}}', where the "
-                               "server is told which loopback port to serve on")
+            raise ToolsetError(
+                f"SharedToolServer {name!r}: command must contain '{{port}}', where the "
+                "server is told which loopback port to serve on"
+            )
         if ready_timeout <= 0:
             raise ToolsetError(f"SharedToolServer {name!r}: ready_timeout must be > 0, got {ready_timeout}")
         super().__init__(name, url="http://127.0.0.1", **kwargs)  # the real URL is the node's server's
@@ -188,8 +199,14 @@ async def _start(server: SharedToolServer, starts: int) -> int:
     try:
         # Started from the event loop's thread: the death signal follows the starting thread.
         # ASYNC220/S603: the taskset's own server command; Popen (not asyncio's) to set the death signal
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,  # noqa: ASYNC220, S603
-                                   preexec_fn=_die_with_parent, start_new_session=True)
+        process = subprocess.Popen(  # noqa: ASYNC220, S603
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            preexec_fn=_die_with_parent,
+            start_new_session=True,
+        )
     except OSError as e:
         raise ToolServerError(server.name, f"cannot start {argv[0]!r}: {e}") from e
     finally:
@@ -197,8 +214,10 @@ async def _start(server: SharedToolServer, starts: int) -> int:
     deadline = time.monotonic() + server.ready_timeout
     while not _answers(port):
         if process.poll() is not None:
-            raise ToolServerError(server.name, f"exited {process.returncode} before serving "
-                                  f"(its output: {shared_dir() / f'{server.key}.log'})")
+            raise ToolServerError(
+                server.name,
+                f"exited {process.returncode} before serving (its output: {shared_dir() / f'{server.key}.log'})",
+            )
         if time.monotonic() > deadline:
             _kill(process)
             raise ToolServerError(server.name, f"did not answer on port {port} within {server.ready_timeout:g}s")

@@ -52,8 +52,9 @@ ABORT_GRACE = 5.0
 """Seconds an aborted generation may take to end before its connection is closed."""
 ABORT_REPEAT = 0.5
 """Seconds between abort requests while an aborted generation has not ended."""
-_DUMMIES = tuple([{"role": "user", "content": "Hello"}, {"role": "assistant", "content": f"Hello, World{end}"}]
-                 for end in ".!")
+_DUMMIES = tuple(
+    [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": f"Hello, World{end}"}] for end in ".!"
+)
 """Two conversations whose renderings differ only in the reply's last character: what follows
 it, the same in both, is the template's end of an assistant turn."""
 _decode = msgspec.json.decode
@@ -105,8 +106,9 @@ class TokenIn:
         stream: ask for a stream on the generation route.
     """
 
-    def __init__(self, client: Callable[[], aiohttp.ClientSession], headers: dict[str, str], timeout: float,
-                 stream: bool) -> None:
+    def __init__(
+        self, client: Callable[[], aiohttp.ClientSession], headers: dict[str, str], timeout: float, stream: bool
+    ) -> None:
         self._client, self._headers, self._timeout, self._stream = client, headers, timeout, stream
         self._glue: dict[str, list[int]] = {}
         self._warned: set[str] = set()
@@ -116,8 +118,9 @@ class TokenIn:
         body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
         try:
             async with asyncio.timeout(min(self._timeout, 10.0)):
-                async with self._client().post(server.root + "/v1/chat/completions/render", json=body,
-                                               headers=self._headers) as resp:
+                async with self._client().post(
+                    server.root + "/v1/chat/completions/render", json=body, headers=self._headers
+                ) as resp:
                     await resp.read()
         except (aiohttp.ClientError, TimeoutError) as e:
             raise unreachable(server.root, e) from None
@@ -136,12 +139,14 @@ class TokenIn:
         if isinstance(limit, int) and prompt is not full and (not isinstance(asked, int) or limit < asked):
             params["max_tokens"] = min(limit, len(full) + limit - len(prompt))
             if params["max_tokens"] < 1:
-                raise OverlongPromptError(f"the prompt of {len(prompt)} token ids leaves no room in the context "
-                                          "window", 400)
+                raise OverlongPromptError(
+                    f"the prompt of {len(prompt)} token ids leaves no room in the context window", 400
+                )
         return Partial(prompt, params)
 
-    async def continue_(self, server: Server, chat: dict[str, Any], partial: Partial, call: CallContext,
-                        wants: bool) -> Response:
+    async def continue_(
+        self, server: Server, chat: dict[str, Any], partial: Partial, call: CallContext, wants: bool
+    ) -> Response:
         """Generate the rest of ``partial``'s reply: the whole reply, or ``Interrupted``."""
         interrupt = call.interrupt
         limit = partial.params.get("max_tokens")
@@ -166,23 +171,30 @@ class TokenIn:
         if prefix is None or not 0 < held < len(messages):
             return full
         tools = chat.get("tools")
-        history = await self._tokenize(server, {"messages": messages[:held], "tools": tools,
-                                                "add_generation_prompt": False, "model": chat.get("model")})
+        history = await self._tokenize(
+            server,
+            {"messages": messages[:held], "tools": tools, "add_generation_prompt": False, "model": chat.get("model")},
+        )
         if full[: len(history)] != history:
             if server.url not in self._warned:
                 self._warned.add(server.url)
-                log.info("token in: the chat template of %s rewrites earlier turns; such a turn starts a new "
-                         "sequence (token_drift)", server.url)
+                log.info(
+                    "token in: the chat template of %s rewrites earlier turns; such a turn starts a new "
+                    "sequence (token_drift)",
+                    server.url,
+                )
             return full
         glue = await self._template_glue(server, chat.get("model"))
-        return prefix + glue[_overlap(prefix, glue):] + full[len(history):]
+        return prefix + glue[_overlap(prefix, glue) :] + full[len(history) :]
 
     async def _template_glue(self, server: Server, model: str | None) -> list[int]:
         """The ids the template writes after an assistant message's content (its end of turn)."""
         glue = self._glue.get(server.url)
         if glue is None:
-            a, b = [await self._tokenize(server, {"messages": d, "add_generation_prompt": False, "model": model})
-                    for d in _DUMMIES]
+            a, b = [
+                await self._tokenize(server, {"messages": d, "add_generation_prompt": False, "model": model})
+                for d in _DUMMIES
+            ]
             size = next((k for k in range(min(len(a), len(b))) if a[len(a) - 1 - k] != b[len(b) - 1 - k]), 0)
             glue = self._glue[server.url] = a[len(a) - size :] if size else []
         return glue
@@ -193,12 +205,17 @@ class TokenIn:
 
     # -- the generation ---------------------------------------------------------------------------
 
-    async def _generate(self, server: Server, partial: Partial, params: dict[str, Any], interrupt: Interrupt | None,
-                        model: str | None) -> None:
+    async def _generate(
+        self, server: Server, partial: Partial, params: dict[str, Any], interrupt: Interrupt | None, model: str | None
+    ) -> None:
         """One request on the generation route; what it samples is added to ``partial``."""
         rid = uuid.uuid4().hex
-        body: dict[str, Any] = {"token_ids": partial.prompt + partial.ids, "sampling_params": params,
-                                "request_id": rid, "model": model}
+        body: dict[str, Any] = {
+            "token_ids": partial.prompt + partial.ids,
+            "sampling_params": params,
+            "request_id": rid,
+            "model": model,
+        }
         if self._stream:
             body.update(stream=True, stream_options={"include_usage": True})
         headers = {**self._headers, "X-Request-Id": rid}
@@ -251,8 +268,9 @@ class TokenIn:
             async with asyncio.timeout(ABORT_GRACE):
                 while not reading.done():
                     try:
-                        async with self._client().post(url, json={"request_ids": [request_id]},
-                                                       headers=self._headers) as resp:
+                        async with self._client().post(
+                            url, json={"request_ids": [request_id]}, headers=self._headers
+                        ) as resp:
                             await resp.read()
                     except aiohttp.ClientError:
                         pass  # the connection's close below aborts it too
@@ -269,8 +287,12 @@ class TokenIn:
             choice: dict[str, Any] = {"index": 0, "token_ids": partial.ids, "finish_reason": finish}
             if wants:
                 choice["logprobs"] = {"content": partial.entries}
-            body = {"generate_response": {"choices": [choice]}, "chat_request": chat,
-                    "prompt_token_ids": partial.prompt, "prompt_tokens": len(partial.prompt)}
+            body = {
+                "generate_response": {"choices": [choice]},
+                "chat_request": chat,
+                "prompt_token_ids": partial.prompt,
+                "prompt_tokens": len(partial.prompt),
+            }
             raw = await self._post(server, "/v1/chat/completions/derender", body, raw=True)
             try:
                 reply = parse_response(raw, logprobs=wants)
@@ -283,10 +305,18 @@ class TokenIn:
             finish = "stop"
         if finish == "stop" and message.tool_calls:
             finish = "tool_calls"
-        return Response(message, finish, usage, chat.get("model"), logprobs,  # type: ignore[arg-type]
-                        prompt_token_ids=partial.prompt, token_ids=list(partial.ids),
-                        token_logprobs=list(partial.logprobs), policy_version=partial.stamp,
-                        token_versions=list(partial.versions))
+        return Response(
+            message,
+            finish,
+            usage,
+            chat.get("model"),
+            logprobs,  # type: ignore[arg-type]
+            prompt_token_ids=partial.prompt,
+            token_ids=list(partial.ids),
+            token_logprobs=list(partial.logprobs),
+            policy_version=partial.stamp,
+            token_versions=list(partial.versions),
+        )
 
     async def _post(self, server: Server, route: str, body: dict[str, Any], raw: bool = False) -> Any:
         url = server.root + route

@@ -18,7 +18,6 @@ rollout in flight than its share → 429 before the body is read; more body byte
 than the ``BodyBudget`` it shares with the node's proxy → 503 with ``Retry-After``.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -93,16 +92,30 @@ class ToolServer(HTTPService):
     the harness's exit after its 502.
     """
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
-                 call_timeout: float = DEFAULT_CALL_TIMEOUT, max_body: int = DEFAULT_MAX_BODY,
-                 read_timeout: float = DEFAULT_READ_TIMEOUT,
-                 max_requests_per_rollout: int = DEFAULT_MAX_CALLS_PER_ROLLOUT,
-                 max_body_bytes_per_rollout: int = DEFAULT_MAX_CALL_BYTES_PER_ROLLOUT,
-                 body_budget: BodyBudget | None = None,
-                 sessions: Callable[[str], RolloutSession | None] | None = None) -> None:
-        super().__init__(host=host, port=port, advertise_host=advertise_host, max_body=max_body,
-                         read_timeout=read_timeout, max_requests_per_rollout=max_requests_per_rollout,
-                         max_body_bytes_per_rollout=max_body_bytes_per_rollout, body_budget=body_budget)
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise_host: str | None = None,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        max_body: int = DEFAULT_MAX_BODY,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        max_requests_per_rollout: int = DEFAULT_MAX_CALLS_PER_ROLLOUT,
+        max_body_bytes_per_rollout: int = DEFAULT_MAX_CALL_BYTES_PER_ROLLOUT,
+        body_budget: BodyBudget | None = None,
+        sessions: Callable[[str], RolloutSession | None] | None = None,
+    ) -> None:
+        super().__init__(
+            host=host,
+            port=port,
+            advertise_host=advertise_host,
+            max_body=max_body,
+            read_timeout=read_timeout,
+            max_requests_per_rollout=max_requests_per_rollout,
+            max_body_bytes_per_rollout=max_body_bytes_per_rollout,
+            body_budget=body_budget,
+        )
         self.call_timeout = call_timeout
         self._sessions = sessions
         self._registrations: dict[str, _Registration] = {}
@@ -130,7 +143,11 @@ class ToolServer(HTTPService):
 
     @asynccontextmanager
     async def serve(
-        self, toolsets: Sequence[Toolset], runtime: Runtime | None, state_secret: str = "", *,
+        self,
+        toolsets: Sequence[Toolset],
+        runtime: Runtime | None,
+        state_secret: str = "",
+        *,
         on_call: Callable[[ToolCallRecord], None] | None = None,
     ) -> AsyncIterator[dict[str, str]]:
         """Register one rollout's toolsets and yield ``{name: url}``; on exit the URLs die
@@ -165,8 +182,11 @@ class ToolServer(HTTPService):
         if request.method == "GET":
             return web.json_response({"tools": tool_specs(toolset.specs())})
         try:
-            with self.admitted(request, registration.held) as reservation, registration.handlers.track(), \
-                    calling_as(self._caller(registration)):
+            with (
+                self.admitted(request, registration.held) as reservation,
+                registration.handlers.track(),
+                calling_as(self._caller(registration)),
+            ):
                 return await self._call(request, registration, toolset, reservation)
         except Refused as e:
             refusal = _error(e.status, str(e), self.refusal_headers(e))
@@ -191,33 +211,46 @@ class ToolServer(HTTPService):
             token = token.strip() if scheme.lower() == "bearer" else ""
         registration = self._registrations.get(token)
         if registration is None:
-            return mcp_server.rpc_error(401, mcp_server.INVALID_REQUEST, "unknown or expired tool server token "
-                                        "(send the rollout's as Authorization: Bearer)",
-                                        headers={"WWW-Authenticate": "Bearer"})
+            return mcp_server.rpc_error(
+                401,
+                mcp_server.INVALID_REQUEST,
+                "unknown or expired tool server token (send the rollout's as Authorization: Bearer)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         toolset = registration.toolsets.get(request.match_info["server"])
         if toolset is None:
-            return mcp_server.rpc_error(404, mcp_server.INVALID_REQUEST,
-                                        f"no tool server named {request.match_info['server']!r}")
+            return mcp_server.rpc_error(
+                404, mcp_server.INVALID_REQUEST, f"no tool server named {request.match_info['server']!r}"
+            )
         if request.method != "POST":  # stateless: no server-to-client stream, no session to delete
             return web.Response(status=405, headers={"Allow": "POST"})
         try:
-            with self.admitted(request, registration.held) as reservation, registration.handlers.track(), \
-                    calling_as(self._caller(registration)):
+            with (
+                self.admitted(request, registration.held) as reservation,
+                registration.handlers.track(),
+                calling_as(self._caller(registration)),
+            ):
                 try:
                     body = await self.read_body(request, reservation)
                 except WireError as e:
                     return mcp_server.rpc_error(e.status, mcp_server.INVALID_REQUEST, str(e))
-                return await mcp_server.answer(body, request.headers.get("mcp-protocol-version"), toolset,
-                                               registration.runtime, timeout=self.call_timeout,
-                                               on_call=registration.on_call,
-                                               on_error=lambda e: self._stash(registration, e))
+                return await mcp_server.answer(
+                    body,
+                    request.headers.get("mcp-protocol-version"),
+                    toolset,
+                    registration.runtime,
+                    timeout=self.call_timeout,
+                    on_call=registration.on_call,
+                    on_error=lambda e: self._stash(registration, e),
+                )
         except Refused as e:
             refusal = mcp_server.rpc_error(e.status, mcp_server.INTERNAL_ERROR, str(e), headers=self.refusal_headers(e))
             refusal.force_close()
             return refusal
 
-    async def _call(self, request: web.Request, reg: _Registration, toolset: Toolset,
-                    reservation: Reservation) -> web.Response:
+    async def _call(
+        self, request: web.Request, reg: _Registration, toolset: Toolset, reservation: Reservation
+    ) -> web.Response:
         try:
             call = _CALL.decode(await self.read_body(request, reservation))
             args = call.arguments
@@ -228,8 +261,9 @@ class ToolServer(HTTPService):
         except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
             return _error(400, "invalid tool call body: JSON nested too deeply")
         try:
-            outcome = await call_tool(toolset, call.name, args, reg.runtime, timeout=self.call_timeout,
-                                      on_call=reg.on_call)
+            outcome = await call_tool(
+                toolset, call.name, args, reg.runtime, timeout=self.call_timeout, on_call=reg.on_call
+            )
         except ToolInputError as e:  # the caller's fault: 4xx
             return _error(e.status_code or 400, str(e))
         except ToolServerError as e:  # the MCP server behind the toolset failed, not the tool
@@ -243,5 +277,3 @@ class ToolServer(HTTPService):
         if outcome.error is not None:  # the tool's fault: the model sees it as the result
             return web.json_response({"content": outcome.content, "is_error": True})
         return web.json_response({"content": outcome.content})
-
-

@@ -180,8 +180,9 @@ class OpenAIModel(Model):
         if token_in not in (True, False, "auto"):
             raise ValueError(f"`token_in` must be True, False or 'auto', got {token_in!r}")
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
-        self.pool = ServerPool([base_url] if isinstance(base_url, str) else list(base_url), cooldown=cooldown,
-                               routing=routing)
+        self.pool = ServerPool(
+            [base_url] if isinstance(base_url, str) else list(base_url), cooldown=cooldown, routing=routing
+        )
         self._loads = LoadReader(self.pool)
         self.base_url = self.pool.servers[0].url
         self.token_capture = token_capture
@@ -201,8 +202,15 @@ class OpenAIModel(Model):
 
     def __getstate__(self) -> dict[str, Any]:
         # The configuration travels; a live connection pool and the routing state never do.
-        return {**self.__dict__, "_session": None, "_probes": {}, "pool": self.pool.fresh(), "_token_in_at": {},
-                "_tokens": None, "_loads": None}
+        return {
+            **self.__dict__,
+            "_session": None,
+            "_probes": {},
+            "pool": self.pool.fresh(),
+            "_token_in_at": {},
+            "_tokens": None,
+            "_loads": None,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -222,25 +230,33 @@ class OpenAIModel(Model):
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
-    async def complete(
-        self, request: Request, *, model: str | None, sampling: dict[str, Any]
-    ) -> Response:
+    async def complete(self, request: Request, *, model: str | None, sampling: dict[str, Any]) -> Response:
         return await self.generate(request, model=model, sampling=sampling, call=CallContext())
 
-    async def generate(self, request: Request, *, model: str | None, sampling: dict[str, Any],
-                       call: CallContext) -> Response:
+    async def generate(
+        self, request: Request, *, model: str | None, sampling: dict[str, Any], call: CallContext
+    ) -> Response:
         n = sampling.get("n")
         if n is not None and n != 1:
-            raise ProviderError(f"`n` must be 1, got {n!r}: a model call records one reply; "
-                                "send n requests for n replies", 400)
+            raise ProviderError(
+                f"`n` must be 1, got {n!r}: a model call records one reply; send n requests for n replies", 400
+            )
         return await self._call(request, model, sampling, call, None)
 
-    async def resume(self, request: Request, interrupted: Interrupted, *, model: str | None,
-                     sampling: dict[str, Any], call: CallContext) -> Response:
+    async def resume(
+        self,
+        request: Request,
+        interrupted: Interrupted,
+        *,
+        model: str | None,
+        sampling: dict[str, Any],
+        call: CallContext,
+    ) -> Response:
         return await self._call(request, model, sampling, call, interrupted.state)
 
-    async def _call(self, request: Request, model: str | None, sampling: dict[str, Any], call: CallContext,
-                    partial: Partial | None) -> Response:
+    async def _call(
+        self, request: Request, model: str | None, sampling: dict[str, Any], call: CallContext, partial: Partial | None
+    ) -> Response:
         session = SESSION_ID.get()
         headers = self._headers if session is None else {**self._headers, SESSION_HEADER: session}
         auto = self.token_capture == "auto"
@@ -258,7 +274,9 @@ class OpenAIModel(Model):
                         # from here the call can be stopped and continued: an interrupt that
                         # fires while its prompt is built stops it before it is sent
                         call.interrupt.arm()
-                    chat = msgspec.json.decode(encode_request(request, sampling, model=model or self.name, stream=False))
+                    chat = msgspec.json.decode(
+                        encode_request(request, sampling, model=model or self.name, stream=False)
+                    )
                     if partial is None:
                         partial = await self._tokens.start(server, chat, call)
                     wants = sampling.get("logprobs") is True
@@ -267,8 +285,9 @@ class OpenAIModel(Model):
                     if call.interrupt is not None:
                         call.interrupt.cannot_continue()
                     body = self._body(request, model, sampling, dialect)
-                    response = await self._attempt(server, body, {**headers, "X-Request-Id": uuid.uuid4().hex},
-                                                   dialect, sampling)
+                    response = await self._attempt(
+                        server, body, {**headers, "X-Request-Id": uuid.uuid4().hex}, dialect, sampling
+                    )
                 self.pool.succeeded(server)
                 return response
             except Transient as e:
@@ -297,8 +316,13 @@ class OpenAIModel(Model):
         return known
 
     def _body(self, request: Request, model: str | None, sampling: dict[str, Any], dialect: str | None) -> bytes:
-        return encode_request(request, sampling, model=model or self.name, stream=self._streams(dialect),
-                              extensions=_extensions(dialect, sampling))
+        return encode_request(
+            request,
+            sampling,
+            model=model or self.name,
+            stream=self._streams(dialect),
+            extensions=_extensions(dialect, sampling),
+        )
 
     def _streams(self, dialect: str | None) -> bool:
         return self.stream and dialect != "sglang"  # SGLang refuses token ids on a stream
@@ -345,8 +369,9 @@ class OpenAIModel(Model):
             return retry_after if retry_after <= self.max_backoff else None
         return min(self.max_backoff, self.backoff * 2**attempt) * _jitter.uniform(0.5, 1.0)  # type: ignore[no-any-return]
 
-    async def _attempt(self, server: Server, body: bytes, headers: dict[str, str], dialect: str | None,
-                       sampling: dict[str, Any]) -> Response:
+    async def _attempt(
+        self, server: Server, body: bytes, headers: dict[str, str], dialect: str | None, sampling: dict[str, Any]
+    ) -> Response:
         """One request; raises ``Transient`` for a failure worth retrying."""
         url = server.chat_url
         server.inflight += 1
@@ -381,8 +406,6 @@ class OpenAIModel(Model):
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-
 
 
 async def _assemble(resp: aiohttp.ClientResponse, capture: bool, logprobs: bool) -> Response:

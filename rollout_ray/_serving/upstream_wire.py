@@ -32,8 +32,7 @@ _EXTENSION_FIELDS = ("return_token_ids", "return_prompt_token_ids", "return_toke
 class Transient(Exception):
     """An attempt failed in a way worth retrying; ``error`` is what to raise if not retried."""
 
-    def __init__(self, error: ProviderError, retry_after: float | None = None, *,
-                 unreachable: bool = False) -> None:
+    def __init__(self, error: ProviderError, retry_after: float | None = None, *, unreachable: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
         self.retry_after = retry_after
@@ -42,8 +41,9 @@ class Transient(Exception):
 
 def unreachable(url: str, error: BaseException) -> Transient:
     """A connection that failed before any answer came back (retried elsewhere)."""
-    return Transient(ProviderError(f"cannot reach the model at {url}: {error or type(error).__name__}", 503),
-                     unreachable=True)
+    return Transient(
+        ProviderError(f"cannot reach the model at {url}: {error or type(error).__name__}", 503), unreachable=True
+    )
 
 
 async def check_status(resp: aiohttp.ClientResponse) -> None:

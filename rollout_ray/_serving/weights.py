@@ -35,8 +35,7 @@ RELOAD_TIMEOUT = 600.0
 """Seconds for one server's reload (a large checkpoint reads for minutes)."""
 
 
-async def reload_weights(model: OpenAIModel, checkpoint: str, version: int, *,
-                         timeout: float = RELOAD_TIMEOUT) -> None:
+async def reload_weights(model: OpenAIModel, checkpoint: str, version: int, *, timeout: float = RELOAD_TIMEOUT) -> None:
     """Load ``checkpoint`` into every server of ``model`` and label it ``version``.
 
     Raises:
@@ -51,18 +50,26 @@ async def reload_weights(model: OpenAIModel, checkpoint: str, version: int, *,
                 if dialect == "vllm":
                     await _vllm(http, server, checkpoint, version)
                 elif dialect == "sglang":
-                    await _post(http, server, "/update_weights_from_disk",
-                                {"model_path": checkpoint, "weight_version": str(version), "flush_cache": True})
+                    await _post(
+                        http,
+                        server,
+                        "/update_weights_from_disk",
+                        {"model_path": checkpoint, "weight_version": str(version), "flush_cache": True},
+                    )
                 else:
-                    raise ProviderError(f"cannot reload the weights of {server.root}: its dialect is unknown (give "
-                                        "OpenAIModel token_capture='vllm', 'sglang' or 'auto')", 400)
+                    raise ProviderError(
+                        f"cannot reload the weights of {server.root}: its dialect is unknown (give "
+                        "OpenAIModel token_capture='vllm', 'sglang' or 'auto')",
+                        400,
+                    )
 
 
 async def _vllm(http: aiohttp.ClientSession, server: Server, checkpoint: str, version: int) -> None:
     await _post(http, server, "/pause?mode=wait", None)
     try:
-        await _post(http, server, "/collective_rpc",
-                    {"method": "reload_weights", "kwargs": {"weights_path": checkpoint}})
+        await _post(
+            http, server, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": checkpoint}}
+        )
         await _post(http, server, "/update_weight_version", {"new_version": str(version)})
     finally:
         await _post(http, server, "/resume", None)

@@ -81,15 +81,23 @@ def metrics_text(model: str, scheduler: Scheduler | None, running: int) -> str:
     labels = f'{{engine="0",model_name="{model}"}}'
     if scheduler is None:
         gauges = {"num_requests_running": running, "num_requests_waiting": 0, "kv_cache_usage_perc": 0.0}
-        counters = dict.fromkeys(("prompt_tokens", "generation_tokens", "prefix_cache_queries",
-                                  "prefix_cache_hits", "num_preemptions"), 0)
+        counters = dict.fromkeys(
+            ("prompt_tokens", "generation_tokens", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions"), 0
+        )
     else:
         c = scheduler.counters
-        gauges = {"num_requests_running": len(scheduler.running), "num_requests_waiting": len(scheduler.waiting),
-                  "kv_cache_usage_perc": scheduler.usage}
-        counters = {"prompt_tokens": c.prompt_tokens, "generation_tokens": c.generation_tokens,
-                    "prefix_cache_queries": c.prefix_cache_queries, "prefix_cache_hits": c.prefix_cache_hits,
-                    "num_preemptions": c.preemptions}
+        gauges = {
+            "num_requests_running": len(scheduler.running),
+            "num_requests_waiting": len(scheduler.waiting),
+            "kv_cache_usage_perc": scheduler.usage,
+        }
+        counters = {
+            "prompt_tokens": c.prompt_tokens,
+            "generation_tokens": c.generation_tokens,
+            "prefix_cache_queries": c.prefix_cache_queries,
+            "prefix_cache_hits": c.prefix_cache_hits,
+            "num_preemptions": c.preemptions,
+        }
     lines = []
     for name, value in gauges.items():
         lines += [f"# TYPE vllm:{name} gauge", f"vllm:{name}{labels} {float(value)}"]
@@ -98,8 +106,9 @@ def metrics_text(model: str, scheduler: Scheduler | None, running: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def metrics_route(model: str, engine: Engine,
-                  batcher: Batcher | None) -> Callable[[web.Request], Awaitable[web.Response]]:
+def metrics_route(
+    model: str, engine: Engine, batcher: Batcher | None
+) -> Callable[[web.Request], Awaitable[web.Response]]:
     """The ``GET /metrics`` handler of a server."""
 
     async def metrics(request: web.Request) -> web.Response:

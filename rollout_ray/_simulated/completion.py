@@ -44,8 +44,24 @@ from .tokenizer import IM_END, TOOL_CALL, decode, encode, token_text
 
 __all__ = ["PREAMBLE_WORDS", "Choice", "Draw", "choose", "preamble_length", "deltas", "error_probability"]
 
-PREAMBLE_WORDS = ("hmm ", "so, ", "ok, ", "let ", "me  ", "see ", "now ", "yes ",
-                  "and ", "the ", "sum ", "is  ", "one ", "two ", "as  ", "if  ")
+PREAMBLE_WORDS = (
+    "hmm ",
+    "so, ",
+    "ok, ",
+    "let ",
+    "me  ",
+    "see ",
+    "now ",
+    "yes ",
+    "and ",
+    "the ",
+    "sum ",
+    "is  ",
+    "one ",
+    "two ",
+    "as  ",
+    "if  ",
+)
 """What a preamble is made of: each one token of the simulated tokenizer."""
 
 
@@ -136,8 +152,9 @@ def _tokens(message: dict[str, Any], cap: int) -> tuple[list[int], dict[str, Any
     return ids[:cap], {**message, "content": decode(ids[:cap])}, "length"
 
 
-def choose(call: ChatCall, config: SimulatedModelConfig, draw: Draw, index: int, version: int = 0, *,
-           scored: bool = True) -> Choice:
+def choose(
+    call: ChatCall, config: SimulatedModelConfig, draw: Draw, index: int, version: int = 0, *, scored: bool = True
+) -> Choice:
     """Choice ``index`` of ``call``, as the model at policy ``version`` answers it. Not ``scored``:
     without ``scored`` (its ``greedy`` and ``material`` let a ``Scorer`` score it as it goes:
     a long completion cut short is never scored whole)."""
@@ -157,8 +174,9 @@ def choose(call: ChatCall, config: SimulatedModelConfig, draw: Draw, index: int,
         best = _with_preamble(respond(call.messages, call.tools, config, 1.0, error_rate=0.0), preamble)
         greedy = [*encode(body(best)), IM_END]
         numbers = score(ids, greedy, material) if scored else []
-    return Choice(index, message, finish, len(ids), tuple(ids), tuple(numbers), tuple(greedy), material,
-                  min(len(ids), words))
+    return Choice(
+        index, message, finish, len(ids), tuple(ids), tuple(numbers), tuple(greedy), material, min(len(ids), words)
+    )
 
 
 def _call_spans(message: dict[str, Any]) -> tuple[dict[int, int], list[tuple[int, int]]]:

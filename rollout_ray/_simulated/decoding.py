@@ -105,8 +105,14 @@ class Decoder:
         whose plan frames it if no token was decoded."""
         plan = self._last or self.plan(version)
         ids = self.ids[self.start :]
-        return replace(plan, message=_message(plan, self.ids, self.finish), finish=self.finish or "abort",
-                       tokens=len(ids), ids=tuple(ids), scored=tuple(self.scored))
+        return replace(
+            plan,
+            message=_message(plan, self.ids, self.finish),
+            finish=self.finish or "abort",
+            tokens=len(ids),
+            ids=tuple(ids),
+            scored=tuple(self.scored),
+        )
 
 
 def _message(plan: Choice, ids: list[int], finish: str | None) -> dict[str, Any]:
@@ -119,8 +125,16 @@ def _message(plan: Choice, ids: list[int], finish: str | None) -> dict[str, Any]
     return {"role": "assistant", "content": text}
 
 
-async def produce(engine: Engine, flight: Flight, decoders: list[Decoder], ttft: float, per_token: float,
-                  emit: Callable[[list[Token]], Awaitable[None]], *, stream: bool = True) -> bool:
+async def produce(
+    engine: Engine,
+    flight: Flight,
+    decoders: list[Decoder],
+    ttft: float,
+    per_token: float,
+    emit: Callable[[list[Token]], Awaitable[None]],
+    *,
+    stream: bool = True,
+) -> bool:
     """Decode on the engine's clock until every choice is over (``True``) or the flight is
     aborted (``False``; each decoder's finish is then ``"abort"``). ``emit`` gets the tokens
     produced at each wake-up (``[]`` once at ``ttft``: the stream opens). Not ``stream``: wake

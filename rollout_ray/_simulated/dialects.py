@@ -93,8 +93,9 @@ def _vllm_entry(s: Scored, k: int, as_ids: bool) -> dict[str, Any]:
         return f"token_id:{token}" if as_ids else token_text(token)
 
     ranked = [(s.token, s.logprob), *((t, lp) for t, lp in s.ranked if t != s.token)][:k]
-    top = [{"token": name(t), "logprob": lp, "bytes": list(name(t).encode("utf-8", "surrogatepass"))}
-           for t, lp in ranked]
+    top = [
+        {"token": name(t), "logprob": lp, "bytes": list(name(t).encode("utf-8", "surrogatepass"))} for t, lp in ranked
+    ]
     return {"token": name(s.token), "logprob": s.logprob, "bytes": token_bytes(s.token), "top_logprobs": top}
 
 
@@ -116,22 +117,47 @@ def _steps(choices: list[Choice]) -> list[list[Token]]:
     """An uninterrupted decoding's tokens, step by step: the choices decode side by side."""
     shown = {c.index: deltas(c) for c in choices}
     longest = max(len(c.ids) for c in choices)
-    return [[Token(c.index, c.ids[j], c.scored[j] if c.scored else None, shown[c.index][j], 0, j == len(c.ids) - 1)
-             for c in choices if j < len(c.ids)] for j in range(longest)]
+    return [
+        [
+            Token(c.index, c.ids[j], c.scored[j] if c.scored else None, shown[c.index][j], 0, j == len(c.ids) - 1)
+            for c in choices
+            if j < len(c.ids)
+        ]
+        for j in range(longest)
+    ]
 
 
-def vllm_completion(head: dict[str, Any], choices: list[Choice], prompt: list[int], usage: dict[str, int],
-                    capture: Capture) -> dict[str, Any]:
+def vllm_completion(
+    head: dict[str, Any], choices: list[Choice], prompt: list[int], usage: dict[str, int], capture: Capture
+) -> dict[str, Any]:
     """A vLLM ``chat.completion`` body."""
     out = []
     for c in choices:
-        message = {"role": "assistant", "content": c.message.get("content"),
-                   "tool_calls": c.message.get("tool_calls") or [], "reasoning": None}
-        out.append({"index": c.index, "message": message, "logprobs": _logprobs(c.scored, capture),
-                    "finish_reason": c.finish, "stop_reason": None,
-                    "token_ids": list(c.ids) if capture.token_ids else None})
-    return {**head, "object": "chat.completion", "choices": out, "usage": usage, "prompt_logprobs": None,
-            "prompt_token_ids": prompt if capture.token_ids else None, "prompt_text": None}
+        message = {
+            "role": "assistant",
+            "content": c.message.get("content"),
+            "tool_calls": c.message.get("tool_calls") or [],
+            "reasoning": None,
+        }
+        out.append(
+            {
+                "index": c.index,
+                "message": message,
+                "logprobs": _logprobs(c.scored, capture),
+                "finish_reason": c.finish,
+                "stop_reason": None,
+                "token_ids": list(c.ids) if capture.token_ids else None,
+            }
+        )
+    return {
+        **head,
+        "object": "chat.completion",
+        "choices": out,
+        "usage": usage,
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt if capture.token_ids else None,
+        "prompt_text": None,
+    }
 
 
 def _chunk(head: dict[str, Any], choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -158,8 +184,13 @@ def vllm_token(head: dict[str, Any], token: Token, finish: str | None, capture: 
 
 def vllm_abort(head: dict[str, Any], index: int, capture: Capture) -> dict[str, Any]:
     """The chunk that ends an aborted choice (recorded from vLLM 0.32: no token, empty lists)."""
-    choice = {"index": index, "delta": {}, "logprobs": {"content": []} if capture.logprobs else None,
-              "finish_reason": "abort", "stop_reason": None}
+    choice = {
+        "index": index,
+        "delta": {},
+        "logprobs": {"content": []} if capture.logprobs else None,
+        "finish_reason": "abort",
+        "stop_reason": None,
+    }
     if capture.token_ids:
         choice["token_ids"] = []
     return _chunk(head, choice)
@@ -169,8 +200,15 @@ def usage_chunk(head: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
     return {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
 
 
-def vllm_events(head: dict[str, Any], choices: list[Choice], prompt: list[int], usage: dict[str, int] | None,
-                capture: Capture, ttft: float, per_token: float) -> list[Event]:
+def vllm_events(
+    head: dict[str, Any],
+    choices: list[Choice],
+    prompt: list[int],
+    usage: dict[str, int] | None,
+    capture: Capture,
+    ttft: float,
+    per_token: float,
+) -> list[Event]:
     """An uninterrupted vLLM stream: each choice's first chunk after ``ttft``, then one per
     token and step ``per_token`` apart, then the usage chunk (``usage`` ``None``: none)."""
     events: list[Event] = [(0.0 if c.index else ttft, vllm_opening(head, c.index, prompt, capture)) for c in choices]
@@ -197,11 +235,16 @@ def _sglang_usage(usage: dict[str, int]) -> dict[str, Any]:
     return {**usage, "prompt_tokens_details": None, "reasoning_tokens": 0}
 
 
-def _meta_info(c: Choice, cid: str, prompt: list[int], version: int, latency: float,
-               capture: Capture) -> dict[str, Any]:
+def _meta_info(
+    c: Choice, cid: str, prompt: list[int], version: int, latency: float, capture: Capture
+) -> dict[str, Any]:
     meta: dict[str, Any] = {
-        "id": cid, "finish_reason": sglang_finish(c.finish, len(c.ids))[0], "prompt_tokens": len(prompt),
-        "weight_version": str(version), "completion_tokens": len(c.ids), "cached_tokens": 0,
+        "id": cid,
+        "finish_reason": sglang_finish(c.finish, len(c.ids))[0],
+        "prompt_tokens": len(prompt),
+        "weight_version": str(version),
+        "completion_tokens": len(c.ids),
+        "cached_tokens": 0,
         "e2e_latency": latency,
     }
     if capture.logprobs:
@@ -212,13 +255,23 @@ def _meta_info(c: Choice, cid: str, prompt: list[int], version: int, latency: fl
     return meta
 
 
-def _sglang_choice(c: Choice, cid: str, prompt: list[int], version: int, latency: float,
-                   capture: Capture) -> dict[str, Any]:
+def _sglang_choice(
+    c: Choice, cid: str, prompt: list[int], version: int, latency: float, capture: Capture
+) -> dict[str, Any]:
     calls = c.message.get("tool_calls")
-    message = {"role": "assistant", "content": c.message.get("content") or "", "reasoning_content": None,
-               "tool_calls": [{**call, "index": i} for i, call in enumerate(calls)] if calls else None}
-    out = {"index": c.index, "message": message, "logprobs": _logprobs(c.scored, capture),
-           "finish_reason": c.finish, "matched_stop": sglang_finish(c.finish, len(c.ids))[1]}
+    message = {
+        "role": "assistant",
+        "content": c.message.get("content") or "",
+        "reasoning_content": None,
+        "tool_calls": [{**call, "index": i} for i, call in enumerate(calls)] if calls else None,
+    }
+    out = {
+        "index": c.index,
+        "message": message,
+        "logprobs": _logprobs(c.scored, capture),
+        "finish_reason": c.finish,
+        "matched_stop": sglang_finish(c.finish, len(c.ids))[1],
+    }
     if capture.token_ids or capture.prompt_ids:
         out["prompt_token_ids"] = prompt
     if capture.token_ids:
@@ -228,24 +281,43 @@ def _sglang_choice(c: Choice, cid: str, prompt: list[int], version: int, latency
     return out
 
 
-def sglang_completion(head: dict[str, Any], choices: list[Choice], prompt: list[int], usage: dict[str, int],
-                      capture: Capture, version: int, latency: float) -> dict[str, Any]:
+def sglang_completion(
+    head: dict[str, Any],
+    choices: list[Choice],
+    prompt: list[int],
+    usage: dict[str, int],
+    capture: Capture,
+    version: int,
+    latency: float,
+) -> dict[str, Any]:
     """An SGLang ``chat.completion`` body; ``version`` is its ``weight_version``."""
     out = [_sglang_choice(c, head["id"], prompt, version, latency, capture) for c in choices]
-    return {**head, "object": "chat.completion", "choices": out, "usage": _sglang_usage(usage),
-            "metadata": {"weight_version": str(version)}}
+    return {
+        **head,
+        "object": "chat.completion",
+        "choices": out,
+        "usage": _sglang_usage(usage),
+        "metadata": {"weight_version": str(version)},
+    }
 
 
 def _sglang_delta(delta: dict[str, Any]) -> dict[str, Any]:
     """A delta as SGLang's ``ToolCall`` model dumps it: every key, ``None`` when unset."""
-    calls = [{"id": call.get("id"), "index": call["index"], "type": "function",
-              "function": {"name": call["function"].get("name"), "arguments": call["function"].get("arguments", "")}}
-             for call in delta.get("tool_calls", ())]
+    calls = [
+        {
+            "id": call.get("id"),
+            "index": call["index"],
+            "type": "function",
+            "function": {"name": call["function"].get("name"), "arguments": call["function"].get("arguments", "")},
+        }
+        for call in delta.get("tool_calls", ())
+    ]
     return {"tool_calls": calls} if calls else delta
 
 
-def _sglang_chunk(head: dict[str, Any], index: int, delta: dict[str, Any], lp: Any = None, finish: Any = None,
-                  stop: Any = None) -> dict[str, Any]:
+def _sglang_chunk(
+    head: dict[str, Any], index: int, delta: dict[str, Any], lp: Any = None, finish: Any = None, stop: Any = None
+) -> dict[str, Any]:
     return _chunk(head, {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish, "matched_stop": stop})
 
 
@@ -267,8 +339,14 @@ def sglang_end(head: dict[str, Any], index: int, finish: str, tokens: int) -> di
     return _sglang_chunk(head, index, {}, None, finish, sglang_finish(finish, tokens)[1])
 
 
-def sglang_events(head: dict[str, Any], choices: list[Choice], usage: dict[str, int] | None,
-                  capture: Capture, ttft: float, per_token: float) -> list[Event]:
+def sglang_events(
+    head: dict[str, Any],
+    choices: list[Choice],
+    usage: dict[str, int] | None,
+    capture: Capture,
+    ttft: float,
+    per_token: float,
+) -> list[Event]:
     """An uninterrupted SGLang stream: a first chunk per choice after ``ttft``; one chunk per
     token that shows something, tokens ``per_token`` apart (a token that shows nothing passes
     its wait on); the finish chunks; the usage chunk (``usage`` ``None``: none)."""

@@ -132,8 +132,11 @@ class Engine:
     def abort(self, rids: Sequence[str] | None = None, *, prefix: bool = False) -> int:
         """Abort the generations with these ids (``prefix``: ids that start with one of them,
         as SGLang matches), or all of them (``None``); how many were found."""
-        found = [f for rid, f in self.flights.items()
-                 if rids is None or rid in rids or (prefix and any(rid.startswith(r) for r in rids))]
+        found = [
+            f
+            for rid, f in self.flights.items()
+            if rids is None or rid in rids or (prefix and any(rid.startswith(r) for r in rids))
+        ]
         for flight in found:
             flight.aborted = True
             flight.wake()

@@ -75,8 +75,12 @@ def _field(body: dict[str, Any], name: str, kind: type, low: int | None = None) 
     if kind is float and type(value) is int:
         value = float(value)
     if type(value) is not kind or (low is not None and value < low):  # type: ignore[operator]  # a number when low is given
-        raise Invalid(f"'{name}' must be {'an integer' if kind is int else kind.__name__}"
-                      + (f" of at least {low}" if low is not None else "") + ".", name)
+        raise Invalid(
+            f"'{name}' must be {'an integer' if kind is int else kind.__name__}"
+            + (f" of at least {low}" if low is not None else "")
+            + ".",
+            name,
+        )
     return value
 
 
@@ -106,15 +110,29 @@ def _ask(raw: bytes, server: Served, sglang: bool) -> _Ask:
     parsed = parse(ids)
     cap = server.config.max_completion_tokens
     cap = cap if new is None else min(cap, len(parsed.completion) + new)
-    capture = Capture("sglang" if sglang else "vllm", token_ids=True, logprobs=k is not None,
-                      top_logprobs=min(k or 0, TOP_MAX))
-    call = ChatCall(parsed.messages, parsed.tools, cap, stream,
-                    stream and isinstance(options, dict) and options.get("include_usage") is True, 1,
-                    _field(params, "temperature", float, 0) or 0.0,
-                    _field(params, "sampling_seed" if sglang else "seed", int), capture)
+    capture = Capture(
+        "sglang" if sglang else "vllm", token_ids=True, logprobs=k is not None, top_logprobs=min(k or 0, TOP_MAX)
+    )
+    call = ChatCall(
+        parsed.messages,
+        parsed.tools,
+        cap,
+        stream,
+        stream and isinstance(options, dict) and options.get("include_usage") is True,
+        1,
+        _field(params, "temperature", float, 0) or 0.0,
+        _field(params, "sampling_seed" if sglang else "seed", int),
+        capture,
+    )
     rid = body.get("rid" if sglang else "request_id")
-    return _Ask(ids, call, parsed.completion, ids[: len(ids) - len(parsed.completion)],
-                rid if isinstance(rid, str) and rid else None, bool(body.get("return_token_ids")))
+    return _Ask(
+        ids,
+        call,
+        parsed.completion,
+        ids[: len(ids) - len(parsed.completion)],
+        rid if isinstance(rid, str) and rid else None,
+        bool(body.get("return_token_ids")),
+    )
 
 
 def _spans(versions: list[int]) -> list[dict[str, Any]]:
@@ -136,15 +154,26 @@ def _finish(d: Decoder) -> str:
 def _vllm_entry(s: Scored, k: int) -> dict[str, Any]:
     rank = {t: r for r, (t, _) in enumerate(s.ranked, 1)}
     top = [(s.token, s.logprob), *((t, lp) for t, lp in s.ranked[:k] if t != s.token)]
-    return {"token_id": s.token, "logprob": s.logprob, "rank": rank[s.token],
-            "top_logprobs": [{"token_id": t, "logprob": lp, "rank": rank[t]} for t, lp in top]}
+    return {
+        "token_id": s.token,
+        "logprob": s.logprob,
+        "rank": rank[s.token],
+        "top_logprobs": [{"token_id": t, "logprob": lp, "rank": rank[t]} for t, lp in top],
+    }
 
 
 def _vllm_choice(d: Decoder, tokens: list[int], scored: list[Scored], capture: Capture, *, final: bool) -> Any:
     logprobs = {"content": [_vllm_entry(s, capture.top_logprobs) for s in scored]} if capture.logprobs else None
-    return {"index": 0, "finish_reason": _finish(d) if final else None, "stop_reason": None, "token_ids": tokens,
-            "routed_experts": None, "sampling_mask": None, "weight_versions": _spans(d.versions) if final else None,
-            "logprobs": logprobs}
+    return {
+        "index": 0,
+        "finish_reason": _finish(d) if final else None,
+        "stop_reason": None,
+        "token_ids": tokens,
+        "routed_experts": None,
+        "sampling_mask": None,
+        "weight_versions": _spans(d.versions) if final else None,
+        "logprobs": logprobs,
+    }
 
 
 def _usage(ask: _Ask, d: Decoder) -> dict[str, int]:
@@ -155,9 +184,13 @@ def _usage(ask: _Ask, d: Decoder) -> dict[str, int]:
 def _meta(ask: _Ask, d: Decoder, rid: str, version: int, elapsed: float) -> dict[str, Any]:
     new, scored = d.ids[d.start :], d.scored
     meta: dict[str, Any] = {
-        "id": rid, "finish_reason": sglang_finish(_finish(d), len(new))[0] if d.finish else None,
-        "prompt_tokens": len(ask.ids), "weight_version": str(version), "completion_tokens": len(new),
-        "cached_tokens": 0, "e2e_latency": elapsed,
+        "id": rid,
+        "finish_reason": sglang_finish(_finish(d), len(new))[0] if d.finish else None,
+        "prompt_tokens": len(ask.ids),
+        "weight_version": str(version),
+        "completion_tokens": len(new),
+        "cached_tokens": 0,
+        "e2e_latency": elapsed,
     }
     if ask.call.capture.logprobs:
         meta["output_token_logprobs"] = [[s.logprob, s.token, None] for s in scored]
@@ -191,17 +224,27 @@ def add_token_routes(app: web.Application, server: Served) -> None:
     app.router.add_post("/generate" if sglang else "/inference/v1/generate", generate)
 
 
-async def _vllm(request: web.Request, server: Served, ask: _Ask, d: Decoder, rid: str,
-                flight: Any) -> web.StreamResponse:
+async def _vllm(
+    request: web.Request, server: Served, ask: _Ask, d: Decoder, rid: str, flight: Any
+) -> web.StreamResponse:
     capture = ask.call.capture
     if not ask.call.stream:
         await server.run(flight, [d], None, ask.ids)
-        body = {"request_id": rid, "model": server.config.model_name, "created": int(time.time()),
-                "usage": {**_usage(ask, d), "prompt_tokens_details": None, "completion_tokens_details": None},
-                "prompt_logprobs": None, "prompt_token_id_logprobs": None,
-                "prompt_token_ids": ask.ids if ask.return_prompt else None, "mm_placeholders": None, "metrics": None,
-                "kv_transfer_params": None, "ec_transfer_params": None, "output_mode": "tokens",
-                "choices": [_vllm_choice(d, d.ids[d.start :], d.scored, capture, final=True)]}
+        body = {
+            "request_id": rid,
+            "model": server.config.model_name,
+            "created": int(time.time()),
+            "usage": {**_usage(ask, d), "prompt_tokens_details": None, "completion_tokens_details": None},
+            "prompt_logprobs": None,
+            "prompt_token_id_logprobs": None,
+            "prompt_token_ids": ask.ids if ask.return_prompt else None,
+            "mm_placeholders": None,
+            "metrics": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "output_mode": "tokens",
+            "choices": [_vllm_choice(d, d.ids[d.start :], d.scored, capture, final=True)],
+        }
         return web.Response(body=_encode(body), content_type="application/json")
     sse = await SSE.open(request, {})
 
@@ -212,13 +255,19 @@ async def _vllm(request: web.Request, server: Served, ask: _Ask, d: Decoder, rid
         return {**head, "output_mode": "tokens", "choices": [choice]}
 
     async def emit(tokens: list[Token]) -> None:
-        events = [chunk(_vllm_choice(d, [t.id], [t.scored] if t.scored else [], capture, final=t.last),
-                        sse.sent == 0 and n == 0) for n, t in enumerate(tokens)]
+        events = [
+            chunk(
+                _vllm_choice(d, [t.id], [t.scored] if t.scored else [], capture, final=t.last), sse.sent == 0 and n == 0
+            )
+            for n, t in enumerate(tokens)
+        ]
         if not await sse.send(events):
             flight.aborted = True
 
     await server.run(flight, [d], emit, ask.ids)
-    events: list[Any] = [] if d.finish != "abort" else [chunk(_vllm_choice(d, [], [], capture, final=True), sse.sent == 0)]
+    events: list[Any] = (
+        [] if d.finish != "abort" else [chunk(_vllm_choice(d, [], [], capture, final=True), sse.sent == 0)]
+    )
     if ask.call.include_usage:
         events.append({"request_id": rid, "output_mode": "tokens", "choices": [], "usage": _usage(ask, d)})
     await sse.send(events)
@@ -226,13 +275,17 @@ async def _vllm(request: web.Request, server: Served, ask: _Ask, d: Decoder, rid
     return sse.response
 
 
-async def _sglang(request: web.Request, server: Served, ask: _Ask, d: Decoder, rid: str,
-                  flight: Any) -> web.StreamResponse:
+async def _sglang(
+    request: web.Request, server: Served, ask: _Ask, d: Decoder, rid: str, flight: Any
+) -> web.StreamResponse:
     def answer() -> dict[str, Any]:
         new = d.ids[d.start :]
         version = d.versions[-1] if d.versions else server.policy_version
-        return {"text": decode(i for i in new if i not in _HIDDEN), "output_ids": new,
-                "meta_info": _meta(ask, d, rid, version, flight.elapsed())}
+        return {
+            "text": decode(i for i in new if i not in _HIDDEN),
+            "output_ids": new,
+            "meta_info": _meta(ask, d, rid, version, flight.elapsed()),
+        }
 
     if not ask.call.stream:
         await server.run(flight, [d], None, ask.ids)

@@ -25,8 +25,9 @@ class Seq:
 
     __slots__ = ("generated", "hashes", "held", "ids", "length", "on_done", "private", "prompt")
 
-    def __init__(self, ids: Sequence[int], prompt: int, block_size: int,
-                 on_done: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, ids: Sequence[int], prompt: int, block_size: int, on_done: Callable[[], None] | None = None
+    ) -> None:
         if not 0 <= prompt <= len(ids):
             raise ValueError(f"`prompt` must be within the {len(ids)} ids, got {prompt}")
         self.ids, self.prompt, self.length = ids, prompt, len(ids) - prompt

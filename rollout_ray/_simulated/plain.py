@@ -23,8 +23,9 @@ def _pieces(text: str) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
-def plain_events(head: dict[str, Any], choices: list[Choice], usage: dict[str, int] | None, ttft: float,
-                 per_token: float) -> list[Event]:
+def plain_events(
+    head: dict[str, Any], choices: list[Choice], usage: dict[str, int] | None, ttft: float, per_token: float
+) -> list[Event]:
     """Every choice's chunks with the wait before each, then the usage chunk (``usage``
     ``None``: without one)."""
     head = {**head, "object": "chat.completion.chunk"}

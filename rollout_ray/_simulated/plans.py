@@ -157,7 +157,10 @@ def follow(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -
     kind, arg = steps[step]
     if kind == "write" and edit is not None:
         path, content = _split_write(arg)
-        name, arguments = edit["name"], json.dumps({_key(edit, PATH_KEYS): path, _key(edit, CONTENT_KEYS): content + "\n"})
+        name, arguments = (
+            edit["name"],
+            json.dumps({_key(edit, PATH_KEYS): path, _key(edit, CONTENT_KEYS): content + "\n"}),
+        )
     elif shell is not None:
         name = shell["name"]
         arguments = _shell_arguments(shell, _write_command(*_split_write(arg)) if kind == "write" else arg)

@@ -37,8 +37,10 @@ __all__ = ["add_rendering_routes"]
 _encode = msgspec.json.Encoder().encode
 _HIDDEN = {ENDOFTEXT, IM_END}
 """Ids a reply's text leaves out (the stop tokens)."""
-SCALE_OUT_OFF = ("Scale-out endpoints are disabled. Start the server with --enable-scale-out to use "
-                 "/v1/chat/completions/render, /v1/chat/completions/derender and /inference/v1/*.")
+SCALE_OUT_OFF = (
+    "Scale-out endpoints are disabled. Start the server with --enable-scale-out to use "
+    "/v1/chat/completions/render, /v1/chat/completions/derender and /inference/v1/*."
+)
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:
@@ -92,12 +94,22 @@ def _reply(body: dict[str, Any]) -> dict[str, Any]:
     logprobs = choice.get("logprobs") if chat.get("logprobs") else None
     content = logprobs.get("content") if isinstance(logprobs, dict) else None
     prompt = body.get("prompt_tokens") or 0
-    return {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
-            "model": chat.get("model"), "choices": [{
-                "index": 0, "message": {"role": "assistant", "reasoning": None, **message},
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": chat.get("model"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "reasoning": None, **message},
                 "logprobs": {"content": _chat_logprobs(content)} if isinstance(content, list) else None,
-                "finish_reason": choice.get("finish_reason"), "token_ids": None}],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": len(ids), "total_tokens": prompt + len(ids)}}
+                "finish_reason": choice.get("finish_reason"),
+                "token_ids": None,
+            }
+        ],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": len(ids), "total_tokens": prompt + len(ids)},
+    }
 
 
 def add_rendering_routes(app: web.Application, server: Served) -> None:
@@ -112,6 +124,7 @@ def add_rendering_routes(app: web.Application, server: Served) -> None:
                 return _json(handler(await request.read()))
             except Invalid as exc:
                 return _error(400, str(exc), exc.param)
+
         return answer
 
     def tokenize(raw: bytes) -> Any:
@@ -120,10 +133,14 @@ def add_rendering_routes(app: web.Application, server: Served) -> None:
 
     def render_chat(raw: bytes) -> Any:
         body, call = json_object(raw), parse(raw, config)
-        return {"request_id": f"chatcmpl-{call.request_id or uuid.uuid4().hex[:16]}",
-                "token_ids": render(call.messages, call.tools, drift=config.template_drift),
-                "sampling_params": {"temperature": call.temperature, "max_tokens": call.cap, "seed": call.seed},
-                "model": body.get("model"), "stream": call.stream, "output_mode": "tokens"}
+        return {
+            "request_id": f"chatcmpl-{call.request_id or uuid.uuid4().hex[:16]}",
+            "token_ids": render(call.messages, call.tools, drift=config.template_drift),
+            "sampling_params": {"temperature": call.temperature, "max_tokens": call.cap, "seed": call.seed},
+            "model": body.get("model"),
+            "stream": call.stream,
+            "output_mode": "tokens",
+        }
 
     async def abort(request: web.Request) -> web.Response:
         if not config.scale_out:

@@ -106,8 +106,11 @@ def _capture(body: dict[str, Any], stream: bool, config: SimulatedModelConfig) -
     if dialect == "sglang" and stream:
         for name in ("return_prompt_token_ids", "return_token_ids", "return_meta_info"):
             if flags[name]:
-                raise Invalid(f"{name} is not supported with streaming. Please set stream=false "
-                              f"when using {name}=true.", name, sglang=True)
+                raise Invalid(
+                    f"{name} is not supported with streaming. Please set stream=false when using {name}=true.",
+                    name,
+                    sglang=True,
+                )
     return Capture(
         dialect,
         token_ids=flags["return_token_ids"],

@@ -57,8 +57,10 @@ class Scheduler:
     def add(self, seq: Seq) -> None:
         """Queue ``seq``. One too long for the whole cache could never run: refused."""
         if -(-(len(seq.ids) + 1) // self.config.block_size) > self.config.kv_blocks:
-            raise ValueError(f"a sequence of {len(seq.ids)} tokens does not fit the KV cache of "
-                             f"{self.config.kv_blocks} blocks of {self.config.block_size}: raise `kv_blocks`")
+            raise ValueError(
+                f"a sequence of {len(seq.ids)} tokens does not fit the KV cache of "
+                f"{self.config.kv_blocks} blocks of {self.config.block_size}: raise `kv_blocks`"
+            )
         if seq.finished:
             return
         self.waiting.append(seq)
@@ -96,7 +98,9 @@ class Scheduler:
             self.kv.release(seq)
         c, cfg = self.counters, self.config
         c.generation_tokens += len(self.running) + len(done)
-        duration = cfg.step_base + cfg.step_per_seq * (len(self.running) + len(done)) + cfg.prefill_per_token * prefilled
+        duration = (
+            cfg.step_base + cfg.step_per_seq * (len(self.running) + len(done)) + cfg.prefill_per_token * prefilled
+        )
         c.steps += 1
         c.busy_seconds += duration
         return duration, done

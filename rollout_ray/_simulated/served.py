@@ -28,6 +28,6 @@ class Served(Protocol):
 
     def flight(self, rid: str) -> AbstractContextManager[Flight]: ...
 
-    async def run(self, flight: Flight, decoders: list[Decoder], emit: Any = None,
-                  prompt: Sequence[int] = ()) -> bool: ...
-
+    async def run(
+        self, flight: Flight, decoders: list[Decoder], emit: Any = None, prompt: Sequence[int] = ()
+    ) -> bool: ...

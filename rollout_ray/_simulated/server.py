@@ -150,8 +150,9 @@ class SimulatedModelServer:
         if self._runner is not None:
             raise RuntimeError("SimulatedModelServer is already started")
         # handler_cancellation: a client that closes its connection stops its generation at once.
-        runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT,
-                               handler_cancellation=True)
+        runner = web.AppRunner(
+            self._app(), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT, handler_cancellation=True
+        )
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()
@@ -196,12 +197,20 @@ class SimulatedModelServer:
 
     async def _model_info(self, request: web.Request) -> web.Response:
         name = self.config.model_name
-        return _json(200, {
-            "model_path": name, "tokenizer_path": name, "is_generation": True,
-            "preferred_sampling_params": None, "weight_version": str(self.policy_version),
-            "has_image_understanding": False, "has_audio_understanding": False,
-            "model_type": "simulated", "architectures": ["SimulatedForCausalLM"],
-        })
+        return _json(
+            200,
+            {
+                "model_path": name,
+                "tokenizer_path": name,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": str(self.policy_version),
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "simulated",
+                "architectures": ["SimulatedForCausalLM"],
+            },
+        )
 
     async def _set_policy_version(self, request: web.Request) -> web.Response:
         try:
@@ -210,8 +219,12 @@ class SimulatedModelServer:
             body = None
         version = body.get("version") if isinstance(body, dict) else None
         if type(version) is not int or version < 0:
-            error = {"message": "'version' must be a non-negative integer.", "type": "invalid_request_error",
-                     "param": "version", "code": None}
+            error = {
+                "message": "'version' must be a non-negative integer.",
+                "type": "invalid_request_error",
+                "param": "version",
+                "code": None,
+            }
             return _json(400, {"error": error})
         self.policy_version = version
         return _json(200, {"version": version})
@@ -223,8 +236,9 @@ class SimulatedModelServer:
             response.headers[POLICY_HEADER] = str(version)
         return response
 
-    def _error(self, status: int, message: str, kind: str, param: str | None = None,
-               code: str | None = None) -> web.Response:
+    def _error(
+        self, status: int, message: str, kind: str, param: str | None = None, code: str | None = None
+    ) -> web.Response:
         """An OpenAI-style error body: ``{"error": {message, type, param, code}}``."""
         error = {"message": message, "type": kind, "param": param, "code": code}
         return self._reply(status, _encode({"error": error}))
@@ -270,8 +284,11 @@ class SimulatedModelServer:
         rid = self._request_id(request, call.request_id, attempt.cid)
         await self.engine.admit()
         with self.flight(rid) as flight:
-            head = {"id": rid if self.config.dialect == "vllm" else attempt.cid, "created": int(time.time()),
-                    "model": self.config.model_name}
+            head = {
+                "id": rid if self.config.dialect == "vllm" else attempt.cid,
+                "created": int(time.time()),
+                "model": self.config.model_name,
+            }
             if call.capture.on:
                 return await self._decode(request, call, head, attempt, prompt, flight)
             return await self._plain(request, call, head, attempt, flight, prompt)
@@ -299,8 +316,7 @@ class SimulatedModelServer:
             if flight.aborted and not flight.cut:
                 self.stats.aborted += 1
 
-    async def run(self, flight: Flight, decoders: list[Decoder], emit: Any = None,
-                  prompt: Sequence[int] = ()) -> bool:
+    async def run(self, flight: Flight, decoders: list[Decoder], emit: Any = None, prompt: Sequence[int] = ()) -> bool:
         """Decode ``decoders`` on the engine's clock (``decoding.produce``), counting the tokens;
         ``emit``: a stream's writer. ``False``: aborted. With the capacity model, the batch
         produces each choice (after ``prompt``, and a continued completion's ids so far) first,
@@ -308,19 +324,28 @@ class SimulatedModelServer:
         try:
             if self.batcher is not None:
                 version = self.engine.version
-                done = await self.batcher.serve(flight, [*prompt, *decoders[0].ids],
-                                                [d.plan(version).ids[len(d.ids):] for d in decoders])
+                done = await self.batcher.serve(
+                    flight, [*prompt, *decoders[0].ids], [d.plan(version).ids[len(d.ids) :] for d in decoders]
+                )
                 if not done:
                     for d in decoders:
                         d.abort()
                     return False
-            return await produce(self.engine, flight, decoders, self._ttft, self._per_token,
-                                 emit or _nothing, stream=emit is not None)
+            return await produce(
+                self.engine, flight, decoders, self._ttft, self._per_token, emit or _nothing, stream=emit is not None
+            )
         finally:
             self.stats.tokens += sum(len(d.ids) - d.start for d in decoders)
 
-    async def _decode(self, request: web.Request, call: ChatCall, head: dict[str, Any], attempt: Attempt,
-                      prompt: list[int], flight: Flight) -> web.StreamResponse:
+    async def _decode(
+        self,
+        request: web.Request,
+        call: ChatCall,
+        head: dict[str, Any],
+        attempt: Attempt,
+        prompt: list[int],
+        flight: Flight,
+    ) -> web.StreamResponse:
         """A chat completion with token capture, decoded token by token (``decoding.py``)."""
         admitted = self.policy_version
         decoders = [Decoder(i, partial(self.plan, call, attempt.draw, i)) for i in range(call.n)]
@@ -344,10 +369,20 @@ class SimulatedModelServer:
         finish = {d.index: d for d in decoders}
 
         async def emit(tokens: list[Token]) -> None:
-            events: list[dict[str, Any] | None] = [] if sse.sent else [vllm_opening(head, d.index, prompt, call.capture) if vllm
-                                         else sglang_opening(head, d.index) for d in decoders]
-            events.extend(vllm_token(head, t, finish[t.index].finish, call.capture) if vllm
-                          else sglang_token(head, t, call.capture) for t in tokens)
+            events: list[dict[str, Any] | None] = (
+                []
+                if sse.sent
+                else [
+                    vllm_opening(head, d.index, prompt, call.capture) if vllm else sglang_opening(head, d.index)
+                    for d in decoders
+                ]
+            )
+            events.extend(
+                vllm_token(head, t, finish[t.index].finish, call.capture)
+                if vllm
+                else sglang_token(head, t, call.capture)
+                for t in tokens
+            )
             if not await sse.send([e for e in events if e is not None]):
                 flight.aborted, flight.cut = True, sse.cut  # nothing more reaches the client
 
@@ -358,14 +393,22 @@ class SimulatedModelServer:
             events = [sglang_end(head, d.index, d.finish or "abort", len(d.ids)) for d in decoders]
         if call.include_usage:
             usage = self._usage(call, [d.choice(admitted) for d in decoders], prompt)
-            events.append(usage_chunk(head, usage if vllm else
-                                      {**usage, "prompt_tokens_details": None, "reasoning_tokens": 0}))
+            events.append(
+                usage_chunk(head, usage if vllm else {**usage, "prompt_tokens_details": None, "reasoning_tokens": 0})
+            )
         await sse.send(events)
         await sse.close()
         return sse.response
 
-    async def _plain(self, request: web.Request, call: ChatCall, head: dict[str, Any], attempt: Attempt,
-                     flight: Flight, prompt: list[int]) -> web.StreamResponse:
+    async def _plain(
+        self,
+        request: web.Request,
+        call: ChatCall,
+        head: dict[str, Any],
+        attempt: Attempt,
+        flight: Flight,
+        prompt: list[int],
+    ) -> web.StreamResponse:
         """A chat completion without token capture: fixed when admitted, the text in pieces."""
         version = self.policy_version
         choices = [choose(call, self.config, attempt.draw, i, version) for i in range(call.n)]
@@ -385,8 +428,15 @@ class SimulatedModelServer:
             payload = payload[: len(payload) // 2]
         return self._reply(200, payload, version)
 
-    async def _stream(self, request: web.Request, call: ChatCall, head: dict[str, Any], choices: list[Choice],
-                      flight: Flight, malformed: bool) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        call: ChatCall,
+        head: dict[str, Any],
+        choices: list[Choice],
+        flight: Flight,
+        malformed: bool,
+    ) -> web.StreamResponse:
         """Send the plain chunks as SSE on the engine's clock, then ``[DONE]``; an abort ends
         every choice with an ``"abort"`` chunk."""
         sse = await SSE.open(request, {POLICY_HEADER: str(self.policy_version)}, malformed)
@@ -414,4 +464,3 @@ def _aborted(choice: Choice) -> Choice:
 
 async def _nothing(tokens: list[Token]) -> None:
     return None
-

@@ -26,8 +26,9 @@ class SSE:
 
     @classmethod
     async def open(cls, request: web.Request, headers: dict[str, str], malformed: bool = False) -> SSE:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                               **headers})
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
+        )
         await response.prepare(request)
         return cls(response, malformed)
 

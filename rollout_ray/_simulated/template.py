@@ -111,8 +111,9 @@ class Parsed:
     """The ids after the last generation prompt (``[]`` when the prompt ends with it or has none)."""
 
 
-_TURN = re.compile(re.escape(SPECIAL_TOKENS[IM_START]) + r"([^\n]*)\n(.*?)" + re.escape(SPECIAL_TOKENS[IM_END]) + r"\n",
-                   re.DOTALL)
+_TURN = re.compile(
+    re.escape(SPECIAL_TOKENS[IM_START]) + r"([^\n]*)\n(.*?)" + re.escape(SPECIAL_TOKENS[IM_END]) + r"\n", re.DOTALL
+)
 _CALL = re.compile(r'\n<tool_call>\{"name": "(.*?)", "arguments": (.*?)\}</tool_call>', re.DOTALL)
 
 
@@ -147,8 +148,10 @@ def assistant(text: str, calls_before: int) -> dict[str, Any]:
     cut = text.find("\n<tool_call>")
     if cut < 0:
         return {"role": "assistant", "content": text}
-    calls = [{"id": f"call_{calls_before + i}", "type": "function", "function": {"name": name, "arguments": args}}
-             for i, (name, args) in enumerate(_CALL.findall(text[cut:]))]
+    calls = [
+        {"id": f"call_{calls_before + i}", "type": "function", "function": {"name": name, "arguments": args}}
+        for i, (name, args) in enumerate(_CALL.findall(text[cut:]))
+    ]
     return {"role": "assistant", "content": text[:cut] or None, "tool_calls": calls}
 
 

@@ -79,8 +79,9 @@ def _version(value: Any, name: str) -> int:
         return int(value)
     if type(value) is int and value >= 0:
         return value
-    raise _Bad(f"'{name}' must be a non-negative integer (the simulated model's weights are its version), "
-               f"got {value!r}")
+    raise _Bad(
+        f"'{name}' must be a non-negative integer (the simulated model's weights are its version), got {value!r}"
+    )
 
 
 class _Control:
@@ -117,8 +118,13 @@ class _Control:
             return _json({"success": True, "new_version": str(self.server.policy_version)})
         if body.get("abort_all_requests"):
             self.engine.abort()
-        return _json({"success": True, "message": f"Weight version updated to {self.server.policy_version}",
-                      "new_version": str(self.server.policy_version)})
+        return _json(
+            {
+                "success": True,
+                "message": f"Weight version updated to {self.server.policy_version}",
+                "new_version": str(self.server.policy_version),
+            }
+        )
 
     async def weight_info(self, request: web.Request) -> web.Response:
         return _json({"weight_version": str(self.server.policy_version)})
@@ -126,8 +132,10 @@ class _Control:
     async def collective_rpc(self, request: web.Request) -> web.Response:
         method = (await _body(request)).get("method")
         if method != "reload_weights":
-            raise _Bad(f"the simulated model runs only 'reload_weights' (a no-op: its weights are its "
-                       f"version, loaded by /update_weight_version), got {method!r}")
+            raise _Bad(
+                f"the simulated model runs only 'reload_weights' (a no-op: its weights are its "
+                f"version, loaded by /update_weight_version), got {method!r}"
+            )
         return _json({"results": [None]})
 
     async def abort_request(self, request: web.Request) -> web.Response:
@@ -167,14 +175,22 @@ class _Control:
 
     def routes(self) -> list[tuple[str, str, Any]]:
         if self.server.config.dialect == "vllm":
-            return [("POST", "/abort_requests", self.abort_requests), ("POST", "/pause", self.pause),
-                    ("POST", "/resume", self.resume), ("GET", "/is_paused", self.is_paused),
-                    ("POST", "/update_weight_version", self.update_weight_version),
-                    ("GET", "/weight_info", self.weight_info), ("POST", "/collective_rpc", self.collective_rpc)]
-        return [("POST", "/abort_request", self.abort_request), ("POST", "/pause_generation", self.pause_generation),
-                ("POST", "/continue_generation", self.continue_generation),
-                ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
-                ("POST", "/update_weight_version", self.update_weight_version)]
+            return [
+                ("POST", "/abort_requests", self.abort_requests),
+                ("POST", "/pause", self.pause),
+                ("POST", "/resume", self.resume),
+                ("GET", "/is_paused", self.is_paused),
+                ("POST", "/update_weight_version", self.update_weight_version),
+                ("GET", "/weight_info", self.weight_info),
+                ("POST", "/collective_rpc", self.collective_rpc),
+            ]
+        return [
+            ("POST", "/abort_request", self.abort_request),
+            ("POST", "/pause_generation", self.pause_generation),
+            ("POST", "/continue_generation", self.continue_generation),
+            ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
+            ("POST", "/update_weight_version", self.update_weight_version),
+        ]
 
 
 def _refusing(handler: Any) -> Any:

@@ -58,11 +58,14 @@ def as_our_hook(fn: Callable[..., Any], params: Routing, *, intercept: bool = Fa
     # globals its code reads, and our routing resolves these annotations there.
     annotations: dict[str, Any] = {"trace": Trace}
     if side is not None:
-        annotations = {"value": Request if side == "Request" else Response, **(
-            {"trace": Trace} if "Trace" in params.values() else {})}
+        annotations = {
+            "value": Request if side == "Request" else Response,
+            **({"trace": Trace} if "Trace" in params.values() else {}),
+        }
     stop.__annotations__ = {**annotations, "return": Any}
     stop.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=t) for n, t in annotations.items()])
+        [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=t) for n, t in annotations.items()]
+    )
     stop.__name__ = fn.__name__
     return stop
 
@@ -85,5 +88,11 @@ def _upstream(kind: str, value: Request | Response) -> Any:
     if kind == "Request":
         return types.Request.model_validate(raw)
     assert isinstance(value, Response)
-    return types.Response(id="", created=0, model=value.model or "", message=raw["message"],
-                          finish_reason=value.finish_reason, usage=raw.get("usage"))
+    return types.Response(
+        id="",
+        created=0,
+        model=value.model or "",
+        message=raw["message"],
+        finish_reason=value.finish_reason,
+        usage=raw.get("usage"),
+    )

@@ -34,6 +34,7 @@ class V1Harness(Harness):
 
         data = TaskData.model_validate(ctx.data.model_dump(include={"idx", "name", "prompt", "system_prompt"}))
         model = ModelContext(model=self.model, client=EvalClientConfig(base_url=ctx.endpoint, api_key_var="_"))
-        result = await self.upstream.launch(model, ctx.trace, V1Runtime(ctx.runtime), ctx.endpoint, ctx.secret,
-                                            {}, data)
+        result = await self.upstream.launch(
+            model, ctx.trace, V1Runtime(ctx.runtime), ctx.endpoint, ctx.secret, {}, data
+        )
         return ProgramResult(result.exit_code, result.stdout or "", result.stderr or "")

@@ -33,8 +33,10 @@ class V1Runtime:
         return await self._ours.alive()
 
     def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"upstream Runtime.{name} is not mapped onto rollout_ray's runtime; "
-                             "a v1 task here may call run, run_program, read, write and alive")
+        raise AttributeError(
+            f"upstream Runtime.{name} is not mapped onto rollout_ray's runtime; "
+            "a v1 task here may call run, run_program, read, write and alive"
+        )
 
 
 def v1_runtime(runtime: Any) -> Any:

@@ -44,8 +44,9 @@ class V1Task(Task):
         self.upstream = upstream
         # Routed here, where the task was made: a worker that gets the user's module by value
         # cannot resolve its annotations (the names they use, such as ``vf``, stay behind).
-        self.routing = {(kind, fn.__name__): routing(fn) for kind in ("stop", "intercept")
-                        for fn in _boundary_hooks(upstream, kind)}
+        self.routing = {
+            (kind, fn.__name__): routing(fn) for kind in ("stop", "intercept") for fn in _boundary_hooks(upstream, kind)
+        }
         # Loaded here too (by plugin id, as upstream's Task.score loads them): an unknown id
         # fails the task's construction, before anything runs.
         self.judges = upstream.plugged_judges()
@@ -70,15 +71,28 @@ class V1Task(Task):
 
     def hooks(self, kind: HookKind) -> list[Hook]:
         if kind in ("stop", "intercept"):
-            return [Hook(fn.__name__, as_our_hook(fn, self.routing[kind, fn.__name__], intercept=kind == "intercept"),
-                         getattr(fn, f"{kind}_priority", 0))
-                    for fn in _boundary_hooks(self.upstream, kind)]
-        hooks = [Hook(fn.__name__, _with_v1_row(fn, self.upstream.data), getattr(fn, f"{kind}_priority", 0),
-                      float(getattr(fn, "_vf_weight", 1.0)))
-                 for fn in self.upstream.hooks(kind)]
+            return [
+                Hook(
+                    fn.__name__,
+                    as_our_hook(fn, self.routing[kind, fn.__name__], intercept=kind == "intercept"),
+                    getattr(fn, f"{kind}_priority", 0),
+                )
+                for fn in _boundary_hooks(self.upstream, kind)
+            ]
+        hooks = [
+            Hook(
+                fn.__name__,
+                _with_v1_row(fn, self.upstream.data),
+                getattr(fn, f"{kind}_priority", 0),
+                float(getattr(fn, "_vf_weight", 1.0)),
+            )
+            for fn in self.upstream.hooks(kind)
+        ]
         if kind == "reward":  # plugged judges score as rewards after the task's own, as upstream's
-            hooks += [Hook(j.reward_name, _with_v1_row(j.score, self.upstream.data), -1 << 30, float(j.config.weight))
-                      for j in self.judges]
+            hooks += [
+                Hook(j.reward_name, _with_v1_row(j.score, self.upstream.data), -1 << 30, float(j.config.weight))
+                for j in self.judges
+            ]
         return hooks
 
 
@@ -87,8 +101,11 @@ def adapter_class(upstream_cls: type) -> type[V1Task]:
     """The ``V1Task`` subclass for one v1 task class: named as it (the trace's ``task.type``
     is upstream's) and placed in its module, so an executor that ships a taskset's module to
     workers that cannot import it (Ray, for a ``.py`` file) ships this one too."""
-    return type(upstream_cls.__name__, (V1Task,), {"__module__": upstream_cls.__module__,
-                                                    "__qualname__": f"{upstream_cls.__qualname__}.rollout_ray"})
+    return type(
+        upstream_cls.__name__,
+        (V1Task,),
+        {"__module__": upstream_cls.__module__, "__qualname__": f"{upstream_cls.__qualname__}.rollout_ray"},
+    )
 
 
 def refuse_unmapped(upstream: Any) -> None:
@@ -98,17 +115,26 @@ def refuse_unmapped(upstream: Any) -> None:
     from verifiers.v1.task import Task as UpstreamTask
 
     cls, name = type(upstream), type(upstream).__name__
-    reasons = [f"it overrides {m}() (no artifacts are restored here)" for m in _RUNTIME_METHODS
-               if getattr(cls, m) is not getattr(UpstreamTask, m)]
+    reasons = [
+        f"it overrides {m}() (no artifacts are restored here)"
+        for m in _RUNTIME_METHODS
+        if getattr(cls, m) is not getattr(UpstreamTask, m)
+    ]
     for kind in ("stop", "intercept"):
         for fn in _boundary_hooks(upstream, kind):  # a wrong shape: upstream's TypeError, naming the hook
             hook_boundary(fn, allow_trace=kind == "stop")
     reasons += [r for r in map(toolset_refusal, cls.toolsets(upstream.config)) if r]
     reasons += ["it needs a container (NEEDS_CONTAINER)"] if cls.NEEDS_CONTAINER else []
-    reasons += [f"its row sets {f}" for f, default in _UNMAPPED_DEFAULTS.items()
-                if getattr(upstream.data, f, default) != default]
-    reasons += [f"its row asks for resources ({upstream.data.resources})"] if upstream.data.resources.model_dump(
-        exclude_none=True) else []
+    reasons += [
+        f"its row sets {f}"
+        for f, default in _UNMAPPED_DEFAULTS.items()
+        if getattr(upstream.data, f, default) != default
+    ]
+    reasons += (
+        [f"its row asks for resources ({upstream.data.resources})"]
+        if upstream.data.resources.model_dump(exclude_none=True)
+        else []
+    )
     if reasons:
         raise ValueError(f"verifiers task {name}: not mapped onto rollout_ray yet: {reasons[0]}")
 
@@ -123,13 +149,18 @@ def _boundary_hooks(upstream: Any, kind: str) -> list[Callable[..., Any]]:
 def _row(data: Any) -> dict[str, Any]:
     """The v1 row as our ``TaskData`` fields plus its own."""
     shared = {"idx", "name", "system_prompt", "image", "prompt", "timeout", "network_allow", "network_block"}
-    row: dict[str, Any] = {k: v for k, v in data.model_dump(mode="json").items()
-                           if k not in shared and k not in _UNMAPPED_DEFAULTS and k not in ("resources",
-                                                                                              "artifact_max_bytes")}
+    row: dict[str, Any] = {
+        k: v
+        for k, v in data.model_dump(mode="json").items()
+        if k not in shared and k not in _UNMAPPED_DEFAULTS and k not in ("resources", "artifact_max_bytes")
+    }
     row.update(idx=data.idx or 0, name=data.name, system_prompt=data.system_prompt, image=data.image)
     prompt = data.prompt
-    row["prompt"] = prompt if prompt is None or isinstance(prompt, str) else [
-        m.model_dump(mode="json", exclude_none=True) for m in prompt]
+    row["prompt"] = (
+        prompt
+        if prompt is None or isinstance(prompt, str)
+        else [m.model_dump(mode="json", exclude_none=True) for m in prompt]
+    )
     timeout = data.timeout.model_dump(exclude_none=True)
     row["timeout"] = timeout or None
     row["network_allow"] = None if data.network_allow == ["*"] else list(data.network_allow)

@@ -40,21 +40,28 @@ def v1_taskset(ref: str, limit: int | None = None) -> types.ModuleType:
     exported = [getattr(module, n, None) for n in getattr(module, "__all__", None) or vars(module)]
     found = [c for c in exported if isinstance(c, type) and issubclass(c, Taskset) and c is not Taskset]
     if len(found) != 1:
-        raise ValueError(f"verifiers taskset {ref}: export exactly one Taskset subclass in __all__ "
-                         f"(found {[c.__name__ for c in found]})")
+        raise ValueError(
+            f"verifiers taskset {ref}: export exactly one Taskset subclass in __all__ "
+            f"(found {[c.__name__ for c in found]})"
+        )
     cls = found[0]
-    harnesses = [c for c in exported if isinstance(c, type) and issubclass(c, UpstreamHarness)
-                 and c is not UpstreamHarness]
+    harnesses = [
+        c for c in exported if isinstance(c, type) and issubclass(c, UpstreamHarness) and c is not UpstreamHarness
+    ]
     envs = [c.__name__ for c in exported if isinstance(c, type) and issubclass(c, Env) and c is not Env]
     if envs:
-        raise ValueError(f"verifiers taskset {ref}: not mapped onto rollout_ray yet: it defines its own Env "
-                         f"({envs[0]}: multi-agent episodes); only tasksets run by upstream's single-agent env are")
+        raise ValueError(
+            f"verifiers taskset {ref}: not mapped onto rollout_ray yet: it defines its own Env "
+            f"({envs[0]}: multi-agent episodes); only tasksets run by upstream's single-agent env are"
+        )
     tasks = verifiers_tasks(cls(_config_type(cls)()), limit, name=ref)
     harness: Any = ChatHarness
     if harnesses:  # its own program harness, as upstream's loader pairs it (the taskset's id is its id)
         if any(t.toolsets(t.config) for t in tasks):
-            raise ValueError(f"verifiers taskset {ref}: not mapped onto rollout_ray yet: its tasks have toolsets "
-                             f"and it pairs its own harness ({harnesses[0].__name__}), which would get no tools here")
+            raise ValueError(
+                f"verifiers taskset {ref}: not mapped onto rollout_ray yet: its tasks have toolsets "
+                f"and it pairs its own harness ({harnesses[0].__name__}), which would get no tools here"
+            )
         upstream = harnesses[0](_config_type(harnesses[0], "harness").model_validate({"id": ref}))
         harness = lambda: V1Harness(upstream)  # noqa: E731
     out = types.ModuleType(f"rollout_ray_verifiers_{cls.__name__}")

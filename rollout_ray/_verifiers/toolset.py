@@ -49,9 +49,16 @@ def toolset_class(upstream_cls: type) -> type[Toolset]:
     for fn in discover_decorated(probe, "tool"):
         tool = getattr(fn, "tool_name", None) or fn.__name__
         members[fn.__name__] = _as_our_tool(fn.__func__, f"{prefix}_{tool}" if prefix else tool)
-    return type(upstream_cls.__name__, (_V1Toolset,), {
-        "name": prefix or upstream_cls.__name__.lower(), "__module__": upstream_cls.__module__,
-        "__qualname__": f"{upstream_cls.__qualname__}.rollout_ray", **members})
+    return type(
+        upstream_cls.__name__,
+        (_V1Toolset,),
+        {
+            "name": prefix or upstream_cls.__name__.lower(),
+            "__module__": upstream_cls.__module__,
+            "__qualname__": f"{upstream_cls.__qualname__}.rollout_ray",
+            **members,
+        },
+    )
 
 
 class _V1Toolset(Toolset):

@@ -69,8 +69,7 @@ def find_runs(paths: list[Path]) -> dict[str, RunEntry]:
         found = [root] if given else _runs_under(root, MAX_DEPTH)
         if not found:
             raise NotARunDirectory(
-                f"{root} is not a run directory (no {MANIFEST}) and holds no runs "
-                f"within {MAX_DEPTH} levels"
+                f"{root} is not a run directory (no {MANIFEST}) and holds no runs within {MAX_DEPTH} levels"
             )
         for run in found:
             name = run.name if run == root else run.relative_to(root).as_posix()
@@ -86,8 +85,9 @@ def _runs_under(directory: Path, depth: int) -> list[Path]:
         return []
     try:
         with os.scandir(directory) as entries:
-            children = sorted(directory / e.name for e in entries
-                              if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
+            children = sorted(
+                directory / e.name for e in entries if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+            )
     except PermissionError:
         return []
     found: list[Path] = []
@@ -142,8 +142,12 @@ def describe(entry: RunEntry) -> dict[str, object]:
         out["error"] = f"unreadable manifest: {exc}"
         return out
     config = manifest.config
-    out |= {"run_id": manifest.run_id, "created": manifest.created,
-            "taskset": config.get("taskset"), "model": model_shown(config.get("model"))}
+    out |= {
+        "run_id": manifest.run_id,
+        "created": manifest.created,
+        "taskset": config.get("taskset"),
+        "model": model_shown(config.get("model")),
+    }
     try:
         keys = _read_keys(entry)
     except (OSError, ValueError) as exc:  # a link where a shard is, a folder gone

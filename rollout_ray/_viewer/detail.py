@@ -59,15 +59,17 @@ def read_trace(index: RunIndex, position: int) -> Trace:
             raise CorruptRun.shard(path, f"row {row}: {e}") from None
     version = index.scores
     if version is not None and shard < version.shards:  # a rescore's scores, as the index shows them
-        scored = version.row(index.table["group_id"][position].as_py(), index.table["sample_idx"][position].as_py(),
-                             expected)
+        scored = version.row(
+            index.table["group_id"][position].as_py(), index.table["sample_idx"][position].as_py(), expected
+        )
         if scored is not None:
             trace = rescored_trace(trace, scored)
     return trace
 
 
-def _read_row(source: pa.NativeFile, path: Path, row: int, rollout_id: str
-              ) -> tuple[bytes, tuple[list[list[int]], list[list[float]]] | None]:
+def _read_row(
+    source: pa.NativeFile, path: Path, row: int, rollout_id: str
+) -> tuple[bytes, tuple[list[list[int]], list[list[float]]] | None]:
     """Row ``row``'s trace, and its ``input_ids`` and ``logprobs`` where the shard has them
     (the token view needs the ids a blob leaves to them): only its row group is read, streamed,
     and decoded ``_BATCH`` rows at a time up to the row (pyarrow reads no single row; the
@@ -83,8 +85,9 @@ def _read_row(source: pa.NativeFile, path: Path, row: int, rollout_id: str
             raise CorruptRun.shard(path, f"row {row} is past the shard's {first} rows")
         names = set(shard.schema_arrow.names)
         tokens = ["input_ids", "logprobs"] if {"input_ids", "logprobs"} <= names else []
-        batches = shard.iter_batches(batch_size=_BATCH, row_groups=[group], columns=["rollout_id", "trace", *tokens],
-                                     use_threads=False)
+        batches = shard.iter_batches(
+            batch_size=_BATCH, row_groups=[group], columns=["rollout_id", "trace", *tokens], use_threads=False
+        )
         for batch in batches:
             if row - first < batch.num_rows:
                 at = row - first
@@ -111,29 +114,62 @@ def trace_view(trace: Trace, token_text: Callable[[int], str] | None = None) -> 
         "is_completed": trace.is_completed,
         "stop_condition": trace.stop_condition,
         "reward": trace.reward,
-        "task": {"type": trace.task.type, "key": trace.task.key, "hash": trace.task.hash,
-                 "idx": trace.task.idx, "data": trace.task.data},
-        "agent": {"name": trace.agent.name, "harness": trace.agent.harness, "model": trace.agent.model,
-                  "runtime": None if trace.agent.runtime is None else {
-                      "id": trace.agent.runtime.id, "type": trace.agent.runtime.type,
-                      "name": trace.agent.runtime.name, "borrowed": trace.agent.runtime.borrowed}},
-        "counts": {"turns": counts.num_turns, "input_tokens": counts.num_input_tokens,
-                   "output_tokens": counts.num_output_tokens, "total_tokens": counts.num_total_tokens},
+        "task": {
+            "type": trace.task.type,
+            "key": trace.task.key,
+            "hash": trace.task.hash,
+            "idx": trace.task.idx,
+            "data": trace.task.data,
+        },
+        "agent": {
+            "name": trace.agent.name,
+            "harness": trace.agent.harness,
+            "model": trace.agent.model,
+            "runtime": None
+            if trace.agent.runtime is None
+            else {
+                "id": trace.agent.runtime.id,
+                "type": trace.agent.runtime.type,
+                "name": trace.agent.runtime.name,
+                "borrowed": trace.agent.runtime.borrowed,
+            },
+        },
+        "counts": {
+            "turns": counts.num_turns,
+            "input_tokens": counts.num_input_tokens,
+            "output_tokens": counts.num_output_tokens,
+            "total_tokens": counts.num_total_tokens,
+        },
         "num_branches": trace.num_branches,
         "messages": _conversation(trace, t0),
         "branch_reasons": trace.branch_reasons,
         "tokens": token_view(trace, token_text),
-        "rewards": [{"name": k, "score": None if r is None else r.score, "weight": None if r is None else r.weight}
-                    for k, r in trace.rewards.items()],
+        "rewards": [
+            {"name": k, "score": None if r is None else r.score, "weight": None if r is None else r.weight}
+            for k, r in trace.rewards.items()
+        ],
         "metrics": [{"name": k, "value": v} for k, v in trace.metrics.items()],
         "timing": _timing(trace, t0),
-        "errors": [{"type": e.type, "message": e.message, "status_code": e.status_code, "traceback": e.traceback}
-                   for e in trace.errors],
+        "errors": [
+            {"type": e.type, "message": e.message, "status_code": e.status_code, "traceback": e.traceback}
+            for e in trace.errors
+        ],
         "calls": [_call(c, t0) for c in trace.calls],
-        "tool_calls": [{"server": c.server, "name": c.name, "arguments": _pretty(c.arguments), "ok": c.ok,
-                        "error": c.error, "duration": c.duration} for c in trace.tool_calls],
-        "rewrites": {"request": [r.handler for r in trace.request_rewrites],
-                     "response": [r.handler for r in trace.response_rewrites]},
+        "tool_calls": [
+            {
+                "server": c.server,
+                "name": c.name,
+                "arguments": _pretty(c.arguments),
+                "ok": c.ok,
+                "error": c.error,
+                "duration": c.duration,
+            }
+            for c in trace.tool_calls
+        ],
+        "rewrites": {
+            "request": [r.handler for r in trace.request_rewrites],
+            "response": [r.handler for r in trace.response_rewrites],
+        },
         "info": trace.info,
     }
 
@@ -147,12 +183,18 @@ def _conversation(trace: Trace, t0: float) -> list[dict[str, Any]]:
     for i in branches[-1].nodes:
         node = trace.nodes[i]
         message = node.message
-        entry: dict[str, Any] = {"node": i, "role": message.role, "text": _text(message.content),
-                                 "sampled": node.sampled, "at": _rel(node.timestamp, t0)}
+        entry: dict[str, Any] = {
+            "node": i,
+            "role": message.role,
+            "text": _text(message.content),
+            "sampled": node.sampled,
+            "at": _rel(node.timestamp, t0),
+        }
         if isinstance(message, AssistantMessage):
             entry["reasoning"] = message.reasoning_content
-            entry["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": _pretty(c.arguments)}
-                                   for c in message.tool_calls or ()]
+            entry["tool_calls"] = [
+                {"id": c.id, "name": c.name, "arguments": _pretty(c.arguments)} for c in message.tool_calls or ()
+            ]
         elif isinstance(message, ToolMessage):
             entry["tool_call_id"], entry["name"] = message.tool_call_id, message.name
         if i in call_at:
@@ -191,13 +233,22 @@ def _rel(at: float, t0: float) -> float | None:
 def _call(call: Any, t0: float) -> dict[str, Any]:
     usage = call.usage
     return {
-        "node": call.node, "model": call.model, "finish_reason": call.finish_reason,
-        "start": _rel(call.time.start, t0), "duration": call.time.duration,
-        "usage": None if usage is None else {"input": usage.input_tokens, "output": usage.completion_tokens,
-                                             "cached": usage.cached_input_tokens,
-                                             "reasoning": usage.reasoning_tokens},
-        "error": None if call.error is None else {"type": call.error.type, "message": call.error.message,
-                                                  "status_code": call.error.status_code},
+        "node": call.node,
+        "model": call.model,
+        "finish_reason": call.finish_reason,
+        "start": _rel(call.time.start, t0),
+        "duration": call.time.duration,
+        "usage": None
+        if usage is None
+        else {
+            "input": usage.input_tokens,
+            "output": usage.completion_tokens,
+            "cached": usage.cached_input_tokens,
+            "reasoning": usage.reasoning_tokens,
+        },
+        "error": None
+        if call.error is None
+        else {"type": call.error.type, "message": call.error.message, "status_code": call.error.status_code},
     }
 
 
@@ -205,11 +256,21 @@ def _timing(trace: Trace, t0: float) -> dict[str, Any]:
     spans: list[dict[str, Any]] = []
     for name, span in trace.timing.spans().items():
         if span.start:
-            spans.append({"name": name, "start": _rel(span.start, t0),
-                          "end": _rel(span.end, t0) if span.end else None, "duration": span.duration})
+            spans.append(
+                {
+                    "name": name,
+                    "start": _rel(span.start, t0),
+                    "end": _rel(span.end, t0) if span.end else None,
+                    "duration": span.duration,
+                }
+            )
     agent = trace.timing.agent
-    return {"spans": spans, "agent_model": agent.model.duration, "agent_harness": agent.harness.duration,
-            "total": max((s["end"] or s["start"] for s in spans), default=0.0)}
+    return {
+        "spans": spans,
+        "agent_model": agent.model.duration,
+        "agent_harness": agent.harness.duration,
+        "total": max((s["end"] or s["start"] for s in spans), default=0.0),
+    }
 
 
 _GROUP_COLUMNS = ("rollout_id", "sample_idx", "attempt", "ok", "reward", "stop_condition", "error_type")

@@ -44,9 +44,21 @@ CELL_CHARS = 300
 """Text cells longer than this are cut in the table's rows (ending in ``…``)."""
 
 ROW_COLUMNS = (
-    "rollout_id", "group_id", "sample_idx", "attempt", "task_type", "task_idx", "ok",
-    "stop_condition", "error_type", "error_message", "reward", "num_turns", "num_total_tokens",
-    "num_tool_calls", "agent_s",
+    "rollout_id",
+    "group_id",
+    "sample_idx",
+    "attempt",
+    "task_type",
+    "task_idx",
+    "ok",
+    "stop_condition",
+    "error_type",
+    "error_message",
+    "reward",
+    "num_turns",
+    "num_total_tokens",
+    "num_tool_calls",
+    "agent_s",
 )
 """What a row of the rollout table carries (plus the stored extra columns)."""
 
@@ -137,13 +149,18 @@ def build_index(layout: RunLayout, previous: RunIndex | None = None) -> RunIndex
                 table = table.append_column("_shard", pa.array(np.full(n, shard, np.int32)))
                 parts.append(table.append_column("_row", pa.array(np.arange(n, dtype=np.int32))))
     if not parts:
-        parts = [TRACE_SCHEMA.empty_table().select(list(INDEX_COLUMNS)).append_column(
-            "_shard", pa.array([], pa.int32())).append_column("_row", pa.array([], pa.int32()))]
+        parts = [
+            TRACE_SCHEMA.empty_table()
+            .select(list(INDEX_COLUMNS))
+            .append_column("_shard", pa.array([], pa.int32()))
+            .append_column("_row", pa.array([], pa.int32()))
+        ]
     # Old shards lack columns a newer writer appended: those come back null. A column long
     # in one shard is left out of all: a column is in the index whole, or not at all.
     stored = pa.concat_tables(parts, promote_options="permissive")
-    stored = stored.select([c for c in stored.column_names if not c.startswith("_") and c not in long]
-                           + ["_shard", "_row"])
+    stored = stored.select(
+        [c for c in stored.column_names if not c.startswith("_") and c not in long] + ["_shard", "_row"]
+    )
     table = _latest_per_key(stored)
     version = previous.scores if previous is not None and same_scores else read_version(layout.root, number)
     if version is not None:  # the rows of the shards it saw, its scalar columns
@@ -155,8 +172,13 @@ def build_index(layout: RunLayout, previous: RunIndex | None = None) -> RunIndex
 
 def _latest_per_key(stored: pa.Table) -> pa.Table:
     """The last stored row of each ``(group_id, sample_idx)``, in write order."""
-    numbered = pa.table({"group_id": stored["group_id"], "sample_idx": stored["sample_idx"],
-                         "row": pa.array(np.arange(stored.num_rows, dtype=np.int64))})
+    numbered = pa.table(
+        {
+            "group_id": stored["group_id"],
+            "sample_idx": stored["sample_idx"],
+            "row": pa.array(np.arange(stored.num_rows, dtype=np.int64)),
+        }
+    )
     last = numbered.group_by(["group_id", "sample_idx"]).aggregate([("row", "max")])
     if last.num_rows == stored.num_rows:
         return stored  # nothing was redone
@@ -182,8 +204,12 @@ def read_scalars(folder: RunFiles, name: str, run_id: str | None = None) -> tupl
         long = _long_in_footer(footer, text)
         # Text is read dictionary-encoded: one long value repeated on every row (a shared
         # instruction) costs its size once while its cells' total size is measured.
-        with unreadable_is_corrupt(path), pq.ParquetFile(f, metadata=footer, page_checksum_verification=True,
-                            read_dictionary=[c for c in text if c not in long]) as shard:
+        with (
+            unreadable_is_corrupt(path),
+            pq.ParquetFile(
+                f, metadata=footer, page_checksum_verification=True, read_dictionary=[c for c in text if c not in long]
+            ) as shard,
+        ):
             table = shard.read(columns=[*INDEX_COLUMNS, *(c.name for c in stored if c.name not in long)])
     for column in text:
         if column not in long:
@@ -191,8 +217,9 @@ def read_scalars(folder: RunFiles, name: str, run_id: str | None = None) -> tupl
     # As read_run does: rows of two runs in one directory are refused, never mixed.
     found = set(pc.unique(table["run_id"]).to_pylist()) if run_id is not None and table.num_rows else set()
     if found - {run_id}:
-        raise CorruptRun.shard(path, f"it holds rows of run {', '.join(sorted(map(str, found - {run_id})))}, "
-                                 f"not of this run ({run_id})")
+        raise CorruptRun.shard(
+            path, f"it holds rows of run {', '.join(sorted(map(str, found - {run_id})))}, not of this run ({run_id})"
+        )
     return table, long
 
 
@@ -212,8 +239,9 @@ def _decoded_if_short(table: pa.Table, name: str, long: set[str]) -> pa.Table:
     """``table`` with the dictionary-encoded text column ``name`` decoded, or without it
     (added to ``long``) when its cells are long on average."""
     column = table[name]
-    total = sum(pc.sum(pc.take(pc.binary_length(chunk.dictionary), chunk.indices)).as_py() or 0
-                for chunk in column.chunks)
+    total = sum(
+        pc.sum(pc.take(pc.binary_length(chunk.dictionary), chunk.indices)).as_py() or 0 for chunk in column.chunks
+    )
     if total > LONG_CELL * table.num_rows:
         long.add(name)
         return table.drop_columns([name])
@@ -367,8 +395,7 @@ def overview(index: RunIndex, facet_limit: int = 200) -> dict[str, object]:
         "groups": pc.count_distinct(table["group_id"]).as_py() if n else 0,
         # As the summary counts it: a failed rollout is reward 0 (finalize's rule).
         "mean_reward": pc.mean(counted_reward(table)).as_py() if n else None,
-        "facets": {name: _facet(table[name], facet_limit)
-                   for name in ("stop_condition", "error_type", "task_type")},
+        "facets": {name: _facet(table[name], facet_limit) for name in ("stop_condition", "error_type", "task_type")},
         "columns": sortable(index),
         "extras": index.extras,
         "long_columns": sorted(index.long),  # not in the table: on the rollout's page

@@ -34,8 +34,10 @@ def live_status(run_dir: Any) -> dict[str, Any]:
     except (OSError, ValueError):  # CorruptRun (a link) too: not live
         return {"live": False, "status": None}
     if max(size, len(data)) > MAX_STATUS_BYTES:
-        return _unusable(f"it is {size:,} bytes, over the viewer's bound of {MAX_STATUS_BYTES:,} bytes; "
-                         "see the run with `rollout-ray ctl RUN_DIR status`")
+        return _unusable(
+            f"it is {size:,} bytes, over the viewer's bound of {MAX_STATUS_BYTES:,} bytes; "
+            "see the run with `rollout-ray ctl RUN_DIR status`"
+        )
     try:
         status = json.loads(data)
     except ValueError:

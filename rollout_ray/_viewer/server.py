@@ -55,7 +55,7 @@ _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 _PAGE_HEADERS = {
     # Defence in depth: the page renders model output, and never runs or loads anything else.
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; "
-                               "base-uri 'none'; frame-ancestors 'none'",
+    "base-uri 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-cache",
 }
@@ -68,8 +68,9 @@ class NotFound(LookupError):
 class Viewer:
     """The runs behind one server, and what it caches of them."""
 
-    def __init__(self, paths: Sequence[str | os.PathLike[str]], plot: PlotFn | None = None,
-                 tokenizer: TokenizerFn | None = None) -> None:
+    def __init__(
+        self, paths: Sequence[str | os.PathLike[str]], plot: PlotFn | None = None, tokenizer: TokenizerFn | None = None
+    ) -> None:
         """Find the runs of ``paths`` now. Raises ``NotARunDirectory`` for a path without runs.
 
         ``tokenizer(model)``: for a run's manifest model, the text of a token id, or ``None``
@@ -138,8 +139,12 @@ class Viewer:
 
 def _json(data: Any, status: int = 200) -> web.Response:
     # msgspec writes NaN and infinity as null, which JSON.parse accepts.
-    return web.Response(body=msgspec.json.encode(data), status=status, content_type="application/json",
-                        headers={"Cache-Control": "no-store"})
+    return web.Response(
+        body=msgspec.json.encode(data),
+        status=status,
+        content_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 def _int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
@@ -205,10 +210,18 @@ class _Handlers:
         entry = self.viewer.entry(run_id)
         index = await self.viewer.index(entry.id)
         manifest = await asyncio.to_thread(read_manifest, entry.layout)
-        return _json({"id": entry.id, "path": str(entry.path), "run_id": manifest.run_id,
-                      "created": manifest.created, "config": manifest.config,
-                      "model": model_shown(manifest.config.get("model")),
-                      "plots": self.viewer.plot is not None, **overview(index)})
+        return _json(
+            {
+                "id": entry.id,
+                "path": str(entry.path),
+                "run_id": manifest.run_id,
+                "created": manifest.created,
+                "config": manifest.config,
+                "model": model_shown(manifest.config.get("model")),
+                "plots": self.viewer.plot is not None,
+                **overview(index),
+            }
+        )
 
     async def rollouts(self, request: web.Request) -> web.Response:
         query = Query.from_params(request.query)
@@ -216,8 +229,9 @@ class _Handlers:
         limit = _int(request, "limit", 50, 1, MAX_LIMIT)
         index, positions = await self.viewer.selection(self.viewer.entry(request.query.get("run")).id, query)
         rows = page(index, positions, offset, limit)
-        return _json({"total": index.table.num_rows, "matched": len(positions), "offset": offset,
-                      "limit": limit, "rows": rows})
+        return _json(
+            {"total": index.table.num_rows, "matched": len(positions), "offset": offset, "limit": limit, "rows": rows}
+        )
 
     async def _locate(self, request: web.Request) -> tuple[RunEntry, RunIndex, int]:
         entry = self.viewer.entry(request.query.get("run"))
@@ -265,4 +279,3 @@ async def start(viewer: Viewer, host: str = "127.0.0.1", port: int = 0) -> tuple
     bound = runner.addresses[0]
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
     return runner, f"http://{shown}:{bound[1]}/"
-

@@ -42,19 +42,23 @@ def token_view(trace: Trace, token_text: Callable[[int], str] | None = None) -> 
             turns.append({"node": i, "prompt": at, "completion": at + prompt})
             at += prompt + completion
         n = min(len(sequence.input_ids), MAX_SHOWN)
-        out.append({
-            "branch": sequence.branch,
-            "reason": reasons[sequence.branch] if sequence.branch < len(reasons) else None,
-            "drift": sequence.branch in seen,
-            "size": len(sequence.input_ids),
-            "ids": sequence.input_ids[:n],
-            "mask": sequence.loss_mask[:n],
-            "logprobs": [None if not m or math.isnan(x) else round(x, 4)
-                         for x, m in zip(sequence.logprobs[:n], sequence.loss_mask[:n])],
-            "policy": sequence.policy[:n],
-            "turns": turns,
-            "texts": None if token_text is None else [_decoded(token_text, i) for i in sequence.input_ids[:n]],
-        })
+        out.append(
+            {
+                "branch": sequence.branch,
+                "reason": reasons[sequence.branch] if sequence.branch < len(reasons) else None,
+                "drift": sequence.branch in seen,
+                "size": len(sequence.input_ids),
+                "ids": sequence.input_ids[:n],
+                "mask": sequence.loss_mask[:n],
+                "logprobs": [
+                    None if not m or math.isnan(x) else round(x, 4)
+                    for x, m in zip(sequence.logprobs[:n], sequence.loss_mask[:n])
+                ],
+                "policy": sequence.policy[:n],
+                "turns": turns,
+                "texts": None if token_text is None else [_decoded(token_text, i) for i in sequence.input_ids[:n]],
+            }
+        )
         seen.add(sequence.branch)
     return out
 

@@ -55,9 +55,7 @@ class ScriptedModel(Model):
         self.name = name
         self.requests: list[Request] = []
 
-    async def complete(
-        self, request: Request, *, model: str | None, sampling: dict[str, Any]
-    ) -> Response:
+    async def complete(self, request: Request, *, model: str | None, sampling: dict[str, Any]) -> Response:
         self.requests.append(request)
         if self._script:
             item: Any = self._script.pop(0)

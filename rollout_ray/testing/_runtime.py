@@ -19,9 +19,7 @@ class MemoryRuntime(Runtime):
 
     type = "memory"
 
-    def __init__(
-        self, name: str | None = None, *, programs: Mapping[str, Program] | None = None
-    ) -> None:
+    def __init__(self, name: str | None = None, *, programs: Mapping[str, Program] | None = None) -> None:
         super().__init__(name)
         self.files: dict[str, bytes] = {}
         self.programs: dict[str, Program] = {"true": lambda argv: ProgramResult(0)}

@@ -23,8 +23,9 @@ def test_serve_model_answers_until_interrupted() -> None:
         assert line.startswith("simulated model serving at http://127.0.0.1:")
         url = line.rsplit(" ", 1)[1].strip()
         body = json.dumps({"messages": [{"role": "user", "content": "What is 17 + 25?"}]}).encode()
-        request = urllib.request.Request(f"{url}/chat/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{url}/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=10) as resp:
             answer = json.load(resp)
         assert answer["choices"][0]["message"]["content"] == "42"
@@ -39,22 +40,23 @@ def test_serve_model_answers_until_interrupted() -> None:
 def test_serve_model_rejects_invalid_settings_with_the_field_named() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "rollout_ray", "serve-model", "--error-rate", "2"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 2
     assert "invalid settings" in result.stderr and "error_rate" in result.stderr
 
 
 def _rollout_ray(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rollout_ray", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "rollout_ray", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.timeout(300)  # three CLI processes: 39 s with the machine's two cores busy twice over
 def test_eval_then_report_on_a_run_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
     run_dir = str(tmp_path / "run")
-    result = _rollout_ray("eval", "examples/arith.py", "--executor", "local", "--limit", "5",
-                          "--samples", "2", "--out", run_dir)
+    result = _rollout_ray(
+        "eval", "examples/arith.py", "--executor", "local", "--limit", "5", "--samples", "2", "--out", run_dir
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "rollouts 10  ok 10  failed 0  groups 5" in result.stdout
     assert "mean reward 1.0000" in result.stdout and "pass@1 1.0000" in result.stdout
@@ -64,8 +66,19 @@ def test_eval_then_report_on_a_run_directory(tmp_path) -> None:  # type: ignore[
     assert report.stdout.splitlines()[0] == "rollouts 10  ok 10  failed 0  groups 5"
     with open(f"{run_dir}/report.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    again = _rollout_ray("eval", "examples/arith.py", "--executor", "local", "--limit", "5",
-                         "--samples", "2", "--out", run_dir, "--resume")
+    again = _rollout_ray(
+        "eval",
+        "examples/arith.py",
+        "--executor",
+        "local",
+        "--limit",
+        "5",
+        "--samples",
+        "2",
+        "--out",
+        run_dir,
+        "--resume",
+    )
     assert again.returncode == 0 and "rollouts 10  ok 10" in again.stdout  # nothing rerun
 
 
@@ -76,8 +89,18 @@ def test_eval_explains_a_bad_taskset() -> None:
 
 @pytest.mark.parametrize("example", ["calc_tool", "program", "mcp_tools"])
 def test_example_tasksets_run(example: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    result = _rollout_ray("eval", f"examples/{example}.py", "--executor", "local", "--limit", "2",
-                          "--samples", "1", "--out", str(tmp_path / "run"))
+    result = _rollout_ray(
+        "eval",
+        f"examples/{example}.py",
+        "--executor",
+        "local",
+        "--limit",
+        "2",
+        "--samples",
+        "1",
+        "--out",
+        str(tmp_path / "run"),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "rollouts 2  ok 2  failed 0  groups 2" in result.stdout
     assert "mean reward 1.0000" in result.stdout
@@ -162,8 +185,9 @@ def test_runtime_host_and_executors_refuse_an_unknown_runtime_kind() -> None:
             make()
 
 
-def test_auto_is_the_sandbox_where_the_machine_runs_one(monkeypatch: pytest.MonkeyPatch,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_auto_is_the_sandbox_where_the_machine_runs_one(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     import dataclasses
 
     from rollout_ray._runtimes import host, providers
@@ -181,7 +205,8 @@ def test_auto_is_the_sandbox_where_the_machine_runs_one(monkeypatch: pytest.Monk
         assert host.runtime_kind("auto") == ("local", "no bwrap here")
         assert host.runtime_kind("auto") == ("local", "no bwrap here")
     said = [r.getMessage() for r in caplog.records if "sandbox runtime" in r.getMessage()]
-    assert said == ["this machine cannot run the sandbox runtime (no bwrap here): rollouts run in the local runtime, "
-                    "which isolates them neither from each other nor from the host"]  # once
+    assert said == [
+        "this machine cannot run the sandbox runtime (no bwrap here): rollouts run in the local runtime, "
+        "which isolates them neither from each other nor from the host"
+    ]  # once
     assert host.runtime_kind("local") == ("local", None)
-

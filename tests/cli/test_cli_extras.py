@@ -24,8 +24,10 @@ from rollout_ray._driver.driver import Progress
 
 ROOT = pathlib.Path(__file__).parents[2]
 ARITH = str(ROOT / "examples" / "arith.py")
-WITHOUT_EXTRA = ("import runpy, sys; sys.modules.update(dict.fromkeys(('matplotlib', 'tqdm'))); "
-                 "runpy.run_module('rollout_ray', run_name='__main__')")
+WITHOUT_EXTRA = (
+    "import runpy, sys; sys.modules.update(dict.fromkeys(('matplotlib', 'tqdm'))); "
+    "runpy.run_module('rollout_ray', run_name='__main__')"
+)
 NO_PLOT = "plot: none, matplotlib is not installed (pip install -e '.[cli]' adds it)"
 
 
@@ -62,8 +64,11 @@ def _on_a_terminal(argv: list[str], timeout: float = 120) -> tuple[int | None, s
 @pytest.mark.timeout(240)
 def test_eval_and_report_run_without_the_cli_extra(tmp_path: pathlib.Path) -> None:
     run_dir = str(tmp_path / "run")
-    code, terminal = _on_a_terminal(_without_extra("eval", ARITH, "--executor", "local", "--limit", "2",
-                                                        "--samples", "2", "--sim-ttft", "0", "--out", run_dir))
+    code, terminal = _on_a_terminal(
+        _without_extra(
+            "eval", ARITH, "--executor", "local", "--limit", "2", "--samples", "2", "--sim-ttft", "0", "--out", run_dir
+        )
+    )
     assert code == 0, terminal[-2000:]
     assert "%|" not in terminal and "done 4/4  failed 0  in flight 0  reward 1.000" in terminal, terminal[-2000:]
     report = subprocess.run(_without_extra("report", run_dir), capture_output=True, text=True, timeout=120)
@@ -78,11 +83,16 @@ def test_a_sweep_without_the_cli_extra_compares_its_points_without_a_plot(tmp_pa
     grid = tmp_path / "grid.toml"
     grid.write_text(f'taskset = "{ARITH}"\n[base]\nsamples = 1\nlimit = 2\n')
     out = tmp_path / "sweep"
-    result = subprocess.run(_without_extra("sweep", str(grid), "--out", str(out), "--executor", "local"),
-                            capture_output=True, text=True, timeout=200)
+    result = subprocess.run(
+        _without_extra("sweep", str(grid), "--out", str(out), "--executor", "local"),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == (
-        f"comparison: {out}/comparison.parquet, {out}/comparison.csv, {NO_PLOT}")
+        f"comparison: {out}/comparison.parquet, {out}/comparison.csv, {NO_PLOT}"
+    )
     assert sorted(os.listdir(out)) == ["001-model=simulated", "comparison.csv", "comparison.parquet", "grid.toml"]
 
 

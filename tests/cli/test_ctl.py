@@ -39,10 +39,15 @@ class _Barrier(BaseHTTPRequestHandler):
         with self.lock:
             type(self).arrived += 1
         self.release.wait(BOUND)
-        body = json.dumps({"id": "c", "object": "chat.completion", "model": "barrier",
-                           "choices": [{"index": 0, "finish_reason": "stop",
-                                        "message": {"role": "assistant", "content": "0"}}],
-                           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+        body = json.dumps(
+            {
+                "id": "c",
+                "object": "chat.completion",
+                "model": "barrier",
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "0"}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        ).encode()
         try:
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -92,14 +97,34 @@ def until_status(run_dir: pathlib.Path, ok: Callable[[dict[str, Any]], bool]) ->
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.timeout(300)
-def test_ctl_steers_a_cli_run_on_ray(ray_cluster: Any, tmp_path: pathlib.Path,
-                                     barrier: tuple[str, type[_Barrier]]) -> None:
+def test_ctl_steers_a_cli_run_on_ray(
+    ray_cluster: Any, tmp_path: pathlib.Path, barrier: tuple[str, type[_Barrier]]
+) -> None:
     url, model = barrier
     out = tmp_path / "run"
     address = ray_cluster.get_runtime_context().gcs_address
-    argv = ["eval", ARITH, "--address", address, "--actors", "2", "--limit", "6", "--samples", "1",
-            "--max-in-flight", "2", "--model-url", url, "--model", "barrier", "--token-capture", "off",
-            "--out", str(out)]
+    argv = [
+        "eval",
+        ARITH,
+        "--address",
+        address,
+        "--actors",
+        "2",
+        "--limit",
+        "6",
+        "--samples",
+        "1",
+        "--max-in-flight",
+        "2",
+        "--model-url",
+        url,
+        "--model",
+        "barrier",
+        "--token-capture",
+        "off",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen([*CLI, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         held = until_status(out, lambda s: s["phases"]["model call"] == 2)
@@ -110,8 +135,9 @@ def test_ctl_steers_a_cli_run_on_ray(ray_cluster: Any, tmp_path: pathlib.Path,
 
         first = min(held["rollouts"], key=lambda r: r["task"])
         assert ctl(out, "cancel", first["id"]).strip() == f"cancel {first['id']}"
-        until_status(out, lambda s: first["label"] not in {r["label"] for r in s["rollouts"]}
-                     and s["phases"]["model call"] == 2)
+        until_status(
+            out, lambda s: first["label"] not in {r["label"] for r in s["rollouts"]} and s["phases"]["model call"] == 2
+        )
 
         assert ctl(out, "set", "max-in-flight", "4").strip() == "max-in-flight 4"
         wider = until_status(out, lambda s: s["phases"]["model call"] == 4)

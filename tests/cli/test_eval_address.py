@@ -28,8 +28,13 @@ def _eval(tmp_path: pathlib.Path, port: int) -> subprocess.Popen[str]:
     """eval joining 127.0.0.1:``port``, with a Ray temp dir of its own (so a Ray that starts shows)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_TMPDIR"] = str(tmp_path / "ray-tmp")
-    return subprocess.Popen([*CLI, "eval", ARITH, "--address", f"127.0.0.1:{port}", "--out", str(tmp_path / "run")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [*CLI, "eval", ARITH, "--address", f"127.0.0.1:{port}", "--out", str(tmp_path / "run")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _refused_line(tmp_path: pathlib.Path, port: int) -> str:
@@ -58,8 +63,10 @@ class _Quiet(SimpleHTTPRequestHandler):
 
 def test_a_port_that_accepts_and_never_answers_is_one_line(tmp_path: pathlib.Path, silent_port: int) -> None:
     line = _refused_line(tmp_path, silent_port)
-    assert line == (f"rollout-ray eval: cannot reach Ray at 127.0.0.1:{silent_port} (something accepts connections "
-                    "there but did not answer a gRPC hello within 5s: not a Ray cluster); check --address")
+    assert line == (
+        f"rollout-ray eval: cannot reach Ray at 127.0.0.1:{silent_port} (something accepts connections "
+        "there but did not answer a gRPC hello within 5s: not a Ray cluster); check --address"
+    )
 
 
 def test_an_http_server_is_named_in_one_line(tmp_path: pathlib.Path) -> None:
@@ -73,8 +80,10 @@ def test_an_http_server_is_named_in_one_line(tmp_path: pathlib.Path) -> None:
         server.shutdown()
         server.server_close()
     # http.server answers a request in HTTP/2 as HTTP/0.9 did: a bare error page, no status line.
-    assert line == (f"rollout-ray eval: cannot reach Ray at 127.0.0.1:{port} (an HTTP server answered an HTML page "
-                    "('Error response'): not a Ray cluster); check --address")
+    assert line == (
+        f"rollout-ray eval: cannot reach Ray at 127.0.0.1:{port} (an HTTP server answered an HTML page "
+        "('Error response'): not a Ray cluster); check --address"
+    )
 
 
 def test_ctrl_c_while_a_silent_server_is_asked_ends_eval_at_once(tmp_path: pathlib.Path) -> None:

@@ -43,20 +43,55 @@ def _interrupt(signum: int, argv: list[str]) -> tuple[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_stops_with_one_line_that_says_how_to_continue(tmp_path: pathlib.Path, signum: int,
-                                                               code: int) -> None:
+def test_a_signal_stops_with_one_line_that_says_how_to_continue(tmp_path: pathlib.Path, signum: int, code: int) -> None:
     """Two CLI processes: the interrupted run, and the printed command that continues it."""
     out = str(tmp_path / "run")
-    returncode, stderr = _interrupt(signum, ["eval", ARITH, "--executor", "local", "--limit", "10", "--samples",
-                                             "2", "--max-in-flight", "2", "--sim-ttft", "0.2", "--out", out,
-                                             "--seed", "1"])
+    returncode, stderr = _interrupt(
+        signum,
+        [
+            "eval",
+            ARITH,
+            "--executor",
+            "local",
+            "--limit",
+            "10",
+            "--samples",
+            "2",
+            "--max-in-flight",
+            "2",
+            "--sim-ttft",
+            "0.2",
+            "--out",
+            out,
+            "--seed",
+            "1",
+        ],
+    )
     assert returncode == code, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     (line,) = [s for s in stderr.splitlines() if s.startswith("interrupted")]
     stored, total, command = _parse(line)
     assert total == 20 and stored == len(read_run(out, ["reward"]))
-    assert command == ["rollout-ray", "eval", ARITH, "--executor", "local", "--limit", "10", "--samples", "2",
-                       "--max-in-flight", "2", "--sim-ttft", "0.2", "--seed", "1", "--resume", "--out", out]
+    assert command == [
+        "rollout-ray",
+        "eval",
+        ARITH,
+        "--executor",
+        "local",
+        "--limit",
+        "10",
+        "--samples",
+        "2",
+        "--max-in-flight",
+        "2",
+        "--sim-ttft",
+        "0.2",
+        "--seed",
+        "1",
+        "--resume",
+        "--out",
+        out,
+    ]
     again = _run(*command[1:])  # the printed command, as given
     assert again.returncode == 0, again.stderr[-2000:]
     assert "rollouts 20  ok 20  failed 0  groups 10" in again.stdout
@@ -69,8 +104,10 @@ def test_a_signal_stops_with_one_line_that_says_how_to_continue(tmp_path: pathli
 def test_sigterm_on_ray_is_the_same_line_with_no_stack_dump_and_a_quiet_start(tmp_path: pathlib.Path) -> None:
     """Starts its own private Ray: no token-auth WARNING, a warmup line, then SIGTERM."""
     out = str(tmp_path / "run")
-    returncode, stderr = _interrupt(signal.SIGTERM, ["eval", ARITH, "--limit", "10", "--samples", "2",
-                                                     "--max-in-flight", "2", "--sim-ttft", "0.2", "--out", out])
+    returncode, stderr = _interrupt(
+        signal.SIGTERM,
+        ["eval", ARITH, "--limit", "10", "--samples", "2", "--max-in-flight", "2", "--sim-ttft", "0.2", "--out", out],
+    )
     assert returncode == 143, stderr
     assert "Token authentication is enabled" not in stderr
     assert [s for s in stderr.splitlines() if s.startswith("warmup ")], stderr
@@ -104,8 +141,9 @@ def test_every_rollout_failed_is_a_failure(tmp_path: pathlib.Path) -> None:
     result = _run("eval", FAILING, "--executor", "local", "--samples", "2", "--out", str(tmp_path / "run"))
     assert result.returncode == 1, result.stderr[-2000:]
     assert "rollouts 4  ok 0  failed 4" in result.stdout
-    assert result.stderr.splitlines()[-1] == ("rollout-ray eval: every rollout failed (4 of 4); see the error "
-                                              "types above, or `rollout-ray view` the run")
+    assert result.stderr.splitlines()[-1] == (
+        "rollout-ray eval: every rollout failed (4 of 4); see the error types above, or `rollout-ray view` the run"
+    )
 
 
 class _Refusing(BaseHTTPRequestHandler):
@@ -136,8 +174,22 @@ def refusing_model() -> Iterator[str]:
 
 def test_a_breaker_halt_has_its_own_code_and_its_reason_first(tmp_path: pathlib.Path, refusing_model: str) -> None:
     out = str(tmp_path / "run")
-    argv = ["eval", ARITH, "--executor", "local", "--limit", "3", "--samples", "4", "--model-url", refusing_model,
-            "--model", "m", "--out", out]
+    argv = [
+        "eval",
+        ARITH,
+        "--executor",
+        "local",
+        "--limit",
+        "3",
+        "--samples",
+        "4",
+        "--model-url",
+        refusing_model,
+        "--model",
+        "m",
+        "--out",
+        out,
+    ]
     result = _run(*argv)
     assert result.returncode == 3, result.stderr[-2000:]
     first = result.stdout.splitlines()[0]
@@ -148,9 +200,9 @@ def test_a_breaker_halt_has_its_own_code_and_its_reason_first(tmp_path: pathlib.
     assert shlex.split(command) == ["rollout-ray", *argv[:-2], "--resume", "--out", out]
 
 
-def test_resume_without_out_takes_the_latest_run_of_the_taskset(tmp_path: pathlib.Path,
-                                                               monkeypatch: pytest.MonkeyPatch,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_without_out_takes_the_latest_run_of_the_taskset(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from rollout_ray._cli import main as cli
 
     monkeypatch.chdir(tmp_path)
@@ -165,15 +217,19 @@ def test_resume_without_out_takes_the_latest_run_of_the_taskset(tmp_path: pathli
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["eval", FAILING, "--executor", "local", "--resume"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err == (f"rollout-ray eval: error: --resume without --out: no run of {FAILING} "
-                                       f"under runs/ (runs there: {run} ({ARITH})); pass --out RUN_DIR\n")
+    assert capsys.readouterr().err == (
+        f"rollout-ray eval: error: --resume without --out: no run of {FAILING} "
+        f"under runs/ (runs there: {run} ({ARITH})); pass --out RUN_DIR\n"
+    )
 
 
 def test_report_on_a_directory_that_is_not_a_run(tmp_path: pathlib.Path) -> None:
     result = _run("report", str(tmp_path))
     assert result.returncode == 2
-    assert result.stderr == (f"rollout-ray report: error: {tmp_path} is not a run directory (no manifest.json, "
-                             "no shards); `rollout-ray eval TASKSET --out DIR` writes one\n")
+    assert result.stderr == (
+        f"rollout-ray report: error: {tmp_path} is not a run directory (no manifest.json, "
+        "no shards); `rollout-ray eval TASKSET --out DIR` writes one\n"
+    )
 
 
 def test_report_on_a_missing_directory(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -193,8 +249,7 @@ def test_report_into_a_closed_pipe_is_quiet(tmp_path: pathlib.Path) -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before a line is written: `report | head` at its worst
     try:
-        proc = subprocess.run([*CLI, "report", out], stdout=write_end, stderr=subprocess.PIPE, text=True,
-                              timeout=120)
+        proc = subprocess.run([*CLI, "report", out], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
     finally:
         os.close(write_end)
     assert proc.returncode == 141

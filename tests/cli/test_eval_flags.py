@@ -31,19 +31,56 @@ def _eval(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
     return code, captured.out, captured.err
 
 
-def test_every_flag_lands_in_the_manifest_and_the_requests(capsys: pytest.CaptureFixture[str],
-                                                           tmp_path: pathlib.Path) -> None:
+def test_every_flag_lands_in_the_manifest_and_the_requests(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
     out = str(tmp_path / "run")
     code, stdout, stderr = _eval(
-        capsys, ARITH, "--out", out, "--limit", "2", "--samples", "2", "--temperature", "0.3", "--top-p", "0.9",
-        "--max-tokens", "64", "--seed", "7", "--sampling", '{"top_k": 20, "temperature": 1.5}',
-        "--max-turns", "3", "--max-tokens-total", "9000", "--max-input-tokens", "8000", "--max-output-tokens", "700",
-        "--timeout-setup", "30", "--timeout-agent", "120", "--pass-k", "2,1", "--retries", "1", "--retry-failed")
+        capsys,
+        ARITH,
+        "--out",
+        out,
+        "--limit",
+        "2",
+        "--samples",
+        "2",
+        "--temperature",
+        "0.3",
+        "--top-p",
+        "0.9",
+        "--max-tokens",
+        "64",
+        "--seed",
+        "7",
+        "--sampling",
+        '{"top_k": 20, "temperature": 1.5}',
+        "--max-turns",
+        "3",
+        "--max-tokens-total",
+        "9000",
+        "--max-input-tokens",
+        "8000",
+        "--max-output-tokens",
+        "700",
+        "--timeout-setup",
+        "30",
+        "--timeout-agent",
+        "120",
+        "--pass-k",
+        "2,1",
+        "--retries",
+        "1",
+        "--retry-failed",
+    )
     assert code == 0, stderr
     config = read_manifest(out).config["eval"]
     assert config["sampling"] == {"top_k": 20, "temperature": 0.3, "top_p": 0.9, "max_tokens": 64, "seed": 7}
-    assert config["limits"] == {"max_turns": 3, "max_input_tokens": 8000, "max_output_tokens": 700,
-                                "max_total_tokens": 9000}
+    assert config["limits"] == {
+        "max_turns": 3,
+        "max_input_tokens": 8000,
+        "max_output_tokens": 700,
+        "max_total_tokens": 9000,
+    }
     assert (config["timeouts"]["setup"], config["timeouts"]["agent"]) == (30.0, 120.0)
     assert config["finalize"]["pass_k"] == [1, 2]
     assert (config["max_infra_retries"], config["retry_failed"]) == (1, True)
@@ -51,14 +88,16 @@ def test_every_flag_lands_in_the_manifest_and_the_requests(capsys: pytest.Captur
     assert call.sampling == {"top_k": 20, "temperature": 0.3, "top_p": 0.9, "max_tokens": 64, "seed": 7}
 
 
-def test_the_stored_samples_have_the_columns_users_filter_on(capsys: pytest.CaptureFixture[str],
-                                                             tmp_path: pathlib.Path) -> None:
+def test_the_stored_samples_have_the_columns_users_filter_on(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
     out = str(tmp_path / "run")
     code, _, stderr = _eval(capsys, ARITH, "--out", out, "--limit", "3", "--samples", "2", "--temperature", "0.5")
     assert code == 0, stderr
     table = read_run(out)
-    rows = table.select(["model", "harness", "sampling", "data_idx", "data_prompt", "data_answer", "advantage",
-                         "group_mean"]).to_pylist()
+    rows = table.select(
+        ["model", "harness", "sampling", "data_idx", "data_prompt", "data_answer", "advantage", "group_mean"]
+    ).to_pylist()
     assert {(r["model"], r["harness"], r["sampling"]) for r in rows} == {("simulated", "chat", '{"temperature":0.5}')}
     assert [r["data_idx"] for r in rows] == [0, 0, 1, 1, 2, 2]
     assert rows[0]["data_prompt"].startswith("What is ") and isinstance(rows[0]["data_answer"], int)
@@ -81,8 +120,9 @@ def test_a_data_field_that_is_not_a_scalar_is_json_and_mixed_shards_read_as_text
     assert joined.column("data_x").to_pylist() == ["1", "a"]
 
 
-def test_the_summary_has_every_pass_at_k_the_metrics_time_and_rate(capsys: pytest.CaptureFixture[str],
-                                                                  tmp_path: pathlib.Path) -> None:
+def test_the_summary_has_every_pass_at_k_the_metrics_time_and_rate(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
     code, stdout, stderr = _eval(capsys, CALC, "--out", str(tmp_path / "run"), "--limit", "2", "--samples", "4")
     assert code == 0, stderr
     lines = stdout.splitlines()
@@ -97,9 +137,16 @@ def test_the_summary_puts_a_halt_first() -> None:
 
     from rollout_ray._cli.summary import format_summary, summarize
 
-    samples = pa.table({"ok": [False], "reward": [0.0], "stop_condition": [None], "error_type": ["ProviderError"],
-                        "error_message": ["503 from the provider"],
-                        "metrics": pa.array([[("m", 2.0)]], pa.map_(pa.string(), pa.float64()))})
+    samples = pa.table(
+        {
+            "ok": [False],
+            "reward": [0.0],
+            "stop_condition": [None],
+            "error_type": ["ProviderError"],
+            "error_message": ["503 from the provider"],
+            "metrics": pa.array([[("m", 2.0)]], pa.map_(pa.string(), pa.float64())),
+        }
+    )
     groups = pa.table({"group_id": ["g"], "n_valid": [8], "n_correct": [3]})
     s = summarize(samples, groups, status="halted", reason="circuit breaker: 10 consecutive provider failures")
     text = format_summary(s).splitlines()
@@ -110,11 +157,11 @@ def test_the_summary_puts_a_halt_first() -> None:
     assert s["metrics"] == {"m": (2.0, 2.0, 2.0)}
 
 
-def test_the_simulated_model_honours_temperature_and_seed(capsys: pytest.CaptureFixture[str],
-                                                          tmp_path: pathlib.Path) -> None:
+def test_the_simulated_model_honours_temperature_and_seed(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
     def rewards(name: str, *flags: str) -> list[float]:
-        code, _, stderr = _eval(capsys, ARITH, "--out", str(tmp_path / name), "--limit", "10", "--samples", "2",
-                                *flags)
+        code, _, stderr = _eval(capsys, ARITH, "--out", str(tmp_path / name), "--limit", "10", "--samples", "2", *flags)
         assert code == 0, stderr
         return read_run(str(tmp_path / name), ["reward"]).column("reward").to_pylist()
 
@@ -163,8 +210,11 @@ def test_model_url_without_model_asks_the_server(models_server: tuple[str, type[
     handler.ids = []
     with pytest.raises(UsageError, match=r"serves 0 models \(none\)"):
         served_model(url, None)
-    with pytest.raises(UsageError, match=rf"^--model-url {url}/x: cannot list its models \(GET /models: HTTP 404 "
-                       r".*\); pass --model NAME$"):
+    with pytest.raises(
+        UsageError,
+        match=rf"^--model-url {url}/x: cannot list its models \(GET /models: HTTP 404 "
+        r".*\); pass --model NAME$",
+    ):
         served_model(url + "/x", None)
 
 
@@ -174,12 +224,18 @@ def test_model_url_down_without_model_says_the_server_is_unreachable(tmp_path: p
     with socket.socket() as bound:
         bound.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{bound.getsockname()[1]}/v1"
-        done = subprocess.run([sys.executable, "-m", "rollout_ray", "eval", ARITH, "--model-url", url,
-                               "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "RAY_TMPDIR": str(tmp_path / "ray-tmp")})
+        done = subprocess.run(
+            [sys.executable, "-m", "rollout_ray", "eval", ARITH, "--model-url", url, "--out", str(tmp_path / "run")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "RAY_TMPDIR": str(tmp_path / "ray-tmp")},
+        )
     assert done.returncode == 2 and done.stdout == "", done.stderr[-3000:]
-    assert done.stderr.splitlines() == [f"rollout-ray eval: error: --model-url {url}: the server is unreachable "
-                                        "([Errno 111] Connection refused); start it, or check the URL"]
+    assert done.stderr.splitlines() == [
+        f"rollout-ray eval: error: --model-url {url}: the server is unreachable "
+        "([Errno 111] Connection refused); start it, or check the URL"
+    ]
     assert not (tmp_path / "ray-tmp").exists() and not (tmp_path / "run").exists()
 
 

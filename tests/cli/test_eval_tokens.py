@@ -27,8 +27,21 @@ def rollout_ray(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def evaluate(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    result = rollout_ray("eval", ARITH, "--executor", "local", "--limit", "3", "--samples", "2", "--sim-ttft", "0",
-                         "--out", str(out), *args)
+    result = rollout_ray(
+        "eval",
+        ARITH,
+        "--executor",
+        "local",
+        "--limit",
+        "3",
+        "--samples",
+        "2",
+        "--sim-ttft",
+        "0",
+        "--out",
+        str(out),
+        *args,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return result
 
@@ -46,8 +59,9 @@ def test_eval_on_the_simulated_model_stores_token_data_a_trainer_batches(tmp_pat
         assert table.column(name).null_count == 0, name
     for blob in table.column("trace").to_pylist():  # stored once: in the columns, not in the blob
         assert all(n.token_ids is None and n.logprobs is None for n in decode_trace(blob).nodes)
-    for trace, ids, mask, logprobs in zip(table_to_traces(table), *(table.column(n).to_pylist()
-                                                                    for n in ("input_ids", "loss_mask", "logprobs"))):
+    for trace, ids, mask, logprobs in zip(
+        table_to_traces(table), *(table.column(n).to_pylist() for n in ("input_ids", "loss_mask", "logprobs"))
+    ):
         (sequence,) = token_sequences(trace)  # the trace read back keeps its ids
         assert ids == [sequence.input_ids] and mask == [sequence.loss_mask]
         node = trace.nodes[trace.calls[0].node]  # type: ignore[index]
@@ -58,7 +72,8 @@ def test_eval_on_the_simulated_model_stores_token_data_a_trainer_batches(tmp_pat
     group = table.filter(pc.equal(table["group_id"], group_id))
     batch = Group(group_id, group, group.slice(0, 0)).batch(pad_to=128)
     assert batch["input_ids"].shape == (2, 128) and batch["loss_mask"].sum() == sum(
-        sum(m[0]) for m in group.column("loss_mask").to_pylist())
+        sum(m[0]) for m in group.column("loss_mask").to_pylist()
+    )
     assert rollout_ray("report", str(tmp_path / "run")).stdout.count("token data: stored for 6 of 6 rollouts\n") == 1
 
 
@@ -85,8 +100,10 @@ class _PlainServer(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.paths.append(self.path)
         self.bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
-        body = (b'{"choices": [{"message": {"role": "assistant", "content": "42"}, "finish_reason": "stop"}], '
-                b'"usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}')
+        body = (
+            b'{"choices": [{"message": {"role": "assistant", "content": "42"}, "finish_reason": "stop"}], '
+            b'"usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}'
+        )
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -112,16 +129,20 @@ def plain_server() -> Iterator[str]:
 
 
 def test_auto_against_a_server_without_token_ids_stores_none_and_asks_nothing_per_call(
-        plain_server: str, tmp_path: Path) -> None:
+    plain_server: str, tmp_path: Path
+) -> None:
     result = evaluate(tmp_path / "run", "--model-url", plain_server, "--model", "plain")
-    assert token_line(result.stdout) == ("token data: none (the server offers no token ids: it answers neither "
-                                         "vLLM's GET /version nor SGLang's GET /get_model_info)")
+    assert token_line(result.stdout) == (
+        "token data: none (the server offers no token ids: it answers neither "
+        "vLLM's GET /version nor SGLang's GET /get_model_info)"
+    )
     assert "rollouts 6  ok 6  failed 0" in result.stdout and "error types  none" in result.stdout
     assert read_run(tmp_path / "run").column("input_ids").null_count == 6
     gets = [p for p in _PlainServer.paths if p in ("/get_model_info", "/version")]
     assert gets == ["/get_model_info", "/version"]  # once per server and process, never per call
-    assert len(_PlainServer.bodies) == 6 and all(b"return_token_ids" not in b and b"logprobs" not in b
-                                                 for b in _PlainServer.bodies)
+    assert len(_PlainServer.bodies) == 6 and all(
+        b"return_token_ids" not in b and b"logprobs" not in b for b in _PlainServer.bodies
+    )
 
 
 def test_help_documents_token_capture() -> None:

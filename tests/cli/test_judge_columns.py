@@ -28,7 +28,7 @@ def _judge_lines(text: str) -> dict[str, tuple[float, float, float]]:
     lines = text.splitlines()
     start = lines.index("judge columns (mean / p50 / p95, over the rollouts it gave a value)")
     found = {}
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         match = re.fullmatch(r"  (\S+) +([\d.]+) +([\d.]+) +([\d.]+)", line)
         if match is None:
             break
@@ -38,8 +38,24 @@ def _judge_lines(text: str) -> dict[str, tuple[float, float, float]]:
 
 def test_the_judges_columns_are_in_the_summary_and_in_report(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "run"
-    done = _run("eval", ROOT / "examples" / "judged.py", "--executor", "local", "--limit", "3", "--samples", "4",
-                "--temperature", "1.5", "--seed", "1", "--sim-ttft", "0", "--out", out)
+    done = _run(
+        "eval",
+        ROOT / "examples" / "judged.py",
+        "--executor",
+        "local",
+        "--limit",
+        "3",
+        "--samples",
+        "4",
+        "--temperature",
+        "1.5",
+        "--seed",
+        "1",
+        "--sim-ttft",
+        "0",
+        "--out",
+        out,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     report = _run("report", out)
     assert report.returncode == 0, report.stderr[-2000:]
@@ -54,7 +70,7 @@ def test_the_judges_columns_are_in_the_summary_and_in_report(tmp_path: pathlib.P
         assert {name: mean for name, (mean, _, _) in judged.items()} == expected
 
 
-JUDGE = '''
+JUDGE = """
 from rollout_ray import ChatHarness, Task
 
 
@@ -68,7 +84,7 @@ def harness():
 
 def judge(group):
     return {body}
-'''
+"""
 
 
 def test_a_failed_judges_hint_is_rescore_and_rescore_stores_the_fixed_columns(tmp_path: pathlib.Path) -> None:
@@ -79,8 +95,9 @@ def test_a_failed_judges_hint_is_rescore_and_rescore_stores_the_fixed_columns(tm
     assert bad.returncode == 4, bad.stderr[-2000:]
     hint = bad.stderr.splitlines()[-1]
     assert hint.startswith("rollout-ray eval: the judge failed on 3 of 3 groups (ValueError: ")
-    assert hint.endswith(f"the rollouts are stored: fix the judge, then `rollout-ray rescore {out}` stores its "
-                         "columns, without a model")
+    assert hint.endswith(
+        f"the rollouts are stored: fix the judge, then `rollout-ray rescore {out}` stores its columns, without a model"
+    )
     assert "metric_rows" not in read_run(out).column_names
 
     taskset.write_text(JUDGE.format(body='{"metric_rows": [float(group.num_rows)] * group.num_rows}'))

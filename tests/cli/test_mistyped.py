@@ -19,16 +19,25 @@ def _refused(*argv: str) -> str:
     return line
 
 
-@pytest.mark.parametrize(("argv", "line"), [
-    (["eval", ARITH, "--sampels", "4"],
-     "rollout-ray eval: error: unrecognized arguments: --sampels 4; did you mean --samples?"),
-    (["eval", ARITH, "--sampels=4", "--max-in-fligt", "3"],
-     "rollout-ray eval: error: unrecognized arguments: --sampels=4 --max-in-fligt 3; did you mean --samples for "
-     "--sampels, --max-in-flight for --max-in-fligt?"),
-    (["ctl", "RUN", "status", "--stal-after", "3"],
-     "rollout-ray ctl: error: unrecognized arguments: --stal-after 3; did you mean --stall-after?"),
-    (["eval", ARITH, "--zzzz"], "rollout-ray eval: error: unrecognized arguments: --zzzz"),
-])
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["eval", ARITH, "--sampels", "4"],
+            "rollout-ray eval: error: unrecognized arguments: --sampels 4; did you mean --samples?",
+        ),
+        (
+            ["eval", ARITH, "--sampels=4", "--max-in-fligt", "3"],
+            "rollout-ray eval: error: unrecognized arguments: --sampels=4 --max-in-fligt 3; did you mean --samples for "
+            "--sampels, --max-in-flight for --max-in-fligt?",
+        ),
+        (
+            ["ctl", "RUN", "status", "--stal-after", "3"],
+            "rollout-ray ctl: error: unrecognized arguments: --stal-after 3; did you mean --stall-after?",
+        ),
+        (["eval", ARITH, "--zzzz"], "rollout-ray eval: error: unrecognized arguments: --zzzz"),
+    ],
+)
 def test_a_mistyped_flag_names_the_nearest_one(argv: list[str], line: str) -> None:
     assert _refused(*argv) == line
 

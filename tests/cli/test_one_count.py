@@ -44,7 +44,8 @@ def duplicates_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Pa
 
 
 def test_identical_tasks_are_six_rows_in_three_groups_in_every_reader(
-        duplicates_run: tuple[pathlib.Path, str, str, str]) -> None:
+    duplicates_run: tuple[pathlib.Path, str, str, str],
+) -> None:
     """3 tasks × 2 samples, two tasks identical: eval, report, the viewer and read_run agree."""
     out, stdout, stderr, report = duplicates_run
     assert "done 6/6" in stderr
@@ -81,7 +82,9 @@ def test_a_resume_over_a_changed_taskset_is_refused_in_one_line(tmp_path: pathli
     assert re.fullmatch(
         rf"rollout-ray eval: {re.escape(str(out))} was run with another taskset: task 2 is not the task stored "
         r"at that position \(group 2-[0-9a-f]{16}, now 2-[0-9a-f]{16}\); resume with the tasks it was run "
-        r"with, in the same order, or start a new run in another directory", line), again.stderr
+        r"with, in the same order, or start a new run in another directory",
+        line,
+    ), again.stderr
     assert "Traceback" not in again.stderr
     assert read_run(out, ["reward"]).num_rows == 6  # nothing written
 
@@ -93,12 +96,12 @@ def test_a_failure_counts_as_reward_zero_and_not_passing_in_every_figure(tmp_pat
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert lines[0] == "rollouts 8  ok 4  failed 4  groups 4"
-    assert lines[1] == ("mean reward 0.5000  (failed rollouts count as reward 0 and not passing, "
-                        "here and in pass@k)")
+    assert lines[1] == ("mean reward 0.5000  (failed rollouts count as reward 0 and not passing, here and in pass@k)")
     assert lines[2] == "pass@k  pass@1 0.5000  pass@2 0.5000"
     # The first message of each error type, one line under the counts.
     assert lines[lines.index("error types  TaskError=4") + 1] == (
-        "  TaskError  first: task Add scoring failed: ValueError: no grader for 'What is 1 + 1?'")
+        "  TaskError  first: task Add scoring failed: ValueError: no grader for 'What is 1 + 1?'"
+    )
     table = read_run(out, ["ok", "reward", "advantage", "group_mean", "pass_at_1"])
     failed = [r for r in table.to_pylist() if not r["ok"]]
     assert len(failed) == 4 and {r["pass_at_1"] for r in failed} == {0.0}
@@ -116,10 +119,19 @@ class _Switchable(BaseHTTPRequestHandler):
         if self.down.is_set():
             status, body = 400, {"error": {"message": "model is down"}}
         else:
-            status, body = 200, {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
-                                 "choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant", "content": "4"}}],
-                                 "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}
+            status, body = (
+                200,
+                {
+                    "id": "c",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": "m",
+                    "choices": [
+                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "4"}}
+                    ],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+                },
+            )
         self._send(status, json.dumps(body).encode())
 
     def do_GET(self) -> None:  # noqa: N802 - no /version, no /get_model_info: nothing to capture
@@ -151,11 +163,25 @@ def switchable_model() -> Iterator[tuple[str, threading.Event]]:
 
 
 def test_after_a_resume_errors_are_the_stored_outcomes_and_attempts_count_on(
-        tmp_path: pathlib.Path, switchable_model: tuple[str, threading.Event]) -> None:
+    tmp_path: pathlib.Path, switchable_model: tuple[str, threading.Event]
+) -> None:
     url, down = switchable_model
     out = tmp_path / "run"
-    flags = ("--executor", "local", "--samples", "2", "--model-url", url, "--model", "m", "--retry-failed",
-             "--retries", "1", "--out", out)
+    flags = (
+        "--executor",
+        "local",
+        "--samples",
+        "2",
+        "--model-url",
+        url,
+        "--model",
+        "m",
+        "--retry-failed",
+        "--retries",
+        "1",
+        "--out",
+        out,
+    )
     down.set()
     first = _run("eval", ARITH, "--limit", "3", *flags)
     assert first.returncode == 1, first.stderr[-2000:]  # every rollout failed
@@ -168,15 +194,24 @@ def test_after_a_resume_errors_are_the_stored_outcomes_and_attempts_count_on(
     rows = read_run(out, ["ok", "attempt", "error_type", "error_message", "num_errors", "attempts"]).to_pylist()
     for row in rows:
         assert (row["ok"], row["attempt"], row["error_type"], row["error_message"], row["num_errors"]) == (
-            True, 2, None, None, 0)
+            True,
+            2,
+            None,
+            None,
+            0,
+        )
         assert [(a["attempt"], [e["type"] for e in a["errors"]]) for a in row["attempts"]] == [
-            (0, ["ProviderError"]), (1, ["ProviderError"]), (2, [])]
+            (0, ["ProviderError"]),
+            (1, ["ProviderError"]),
+            (2, []),
+        ]
         assert "model is down" in row["attempts"][0]["errors"][0]["message"]
 
 
 def test_the_judged_example_runs_and_a_broken_judge_is_seen_and_fails_the_exit(tmp_path: pathlib.Path) -> None:
-    good = _run("eval", ROOT / "examples" / "judged.py", "--executor", "local", "--limit", "3", "--out",
-                tmp_path / "good")
+    good = _run(
+        "eval", ROOT / "examples" / "judged.py", "--executor", "local", "--limit", "3", "--out", tmp_path / "good"
+    )
     assert good.returncode == 0, good.stderr[-2000:]
     assert "judge failed" not in good.stdout
     table = read_run(tmp_path / "good", ["group_id", "metric_majority", "reward_shortest"])
@@ -185,18 +220,25 @@ def test_the_judged_example_runs_and_a_broken_judge_is_seen_and_fails_the_exit(t
     bad = _run("eval", TASKSETS / "bad_judge.py", "--executor", "local", "--samples", "2", "--out", tmp_path / "bad")
     assert bad.returncode == 4, bad.stderr[-2000:]
     (line,) = [s for s in bad.stdout.splitlines() if s.startswith("judge failed")]
-    assert re.fullmatch(r"judge failed on 3 of 3 groups  first: ValueError: judge result for group "
-                        r"'0-[0-9a-f]{16}': expected a mapping of column -> values or None, got list", line)
+    assert re.fullmatch(
+        r"judge failed on 3 of 3 groups  first: ValueError: judge result for group "
+        r"'0-[0-9a-f]{16}': expected a mapping of column -> values or None, got list",
+        line,
+    )
     assert bad.stderr.splitlines()[-1].startswith("rollout-ray eval: the judge failed on 3 of 3 groups (")
     assert read_run(tmp_path / "bad", ["reward"]).num_rows == 6  # the rollouts are stored
 
 
 def test_each_time_figure_says_what_it_counts_and_none_disagrees(
-        duplicates_run: tuple[pathlib.Path, str, str, str]) -> None:
+    duplicates_run: tuple[pathlib.Path, str, str, str],
+) -> None:
     _, stdout, stderr, report_out = duplicates_run
     last = stdout.splitlines()[-2]
-    match = re.fullmatch(r"wall ([\d.]+)s \(start ([\d.]+)s, rollouts ([\d.]+)s\)  ([\d.]+) rollouts/s over "
-                         r"the rollouts' ([\d.]+)s", last)
+    match = re.fullmatch(
+        r"wall ([\d.]+)s \(start ([\d.]+)s, rollouts ([\d.]+)s\)  ([\d.]+) rollouts/s over "
+        r"the rollouts' ([\d.]+)s",
+        last,
+    )
     assert match, last
     wall, start, rollouts, rate, over = map(float, match.groups())
     # Each figure is printed rounded to 0.1 (an error up to 0.05 each): compare in whole tenths, as integers,
@@ -210,8 +252,11 @@ def test_each_time_figure_says_what_it_counts_and_none_disagrees(
     assert int(re.search(r"  wall (\d+)s  ", progress).group(1)) <= wall  # type: ignore[union-attr]
     report = report_out.splitlines()
     assert not any(s.startswith("wall") for s in report)
-    assert re.fullmatch(r"rollouts' span [\d.]+s \(first start to last end, from the stored spans\)  "
-                        r"[\d.]+ rollouts/s over it", report[-2]), report[-2]
+    assert re.fullmatch(
+        r"rollouts' span [\d.]+s \(first start to last end, from the stored spans\)  "
+        r"[\d.]+ rollouts/s over it",
+        report[-2],
+    ), report[-2]
 
 
 def test_groups_a_keep_rule_refused_are_named_in_the_header_summary_and_progress(tmp_path: pathlib.Path) -> None:

@@ -96,9 +96,27 @@ def test_with_retry_failed_the_bar_and_the_summary_show_one_mean_reward(tmp_path
     import sys
 
     flaky = pathlib.Path(__file__).parent / "tasksets" / "flaky_reward.py"
-    result = subprocess.run([sys.executable, "-m", "rollout_ray", "eval", str(flaky), "--executor", "local",
-                             "--retry-failed", "--retries", "1", "--sim-ttft", "0", "--out", str(tmp_path / "r")],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollout_ray",
+            "eval",
+            str(flaky),
+            "--executor",
+            "local",
+            "--retry-failed",
+            "--retries",
+            "1",
+            "--sim-ttft",
+            "0",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     last = result.stderr.splitlines()[-1]
     assert last.startswith("done 4/4  failed 0  in flight 0  reward 1.000"), result.stderr[-2000:]
@@ -132,8 +150,21 @@ def test_a_real_terminal_gets_the_bar_and_a_pipe_the_plain_lines(tmp_path) -> No
     import sys
 
     arith = str(pathlib.Path(__file__).parents[2] / "examples" / "arith.py")
-    argv = [sys.executable, "-m", "rollout_ray", "eval", arith, "--executor", "local", "--limit", "2",
-            "--samples", "2", "--sim-ttft", "0"]
+    argv = [
+        sys.executable,
+        "-m",
+        "rollout_ray",
+        "eval",
+        arith,
+        "--executor",
+        "local",
+        "--limit",
+        "2",
+        "--samples",
+        "2",
+        "--sim-ttft",
+        "0",
+    ]
     master, slave = pty.openpty()
     proc = subprocess.Popen([*argv, "--out", str(tmp_path / "tty")], stdout=subprocess.PIPE, stderr=slave)
     os.close(slave)

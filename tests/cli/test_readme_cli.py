@@ -27,18 +27,35 @@ README = (ROOT / "README.md").read_text()
 def test_the_flag_table_names_every_eval_flag() -> None:
     eval_parser = cli.parser()._subparsers._group_actions[0].choices["eval"]  # type: ignore[union-attr]
     flags = {s for a in eval_parser._actions for s in a.option_strings if s.startswith("--")} - {"--help"}
-    table = README[README.index("| `rollout-ray eval TASKSET` flag"):]
+    table = README[README.index("| `rollout-ray eval TASKSET` flag") :]
     table = table[: table.index("\n\n")]
     assert sorted(f for f in flags if f"`{f}" not in table) == []
 
 
-def test_the_dataframe_lines_run_over_a_run_directory(tmp_path: pathlib.Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_dataframe_lines_run_over_a_run_directory(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     for name in ("pandas", "polars", "duckdb"):
         pytest.importorskip(name)
     out = str(tmp_path / "calc")
-    code = cli.main(["eval", str(ROOT / "examples" / "arith.py"), "--executor", "local", "--sim-ttft", "0",
-                     "--limit", "3", "--samples", "4", "--temperature", "1", "--out", out])
+    code = cli.main(
+        [
+            "eval",
+            str(ROOT / "examples" / "arith.py"),
+            "--executor",
+            "local",
+            "--sim-ttft",
+            "0",
+            "--limit",
+            "3",
+            "--samples",
+            "4",
+            "--temperature",
+            "1",
+            "--out",
+            out,
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     block = re.search(r"```py\n(.*?)```", README, re.S).group(1)  # type: ignore[union-attr]
     lines = block.replace('"runs/calc"', repr(out)).splitlines()
@@ -77,8 +94,9 @@ def _steps(line: str) -> list[str]:
 
 def _bash(script: str, cwd: pathlib.Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     bare = "if command -v rollout-ray; then echo 'not a bare shell' >&2; exit 99; fi\n"
-    return subprocess.run(["/bin/bash", "-c", bare + script], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        ["/bin/bash", "-c", bare + script], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -110,15 +128,19 @@ def test_the_command_line_showcase_runs_from_a_bare_shell(tmp_path: pathlib.Path
     the quickstart's, above: a second private Ray would cost its start again) and ``view``
     ``--port 0``. At temperature 0.7 the simulated model misreads the calculator now and
     then: pass@k rises with k, and the polars filter finds rollouts above their group's mean."""
-    section = README[README.index("## The command line"):]
+    section = README[README.index("## The command line") :]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
     evaluate, report, view = (_steps(line)[0] for line in block.strip().splitlines())
-    assert (evaluate.split()[:3], report, view) == (["rollout-ray", "eval", "examples/calc_tool.py"],
-                                                     "rollout-ray report runs/calc", "rollout-ray view runs/")
+    assert (evaluate.split()[:3], report, view) == (
+        ["rollout-ray", "eval", "examples/calc_tool.py"],
+        "rollout-ray report runs/calc",
+        "rollout-ray view runs/",
+    )
     clone, env = _bare_shell(tmp_path)
     lines = re.search(r"```py\n(.*?)```", README, re.S).group(1).splitlines()  # type: ignore[union-attr]
-    (clone / "frames.py").write_text("\n".join(lines[:3] + [f"print(len({line.split('  #')[0]}))"
-                                                            for line in lines[3:6]]))
+    (clone / "frames.py").write_text(
+        "\n".join(lines[:3] + [f"print(len({line.split('  #')[0]}))" for line in lines[3:6]])
+    )
     script = f"source .venv/bin/activate && {evaluate} --executor local && {report} && python frames.py"
     result = _bash(script, clone, env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -127,9 +149,14 @@ def test_the_command_line_showcase_runs_from_a_bare_shell(tmp_path: pathlib.Path
     assert sorted(pass_at) == [1, 2, 4, 8] and pass_at[1] < 0.9 and pass_at[1] < pass_at[4] <= pass_at[8]
     groups, above_mean, answers = map(int, result.stdout.strip().splitlines()[-3:])
     assert groups == 50 and 0 < above_mean < 400 and 0 < answers <= 50  # two tasks may share an answer
-    proc = subprocess.Popen(["/bin/bash", "-c", f"source .venv/bin/activate && exec {view} --port 0"], cwd=clone,
-                            env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        ["/bin/bash", "-c", f"source .venv/bin/activate && exec {view} --port 0"],
+        cwd=clone,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("viewing 1 run(s) at http://127.0.0.1:"), line + proc.stderr.read()  # type: ignore[union-attr]
@@ -150,14 +177,19 @@ def test_the_command_line_showcase_runs_from_a_bare_shell(tmp_path: pathlib.Path
 def test_the_ctl_example_runs_long_enough_to_steer_with_every_command(tmp_path: pathlib.Path) -> None:
     """The README's ctl block, in order, on its eval (here on the local executor, in tmp_path):
     the run must still be live at its last command (it ended about 1 s after its warm-up)."""
-    block = README[README.index("### Steering a live run"):]
+    block = README[README.index("### Steering a live run") :]
     block = re.search(r"```bash\n(.*?)```", block, re.S).group(1)  # type: ignore[union-attr]
     lines = [shlex.split(line.split("#")[0].rstrip().rstrip("&")) for line in block.strip().splitlines()]
     out = str(tmp_path / "long")
     run, steps = [out if a == "runs/long" else a for a in lines[0]], lines[1:]
     assert run[:2] == ["rollout-ray", "eval"] and all(s[:3] == ["rollout-ray", "ctl", "runs/long"] for s in steps)
-    proc = subprocess.Popen([sys.executable, "-m", "rollout_ray", *run[1:], "--executor", "local"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollout_ray", *run[1:], "--executor", "local"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "long" / "control.json").exists():  # a bounded poll for the endpoint
@@ -186,8 +218,9 @@ def _cancel_one(argv: list[str], deadline: float) -> None:
     while True:
         status = json.loads(_ctl(argv[:2] + ["status", "--json"]))
         youngest = min(status["rollouts"], key=lambda r: r["age"])
-        done = subprocess.run([sys.executable, "-m", "rollout_ray", *argv[:3], youngest["id"]],
-                              capture_output=True, text=True, timeout=90)
+        done = subprocess.run(
+            [sys.executable, "-m", "rollout_ray", *argv[:3], youngest["id"]], capture_output=True, text=True, timeout=90
+        )
         if done.returncode == 0:
             return
         assert "in flight" in done.stderr and time.monotonic() < deadline, done.stderr

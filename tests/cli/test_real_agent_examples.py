@@ -18,8 +18,12 @@ import pytest
 from rollout_ray import HarnessError, read_run, table_to_traces
 from rollout_ray._harnesses.agents import AgentsSdkHarness, ClaudeCodeHarness, CodexHarness, MiniSweAgentHarness
 
-HARNESSES = {"codex": CodexHarness, "claude_code": ClaudeCodeHarness, "mini_swe_agent": MiniSweAgentHarness,
-             "agents_sdk": AgentsSdkHarness}
+HARNESSES = {
+    "codex": CodexHarness,
+    "claude_code": ClaudeCodeHarness,
+    "mini_swe_agent": MiniSweAgentHarness,
+    "agents_sdk": AgentsSdkHarness,
+}
 
 
 def _installed(agent: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -33,9 +37,25 @@ def _installed(agent: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _eval(example: str, out: Path, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run([sys.executable, "-m", "rollout_ray", "eval", f"examples/{example}.py", "--limit", "2",
-                           "--samples", "1", "--out", str(out)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollout_ray",
+            "eval",
+            f"examples/{example}.py",
+            "--limit",
+            "2",
+            "--samples",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rollouts 2  ok 2  failed 0  groups 2" in done.stdout, done.stdout
     assert "mean reward 1.0000" in done.stdout and "token data: stored for 2 of 2 rollouts" in done.stdout
@@ -45,13 +65,19 @@ def _eval(example: str, out: Path, env: dict[str, str] | None = None) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("agent", "tools"), [("codex", ["exec_command", "exec_command"]),
-                                              ("claude_code", ["Bash", "Write"]),
-                                              # the plan's two steps, then its submit command
-                                              ("mini_swe_agent", ["bash", "bash", "bash"]),
-                                              ("agents_sdk", ["bash", "bash"])])
-def test_eval_runs_a_real_agent_that_leaves_the_files_its_reward_reads(agent: str, tools: list[str], tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("agent", "tools"),
+    [
+        ("codex", ["exec_command", "exec_command"]),
+        ("claude_code", ["Bash", "Write"]),
+        # the plan's two steps, then its submit command
+        ("mini_swe_agent", ["bash", "bash", "bash"]),
+        ("agents_sdk", ["bash", "bash"]),
+    ],
+)
+def test_eval_runs_a_real_agent_that_leaves_the_files_its_reward_reads(
+    agent: str, tools: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _installed(agent, monkeypatch)
     _eval(agent, tmp_path / "run")
     for trace in table_to_traces(read_run(tmp_path / "run")):
@@ -64,10 +90,12 @@ def test_eval_runs_a_real_agent_that_leaves_the_files_its_reward_reads(agent: st
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("agent", "name"), [("claude_code", "mcp__calc__add"), ("agents_sdk", "add"),
-                                             ("codex", "mcp__calc__add")])  # Codex: a namespace tool, joined
-def test_an_agent_calls_the_tasks_tool_over_mcp_and_the_call_is_on_the_trace(agent: str, name: str, tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("agent", "name"), [("claude_code", "mcp__calc__add"), ("agents_sdk", "add"), ("codex", "mcp__calc__add")]
+)  # Codex: a namespace tool, joined
+def test_an_agent_calls_the_tasks_tool_over_mcp_and_the_call_is_on_the_trace(
+    agent: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _installed(agent, monkeypatch)
     _eval("agent_mcp", tmp_path / "run", {"AGENT": agent})
     for trace in table_to_traces(read_run(tmp_path / "run")):

@@ -20,7 +20,7 @@ CLI = [sys.executable, "-m", "rollout_ray"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # several CLI processes each
 
-TASKSET = '''
+TASKSET = """
 from rollout_ray import ChatHarness, EvalConfig, Task, TaskData, Trace, metric, reward
 
 
@@ -54,10 +54,9 @@ def judge(group):
 
 
 config = EvalConfig(samples_per_task=2)
-'''
+"""
 
-WRONG = TASKSET.format(correct="float(trace.last_reply.strip() == str(task.answer + 1))  # off by one",
-                       metric="pass")
+WRONG = TASKSET.format(correct="float(trace.last_reply.strip() == str(task.answer + 1))  # off by one", metric="pass")
 RIGHT = TASKSET.format(correct="float(trace.last_reply.strip() == str(task.answer))", metric="pass")
 
 
@@ -117,15 +116,22 @@ def test_the_viewer_shows_the_new_scores(rescored: dict[str, Any]) -> None:
     assert group["mean_reward"] == 1.0 and [r["reward"] for r in group["rows"]] == [1.0, 1.0]
 
 
-def test_a_task_whose_scoring_needs_its_sandbox_is_refused_in_one_line(rescored: dict[str, Any],
-                                                                       tmp_path: Path) -> None:
+def test_a_task_whose_scoring_needs_its_sandbox_is_refused_in_one_line(
+    rescored: dict[str, Any], tmp_path: Path
+) -> None:
     boxed = tmp_path / "boxed.py"
-    boxed.write_text(RIGHT.replace("def correct(self, task: ArithData, trace: Trace)",
-                                   "def correct(self, task: ArithData, trace: Trace, runtime)"))
+    boxed.write_text(
+        RIGHT.replace(
+            "def correct(self, task: ArithData, trace: Trace)",
+            "def correct(self, task: ArithData, trace: Trace, runtime)",
+        )
+    )
     refused = _run("rescore", rescored["out"], "--taskset", boxed)
     assert refused.returncode == 2 and refused.stdout == ""
-    assert refused.stderr == ("rollout-ray rescore: error: task Arith's @reward correct takes `runtime`: its scoring "
-                              "needs the rollout's sandbox, which a rescore does not have\n")
+    assert refused.stderr == (
+        "rollout-ray rescore: error: task Arith's @reward correct takes `runtime`: its scoring "
+        "needs the rollout's sandbox, which a rescore does not have\n"
+    )
 
 
 def test_another_taskset_is_refused(rescored: dict[str, Any], tmp_path: Path) -> None:
@@ -144,7 +150,8 @@ def test_rescore_of_a_stored_scoring_failure(tmp_path: Path) -> None:
     assert _run("eval", raising, "--executor", "local", "--out", out).returncode == 0
     stored = read_run(out)
     assert [(r["ok"], r["error_type"]) for r in stored.select(["ok", "error_type"]).to_pylist()].count(
-        (False, "TaskError")) == 2
+        (False, "TaskError")
+    ) == 2
     right = tmp_path / "right.py"
     right.write_text(RIGHT)
     fixed = _run("rescore", out, "--taskset", right, "--workers", "1")
@@ -155,14 +162,19 @@ def test_rescore_of_a_stored_scoring_failure(tmp_path: Path) -> None:
     assert all(t.ok and not t.errors for t in table_to_traces(after))
 
 
-def test_a_scoring_function_that_never_returns_is_that_rollouts_failure(rescored: dict[str, Any],
-                                                                          tmp_path: Path) -> None:
+def test_a_scoring_function_that_never_returns_is_that_rollouts_failure(
+    rescored: dict[str, Any], tmp_path: Path
+) -> None:
     """Bounded per rollout (``--timeout``): the rescore ends, the two rollouts of task 0 failed."""
     run = tmp_path / "run"
     shutil.copytree(rescored["out"], run)
     hangs = tmp_path / "hangs.py"
-    hangs.write_text(TASKSET.format(correct="float(trace.last_reply.strip() == str(task.answer))",
-                                    metric='if trace.task.idx == 0: __import__("time").sleep(3600)'))
+    hangs.write_text(
+        TASKSET.format(
+            correct="float(trace.last_reply.strip() == str(task.answer))",
+            metric='if trace.task.idx == 0: __import__("time").sleep(3600)',
+        )
+    )
     done = _run("rescore", run, "--taskset", hangs, "--timeout", "0.5")
     assert done.returncode == 0, done.stderr[-2000:]
     assert ": 2 rewards changed, 2 scoring failures; mean reward 1.000 -> 0.667" in done.stdout.splitlines()[0]
@@ -172,8 +184,9 @@ def test_a_scoring_function_that_never_returns_is_that_rollouts_failure(rescored
     assert sorted(p.name for p in (run / "scores").iterdir()) == ["v2", "v3"]
 
 
-def test_a_scores_folder_that_is_a_link_is_refused_and_nothing_written_through_it(rescored: dict[str, Any],
-                                                                                   tmp_path: Path) -> None:
+def test_a_scores_folder_that_is_a_link_is_refused_and_nothing_written_through_it(
+    rescored: dict[str, Any], tmp_path: Path
+) -> None:
     """A run directory someone else can write: ``scores`` planted as a link to an outside folder."""
     out, outside = tmp_path / "run", tmp_path / "outside"
     shutil.copytree(rescored["out"], out, symlinks=True)
@@ -186,7 +199,8 @@ def test_a_scores_folder_that_is_a_link_is_refused_and_nothing_written_through_i
 
 
 def test_a_version_name_taken_by_a_plain_file_is_refused_in_one_line_and_nothing_is_left(
-        rescored: dict[str, Any], tmp_path: Path) -> None:
+    rescored: dict[str, Any], tmp_path: Path
+) -> None:
     """``scores/v2`` a plain file (planted, or left by hand): no traceback, no ``scores/v2.tmp``."""
     out = tmp_path / "run"
     shutil.copytree(rescored["out"], out)

@@ -18,7 +18,7 @@ from rollout_ray import read_run
 
 CLI = [sys.executable, "-m", "rollout_ray"]
 
-FLAKY = '''
+FLAKY = """
 import os
 
 from rollout_ray import ChatHarness, Task, Trace, reward
@@ -40,14 +40,13 @@ def tasks():
 
 def harness():
     return ChatHarness()
-'''
+"""
 
 
 def _eval(tmp_path: pathlib.Path, *argv: str | pathlib.Path) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     environment["RAY_TMPDIR"] = str(tmp_path / "ray-tmp")  # a Ray that starts shows
-    return subprocess.run([*CLI, "eval", *map(str, argv)], capture_output=True, text=True, timeout=120,
-                          env=environment)
+    return subprocess.run([*CLI, "eval", *map(str, argv)], capture_output=True, text=True, timeout=120, env=environment)
 
 
 @pytest.mark.slow
@@ -91,12 +90,12 @@ def test_a_resume_with_other_settings_is_refused_before_ray_with_the_values(tmp_
     first = _eval(tmp_path, arith, "--executor", "local", "--limit", "1", "--sim-ttft", "0", "--out", out)
     assert first.returncode == 0, first.stderr[-2000:]
     # The default executor is Ray: a check made only after Ray's start would show in ray-tmp.
-    line = _refused(tmp_path, arith, "--limit", "1", "--samples", "2", "--temperature", "0.5", "--resume",
-                    "--out", out)
+    line = _refused(tmp_path, arith, "--limit", "1", "--samples", "2", "--temperature", "0.5", "--resume", "--out", out)
     assert line == (
         f"rollout-ray eval: error: {out} was run with other settings (eval.samples_per_task: stored 4, given 2; "
         "eval.sampling.temperature: stored none, given 0.5; model.simulated.ttft: stored 0.0, given 0.05); "
-        "resume with the settings it was run with, or start a new run in another directory")
+        "resume with the settings it was run with, or start a new run in another directory"
+    )
 
 
 class _HeldModels(BaseHTTPRequestHandler):
@@ -119,8 +118,7 @@ class _HeldModels(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_second_eval_on_a_starting_run_is_refused_before_ray_and_ctl_says_it_starts(
-        tmp_path: pathlib.Path) -> None:
+def test_a_second_eval_on_a_starting_run_is_refused_before_ray_and_ctl_says_it_starts(tmp_path: pathlib.Path) -> None:
     """The first eval is held in its start (before Ray) by a model server the test holds: a
     second eval on its --out is refused in one line before its own Ray, and ctl says the run
     is starting, not that there is none. Released, the first runs to the end."""
@@ -129,18 +127,38 @@ def test_a_second_eval_on_a_starting_run_is_refused_before_ray_and_ctl_says_it_s
     threading.Thread(target=server.serve_forever, daemon=True).start()
     arith = str(pathlib.Path(__file__).parents[2] / "examples" / "arith.py")
     out = tmp_path / "run"
-    first = subprocess.Popen([*CLI, "eval", arith, "--executor", "local", "--limit", "1", "--samples", "1",
-                              "--model-url", f"http://127.0.0.1:{server.server_address[1]}/v1", "--out", str(out)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [
+            *CLI,
+            "eval",
+            arith,
+            "--executor",
+            "local",
+            "--limit",
+            "1",
+            "--samples",
+            "1",
+            "--model-url",
+            f"http://127.0.0.1:{server.server_address[1]}/v1",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert handler.asked.wait(60), "the first eval never asked for its model"
         line = _refused(tmp_path, arith, "--out", out)
-        assert line == (f"rollout-ray eval: error: {out} is in use by another process (pid {first.pid}); wait for "
-                        "it, or use another --out")
+        assert line == (
+            f"rollout-ray eval: error: {out} is in use by another process (pid {first.pid}); wait for "
+            "it, or use another --out"
+        )
         ctl = subprocess.run([*CLI, "ctl", str(out), "status"], capture_output=True, text=True, timeout=60)
         assert ctl.returncode == 2 and ctl.stderr.splitlines() == [
             f"rollout-ray ctl: error: {out}: its run (pid {first.pid}) has no control endpoint yet: it opens when "
-            "the rollouts start, after Ray's warm-up; try again in a few seconds"]
+            "the rollouts start, after Ray's warm-up; try again in a few seconds"
+        ]
         handler.release.set()
         _, stderr = first.communicate(timeout=120)
     finally:

@@ -27,8 +27,10 @@ ROOT = Path(__file__).parents[2]
 ARITH = str(ROOT / "examples" / "arith.py")
 CLI = [sys.executable, "-m", "rollout_ray"]
 PRECIOUS = "precious\n"
-LINK = ("{path} is a symbolic link; a run directory and what it holds are never reached through one: remove the "
-        "link, or pass the directory itself")
+LINK = (
+    "{path} is a symbolic link; a run directory and what it holds are never reached through one: remove the "
+    "link, or pass the directory itself"
+)
 
 Report = Callable[[str, str, str, str, float], None]
 
@@ -67,10 +69,12 @@ def outside_file(tmp_path: Path) -> Path:
     return victim
 
 
-@pytest.mark.parametrize("planted", [".lock", "manifest.json.tmp", "shards/part-00000.parquet.tmp",
-                                     "groups/part-00000.parquet.tmp"])
+@pytest.mark.parametrize(
+    "planted", [".lock", "manifest.json.tmp", "shards/part-00000.parquet.tmp", "groups/part-00000.parquet.tmp"]
+)
 def test_a_link_planted_where_eval_writes_is_refused_and_the_outside_file_kept(
-        tmp_path: Path, planted: str, report: Report) -> None:
+    tmp_path: Path, planted: str, report: Report
+) -> None:
     victim = outside_file(tmp_path)
     (tmp_path / "r" / planted).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / "r" / planted).symlink_to(victim)
@@ -79,8 +83,13 @@ def test_a_link_planted_where_eval_writes_is_refused_and_the_outside_file_kept(
     kind = "error: " if planted == ".lock" else ""
     assert refused(done) == "rollout-ray eval: " + kind + LINK.format(path=f"r/{planted}")
     assert victim.read_text() == PRECIOUS and (tmp_path / "r" / planted).is_symlink()
-    report(f"21§1 planted r/{planted}", "link to an outside file; eval --out r", "refused: exit 2, names it",
-           "outside file intact", seconds)
+    report(
+        f"21§1 planted r/{planted}",
+        "link to an outside file; eval --out r",
+        "refused: exit 2, names it",
+        "outside file intact",
+        seconds,
+    )
 
 
 @pytest.mark.parametrize("planted", ["report.png", "report.png.tmp"])
@@ -92,8 +101,13 @@ def test_report_draws_its_plot_through_no_link(tmp_path: Path, stored: Path, pla
     done, seconds = cli(tmp_path, "report", "r")
     assert refused(done) == "rollout-ray report: error: " + LINK.format(path=f"r/{planted}")
     assert victim.read_text() == PRECIOUS
-    report(f"21§1 planted r/{planted}", "link to an outside file; report r", "refused: exit 2, names it",
-           "outside file intact", seconds)
+    report(
+        f"21§1 planted r/{planted}",
+        "link to an outside file; report r",
+        "refused: exit 2, names it",
+        "outside file intact",
+        seconds,
+    )
     (run / planted).unlink()
     done, _ = cli(tmp_path, "report", "r")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -114,32 +128,46 @@ def test_overwrite_removes_links_inside_and_follows_none(tmp_path: Path, stored:
     assert read_manifest(run).run_id != first and read_run(run).num_rows == 8
     assert sorted(os.listdir(run)) == [".lock", "groups", "manifest.json", "shards", "status.json"]
     assert victim.read_text() == PRECIOUS and os.listdir(elsewhere) == ["keep"]
-    report("21§1 --overwrite, links inside", "file, folder and shards/ links", "removed, never followed",
-           "outside files intact", seconds)
+    report(
+        "21§1 --overwrite, links inside",
+        "file, folder and shards/ links",
+        "removed, never followed",
+        "outside files intact",
+        seconds,
+    )
 
 
-def test_a_run_directory_that_is_a_link_is_refused_by_every_command(tmp_path: Path, stored: Path,
-                                                                     report: Report) -> None:
+def test_a_run_directory_that_is_a_link_is_refused_by_every_command(
+    tmp_path: Path, stored: Path, report: Report
+) -> None:
     real = shutil.copytree(stored, tmp_path / "real", symlinks=True)
     (tmp_path / "r").symlink_to(real, target_is_directory=True)
     manifest = (real / "manifest.json").read_bytes()
     done, seconds = evaluate(tmp_path, "r", "--resume")
-    assert refused(done) == ("rollout-ray eval: error: --out r is a symbolic link; a run directory is never "
-                             "reached through one: pass the directory itself")
+    assert refused(done) == (
+        "rollout-ray eval: error: --out r is a symbolic link; a run directory is never "
+        "reached through one: pass the directory itself"
+    )
     done, _ = cli(tmp_path, "report", "r")
     assert refused(done) == "rollout-ray report: error: " + LINK.format(path="r")
     done, _ = cli(tmp_path, "view", "r", "--port", "0")
     assert refused(done) == "rollout-ray view: " + LINK.format(path="r")
     assert (real / "manifest.json").read_bytes() == manifest and not (real / "report.png").exists()
-    report("21§1 run dir is a link", "r -> a run; eval --resume, report, view", "each refused: exit 2",
-           "the run untouched", seconds)
+    report(
+        "21§1 run dir is a link",
+        "r -> a run; eval --resume, report, view",
+        "each refused: exit 2",
+        "the run untouched",
+        seconds,
+    )
 
 
 def view_statuses(cwd: Path, root: str, *paths: str) -> list[tuple[int, Any]]:
     """GET each path from a real ``rollout-ray view ROOT`` process: (status, JSON body)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([*CLI, "view", root, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=cwd, env=env)
+    proc = subprocess.Popen(
+        [*CLI, "view", root, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -165,13 +193,25 @@ def test_the_viewer_command_follows_no_link_out_of_its_root(tmp_path: Path, stor
     (tmp_path / "root" / "ext").symlink_to(theirs, target_is_directory=True)  # a run, linked in
     (tmp_path / "root" / "more").symlink_to(theirs.parent, target_is_directory=True)  # a folder of runs
     started = time.monotonic()
-    (_, runs), *served = view_statuses(tmp_path, "root", "api/runs", "api/run?run=ext", "api/rollouts?run=ext",
-                                       "api/rollouts?run=more/theirs", "api/rollouts?run=mine")
+    (_, runs), *served = view_statuses(
+        tmp_path,
+        "root",
+        "api/runs",
+        "api/run?run=ext",
+        "api/rollouts?run=ext",
+        "api/rollouts?run=more/theirs",
+        "api/rollouts?run=mine",
+    )
     seconds = time.monotonic() - started
     assert [r["id"] for r in runs["runs"]] == ["mine"]
     assert [status for status, _ in served] == [404, 404, 404, 200] and len(served[-1][1]["rows"]) == 8
-    report("21§1 rollout-ray view: run linked in", "root/ext -> a run outside, root/more -> its folder",
-           "neither listed nor served (404)", "0 rows of theirs served", seconds)
+    report(
+        "21§1 rollout-ray view: run linked in",
+        "root/ext -> a run outside, root/more -> its folder",
+        "neither listed nor served (404)",
+        "0 rows of theirs served",
+        seconds,
+    )
 
 
 def test_a_link_among_the_parents_is_the_users_choice(tmp_path: Path) -> None:
@@ -188,8 +228,10 @@ def test_the_red_teams_manifest_scenario_then_a_clean_run(tmp_path: Path, report
     victim = outside_file(tmp_path)
     (tmp_path / "r" / "manifest.json.tmp").symlink_to(victim)
     done, _ = evaluate(tmp_path, "r")
-    assert refused(done).endswith("r/manifest.json.tmp is a symbolic link; a run directory and what it holds are "
-                                  "never reached through one: remove the link, or pass the directory itself")
+    assert refused(done).endswith(
+        "r/manifest.json.tmp is a symbolic link; a run directory and what it holds are "
+        "never reached through one: remove the link, or pass the directory itself"
+    )
     assert victim.read_text() == PRECIOUS and not (tmp_path / "r" / "manifest.json").exists()
     (tmp_path / "r" / "manifest.json.tmp").unlink()
     done, _ = evaluate(tmp_path, "r")
@@ -208,5 +250,10 @@ def test_a_sweep_writes_its_own_files_through_no_link(tmp_path: Path, planted: s
     done, seconds = cli(tmp_path, "sweep", str(grid), "--out", "s")
     assert refused(done) == "rollout-ray sweep: " + LINK.format(path=f"s/{planted}")
     assert victim.read_text() == PRECIOUS and (tmp_path / "s" / planted).is_symlink()
-    report(f"21§1 planted s/{planted}", "link to an outside file; sweep --out s", "refused: exit 2, names it",
-           "outside file intact", seconds)
+    report(
+        f"21§1 planted s/{planted}",
+        "link to an outside file; sweep --out s",
+        "refused: exit 2, names it",
+        "outside file intact",
+        seconds,
+    )

@@ -52,12 +52,14 @@ def _write(tmp_path: pathlib.Path, text: str, name: str = "grid.toml") -> str:
 
 
 def test_points_are_the_product_of_the_axes_named_in_product_order() -> None:
-    grid = SweepGrid.model_validate({
-        "model": [{"name": "sim"}, {"name": "gpt-4o", "url": "http://127.0.0.1:1/v1"}],
-        "sampling": [{"temperature": 0.7, "top_p": 0.9}, {"temperature": 1}],
-        "limits": [{"max_turns": 4}],
-        "harness": ["harness", "rollout_ray:ChatHarness"],
-    })
+    grid = SweepGrid.model_validate(
+        {
+            "model": [{"name": "sim"}, {"name": "gpt-4o", "url": "http://127.0.0.1:1/v1"}],
+            "sampling": [{"temperature": 0.7, "top_p": 0.9}, {"temperature": 1}],
+            "limits": [{"max_turns": 4}],
+            "harness": ["harness", "rollout_ray:ChatHarness"],
+        }
+    )
     points = expand(grid)
     assert len(points) == 2 * 2 * 1 * 2
     assert [p.name for p in points] == [
@@ -88,7 +90,8 @@ def test_point_numbers_widen_past_999() -> None:
 
 def test_two_simulated_models_differ_only_in_their_settings() -> None:
     good, bad = SweepGrid.model_validate(
-        {"model": [{"name": "good"}, {"name": "bad", "error_rate": 0.25, "seed": 3}]}).model
+        {"model": [{"name": "good"}, {"name": "bad", "error_rate": 0.25, "seed": 3}]}
+    ).model
     assert good.simulated().error_rate == 0.0
     assert (bad.simulated().error_rate, bad.simulated().seed, bad.simulated().model_name) == (0.25, 3, "simulated")
 
@@ -98,35 +101,55 @@ def test_two_simulated_models_differ_only_in_their_settings() -> None:
 HEAD = f'taskset = "{ARITH}"\n'
 
 
-@pytest.mark.parametrize(("body", "problems"), [
-    (HEAD + "[base]\nsample = 2\n", ["base.sample: unknown key"]),
-    (HEAD + "[base]\nsamples = 0\n", ["base.samples: Input should be greater than or equal to 1"]),
-    (HEAD + '[base]\nexecutor = "slurm"\n', ["base.executor: Input should be 'ray' or 'local'"]),
-    (HEAD + "[base]\npass_k = [2, 0]\n", ["base.pass_k[1]: Input should be greater than or equal to 1"]),
-    (HEAD + '[grid]\nmodel = "sim"\n', ["grid.model: Input should be a valid list"]),
-    (HEAD + "[grid]\ntemperature = [0.7]\n", ["grid.temperature: unknown key"]),
-    (HEAD + '[grid]\nmodel = [{name = "a"}, {name = "b", eror_rate = 0.1}]\n',
-     ["grid.model[1].eror_rate: unknown key"]),
-    (HEAD + '[grid]\nmodel = [{name = "a"}, {name = "a"}]\n',
-     ["grid.model: model names must be unique; repeated: a"]),
-    (HEAD + '[grid]\nmodel = [{name = "x", url = "http://h/v1", error_rate = 0.1, ttft = 0}]\n',
-     ["grid.model[0]: simulated-model settings (error_rate, ttft) given with url; remove them, or "
-      "remove url to use the simulated model"]),
-    (HEAD + "[grid]\nlimits = [{max_turn = 3}]\n",
-     ["grid.limits[0].max_turn: unknown key; expected 'max_turns', 'max_input_tokens', "
-      "'max_output_tokens' or 'max_total_tokens'"]),
-    (HEAD + "[grid]\nlimits = [{max_turns = -1}, {max_turns = true}]\n",
-     ["grid.limits[0].max_turns: Input should be greater than or equal to 0",
-      "grid.limits[1].max_turns: Input should be a valid integer"]),
-    (HEAD + "[grid]\nsampling = [{temperature = [1]}]\n",
-     ["grid.sampling[0].temperature: must be a number, a string or a boolean, got list"]),
-    (HEAD + "[grid]\nharness = []\n", ["grid.harness: List should have at least 1 item after validation, not 0"]),
-    ("[grid]\n", ["taskset: Field required"]),
-    ('taskset = "no/such/taskset.py"\n', ["taskset: no such file: no/such/taskset.py"]),
-    (HEAD + "[grid\n", ["invalid TOML: Expected ']' at the end of a table declaration (at line 2, column 6)"]),
-])
-def test_a_bad_grid_file_names_the_key_and_the_file(tmp_path: pathlib.Path, body: str,
-                                                     problems: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("body", "problems"),
+    [
+        (HEAD + "[base]\nsample = 2\n", ["base.sample: unknown key"]),
+        (HEAD + "[base]\nsamples = 0\n", ["base.samples: Input should be greater than or equal to 1"]),
+        (HEAD + '[base]\nexecutor = "slurm"\n', ["base.executor: Input should be 'ray' or 'local'"]),
+        (HEAD + "[base]\npass_k = [2, 0]\n", ["base.pass_k[1]: Input should be greater than or equal to 1"]),
+        (HEAD + '[grid]\nmodel = "sim"\n', ["grid.model: Input should be a valid list"]),
+        (HEAD + "[grid]\ntemperature = [0.7]\n", ["grid.temperature: unknown key"]),
+        (
+            HEAD + '[grid]\nmodel = [{name = "a"}, {name = "b", eror_rate = 0.1}]\n',
+            ["grid.model[1].eror_rate: unknown key"],
+        ),
+        (
+            HEAD + '[grid]\nmodel = [{name = "a"}, {name = "a"}]\n',
+            ["grid.model: model names must be unique; repeated: a"],
+        ),
+        (
+            HEAD + '[grid]\nmodel = [{name = "x", url = "http://h/v1", error_rate = 0.1, ttft = 0}]\n',
+            [
+                "grid.model[0]: simulated-model settings (error_rate, ttft) given with url; remove them, or "
+                "remove url to use the simulated model"
+            ],
+        ),
+        (
+            HEAD + "[grid]\nlimits = [{max_turn = 3}]\n",
+            [
+                "grid.limits[0].max_turn: unknown key; expected 'max_turns', 'max_input_tokens', "
+                "'max_output_tokens' or 'max_total_tokens'"
+            ],
+        ),
+        (
+            HEAD + "[grid]\nlimits = [{max_turns = -1}, {max_turns = true}]\n",
+            [
+                "grid.limits[0].max_turns: Input should be greater than or equal to 0",
+                "grid.limits[1].max_turns: Input should be a valid integer",
+            ],
+        ),
+        (
+            HEAD + "[grid]\nsampling = [{temperature = [1]}]\n",
+            ["grid.sampling[0].temperature: must be a number, a string or a boolean, got list"],
+        ),
+        (HEAD + "[grid]\nharness = []\n", ["grid.harness: List should have at least 1 item after validation, not 0"]),
+        ("[grid]\n", ["taskset: Field required"]),
+        ('taskset = "no/such/taskset.py"\n', ["taskset: no such file: no/such/taskset.py"]),
+        (HEAD + "[grid\n", ["invalid TOML: Expected ']' at the end of a table declaration (at line 2, column 6)"]),
+    ],
+)
+def test_a_bad_grid_file_names_the_key_and_the_file(tmp_path: pathlib.Path, body: str, problems: list[str]) -> None:
     path = _write(tmp_path, body)
     with pytest.raises(UsageError) as info:
         load_sweep(path)
@@ -135,8 +158,11 @@ def test_a_bad_grid_file_names_the_key_and_the_file(tmp_path: pathlib.Path, body
 
 def test_unknown_sampling_keys_list_every_known_one(tmp_path: pathlib.Path) -> None:
     path = _write(tmp_path, HEAD + "[grid]\nsampling = [{temprature = 0.7}]\n")
-    with pytest.raises(UsageError, match=r"^.*: grid\.sampling\[0\]\.temprature: unknown key; expected "
-                                               r"'frequency_penalty', .* or 'top_p'$"):
+    with pytest.raises(
+        UsageError,
+        match=r"^.*: grid\.sampling\[0\]\.temprature: unknown key; expected "
+        r"'frequency_penalty', .* or 'top_p'$",
+    ):
         load_sweep(path)
 
 
@@ -145,11 +171,15 @@ def test_a_harness_that_is_not_a_function_of_the_taskset_is_named(tmp_path: path
     with pytest.raises(UsageError) as info:
         load_sweep(path)
     assert info.value.problems == [
-        ("grid.harness[1]", f"'nothere' is not a function of {ARITH}; name a function returning a "
-                            "Harness, or 'module:function'"),
+        (
+            "grid.harness[1]",
+            f"'nothere' is not a function of {ARITH}; name a function returning a Harness, or 'module:function'",
+        ),
         ("grid.harness[2]", "cannot import no_such_module_x: No module named 'no_such_module_x'"),
-        ("grid.harness[3]", "'pi' is not a function of math; name a function returning a Harness, "
-                            "or 'module:function'"),
+        (
+            "grid.harness[3]",
+            "'pi' is not a function of math; name a function returning a Harness, or 'module:function'",
+        ),
     ]
 
 
@@ -163,8 +193,9 @@ def test_harnesses_are_taskset_functions_or_module_paths(tmp_path: pathlib.Path)
     assert len(sweep.tasks) == 50  # no [base] limit
 
 
-def test_the_command_exits_2_on_a_bad_grid_and_runs_nothing(tmp_path: pathlib.Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_exits_2_on_a_bad_grid_and_runs_nothing(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _write(tmp_path, HEAD + "[base]\nsample = 2\n[grid]\nlimits = [{max_turn = 3}]\n")
     out = tmp_path / "out"
     assert cli.main(["sweep", path, "--out", str(out), "--executor", "local"]) == 2
@@ -198,8 +229,9 @@ def executors(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.fixture
-def swept(tmp_path: pathlib.Path, executors: list[str],
-          capsys: pytest.CaptureFixture[str]) -> Iterator[tuple[str, str, str]]:
+def swept(
+    tmp_path: pathlib.Path, executors: list[str], capsys: pytest.CaptureFixture[str]
+) -> Iterator[tuple[str, str, str]]:
     """A finished sweep of GRID with the local executor: (out dir, stdout, stderr)."""
     out = str(tmp_path / "sweep")
     assert cli.main(["sweep", _write(tmp_path, GRID), "--out", out, "--executor", "local"]) == 0
@@ -207,20 +239,27 @@ def swept(tmp_path: pathlib.Path, executors: list[str],
     yield out, captured.out, captured.err
 
 
-def test_a_sweep_writes_one_run_per_point_and_a_comparison(swept: tuple[str, str, str],
-                                                           executors: list[str]) -> None:
+def test_a_sweep_writes_one_run_per_point_and_a_comparison(swept: tuple[str, str, str], executors: list[str]) -> None:
     out, stdout, stderr = swept
     assert executors == ["local"]  # one executor for the whole sweep
-    assert sorted(os.listdir(out)) == [*NAMES, "comparison.csv", "comparison.parquet", "comparison.png",
-                                       "grid.toml"]
+    assert sorted(os.listdir(out)) == [*NAMES, "comparison.csv", "comparison.parquet", "comparison.png", "grid.toml"]
     for i, name in enumerate(NAMES, 1):
         assert f"[{i}/4] {name}: 2 tasks × 2 samples, model: built-in simulated model at " in stderr
         assert read_run(os.path.join(out, name)).num_rows == 4
     table = pq.read_table(os.path.join(out, "comparison.parquet"))
-    assert table.column_names[:8] == ["point", "model", "temperature", "harness", "status", "rollouts",
-                                      "ok", "failed"]
-    assert {"mean_reward", "reward_sem", "pass_at_1", "pass_at_2", "total_tokens", "agent_p50_s",
-            "agent_p95_s", "stop_agent_completed", "reason", "run_dir"} <= set(table.column_names)
+    assert table.column_names[:8] == ["point", "model", "temperature", "harness", "status", "rollouts", "ok", "failed"]
+    assert {
+        "mean_reward",
+        "reward_sem",
+        "pass_at_1",
+        "pass_at_2",
+        "total_tokens",
+        "agent_p50_s",
+        "agent_p95_s",
+        "stop_agent_completed",
+        "reason",
+        "run_dir",
+    } <= set(table.column_names)
     assert table["point"].to_pylist() == NAMES
     assert table["model"].to_pylist() == ["good", "good", "bad", "bad"]
     assert table["temperature"].to_pylist() == [0.0, 0.7, 0.0, 0.7]
@@ -243,8 +282,12 @@ def test_the_comparison_matches_each_runs_own_summary(swept: tuple[str, str, str
         assert recorded["sweep"]["sampling"] == {"temperature": row["temperature"]}
         samples, groups = stored_results(row["run_dir"])  # finalized as each group closed
         s = summarize(samples, groups)
-        assert (row["rollouts"], row["ok"], row["failed"], row["groups"]) == (s["rollouts"], s["ok"],
-                                                                             s["failed"], s["groups"])
+        assert (row["rollouts"], row["ok"], row["failed"], row["groups"]) == (
+            s["rollouts"],
+            s["ok"],
+            s["failed"],
+            s["groups"],
+        )
         assert row["mean_reward"] == s["mean_reward"]
         assert {k: row[f"pass_at_{k}"] for k in (1, 2)} == s["pass_at"]
         assert row["stop_agent_completed"] == s["stop_conditions"]["agent_completed"] == 4
@@ -253,21 +296,23 @@ def test_the_comparison_matches_each_runs_own_summary(swept: tuple[str, str, str
         for span, (p50, p95) in s["spans"].items():
             assert (row[f"{span}_p50_s"], row[f"{span}_p95_s"]) == (p50, p95)
         rewards = samples["reward"].to_pylist()
-        assert row["reward_sem"] == pytest.approx(
-            math.sqrt(sum((r - s["mean_reward"]) ** 2 for r in rewards) / 3 / 4))
+        assert row["reward_sem"] == pytest.approx(math.sqrt(sum((r - s["mean_reward"]) ** 2 for r in rewards) / 3 / 4))
 
 
-def test_a_finished_sweep_is_not_overwritten_without_resume(swept: tuple[str, str, str], tmp_path: pathlib.Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_finished_sweep_is_not_overwritten_without_resume(
+    swept: tuple[str, str, str], tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = swept[0]
     assert cli.main(["sweep", str(tmp_path / "grid.toml"), "--out", out, "--executor", "local"]) == 2
-    assert capsys.readouterr().err == (f"rollout-ray sweep: {out}: already holds runs of a sweep ({NAMES[0]}, "
-                                       "...); pass --resume to continue it, or choose another --out\n")
+    assert capsys.readouterr().err == (
+        f"rollout-ray sweep: {out}: already holds runs of a sweep ({NAMES[0]}, "
+        "...); pass --resume to continue it, or choose another --out\n"
+    )
 
 
-def test_resume_skips_complete_points_and_resumes_the_others(swept: tuple[str, str, str], tmp_path: pathlib.Path,
-                                                             executors: list[str],
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_skips_complete_points_and_resumes_the_others(
+    swept: tuple[str, str, str], tmp_path: pathlib.Path, executors: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     out = swept[0]
     before = {n: sorted(os.listdir(os.path.join(out, n, "shards"))) for n in NAMES}
     shutil.rmtree(os.path.join(out, NAMES[1], "shards"))  # point 2 was cut short before its first shard
@@ -290,23 +335,29 @@ def test_resume_skips_complete_points_and_resumes_the_others(swept: tuple[str, s
     assert capsys.readouterr().err.count("skipped (complete)") == 4
 
 
-def test_resume_refuses_a_point_stored_with_other_settings(swept: tuple[str, str, str], tmp_path: pathlib.Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_refuses_a_point_stored_with_other_settings(
+    swept: tuple[str, str, str], tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = swept[0]
     changed = _write(tmp_path, GRID.replace("samples = 2", "samples = 3"), "changed.toml")
     assert cli.main(["sweep", changed, "--out", out, "--executor", "local", "--resume"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"rollout-ray sweep: {out}: {name}: was run with other settings (eval.samples_per_task); resume "
-        "with the grid it was run with, or choose another --out" for name in NAMES
+        "with the grid it was run with, or choose another --out"
+        for name in NAMES
     ]
 
 
 @pytest.mark.ray
-def test_a_sweep_on_ray_starts_one_executor_for_every_point(ray_cluster: Any, tmp_path: pathlib.Path,
-                                                             executors: list[str],
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    grid = _write(tmp_path, GRID.replace('executor = "ray"', 'executor = "ray"\nactors = 1\ncapacity = 8')
-                  .replace("sampling = [{temperature = 0.0}, {temperature = 0.7}]", ""))
+def test_a_sweep_on_ray_starts_one_executor_for_every_point(
+    ray_cluster: Any, tmp_path: pathlib.Path, executors: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    grid = _write(
+        tmp_path,
+        GRID.replace('executor = "ray"', 'executor = "ray"\nactors = 1\ncapacity = 8').replace(
+            "sampling = [{temperature = 0.0}, {temperature = 0.7}]", ""
+        ),
+    )
     out = str(tmp_path / "sweep")
     assert cli.main(["sweep", grid, "--out", out]) == 0
     assert executors == ["ray"]

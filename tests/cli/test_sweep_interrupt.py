@@ -35,12 +35,18 @@ def _ignore_sigint() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_stops_the_sweep_with_the_points_stored_and_how_to_continue(tmp_path: pathlib.Path,
-                                                                            signum: int, code: int) -> None:
+def test_a_signal_stops_the_sweep_with_the_points_stored_and_how_to_continue(
+    tmp_path: pathlib.Path, signum: int, code: int
+) -> None:
     grid, out = tmp_path / "grid.toml", tmp_path / "sweep"
     grid.write_text(GRID)
-    proc = subprocess.Popen([*CLI, "sweep", str(grid), "--out", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_ignore_sigint)
+    proc = subprocess.Popen(
+        [*CLI, "sweep", str(grid), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ignore_sigint,
+    )
     seen = []
     assert proc.stderr is not None
     for line in proc.stderr:  # waits on output, not on time: the first point is stored
@@ -54,11 +60,17 @@ def test_a_signal_stops_the_sweep_with_the_points_stored_and_how_to_continue(tmp
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     (line,) = [s for s in stderr.splitlines() if s.startswith("interrupted")]
     head, command = line.split("; continue with: ")
-    complete = sum(read_run(str(out / name), ["reward"]).num_rows == 6 for name in os.listdir(out)
-                   if (out / name / "manifest.json").exists())
+    complete = sum(
+        read_run(str(out / name), ["reward"]).num_rows == 6
+        for name in os.listdir(out)
+        if (out / name / "manifest.json").exists()
+    )
     assert head == f"interrupted: {complete} of 3 points stored" and complete >= 1
     assert shlex.split(command) == ["rollout-ray", "sweep", str(grid), "--resume", "--out", str(out)]
     again = subprocess.run([*CLI, *shlex.split(command)[1:]], capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-3000:]
     assert sorted(n for n in os.listdir(out) if n[0].isdigit()) == [
-        "001-model=slow-temperature=0.0", "002-model=slow-temperature=0.1", "003-model=slow-temperature=0.2"]
+        "001-model=slow-temperature=0.0",
+        "002-model=slow-temperature=0.1",
+        "003-model=slow-temperature=0.2",
+    ]

@@ -15,8 +15,13 @@ CLI = [sys.executable, "-m", "rollout_ray"]
 
 def view_api(run_dir: Path, *paths: str) -> list[Any]:
     """GET each path from a real ``rollout-ray view RUN_DIR`` process."""
-    proc = subprocess.Popen([*CLI, "view", str(run_dir), "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [*CLI, "view", str(run_dir), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

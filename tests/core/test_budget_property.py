@@ -59,9 +59,12 @@ def test_b24_b27_budget_is_charged_only_while_segments_run(plan, budget):
 
     async def main() -> tuple[Trace, list[bool], list[float | None], float, BaseException | None]:
         rollout = Rollout(
-            Scored({"prompt": None}), ScriptedHarness(before_segment=before_segment),
-            model=ScriptedModel(default="ok"), runtime_factory=MemoryRuntime,
-            timeouts=RolloutTimeouts(agent=budget), has_user=True,
+            Scored({"prompt": None}),
+            ScriptedHarness(before_segment=before_segment),
+            model=ScriptedModel(default="ok"),
+            runtime_factory=MemoryRuntime,
+            timeouts=RolloutTimeouts(agent=budget),
+            has_user=True,
         )
         holder.append(rollout)
         loop = asyncio.get_running_loop()
@@ -110,22 +113,22 @@ def test_b24_b27_budget_is_charged_only_while_segments_run(plan, budget):
         assert (trace.ok, trace.stop_condition, trace.num_turns) == (False, "error", exceeded_at)
         assert isinstance(failure, HarnessError) and isinstance(failure.__cause__, TimeoutError)
         assert [(e.type, e.message) for e in trace.errors] == [
-            ("HarnessError", f"agent timeout: rollout exceeded its {budget:g}s budget")]
+            ("HarnessError", f"agent timeout: rollout exceeded its {budget:g}s budget")
+        ]
         assert trace.rewards == {} and trace.metrics == {}  # failed runs are not scored
 
 
 caps = st.one_of(st.none(), st.integers(min_value=0, max_value=120))
 usages = st.lists(
     st.tuples(st.integers(0, 40), st.integers(0, 40), st.one_of(st.none(), st.integers(0, 10))),
-    min_size=1, max_size=6,
+    min_size=1,
+    max_size=6,
 )
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
-@given(turn_cap=st.one_of(st.none(), st.integers(0, 8)), input_cap=caps, output_cap=caps,
-       total_cap=caps, plan=usages)
-def test_b33_b35_no_model_request_after_a_limit_was_reached(
-        turn_cap, input_cap, output_cap, total_cap, plan):
+@given(turn_cap=st.one_of(st.none(), st.integers(0, 8)), input_cap=caps, output_cap=caps, total_cap=caps, plan=usages)
+def test_b33_b35_no_model_request_after_a_limit_was_reached(turn_cap, input_cap, output_cap, total_cap, plan):
     limits = RolloutLimits(turn_cap, input_cap, output_cap, total_cap)
     cap_of = dict(zip(AGGREGATES, (turn_cap, input_cap, output_cap, total_cap)))
     snapshots: list[dict[str, int]] = []
@@ -140,8 +143,13 @@ def test_b33_b35_no_model_request_after_a_limit_was_reached(
         return Reply("done" if last else "more", tool_calls=[] if last else [("t", {})], usage=usage)
 
     model = ScriptedModel(default=answer)
-    rollout = Rollout(Scored({"prompt": "go"}), ScriptedHarness(tools={"t": lambda: "r"}, max_calls=64),
-                      model=model, runtime_factory=MemoryRuntime, limits=limits)
+    rollout = Rollout(
+        Scored({"prompt": "go"}),
+        ScriptedHarness(tools={"t": lambda: "r"}, max_calls=64),
+        model=model,
+        runtime_factory=MemoryRuntime,
+        limits=limits,
+    )
     holder.append(rollout)
     trace = run_virtual(rollout.run())
 

@@ -10,17 +10,28 @@ import pytest
 
 from rollout_ray import _errors
 
-ERRORS = sorted((v for v in vars(_errors).values()
-                 if isinstance(v, type) and issubclass(v, BaseException) and v.__module__ == _errors.__name__),
-                key=lambda cls: cls.__name__)
-SAMPLES = {"path": Path("/runs/x/shard.parquet"), "status_code": 503, "settings": ["model"],
-           "problems": [("grid.model", "unknown")]}
+ERRORS = sorted(
+    (
+        v
+        for v in vars(_errors).values()
+        if isinstance(v, type) and issubclass(v, BaseException) and v.__module__ == _errors.__name__
+    ),
+    key=lambda cls: cls.__name__,
+)
+SAMPLES = {
+    "path": Path("/runs/x/shard.parquet"),
+    "status_code": 503,
+    "settings": ["model"],
+    "problems": [("grid.model", "unknown")],
+}
 
 
 def _instance(cls: type[BaseException]) -> BaseException:
-    params = [p for p in inspect.signature(cls.__init__).parameters.values()
-              if p.name != "self" and p.default is inspect.Parameter.empty
-              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    params = [
+        p
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.name != "self" and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
     kwargs = {p.name: SAMPLES.get(p.name, f"<{p.name}>") for p in params}
     positional = [kwargs.pop(p.name) for p in params if p.kind is not p.KEYWORD_ONLY]
     return cls(*positional, **kwargs)

@@ -48,8 +48,13 @@ def test_b5_annotations_in_this_module_are_strings():
 @pytest.mark.parametrize("allow_trace", [False, True])
 @pytest.mark.parametrize(
     ("fn", "side"),
-    [(on_request, Request), (on_response, Response), (on_request_and_trace, Request),
-     (on_response_and_trace, Response), (unannotated_extra, Request)],
+    [
+        (on_request, Request),
+        (on_response, Response),
+        (on_request_and_trace, Request),
+        (on_response_and_trace, Response),
+        (unannotated_extra, Request),
+    ],
 )
 def test_b5_one_request_or_response_parameter_is_the_boundary(fn, side, allow_trace):
     """B5(a): one Request/Response plus at most one Trace; unannotated params are ignored."""
@@ -95,8 +100,7 @@ def _define(source: str, namespace: dict) -> dict:
 
 def test_b5_unresolvable_string_annotations_route_by_name():
     """A forward reference that cannot be resolved falls back to matching the raw names."""
-    ns = _define("def hook(request: 'Request', extra: 'NoSuchType'): pass\n"
-                 "def stop_hook(trace: 'Trace'): pass", {})
+    ns = _define("def hook(request: 'Request', extra: 'NoSuchType'): pass\ndef stop_hook(trace: 'Trace'): pass", {})
     assert ns["hook"].__annotations__ == {"request": "Request", "extra": "NoSuchType"}
     assert boundary_of(ns["hook"], allow_trace=False) is Request
     assert boundary_of(ns["stop_hook"], allow_trace=True) is Trace
@@ -114,16 +118,26 @@ class RoutedTask(Task):
     @intercept
     def resp_i(self, response: Response, trace: Trace): ...
     @stop
-    def req_s(self, request: Request, trace: Trace) -> bool: return False
+    def req_s(self, request: Request, trace: Trace) -> bool:
+        return False
+
     @stop
-    def resp_s(self, response: Response) -> bool: return False
+    def resp_s(self, response: Response) -> bool:
+        return False
+
     @stop
-    def trace_s(self, trace: Trace) -> bool: return False
+    def trace_s(self, trace: Trace) -> bool:
+        return False
 
 
 def rollout_of(task: Task, seen: list[Trace] | None = None) -> Rollout:
-    return Rollout(task, ScriptedHarness(), model=ScriptedModel(default="x"),
-                   runtime_factory=MemoryRuntime, on_trace=None if seen is None else seen.append)
+    return Rollout(
+        task,
+        ScriptedHarness(),
+        model=ScriptedModel(default="x"),
+        runtime_factory=MemoryRuntime,
+        on_trace=None if seen is None else seen.append,
+    )
 
 
 def _names(hooks) -> list[str]:
@@ -147,12 +161,14 @@ class TraceOnlyInterceptor(Task):
 
 class UnannotatedStop(Task):
     @stop
-    def done(self, trace) -> bool: return True
+    def done(self, trace) -> bool:
+        return True
 
 
 class TwoSidedStop(Task):
     @stop
-    def both(self, request: Request, response: Response) -> bool: return True
+    def both(self, request: Request, response: Response) -> bool:
+        return True
 
 
 @pytest.mark.parametrize(
@@ -162,8 +178,7 @@ class TwoSidedStop(Task):
         (UnannotatedStop({"prompt": "p"}), STOP_MSG.format("done")),
         (TwoSidedStop({"prompt": "p"}), STOP_MSG.format("both")),
         # Q21: plugged stops are classified by annotation too
-        (Task({"prompt": "p"}, TaskConfig(stops={"plugged": lambda trace: False})),
-         STOP_MSG.format("plugged")),
+        (Task({"prompt": "p"}, TaskConfig(stops={"plugged": lambda trace: False})), STOP_MSG.format("plugged")),
     ],
 )
 def test_b4_q1_bad_hook_raises_from_constructor_after_on_trace(task, message):
@@ -176,23 +191,37 @@ def test_b4_q1_bad_hook_raises_from_constructor_after_on_trace(task, message):
 
 class Base(Task):
     @reward(weight=2.0)
-    def overridden(self) -> float: return 1.0
+    def overridden(self) -> float:
+        return 1.0
+
     @metric
-    def hidden(self) -> float: return 1.0
+    def hidden(self) -> float:
+        return 1.0
+
     @metric(priority=-1)
-    def low(self) -> float: return 0.0
+    def low(self) -> float:
+        return 0.0
+
     @metric
-    def b_metric(self) -> float: return 0.0
+    def b_metric(self) -> float:
+        return 0.0
 
 
 class Child(Base):
     @reward(weight=3.0)
-    def overridden(self) -> float: return 5.0
-    def hidden(self) -> float: return 9.0  # undecorated override hides the decorated base
+    def overridden(self) -> float:
+        return 5.0
+
+    def hidden(self) -> float:
+        return 9.0  # undecorated override hides the decorated base
+
     @metric(priority=5)
-    def z_first(self) -> float: return 0.0
+    def z_first(self) -> float:
+        return 0.0
+
     @metric
-    def a_metric(self) -> float: return 0.0
+    def a_metric(self) -> float:
+        return 0.0
 
 
 def test_b50_discovery_sorts_by_descending_priority_then_name():
@@ -217,9 +246,12 @@ def test_b50_undecorated_override_hides_decorated_base_method():
 def test_b50_task_hooks_merge_plugged_stops_in_sorted_order():
     class Stops(Task):
         @stop(priority=1)
-        def urgent(self, trace: Trace) -> bool: return False
+        def urgent(self, trace: Trace) -> bool:
+            return False
+
         @stop
-        def mid(self, trace: Trace) -> bool: return False
+        def mid(self, trace: Trace) -> bool:
+            return False
 
     task = Stops({"prompt": "p"}, TaskConfig(stops={"aa": only_trace, "zz": only_trace}))
     assert _names(task.hooks("stop")) == ["urgent", "aa", "mid", "zz"]

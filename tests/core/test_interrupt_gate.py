@@ -70,12 +70,20 @@ class Stopping(Model):
     async def complete(self, request: Request, *, model: str | None, sampling: dict[str, Any]) -> Response:
         raise AssertionError("generate is the entry point")
 
-    async def generate(self, request: Request, *, model: str | None, sampling: dict[str, Any],
-                       call: CallContext) -> Response:
+    async def generate(
+        self, request: Request, *, model: str | None, sampling: dict[str, Any], call: CallContext
+    ) -> Response:
         return await self._segment(call, 0)
 
-    async def resume(self, request: Request, interrupted: Interrupted, *, model: str | None,
-                     sampling: dict[str, Any], call: CallContext) -> Response:
+    async def resume(
+        self,
+        request: Request,
+        interrupted: Interrupted,
+        *,
+        model: str | None,
+        sampling: dict[str, Any],
+        call: CallContext,
+    ) -> Response:
         return await self._segment(call, interrupted.state)
 
     async def _segment(self, call: CallContext, done: int) -> Response:
@@ -94,8 +102,9 @@ def continued(model: Stopping, gate: PolicyGate) -> tuple[Response, ModelCall]:
     call = ModelCall(policy=gate.version)
 
     async def main() -> Response:
-        return await generate(model, ASK, name=None, sampling={}, policy=gate, call=call, prefix=(None, 0),
-                              check_open=lambda: None)
+        return await generate(
+            model, ASK, name=None, sampling={}, policy=gate, call=call, prefix=(None, 0), check_open=lambda: None
+        )
 
     return run(main()), call
 

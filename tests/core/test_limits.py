@@ -40,12 +40,18 @@ def counted(**aggregates: int) -> SimpleNamespace:
 @pytest.mark.parametrize("name", LIMIT_FIELDS)
 @pytest.mark.parametrize(
     ("value", "error", "shown"),
-    [(-1, ValueError, None), (1.5, TypeError, "1.5"), (True, TypeError, "True"),
-     (False, TypeError, "False"), ("3", TypeError, "'3'")],
+    [
+        (-1, ValueError, None),
+        (1.5, TypeError, "1.5"),
+        (True, TypeError, "True"),
+        (False, TypeError, "False"),
+        ("3", TypeError, "'3'"),
+    ],
 )
 def test_b33_limit_validation(name, value, error, shown):
-    expected = (f"{name} must be >= 0 or None, got -1" if error is ValueError
-                else f"{name} must be an int or None, got {shown}")
+    expected = (
+        f"{name} must be >= 0 or None, got -1" if error is ValueError else f"{name} must be an int or None, got {shown}"
+    )
     with pytest.raises(error, match=rf"^{re.escape(expected)}$"):
         RolloutLimits(**{name: value})
 
@@ -108,14 +114,17 @@ def limited_run(limits: RolloutLimits, script=(), default=None):
 
     def answer(request: Request) -> Reply:
         seen.append(tuple(getattr(holder[0].trace, a) for a in AGGREGATES))
-        return Reply("calling", tool_calls=[("echo", {"text": "x"})],
-                     usage=Usage(prompt_tokens=10 * len(request.messages), completion_tokens=5))
+        return Reply(
+            "calling",
+            tool_calls=[("echo", {"text": "x"})],
+            usage=Usage(prompt_tokens=10 * len(request.messages), completion_tokens=5),
+        )
 
-    model = ScriptedModel([s if s is not None else answer for s in script],
-                          default=answer if default is None else default)
+    model = ScriptedModel(
+        [s if s is not None else answer for s in script], default=answer if default is None else default
+    )
     harness = ScriptedHarness(tools={"echo": lambda text: text})
-    rollout = Rollout(ScoredTask({"prompt": "go"}), harness, model=model,
-                      runtime_factory=MemoryRuntime, limits=limits)
+    rollout = Rollout(ScoredTask({"prompt": "go"}), harness, model=model, runtime_factory=MemoryRuntime, limits=limits)
     holder.append(rollout)
     return run_virtual(rollout.run()), model, seen
 
@@ -199,10 +208,16 @@ def test_b43_merged_takes_unset_values_from_the_fallback():
 
 def test_b43_b2_rollout_falls_back_to_task_data_timeouts():
     data = TaskData(prompt="p", timeout=RolloutTimeouts(setup=5, agent=30, finalize=7))
-    rollout = Rollout(Task(data), ScriptedHarness(), model=ScriptedModel(default="x"),
-                      runtime_factory=MemoryRuntime, timeouts=RolloutTimeouts(agent=12, scoring=2))
+    rollout = Rollout(
+        Task(data),
+        ScriptedHarness(),
+        model=ScriptedModel(default="x"),
+        runtime_factory=MemoryRuntime,
+        timeouts=RolloutTimeouts(agent=12, scoring=2),
+    )
     assert rollout.timeouts == RolloutTimeouts(setup=5, agent=12, finalize=7, scoring=2)
     assert rollout.remaining_agent_budget == 12  # B2
-    unbounded = Rollout(Task({"prompt": "p"}), ScriptedHarness(), model=ScriptedModel(default="x"),
-                        runtime_factory=MemoryRuntime)
+    unbounded = Rollout(
+        Task({"prompt": "p"}), ScriptedHarness(), model=ScriptedModel(default="x"), runtime_factory=MemoryRuntime
+    )
     assert (unbounded.timeouts, unbounded.remaining_agent_budget) == (RolloutTimeouts(), None)

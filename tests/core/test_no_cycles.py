@@ -43,8 +43,9 @@ def _collect(found: list[object]) -> set[str]:
 
 def test_a_chat_rollout_leaves_no_cyclic_garbage(garbage: list[object]) -> None:
     for i in range(3):
-        rollout = Rollout(Task({"prompt": f"{i}+1?"}), ChatHarness(), model=ScriptedModel(default="ok"),
-                          runtime_factory=LocalRuntime)
+        rollout = Rollout(
+            Task({"prompt": f"{i}+1?"}), ChatHarness(), model=ScriptedModel(default="ok"), runtime_factory=LocalRuntime
+        )
         trace = run(rollout.run())
         assert trace.ok
         del rollout, trace

@@ -21,9 +21,12 @@ class MathTask(Task):
 
 
 def test_a_key_the_data_class_lacks_is_refused_in_one_line_naming_it_and_what_to_declare() -> None:
-    with pytest.raises(ValueError, match=r"^Task: task data key 'answer' is not a field of TaskData; declare it on a "
-                                         r"TaskData subclass \(class MyData\(TaskData\): answer: \.\.\.\) and set "
-                                         r"Task\.data_type = MyData$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Task: task data key 'answer' is not a field of TaskData; declare it on a "
+        r"TaskData subclass \(class MyData\(TaskData\): answer: \.\.\.\) and set "
+        r"Task\.data_type = MyData$",
+    ):
         Task({"prompt": "2+2?", "answer": 4})
 
 
@@ -41,16 +44,19 @@ def test_task_data_built_directly_refuses_an_unknown_key() -> None:
         TaskData(prompt="2+2?", answer=4)  # type: ignore[call-arg]
 
 
-@pytest.mark.parametrize(("model", "raw", "where"), [
-    (EvalConfig, {"sample_per_task": 4}, "sample_per_task"),
-    (EvalConfig, {"limits": {"max_turn": 3}}, r"limits\.max_turn"),
-    (EvalConfig, {"timeouts": {"agnet": 3.0}}, r"timeouts\.agnet"),
-    (EvalConfig, {"finalize": {"pass_at": [1]}}, r"finalize\.pass_at"),
-    (SimulatedModelConfig, {"temprature_error": 0.1}, "temprature_error"),
-    (TaskConfig, {"reward": {}}, "reward"),
-    (PluggedReward, {"wieght": 2.0}, "wieght"),
-    (MathData, {"answer": 4, "timeout": {"agnet": 1.0}}, r"timeout\.agnet"),
-])
+@pytest.mark.parametrize(
+    ("model", "raw", "where"),
+    [
+        (EvalConfig, {"sample_per_task": 4}, "sample_per_task"),
+        (EvalConfig, {"limits": {"max_turn": 3}}, r"limits\.max_turn"),
+        (EvalConfig, {"timeouts": {"agnet": 3.0}}, r"timeouts\.agnet"),
+        (EvalConfig, {"finalize": {"pass_at": [1]}}, r"finalize\.pass_at"),
+        (SimulatedModelConfig, {"temprature_error": 0.1}, "temprature_error"),
+        (TaskConfig, {"reward": {}}, "reward"),
+        (PluggedReward, {"wieght": 2.0}, "wieght"),
+        (MathData, {"answer": 4, "timeout": {"agnet": 1.0}}, r"timeout\.agnet"),
+    ],
+)
 def test_a_misspelt_config_key_is_an_error_at_its_location(model: Any, raw: dict[str, Any], where: str) -> None:
     with pytest.raises(ValidationError, match=rf"(?m)^{where}\n"):
         model.model_validate(raw)

@@ -38,8 +38,7 @@ class Count(Task):
     """Players take turns adding 3; each is rewarded for its own moves."""
 
     def user_simulator(self) -> Any:
-        return PeerAgent("You are player B. Answer with the number only.", name="b", ask=_move, tell=_move,
-                         max_turns=2)
+        return PeerAgent("You are player B. Answer with the number only.", name="b", ask=_move, tell=_move, max_turns=2)
 
     @reward
     def player_a(self, trace: Trace) -> float:
@@ -82,8 +81,12 @@ def test_a_peer_agent_needs_an_in_process_harness() -> None:
 
     from conftest import run
 
-    rollout = make_rollout(Count({"prompt": "What is 1 + 3?"}), model=ScriptedModel(default="4"),
-                           harness=ScriptedHarness(in_process=False), interception=None)
+    rollout = make_rollout(
+        Count({"prompt": "What is 1 + 3?"}),
+        model=ScriptedModel(default="4"),
+        harness=ScriptedHarness(in_process=False),
+        interception=None,
+    )
     trace = run(rollout.run())
     assert trace.last_error is not None and trace.last_error.is_a(UserSimulatorError)
     assert "needs the rollout's session in process" in trace.last_error.message

@@ -165,12 +165,12 @@ def test_b47_scorer_failure_keeps_seeded_placeholders_none() -> None:
     trace = run(make_rollout(Broken({"prompt": "hi"})).run())
     assert trace.ok is False and trace.stop_condition == "agent_completed"  # Q3
     assert trace.rewards == {"good": None, "bad": None}
-    assert trace.errors[-1].message == (
-        "task Broken scoring failed: ZeroDivisionError: division by zero"
-    )
+    assert trace.errors[-1].message == ("task Broken scoring failed: ZeroDivisionError: division by zero")
 
 
-@pytest.mark.parametrize(("phase", "message"), [("finalize", "task finalize timed out"), ("scoring", "scoring timed out")])
+@pytest.mark.parametrize(
+    ("phase", "message"), [("finalize", "task finalize timed out"), ("scoring", "scoring timed out")]
+)
 def test_b43_finalize_and_scoring_timeouts(phase: str, message: str) -> None:
     class Slow(EchoTask):
         async def finalize(self) -> None:
@@ -308,6 +308,4 @@ def test_b20_failure_with_a_borrowed_runtime_torn_down_mid_run_raises() -> None:
 
 def test_harness_base_class_without_launch_fails_clearly() -> None:
     trace = run(make_rollout(harness=Harness("bare")).run())
-    assert trace.errors[0].message == (
-        "harness 'bare' failed: NotImplementedError: Harness.launch is not implemented"
-    )
+    assert trace.errors[0].message == ("harness 'bare' failed: NotImplementedError: Harness.launch is not implemented")

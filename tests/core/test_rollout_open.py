@@ -49,8 +49,7 @@ def test_b2_b3_budget_and_ownership_decided_at_construction() -> None:
 def test_b3_a_rollout_with_no_runtime_and_no_factory_is_refused_before_minting() -> None:
     minted: list[Any] = []
     with pytest.raises(TypeError, match=r"^Rollout needs runtime= .* or runtime_factory= .*LocalRuntime\)$"):
-        Rollout(EchoTask({"prompt": "hi"}), ScriptedHarness(), model=ScriptedModel(default="x"),
-                on_trace=minted.append)
+        Rollout(EchoTask({"prompt": "hi"}), ScriptedHarness(), model=ScriptedModel(default="x"), on_trace=minted.append)
     assert minted == []  # no orphaned trace (Q1)
 
 
@@ -309,9 +308,7 @@ def test_b16_harness_session_open_failure_is_a_harness_error() -> None:
 
     r = make_rollout(harness=Broken())
     assert run(r.open()) is False
-    assert r.trace.errors[0].message == (
-        "opening harness session failed: ConnectionError: acp socket refused"
-    )
+    assert r.trace.errors[0].message == ("opening harness session failed: ConnectionError: acp socket refused")
     assert HarnessError.__name__ == r.trace.errors[0].type
     assert TaskError is not HarnessError
 

@@ -78,8 +78,7 @@ def test_b47_b51_phases_run_metrics_then_rewards_then_weighted_judges():
     task = Phased({"prompt": "p"}, TaskConfig(judges=[Grade(log, name="grade", weight=2.0)]))
     task.log = log
     trace = score(task, new_trace())
-    assert log == ["m1", "m2 saw m1=None", "r saw m1=2.0 j=None",
-                   "judge saw r=Reward(score=0.5, weight=0.5) task=p"]
+    assert log == ["m1", "m2 saw m1=None", "r saw m1=2.0 j=None", "judge saw r=Reward(score=0.5, weight=0.5) task=p"]
     assert trace.metrics == {"m1": 2.0, "m2": 1.0}
     assert type(trace.metrics["m1"]) is float
     assert trace.rewards == {"r": Reward(0.5, 0.5), "grade": Reward(1.0, 2.0)}
@@ -88,10 +87,12 @@ def test_b47_b51_phases_run_metrics_then_rewards_then_weighted_judges():
 
 class Failing(Task):
     @metric
-    def fine(self) -> float: return 1.0
+    def fine(self) -> float:
+        return 1.0
 
     @reward
-    def r_ok(self) -> float: return 1.0
+    def r_ok(self) -> float:
+        return 1.0
 
     @reward
     async def r_bad(self) -> float:
@@ -99,7 +100,8 @@ class Failing(Task):
 
 
 class Verdict(Judge):
-    async def score(self, task, trace) -> float: return 1.0
+    async def score(self, task, trace) -> float:
+        return 1.0
 
 
 def test_b47_failed_scorer_leaves_its_phase_seeded_none_and_keeps_earlier_phases():
@@ -141,16 +143,20 @@ def test_b47_mapping_result_unseeds_the_name_and_stores_keys():
 
 class Plugged(Task):
     @reward(weight=2.0, priority=3)
-    def body(self) -> float: return 1.0
+    def body(self) -> float:
+        return 1.0
 
     @reward(weight=4.0)
-    def reweighted(self) -> float: return 0.5
+    def reweighted(self) -> float:
+        return 0.5
 
     @metric
-    def m(self) -> float: return 1.0
+    def m(self) -> float:
+        return 1.0
 
     @stop
-    def done(self, trace: Trace) -> bool: return False
+    def done(self, trace: Trace) -> bool:
+        return False
 
 
 def plugged_stop(trace: Trace) -> bool:
@@ -173,11 +179,13 @@ def test_b49_plugged_config_merges_and_overrides():
     assert [(h.name, h.fn) for h in stops] == [("done", plugged_stop), ("extra", plugged_stop)]
     rewards = task.hooks("reward")
     assert [(h.name, h.priority, h.weight) for h in rewards] == [
-        ("body", 3, 8.0), ("new_r", 0, 1.0), ("reweighted", 0, 3.0)]
+        ("body", 3, 8.0),
+        ("new_r", 0, 1.0),
+        ("reweighted", 0, 3.0),
+    ]
     trace = score(task, new_trace())
     assert trace.metrics == {"m": 2.0, "new_m": 3.0}
-    assert trace.rewards == {
-        "body": Reward(0.25, 8.0), "new_r": Reward(1.0, 1.0), "reweighted": Reward(0.5, 3.0)}
+    assert trace.rewards == {"body": Reward(0.25, 8.0), "new_r": Reward(1.0, 1.0), "reweighted": Reward(0.5, 3.0)}
 
 
 def test_b49_plugged_fn_without_weight_keeps_the_replaced_weight_and_fnless_needs_a_method():
@@ -197,9 +205,13 @@ def test_b36_plugged_stop_replaces_decorated_stop_in_a_rollout():
 
 @pytest.mark.parametrize(
     ("judge", "name"),
-    [(Verdict(name="grader"), "grader"), (Verdict(), "verdict"),
-     (type("MyRubricJudge", (Judge,), {})(), "my_rubric"), (type("Grader", (Judge,), {})(), "grader"),
-     (Judge(), "judge")],
+    [
+        (Verdict(name="grader"), "grader"),
+        (Verdict(), "verdict"),
+        (type("MyRubricJudge", (Judge,), {})(), "my_rubric"),
+        (type("Grader", (Judge,), {})(), "grader"),
+        (Judge(), "judge"),
+    ],
 )
 def test_b51_judge_reward_name_fallback(judge, name):
     assert judge.reward_name == name
@@ -229,8 +241,12 @@ def test_b51_judge_failure_raises_task_error_and_keeps_the_seed():
     trace = new_trace()
     with pytest.raises(TaskError, match=r"^task Plugged scoring failed: ValueError: no verdict in reply$"):
         score(task, trace)
-    assert trace.rewards == {"body": Reward(1.0, 2.0), "reweighted": Reward(0.5, 4.0),
-                             "verdict": None, "unparseable": None}
+    assert trace.rewards == {
+        "body": Reward(1.0, 2.0),
+        "reweighted": Reward(0.5, 4.0),
+        "verdict": None,
+        "unparseable": None,
+    }
 
 
 def test_b51_unimplemented_judge_score_is_a_task_error():
@@ -242,16 +258,20 @@ def test_b51_unimplemented_judge_score_is_a_task_error():
 
 class NeedsRuntime(Task):
     @metric
-    def m_rt(self, runtime) -> float: return 1.0 if runtime == "box" else 0.0
+    def m_rt(self, runtime) -> float:
+        return 1.0 if runtime == "box" else 0.0
 
     @metric
-    def m_task(self, task) -> float: return float(isinstance(task, TaskData) and task is self.data)
+    def m_task(self, task) -> float:
+        return float(isinstance(task, TaskData) and task is self.data)
 
     @reward
-    def r_rt(self, trace, runtime) -> float: return 1.0
+    def r_rt(self, trace, runtime) -> float:
+        return 1.0
 
     @reward
-    def r_opt(self, runtime=None) -> float: return 0.5 if runtime is None else 1.0
+    def r_opt(self, runtime=None) -> float:
+        return 0.5 if runtime is None else 1.0
 
 
 def test_b47_without_runtime_hooks_requiring_it_are_skipped(caplog):
@@ -260,8 +280,10 @@ def test_b47_without_runtime_hooks_requiring_it_are_skipped(caplog):
     assert trace.metrics == {"m_task": 1.0}
     assert trace.rewards == {"r_opt": Reward(0.5)}
     skipped = [r.getMessage() for r in caplog.records if "scoring skipped" in r.getMessage()]
-    assert sorted(skipped) == ["scoring skipped: hook=m_rt reason=needs-runtime",
-                               "scoring skipped: hook=r_rt reason=needs-runtime"]
+    assert sorted(skipped) == [
+        "scoring skipped: hook=m_rt reason=needs-runtime",
+        "scoring skipped: hook=r_rt reason=needs-runtime",
+    ]
     trace = score(NeedsRuntime({"prompt": "p"}), new_trace(), runtime="box")
     assert trace.metrics == {"m_rt": 1.0, "m_task": 1.0}
     assert trace.rewards == {"r_opt": Reward(1.0), "r_rt": Reward(1.0)}

@@ -236,9 +236,7 @@ def test_b38_non_bool_request_stop_is_task_error() -> None:
         return 1
 
     s = session(request_stops=[hook(sloppy)])
-    with pytest.raises(
-        TaskError, match=r"^request interception failed: TypeError: @stop must return bool, got int$"
-    ):
+    with pytest.raises(TaskError, match=r"^request interception failed: TypeError: @stop must return bool, got int$"):
         chat(s)
 
 
@@ -345,6 +343,7 @@ def test_hooks_are_named_after_their_function() -> None:
     def turn_cap(n: int) -> Any:
         def cap(trace: Trace) -> bool:
             return trace.num_turns >= n
+
         return cap
 
     class Capped(Task):

@@ -29,14 +29,22 @@ def test_a_prompt_or_none_or_an_explicit_empty_turn_is_taken(prompt: Any) -> Non
 
 
 def test_an_interception_for_an_in_process_harness_is_a_warning() -> None:
-    with pytest.warns(UserWarning, match=r"^Rollout: interception= is not used: the harness 'scripted' runs in "
-                                         r"process and talks to its session directly$"):
-        rollout = make_rollout(EchoTask({"prompt": "hi"}), harness=ScriptedHarness(in_process=True),
-                               interception=LocalInterception())
+    with pytest.warns(
+        UserWarning,
+        match=r"^Rollout: interception= is not used: the harness 'scripted' runs in "
+        r"process and talks to its session directly$",
+    ):
+        rollout = make_rollout(
+            EchoTask({"prompt": "hi"}), harness=ScriptedHarness(in_process=True), interception=LocalInterception()
+        )
     assert run(rollout.run()).ok  # served in process, as before
 
 
 def test_a_misspelt_sampling_key_is_named_with_the_known_one() -> None:
     assert unknown_sampling(["temperature", "temprature", "top-k", "maxtokens", "guided_json"]) == [
-        ("temprature", "temperature"), ("top-k", "top_k"), ("maxtokens", "max_tokens"), ("guided_json", None)]
+        ("temprature", "temperature"),
+        ("top-k", "top_k"),
+        ("maxtokens", "max_tokens"),
+        ("guided_json", None),
+    ]
     assert {"temperature", "top_p", "max_tokens", "seed", "top_k", "min_p", "repetition_penalty"} <= SAMPLING_FIELDS

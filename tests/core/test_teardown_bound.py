@@ -38,12 +38,17 @@ class CleanupNeverReturns(ScriptedHarness):
         await asyncio.Event().wait()  # cancelled by the bound
 
 
-@pytest.mark.parametrize(("what", "build"), [
-    ("stopping the runtime", lambda: make_rollout(Scored({"prompt": "hi"}), runtime_factory=StopNeverReturns)),
-    ("the harness's cleanup", lambda: make_rollout(Scored({"prompt": "hi"}), harness=CleanupNeverReturns())),
-], ids=["runtime-stop", "harness-cleanup"])
-def test_a_teardown_step_that_never_returns_is_left_behind(what: str, build: Any,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    ("what", "build"),
+    [
+        ("stopping the runtime", lambda: make_rollout(Scored({"prompt": "hi"}), runtime_factory=StopNeverReturns)),
+        ("the harness's cleanup", lambda: make_rollout(Scored({"prompt": "hi"}), harness=CleanupNeverReturns())),
+    ],
+    ids=["runtime-stop", "harness-cleanup"],
+)
+def test_a_teardown_step_that_never_returns_is_left_behind(
+    what: str, build: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="rollout_ray")
     rollout = build()
 
@@ -62,4 +67,5 @@ def test_a_teardown_step_that_never_returns_is_left_behind(what: str, build: Any
     assert (trace.ok, trace.is_completed, trace.reward) == (True, True, 1.0)
     assert took == TEARDOWN_TIMEOUT
     assert [r.getMessage() for r in caplog.records] == [
-        f"rollout {trace.id}: {what} did not finish within {TEARDOWN_TIMEOUT:g}s; left behind"]
+        f"rollout {trace.id}: {what} did not finish within {TEARDOWN_TIMEOUT:g}s; left behind"
+    ]

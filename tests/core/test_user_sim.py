@@ -57,9 +57,12 @@ def test_a_scripted_user_answers_until_its_script_ends_and_the_reward_sees_the_d
     trace = run(make_rollout(task, model=policy).run())
     assert trace.ok and trace.stop_condition == "agent_completed"
     assert [(type(m).__name__, text_of(m.content)) for m in trace.messages] == [
-        ("UserMessage", "Hello, how can I help?"), ("AssistantMessage", "Which booking?"),
-        ("UserMessage", "Move my flight please"), ("AssistantMessage", "moved ABC123"),
-        ("UserMessage", "It is ABC123"), ("AssistantMessage", "moved ABC123"),
+        ("UserMessage", "Hello, how can I help?"),
+        ("AssistantMessage", "Which booking?"),
+        ("UserMessage", "Move my flight please"),
+        ("AssistantMessage", "moved ABC123"),
+        ("UserMessage", "It is ABC123"),
+        ("AssistantMessage", "moved ABC123"),
     ]
     spoken = [t for t in trace.user_turns if not t.done]
     assert [t.by for t in trace.user_turns] == ["scripted_user"] * 3 and trace.user_turns[-1].done
@@ -88,16 +91,22 @@ def test_the_users_model_calls_are_outside_the_policys_calls_and_token_limits() 
     # The simulator's calls are 1,000 tokens each: counted against the agent they would stop it.
     big = ScriptedModel(default=Reply("Please move ABC123", usage=_usage(1000)))
     task = booking(lambda: ModelUser(big, "You are a customer who wants flight ABC123 moved.", max_turns=2))
-    rollout = make_rollout(task, model=ScriptedModel(default=Reply("moved ABC123", usage=_usage(10))),
-                           limits=RolloutLimits(max_total_tokens=100))
+    rollout = make_rollout(
+        task,
+        model=ScriptedModel(default=Reply("moved ABC123", usage=_usage(10))),
+        limits=RolloutLimits(max_total_tokens=100),
+    )
     trace = run(rollout.run())
     assert trace.ok and trace.stop_condition == "agent_completed"
     assert len(trace.calls) == trace.num_turns == 3
     assert [t.call.usage.total_tokens for t in trace.user_turns] == [1000, 1000]  # type: ignore[union-attr]
     # The simulator saw the dialogue with the roles swapped under its own prompt, not the task's.
     assert [(m.role, text_of(m.content)) for m in big.requests[1].messages] == [
-        ("system", "You are a customer who wants flight ABC123 moved."), ("user", "moved ABC123"),
-        ("assistant", "Please move ABC123"), ("user", "moved ABC123")]
+        ("system", "You are a customer who wants flight ABC123 moved."),
+        ("user", "moved ABC123"),
+        ("assistant", "Please move ABC123"),
+        ("user", "moved ABC123"),
+    ]
 
 
 def test_a_model_user_ends_the_conversation_with_its_stop_marker() -> None:
@@ -137,8 +146,7 @@ def test_served_the_loss_mask_holds_only_the_policys_tokens() -> None:
             user = OpenAIModel(server.base_url, name="simulated")
             task = booking(lambda: ModelUser(user, "You are a customer.", max_turns=2))
             try:
-                rollout = make_rollout(task, model=policy, harness=ChatHarness(),
-                                       runtime_factory=MemoryRuntime)
+                rollout = make_rollout(task, model=policy, harness=ChatHarness(), runtime_factory=MemoryRuntime)
                 return await asyncio.wait_for(rollout.run(), 60)
             finally:
                 await policy.aclose()

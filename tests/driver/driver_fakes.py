@@ -19,9 +19,12 @@ class Timed(Executor):
     it starts under, and scores ``reward(idx, run)`` (``run``: how many rollouts of the task
     started, from 1); ``lose(idx, run)`` loses it to the infrastructure instead."""
 
-    def __init__(self, duration: Callable[[int], float] = lambda idx: 0.0,
-                 reward: Callable[[int, int], float] = lambda idx, run: 1.0,
-                 lose: Callable[[int, int], bool] = lambda idx, run: False) -> None:
+    def __init__(
+        self,
+        duration: Callable[[int], float] = lambda idx: 0.0,
+        reward: Callable[[int, int], float] = lambda idx, run: 1.0,
+        lose: Callable[[int, int], bool] = lambda idx, run: False,
+    ) -> None:
         self.duration, self.reward, self.lose = duration, reward, lose
         self.version = 0
         self.runs: Counter[int] = Counter()

@@ -81,8 +81,9 @@ def staleness(group: Any, version: int) -> list[int]:
     return [version - decode_trace(blob).calls[0].policy for blob in group.samples["trace"].to_pylist()]
 
 
-def lagging_trainer(config: EvalConfig, *, n: int = 24, batch: int = 2, training: float = 10.0,
-                    duration: Any = lambda idx: 1.0) -> tuple[Driver, Timed, list[list[int]]]:
+def lagging_trainer(
+    config: EvalConfig, *, n: int = 24, batch: int = 2, training: float = 10.0, duration: Any = lambda idx: 1.0
+) -> tuple[Driver, Timed, list[list[int]]]:
     """Rollouts take a second; the trainer takes ``batch`` groups, trains ``training`` seconds,
     then updates the policy (the virtual clock)."""
     executor = Timed(duration=duration)
@@ -134,12 +135,18 @@ def test_masked_samples_are_marked_in_the_stream_and_the_store(tmp_path: Any) ->
     executor = Timed(duration=lambda idx: 1.0, reward=lambda idx, run: float(run % 2))
 
     async def main() -> list[tuple[list[str | None], list[float], float]]:
-        driver = Driver(tasks(2), ChatHarness(), ScriptedModel(), executor=executor, config=config,
-                        run_dir=str(tmp_path / "run"))
+        driver = Driver(
+            tasks(2), ChatHarness(), ScriptedModel(), executor=executor, config=config, run_dir=str(tmp_path / "run")
+        )
         out = []
         async for group in driver.groups():
-            out.append((group.samples["masked"].to_pylist(), group.samples["advantage"].to_pylist(),
-                        group.summary["mean"].to_pylist()[0]))
+            out.append(
+                (
+                    group.samples["masked"].to_pylist(),
+                    group.samples["advantage"].to_pylist(),
+                    group.summary["mean"].to_pylist()[0],
+                )
+            )
             await driver.set_policy_version(driver.policy_version + 1)
         return out
 

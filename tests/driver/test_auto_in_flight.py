@@ -29,7 +29,7 @@ vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.4
 vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.9
 vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
 """
-SGLANG = "sglang:num_running_reqs{tp_rank=\"0\"} 4\nsglang:num_queue_reqs{tp_rank=\"0\"} 1\nsglang:token_usage 0.5\n"
+SGLANG = 'sglang:num_running_reqs{tp_rank="0"} 4\nsglang:num_queue_reqs{tp_rank="0"} 1\nsglang:token_usage 0.5\n'
 
 
 def test_a_servers_metrics_are_read_as_vllm_and_sglang_name_them() -> None:
@@ -40,8 +40,9 @@ def test_a_servers_metrics_are_read_as_vllm_and_sglang_name_them() -> None:
 
 async def _fleet(n: int, max_batch: int) -> list[SimulatedModelServer]:
     # Completions long enough (a step per token) that rollouts queue at a batch of max_batch.
-    config = SimulatedModelConfig(capacity=CapacityConfig(max_batch=max_batch, step_base=0.002, gen_median=40,
-                                                          gen_sigma=0.0))
+    config = SimulatedModelConfig(
+        capacity=CapacityConfig(max_batch=max_batch, step_base=0.002, gen_median=40, gen_sigma=0.0)
+    )
     servers = [SimulatedModelServer(config) for _ in range(n)]
     for s in servers:
         await s.start()
@@ -62,8 +63,9 @@ def test_the_driver_bound_follows_the_fleet_and_the_operator_overrides_it() -> N
         model = OpenAIModel([s.base_url for s in servers], name="simulated", token_capture=None)
         try:
             async with LocalExecutor() as executor:
-                driver = Driver(tasks(60), ChatHarness(retries=0), model, executor=executor,
-                                config=EvalConfig(max_in_flight="auto"))
+                driver = Driver(
+                    tasks(60), ChatHarness(retries=0), model, executor=executor, config=EvalConfig(max_in_flight="auto")
+                )
                 auto = driver.in_flight
                 assert auto is not None and auto.roots == [s.base_url.removesuffix("/v1") for s in servers]
                 auto.interval = 3600.0  # the driver reads once, before any rollout; the test does the rest

@@ -73,8 +73,7 @@ def test_a_group_batches_one_row_per_sequence_padded_to_the_longest() -> None:
         "attention_mask": [[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0]],
         "loss_mask": [[0, 0, 0, 1, 1, 0, 1], [0, 0, 1, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0, 0]],
         "old_logprobs": [[0, 0, 0, -0.5, -0.25, 0, -1.0], [0, 0, -2.0, 0, 0, 0, 0], [0, 0, -0.125, -0.25, 0, 0, 0]],
-        "advantages": [[0, 0, 0, 0.625, 0.625, 0, 0.625], [0, 0, -0.375, 0, 0, 0, 0],
-                       [0, 0, -0.375, -0.375, 0, 0, 0]],
+        "advantages": [[0, 0, 0, 0.625, 0.625, 0, 0.625], [0, 0, -0.375, 0, 0, 0, 0], [0, 0, -0.375, -0.375, 0, 0, 0]],
         "sample_idx": [0, 1, 1],
         "branch": [0, 0, 1],
         "masked": ["", "", ""],
@@ -83,9 +82,16 @@ def test_a_group_batches_one_row_per_sequence_padded_to_the_longest() -> None:
     for name, values in expected.items():
         np.testing.assert_array_equal(batch[name], np.array(values), err_msg=name)
     dtypes = {name: array.dtype for name, array in batch.items()}
-    assert dtypes == {"input_ids": np.int64, "attention_mask": np.int64, "loss_mask": np.float32,
-                      "old_logprobs": np.float32, "advantages": np.float32, "sample_idx": np.int64,
-                      "branch": np.int64, "masked": np.dtype("<U1")}
+    assert dtypes == {
+        "input_ids": np.int64,
+        "attention_mask": np.int64,
+        "loss_mask": np.float32,
+        "old_logprobs": np.float32,
+        "advantages": np.float32,
+        "sample_idx": np.int64,
+        "branch": np.int64,
+        "masked": np.dtype("<U1"),
+    }
 
 
 def test_pad_to_and_pad_id_set_the_width_and_the_padding() -> None:
@@ -107,8 +113,15 @@ def test_a_group_without_token_ids_batches_to_empty_arrays() -> None:
     samples = finalize(table, FinalizeConfig()).samples
     batch = Group("g", samples, samples.slice(0, 0)).batch(pad_to=4)
     assert {name: array.shape for name, array in batch.items()} == {
-        "input_ids": (0, 4), "attention_mask": (0, 4), "loss_mask": (0, 4), "old_logprobs": (0, 4),
-        "advantages": (0, 4), "sample_idx": (0,), "branch": (0,), "masked": (0,)}
+        "input_ids": (0, 4),
+        "attention_mask": (0, 4),
+        "loss_mask": (0, 4),
+        "old_logprobs": (0, 4),
+        "advantages": (0, 4),
+        "sample_idx": (0,),
+        "branch": (0,),
+        "masked": (0,),
+    }
 
 
 def test_a_masked_sample_keeps_its_rows_with_no_loss_and_says_why() -> None:
@@ -151,15 +164,25 @@ class CapturingModel(Model):
         answer = "4" if self.count % 2 else "5"
         prompt = render([msgspec.to_builtins(wire_message(m)) for m in request.messages])
         ids = [*encode(answer), IM_END]
-        return Response(AssistantMessage(answer), prompt_token_ids=prompt, token_ids=ids,
-                        token_logprobs=[-0.5] * len(ids), policy_version=1)
+        return Response(
+            AssistantMessage(answer),
+            prompt_token_ids=prompt,
+            token_ids=ids,
+            token_logprobs=[-0.5] * len(ids),
+            policy_version=1,
+        )
 
 
 def test_the_driver_stream_hands_on_groups_that_batch() -> None:
     async def main() -> list[dict[str, np.ndarray]]:
         async with LocalExecutor() as executor:
-            driver = Driver(tasks(2), ChatHarness(retries=0), CapturingModel(), executor=executor,
-                            config=EvalConfig(samples_per_task=4, max_in_flight=1))
+            driver = Driver(
+                tasks(2),
+                ChatHarness(retries=0),
+                CapturingModel(),
+                executor=executor,
+                config=EvalConfig(samples_per_task=4, max_in_flight=1),
+            )
             return [group.batch(pad_to=64) async for group in driver.groups()]
 
     batches = asyncio.run(main())

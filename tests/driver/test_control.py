@@ -55,8 +55,9 @@ class Ctl:
         await until(path.exists)
         return json.loads(path.read_text())
 
-    async def call(self, method: str, route: str, body: dict[str, Any] | None = None, *,
-                   token: str | None = None) -> tuple[int, dict[str, Any]]:
+    async def call(
+        self, method: str, route: str, body: dict[str, Any] | None = None, *, token: str | None = None
+    ) -> tuple[int, dict[str, Any]]:
         info = await self.endpoint()
         headers = {"Authorization": f"Bearer {info['token'] if token is None else token}"}
         async with self.http.request(method, info["url"] + route, json=body, headers=headers) as response:
@@ -80,17 +81,31 @@ async def until(condition: Callable[[], bool]) -> None:
             await asyncio.sleep(0.01)
 
 
-def steered(run_dir: Path, scenario: Callable[[Ctl, Barrier, Driver], Awaitable[None]], *, n: int = 4,
-            max_in_flight: int = 2, resume: bool = False, samples: int = 1, **config: Any) -> RunResult:
+def steered(
+    run_dir: Path,
+    scenario: Callable[[Ctl, Barrier, Driver], Awaitable[None]],
+    *,
+    n: int = 4,
+    max_in_flight: int = 2,
+    resume: bool = False,
+    samples: int = 1,
+    **config: Any,
+) -> RunResult:
     """Run ``n`` tasks × ``samples`` into ``run_dir`` while ``scenario`` steers it; the barrier is
     released when the scenario returns."""
 
     async def main() -> RunResult:
         model = Barrier()
         async with LocalExecutor(runtime="local") as executor, aiohttp.ClientSession() as http:
-            driver = Driver(tasks(n), ScriptedHarness(), model, executor=executor, run_dir=str(run_dir),
-                            resume=resume,
-                            config=EvalConfig(samples_per_task=samples, max_in_flight=max_in_flight, **config))
+            driver = Driver(
+                tasks(n),
+                ScriptedHarness(),
+                model,
+                executor=executor,
+                run_dir=str(run_dir),
+                resume=resume,
+                config=EvalConfig(samples_per_task=samples, max_in_flight=max_in_flight, **config),
+            )
             running = asyncio.create_task(driver.arun())
             try:
                 await scenario(Ctl(run_dir, http), model, driver)
@@ -117,8 +132,9 @@ def test_status_names_the_rollouts_held_in_their_model_call_and_the_stalled_ones
     assert held["state"] == "running" and held["max_in_flight"] == 2
     assert held["progress"]["in_flight"] == 2 and held["progress"]["total"] == 4
     assert sorted(r["task"] for r in held["rollouts"]) == [0, 1]
-    assert all(r["phase"] == "model call" and len(r["id"]) == 32 and r["label"].endswith("#0")
-               for r in held["rollouts"])
+    assert all(
+        r["phase"] == "model call" and len(r["id"]) == 32 and r["label"].endswith("#0") for r in held["rollouts"]
+    )
     assert held["stalled"] == 0  # the default bound: minutes, not milliseconds
     assert stalled["stalled"] == 2 and all(r["stalled"] for r in stalled["rollouts"])
     assert result.status == "completed" and result.samples.num_rows == 4
@@ -141,8 +157,9 @@ def test_a_wrong_or_missing_token_is_refused_and_changes_nothing(tmp_path: Path)
     assert result.status == "completed" and result.samples.num_rows == 4
 
 
-def test_status_json_is_fresh_and_the_token_readable_by_its_owner_only(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_status_json_is_fresh_and_the_token_readable_by_its_owner_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(control, "STATUS_EVERY", 0.02)
     run_dir = tmp_path / "run"
     seen: dict[str, Any] = {}
@@ -153,7 +170,9 @@ def test_status_json_is_fresh_and_the_token_readable_by_its_owner_only(tmp_path:
         first = json.loads(status.read_text())["updated_at"]
         await until(lambda: json.loads(status.read_text())["updated_at"] > first)  # replaced, never partial
         seen["live"] = json.loads(status.read_text())
-        seen["modes"] = {name: stat.S_IMODE(os.stat(run_dir / name).st_mode) for name in ("control.json", "status.json")}
+        seen["modes"] = {
+            name: stat.S_IMODE(os.stat(run_dir / name).st_mode) for name in ("control.json", "status.json")
+        }
 
     steered(run_dir, scenario)
     assert seen["modes"] == {"control.json": 0o600, "status.json": 0o644}
@@ -185,8 +204,9 @@ def test_requeue_runs_the_rollout_again_without_spending_a_retry(tmp_path: Path)
         held = await ctl.until_status(in_call(2))
         first = min(held["rollouts"], key=lambda r: r["task"])
         assert (await ctl.call("POST", "/requeue", {"rollout": first["label"]}))[0] == 200
-        again = await ctl.until_status(lambda s: any(r["attempt"] == 2 and r["phase"] == "model call"
-                                                     for r in s["rollouts"]))
+        again = await ctl.until_status(
+            lambda s: any(r["attempt"] == 2 and r["phase"] == "model call" for r in s["rollouts"])
+        )
         assert {r["task"] for r in again["rollouts"]} == {0, 1}
         assert model.arrived == 3
 
@@ -234,8 +254,7 @@ def test_stop_finishes_what_runs_stores_it_and_a_resume_runs_the_rest(tmp_path: 
     assert sorted(read_run(str(run_dir), ["task_idx"])["task_idx"].to_pylist()) == list(range(6))
 
 
-def test_a_stall_bound_not_finite_or_negative_and_a_max_in_flight_beyond_its_bound_are_refused(
-        tmp_path: Path) -> None:
+def test_a_stall_bound_not_finite_or_negative_and_a_max_in_flight_beyond_its_bound_are_refused(tmp_path: Path) -> None:
     async def scenario(ctl: Ctl, model: Barrier, driver: Driver) -> None:
         await ctl.until_status(in_call(2))
         for bad in ("nan", "inf", "-inf", "-1", "1e400", "x"):  # the CLI's --stall-after refuses each
@@ -249,7 +268,9 @@ def test_a_stall_bound_not_finite_or_negative_and_a_max_in_flight_beyond_its_bou
         assert code == 409 and "max_in_flight='auto'" in body["error"], body
         assert (await ctl.status())["in_flight_target"] is None
         assert await ctl.call("POST", "/max-in-flight", {"n": control.MAX_IN_FLIGHT}) == (
-            200, {"done": f"max-in-flight {control.MAX_IN_FLIGHT}"})
+            200,
+            {"done": f"max-in-flight {control.MAX_IN_FLIGHT}"},
+        )
 
     result = steered(tmp_path / "run", scenario)
     assert result.status == "completed" and result.samples.num_rows == 4

@@ -52,8 +52,14 @@ def drive(n_tasks: int, *, executor: Executor | None = None, model: Any = None, 
 
     async def main() -> Any:
         async with executor or LocalExecutor() as ex:
-            driver = Driver(tasks(n_tasks), ChatHarness(retries=0), model or ScriptedModel(default="4"),
-                            executor=ex, config=config, **kwargs)
+            driver = Driver(
+                tasks(n_tasks),
+                ChatHarness(retries=0),
+                model or ScriptedModel(default="4"),
+                executor=ex,
+                config=config,
+                **kwargs,
+            )
             return driver, await driver.arun()
 
     return asyncio.run(main())
@@ -77,7 +83,10 @@ def test_lost_rollouts_are_retried_with_every_attempt_recorded() -> None:
     assert rows[1]["ok"] and rows[1]["attempt"] == 2 and rows[1]["num_errors"] == 0
     assert rows[1]["error_type"] is None and rows[1]["error_message"] is None
     assert [(a["attempt"], [e["type"] for e in a["errors"]]) for a in rows[1]["attempts"]] == [
-        (0, ["InfrastructureLost"]), (1, ["InfrastructureLost"]), (2, [])]
+        (0, ["InfrastructureLost"]),
+        (1, ["InfrastructureLost"]),
+        (2, []),
+    ]
     assert rows[0]["attempt"] == 0 and rows[0]["attempts"] == [{"attempt": 0, "errors": []}]
     assert flaky.calls == {0: 1, 1: 3}
 
@@ -95,8 +104,13 @@ def test_a_rollout_lost_inside_the_local_executor_is_retried_like_one_lost_on_ra
 
     async def main() -> Any:
         async with LocalExecutor() as ex:
-            driver = Driver(tasks(2), ScriptedHarness(before_segment=lose_the_first_run), ScriptedModel(default="4"),
-                            executor=ex, config=EvalConfig(samples_per_task=1, max_infra_retries=1))
+            driver = Driver(
+                tasks(2),
+                ScriptedHarness(before_segment=lose_the_first_run),
+                ScriptedModel(default="4"),
+                executor=ex,
+                config=EvalConfig(samples_per_task=1, max_infra_retries=1),
+            )
             return await driver.arun()
 
     rows = sorted(asyncio.run(main()).samples.to_pylist(), key=lambda r: r["task_idx"])
@@ -127,19 +141,26 @@ def test_a_rollout_lost_for_good_fails_never_blocks_its_group_and_keeps_it_from_
 
     async def main(stream: bool) -> Any:
         async with Flaky(lambda idx, call: idx == 0) as flaky:
-            driver = Driver(tasks(2), ChatHarness(retries=0), ScriptedModel(default="4"), executor=flaky,
-                            config=EvalConfig(samples_per_task=2, max_infra_retries=1))
+            driver = Driver(
+                tasks(2),
+                ChatHarness(retries=0),
+                ScriptedModel(default="4"),
+                executor=flaky,
+                config=EvalConfig(samples_per_task=2, max_infra_retries=1),
+            )
             return [g.group_id async for g in driver.groups()] if stream else await driver.arun()
 
     assert [g[:2] for g in asyncio.run(main(stream=True))] == ["1-"]
     result = asyncio.run(main(stream=False))
     rows = [r for r in result.samples.to_pylist() if r["group_id"].startswith("0-")]
     assert [(r["ok"], r["error_type"], r["num_errors"], len(r["attempts"])) for r in rows] == [
-        (False, "InfrastructureLost", 1, 2)] * 2
+        (False, "InfrastructureLost", 1, 2)
+    ] * 2
     summaries = {r["group_id"][:2]: r for r in result.groups.to_pylist()}
     assert summaries["0-"]["n_failed"] == 2 and summaries["1-"]["rejected"] is None
-    assert summaries["0-"]["rejected"] == ("lost: sample(s) [0, 1] lost to the infrastructure on every attempt; "
-                                           "a resume runs them again")
+    assert summaries["0-"]["rejected"] == (
+        "lost: sample(s) [0, 1] lost to the infrastructure on every attempt; a resume runs them again"
+    )
     assert result.rejected == 1
 
 
@@ -155,8 +176,13 @@ def test_circuit_breaker_halts_after_consecutive_provider_failures() -> None:
 def test_stream_yields_a_group_before_the_run_ends() -> None:
     async def main() -> tuple[int, int]:
         async with LocalExecutor() as ex:
-            driver = Driver(tasks(6), ChatHarness(), ScriptedModel(default="4"), executor=ex,
-                            config=EvalConfig(samples_per_task=2, max_in_flight=2, stream_buffer=1))
+            driver = Driver(
+                tasks(6),
+                ChatHarness(),
+                ScriptedModel(default="4"),
+                executor=ex,
+                config=EvalConfig(samples_per_task=2, max_in_flight=2, stream_buffer=1),
+            )
             async with aclosing(driver.groups()) as groups:
                 async for group in groups:
                     return driver.progress.done, group.samples.num_rows
@@ -172,8 +198,9 @@ def test_interrupted_run_resumes_with_every_sample_exactly_once(tmp_path: Any) -
 
     async def interrupted() -> None:
         async with LocalExecutor() as ex:
-            driver = Driver(tasks(8), ChatHarness(), ScriptedModel(default="4"), executor=ex,
-                            config=config, run_dir=run_dir)
+            driver = Driver(
+                tasks(8), ChatHarness(), ScriptedModel(default="4"), executor=ex, config=config, run_dir=run_dir
+            )
             seen = 0
             async with aclosing(driver.groups()) as groups:
                 async for _ in groups:
@@ -243,8 +270,13 @@ def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any,
     async def main() -> Any:
         executor = RayExecutor(actors=1, capacity=4)
         async with executor:
-            driver = Driver(tasks(1), HangsOnce(fifo, marker), ScriptedModel(default="4"), executor=executor,
-                            config=EvalConfig(samples_per_task=1, max_infra_retries=1))
+            driver = Driver(
+                tasks(1),
+                HangsOnce(fifo, marker),
+                ScriptedModel(default="4"),
+                executor=executor,
+                config=EvalConfig(samples_per_task=1, max_infra_retries=1),
+            )
             running = asyncio.create_task(driver.arun())
             assert await asyncio.to_thread(Path(fifo).read_text) == "started"
             Path(marker).write_text("")
@@ -279,11 +311,19 @@ def test_a_resume_over_a_changed_taskset_is_refused(tmp_path: Path, lazy: bool) 
 
     def run(prompts: list[str], resume: bool) -> None:
         taskset = [Echo({"prompt": p}) for p in prompts]
+
         async def main() -> None:
             async with LocalExecutor() as executor:
-                await Driver(iter(taskset) if lazy else taskset, ChatHarness(retries=0), ScriptedModel(default="4"),
-                             executor=executor, config=EvalConfig(samples_per_task=2), run_dir=out,
-                             resume=resume).arun()
+                await Driver(
+                    iter(taskset) if lazy else taskset,
+                    ChatHarness(retries=0),
+                    ScriptedModel(default="4"),
+                    executor=executor,
+                    config=EvalConfig(samples_per_task=2),
+                    run_dir=out,
+                    resume=resume,
+                ).arun()
+
         asyncio.run(main())
 
     run(["a", "a", "b"], resume=False)
@@ -310,8 +350,15 @@ def test_a_progress_callback_that_raises_fails_the_run_with_its_error_not_a_hang
             raise ValueError("display broke")
 
     async def main() -> Any:
-        driver = Driver(tasks(3), ChatHarness(), ScriptedModel(), executor=Timed(duration=lambda idx: 1.0 + idx),
-                        config=EvalConfig(max_in_flight=3), on_progress=display, progress_every=0)
+        driver = Driver(
+            tasks(3),
+            ChatHarness(),
+            ScriptedModel(),
+            executor=Timed(duration=lambda idx: 1.0 + idx),
+            config=EvalConfig(max_in_flight=3),
+            on_progress=display,
+            progress_every=0,
+        )
         return await asyncio.wait_for(driver.arun(), 60)  # the virtual clock: a hang fails at once
 
     with pytest.raises(ValueError, match="^display broke$"):

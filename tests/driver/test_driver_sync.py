@@ -20,8 +20,11 @@ from conftest import tasks
 @pytest.fixture
 def model_url() -> Iterator[str]:
     """A simulated model server in its own process (``Driver.run`` needs no loop of ours)."""
-    proc = subprocess.Popen([sys.executable, "-m", "rollout_ray", "serve-model", "--port", "0", "--ttft", "0"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollout_ray", "serve-model", "--port", "0", "--ttft", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("simulated model serving at http://127.0.0.1:"), line
@@ -35,8 +38,11 @@ def model_url() -> Iterator[str]:
 def test_run_inside_async_code_says_to_await_arun() -> None:
     async def main() -> None:
         driver = Driver(tasks(1), ChatHarness(), ScriptedModel(default="4"), executor=LocalExecutor())
-        with pytest.raises(RuntimeError, match=r"^Driver\.run\(\) cannot be called from a running event loop; "
-                                               r"use 'await driver\.arun\(\)'$"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"^Driver\.run\(\) cannot be called from a running event loop; "
+            r"use 'await driver\.arun\(\)'$",
+        ):
             driver.run()
 
     asyncio.run(main())
@@ -74,7 +80,8 @@ async def main():
         await model.complete(Request([UserMessage("What is 1 + 1?")]), model=None, sampling={{}})
 asyncio.run(main())
 """
-    done = subprocess.run([sys.executable, "-W", "error::ResourceWarning", "-c", code], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-W", "error::ResourceWarning", "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Unclosed" not in done.stderr, done.stderr

@@ -22,9 +22,7 @@ EPS = 1e-6
 MAP = pa.map_(pa.string(), pa.float64())
 
 
-def make_table(
-    groups: list[str], rewards: list[float | None], ok: list[bool] | None = None
-) -> pa.Table:
+def make_table(groups: list[str], rewards: list[float | None], ok: list[bool] | None = None) -> pa.Table:
     n = len(groups)
     return pa.table(
         {
@@ -282,8 +280,9 @@ def test_a_judge_replaces_its_column_but_never_a_trace_tables() -> None:
 def test_a_finalized_table_is_finalized_again_with_its_group_columns_replaced() -> None:
     """``finalize(read_run(dir))``: another pass@k or judge on a stored run (issue 19)."""
     done = finalize(TWO_GROUPS, FinalizeConfig(pass_k=(1, 2))).samples
-    again = finalize(done, FinalizeConfig(pass_k=(4,), normalize_std=False),
-                     judge=lambda group: {"metric_j": [2.0] * group.num_rows})
+    again = finalize(
+        done, FinalizeConfig(pass_k=(4,), normalize_std=False), judge=lambda group: {"metric_j": [2.0] * group.num_rows}
+    )
     fresh = finalize(TWO_GROUPS, FinalizeConfig(pass_k=(4,), normalize_std=False)).samples
     assert again.samples.column_names == [*fresh.column_names, "metric_j"]
     assert again.samples.drop_columns(["metric_j"]).equals(fresh)
@@ -320,9 +319,7 @@ def test_large_table_is_vectorised() -> None:
     rows = n_groups * n
     table = pa.table(
         {
-            "group_id": pa.array(rng.permutation(np.repeat(np.arange(n_groups), n))).cast(
-                pa.string()
-            ),
+            "group_id": pa.array(rng.permutation(np.repeat(np.arange(n_groups), n))).cast(pa.string()),
             "sample_idx": pa.array(np.tile(np.arange(n, dtype=np.int32), n_groups)),
             "ok": pa.array(rng.random(rows) > 0.05),
             "reward": pa.array(rng.integers(0, 3, rows) / 2.0),

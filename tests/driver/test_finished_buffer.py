@@ -39,9 +39,16 @@ def test_a_finalizer_that_falls_behind_holds_admission_so_finished_groups_stay_b
     async def main() -> tuple[int, Any]:
         import asyncio
 
-        driver = Driver(tasks(n), ChatHarness(), ScriptedModel(), executor=Timed(), judge=judge,
-                        config=EvalConfig(max_in_flight=in_flight, finished_buffer=bound, stream_buffer=1),
-                        on_progress=lambda p: waiting.append(p.done - finalized), progress_every=0)
+        driver = Driver(
+            tasks(n),
+            ChatHarness(),
+            ScriptedModel(),
+            executor=Timed(),
+            judge=judge,
+            config=EvalConfig(max_in_flight=in_flight, finished_buffer=bound, stream_buffer=1),
+            on_progress=lambda p: waiting.append(p.done - finalized),
+            progress_every=0,
+        )
         streamed = 0
         async for _ in driver.groups():
             streamed += 1
@@ -54,6 +61,10 @@ def test_a_finalizer_that_falls_behind_holds_admission_so_finished_groups_stay_b
     assert streamed == n
     assert stats.most_waiting <= bound and stats.capacity == bound
     assert max(waiting) <= bound + in_flight, max(waiting)
-    report("21§4 finalizer falls behind", f"{n} groups finish at once, trainer 1 s per group",
-           "admission waits for the finalizer", f"at most {max(waiting)} finished groups unfinalized "
-           f"(bound {bound} + {in_flight} in flight)", time.monotonic() - started)
+    report(
+        "21§4 finalizer falls behind",
+        f"{n} groups finish at once, trainer 1 s per group",
+        "admission waits for the finalizer",
+        f"at most {max(waiting)} finished groups unfinalized (bound {bound} + {in_flight} in flight)",
+        time.monotonic() - started,
+    )

@@ -54,8 +54,9 @@ def closed_loop(kv_blocks: int, ticks: int = 6000) -> tuple[list[int], list[int]
         for r, state in list(rollouts.items()):
             if state[1] == tick:  # its tool is done (or it just started): call the model
                 engine = min(engines, key=lambda e: len(e.running) + len(e.waiting))
-                seq = engine.seq(history[r] + [r * 10_000 + 5_000 + state[0] * 100 + j for j in range(40)],
-                                 len(history[r]))
+                seq = engine.seq(
+                    history[r] + [r * 10_000 + 5_000 + state[0] * 100 + j for j in range(40)], len(history[r])
+                )
                 engine.add(seq)
                 calls[seq], state[1] = r, -1
         for engine in engines:
@@ -68,8 +69,14 @@ def closed_loop(kv_blocks: int, ticks: int = 6000) -> tuple[list[int], list[int]
                 else:
                     rollouts[r][1] = tick + 60
         if tick % 50 == 49:
-            target.update(FleetSample(sum(len(e.running) for e in engines), sum(len(e.waiting) for e in engines),
-                                      max(e.usage for e in engines), sum(e.counters.preemptions for e in engines)))
+            target.update(
+                FleetSample(
+                    sum(len(e.running) for e in engines),
+                    sum(len(e.waiting) for e in engines),
+                    max(e.usage for e in engines),
+                    sum(e.counters.preemptions for e in engines),
+                )
+            )
             targets.append(target.target)
             running.append(sum(len(e.running) for e in engines))
             waiting.append(sum(len(e.waiting) for e in engines))

@@ -41,9 +41,15 @@ def test_groups_are_written_when_due_or_a_write_is_full_and_the_rest_at_the_end(
 
     async def main() -> float:
         emitted: list[str] = []
-        closer = GroupFinalizer(config=FinalizeConfig(), judge=None, store=Store(), io=Inline(),  # type: ignore[arg-type]
-                             emit=lambda g: asyncio.sleep(0, emitted.append(g.group_id)),
-                             rows_per_write=3, write_within=2.0)
+        closer = GroupFinalizer(
+            config=FinalizeConfig(),
+            judge=None,
+            store=Store(),
+            io=Inline(),  # type: ignore[arg-type]
+            emit=lambda g: asyncio.sleep(0, emitted.append(g.group_id)),
+            rows_per_write=3,
+            write_within=2.0,
+        )
         running = asyncio.create_task(closer.run())
         t0 = asyncio.get_running_loop().time()
         await closer.close("slow", member("slow"))
@@ -80,8 +86,9 @@ def test_while_groups_keep_closing_finalizes_are_gather_seconds_apart() -> None:
             at.append(asyncio.get_running_loop().time())
             return asyncio.sleep(0)
 
-        closer = GroupFinalizer(config=FinalizeConfig(), judge=None, store=None, io=Inline(), emit=emit,
-                             rows_per_write=1000, gather=0.1)
+        closer = GroupFinalizer(
+            config=FinalizeConfig(), judge=None, store=None, io=Inline(), emit=emit, rows_per_write=1000, gather=0.1
+        )
         running = asyncio.create_task(closer.run())
         t0 = asyncio.get_running_loop().time()
         for i in range(100):

@@ -28,8 +28,14 @@ def split_rewards(idx: int, run: int) -> float:
 
 def drive(config: EvalConfig, task_list: Any, executor: Timed | None = None, **kwargs: Any) -> tuple[Driver, list[Any]]:
     async def main() -> tuple[Driver, list[Any]]:
-        driver = Driver(task_list, ChatHarness(), ScriptedModel(), executor=executor or Timed(reward=split_rewards),
-                        config=config, **kwargs)
+        driver = Driver(
+            task_list,
+            ChatHarness(),
+            ScriptedModel(),
+            executor=executor or Timed(reward=split_rewards),
+            config=config,
+            **kwargs,
+        )
         return driver, [group async for group in driver.groups()]
 
     return run(main())
@@ -37,15 +43,21 @@ def drive(config: EvalConfig, task_list: Any, executor: Timed | None = None, **k
 
 @pytest.mark.parametrize("max_staleness", [None, 3])
 def test_nonzero_std_streams_only_groups_whose_rewards_differ_and_stores_the_rest_with_the_reason(
-        tmp_path: Path, max_staleness: int | None) -> None:
+    tmp_path: Path, max_staleness: int | None
+) -> None:
     config = EvalConfig(samples_per_task=2, keep_group="nonzero_std", max_staleness=max_staleness)
     driver, groups = drive(config, tasks(6), run_dir=str(tmp_path / "run"))
     assert sorted(g.group_id[0] for g in groups) == ["1", "3", "5"]
     assert all(g.summary["std"].to_pylist()[0] > 0 for g in groups)
     stored = {r["group_id"][0]: r["rejected"] for r in read_groups(str(tmp_path / "run")).to_pylist()}
-    assert stored == {"0": "nonzero_std: the rewards do not differ (std 0.0)", "1": None,
-                      "2": "nonzero_std: the rewards do not differ (std 0.0)", "3": None,
-                      "4": "nonzero_std: the rewards do not differ (std 0.0)", "5": None}
+    assert stored == {
+        "0": "nonzero_std: the rewards do not differ (std 0.0)",
+        "1": None,
+        "2": "nonzero_std: the rewards do not differ (std 0.0)",
+        "3": None,
+        "4": "nonzero_std: the rewards do not differ (std 0.0)",
+        "5": None,
+    }
     assert driver.progress.rejected == 3 and driver.progress.done == 12
 
 
@@ -103,5 +115,11 @@ def test_a_keep_rule_that_raises_fails_the_run_with_its_error() -> None:
         raise RuntimeError("rule broke")
 
     with pytest.raises(RuntimeError, match="^rule broke$"):
-        run(asyncio.wait_for(Driver(tasks(2), ChatHarness(), ScriptedModel(), executor=Timed(),
-                                    config=EvalConfig(keep_group=broken)).arun(), 60))
+        run(
+            asyncio.wait_for(
+                Driver(
+                    tasks(2), ChatHarness(), ScriptedModel(), executor=Timed(), config=EvalConfig(keep_group=broken)
+                ).arun(),
+                60,
+            )
+        )

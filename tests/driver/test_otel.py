@@ -56,8 +56,13 @@ def run_two() -> RunResult:
 
     async def main() -> RunResult:
         async with LocalExecutor() as executor:
-            driver = Driver([WithNotes({"idx": 0, "prompt": "read a"}), Echo({"idx": 1, "prompt": "say 4"})],
-                            ChatHarness(retries=0), model, executor=executor, config=EvalConfig(samples_per_task=1))
+            driver = Driver(
+                [WithNotes({"idx": 0, "prompt": "read a"}), Echo({"idx": 1, "prompt": "say 4"})],
+                ChatHarness(retries=0),
+                model,
+                executor=executor,
+                config=EvalConfig(samples_per_task=1),
+            )
             return await driver.arun()
 
     return asyncio.run(main())
@@ -95,8 +100,13 @@ def test_a_failed_rollout_span_carries_its_error(spans: Any) -> None:
     async def main() -> RunResult:
         async with LocalExecutor() as executor:
             model = ScriptedModel(default=RuntimeError("upstream gone"))
-            driver = Driver([Echo({"idx": 0, "prompt": "q"})], ChatHarness(retries=0), model, executor=executor,
-                            config=EvalConfig(samples_per_task=1, breaker=100))
+            driver = Driver(
+                [Echo({"idx": 0, "prompt": "q"})],
+                ChatHarness(retries=0),
+                model,
+                executor=executor,
+                config=EvalConfig(samples_per_task=1, breaker=100),
+            )
             return await driver.arun()
 
     result = asyncio.run(main())
@@ -135,4 +145,3 @@ def test_without_the_extra_a_run_makes_no_spans_and_runs_as_before() -> None:
     done = subprocess.run([sys.executable, "-c", NO_OTEL, tests], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == "None completed [1.0]\n"
-

@@ -58,8 +58,9 @@ def test_a_stale_rollout_is_dropped_and_run_again_and_stored_once(tmp_path: Any,
 
     async def main() -> Any:
         async with LocalExecutor() as executor:
-            driver = Driver(tasks(1), ChatHarness(retries=0), model, executor=executor, config=config,
-                            run_dir=str(tmp_path / "run"))
+            driver = Driver(
+                tasks(1), ChatHarness(retries=0), model, executor=executor, config=config, run_dir=str(tmp_path / "run")
+            )
             model.on_first = lambda: driver.set_policy_version(1)  # sample 0 was sent at version 0
             return driver, await driver.arun()
 
@@ -93,8 +94,7 @@ def test_pause_lets_calls_in_flight_finish_and_calls_after_resume_carry_the_new_
 
     async def main() -> tuple[Driver, list[list[list[int | None]]], list[bool]]:
         async with LocalExecutor() as executor:
-            driver = Driver(tasks(4), ChatHarness(retries=0), model, executor=executor, config=config,
-                            policy_version=7)
+            driver = Driver(tasks(4), ChatHarness(retries=0), model, executor=executor, config=config, policy_version=7)
             seen: list[list[list[int | None]]] = []
             paused: list[bool] = []
             stream = driver.groups()
@@ -165,9 +165,16 @@ def test_the_closer_waits_for_a_group_sent_back_and_ends_once_it_is_abandoned() 
                 sent_back.set()
             return None if group_id == "b" else {}
 
-        closer = GroupFinalizer(config=FinalizeConfig(), judge=None, store=None, io=ThreadPoolExecutor(1),
-                             emit=lambda g: asyncio.sleep(0, emitted.append(g.group_id)), rows_per_write=256,
-                             keep=keep, demand=demand)
+        closer = GroupFinalizer(
+            config=FinalizeConfig(),
+            judge=None,
+            store=None,
+            io=ThreadPoolExecutor(1),
+            emit=lambda g: asyncio.sleep(0, emitted.append(g.group_id)),
+            rows_per_write=256,
+            keep=keep,
+            demand=demand,
+        )
         running = asyncio.create_task(closer.run())
         for group_id in ("a", "b"):
             await closer.close(group_id, [RolloutRecord(Trace(task=TraceTask(type="T")), "run", group_id, 0)])

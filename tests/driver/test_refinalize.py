@@ -20,8 +20,14 @@ def test_a_stored_run_is_finalized_again_with_its_group_columns_replaced(tmp_pat
     async def main() -> None:
         async with LocalExecutor() as executor:
             model = ScriptedModel(replies)
-            await Driver(tasks(3), ChatHarness(retries=0), model, executor=executor,
-                         config=EvalConfig(samples_per_task=2, max_in_flight=1), run_dir=out).arun()
+            await Driver(
+                tasks(3),
+                ChatHarness(retries=0),
+                model,
+                executor=executor,
+                config=EvalConfig(samples_per_task=2, max_in_flight=1),
+                run_dir=out,
+            ).arun()
 
     asyncio.run(main())
     stored = read_run(out)

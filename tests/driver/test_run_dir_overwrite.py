@@ -22,8 +22,15 @@ from conftest import tasks
 def drive(n_tasks: int, run_dir: Path, **kwargs: Any) -> Any:
     async def main() -> Any:
         async with LocalExecutor() as ex:
-            return await Driver(tasks(n_tasks), ChatHarness(retries=0), ScriptedModel(default="4"), executor=ex,
-                                config=EvalConfig(), run_dir=str(run_dir), **kwargs).arun()
+            return await Driver(
+                tasks(n_tasks),
+                ChatHarness(retries=0),
+                ScriptedModel(default="4"),
+                executor=ex,
+                config=EvalConfig(),
+                run_dir=str(run_dir),
+                **kwargs,
+            ).arun()
 
     return asyncio.run(main())
 
@@ -32,8 +39,11 @@ def test_overwrite_replaces_the_stored_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     drive(3, run_dir)
     first = read_manifest(run_dir).run_id
-    with pytest.raises(FileExistsError, match=r"already holds a run; pass resume=True to continue it, "
-                                              r"overwrite=True to replace it, or another directory$"):
+    with pytest.raises(
+        FileExistsError,
+        match=r"already holds a run; pass resume=True to continue it, "
+        r"overwrite=True to replace it, or another directory$",
+    ):
         drive(1, run_dir)
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -60,8 +70,11 @@ def test_a_run_directory_that_is_a_symbolic_link_is_refused(tmp_path: Path, mode
     run_dir = tmp_path / "run"
     drive(1, run_dir)
     (tmp_path / "link").symlink_to(run_dir, target_is_directory=True)
-    with pytest.raises(CorruptRun, match=r"/link is a symbolic link; a run directory and what it holds are never "
-                                         r"reached through one: remove the link, or pass the directory itself$"):
+    with pytest.raises(
+        CorruptRun,
+        match=r"/link is a symbolic link; a run directory and what it holds are never "
+        r"reached through one: remove the link, or pass the directory itself$",
+    ):
         drive(1, tmp_path / "link", **mode)
     assert read_run(str(run_dir)).num_rows == 1
 

@@ -41,15 +41,32 @@ pytestmark = pytest.mark.faults
 SCRIPTS = Path(__file__).resolve().parents[1] / "fault_scripts"
 
 
-def _drive(run_dir: Path, model: Any, *, n: int = 4, samples: int = 1, resume: bool = False,
-           keep_failed: bool = False, judge: Any = None, task_list: Any = None,
-           manifest: dict[str, Any] | None = None) -> Any:
+def _drive(
+    run_dir: Path,
+    model: Any,
+    *,
+    n: int = 4,
+    samples: int = 1,
+    resume: bool = False,
+    keep_failed: bool = False,
+    judge: Any = None,
+    task_list: Any = None,
+    manifest: dict[str, Any] | None = None,
+) -> Any:
     async def main() -> Any:
         async with LocalExecutor() as executor:
-            driver = Driver(task_list or tasks(n), ChatHarness(retries=0), model, executor=executor,
-                            config=EvalConfig(samples_per_task=samples, breaker=100), run_dir=str(run_dir),
-                            resume=resume, keep_failed=keep_failed, judge=judge,
-                            manifest_config=manifest or {"model": "m"})
+            driver = Driver(
+                task_list or tasks(n),
+                ChatHarness(retries=0),
+                model,
+                executor=executor,
+                config=EvalConfig(samples_per_task=samples, breaker=100),
+                run_dir=str(run_dir),
+                resume=resume,
+                keep_failed=keep_failed,
+                judge=judge,
+                manifest_config=manifest or {"model": "m"},
+            )
             return await driver.arun()
 
     return asyncio.run(main())
@@ -69,10 +86,16 @@ def test_resume_redoes_provider_failures_and_keeps_their_errors(tmp_path: Path, 
     assert all([e.type for e in t.errors] == ["ProviderError"] for t in traces.values())  # history kept
     kept = tmp_path / "kept"
     _drive(kept, down)
-    assert {r["ok"] for r in _drive(kept, ScriptedModel(default="4"), resume=True, keep_failed=True)
-            .samples.to_pylist()} == {False}
-    report("10§6 resume after a model outage", "4 rollouts failed ProviderError 503", "4/4 redone ok",
-           "0 (errors of the failed attempts kept)", time.monotonic() - t0)
+    assert {
+        r["ok"] for r in _drive(kept, ScriptedModel(default="4"), resume=True, keep_failed=True).samples.to_pylist()
+    } == {False}
+    report(
+        "10§6 resume after a model outage",
+        "4 rollouts failed ProviderError 503",
+        "4/4 redone ok",
+        "0 (errors of the failed attempts kept)",
+        time.monotonic() - t0,
+    )
 
 
 def _traces(run_dir: Path) -> list[Trace]:
@@ -99,8 +122,7 @@ def test_a_second_writer_of_a_run_is_refused(tmp_path: Path, report: Any) -> Non
             running = asyncio.create_task(first.arun())
             while not (tmp_path / "manifest.json").exists():
                 await asyncio.sleep(0.01)
-            second = Driver(tasks(2), ChatHarness(), slow, executor=executor, run_dir=str(tmp_path),
-                            resume=True)
+            second = Driver(tasks(2), ChatHarness(), slow, executor=executor, run_dir=str(tmp_path), resume=True)
             with pytest.raises(RunInUse, match=r"is in use by another process \(pid \d+\)"):
                 await second.arun()
             return await running
@@ -108,8 +130,13 @@ def test_a_second_writer_of_a_run_is_refused(tmp_path: Path, report: Any) -> Non
     t0 = time.monotonic()
     result = asyncio.run(main())
     assert result.samples.num_rows == 2 and read_run(tmp_path).num_rows == 2
-    report("10§6 two writers of one run", "a second driver on a running run dir", "refused: RunInUse",
-           "0 duplicated, 0 missing", time.monotonic() - t0)
+    report(
+        "10§6 two writers of one run",
+        "a second driver on a running run dir",
+        "refused: RunInUse",
+        "0 duplicated, 0 missing",
+        time.monotonic() - t0,
+    )
 
 
 def test_a_shard_of_another_run_is_refused(tmp_path: Path) -> None:
@@ -153,8 +180,13 @@ def test_a_judge_that_raises_fails_its_group_not_the_run(tmp_path: Path, report:
     assert len(failed) == 1 and errors[failed[0]] == "RuntimeError: grader unreachable"
     judged = [r["reward_judge"] for r in result.samples.to_pylist() if r["group_id"] not in failed]
     assert judged == [1.0] * 4
-    report("10§6 judge raises", "1 of 3 groups' judge raises", "judge_error on that group", "0 rows lost (6/6)",
-           time.monotonic() - t0)
+    report(
+        "10§6 judge raises",
+        "1 of 3 groups' judge raises",
+        "judge_error on that group",
+        "0 rows lost (6/6)",
+        time.monotonic() - t0,
+    )
 
 
 class NaNReward(Task):
@@ -164,7 +196,9 @@ class NaNReward(Task):
 
 
 def test_a_nan_reward_is_a_task_error(tmp_path: Path) -> None:
-    result = _drive(tmp_path, ScriptedModel(default="4"), task_list=[NaNReward({"idx": i, "prompt": "q"}) for i in range(2)])
+    result = _drive(
+        tmp_path, ScriptedModel(default="4"), task_list=[NaNReward({"idx": i, "prompt": "q"}) for i in range(2)]
+    )
     rows = {r["task_idx"]: r for r in result.samples.to_pylist()}
     assert not rows[0]["ok"] and rows[0]["error_type"] == "TaskError" and "nan" in rows[0]["error_message"]
     assert rows[1]["ok"] and rows[1]["reward"] == 1.0
@@ -173,16 +207,25 @@ def test_a_nan_reward_is_a_task_error(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_end_of_a_run_reads_no_conversation_back(tmp_path: Path, report: Any) -> None:
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, str(SCRIPTS / "big_run.py"), str(tmp_path / "run"), "800"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "big_run.py"), str(tmp_path / "run"), "800"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert facts["rows"] == 800 and facts["stored_trace_mib"] > 40
     # Arrow's peak over the whole run: a few shards' worth (~16 MiB here, more when a loaded
     # machine lets finished groups gather), not the whole run's conversations (all of them).
     assert facts["arrow_peak_mib"] < facts["stored_trace_mib"] / 2
-    report("10§6 memory at the end of a run", f"800 rollouts, {facts['stored_trace_mib']:.0f} MiB of traces",
-           f"Arrow peak {facts['arrow_peak_mib']:.0f} MiB", "flat (was the whole run)", time.monotonic() - t0)
+    report(
+        "10§6 memory at the end of a run",
+        f"800 rollouts, {facts['stored_trace_mib']:.0f} MiB of traces",
+        f"Arrow peak {facts['arrow_peak_mib']:.0f} MiB",
+        "flat (was the whole run)",
+        time.monotonic() - t0,
+    )
 
 
 def test_the_end_of_a_run_reads_its_samples_only_when_asked_for(tmp_path: Path) -> None:
@@ -194,8 +237,14 @@ def test_the_end_of_a_run_reads_its_samples_only_when_asked_for(tmp_path: Path) 
 
     async def main() -> tuple[Any, int, int]:
         async with LocalExecutor(runtime="local") as executor:
-            driver = Driver(tasks(n), ChatHarness(), ScriptedModel(default="4"), executor=executor,
-                            run_dir=str(run_dir), config=EvalConfig(samples_per_task=1, max_in_flight=64))
+            driver = Driver(
+                tasks(n),
+                ChatHarness(),
+                ScriptedModel(default="4"),
+                executor=executor,
+                run_dir=str(run_dir),
+                config=EvalConfig(samples_per_task=1, max_in_flight=64),
+            )
             before = pa.total_allocated_bytes()
             result = await driver.arun()
             return result, before, pa.total_allocated_bytes()

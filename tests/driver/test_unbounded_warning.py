@@ -21,8 +21,9 @@ UNBOUNDED = "EvalConfig sets no turn, token or time limit: an agent that never s
 def _drive(config: EvalConfig) -> None:
     async def main() -> None:
         async with LocalExecutor() as executor:
-            await Driver(tasks(1), ChatHarness(retries=0), ScriptedModel(default="4"), executor=executor,
-                         config=config).arun()
+            await Driver(
+                tasks(1), ChatHarness(retries=0), ScriptedModel(default="4"), executor=executor, config=config
+            ).arun()
 
     asyncio.run(main())
 
@@ -34,9 +35,15 @@ def test_a_run_without_any_limit_is_warned_about(caplog: pytest.LogCaptureFixtur
     assert "limits=RolloutLimits(max_turns=...) or timeouts=RolloutTimeouts(agent=...)" in warned.getMessage()
 
 
-@pytest.mark.parametrize("config", [EvalConfig(limits=RolloutLimits(max_turns=8)),
-                                    EvalConfig(limits=RolloutLimits(max_total_tokens=4096)),
-                                    EvalConfig(timeouts=RolloutTimeouts(agent=60))], ids=["turns", "tokens", "time"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        EvalConfig(limits=RolloutLimits(max_turns=8)),
+        EvalConfig(limits=RolloutLimits(max_total_tokens=4096)),
+        EvalConfig(timeouts=RolloutTimeouts(agent=60)),
+    ],
+    ids=["turns", "tokens", "time"],
+)
 def test_one_bound_is_enough(caplog: pytest.LogCaptureFixture, config: Any) -> None:
     _drive(config)
     assert not [r for r in caplog.records if UNBOUNDED in r.getMessage()]

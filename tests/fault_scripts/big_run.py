@@ -34,15 +34,33 @@ class Bulky(Task):
 async def main(run_dir: str, n: int) -> None:
     async with LocalExecutor() as executor:
         tasks = [Bulky({"idx": i, "prompt": "q"}) for i in range(n)]
-        driver = Driver(tasks, ChatHarness(), ScriptedModel(default="4"), executor=executor,
-                        config=EvalConfig(max_in_flight=64, rows_per_shard=64), run_dir=run_dir)
+        driver = Driver(
+            tasks,
+            ChatHarness(),
+            ScriptedModel(default="4"),
+            executor=executor,
+            config=EvalConfig(max_in_flight=64, rows_per_shard=64),
+            run_dir=run_dir,
+        )
         result = await driver.arun()
-    stored = sum(pq.ParquetFile(os.path.join(run_dir, "shards", f)).metadata.num_rows for f in os.listdir(os.path.join(run_dir, "shards")))
-    trace_bytes = sum(pq.read_table(os.path.join(run_dir, "shards", f), columns=["trace"])["trace"].nbytes
-                      for f in os.listdir(os.path.join(run_dir, "shards")))
-    print(json.dumps({"rows": result.samples.num_rows, "stored": stored,
-                      "stored_trace_mib": trace_bytes / 2**20,
-                      "arrow_peak_mib": pa.default_memory_pool().max_memory() / 2**20}))
+    stored = sum(
+        pq.ParquetFile(os.path.join(run_dir, "shards", f)).metadata.num_rows
+        for f in os.listdir(os.path.join(run_dir, "shards"))
+    )
+    trace_bytes = sum(
+        pq.read_table(os.path.join(run_dir, "shards", f), columns=["trace"])["trace"].nbytes
+        for f in os.listdir(os.path.join(run_dir, "shards"))
+    )
+    print(
+        json.dumps(
+            {
+                "rows": result.samples.num_rows,
+                "stored": stored,
+                "stored_trace_mib": trace_bytes / 2**20,
+                "arrow_peak_mib": pa.default_memory_pool().max_memory() / 2**20,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,7 @@ class Blocks(Harness):
 
 async def main(address: str, n: int) -> None:
     async with RayExecutor(actors=1, capacity=n, address=address) as executor:
-        specs = [RolloutSpec(Task({"idx": i, "prompt": "hi"}), Blocks(), ScriptedModel(default="x"))
-                 for i in range(n)]
+        specs = [RolloutSpec(Task({"idx": i, "prompt": "hi"}), Blocks(), ScriptedModel(default="x")) for i in range(n)]
         await asyncio.gather(*(executor.run(spec) for spec in specs))
 
 

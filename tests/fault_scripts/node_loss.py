@@ -30,8 +30,12 @@ from rollout_ray._ray.executor import RayExecutor
 from rollout_ray.testing import ScriptedModel
 
 # Node death detected in ~1 s instead of Ray's default ~30 s (health checks every 3 s, 5 misses).
-SYSTEM_CONFIG = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200,
-                 "health_check_timeout_ms": 200, "health_check_failure_threshold": 3}
+SYSTEM_CONFIG = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 200,
+    "health_check_timeout_ms": 200,
+    "health_check_failure_threshold": 3,
+}
 
 
 class Echo(Task):
@@ -97,8 +101,11 @@ async def until(predicate: Any, timeout: float) -> None:
 
 async def run(cluster: Cluster, worker: Any, n_tasks: int, samples: int) -> dict[str, Any]:
     node_a, node_b = node_with("node_a"), node_with("node_b")
-    gate = ray.remote(Gate).options(name="gate", namespace="fault-suite", resources={"node_a": 0.01},
-                                    max_concurrency=1000).remote()
+    gate = (
+        ray.remote(Gate)
+        .options(name="gate", namespace="fault-suite", resources={"node_a": 0.01}, max_concurrency=1000)
+        .remote()
+    )
     # One actor per node; a replacement is spread (RayExecutor's default), so it starts on
     # node A once node B is gone.
     placement = [{"resources": {"node_a": 0.01}}, {"resources": {"node_b": 0.01}}]
@@ -106,8 +113,13 @@ async def run(cluster: Cluster, worker: Any, n_tasks: int, samples: int) -> dict
     total = n_tasks * samples
     async with executor:
         tasks = [Echo({"idx": i, "prompt": f"question {i}"}) for i in range(n_tasks)]
-        driver = Driver(tasks, Gated(retries=0), ScriptedModel(default="4"), executor=executor,
-                        config=EvalConfig(samples_per_task=samples, max_in_flight=total, max_infra_retries=1))
+        driver = Driver(
+            tasks,
+            Gated(retries=0),
+            ScriptedModel(default="4"),
+            executor=executor,
+            config=EvalConfig(samples_per_task=samples, max_in_flight=total, max_infra_retries=1),
+        )
         running = asyncio.ensure_future(driver.arun())
         arrived = await gate.until.remote(total)
         hosts = await host_facts(executor)
@@ -120,10 +132,20 @@ async def run(cluster: Cluster, worker: Any, n_tasks: int, samples: int) -> dict
         result = await asyncio.wait_for(running, 60)
         elapsed = time.monotonic() - t0
         hosts += await host_facts(executor)  # the replacement's host too
-    rows = result.samples.select(["rollout_id", "group_id", "sample_idx", "ok", "attempt", "num_errors",
-                                  "error_type", "attempts"]).to_pylist()
-    return {"node_a": node_a, "node_b": node_b, "arrived": arrived, "rows": rows, "status": result.status,
-            "detected": detected, "elapsed": elapsed, "replaced": executor.replaced, "hosts": hosts}
+    rows = result.samples.select(
+        ["rollout_id", "group_id", "sample_idx", "ok", "attempt", "num_errors", "error_type", "attempts"]
+    ).to_pylist()
+    return {
+        "node_a": node_a,
+        "node_b": node_b,
+        "arrived": arrived,
+        "rows": rows,
+        "status": result.status,
+        "detected": detected,
+        "elapsed": elapsed,
+        "replaced": executor.replaced,
+        "hosts": hosts,
+    }
 
 
 def wait_exit(pid: int, timeout: float) -> bool:
@@ -139,8 +161,15 @@ def wait_exit(pid: int, timeout: float) -> bool:
 
 def main() -> None:
     n_tasks, samples = int(sys.argv[1]), int(sys.argv[2])
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "resources": {"node_a": 1}, "include_dashboard": False, "_system_config": SYSTEM_CONFIG})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "resources": {"node_a": 1},
+            "include_dashboard": False,
+            "_system_config": SYSTEM_CONFIG,
+        },
+    )
     try:
         worker = cluster.add_node(num_cpus=1, resources={"node_b": 1})
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)

@@ -7,7 +7,8 @@ import importlib.util
 import os
 
 _spec = importlib.util.spec_from_file_location(
-    "taskset_arith_base", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "arith.py"))
+    "taskset_arith_base", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "arith.py")
+)
 assert _spec is not None and _spec.loader is not None
 _arith = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_arith)

@@ -84,15 +84,23 @@ def status_line(status: dict[str, Any]) -> str:
 
 async def run(raylet: int, n_tasks: int, freeze: float) -> dict[str, Any]:
     node_b = node_with("node_b")
-    gate = ray.remote(Gate).options(name="gate", namespace="hang-suite", resources={"node_a": 0.01},
-                                    max_concurrency=1000).remote()
+    gate = (
+        ray.remote(Gate)
+        .options(name="gate", namespace="hang-suite", resources={"node_a": 0.01}, max_concurrency=1000)
+        .remote()
+    )
     placement = [{"resources": {"node_a": 0.01}}, {"resources": {"node_b": 0.01}}]
     executor = RayExecutor(actors=2, capacity=n_tasks, actor_options=placement)
     facts: dict[str, Any] = {"raylet": raylet}
     async with executor:
         tasks = [Echo({"idx": i, "prompt": f"question {i}"}) for i in range(n_tasks)]
-        driver = Driver(tasks, Gated(retries=0), ScriptedModel(default="4"), executor=executor,
-                        config=EvalConfig(samples_per_task=1, max_in_flight=n_tasks, max_infra_retries=1))
+        driver = Driver(
+            tasks,
+            Gated(retries=0),
+            ScriptedModel(default="4"),
+            executor=executor,
+            config=EvalConfig(samples_per_task=1, max_in_flight=n_tasks, max_infra_retries=1),
+        )
         running = asyncio.ensure_future(driver.arun())
         arrived = await gate.until.remote(n_tasks)
         on_b = [(rid, pid) for node, rid, pid in arrived if node == node_b]
@@ -119,15 +127,26 @@ async def run(raylet: int, n_tasks: int, freeze: float) -> dict[str, Any]:
     return facts
 
 
-STRICT = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200,
-          "health_check_timeout_ms": 200, "health_check_failure_threshold": 3}
+STRICT = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 200,
+    "health_check_timeout_ms": 200,
+    "health_check_failure_threshold": 3,
+}
 
 
 def main() -> None:
     n_tasks, freeze, health = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
     system = STRICT if health == "strict" else {}
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "resources": {"node_a": 1}, "include_dashboard": False, "_system_config": system})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "resources": {"node_a": 1},
+            "include_dashboard": False,
+            "_system_config": system,
+        },
+    )
     facts: dict[str, Any] = {}
     try:
         worker = cluster.add_node(num_cpus=1, resources={"node_b": 1})

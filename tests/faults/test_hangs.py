@@ -72,8 +72,21 @@ class _Table:
         if not ROWS:
             return
         header = ("scenario", "injected", "became", "detected", "run showed meanwhile", "lost", "left")
-        cells = [header, *[(r.scenario, r.injected, r.outcome, "-" if r.detected is None else f"{r.detected:.2f}s", r.meanwhile, str(r.lost),
-                            str(r.leftovers)) for r in ROWS]]
+        cells = [
+            header,
+            *[
+                (
+                    r.scenario,
+                    r.injected,
+                    r.outcome,
+                    "-" if r.detected is None else f"{r.detected:.2f}s",
+                    r.meanwhile,
+                    str(r.lost),
+                    str(r.leftovers),
+                )
+                for r in ROWS
+            ],
+        ]
         widths = [max(len(row[k]) for row in cells) for k in range(len(header))]
         terminalreporter.section("hang injection")
         for n, row in enumerate(cells):
@@ -185,8 +198,14 @@ class HangingServer:
         self.open += 1
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
+            length = next(
+                (
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
             await reader.readexactly(length)
             self.arrivals.append(time.monotonic())
             self.arrived.set()
@@ -235,18 +254,28 @@ def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 # -- 1, 2. the model server ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("mode", "injected"), [
-    ("headers", "model server: headers, then never the body"),
-    ("silent", "model server: accepts, never answers"),
-], ids=["headers-no-body", "accepts-never-answers"])
-def test_a_model_server_that_hangs_fails_the_rollout_as_a_provider_error(mode: str, injected: str,
-                                                                        private_tmp: Path) -> None:
+@pytest.mark.parametrize(
+    ("mode", "injected"),
+    [
+        ("headers", "model server: headers, then never the body"),
+        ("silent", "model server: accepts, never answers"),
+    ],
+    ids=["headers-no-body", "accepts-never-answers"],
+)
+def test_a_model_server_that_hangs_fails_the_rollout_as_a_provider_error(
+    mode: str, injected: str, private_tmp: Path
+) -> None:
     async def main() -> tuple[RunResult, float, str, int]:
         async with HangingServer(mode) as server, LocalExecutor() as inner:
             timed = Timed(inner)
             model = OpenAIModel(server.url + "/v1", name="m", timeout=0.5, retries=1, backoff=0.01)
-            driver = Driver(tasks(2), ChatHarness(retries=0), model, executor=timed,
-                            config=EvalConfig(samples_per_task=1, max_in_flight=2))
+            driver = Driver(
+                tasks(2),
+                ChatHarness(retries=0),
+                model,
+                executor=timed,
+                config=EvalConfig(samples_per_task=1, max_in_flight=2),
+            )
             running = asyncio.ensure_future(driver.arun())
             async with asyncio.timeout(10):
                 await server.arrived.wait()
@@ -260,10 +289,20 @@ def test_a_model_server_that_hangs_fails_the_rollout_as_a_provider_error(mode: s
     result, detected, seen, still_open = asyncio.run(main())
     rows = result.samples.to_pylist()
     assert [(r["ok"], r["error_type"], r["error_message"]) for r in rows] == [
-        (False, "ProviderError", "model request timed out after 0.5s")] * 2
+        (False, "ProviderError", "model request timed out after 0.5s")
+    ] * 2
     assert result.status == "completed" and 0.9 <= detected < 10
-    report(Row(f"model {mode}", injected, "2 failed: ProviderError 504 (timeout 0.5s, 1 retry)", detected, seen,
-               lost(result, 2), still_open))
+    report(
+        Row(
+            f"model {mode}",
+            injected,
+            "2 failed: ProviderError 504 (timeout 0.5s, 1 retry)",
+            detected,
+            seen,
+            lost(result, 2),
+            still_open,
+        )
+    )
 
 
 # -- 3. a tool server ----------------------------------------------------------------------------
@@ -291,8 +330,13 @@ def test_a_tool_server_that_never_answers_fails_the_call_not_the_rollout(private
 
             timed = Timed(inner)
             model = ScriptedModel([Reply(tool_calls=[("fetch", {"key": "x"})])], default="4")
-            driver = Driver([UsesLookup({"prompt": "look x up"})], ChatHarness(retries=0), model, executor=timed,
-                            config=EvalConfig(samples_per_task=1))
+            driver = Driver(
+                [UsesLookup({"prompt": "look x up"})],
+                ChatHarness(retries=0),
+                model,
+                executor=timed,
+                config=EvalConfig(samples_per_task=1),
+            )
             running = asyncio.ensure_future(driver.arun())
             async with asyncio.timeout(10):
                 await tools_server.arrived.wait()
@@ -301,17 +345,27 @@ def test_a_tool_server_that_never_answers_fails_the_call_not_the_rollout(private
                 result = await running
             await until(lambda: tools_server.open == 0, 5, "the tool's connection to close")
             detected = first_outcome(timed, tools_server.arrivals[0])
-            (_, trace), = timed.returned
+            ((_, trace),) = timed.returned
             assert [(c.name, c.ok, c.error) for c in trace.tool_calls] == [
-                ("fetch", False, "tool 'fetch' timed out after 0.5s")]
+                ("fetch", False, "tool 'fetch' timed out after 0.5s")
+            ]
             return result, detected, seen, tools_server.open
 
     result, detected, seen, still_open = asyncio.run(main())
     (row,) = result.samples.to_pylist()
     assert (row["ok"], row["reward"], row["num_tool_calls"]) == (True, 1.0, 1)  # the agent went on
     assert 0.4 <= detected < 10
-    report(Row("tool server silent", "a tool's server accepts, never answers",
-               "the call failed (timeout 0.5s), the agent went on: 1 ok", detected, seen, lost(result, 1), still_open))
+    report(
+        Row(
+            "tool server silent",
+            "a tool's server accepts, never answers",
+            "the call failed (timeout 0.5s), the agent went on: 1 ok",
+            detected,
+            seen,
+            lost(result, 1),
+            still_open,
+        )
+    )
 
 
 # -- 4. a program that ignores SIGTERM -----------------------------------------------------------
@@ -340,8 +394,9 @@ def test_a_program_that_ignores_sigterm_is_killed_with_its_tree(private_tmp: Pat
         async with LocalExecutor(runtime="local") as inner:  # host pids, to follow them here
             timed = Timed(inner)
             harness = ProgramHarness([sys.executable, "-c", IGNORES_TERM, str(pids_file)], timeout=1.0)
-            driver = Driver(tasks(1), harness, ScriptedModel(default="4"), executor=timed,
-                            config=EvalConfig(samples_per_task=1))
+            driver = Driver(
+                tasks(1), harness, ScriptedModel(default="4"), executor=timed, config=EvalConfig(samples_per_task=1)
+            )
             running = asyncio.ensure_future(driver.arun())
             await until(pids_file.exists, 10, "the program to start")
             started = time.monotonic()
@@ -358,8 +413,17 @@ def test_a_program_that_ignores_sigterm_is_killed_with_its_tree(private_tmp: Pat
         wait_exit(pid, 5.0)
     left = [p for p in pids if process_alive(p)] + [p.name for p in private_tmp.iterdir()]
     assert detected < 10
-    report(Row("program ignores SIGTERM", "SIGTERM ignored, a setsid child", "1 failed: HarnessError (its 1s timeout)",
-               detected, seen, lost(result, 1), len(left)))
+    report(
+        Row(
+            "program ignores SIGTERM",
+            "SIGTERM ignored, a setsid child",
+            "1 failed: HarnessError (its 1s timeout)",
+            detected,
+            seen,
+            lost(result, 1),
+            len(left),
+        )
+    )
 
 
 # -- 5. a judge that never returns ---------------------------------------------------------------
@@ -383,8 +447,14 @@ def test_a_judge_that_never_returns_fails_its_groups_and_the_run_goes_on(private
                 release.wait()  # "forever": until the test lets it go, after the run
                 return {}
 
-            driver = Driver(tasks(2), ChatHarness(retries=0), ScriptedModel(default="4"), executor=timed,
-                            judge=judge, config=EvalConfig(samples_per_task=2, max_in_flight=1, judge_timeout=0.5))
+            driver = Driver(
+                tasks(2),
+                ChatHarness(retries=0),
+                ScriptedModel(default="4"),
+                executor=timed,
+                judge=judge,
+                config=EvalConfig(samples_per_task=2, max_in_flight=1, judge_timeout=0.5),
+            )
             groups, first = [], 0.0
             async with asyncio.timeout(30):
                 async for group in driver.groups():
@@ -400,14 +470,24 @@ def test_a_judge_that_never_returns_fails_its_groups_and_the_run_goes_on(private
     errors = [g.summary["judge_error"][0].as_py() for g in groups]
     assert len(groups) == 2 and hanging == 1
     assert errors[0] == f"CallTimeout: the judge on group {ids[0]!r} did not return within 0.5s"
-    assert errors[1].startswith(f"CallTimeout: the judge on group {ids[1]!r}: not called, it still "
-                                f"runs the judge on group {ids[0]!r}")
+    assert errors[1].startswith(
+        f"CallTimeout: the judge on group {ids[1]!r}: not called, it still runs the judge on group {ids[0]!r}"
+    )
     rows = [r for g in groups for r in g.samples.to_pylist()]
     assert len(rows) == 4 and all(r["ok"] for r in rows)
     asyncio.run(until(lambda: still_running() == 0, 5, "the judge's thread to end once released"))
     assert 0.5 <= detected < 10
-    report(Row("judge never returns", "the group judge blocks forever", "judge_error on its 2 groups; 4 rows ok",
-               detected, seen[0], 4 - len(rows), still_running()))
+    report(
+        Row(
+            "judge never returns",
+            "the group judge blocks forever",
+            "judge_error on its 2 groups; 4 rows ok",
+            detected,
+            seen[0],
+            4 - len(rows),
+            still_running(),
+        )
+    )
 
 
 # -- 6. a rollout actor frozen -------------------------------------------------------------------
@@ -442,8 +522,13 @@ def test_a_frozen_rollout_actor_is_killed_and_its_rollouts_retried(ray_cluster: 
         inner = RayExecutor(actors=1, capacity=2, probe_interval=0.2, probe_timeout=1.0)
         async with inner:
             timed = Timed(inner)
-            driver = Driver(tasks(2), FreezesOnce(str(tmp_path)), ScriptedModel(default="4"), executor=timed,
-                            config=EvalConfig(samples_per_task=1, max_infra_retries=1))
+            driver = Driver(
+                tasks(2),
+                FreezesOnce(str(tmp_path)),
+                ScriptedModel(default="4"),
+                executor=timed,
+                config=EvalConfig(samples_per_task=1, max_infra_retries=1),
+            )
             running = asyncio.ensure_future(driver.arun())
             markers = [tmp_path / "task-0", tmp_path / "task-1"]
             await until(lambda: all(m.exists() for m in markers), 30, "both first attempts to start")
@@ -460,13 +545,22 @@ def test_a_frozen_rollout_actor_is_killed_and_its_rollouts_retried(ray_cluster: 
     rows = result.samples.to_pylist()
     assert [(r["ok"], r["attempt"], r["reward"]) for r in rows] == [(True, 1, 1.0)] * 2
     assert [[[e["type"] for e in a["errors"]] for a in r["attempts"]] for r in rows] == [
-        [["InfrastructureLost"], []]] * 2
+        [["InfrastructureLost"], []]
+    ] * 2
     for pid in pids:  # the frozen actor (killed though stopped) and its replacement (stopped with the pool)
         wait_exit(pid, 10.0)
     assert 1.0 <= detected < 10
-    report(Row("rollout actor frozen", "SIGSTOP of the actor mid-rollout",
-               f"probe timed out (1s), killed; {outcomes(result.samples)}", detected, seen, lost(result, 2),
-               sum(process_alive(p) for p in pids)))
+    report(
+        Row(
+            "rollout actor frozen",
+            "SIGSTOP of the actor mid-rollout",
+            f"probe timed out (1s), killed; {outcomes(result.samples)}",
+            detected,
+            seen,
+            lost(result, 2),
+            sum(process_alive(p) for p in pids),
+        )
+    )
 
 
 @pytest.mark.ray
@@ -501,9 +595,17 @@ def test_a_frozen_rollout_actor_used_without_an_executor_fails_its_rollouts(ray_
     outcome, detected, pid = asyncio.run(main())
     assert isinstance(outcome, RayActorError), outcome
     wait_exit(pid, 120.0)  # a hang guard: Ray's kill of a stopped process is slow on a loaded machine
-    report(Row("rollout actor frozen, no executor", "SIGSTOP of a RolloutActor used alone",
-               "collect unanswered (0.2 + 1s), killed: run() raised RayActorError", detected,
-               "(no driver: the caller's run() was waiting)", 0, int(process_alive(pid))))
+    report(
+        Row(
+            "rollout actor frozen, no executor",
+            "SIGSTOP of a RolloutActor used alone",
+            "collect unanswered (0.2 + 1s), killed: run() raised RayActorError",
+            detected,
+            "(no driver: the caller's run() was waiting)",
+            0,
+            int(process_alive(pid)),
+        )
+    )
 
 
 # -- 7. a raylet frozen ---------------------------------------------------------------------------
@@ -523,8 +625,15 @@ def test_a_raylet_frozen_for_30s_loses_no_rollout(health: str, tmp_path: Path) -
     its rollouts are retried on the head node."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
-    done = subprocess.run([sys.executable, str(HERE / "raylet_freeze.py"), "4", "30", health], env=env,
-                          cwd=str(tmp_path), capture_output=True, text=True, timeout=240, check=False)
+    done = subprocess.run(
+        [sys.executable, str(HERE / "raylet_freeze.py"), "4", "30", health],
+        env=env,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("FACTS ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     facts = json.loads(lines[-1].removeprefix("FACTS "))
@@ -540,5 +649,14 @@ def test_a_raylet_frozen_for_30s_loses_no_rollout(health: str, tmp_path: Path) -
     else:
         assert facts["detected"] is not None and retried == facts["on_b"]
         outcome = f"declared dead: its {facts['on_b']} rollouts retried on the head, 4 ok while frozen"
-    report(Row(f"raylet frozen 30 s ({health} health check)", "SIGSTOP of a worker node's raylet, SIGCONT at 30 s",
-               outcome, facts["detected"], facts["meanwhile"], 4 - len(rows), len(facts["leftover"])))
+    report(
+        Row(
+            f"raylet frozen 30 s ({health} health check)",
+            "SIGSTOP of a worker node's raylet, SIGCONT at 30 s",
+            outcome,
+            facts["detected"],
+            facts["meanwhile"],
+            4 - len(rows),
+            len(facts["leftover"]),
+        )
+    )

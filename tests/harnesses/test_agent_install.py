@@ -42,8 +42,12 @@ def _until(check, what: str, seconds: float = 60.0) -> None:  # type: ignore[no-
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux's /proc/locks to see the waiters")
 def test_concurrent_installs_run_the_installer_once(tmp_path: Path) -> None:
     env = {**os.environ, "ROLLOUT_RAY_AGENTS": str(tmp_path)}
-    procs = [subprocess.Popen([sys.executable, "-c", INSTALLER.format(root=tmp_path)], env=env,
-                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", INSTALLER.format(root=tmp_path)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
     try:
         _until(lambda: (tmp_path / "ran").exists(), "the first install")
         lock = tmp_path / ".tool@1.lock"
@@ -59,8 +63,9 @@ def test_concurrent_installs_run_the_installer_once(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == [".tool@1.lock", "go", "ran", "tool@1"]
 
 
-def test_a_failed_install_is_a_harness_error_and_leaves_nothing(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_install_is_a_harness_error_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ROLLOUT_RAY_AGENTS", str(tmp_path))
     with pytest.raises(HarnessError, match=r"cannot install tool@2 \(sh exited 3\): no such version"):
         agent_install._installed("tool@2", ["sh", "-c", "echo no such version >&2; exit 3"], "tool@2")
@@ -68,8 +73,9 @@ def test_a_failed_install_is_a_harness_error_and_leaves_nothing(tmp_path: Path,
     assert agent_install.agents_dir() == tmp_path
 
 
-def test_an_unwritable_install_directory_is_named_with_the_way_out(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unwritable_install_directory_is_named_with_the_way_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "file").write_text("not a directory")
     monkeypatch.setenv("ROLLOUT_RAY_AGENTS", str(tmp_path / "file" / "agents"))
     with pytest.raises(HarnessError, match=r"cannot install tool@3 into .*file/agents: .*set ROLLOUT_RAY_AGENTS"):

@@ -63,9 +63,14 @@ def interaction(harness: Any, model: ScriptedModel, turns: list[str]) -> tuple[l
 
     async def main() -> tuple[list[bool], Trace]:
         async with HTTPInterception() as proxy:
-            rollout = Rollout(Chat({"system_prompt": "Be brief."}), harness, model=model,
-                              interception=None if harness.in_process else proxy, has_user=True,
-                              runtime_factory=LocalRuntime)
+            rollout = Rollout(
+                Chat({"system_prompt": "Be brief."}),
+                harness,
+                model=model,
+                interception=None if harness.in_process else proxy,
+                has_user=True,
+                runtime_factory=LocalRuntime,
+            )
             assert await rollout.open()
             progressed = [await rollout.step([UserMessage(text)]) for text in turns]
             return progressed, await rollout.close()
@@ -102,11 +107,14 @@ def test_chat_harness_rollout_with_a_tool(transport: Any) -> None:
 
     async def main() -> Trace:
         async with HTTPInterception() as proxy, ToolServer() as tools:
-            rollout = Rollout(ArithWithDiv({"prompt": "1+2?", "system_prompt": "Add."}),
-                              ChatHarness(transport=transport), model=model,
-                              interception=None if transport == "inprocess" else proxy,
-                              tool_server=tools.serve,
-                              runtime_factory=LocalRuntime)
+            rollout = Rollout(
+                ArithWithDiv({"prompt": "1+2?", "system_prompt": "Add."}),
+                ChatHarness(transport=transport),
+                model=model,
+                interception=None if transport == "inprocess" else proxy,
+                tool_server=tools.serve,
+                runtime_factory=LocalRuntime,
+            )
             trace = await rollout.run()
             assert tools._registrations == {}  # unregistered when the rollout closed (or never made)
             return trace
@@ -120,8 +128,9 @@ def test_chat_harness_rollout_with_a_tool(transport: Any) -> None:
 
 def test_chat_harness_streaming() -> None:
     model = ScriptedModel([ADD, "3"])
-    trace = rollout_run(ArithWithDiv({"prompt": "1+2?", "system_prompt": "Add."}),
-                        ChatHarness(stream=True, transport="http"), model)
+    trace = rollout_run(
+        ArithWithDiv({"prompt": "1+2?", "system_prompt": "Add."}), ChatHarness(stream=True, transport="http"), model
+    )
     assert_tool_rollout(trace, model)
 
 
@@ -131,8 +140,13 @@ def test_chat_harness_resume_with_user_turns(transport: Any) -> None:
     progressed, trace = interaction(ChatHarness(transport=transport), model, ["hi", "more"])
     assert progressed == [True, True]
     assert trace.ok and trace.num_turns == 2 and trace.num_branches == 1
-    conversation = [SystemMessage("Be brief."), UserMessage("hi"), AssistantMessage("hello"),
-                    UserMessage("more"), AssistantMessage("bye")]
+    conversation = [
+        SystemMessage("Be brief."),
+        UserMessage("hi"),
+        AssistantMessage("hello"),
+        UserMessage("more"),
+        AssistantMessage("bye"),
+    ]
     assert trace.messages == conversation
     assert [r.messages for r in model.requests] == [conversation[:2], conversation[:4]]
 
@@ -140,8 +154,9 @@ def test_chat_harness_resume_with_user_turns(transport: Any) -> None:
 @TRANSPORTS
 def test_chat_harness_limit_stops_cleanly_and_is_scored(transport: Any) -> None:
     model = ScriptedModel(default=ADD)
-    trace = rollout_run(ArithWithDiv({"prompt": "1+2?"}), ChatHarness(transport=transport), model,
-                        limits=RolloutLimits(max_turns=1))
+    trace = rollout_run(
+        ArithWithDiv({"prompt": "1+2?"}), ChatHarness(transport=transport), model, limits=RolloutLimits(max_turns=1)
+    )
     assert (trace.ok, trace.stop_condition, trace.num_turns, trace.errors) == (True, "max_turns", 1, [])
     assert len(model.requests) == 1  # the second call was refused before the model
     assert trace.rewards == {"correct": Reward(0.0)}
@@ -153,7 +168,9 @@ def test_chat_harness_retries_provider_errors(transport: Any) -> None:
     trace = rollout_run(Chat({"prompt": "hi"}), ChatHarness(backoff=0.0, transport=transport), model)
     assert (trace.ok, trace.stop_condition, trace.num_turns, trace.errors) == (True, "agent_completed", 1, [])
     assert [(c.error.type, c.error.message, c.error.status_code) if c.error else None for c in trace.calls] == [
-        ("ProviderError", "busy", 503), None]
+        ("ProviderError", "busy", 503),
+        None,
+    ]
     assert trace.last_reply == "hello"
 
 
@@ -186,9 +203,13 @@ def test_chat_harness_wire_retry_headers_and_errors() -> None:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        ctx = HarnessContext(trace=Trace(task=TraceTask(type="T")), runtime=None,  # type: ignore[arg-type]
-                             endpoint=f"http://127.0.0.1:{port}/v1", secret="s3cret",
-                             data=Chat({"prompt": "hi"}).data)
+        ctx = HarnessContext(
+            trace=Trace(task=TraceTask(type="T")),
+            runtime=None,  # type: ignore[arg-type]
+            endpoint=f"http://127.0.0.1:{port}/v1",
+            secret="s3cret",
+            data=Chat({"prompt": "hi"}).data,
+        )
         try:
             harness = ChatHarness(retries=2, backoff=0.0, transport="http")
             return await harness.launch(ctx), await harness.launch(ctx)
@@ -201,16 +222,23 @@ def test_chat_harness_wire_retry_headers_and_errors() -> None:
     assert seen == [("Bearer s3cret", None), ("Bearer s3cret", "1"), ("Bearer s3cret", "2"), ("Bearer s3cret", None)]
 
 
-@pytest.mark.parametrize("harness", [ChatHarness(), ChatHarness(transport="http"), ProgramHarness(AGENT)],
-                         ids=["chat", "chat-http", "program"])
+@pytest.mark.parametrize(
+    "harness",
+    [ChatHarness(), ChatHarness(transport="http"), ProgramHarness(AGENT)],
+    ids=["chat", "chat-http", "program"],
+)
 def test_tool_errors_are_shown_to_the_model(harness: Any) -> None:
-    model = ScriptedModel([Reply(tool_calls=[("add", {"a": "x", "b": 1}), ("div", {"a": 1, "b": 0}),
-                                             ("nope", {})]), "sorry"])
+    model = ScriptedModel(
+        [Reply(tool_calls=[("add", {"a": "x", "b": 1}), ("div", {"a": 1, "b": 0}), ("nope", {})]), "sorry"]
+    )
     trace = rollout_run(ArithWithDiv({"prompt": "1+2?"}), harness, model)
     assert (trace.ok, trace.num_turns, trace.errors) == (True, 2, [])
     assert [(m.name, m.content) for m in trace.tool_messages] == [
-        ("add", "error: invalid arguments for tool 'add': a: Input should be a valid integer, "
-                "unable to parse string as an integer"),
+        (
+            "add",
+            "error: invalid arguments for tool 'add': a: Input should be a valid integer, "
+            "unable to parse string as an integer",
+        ),
         ("div", "ZeroDivisionError: division by zero"),
         ("nope", "error: unknown tool 'nope'"),
     ]
@@ -233,17 +261,20 @@ def test_program_harness_nonzero_exit_is_a_harness_error() -> None:
 
 
 def test_program_harness_timeout() -> None:
-    harness = ProgramHarness([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(30)"],
-                             timeout=0.3)
+    harness = ProgramHarness(
+        [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(30)"], timeout=0.3
+    )
     trace = rollout_run(Chat({"prompt": "hi"}), harness, ScriptedModel(default="x"))
     assert [(e.type, e.message) for e in trace.errors] == [
-        ("HarnessError", "harness 'program' timed out after 0.3s: started\n")]
+        ("HarnessError", "harness 'program' timed out after 0.3s: started\n")
+    ]
 
 
 def test_program_harness_limit_stops_cleanly() -> None:
     model = ScriptedModel(default=ADD)
-    trace = rollout_run(ArithWithDiv({"prompt": "1+2?"}), ProgramHarness(AGENT), model,
-                        limits=RolloutLimits(max_turns=1))
+    trace = rollout_run(
+        ArithWithDiv({"prompt": "1+2?"}), ProgramHarness(AGENT), model, limits=RolloutLimits(max_turns=1)
+    )
     assert (trace.ok, trace.stop_condition, trace.num_turns, trace.errors) == (True, "max_turns", 1, [])
     assert trace.rewards == {"correct": Reward(0.0)}
 
@@ -253,8 +284,13 @@ def test_program_harness_resume_with_user_turns() -> None:
     progressed, trace = interaction(ProgramHarness(AGENT), model, ["hi", "more"])
     assert progressed == [True, True]
     assert trace.ok and trace.num_turns == 2 and trace.num_branches == 1
-    conversation = [SystemMessage("Be brief."), UserMessage("hi"), AssistantMessage("hello"),
-                    UserMessage("more"), AssistantMessage("bye")]
+    conversation = [
+        SystemMessage("Be brief."),
+        UserMessage("hi"),
+        AssistantMessage("hello"),
+        UserMessage("more"),
+        AssistantMessage("bye"),
+    ]
     assert trace.messages == conversation
     assert [r.messages for r in model.requests] == [conversation[:2], conversation[:4]]
 
@@ -274,8 +310,11 @@ def test_program_harness_environment_and_input_file() -> None:
             seen.extend([result.stdout, ctx.endpoint, ctx.secret, msgspec.json.encode(ctx.tool_urls).decode()])
             return result
 
-    trace = rollout_run(ArithWithDiv({"prompt": "1+2?"}), Spy([sys.executable, "-c", script], env={"EXTRA": "1"}),
-                        ScriptedModel(default="x"))
+    trace = rollout_run(
+        ArithWithDiv({"prompt": "1+2?"}),
+        Spy([sys.executable, "-c", script], env={"EXTRA": "1"}),
+        ScriptedModel(default="x"),
+    )
     assert trace.errors == []
     stdout, endpoint, secret, tools = seen
     env_line, input_line = stdout.splitlines()

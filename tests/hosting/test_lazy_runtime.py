@@ -30,8 +30,15 @@ class Recorded(Runtime):
     async def prepare_execution(self, routes: Sequence[str] | None) -> None:
         EVENTS.append(("routes", ",".join(routes or ())))
 
-    async def exec(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float | None = None,
-                   max_output: int = 0, stdin: bytes | None = None) -> ProgramResult:
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_output: int = 0,
+        stdin: bytes | None = None,
+    ) -> ProgramResult:
         EVENTS.append(("exec", " ".join(argv)))
         return ProgramResult(0)
 
@@ -65,14 +72,23 @@ def test_an_unused_runtime_is_never_started_nor_stopped() -> None:
 
 
 def test_the_first_use_starts_it_with_the_routes_it_was_given() -> None:
-    assert lifecycle("here", "here") == [("start", "box"), ("routes", "http://proxy"), ("exec", "true"),
-                                         ("exec", "true"), ("stop", "box")]
+    assert lifecycle("here", "here") == [
+        ("start", "box"),
+        ("routes", "http://proxy"),
+        ("exec", "true"),
+        ("exec", "true"),
+        ("stop", "box"),
+    ]
 
 
 def test_a_copy_used_elsewhere_starts_the_runtime_and_the_original_stops_it() -> None:
     """A tool server in another process used the box: its owner still tears it down."""
-    assert lifecycle("there", hand_on=True) == [("start", "box"), ("routes", "http://proxy"), ("exec", "true"),
-                                                ("stop", "box")]
+    assert lifecycle("there", hand_on=True) == [
+        ("start", "box"),
+        ("routes", "http://proxy"),
+        ("exec", "true"),
+        ("stop", "box"),
+    ]
 
 
 def test_a_copy_handed_on_but_never_used_is_still_stopped_by_its_owner() -> None:

@@ -59,8 +59,12 @@ async def _until(rollout: Rollout, phase: str) -> float:
 def test_a_rollout_reads_boot_then_tool_call_then_model_call_then_done() -> None:
     async def main() -> None:
         HELD.update(tool=asyncio.Event(), model=asyncio.Event())
-        rollout = Rollout(WithTool({"idx": 7, "prompt": "wait, then answer"}), ChatHarness(), model=Held(),
-                          runtime_factory=MemoryRuntime)
+        rollout = Rollout(
+            WithTool({"idx": 7, "prompt": "wait, then answer"}),
+            ChatHarness(),
+            model=Held(),
+            runtime_factory=MemoryRuntime,
+        )
         assert phase_of(rollout) == ("boot", rollout.trace.timing.start)
         running = asyncio.create_task(rollout.run())
         since = await _until(rollout, "tool call")

@@ -73,8 +73,7 @@ def test_an_executor_that_does_not_look_ahead_has_nothing_read_ahead() -> None:
     assert asyncio.run(main()) == [(0, [0]), (1, [0, 1]), (2, [0, 1, 2])]
 
 
-def test_eval_hands_the_driver_its_executor_itself_so_the_schedule_reaches_it(
-        tmp_path: Any, monkeypatch: Any) -> None:
+def test_eval_hands_the_driver_its_executor_itself_so_the_schedule_reaches_it(tmp_path: Any, monkeypatch: Any) -> None:
     """``rollout-ray eval`` once wrapped its executor for the progress bar, and the wrapper did
     not pass the schedule on (the CLI's warm pools were never told). The bar now reads the
     driver's progress: the driver gets the executor eval made, nothing in between."""
@@ -92,16 +91,33 @@ def test_eval_hands_the_driver_its_executor_itself_so_the_schedule_reaches_it(
 
     monkeypatch.setattr(drive, "Driver", Spy)
     with pytest.raises(RuntimeError, match="stop here"):
-        asyncio.run(drive.drive("t", types.ModuleType("t"), [Task({"prompt": "p"})], ScriptedHarness([]),
-                                ScriptedModel([]), made, EvalConfig(), str(tmp_path / "run"), resume=False,
-                                where="here", manifest_config={}, announce=False))
+        asyncio.run(
+            drive.drive(
+                "t",
+                types.ModuleType("t"),
+                [Task({"prompt": "p"})],
+                ScriptedHarness([]),
+                ScriptedModel([]),
+                made,
+                EvalConfig(),
+                str(tmp_path / "run"),
+                resume=False,
+                where="here",
+                manifest_config={},
+                announce=False,
+            )
+        )
     assert seen == [made]
 
 
 def test_what_a_schedule_asks_of_the_nodes() -> None:
-    upcoming = [Task({"prompt": "p", "image": "a.tar"}), Task({"prompt": "p", "image": "a.tar"}),
-                Task({"prompt": "p", "image": "b.tar"}), Task({"prompt": "p"}),
-                Shared({"prompt": "p", "image": "b.tar"})]
+    upcoming = [
+        Task({"prompt": "p", "image": "a.tar"}),
+        Task({"prompt": "p", "image": "a.tar"}),
+        Task({"prompt": "p", "image": "b.tar"}),
+        Task({"prompt": "p"}),
+        Shared({"prompt": "p", "image": "b.tar"}),
+    ]
     admitted = [Shared({"idx": 1, "prompt": "p", "image": "a.tar"}), Shared({"prompt": "no image"})]
     images, setups = wanted(upcoming, admitted)
     assert images == {"a.tar": 2, "b.tar": 2}

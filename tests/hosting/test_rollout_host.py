@@ -36,8 +36,9 @@ def test_a_rollout_whose_services_were_lost_comes_back_as_a_lost_trace() -> None
     async def lose_the_services(ctx: object) -> None:
         raise InfrastructureLost("the node's services were lost: ActorDiedError")
 
-    lost = RolloutSpec(EchoTask({"prompt": "hi"}), ScriptedHarness(before_segment=lose_the_services),
-                       ScriptedModel(default="hello"))
+    lost = RolloutSpec(
+        EchoTask({"prompt": "hi"}), ScriptedHarness(before_segment=lose_the_services), ScriptedModel(default="hello")
+    )
     h = host(1)
     trace = run(h.run(lost))
     assert not trace.ok and [e.type for e in trace.errors] == ["InfrastructureLost"]

@@ -60,6 +60,7 @@ def _counting(inner):  # an ASGI middleware: each connection is a distinct clien
         if scope["type"] == "http" and scope.get("client"):
             _clients.add(tuple(scope["client"]))
         await inner(scope, receive, send)
+
     return wrapped
 
 

@@ -43,13 +43,16 @@ class Native(Toolset):
         return a + b
 
 
-@pytest.mark.parametrize("behaviour,message", [
-    ("hang", "no answer within 0.5s"),
-    ("garbage", "not JSON"),
-    ("not-jsonrpc", "not the JSON-RPC response"),
-    ("huge", "bytes of max_message"),
-    ("huge-stream", "bytes of max_message"),
-])
+@pytest.mark.parametrize(
+    "behaviour,message",
+    [
+        ("hang", "no answer within 0.5s"),
+        ("garbage", "not JSON"),
+        ("not-jsonrpc", "not the JSON-RPC response"),
+        ("huge", "bytes of max_message"),
+        ("huge-stream", "bytes of max_message"),
+    ],
+)
 def test_a_bad_http_server_fails_its_call_named_and_bounded_and_nothing_else(behaviour: str, message: str) -> None:
     async def main() -> None:
         server = ToolServer()
@@ -64,8 +67,9 @@ def test_a_bad_http_server_fails_its_call_named_and_bounded_and_nothing_else(beh
                         error = (await r.json())["error"]
                         assert error.startswith("tool server 'flaky': ") and message in error
                     for where in (urls, other):  # the rollout's other toolset, another rollout's
-                        async with http.post(f"{where['native']}/call", json={"name": "add",
-                                                                            "arguments": {"a": 1, "b": 1}}) as r:
+                        async with http.post(
+                            f"{where['native']}/call", json={"name": "add", "arguments": {"a": 1, "b": 1}}
+                        ) as r:
                             assert (r.status, await r.json()) == (200, {"content": "2"})
         finally:
             await server.stop()
@@ -93,8 +97,10 @@ def test_an_unreachable_http_server_fails_the_open_named() -> None:
 STDIO_BAD = {
     "exits": ("import sys; sys.exit(5)", r"exited with code 5|closed its stdout"),
     "garbage": ("print('hello, I am not MCP', flush=True); import sys; sys.stdin.read()", "not JSON"),
-    "huge": ("import sys; sys.stdout.write('x' * (100 << 20) + '\\n'); sys.stdout.flush(); sys.stdin.read()",
-             "over the 16777216 bytes of max_message"),
+    "huge": (
+        "import sys; sys.stdout.write('x' * (100 << 20) + '\\n'); sys.stdout.flush(); sys.stdin.read()",
+        "over the 16777216 bytes of max_message",
+    ),
     "hangs": ("import sys; sys.stdin.read()", "no answer within 0.5s"),
 }
 
@@ -149,9 +155,14 @@ def test_the_rollout_fails_with_the_servers_toolset_error(transport: Any) -> Non
             model = ScriptedModel([Reply(tool_calls=[("go", {})]), "done"])
             harness = ChatHarness(transport=transport)
             async with HTTPInterception() as proxy, ToolServer(sessions=proxy.session_of_state) as tools:
-                rollout = Rollout(HungShop({"prompt": "buy"}), harness, model=model,
-                                  interception=None if harness.in_process else proxy,
-                                  tool_server=tools.serve, runtime_factory=LocalRuntime)
+                rollout = Rollout(
+                    HungShop({"prompt": "buy"}),
+                    harness,
+                    model=model,
+                    interception=None if harness.in_process else proxy,
+                    tool_server=tools.serve,
+                    runtime_factory=LocalRuntime,
+                )
                 trace = await rollout.run()
             await close_clients()
             return trace

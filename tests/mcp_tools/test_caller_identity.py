@@ -30,8 +30,11 @@ async def recording_server() -> AsyncIterator[tuple[str, list[Any]]]:
             return web.Response(status=202)
         method, params = message["method"], message.get("params") or {}
         if method == "initialize":
-            result: dict[str, Any] = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
-                                      "serverInfo": {"name": "rec"}}
+            result: dict[str, Any] = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "rec"},
+            }
         elif method == "tools/list":
             result = {"tools": [{"name": "whoami", "description": "Who calls.", "inputSchema": {"type": "object"}}]}
         else:
@@ -63,10 +66,13 @@ def test_in_process_rollouts_calls_carry_their_trace_ids() -> None:
     async def main() -> tuple[list[Trace], list[Any]]:
         async with recording_server() as (url, seen):
             WhoAmI.url = url
-            model = ScriptedModel(default=lambda r: "done" if r.messages[-1].role == "tool"
-                                  else Reply(tool_calls=[("whoami", {})]))
-            rollouts = [Rollout(WhoAmI({"prompt": "who?"}), ChatHarness(), model=model, runtime_factory=MemoryRuntime)
-                        for _ in range(3)]
+            model = ScriptedModel(
+                default=lambda r: "done" if r.messages[-1].role == "tool" else Reply(tool_calls=[("whoami", {})])
+            )
+            rollouts = [
+                Rollout(WhoAmI({"prompt": "who?"}), ChatHarness(), model=model, runtime_factory=MemoryRuntime)
+                for _ in range(3)
+            ]
             traces = await asyncio.gather(*(r.run() for r in rollouts))
             await close_clients()
             return traces, seen
@@ -86,8 +92,10 @@ def test_calls_through_the_tool_server_carry_the_rollout_of_the_session() -> Non
             server = ToolServer(sessions=lambda secret: session if secret == "s1" else None)
             await server.start()
             try:
-                async with server.serve([MCPToolset("rec", url=url)], None, "s1") as urls, \
-                        aiohttp.ClientSession() as http:
+                async with (
+                    server.serve([MCPToolset("rec", url=url)], None, "s1") as urls,
+                    aiohttp.ClientSession() as http,
+                ):
                     async with http.post(urls["rec"] + "/call", json={"name": "whoami", "arguments": {}}) as r:
                         answer = (await r.json())["content"]
             finally:

@@ -37,12 +37,19 @@ def test_an_mcp_speaking_program_calls_the_task_tools_and_each_call_is_on_the_tr
     async def main() -> Trace:
         async with HTTPInterception() as proxy, ToolServer() as tools:
             harness = ProgramHarness([sys.executable, "-c", AGENT], env={"SEEN": str(seen)}, timeout=120)
-            return await Rollout(ArithWithDiv({"prompt": "20+22?"}), harness, model=ScriptedModel(default="x"),
-                                 interception=proxy, tool_server=tools.serve, runtime_factory=LocalRuntime).run()
+            return await Rollout(
+                ArithWithDiv({"prompt": "20+22?"}),
+                harness,
+                model=ScriptedModel(default="x"),
+                interception=proxy,
+                tool_server=tools.serve,
+                runtime_factory=LocalRuntime,
+            ).run()
 
     trace = asyncio.run(main())
     assert trace.errors == []
     said: dict[str, Any] = msgspec.json.decode(seen.read_bytes())
     assert said == {"servers": ["calc"], "names": ["add", "div"], "text": "42", "structured": {"result": 42}}
     assert [(r.server, r.name, r.arguments, r.ok) for r in trace.tool_calls] == [
-        ("calc", "add", '{"a":20,"b":22}', True)]
+        ("calc", "add", '{"a":20,"b":22}', True)
+    ]

@@ -77,7 +77,9 @@ def test_program_agent_on_ray_uses_an_mcp_server_through_the_node_tool_server() 
     assert [(r.server, r.name, r.ok) for r in good.tool_calls] == [("calc", "add", True)]
     # a hung server: the node's tool server answers the program 502 and stashes the error,
     # which crosses back to the rollout's process as the rollout's own
-    assert [(e.type, e.message) for e in bad.errors] == [("ToolServerError", "tool server 'calc': no answer within 0.5s")]
+    assert [(e.type, e.message) for e in bad.errors] == [
+        ("ToolServerError", "tool server 'calc': no answer within 0.5s")
+    ]
     assert [(r.server, r.name, r.ok) for r in bad.tool_calls] == [("calc", "add", False)]
 
 
@@ -101,8 +103,9 @@ def test_program_agents_on_ray_share_one_server_started_by_the_node_tool_server(
                 harness = ProgramHarness([sys.executable, "agent_program.py"], files={"agent_program.py": AGENT})
                 traces, pids = [], []
                 for _ in range(2):
-                    traces.append(await actor.run(RolloutSpec(SharedArith({"prompt": "What is 17 + 25?"}),
-                                                              harness, model)))
+                    traces.append(
+                        await actor.run(RolloutSpec(SharedArith({"prompt": "What is 17 + 25?"}), harness, model))
+                    )
                     pids.append(json.loads(record.read_text())["pid"])
                 return traces, pids
         finally:

@@ -87,8 +87,13 @@ def test_mcp_client_lists_and_calls_the_task_tools(mode: str) -> None:
         finally:
             await server.stop()
         assert [(r.server, r.name, r.ok) for r in records] == [
-            ("shop", "add", True), ("shop", "basket", True), ("shop", "greet", True),
-            ("shop", "fail", False), ("shop", "add", False), ("shop", "refund", False)]  # as the native route
+            ("shop", "add", True),
+            ("shop", "basket", True),
+            ("shop", "greet", True),
+            ("shop", "fail", False),
+            ("shop", "add", False),
+            ("shop", "refund", False),
+        ]  # as the native route
 
     asyncio.run(main())
 

@@ -35,14 +35,19 @@ def test_http_mcp_server_served_by_the_node_tool_server_through_one_pool() -> No
         records: list[ToolCallRecord] = []
         try:
             async with aiohttp.ClientSession() as http:
+
                 async def rollout(i: int) -> None:
-                    async with server.serve([MCPToolset("calc", url=url, max_connections=4)], None,
-                                            on_call=records.append) as urls:
+                    async with server.serve(
+                        [MCPToolset("calc", url=url, max_connections=4)], None, on_call=records.append
+                    ) as urls:
                         async with http.get(urls["calc"]) as r:
                             listed = [t["function"]["name"] for t in (await r.json())["tools"]]
                             assert listed[:3] == ["add", "echo", "refuse"]
                         for j in range(5):
-                            assert await _native(http, urls["calc"], "add", {"a": i, "b": j}) == (200, {"content": str(i + j)})
+                            assert await _native(http, urls["calc"], "add", {"a": i, "b": j}) == (
+                                200,
+                                {"content": str(i + j)},
+                            )
                         status, body = await _native(http, urls["calc"], "refuse", {"reason": "no"})
                         assert status == 200 and body["is_error"] and "no" in body["content"]
 
@@ -112,9 +117,20 @@ def test_filesystem_server_from_npm(tmp_path: Any) -> None:
     """``@modelcontextprotocol/server-filesystem``, a server nobody here wrote, from the npm registry."""
     prefix = tmp_path / "npm"
     try:
-        installed = subprocess.run(["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-                                    "@modelcontextprotocol/server-filesystem"],
-                                   capture_output=True, text=True, timeout=240)
+        installed = subprocess.run(
+            [
+                "npm",
+                "install",
+                "--prefix",
+                str(prefix),
+                "--no-audit",
+                "--no-fund",
+                "@modelcontextprotocol/server-filesystem",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         pytest.skip(f"npm cannot install @modelcontextprotocol/server-filesystem here: {e}")
     if installed.returncode != 0:
@@ -177,8 +193,10 @@ def test_stdio_servers_start_at_most_max_starting_at_once(tmp_path: Any) -> None
         return [c.process for c, _ in _pool().stdio.values()]
 
     async def main() -> None:
-        toolsets = [MCPToolset("gated", command=[sys.executable, "-c", GATED_SERVER, str(gate)], max_starting=1)
-                    for _ in range(2)]
+        toolsets = [
+            MCPToolset("gated", command=[sys.executable, "-c", GATED_SERVER, str(gate)], max_starting=1)
+            for _ in range(2)
+        ]
         try:
             opening = [asyncio.ensure_future(open_toolsets([t], Box(f"r{i}"))) for i, t in enumerate(toolsets)]  # type: ignore[arg-type]
             async with asyncio.timeout(30):
@@ -235,8 +253,9 @@ def test_stdio_server_sees_no_host_secret_nor_the_tool_servers_directory(monkeyp
         await open_toolsets([bare], Box("r1"))  # type: ignore[arg-type]
         await open_toolsets([given], Box("r2"))  # type: ignore[arg-type]
         try:
-            seen, seen_given = [json.loads((await LocalTools([t], None).call(ToolCall("1", "env", {}))).content)
-                                for t in (bare, given)]
+            seen, seen_given = [
+                json.loads((await LocalTools([t], None).call(ToolCall("1", "env", {}))).content) for t in (bare, given)
+            ]
         finally:
             await close_toolsets([bare, given])
             await close_clients()
@@ -254,6 +273,7 @@ def test_stdio_server_sees_no_host_secret_nor_the_tool_servers_directory(monkeyp
 def test_runtime_less_rollouts_do_not_share_a_stdio_server() -> None:
     """Security review F3: with no runtime (a ChatHarness rollout), every rollout of the process
     got the one server keyed on ``None``: each saw the others' server state and files."""
+
     async def main() -> None:
         toolsets = [MCPToolset("calc", command=sdk_stdio_command()) for _ in range(2)]
         try:

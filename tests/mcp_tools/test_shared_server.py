@@ -53,16 +53,22 @@ def _state(shared_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 
-async def _call(toolset: SharedToolServer, name: str, arguments: dict[str, Any],
-                calls: list[ToolCallRecord] | None = None) -> str:
+async def _call(
+    toolset: SharedToolServer, name: str, arguments: dict[str, Any], calls: list[ToolCallRecord] | None = None
+) -> str:
     tools = LocalTools([toolset], None, on_call=None if calls is None else calls.append)
     return (await tools.call(ToolCall("1", name, json.dumps(arguments)))).content
 
 
 def _other_process() -> str:
     """The pid of the server another process on this node reaches (its own rollout)."""
-    result = subprocess.run([sys.executable, "-c", OTHER_PROCESS, *COMMAND], capture_output=True, text=True,
-                            timeout=120, env=os.environ.copy())
+    result = subprocess.run(
+        [sys.executable, "-c", OTHER_PROCESS, *COMMAND],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ.copy(),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout.strip()
 
@@ -73,8 +79,9 @@ def test_one_server_per_node_for_many_rollouts_and_processes_each_rollouts_calls
         await asyncio.gather(*(open_toolsets([t], None) for t in toolsets))
         records: list[list[ToolCallRecord]] = [[] for _ in toolsets]
         pids = {await _call(t, "pid", {}, r) for t, r in zip(toolsets, records)}
-        sums = await asyncio.gather(*(_call(t, "add", {"a": i, "b": 1}, r) for i, (t, r)
-                                      in enumerate(zip(toolsets, records))))
+        sums = await asyncio.gather(
+            *(_call(t, "add", {"a": i, "b": 1}, r) for i, (t, r) in enumerate(zip(toolsets, records)))
+        )
         assert sums == [str(i + 1) for i in range(20)]
         assert len(pids) == 1 and await asyncio.to_thread(_other_process) == next(iter(pids))
         assert _state(shared_dir)["starts"] == 1

@@ -67,7 +67,8 @@ def test_a_rollout_the_driver_stops_waiting_for_is_cancelled_in_the_actor() -> N
         os.mkfifo(fifo)
         actor = RolloutActor.create(capacity=2, runtime="local")
         running = asyncio.ensure_future(
-            actor.run(RolloutSpec(Task({"prompt": "hi"}), ChatHarness(), ScriptedModel(default=_Signals(fifo)))))
+            actor.run(RolloutSpec(Task({"prompt": "hi"}), ChatHarness(), ScriptedModel(default=_Signals(fifo))))
+        )
         await asyncio.to_thread(_read, fifo)
         assert len(await actor.actor.open_ids.remote()) == 1
         running.cancel()
@@ -117,8 +118,9 @@ def test_the_executor_runs_as_many_at_once_as_the_driver_asks_with_no_cap_of_its
         async with RayExecutor(actors=1, runtime="local") as executor:
             assert executor.max_in_flight is None
             tasks = [Said4({"idx": i, "prompt": f"{i}"}) for i in range(6)]
-            return await Driver(tasks, ChatHarness(), _Barrier(6), executor=executor,
-                                config=EvalConfig(max_in_flight=6)).arun()
+            return await Driver(
+                tasks, ChatHarness(), _Barrier(6), executor=executor, config=EvalConfig(max_in_flight=6)
+            ).arun()
 
     result = asyncio.run(main())
     assert result.samples["reward"].to_pylist() == [1.0] * 6  # all six were in the model at once
@@ -129,8 +131,13 @@ def test_a_capped_executor_below_max_in_flight_is_stated(caplog: Any) -> None:
     async def main() -> None:
         async with RayExecutor(actors=1, capacity=2, runtime="local") as executor:
             assert executor.max_in_flight == 2
-            await Driver([Said4({"idx": 0, "prompt": "0"})], ChatHarness(), ScriptedModel(default="4"),
-                         executor=executor, config=EvalConfig(max_in_flight=4)).arun()
+            await Driver(
+                [Said4({"idx": 0, "prompt": "0"})],
+                ChatHarness(),
+                ScriptedModel(default="4"),
+                executor=executor,
+                config=EvalConfig(max_in_flight=4),
+            ).arun()
 
     asyncio.run(main())
     assert "the executor runs at most 2 rollouts at once, below max_in_flight=4" in caplog.text

@@ -33,8 +33,14 @@ def test_identical_tasks_are_distinct_groups_on_ray(tmp_path: pathlib.Path) -> N
 
     async def main() -> None:
         async with RayExecutor(actors=1, runtime="local") as executor:
-            await Driver(tasks, ChatHarness(), ScriptedModel(default="4"), executor=executor,
-                         config=EvalConfig(samples_per_task=2), run_dir=out).arun()
+            await Driver(
+                tasks,
+                ChatHarness(),
+                ScriptedModel(default="4"),
+                executor=executor,
+                config=EvalConfig(samples_per_task=2),
+                run_dir=out,
+            ).arun()
 
     asyncio.run(main())
     table = read_run(out, ["group_id", "sample_idx", "task_idx", "reward"])

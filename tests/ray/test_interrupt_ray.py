@@ -33,8 +33,11 @@ AGENT = (pathlib.Path(__file__).parents[2] / "examples" / "agent_program.py").re
 
 @pytest.mark.parametrize("kind", ["chat", "program"])
 def test_an_interrupting_update_reaches_every_actor_and_node_and_the_calls_continue(kind: str) -> None:
-    harness: Any = ChatHarness(retries=0) if kind == "chat" else \
-        ProgramHarness([sys.executable, "agent_program.py"], files={"agent_program.py": AGENT})
+    harness: Any = (
+        ChatHarness(retries=0)
+        if kind == "chat"
+        else ProgramHarness([sys.executable, "agent_program.py"], files={"agent_program.py": AGENT})
+    )
 
     async def main() -> Any:
         async with asyncio.timeout(120), RayExecutor(actors=2, runtime="local") as executor:

@@ -95,8 +95,7 @@ async def _first_line(fd: int, running: asyncio.Future[Any]) -> str:
     return os.read(fd, 64).decode()
 
 
-def test_a_killed_runtime_actor_loses_its_rollouts_and_the_driver_runs_them_again(report: Any,
-                                                                                 tmp_path: Path) -> None:
+def test_a_killed_runtime_actor_loses_its_rollouts_and_the_driver_runs_them_again(report: Any, tmp_path: Path) -> None:
     fifo = tmp_path / "pid"
     os.mkfifo(fifo)
     fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # read-write: opening does not wait for a writer
@@ -107,8 +106,13 @@ def test_a_killed_runtime_actor_loses_its_rollouts_and_the_driver_runs_them_agai
         executor = RayExecutor(actors=1, capacity=2, runtime="local")  # the tool's pid is a host pid
         async with executor:
             watched = Watched(executor)
-            driver = Driver([task], ChatHarness(retries=0), model, executor=watched,  # type: ignore[arg-type]
-                            config=EvalConfig(max_infra_retries=1))
+            driver = Driver(
+                [task],
+                ChatHarness(retries=0),
+                model,
+                executor=watched,  # type: ignore[arg-type]
+                config=EvalConfig(max_infra_retries=1),
+            )
             running = asyncio.ensure_future(driver.arun())
             async with asyncio.timeout(120):
                 shell = int(await _first_line(fd, running))
@@ -133,5 +137,10 @@ def test_a_killed_runtime_actor_loses_its_rollouts_and_the_driver_runs_them_agai
     (trace,) = table_to_traces(result.samples)
     assert [(c.name, c.ok) for c in trace.tool_calls] == [("stall_once", True)]  # the run again, whole
     wait_exit(shell, 5.0)
-    report("21§5 runtime actor killed", "SIGKILL of the runtime actor mid tool call",
-           "lost, run again: ok (was SandboxError, never re-run)", "0", detected)
+    report(
+        "21§5 runtime actor killed",
+        "SIGKILL of the runtime actor mid tool call",
+        "lost, run again: ok (was SandboxError, never re-run)",
+        "0",
+        detected,
+    )

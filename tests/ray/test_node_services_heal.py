@@ -124,9 +124,13 @@ def test_a_killed_node_services_actor_is_replaced_and_its_rollouts_retried(repor
         async with RayExecutor(actors=1, capacity=8) as executor:
             watched = Watched(executor)
             # Over HTTP, as a program would: served by the node's services.
-            driver = Driver(_tasks(8), ChatHarness(retries=0, transport="http"), model,
-                            executor=watched,  # type: ignore[arg-type]
-                            config=EvalConfig(max_infra_retries=3, max_in_flight=8))
+            driver = Driver(
+                _tasks(8),
+                ChatHarness(retries=0, transport="http"),
+                model,
+                executor=watched,  # type: ignore[arg-type]
+                config=EvalConfig(max_infra_retries=3, max_in_flight=8),
+            )
             services = _services()
             baseline = await services.load.remote()  # what other tests' dead owners still hold
             running = asyncio.create_task(driver.arun())
@@ -147,10 +151,20 @@ def test_a_killed_node_services_actor_is_replaced_and_its_rollouts_retried(repor
     assert after != before and not process_alive(before)
     print(f"lost detected {detected:.2f}s after the kill; all retried ok {seconds:.2f}s after")
     assert detected < 3.0, f"the rollouts came back lost {detected:.1f}s after the kill"
-    report("10§5 node services killed", "SIGKILL of the services actor, 8 rollouts in flight",
-           "replaced; 8/8 retried ok", f"0 (InfrastructureLost, retried; all done {seconds:.1f}s)", seconds)
-    report("21§5 node services death detected", "SIGKILL of the services actor, 8 rollouts in flight",
-           "its rollouts lost (seconds to detect)", "0", detected)
+    report(
+        "10§5 node services killed",
+        "SIGKILL of the services actor, 8 rollouts in flight",
+        "replaced; 8/8 retried ok",
+        f"0 (InfrastructureLost, retried; all done {seconds:.1f}s)",
+        seconds,
+    )
+    report(
+        "21§5 node services death detected",
+        "SIGKILL of the services actor, 8 rollouts in flight",
+        "its rollouts lost (seconds to detect)",
+        "0",
+        detected,
+    )
 
 
 def test_a_session_the_services_no_longer_hold_is_an_infrastructure_loss() -> None:
@@ -160,9 +174,11 @@ def test_a_session_the_services_no_longer_hold_is_an_infrastructure_loss() -> No
     from rollout_ray._hosting.trace_sync import Cursor
 
     services = _services()
-    for method, args in (("sync", ("forgotten-secret", Cursor())),
-                         ("unregister_many", ([("forgotten-secret", Cursor())],)),
-                         ("register_tools", ([Adder()], None, "forgotten-state"))):
+    for method, args in (
+        ("sync", ("forgotten-secret", Cursor())),
+        ("unregister_many", ([("forgotten-secret", Cursor())],)),
+        ("register_tools", ([Adder()], None, "forgotten-state")),
+    ):
         with pytest.raises(InfrastructureLost, match="no longer hold this rollout's session"):
             answer = ray.get(getattr(services, method).remote(*args))
             if isinstance(answer, list):  # a batch answers each item's exception as a value
@@ -186,8 +202,13 @@ def test_a_killed_rollout_actor_leaves_no_registration(report: Any) -> None:
         return await _until(lambda: _none_left(services, actor.owner), 3 * LEASE_SECONDS, "the reaping")
 
     seconds = asyncio.run(main())
-    report("10§5 rollout actor killed", "SIGKILL mid-segment, with a session and tools", "lease expired, reaped",
-           "0 registrations left", seconds)
+    report(
+        "10§5 rollout actor killed",
+        "SIGKILL mid-segment, with a session and tools",
+        "lease expired, reaped",
+        "0 registrations left",
+        seconds,
+    )
 
 
 async def _none_left(services: Any, owner: str | None = None) -> bool:
@@ -200,22 +221,35 @@ def test_a_killed_driver_leaves_no_registration(report: Any, tmp_path: Path) -> 
     async def main() -> float:
         services = _services()
         baseline = await services.load.remote()
-        driver = subprocess.Popen([sys.executable, str(SCRIPT), address, "4"], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, cwd=tmp_path, start_new_session=True)
+        driver = subprocess.Popen(
+            [sys.executable, str(SCRIPT), address, "4"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
         try:
             await _until(lambda: _load(services, at_least=baseline + 4), 60, "the driver's 4 sessions")
             driver.kill()
             driver.wait(10)
-            return await _until(lambda: _load_is(services, baseline), 3 * LEASE_SECONDS + 30,
-                                "the dead driver's registrations to be reaped")
+            return await _until(
+                lambda: _load_is(services, baseline),
+                3 * LEASE_SECONDS + 30,
+                "the dead driver's registrations to be reaped",
+            )
         finally:
             if driver.poll() is None:
                 driver.kill()
                 driver.wait(10)
 
     seconds = asyncio.run(main())
-    report("10§5 driver killed", "SIGKILL of a driver with 4 rollouts in flight",
-           "its actors died, their leases expired", "0 registrations left", seconds)
+    report(
+        "10§5 driver killed",
+        "SIGKILL of a driver with 4 rollouts in flight",
+        "its actors died, their leases expired",
+        "0 registrations left",
+        seconds,
+    )
 
 
 async def _load_is(services: Any, count: int) -> bool:
@@ -226,8 +260,13 @@ def test_a_hung_rollout_actor_becomes_an_infrastructure_loss(report: Any, tmp_pa
     async def main() -> tuple[Any, float, int]:
         executor = RayExecutor(actors=1, capacity=2, probe_interval=0.2, probe_timeout=1.0)
         async with executor:
-            driver = Driver(_tasks(1), HangsOnce(str(tmp_path)), ScriptedModel(default="4"), executor=executor,
-                            config=EvalConfig(max_infra_retries=1))
+            driver = Driver(
+                _tasks(1),
+                HangsOnce(str(tmp_path)),
+                ScriptedModel(default="4"),
+                executor=executor,
+                config=EvalConfig(max_infra_retries=1),
+            )
             running = asyncio.create_task(driver.arun())
             marker = tmp_path / "task-0"
             await _until(lambda: _exists(marker), 30, "the first attempt to start")
@@ -241,8 +280,13 @@ def test_a_hung_rollout_actor_becomes_an_infrastructure_loss(report: Any, tmp_pa
     (row,) = result.samples.to_pylist()
     assert row["ok"] and row["attempt"] == 1 and row["reward"] == 1.0
     wait_exit(pid, 10)  # killed, though stopped
-    report("10§5 rollout actor hung", "SIGSTOP mid-segment", "probe timed out, killed, retried ok",
-           "0 (1 InfrastructureLost, retried)", seconds)
+    report(
+        "10§5 rollout actor hung",
+        "SIGSTOP mid-segment",
+        "probe timed out, killed, retried ok",
+        "0 (1 InfrastructureLost, retried)",
+        seconds,
+    )
 
 
 async def _exists(path: Path) -> bool:
@@ -274,7 +318,8 @@ def test_replaced_services_answer_each_registration_of_a_batch_on_its_own() -> N
 
     node = ray.get_runtime_context().get_node_id()
     replaced = NodeServiceActorClass.options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+    ).remote()
     try:
         resend, first = shipped(resend=True), shipped(resend=False)
         assert resend[1] and not first[1]

@@ -77,8 +77,9 @@ async def states(executor: RayExecutor) -> tuple[list[Any], list[Any]]:
     actors = [a for a in executor._pool if a is not None]
     ours = [await a.policy() for a in actors]
     nodes = [await a.node_id() for a in actors]
-    services = [tuple(await call(node_service_actor(n).policy.remote(a.owner), timeout=30))
-                for n, a in zip(nodes, actors)]
+    services = [
+        tuple(await call(node_service_actor(n).policy.remote(a.owner), timeout=30)) for n, a in zip(nodes, actors)
+    ]
     return ours, services
 
 
@@ -90,8 +91,14 @@ def test_a_pause_reaches_every_actor_and_held_calls_carry_the_version_of_the_res
     async def main() -> Any:
         async with asyncio.timeout(60), RayExecutor(actors=2, runtime="local") as executor:
             await executor.ready(programs=True)  # the node's services in use: the pause reaches them
-            driver = Driver(tasks(1), Says(fifo), ScriptedModel(default="4"), executor=executor,
-                            policy_version=2, config=EvalConfig(timeouts=RolloutTimeouts(agent=1.5)))
+            driver = Driver(
+                tasks(1),
+                Says(fifo),
+                ScriptedModel(default="4"),
+                executor=executor,
+                policy_version=2,
+                config=EvalConfig(timeouts=RolloutTimeouts(agent=1.5)),
+            )
             await driver.pause()
             paused = await states(executor)
             running = asyncio.create_task(driver.arun())
@@ -114,8 +121,13 @@ def test_a_program_served_by_the_node_proxy_records_its_owners_version() -> None
 
     async def main() -> Any:
         async with asyncio.timeout(60), RayExecutor(actors=1, runtime="local") as executor:
-            driver = Driver([Answers42({"idx": 0, "prompt": "What is 17 + 25?"})], harness,
-                            ScriptedModel(default="42"), executor=executor, policy_version=5)
+            driver = Driver(
+                [Answers42({"idx": 0, "prompt": "What is 17 + 25?"})],
+                harness,
+                ScriptedModel(default="42"),
+                executor=executor,
+                policy_version=5,
+            )
             result = await driver.arun()
             (actor,) = executor._pool
             node = await actor.node_id()  # type: ignore[union-attr]
@@ -141,8 +153,15 @@ def test_a_stale_rollout_is_dropped_and_run_again_on_ray(tmp_path: Any) -> None:
 
     async def main() -> Any:
         async with asyncio.timeout(60), RayExecutor(actors=1, runtime="local") as executor:
-            driver = Driver(tasks(1), ChatHarness(retries=0), model, executor=executor, config=config,
-                            policy_version=1, run_dir=str(tmp_path / "run"))
+            driver = Driver(
+                tasks(1),
+                ChatHarness(retries=0),
+                model,
+                executor=executor,
+                config=config,
+                policy_version=1,
+                run_dir=str(tmp_path / "run"),
+            )
             return driver, await driver.arun()
 
     driver, result = asyncio.run(main())

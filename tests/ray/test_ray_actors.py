@@ -28,6 +28,7 @@ from rollout_ray.testing import ScriptedModel  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
+
 def _wait_gone(pid: int, timeout: float) -> None:
     wait_exit(pid, timeout)
 
@@ -134,7 +135,8 @@ def test_a_rollout_whose_actor_died_comes_back_from_the_ray_executor_as_a_lost_t
         async with RayExecutor(actors=1, capacity=1, runtime="local") as executor:
             fifo = _fifo()
             running = asyncio.ensure_future(
-                executor.run(RolloutSpec(Task({"prompt": "hi"}), SaysThenBlocks(fifo), ScriptedModel(default="x"))))
+                executor.run(RolloutSpec(Task({"prompt": "hi"}), SaysThenBlocks(fifo), ScriptedModel(default="x")))
+            )
             await asyncio.to_thread(_read_started, fifo)
             actor = executor._pool[0]
             assert actor is not None
@@ -156,7 +158,9 @@ def test_borrowed_runtime_survives_the_rollout_and_is_never_stopped_by_it() -> N
         actor = RolloutActor.create(capacity=1)
         pool = RuntimeActor.create()
         runtime = await pool.runtime("shared-box")
-        trace = await actor.run(RolloutSpec(Task({"prompt": "hi"}), Idle(), ScriptedModel(default="x"), runtime=runtime))
+        trace = await actor.run(
+            RolloutSpec(Task({"prompt": "hi"}), Idle(), ScriptedModel(default="x"), runtime=runtime)
+        )
         assert trace.agent.runtime is not None and trace.agent.runtime.borrowed
         assert trace.errors == [] and await runtime.alive()
         await actor.aclose()

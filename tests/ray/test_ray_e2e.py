@@ -52,9 +52,7 @@ class NoTools(Task):
 class Rewrites(NoTools):
     @intercept
     def smaller(self, request: Request) -> Request:
-        messages = [
-            UserMessage("What is 2 + 2?") if isinstance(m, UserMessage) else m for m in request.messages
-        ]
+        messages = [UserMessage("What is 2 + 2?") if isinstance(m, UserMessage) else m for m in request.messages]
         return Request(messages, request.tools)
 
 
@@ -125,12 +123,19 @@ def test_runtime_actor_and_node_services_start_when_a_rollout_first_needs_them()
         seen = []
         try:
             program = ProgramHarness([sys.executable, "agent_program.py"], files={"agent_program.py": AGENT})
-            for spec in (None, RolloutSpec(NoTools(PROMPT), ChatHarness(), model),
-                         RolloutSpec(ShellArith(PROMPT), ChatHarness(), model),
-                         RolloutSpec(ShellArith(PROMPT), program, model)):
+            for spec in (
+                None,
+                RolloutSpec(NoTools(PROMPT), ChatHarness(), model),
+                RolloutSpec(ShellArith(PROMPT), ChatHarness(), model),
+                RolloutSpec(ShellArith(PROMPT), program, model),
+            ):
                 trace = None if spec is None else await fresh.run(spec)
-                seen.append((trace is None or (trace.ok and trace.reward == 1.0),
-                             await call(fresh.actor.__ray_call__.remote(_started_services))))
+                seen.append(
+                    (
+                        trace is None or (trace.ok and trace.reward == 1.0),
+                        await call(fresh.actor.__ray_call__.remote(_started_services)),
+                    )
+                )
         finally:
             await fresh.aclose()
         return seen
@@ -138,8 +143,8 @@ def test_runtime_actor_and_node_services_start_when_a_rollout_first_needs_them()
     assert with_model(body) == [
         (True, {"runtime_actor": False, "node_services": False}),  # created: nothing yet
         (True, {"runtime_actor": False, "node_services": False}),  # in-process chat
-        (True, {"runtime_actor": True, "node_services": False}),   # its tool ran in the box
-        (True, {"runtime_actor": True, "node_services": True}),    # a program: the node's proxy
+        (True, {"runtime_actor": True, "node_services": False}),  # its tool ran in the box
+        (True, {"runtime_actor": True, "node_services": True}),  # a program: the node's proxy
     ]
 
 

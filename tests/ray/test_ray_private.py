@@ -77,9 +77,13 @@ def test_without_an_address_a_private_ray_on_loopback_is_started(report: Any) ->
     assert any("gcs_server" in p for p in processes) and any("raylet" in p for p in processes), processes
     for unused in ("autoscaler/_private/monitor.py", "log_monitor.py", "dashboard/dashboard.py"):
         assert not any(unused in p for p in processes), (unused, processes)
-    report("10§7 no address", "a cluster named in ray_current_cluster", "private Ray on 127.0.0.1 started",
-           "not joined", time.monotonic() - t0)
-
+    report(
+        "10§7 no address",
+        "a cluster named in ray_current_cluster",
+        "private Ray on 127.0.0.1 started",
+        "not joined",
+        time.monotonic() - t0,
+    )
 
 
 def test_the_registration_wait_returns_once_the_gcs_lists_the_node(ray_cluster: Any) -> None:
@@ -103,6 +107,7 @@ def test_the_registration_wait_returns_once_the_gcs_lists_the_node(ray_cluster: 
     with lean_head():
         assert services.get_node is not original
     assert services.get_node is original
+
 
 class Said4(Task):
     @reward
@@ -146,8 +151,13 @@ def test_a_taskset_module_of_the_driver_ships_itself(ray_cluster: Any, tmp_path:
     result = asyncio.run(main())
     rows = result.samples.to_pylist()
     assert [r["ok"] for r in rows] == [True] * 4 and {r["reward"] for r in rows} == {1.0}
-    report("10§7 taskset in its own module", "library API, module outside the workers' path",
-           "shipped by value", "0 (was ModuleNotFoundError for the run)", time.monotonic() - t0)
+    report(
+        "10§7 taskset in its own module",
+        "library API, module outside the workers' path",
+        "shipped by value",
+        "0 (was ModuleNotFoundError for the run)",
+        time.monotonic() - t0,
+    )
 
 
 class Unpicklable(Said4):
@@ -162,8 +172,11 @@ def test_a_spec_that_cannot_travel_fails_its_rollout_not_the_run(ray_cluster: An
 
     async def main() -> Any:
         async with RayExecutor(actors=1, capacity=4) as executor:
-            tasks = [Said4({"idx": 0, "prompt": "q0"}), Unpicklable({"idx": 1, "prompt": "q1"}),
-                     Said4({"idx": 2, "prompt": "q2"})]
+            tasks = [
+                Said4({"idx": 0, "prompt": "q0"}),
+                Unpicklable({"idx": 1, "prompt": "q1"}),
+                Said4({"idx": 2, "prompt": "q2"}),
+            ]
             return await Driver(tasks, ChatHarness(), ScriptedModel(default="4"), executor=executor).arun()
 
     t0 = time.monotonic()
@@ -172,13 +185,20 @@ def test_a_spec_that_cannot_travel_fails_its_rollout_not_the_run(ray_cluster: An
     assert rows[0]["ok"] and rows[2]["ok"]
     assert not rows[1]["ok"] and rows[1]["error_type"] == "TypeError" and "lock" in rows[1]["error_message"]
     assert rows[1]["attempt"] == 0  # not an infrastructure loss: not retried
-    report("10§6 unpicklable task", "a task holding a lock", "its rollout failed as data", "0 others",
-           time.monotonic() - t0)
+    report(
+        "10§6 unpicklable task",
+        "a task holding a lock",
+        "its rollout failed as data",
+        "0 others",
+        time.monotonic() - t0,
+    )
 
 
 def test_error_class_knows_infrastructure_losses() -> None:
     from rollout_ray._errors import InfrastructureLost, ProviderError, error_class
 
     assert error_class("InfrastructureLost") is InfrastructureLost
-    assert error_class("OverlongPromptError") is not None and issubclass(error_class("OverlongPromptError"), ProviderError)
+    assert error_class("OverlongPromptError") is not None and issubclass(
+        error_class("OverlongPromptError"), ProviderError
+    )
     assert error_class("KeyError") is KeyError and error_class("NoSuchError") is None

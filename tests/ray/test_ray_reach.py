@@ -62,12 +62,17 @@ def _answering(answer: bytes) -> tuple[socket.socket, threading.Thread]:
     return listener, thread
 
 
-@pytest.mark.parametrize(("answer", "says"), [
-    (b"HTTP/1.1 400 Bad Request\r\nServer: uvicorn\r\ncontent-length: 0\r\n\r\n",
-     "an HTTP server (uvicorn) answered 'HTTP/1.1 400 Bad Request'"),
-    (b"SSH-2.0-OpenSSH_9.6\r\n", "something answered that is not gRPC (b'SSH-2.0-OpenSSH_9.6\\r\\n')"),
-    (b"", "something accepts connections there but closed at a gRPC hello"),
-])
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        (
+            b"HTTP/1.1 400 Bad Request\r\nServer: uvicorn\r\ncontent-length: 0\r\n\r\n",
+            "an HTTP server (uvicorn) answered 'HTTP/1.1 400 Bad Request'",
+        ),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "something answered that is not gRPC (b'SSH-2.0-OpenSSH_9.6\\r\\n')"),
+        (b"", "something accepts connections there but closed at a gRPC hello"),
+    ],
+)
 def test_something_that_answers_but_is_not_ray_is_named(answer: bytes, says: str) -> None:
     """Issue 28: a TCP connection is not enough; Ray's GCS answers HTTP/2 (gRPC)."""
     listener, thread = _answering(answer)

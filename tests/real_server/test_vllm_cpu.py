@@ -78,8 +78,9 @@ def upstream(trace: Trace, call: ModelCall) -> dict[str, Any]:
     return msgspec.json.decode(encode_request(request, {}, model=NAME, stream=False))
 
 
-def check_turn(trace: Trace, call: ModelCall, server: Server, max_tokens: int = MAX_TOKENS, *,
-               constrained: bool = False) -> list[int]:
+def check_turn(
+    trace: Trace, call: ModelCall, server: Server, max_tokens: int = MAX_TOKENS, *, constrained: bool = False
+) -> list[int]:
     """The call's prompt ids are the server's template of what was sent; its node holds the
     completion ids and one finite logprob per id; the agent saw their text. Returns the prompt."""
     assert call.error is None and call.node is not None, call
@@ -121,9 +122,12 @@ def check_turns(trace: Trace, server: Server, max_tokens: int = MAX_TOKENS, *, c
     server saw. Returns the drifted turns."""
     prompts = [check_turn(trace, call, server, max_tokens, constrained=constrained) for call in trace.calls]
     nodes = [trace.nodes[call.node] for call in trace.calls]  # type: ignore[index]
-    drift = [k for k in range(1, len(prompts))
-             if prompts[k][: len(prompts[k - 1]) + len(nodes[k - 1].token_ids)]  # type: ignore[arg-type]
-             != prompts[k - 1] + nodes[k - 1].token_ids]  # type: ignore[operator]
+    drift = [
+        k
+        for k in range(1, len(prompts))
+        if prompts[k][: len(prompts[k - 1]) + len(nodes[k - 1].token_ids)]  # type: ignore[arg-type]
+        != prompts[k - 1] + nodes[k - 1].token_ids
+    ]  # type: ignore[operator]
     assert trace.token_drift == drift
     sequences = token_sequences(trace)
     assert len(sequences) == 1 + len(drift)
@@ -133,9 +137,12 @@ def check_turns(trace: Trace, server: Server, max_tokens: int = MAX_TOKENS, *, c
     for sequence, k in zip(sequences, starts):
         assert sequence.input_ids[: len(prompts[k])] == prompts[k]
         assert len(sequence.input_ids) == len(sequence.loss_mask) == len(sequence.logprobs)
-    assert sequences[-1].input_ids[-len(nodes[-1].token_ids):] == nodes[-1].token_ids  # type: ignore[arg-type]
-    print(f"\n{len(prompts)} turns: prompt lengths {[len(p) for p in prompts]}, completion lengths "
-          f"{[len(n.token_ids) for n in nodes]}, drift {drift}", file=sys.stderr)  # type: ignore[arg-type]
+    assert sequences[-1].input_ids[-len(nodes[-1].token_ids) :] == nodes[-1].token_ids  # type: ignore[arg-type]
+    print(
+        f"\n{len(prompts)} turns: prompt lengths {[len(p) for p in prompts]}, completion lengths "
+        f"{[len(n.token_ids) for n in nodes]}, drift {drift}",
+        file=sys.stderr,
+    )  # type: ignore[arg-type]
     return drift
 
 
@@ -157,19 +164,23 @@ def sampling(logprobs: bool) -> dict[str, Any]:
 @pytest.mark.parametrize("logprobs", [False, True], ids=["agent-no-logprobs", "agent-logprobs"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 @pytest.mark.parametrize("capture", ["vllm", "auto"])
-def test_a_rollout_records_the_servers_ids_and_logprobs(vllm: Server, capture: str, stream: bool,
-                                                        logprobs: bool) -> None:
+def test_a_rollout_records_the_servers_ids_and_logprobs(
+    vllm: Server, capture: str, stream: bool, logprobs: bool
+) -> None:
     model = OpenAIModel(vllm.base_url, name=NAME, token_capture=capture, stream=stream)  # type: ignore[arg-type]
-    rollout = Rollout(Ask(TASK), ChatHarness(retries=0), model=model, runtime_factory=LocalRuntime,
-                      sampling=sampling(logprobs))
+    rollout = Rollout(
+        Ask(TASK), ChatHarness(retries=0), model=model, runtime_factory=LocalRuntime, sampling=sampling(logprobs)
+    )
     trace = run_rollout(rollout)
     assert trace.ok and trace.errors == [], trace.errors
     assert trace.rewards["replied"].score == float(bool(trace.last_reply))
     if capture == "auto":
         assert model.pool.servers[0].dialect == "vllm"
     (call,) = trace.calls
-    assert upstream(trace, call)["messages"] == [{"role": "system", "content": TASK["system_prompt"]},
-                                                 {"role": "user", "content": TASK["prompt"]}]
+    assert upstream(trace, call)["messages"] == [
+        {"role": "system", "content": TASK["system_prompt"]},
+        {"role": "user", "content": TASK["prompt"]},
+    ]
     prompt = check_turn(trace, call, vllm)
     node = trace.nodes[call.node]  # type: ignore[index]
     (sequence,) = token_sequences(trace)
@@ -186,8 +197,14 @@ def test_a_multi_turn_rollout_keeps_every_turns_ids_and_the_trainers_sequences(v
     model = OpenAIModel(vllm.base_url, name=NAME, token_capture="vllm")
 
     async def main() -> Trace:
-        rollout = Rollout(Ask({"system_prompt": TASK["system_prompt"]}), ChatHarness(retries=0), model=model,
-                          runtime_factory=LocalRuntime, has_user=True, sampling=sampling(False))
+        rollout = Rollout(
+            Ask({"system_prompt": TASK["system_prompt"]}),
+            ChatHarness(retries=0),
+            model=model,
+            runtime_factory=LocalRuntime,
+            has_user=True,
+            sampling=sampling(False),
+        )
         try:
             assert await rollout.open()
             for text in ("What is 2 + 2?", "And 3 + 3?", "Thanks."):
@@ -210,8 +227,13 @@ def test_a_tool_calling_rollout_records_each_turn_and_its_drift(vllm: Server, st
     every RL stack meets; it must be detected and the sequences must restart there."""
     model = OpenAIModel(vllm.base_url, name=NAME, token_capture="vllm", stream=stream)
     asked = {"max_tokens": 64, "seed": 3, "tool_choice": "required"}
-    rollout = Rollout(Arith({"prompt": "What is 2 + 3? Use add.", "system_prompt": "Use the tools."}),
-                      ChatHarness(retries=0, max_calls=3), model=model, runtime_factory=LocalRuntime, sampling=asked)
+    rollout = Rollout(
+        Arith({"prompt": "What is 2 + 3? Use add.", "system_prompt": "Use the tools."}),
+        ChatHarness(retries=0, max_calls=3),
+        model=model,
+        runtime_factory=LocalRuntime,
+        sampling=asked,
+    )
     trace = run_rollout(rollout)
     assert trace.ok and trace.errors == [], trace.errors
     assert [t.name for t in trace.tools] == ["add"] and len(trace.calls) == 3
@@ -226,7 +248,8 @@ CAPTURE_ONLY = {"token_ids", "prompt_token_ids", "prompt_logprobs", "prompt_text
 @pytest.mark.parametrize("agent_stream", [False, True], ids=["agent-json", "agent-sse"])
 @pytest.mark.parametrize("upstream_stream", [False, True], ids=["upstream-json", "upstream-sse"])
 def test_an_agent_through_the_proxy_gets_the_logprobs_it_asked_for_and_nothing_else(
-        vllm: Server, upstream_stream: bool, agent_stream: bool) -> None:
+    vllm: Server, upstream_stream: bool, agent_stream: bool
+) -> None:
     """The issue's own report: an OpenAI client through the proxy asking ``logprobs: true,
     top_logprobs: 2`` gets them (real token strings, two alternatives each, the logprobs the
     trace keeps); the capture's fields never reach it; ``n: 2`` is a 400, not one choice."""
@@ -237,8 +260,14 @@ def test_an_agent_through_the_proxy_gets_the_logprobs_it_asked_for_and_nothing_e
         try:
             async with HTTPInterception() as proxy, proxy.serve(session) as slot, aiohttp.ClientSession() as client:
                 url, auth = f"{slot.base_url}/v1/chat/completions", {"Authorization": f"Bearer {slot.model_secret}"}
-                ask = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": MAX_TOKENS,
-                       "seed": 11, "logprobs": True, "top_logprobs": 2, "stream": agent_stream}
+                ask = {
+                    "messages": [{"role": "user", "content": "What is 2 + 2?"}],
+                    "max_tokens": MAX_TOKENS,
+                    "seed": 11,
+                    "logprobs": True,
+                    "top_logprobs": 2,
+                    "stream": agent_stream,
+                }
                 async with client.post(url, json=ask, headers=auth) as resp:
                     assert resp.status == 200, await resp.text()
                     raw = await resp.read()
@@ -246,10 +275,19 @@ def test_an_agent_through_the_proxy_gets_the_logprobs_it_asked_for_and_nothing_e
                     refused = resp.status, await resp.json()
         finally:
             await model.aclose()
-        parts = [msgspec.json.decode(b[5:]) for b in raw.split(b"\n\n") if b.startswith(b"data:") and b[5:].strip()
-                 != b"[DONE]"] if agent_stream else [msgspec.json.decode(raw)]
+        parts = (
+            [
+                msgspec.json.decode(b[5:])
+                for b in raw.split(b"\n\n")
+                if b.startswith(b"data:") and b[5:].strip() != b"[DONE]"
+            ]
+            if agent_stream
+            else [msgspec.json.decode(raw)]
+        )
         keys = {k for part in parts for k in part} | {k for part in parts for c in part["choices"] for k in c}
-        entries = [e for part in parts for c in part["choices"] for e in ((c.get("logprobs") or {}).get("content") or ())]
+        entries = [
+            e for part in parts for c in part["choices"] for e in ((c.get("logprobs") or {}).get("content") or ())
+        ]
         return entries, keys, session.trace, refused
 
     entries, keys, trace, refused = asyncio.run(main())
@@ -317,10 +355,33 @@ def test_rollout_ray_eval_stores_the_servers_ids_once_by_default(vllm: Server, t
 
     out = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "rollout_ray", "eval", str(REPO / "examples" / "arith.py"), "--executor", "local",
-         "--model-url", vllm.base_url, "--limit", "2", "--samples", "2", "--max-tokens", str(MAX_TOKENS),
-         "--temperature", "1.0", "--seed", "7", "--out", str(out)],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "rollout_ray",
+            "eval",
+            str(REPO / "examples" / "arith.py"),
+            "--executor",
+            "local",
+            "--model-url",
+            vllm.base_url,
+            "--limit",
+            "2",
+            "--samples",
+            "2",
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--temperature",
+            "1.0",
+            "--seed",
+            "7",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "token data: stored for 4 of 4 rollouts (vllm)" in result.stdout, result.stdout
     table = read_run(out)

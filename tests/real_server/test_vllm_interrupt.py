@@ -55,8 +55,15 @@ LONG = 1500
 """``max_tokens`` of a generation that lasts seconds on 2 cores (with ``ignore_eos``): long
 enough to stop midway."""
 SAMPLED = {"temperature": 1.0, "seed": 5, "ignore_eos": True}
-CHAT = {"model": NAME, "messages": [{"role": "user", "content": "Count to a thousand."}], "max_tokens": LONG,
-        "logprobs": True, "return_token_ids": True, "stream": True, **SAMPLED}
+CHAT = {
+    "model": NAME,
+    "messages": [{"role": "user", "content": "Count to a thousand."}],
+    "max_tokens": LONG,
+    "logprobs": True,
+    "return_token_ids": True,
+    "stream": True,
+    **SAMPLED,
+}
 TOLERANCE = 1e-4
 """Sampled and teacher-forced logprobs agree to float32 noise (0.0 to 1e-6 measured)."""
 
@@ -122,8 +129,9 @@ class Stream:
         return self.chunks[-1]["choices"][0]
 
 
-async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], tokens: int,
-                 request_id: str | None = None) -> Stream:
+async def stream(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], tokens: int, request_id: str | None = None
+) -> Stream:
     headers = {"X-Request-Id": request_id} if request_id else {}
     resp = await session.post(url, json=body, headers=headers)
     assert resp.status == 200, await resp.text()
@@ -156,7 +164,9 @@ def test_abort_requests_ends_the_answer_with_abort_and_keeps_what_was_sampled(vl
         async with aiohttp.ClientSession() as session:
             answer = await stream(session, vllm_dev.base_url + "/chat/completions", CHAT, 5, "t-sse")
             assert post(vllm_dev.root + "/abort_requests", {"request_ids": ["chatcmpl-t-sse"]}) == {
-                "status": "aborted", "aborted": 1}
+                "status": "aborted",
+                "aborted": 1,
+            }
             await answer.read()
             assert answer.chunks[0]["id"] == "chatcmpl-t-sse"
             # The abort chunk: {"delta": {}, "logprobs": {"content": []}, "finish_reason": "abort",
@@ -167,8 +177,11 @@ def test_abort_requests_ends_the_answer_with_abort_and_keeps_what_was_sampled(vl
             assert 5 <= len(answer.ids) == len(answer.logprobs) < LONG
             assert close(answer.logprobs, vllm_dev.score(answer.prompt, answer.ids))
 
-            json_answer = asyncio.create_task(session.post(vllm_dev.base_url + "/chat/completions",
-                                                           json={**CHAT, "stream": False, "request_id": "t-json"}))
+            json_answer = asyncio.create_task(
+                session.post(
+                    vllm_dev.base_url + "/chat/completions", json={**CHAT, "stream": False, "request_id": "t-json"}
+                )
+            )
             await until(lambda: metric(vllm_dev, "vllm:num_requests_running") == 1)
             post(vllm_dev.root + "/abort_requests", {"request_ids": ["chatcmpl-t-json"]})
             async with await json_answer as resp:
@@ -190,8 +203,9 @@ def test_pause_abort_aborts_what_runs_and_holds_what_comes_until_resume(vllm_dev
             await answer.read()
             assert answer.last["finish_reason"] == "abort" and len(answer.ids) < LONG
             assert json.loads(get(vllm_dev.root + "/is_paused")[1]) == {"is_paused": True}
-            later = asyncio.create_task(session.post(vllm_dev.base_url + "/chat/completions",
-                                                     json={**CHAT, "stream": False, "max_tokens": 3}))
+            later = asyncio.create_task(
+                session.post(vllm_dev.base_url + "/chat/completions", json={**CHAT, "stream": False, "max_tokens": 3})
+            )
             await asyncio.sleep(1.0)  # nothing to wait for: it must not happen
             assert not later.done()
             assert post(vllm_dev.root + "/resume") == {"status": "resumed"}
@@ -213,24 +227,41 @@ def test_prompt_ids_plus_the_ids_sampled_so_far_continue_the_completion(vllm_dev
     prompt, ids = data["prompt_token_ids"], data["choices"][0]["token_ids"]
     logprobs = [e["logprob"] for e in data["choices"][0]["logprobs"]["content"]]
     for k in (1, 17, 39):
-        rest = post(vllm_dev.root + "/inference/v1/generate", {
-            "token_ids": prompt + ids[:k], "return_token_ids": True,
-            "sampling_params": {"max_tokens": 40 - k, "temperature": 0.0, "logprobs": 0, "ignore_eos": True}})
+        rest = post(
+            vllm_dev.root + "/inference/v1/generate",
+            {
+                "token_ids": prompt + ids[:k],
+                "return_token_ids": True,
+                "sampling_params": {"max_tokens": 40 - k, "temperature": 0.0, "logprobs": 0, "ignore_eos": True},
+            },
+        )
         (choice,) = rest["choices"]
         assert rest["prompt_token_ids"] == prompt + ids[:k] and rest["request_id"].startswith("generate-tokens-")
         assert choice["token_ids"] == ids[k:] and choice["finish_reason"] == "length"
         assert close([e["logprob"] for e in choice["logprobs"]["content"]], logprobs[k:])
         assert choice["weight_versions"] == [{"version": "0", "start": 0, "end": 40 - k}]
-        text = post(vllm_dev.base_url + "/completions", {
-            "model": NAME, "prompt": prompt + ids[:k], "max_tokens": 40 - k, "temperature": 0.0, "logprobs": 0,
-            "return_token_ids": True, "ignore_eos": True})
+        text = post(
+            vllm_dev.base_url + "/completions",
+            {
+                "model": NAME,
+                "prompt": prompt + ids[:k],
+                "max_tokens": 40 - k,
+                "temperature": 0.0,
+                "logprobs": 0,
+                "return_token_ids": True,
+                "ignore_eos": True,
+            },
+        )
         assert text["choices"][0]["token_ids"] == ids[k:]
         assert close(text["choices"][0]["logprobs"]["token_logprobs"], logprobs[k:])
-    sampled = post(vllm_dev.root + "/inference/v1/generate", {
-        "token_ids": prompt + ids[:5], "sampling_params": {"max_tokens": 30, "logprobs": 0, **SAMPLED}})
+    sampled = post(
+        vllm_dev.root + "/inference/v1/generate",
+        {"token_ids": prompt + ids[:5], "sampling_params": {"max_tokens": 30, "logprobs": 0, **SAMPLED}},
+    )
     (choice,) = sampled["choices"]
-    assert close([e["logprob"] for e in choice["logprobs"]["content"]],
-                 vllm_dev.score(prompt + ids[:5], choice["token_ids"]))
+    assert close(
+        [e["logprob"] for e in choice["logprobs"]["content"]], vllm_dev.score(prompt + ids[:5], choice["token_ids"])
+    )
 
 
 def test_a_second_checkpoint_loads_midway_and_the_call_continues_under_it(vllm_dev: DevServer) -> None:
@@ -251,8 +282,10 @@ def test_a_second_checkpoint_loads_midway_and_the_call_continues_under_it(vllm_d
     post(vllm_dev.root + "/update_weight_version", {"new_version": "1"})
     assert post(vllm_dev.root + "/resume") == {"status": "resumed"}
     assert json.loads(get(vllm_dev.root + "/weight_info")[1]) == {"weight_version": "1"}
-    rest = post(vllm_dev.root + "/inference/v1/generate", {
-        "token_ids": before.prompt + before.ids, "sampling_params": {"max_tokens": 50, "logprobs": 0, **SAMPLED}})
+    rest = post(
+        vllm_dev.root + "/inference/v1/generate",
+        {"token_ids": before.prompt + before.ids, "sampling_params": {"max_tokens": 50, "logprobs": 0, **SAMPLED}},
+    )
     (choice,) = rest["choices"]
     after, after_logprobs = choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
     assert choice["weight_versions"] == [{"version": "1", "start": 0, "end": 50}]
@@ -271,8 +304,11 @@ def test_pause_keep_then_a_reload_continues_the_calls_in_flight_under_the_new_we
 
     async def main() -> Stream:
         async with aiohttp.ClientSession() as session:
-            body = {"token_ids": [1, 2942, 624, 813, 201], "stream": True,
-                    "sampling_params": {"max_tokens": LONG, "logprobs": 0, **SAMPLED}}
+            body = {
+                "token_ids": [1, 2942, 624, 813, 201],
+                "stream": True,
+                "sampling_params": {"max_tokens": LONG, "logprobs": 0, **SAMPLED},
+            }
             answer = await stream(session, vllm_dev.root + "/inference/v1/generate", body, 5)
             assert post(vllm_dev.root + "/pause?mode=keep") == {"status": "paused"}
             vllm_dev.reload(vllm_dev.b)
@@ -329,13 +365,19 @@ def test_driver_paused_with_interrupt_loads_b_and_the_rollouts_continue_under_it
         model = OpenAIModel(vllm_dev.base_url, name=NAME, token_capture="vllm")
         try:
             async with LocalExecutor(runtime="local") as executor:
-                driver = Driver(tasks, ChatHarness(retries=0), model, executor=executor, config=config,
-                                policy_version=0)
+                driver = Driver(
+                    tasks, ChatHarness(retries=0), model, executor=executor, config=config, policy_version=0
+                )
                 tokens = metric(vllm_dev, "vllm:generation_tokens_total")
                 running = asyncio.ensure_future(driver.arun())
                 # Both generating, and some tokens sampled by A: then the pause interrupts them midway.
-                await until(lambda: metric(vllm_dev, "vllm:num_requests_running") == n and
-                            metric(vllm_dev, "vllm:generation_tokens_total") - tokens >= 20 * n, 300)
+                await until(
+                    lambda: (
+                        metric(vllm_dev, "vllm:num_requests_running") == n
+                        and metric(vllm_dev, "vllm:generation_tokens_total") - tokens >= 20 * n
+                    ),
+                    300,
+                )
                 async with driver.paused(version=1, interrupt=True):
                     await reload_weights(model, str(vllm_dev.b), 1)
                 return await asyncio.wait_for(running, 600)
@@ -367,8 +409,13 @@ def test_a_multi_turn_tool_rollout_is_one_training_sequence(vllm_dev: DevServer)
     ids (the agent called ``add``)."""
     model = OpenAIModel(vllm_dev.base_url, name=NAME, token_capture="vllm")
     asked = {"max_tokens": 64, "seed": 3, "tool_choice": "required"}
-    rollout = Rollout(Arith({"prompt": "What is 2 + 3? Use add.", "system_prompt": "Use the tools."}),
-                      ChatHarness(retries=0, max_calls=3), model=model, runtime_factory=LocalRuntime, sampling=asked)
+    rollout = Rollout(
+        Arith({"prompt": "What is 2 + 3? Use add.", "system_prompt": "Use the tools."}),
+        ChatHarness(retries=0, max_calls=3),
+        model=model,
+        runtime_factory=LocalRuntime,
+        sampling=asked,
+    )
 
     async def main() -> Trace:
         try:
@@ -387,9 +434,10 @@ def test_a_multi_turn_tool_rollout_is_one_training_sequence(vllm_dev: DevServer)
     assert sampled == [(i, lp) for n in nodes for i, lp in zip(n.token_ids, n.logprobs)]  # type: ignore[arg-type]
     prompts = [full_prompt(trace, call) for call in trace.calls]
     for k in range(1, len(prompts)):  # turn k+1 grows turn k's ids, never re-tokenizes them
-        assert prompts[k][:len(prompts[k - 1]) + len(nodes[k - 1].token_ids)] == \
-            prompts[k - 1] + nodes[k - 1].token_ids  # type: ignore[operator]
-    assert sequence.input_ids[:len(prompts[0])] == prompts[0] and prompts[0][0] == 1  # <|im_start|>
+        assert (
+            prompts[k][: len(prompts[k - 1]) + len(nodes[k - 1].token_ids)] == prompts[k - 1] + nodes[k - 1].token_ids
+        )  # type: ignore[operator]
+    assert sequence.input_ids[: len(prompts[0])] == prompts[0] and prompts[0][0] == 1  # <|im_start|>
     for prompt, node in zip(prompts, nodes):  # the model's ids after that very prompt: under the
         # tool grammar a logprob is the masked distribution's, never below the model's own
         scored = vllm_dev.score(prompt, node.token_ids)  # type: ignore[arg-type]

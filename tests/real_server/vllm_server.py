@@ -54,16 +54,21 @@ def vllm_python() -> Path:
     if not python.exists():
         how = "ROLLOUT_RAY_VLLM_PYTHON" if given else "ROLLOUT_RAY_VLLM_DIR (or run scripts/vllm_cpu/install.sh)"
         pytest.skip(f"no vLLM environment: {python} does not exist; set {how}")
-    found = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('vllm') is not None)"],
-                           capture_output=True, text=True, timeout=60)
+    found = subprocess.run(
+        [str(python), "-c", "import importlib.util as u; print(u.find_spec('vllm') is not None)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if found.stdout.strip() != "True":
         why = found.stderr.strip()[-500:] or "the module `vllm` is not installed"
         pytest.skip(f"no vLLM in {python}: {why} (run scripts/vllm_cpu/install.sh)")
     return python
 
 
-def model_dir(python: Path, tmp: Path, variable: str = "ROLLOUT_RAY_VLLM_MODEL", name: str = "tiny-model",
-              seed: int | None = None) -> Path:
+def model_dir(
+    python: Path, tmp: Path, variable: str = "ROLLOUT_RAY_VLLM_MODEL", name: str = "tiny-model", seed: int | None = None
+) -> Path:
     """The checkpoint ``$variable``, else ``VLLM_DIR/name``, else one made in ``tmp``
     (``seed``: its weights; ``None``: the script's default)."""
     given = os.environ.get(variable)
@@ -73,9 +78,18 @@ def model_dir(python: Path, tmp: Path, variable: str = "ROLLOUT_RAY_VLLM_MODEL",
     if given:
         pytest.skip(f"{variable}={given} holds no config.json")
     model = tmp / name
-    made = subprocess.run([str(python), str(SCRIPTS / "make_tiny_model.py"), str(model),
-                           *(["4096", str(seed)] if seed is not None else [])],
-                          env=server_env(tmp), capture_output=True, text=True, timeout=300)
+    made = subprocess.run(
+        [
+            str(python),
+            str(SCRIPTS / "make_tiny_model.py"),
+            str(model),
+            *(["4096", str(seed)] if seed is not None else []),
+        ],
+        env=server_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot make the tiny model with {python} (exit {made.returncode}): {made.stderr[-2000:]}")
     return model
@@ -159,9 +173,11 @@ class Server:
     def score(self, prompt: list[int], completion: list[int]) -> list[float]:
         """The model's logprob of each ``completion`` id after ``prompt`` and the ids before it
         (teacher-forced: ``/v1/completions`` with ``prompt_logprobs``)."""
-        answer = post(self.root + "/v1/completions",
-                      {"model": NAME, "prompt": prompt + completion, "max_tokens": 1, "prompt_logprobs": 0})
-        scored = answer["choices"][0]["prompt_logprobs"][len(prompt):]
+        answer = post(
+            self.root + "/v1/completions",
+            {"model": NAME, "prompt": prompt + completion, "max_tokens": 1, "prompt_logprobs": 0},
+        )
+        scored = answer["choices"][0]["prompt_logprobs"][len(prompt) :]
         return [entry[str(i)]["logprob"] for entry, i in zip(scored, completion, strict=True)]
 
     def detokenize(self, ids: list[int]) -> str:
@@ -175,33 +191,64 @@ def serve(python: Path, model: Path, tmp: Path, *args: str, **env: str) -> Itera
     port = free_port()
     vllm_cli = python.parent / "vllm"
     # The `vllm` CLI needs install.sh's metadata shim; the api_server module does not.
-    entry = [str(vllm_cli), "serve", str(model)] if vllm_cli.exists() else \
-        [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-    command = [*entry, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", NAME,
-               "--max-model-len", "2048", "--dtype", "float32", "--max-num-seqs", "8",
-               "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *args]
+    entry = (
+        [str(vllm_cli), "serve", str(model)]
+        if vllm_cli.exists()
+        else [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    )
+    command = [
+        *entry,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        NAME,
+        "--max-model-len",
+        "2048",
+        "--dtype",
+        "float32",
+        "--max-num-seqs",
+        "8",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        *args,
+    ]
     log = tmp / "server.log"
     root = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     with open(log, "wb") as out:
-        proc = subprocess.Popen(command, env=server_env(tmp, **env), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            command,
+            env=server_env(tmp, **env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         while True:  # readiness: poll /health, bounded
             if proc.poll() is not None:
-                pytest.skip(f"the vLLM server cannot run here: `{' '.join(command)}` exited with status "
-                            f"{proc.returncode} while starting; its log ends:\n{tail(log)}")
+                pytest.skip(
+                    f"the vLLM server cannot run here: `{' '.join(command)}` exited with status "
+                    f"{proc.returncode} while starting; its log ends:\n{tail(log)}"
+                )
             try:
                 if get(root + "/health", timeout=2)[0] == 200:
                     break
             except OSError:
                 pass
             if time.monotonic() - started > READY_TIMEOUT:
-                pytest.fail(f"the vLLM server did not answer /health within {READY_TIMEOUT:g}s; "
-                            f"its log ends:\n{tail(log)}")
+                pytest.fail(
+                    f"the vLLM server did not answer /health within {READY_TIMEOUT:g}s; its log ends:\n{tail(log)}"
+                )
             time.sleep(1)
-        print(f"\nvLLM server ready in {time.monotonic() - started:.1f}s "
-              f"(version {get(root + '/version')[1].decode()}), log {log}", file=sys.stderr)
+        print(
+            f"\nvLLM server ready in {time.monotonic() - started:.1f}s "
+            f"(version {get(root + '/version')[1].decode()}), log {log}",
+            file=sys.stderr,
+        )
         yield Server(root, log)
     finally:
         stop(proc)
@@ -218,8 +265,9 @@ class DevServer(Server):
 
     def reload(self, checkpoint: Path) -> None:
         """Load ``checkpoint``'s weights in place (no restart): ``reload_weights`` on every worker."""
-        answer = post(self.root + "/collective_rpc", {"method": "reload_weights",
-                                                      "kwargs": {"weights_path": str(checkpoint)}})
+        answer = post(
+            self.root + "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(checkpoint)}}
+        )
         assert answer == {"results": [None]}, answer
 
     def load(self, checkpoint: Path, version: str) -> None:
@@ -237,7 +285,9 @@ def serve_dev(tmp: Path) -> Iterator[DevServer]:
     a = model_dir(python, tmp)
     b = model_dir(python, tmp, "ROLLOUT_RAY_VLLM_MODEL_B", "tiny-model-b", SEED_B)
     if (a / "tokenizer.json").read_bytes() != (b / "tokenizer.json").read_bytes():
-        pytest.fail(f"checkpoints {a} and {b} have different tokenizers: make both with "
-                    f"scripts/vllm_cpu/make_tiny_model.sh (another SEED changes only the weights)")
+        pytest.fail(
+            f"checkpoints {a} and {b} have different tokenizers: make both with "
+            f"scripts/vllm_cpu/make_tiny_model.sh (another SEED changes only the weights)"
+        )
     with serve(python, a, tmp, "--enable-scale-out", VLLM_SERVER_DEV_MODE="1") as server:
         yield DevServer(server.root, server.log, a, b)

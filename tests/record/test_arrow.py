@@ -63,14 +63,21 @@ def full_trace() -> Trace:
         version=2,
         id="trace-1",
         task=TraceTask(
-            "MathTask", key="k", hash="h" * 64, idx=7, data={"prompt": "p", "n": [1, 2.5]},
+            "MathTask",
+            key="k",
+            hash="h" * 64,
+            idx=7,
+            data={"prompt": "p", "n": [1, 2.5]},
             data_cls="tasks:MathData",
         ),
         agent=AgentInfo(
-            harness="scripted", model="m-1",
-            runtime=RuntimeInfo(id="/tmp/x", type="memory", name="rt", borrowed=True, image="sha256:ab",
-                                snapshot="cd.1"),
-            name="solver", trainable=False,
+            harness="scripted",
+            model="m-1",
+            runtime=RuntimeInfo(
+                id="/tmp/x", type="memory", name="rt", borrowed=True, image="sha256:ab", snapshot="cd.1"
+            ),
+            name="solver",
+            trainable=False,
         ),
         tools=[Tool(name="grep", description="search", parameters={"type": "object"}, strict=True)],
         nodes=[
@@ -78,26 +85,45 @@ def full_trace() -> Trace:
             MessageNode(0, UserMessage([TextPart("look"), ImagePart(ImageURL("data:,AA"))])),
             MessageNode(1, AssistantMessage(content="prompt-supplied")),
             MessageNode(2, UserMessage("go")),
-            MessageNode(3, AssistantMessage(content=[TextPart("ok ")], reasoning_content="hmm",
-                                            tool_calls=[tool_call]),
-                        sampled=True, timestamp=3.0, token_ids=[1, 2, 3],
-                        logprobs=[-0.5, -0.25, 0.0], advantages=[0.5, 0.5, 0.5],
-                        mask=[True, True, False], is_content=[False, True, True]),
-            MessageNode(4, ToolMessage(tool_call_id="c1", content="found", name="grep"), original_chars=9000,
-                        original_digest=b"\x01" * 16),
+            MessageNode(
+                3,
+                AssistantMessage(content=[TextPart("ok ")], reasoning_content="hmm", tool_calls=[tool_call]),
+                sampled=True,
+                timestamp=3.0,
+                token_ids=[1, 2, 3],
+                logprobs=[-0.5, -0.25, 0.0],
+                advantages=[0.5, 0.5, 0.5],
+                mask=[True, True, False],
+                is_content=[False, True, True],
+            ),
+            MessageNode(
+                4,
+                ToolMessage(tool_call_id="c1", content="found", name="grep"),
+                original_chars=9000,
+                original_digest=b"\x01" * 16,
+            ),
             MessageNode(5, AssistantMessage(content="A"), sampled=True, token_ids=[4], logprobs=[-1.0]),
             MessageNode(5, AssistantMessage(content="B"), sampled=True),
         ],
         calls=[
             ModelCall(
-                node=4, model="m-1", sampling={"temperature": 0.7, "max_tokens": 64},
-                endpoint="/chat/completions", finish_reason="tool_calls",
-                usage=Usage(prompt_tokens=10, completion_tokens=4, cached_input_tokens=2,
-                            reasoning_tokens=1, cost=0.125),
+                node=4,
+                model="m-1",
+                sampling={"temperature": 0.7, "max_tokens": 64},
+                endpoint="/chat/completions",
+                finish_reason="tool_calls",
+                usage=Usage(
+                    prompt_tokens=10, completion_tokens=4, cached_input_tokens=2, reasoning_tokens=1, cost=0.125
+                ),
                 time=TimeSpan(10.0, 12.5),
                 error=ErrorRecord(type="ProviderError", message="slow", status_code=429, traceback="tb"),
-                policy=3, prompt_shared=0, prompt_ids=[7, 8],
-                token_policy=[(3, 2), (4, 1)], interrupts=1, dropped={"logit_bias": "not forwarded"}, tools_digest="0123456789abcdef",
+                policy=3,
+                prompt_shared=0,
+                prompt_ids=[7, 8],
+                token_policy=[(3, 2), (4, 1)],
+                interrupts=1,
+                dropped={"logit_bias": "not forwarded"},
+                tools_digest="0123456789abcdef",
             ),
             ModelCall(node=6, usage=Usage(prompt_tokens=20, completion_tokens=5), prompt_shared=5, prompt_ids=[9]),
             ModelCall(node=7, usage=Usage(prompt_tokens=22, completion_tokens=3)),
@@ -114,8 +140,13 @@ def full_trace() -> Trace:
         stop_condition="max_turns",
         errors=[
             ErrorRecord(type="HarnessError", message="first"),
-            ErrorRecord(type="TaskError", message="bad", status_code=502, traceback="Traceback...",
-                        lineage=["TaskError", "RolloutError", "Exception", "BaseException"]),
+            ErrorRecord(
+                type="TaskError",
+                message="bad",
+                status_code=502,
+                traceback="Traceback...",
+                lineage=["TaskError", "RolloutError", "Exception", "BaseException"],
+            ),
         ],
         timing=Timing(
             start=100.0,
@@ -132,8 +163,12 @@ def full_trace() -> Trace:
         extra_usage=[Usage(prompt_tokens=7, completion_tokens=2)],
         verifiers=VersionInfo(version="9.9.9", commit="abc123"),
         user_turns=[
-            UserTurn("customer", "go", node=3, call=ModelCall(model="judge", usage=Usage(prompt_tokens=5,
-                                                                                          completion_tokens=2))),
+            UserTurn(
+                "customer",
+                "go",
+                node=3,
+                call=ModelCall(model="judge", usage=Usage(prompt_tokens=5, completion_tokens=2)),
+            ),
             UserTurn("player_b", "B", done=True, agent_node=7),
         ],
     )
@@ -202,23 +237,45 @@ def test_scalar_columns_equal_the_trace_aggregates() -> None:
     trace = full_trace()
     [row] = records_to_table([full_record()]).select(list(SCALAR_COLUMNS)).to_pylist()
     assert row == {
-        "run_id": "run-1", "rollout_id": "trace-1", "group_id": "g-3", "sample_idx": 2,
-        "attempt": 1, "task_type": "MathTask", "task_key": "k", "task_hash": "h" * 64,
-        "task_idx": 7, "ok": True, "is_completed": True, "stop_condition": "max_turns",
-        "error_type": "TaskError", "error_message": "bad", "num_errors": 2,
+        "run_id": "run-1",
+        "rollout_id": "trace-1",
+        "group_id": "g-3",
+        "sample_idx": 2,
+        "attempt": 1,
+        "task_type": "MathTask",
+        "task_key": "k",
+        "task_hash": "h" * 64,
+        "task_idx": 7,
+        "ok": True,
+        "is_completed": True,
+        "stop_condition": "max_turns",
+        "error_type": "TaskError",
+        "error_message": "bad",
+        "num_errors": 2,
         "reward": 1.5,
         "rewards": [("correct", 0.5), ("style", 1.0), ("judge", None)],
         "reward_weights": [("correct", 2.0), ("style", 0.5), ("judge", None)],
         "metrics": [("turns", 3.0), ("unscored", None)],
-        "num_turns": 3, "num_input_tokens": 22, "num_output_tokens": 16,
-        "num_total_tokens": 50, "num_tool_calls": 2, "started_at": 100.0,
-        "boot_s": 0.5, "setup_s": 1.0, "agent_s": 8.0, "agent_model_s": 3.0,
-        "agent_harness_s": 5.0, "finalize_s": 1.25, "scoring_s": 0.75,
+        "num_turns": 3,
+        "num_input_tokens": 22,
+        "num_output_tokens": 16,
+        "num_total_tokens": 50,
+        "num_tool_calls": 2,
+        "started_at": 100.0,
+        "boot_s": 0.5,
+        "setup_s": 1.0,
+        "agent_s": 8.0,
+        "agent_model_s": 3.0,
+        "agent_harness_s": 5.0,
+        "finalize_s": 1.25,
+        "scoring_s": 0.75,
     }
     # The same numbers as the Trace's own properties (the column-wise path recomputes them).
     assert (row["reward"], row["num_turns"]) == (trace.reward, trace.num_turns)
     assert (row["num_input_tokens"], row["num_output_tokens"], row["num_total_tokens"]) == (
-        trace.num_input_tokens, trace.num_output_tokens, trace.num_total_tokens,
+        trace.num_input_tokens,
+        trace.num_output_tokens,
+        trace.num_total_tokens,
     )
 
 
@@ -237,7 +294,13 @@ def test_messages_column_is_the_last_branch_as_openai_json() -> None:
     request = parse_request(msgspec.json.encode({"messages": msgspec.json.decode(text)}))[0]
     assert request.messages == trace.messages  # OpenAI wire shape, lossless for messages
     assert [m["role"] for m in msgspec.json.decode(text)] == [
-        "system", "user", "assistant", "user", "assistant", "tool", "assistant",
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
     ]
     assert msgspec.json.decode(text)[-1]["content"] == "B"
 
@@ -245,22 +308,27 @@ def test_messages_column_is_the_last_branch_as_openai_json() -> None:
 def test_an_empty_trace_has_zero_aggregates_and_null_error() -> None:
     record = RolloutRecord(Trace(task=TraceTask("T"), id="e"), "r", "g", 0)
     [row] = records_to_table([record]).to_pylist()
-    assert {k: row[k] for k in ("task_key", "task_idx", "stop_condition", "error_type",
-                                "error_message", "messages")} == {
-        "task_key": None, "task_idx": None, "stop_condition": None, "error_type": None,
-        "error_message": None, "messages": "[]",
+    assert {
+        k: row[k] for k in ("task_key", "task_idx", "stop_condition", "error_type", "error_message", "messages")
+    } == {
+        "task_key": None,
+        "task_idx": None,
+        "stop_condition": None,
+        "error_type": None,
+        "error_message": None,
+        "messages": "[]",
     }
     assert (row["num_turns"], row["num_input_tokens"], row["num_total_tokens"], row["reward"]) == (
-        0, 0, 0, 0.0,
+        0,
+        0,
+        0,
+        0.0,
     )
     assert row["rewards"] == [] and row["metrics"] == []
 
 
 def test_many_records_convert_in_order() -> None:
-    records = [
-        RolloutRecord(Trace(task=TraceTask("T", idx=i), id=f"t{i}"), "r", f"g{i // 2}", i % 2)
-        for i in range(5)
-    ]
+    records = [RolloutRecord(Trace(task=TraceTask("T", idx=i), id=f"t{i}"), "r", f"g{i // 2}", i % 2) for i in range(5)]
     table = records_to_table(records)
     assert table.column("rollout_id").to_pylist() == ["t0", "t1", "t2", "t3", "t4"]
     assert table.column("group_id").to_pylist() == ["g0", "g0", "g1", "g1", "g2"]
@@ -274,12 +342,40 @@ def test_no_records_give_an_empty_table_of_the_schema() -> None:
 
 
 V1_COLUMNS = (
-    "run_id", "rollout_id", "group_id", "sample_idx", "attempt", "task_type", "task_key",
-    "task_hash", "task_idx", "ok", "is_completed", "stop_condition", "error_type",
-    "error_message", "num_errors", "reward", "rewards", "reward_weights", "metrics",
-    "num_turns", "num_input_tokens", "num_output_tokens", "num_total_tokens", "num_tool_calls",
-    "started_at", "boot_s", "setup_s", "agent_s", "agent_model_s", "agent_harness_s",
-    "finalize_s", "scoring_s", "messages", "trace",
+    "run_id",
+    "rollout_id",
+    "group_id",
+    "sample_idx",
+    "attempt",
+    "task_type",
+    "task_key",
+    "task_hash",
+    "task_idx",
+    "ok",
+    "is_completed",
+    "stop_condition",
+    "error_type",
+    "error_message",
+    "num_errors",
+    "reward",
+    "rewards",
+    "reward_weights",
+    "metrics",
+    "num_turns",
+    "num_input_tokens",
+    "num_output_tokens",
+    "num_total_tokens",
+    "num_tool_calls",
+    "started_at",
+    "boot_s",
+    "setup_s",
+    "agent_s",
+    "agent_model_s",
+    "agent_harness_s",
+    "finalize_s",
+    "scoring_s",
+    "messages",
+    "trace",
 )
 """Version 1's columns in order: the schema may only append after these."""
 
@@ -304,7 +400,7 @@ def test_schema_is_versioned_and_only_appends() -> None:
     every = SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS + BRANCH_COLUMNS
     assert set(every) == set(TRACE_SCHEMA.names) and len(every) == len(TRACE_SCHEMA.names)
     assert ("messages", "trace", *TOKEN_COLUMNS) == CONVERSATION_COLUMNS
-    assert (*V2_COLUMNS[len(V1_COLUMNS):], "token_policy") == TOKEN_COLUMNS
+    assert (*V2_COLUMNS[len(V1_COLUMNS) :], "token_policy") == TOKEN_COLUMNS
     assert records_to_table([full_record()]).schema.metadata == TRACE_SCHEMA.metadata
 
 
@@ -312,8 +408,13 @@ def test_every_scalar_column_is_derived_from_the_record() -> None:
     """Each scalar column has a non-null value for a full record: none is left unfilled."""
     [row] = records_to_table([full_record()]).to_pylist()
     assert [name for name in SCALAR_COLUMNS + POLICY_COLUMNS + BRANCH_COLUMNS if row[name] is None] == []
-    assert set(row) == (set(SCALAR_COLUMNS) | set(CONVERSATION_COLUMNS) | set(HISTORY_COLUMNS) | set(POLICY_COLUMNS)
-                        | set(BRANCH_COLUMNS))
+    assert set(row) == (
+        set(SCALAR_COLUMNS)
+        | set(CONVERSATION_COLUMNS)
+        | set(HISTORY_COLUMNS)
+        | set(POLICY_COLUMNS)
+        | set(BRANCH_COLUMNS)
+    )
     assert (row["policy_min"], row["policy_max"]) == (3, 4)  # the first call's runs: 3 then 4
 
 
@@ -355,7 +456,9 @@ def test_a_missing_column_is_a_schema_mismatch() -> None:
     with pytest.raises(SchemaMismatch, match=pattern) as err:
         check_schema(table)
     assert (err.value.column, err.value.expected, err.value.found) == (
-        "reward", "double", "missing",
+        "reward",
+        "double",
+        "missing",
     )
     check_schema(table, columns=["run_id", "trace"])  # a selection without it is fine
 

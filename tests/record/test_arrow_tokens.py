@@ -140,8 +140,9 @@ def test_a_version_1_shard_is_still_read_beside_version_2_ones(tmp_path: Path) -
     only.write(old_shard([old]))
     only.close()
     check_schema(pq.read_schema(next((only_old / "shards").iterdir())))
-    assert read_run(only_old).column_names == [n for n in TRACE_SCHEMA.names
-                                               if n not in (*TOKEN_COLUMNS, "attempts", *VERSION_4)]
+    assert read_run(only_old).column_names == [
+        n for n in TRACE_SCHEMA.names if n not in (*TOKEN_COLUMNS, "attempts", *VERSION_4)
+    ]
 
 
 def test_token_columns_read_with_pandas(tmp_path: Path) -> None:
@@ -165,8 +166,9 @@ def test_token_columns_read_with_polars(tmp_path: Path) -> None:
 def test_token_columns_read_with_duckdb(tmp_path: Path) -> None:
     duckdb = pytest.importorskip("duckdb")
     path = write(records_to_table(records()), tmp_path / "t.parquet")
-    rows = duckdb.sql(f"SELECT len(input_ids), sum(list_sum(loss_mask[1])) FROM '{path}' GROUP BY ALL "
-                      "ORDER BY 1 NULLS LAST").fetchall()
+    rows = duckdb.sql(
+        f"SELECT len(input_ids), sum(list_sum(loss_mask[1])) FROM '{path}' GROUP BY ALL ORDER BY 1 NULLS LAST"
+    ).fetchall()
     assert [r[0] for r in rows] == [1, 3, None]
 
 
@@ -187,8 +189,9 @@ def test_a_rows_blob_leaves_its_ids_to_the_token_columns_and_reads_back_whole(tm
     stored = decode_trace(blob)
     assert all(n.token_ids is None and n.logprobs is None for n in stored.nodes)
     assert all(c.prompt_ids is None for c in stored.calls)
-    assert [c.stored_ids for c in stored.calls] == [(len(c.prompt_ids), len(trace.nodes[c.node].token_ids))
-                                                    for c in trace.calls]
+    assert [c.stored_ids for c in stored.calls] == [
+        (len(c.prompt_ids), len(trace.nodes[c.node].token_ids)) for c in trace.calls
+    ]
     assert len(encode_trace(trace)) - len(blob) >= 4 * len(ids)  # an id takes 1-5 bytes, a logprob 9
     assert table_to_traces(table) == [trace]  # ids and float32 logprobs put back, exactly
     (sequence,) = table.column("input_ids")[0].as_py()
@@ -206,13 +209,20 @@ def test_logprobs_float32_cannot_hold_stay_in_the_blob_so_the_trace_reads_back_e
 
 def test_the_trace_column_alone_of_a_version_3_table_is_refused_with_what_to_read() -> None:
     table = records_to_table([RolloutRecord(float32_rollout(), "run", "g", 0)])
-    with pytest.raises(SchemaMismatch, match=r"^the traces keep their token ids in the token columns: read "
-                                             r"'input_ids' and 'logprobs' with 'trace'$"):
+    with pytest.raises(
+        SchemaMismatch,
+        match=r"^the traces keep their token ids in the token columns: read "
+        r"'input_ids' and 'logprobs' with 'trace'$",
+    ):
         table_to_traces(table.select(["trace"]))
-    nulled = table.set_column(table.column_names.index("input_ids"), "input_ids",
-                              pa.nulls(1, TRACE_SCHEMA.field("input_ids").type))
-    with pytest.raises(SchemaMismatch, match=r"^row 0: trace \w+ left its token ids to its token columns, "
-                                             r"which are null$"):
+    nulled = table.set_column(
+        table.column_names.index("input_ids"), "input_ids", pa.nulls(1, TRACE_SCHEMA.field("input_ids").type)
+    )
+    with pytest.raises(
+        SchemaMismatch,
+        match=r"^row 0: trace \w+ left its token ids to its token columns, "
+        r"which are null$",
+    ):
         table_to_traces(nulled)
 
 

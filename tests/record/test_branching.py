@@ -20,8 +20,9 @@ HELLO = AssistantMessage(content="hello")
 SUMMARY = "The user greeted the assistant twice and asked for nothing else yet."
 
 
-def commit(trace: Trace, graph: ConversationGraph, messages: list[Message], reply: str,
-           tools: list[Tool] | None = None) -> None:
+def commit(
+    trace: Trace, graph: ConversationGraph, messages: list[Message], reply: str, tools: list[Tool] | None = None
+) -> None:
     node = graph.commit(messages, AssistantMessage(content=reply))
     trace.calls.append(ModelCall(node=node, tools_digest=tools_digest(tools)))
 
@@ -31,14 +32,19 @@ def test_each_reason_is_read_from_the_graph() -> None:
     graph = ConversationGraph(trace)
     commit(trace, graph, [SYSTEM, HI], "hello")
     # the summary the model wrote (tags and all), then a context that carries it, not the turns
-    commit(trace, graph, [SYSTEM, HI, HELLO, UserMessage(content="Summarize.")],
-           f"<analysis>they said hi</analysis><summary>{SUMMARY}</summary>")
+    commit(
+        trace,
+        graph,
+        [SYSTEM, HI, HELLO, UserMessage(content="Summarize.")],
+        f"<analysis>they said hi</analysis><summary>{SUMMARY}</summary>",
+    )
     commit(trace, graph, [SYSTEM, UserMessage(content=f"Earlier:\n{SUMMARY}\nGo on.")], "ok")
     commit(trace, graph, [SystemMessage(content="You are a sub-agent."), UserMessage(content="find x")], "x")
     commit(trace, graph, [SYSTEM, UserMessage(content="hello there")], "hi")  # the first message rewritten
     commit(trace, graph, [SYSTEM, HI], "hello again")  # the same context asked again
-    commit(trace, graph, [SYSTEM, HI, HELLO, UserMessage(content="grep")], "found",
-           tools=[Tool(name="grep")])  # the main's system prompt, tools of its own
+    commit(
+        trace, graph, [SYSTEM, HI, HELLO, UserMessage(content="grep")], "found", tools=[Tool(name="grep")]
+    )  # the main's system prompt, tools of its own
     assert trace.branch_reasons == ["main", "compaction", "subagent", "edit", "resample", "subagent"]
     [row] = records_to_table([RolloutRecord(trace, "run", "g", 0)]).to_pylist()
     assert row["branches"] == 6 and row["branch_reasons"] == trace.branch_reasons

@@ -21,8 +21,10 @@ PRECIOUS = b"precious\n"
 
 
 def link_message(path: Path) -> str:
-    return (rf"^{path} is a symbolic link; a run directory and what it holds are never reached through one: "
-            r"remove the link, or pass the directory itself$")
+    return (
+        rf"^{path} is a symbolic link; a run directory and what it holds are never reached through one: "
+        r"remove the link, or pass the directory itself$"
+    )
 
 
 @pytest.fixture
@@ -54,7 +56,8 @@ def test_a_link_planted_where_the_manifest_is_written_is_refused(tmp_path: Path,
 
 
 def test_a_planted_lock_link_or_hard_link_is_refused_and_its_target_keeps_its_content(
-        tmp_path: Path, outside: Path) -> None:
+    tmp_path: Path, outside: Path
+) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / LOCK).symlink_to(outside)
@@ -62,8 +65,11 @@ def test_a_planted_lock_link_or_hard_link_is_refused_and_its_target_keeps_its_co
         RunLock(run_dir).acquire()
     (run_dir / LOCK).unlink()
     os.link(outside, run_dir / LOCK)
-    with pytest.raises(CorruptRun, match=rf"^{run_dir / LOCK} has 2 names \(a hard link\): a run's lock is its "
-                                         r"own file; remove it, or use another directory$"):
+    with pytest.raises(
+        CorruptRun,
+        match=rf"^{run_dir / LOCK} has 2 names \(a hard link\): a run's lock is its "
+        r"own file; remove it, or use another directory$",
+    ):
         RunLock(run_dir).acquire()
     assert outside.read_bytes() == PRECIOUS
 
@@ -81,8 +87,7 @@ def test_a_dangling_link_is_refused_not_created_through(tmp_path: Path) -> None:
     assert not target.exists()
 
 
-def test_a_link_to_a_shard_folder_or_a_shard_is_refused_for_writing_and_reading(tmp_path: Path,
-                                                                                outside: Path) -> None:
+def test_a_link_to_a_shard_folder_or_a_shard_is_refused_for_writing_and_reading(tmp_path: Path, outside: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     run_dir = tmp_path / "run"
@@ -170,7 +175,6 @@ def test_the_live_drivers_files_are_written_through_no_link(tmp_path: Path, outs
     (run_dir / f"{name}.tmp").unlink()
     write_run_file(run_dir / name, b"{}", 0o600)
     assert (run_dir / name).read_bytes() == b"{}" and (run_dir / name).stat().st_mode & 0o777 == 0o600
-
 
 
 def test_a_score_version_whose_write_fails_leaves_no_temporary_folder(tmp_path: Path) -> None:

@@ -37,10 +37,12 @@ from rollout_ray._record.store import (
 
 def batch(start: int, n: int) -> pa.Table:
     """Rows ``start .. start+n-1``: rollout id ``t<i>``, group ``g<i // 2>``, sample ``i % 2``."""
-    return records_to_table([
-        RolloutRecord(Trace(task=TraceTask("T", idx=i), id=f"t{i}"), "run", f"g{i // 2}", i % 2)
-        for i in range(start, start + n)
-    ])
+    return records_to_table(
+        [
+            RolloutRecord(Trace(task=TraceTask("T", idx=i), id=f"t{i}"), "run", f"g{i // 2}", i % 2)
+            for i in range(start, start + n)
+        ]
+    )
 
 
 def shard_names(run: Path) -> list[str]:
@@ -59,18 +61,21 @@ def test_batches_become_full_shards_and_read_back_in_order(tmp_path: Path) -> No
     run = tmp_path / "run"
     writer = write_batches(run, [4, 5, 4], rows_per_shard=4)
     assert shard_names(run) == [
-        "part-00000.parquet", "part-00001.parquet", "part-00002.parquet", "part-00003.parquet",
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
+        "part-00003.parquet",
     ]
     sizes = [p.stat().st_size for p in sorted((run / "shards").iterdir())]
-    assert writer.statistics() == ShardWriterStatistics(
-        shards=4, rows=13, bytes=sum(sizes), buffered_rows=0
-    )
+    assert writer.statistics() == ShardWriterStatistics(shards=4, rows=13, bytes=sum(sizes), buffered_rows=0)
     table = read_run(run)
     assert table.column("rollout_id").to_pylist() == [f"t{i}" for i in range(13)]
     assert [t.task.idx for t in table_to_traces(table)] == list(range(13))
     assert [(p.name, t.num_rows) for p, t in iter_shards(run)] == [
-        ("part-00000.parquet", 4), ("part-00001.parquet", 4),
-        ("part-00002.parquet", 4), ("part-00003.parquet", 1),
+        ("part-00000.parquet", 4),
+        ("part-00001.parquet", 4),
+        ("part-00002.parquet", 4),
+        ("part-00003.parquet", 1),
     ]
 
 

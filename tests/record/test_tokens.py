@@ -34,9 +34,7 @@ def test_a_multi_turn_tool_rollout_is_one_sequence_with_its_completions_masked_i
     [sequence] = token_sequences(trace)
     last_call = trace.calls[-1]
     assert sequence.input_ids == model.prompts[-1] + trace.nodes[last_call.node].token_ids
-    assert [decode(span) for span in sampled_spans(sequence)] == [
-        body(wire(r)) + "<|im_end|>" for r in REPLIES
-    ]
+    assert [decode(span) for span in sampled_spans(sequence)] == [body(wire(r)) + "<|im_end|>" for r in REPLIES]
     # Everything else is prompt: the system turn with the tools, the user and the tool turns.
     prompt_text = decode(t for t, m in zip(sequence.input_ids, sequence.loss_mask) if not m)
     assert "<tools>" in prompt_text and "What is 1 + 2 + 3?" in prompt_text and "tool\n6" in prompt_text
@@ -61,7 +59,7 @@ def test_each_prompt_is_stored_once_as_the_ids_added_since_the_previous_turn() -
     assert (first.prompt_shared, first.prompt_ids) == (0, model.prompts[0])
     previous = model.prompts[0] + trace.nodes[first.node].token_ids
     assert second.prompt_shared == len(previous)
-    assert second.prompt_ids == model.prompts[1][len(previous):]
+    assert second.prompt_ids == model.prompts[1][len(previous) :]
     assert [full_prompt(trace, c) for c in trace.calls] == model.prompts
     stored = sum(len(c.prompt_ids) for c in trace.calls)
     assert stored < sum(len(p) for p in model.prompts) / 2
@@ -132,8 +130,7 @@ def hand_built() -> Trace:
         MessageNode(1, AssistantMessage("a"), sampled=True, token_ids=[10, 11], logprobs=[-0.5, -0.25]),
         MessageNode(2, ToolMessage("c", "3")),
         MessageNode(3, AssistantMessage("b"), sampled=True, token_ids=[20], logprobs=[-1.0]),
-        MessageNode(3, AssistantMessage("c"), sampled=True, token_ids=[30, 31], logprobs=None,
-                    mask=[True, False]),
+        MessageNode(3, AssistantMessage("c"), sampled=True, token_ids=[30, 31], logprobs=None, mask=[True, False]),
     ]
     trace.calls = [
         ModelCall(node=2, prompt_shared=0, prompt_ids=[1, 2, 3]),
@@ -203,9 +200,16 @@ def test_old_traces_decode_with_no_token_record() -> None:
         nodes: list[OldNode]
         calls: list[OldCall]
 
-    blob = msgspec.msgpack.encode(OldTrace(task=TraceTask(type="T"), nodes=[
-        OldNode(None, {"role": "user", "content": "hi"}),
-        OldNode(0, {"role": "assistant", "content": "yo"}, True)], calls=[OldCall(1)]))
+    blob = msgspec.msgpack.encode(
+        OldTrace(
+            task=TraceTask(type="T"),
+            nodes=[
+                OldNode(None, {"role": "user", "content": "hi"}),
+                OldNode(0, {"role": "assistant", "content": "yo"}, True),
+            ],
+            calls=[OldCall(1)],
+        )
+    )
     trace = decode_trace(blob)
     assert trace.calls[0].policy is None and trace.nodes[1].mask is None
     assert token_sequences(trace) == [] and token_drift(trace) == []

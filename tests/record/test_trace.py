@@ -56,35 +56,61 @@ def full_trace() -> Trace:
     return Trace(
         version=2,
         id="trace-1",
-        task=TraceTask("MathTask", key="k", hash="h" * 64, idx=7, data={"prompt": "p", "n": [1, 2.5]},
-                       data_cls="tasks:MathData"),
+        task=TraceTask(
+            "MathTask", key="k", hash="h" * 64, idx=7, data={"prompt": "p", "n": [1, 2.5]}, data_cls="tasks:MathData"
+        ),
         agent=AgentInfo(
-            harness="scripted", model="m-1",
-            runtime=RuntimeInfo(id="/tmp/x", type="memory", name="rt", borrowed=True, image="sha256:ab",
-                                snapshot="cd.1"),
-            name="solver", trainable=False,
+            harness="scripted",
+            model="m-1",
+            runtime=RuntimeInfo(
+                id="/tmp/x", type="memory", name="rt", borrowed=True, image="sha256:ab", snapshot="cd.1"
+            ),
+            name="solver",
+            trainable=False,
         ),
         tools=[Tool(name="grep", description="search", parameters={"type": "object"}, strict=True)],
         nodes=[
             MessageNode(None, SystemMessage("sys"), timestamp=1.5),
             MessageNode(0, user, timestamp=2.0),
-            MessageNode(1, asst, sampled=True, timestamp=3.0, token_ids=[1, 2, 3],
-                        logprobs=[-0.5, -0.25, 0.0], advantages=[0.5, 0.5, 0.5], mask=[True, True, False],
-                        is_content=[False, True, True]),
-            MessageNode(2, ToolMessage(tool_call_id="c1", content="found", name="grep"), timestamp=4.0,
-                        original_chars=9000, original_digest=b"\x01" * 16),
+            MessageNode(
+                1,
+                asst,
+                sampled=True,
+                timestamp=3.0,
+                token_ids=[1, 2, 3],
+                logprobs=[-0.5, -0.25, 0.0],
+                advantages=[0.5, 0.5, 0.5],
+                mask=[True, True, False],
+                is_content=[False, True, True],
+            ),
+            MessageNode(
+                2,
+                ToolMessage(tool_call_id="c1", content="found", name="grep"),
+                timestamp=4.0,
+                original_chars=9000,
+                original_digest=b"\x01" * 16,
+            ),
             MessageNode(3, AssistantMessage(content="prompt-supplied"), timestamp=5.0),
         ],
         calls=[
             ModelCall(
-                node=2, model="m-1", sampling={"temperature": 0.7, "max_tokens": 64},
-                endpoint="/chat/completions", finish_reason="tool_calls",
-                usage=Usage(prompt_tokens=10, completion_tokens=4, cached_input_tokens=2,
-                            reasoning_tokens=1, cost=0.125),
+                node=2,
+                model="m-1",
+                sampling={"temperature": 0.7, "max_tokens": 64},
+                endpoint="/chat/completions",
+                finish_reason="tool_calls",
+                usage=Usage(
+                    prompt_tokens=10, completion_tokens=4, cached_input_tokens=2, reasoning_tokens=1, cost=0.125
+                ),
                 time=TimeSpan(10.0, 12.5),
                 error=ErrorRecord(type="ProviderError", message="slow", status_code=429, traceback="tb"),
-                policy=4, prompt_shared=2, prompt_ids=[9], stored_ids=(1, 3),
-                token_policy=[(4, 1), (5, 2)], interrupts=1, dropped={"logit_bias": "not forwarded"},
+                policy=4,
+                prompt_shared=2,
+                prompt_ids=[9],
+                stored_ids=(1, 3),
+                token_policy=[(4, 1), (5, 2)],
+                interrupts=1,
+                dropped={"logit_bias": "not forwarded"},
                 tools_digest="0123456789abcdef",
             )
         ],
@@ -96,8 +122,15 @@ def full_trace() -> Trace:
         is_completed=True,
         ok=True,
         stop_condition="max_turns",
-        errors=[ErrorRecord(type="TaskError", message="bad", status_code=502, traceback="Traceback...",
-                            lineage=["TaskError", "RolloutError", "Exception", "BaseException"])],
+        errors=[
+            ErrorRecord(
+                type="TaskError",
+                message="bad",
+                status_code=502,
+                traceback="Traceback...",
+                lineage=["TaskError", "RolloutError", "Exception", "BaseException"],
+            )
+        ],
         timing=Timing(
             start=100.0,
             boot=TimeSpan(100.5, 101.0),
@@ -194,8 +227,9 @@ def _node(parent: int | None, sampled: bool = False) -> MessageNode:
     return MessageNode(parent, msg, sampled=sampled)
 
 
-def _call(node: int | None, prompt: int, completion: int, cached: int | None = None,
-          cost: float | None = None) -> ModelCall:
+def _call(
+    node: int | None, prompt: int, completion: int, cached: int | None = None, cost: float | None = None
+) -> ModelCall:
     return ModelCall(node=node, usage=Usage(prompt, completion, cached_input_tokens=cached, cost=cost))
 
 
@@ -225,7 +259,10 @@ def test_s3_token_aggregates_on_two_branches():
     assert trace.messages == [trace.nodes[i].message for i in (0, 1, 4, 5)]
     assert trace.num_turns == 3
     assert (trace.num_input_tokens, trace.num_output_tokens, trace.num_total_tokens) == (
-        10 + (25 - 15) + (20 - 15), (5 + 7) + (5 + 6), 32 + 26)
+        10 + (25 - 15) + (20 - 15),
+        (5 + 7) + (5 + 6),
+        32 + 26,
+    )
     assert trace.usage == Usage(47, 18, cached_input_tokens=8, reasoning_tokens=None, cost=0.75)
 
 
@@ -243,8 +280,10 @@ def _by_branches(trace: Trace) -> tuple[int, int, int]:
                 input_tokens += max(0, call.usage.input_tokens - previous)
             previous = call.usage.total_tokens
     output = sum(c.usage.completion_tokens for b in trace.branches for c in b.calls if c.usage)
-    total = sum(([c for c in b.calls if c.usage] or [ModelCall(usage=Usage())])[-1].usage.total_tokens  # type: ignore[union-attr]
-                for b in trace.branches)
+    total = sum(
+        ([c for c in b.calls if c.usage] or [ModelCall(usage=Usage())])[-1].usage.total_tokens  # type: ignore[union-attr]
+        for b in trace.branches
+    )
     return input_tokens, output, total
 
 
@@ -253,13 +292,19 @@ def _by_branches(trace: Trace) -> tuple[int, int, int]:
 def test_s3_one_pass_counts_equal_the_branch_definitions(data: st.DataObject) -> None:
     size = data.draw(st.integers(0, 12))
     trace = Trace(task=TraceTask(type="T"))
-    trace.nodes = [_node(data.draw(st.none() | st.integers(0, i - 1)) if i else None,
-                         data.draw(st.booleans())) for i in range(size)]
-    calls = data.draw(st.lists(st.tuples(st.none() | st.integers(0, max(0, size - 1)),
-                                         st.integers(0, 50), st.integers(0, 20), st.booleans()),
-                               max_size=10))
-    trace.calls = [ModelCall(node=n if size else None, usage=Usage(p, c) if has else None)
-                   for n, p, c, has in calls]
+    trace.nodes = [
+        _node(data.draw(st.none() | st.integers(0, i - 1)) if i else None, data.draw(st.booleans()))
+        for i in range(size)
+    ]
+    calls = data.draw(
+        st.lists(
+            st.tuples(
+                st.none() | st.integers(0, max(0, size - 1)), st.integers(0, 50), st.integers(0, 20), st.booleans()
+            ),
+            max_size=10,
+        )
+    )
+    trace.calls = [ModelCall(node=n if size else None, usage=Usage(p, c) if has else None) for n, p, c, has in calls]
     counts = trace.counts()
     assert (counts.num_input_tokens, counts.num_output_tokens, counts.num_total_tokens) == _by_branches(trace)
     assert counts.num_turns == trace.num_turns == sum(n.sampled for n in trace.nodes)
@@ -304,8 +349,15 @@ def test_s3_record_error_appends_error_with_traceback():
 def test_s3_provider_error_has_no_traceback_and_keeps_status():
     trace = Trace(task=TraceTask(type="T"))
     trace.record_error(_raised(ProviderError("overloaded", 429)))
-    assert trace.errors == [ErrorRecord("ProviderError", "overloaded", status_code=429, traceback=None,
-                                        lineage=["ProviderError", "RolloutError", "Exception", "BaseException"])]
+    assert trace.errors == [
+        ErrorRecord(
+            "ProviderError",
+            "overloaded",
+            status_code=429,
+            traceback=None,
+            lineage=["ProviderError", "RolloutError", "Exception", "BaseException"],
+        )
+    ]
 
 
 class _TasksetProviderError(ProviderError):
@@ -325,15 +377,20 @@ def test_is_a_holds_in_a_process_that_never_imported_the_raising_class(tmp_path:
     """The lineage travels with the record: a driver that decodes a taskset's error without
     the taskset still knows it was a provider failure."""
     (tmp_path / "my_taskset.py").write_text(
-        "from rollout_ray import ProviderError\n\nclass QuotaExceeded(ProviderError):\n    pass\n")
-    write = ("import sys; sys.path.insert(0, sys.argv[1]); import my_taskset\n"
-             "from rollout_ray import Trace, TraceTask, encode_trace\n"
-             "t = Trace(task=TraceTask(type='T')); t.record_error(my_taskset.QuotaExceeded('over quota', 429))\n"
-             "sys.stdout.buffer.write(encode_trace(t))\n")
+        "from rollout_ray import ProviderError\n\nclass QuotaExceeded(ProviderError):\n    pass\n"
+    )
+    write = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import my_taskset\n"
+        "from rollout_ray import Trace, TraceTask, encode_trace\n"
+        "t = Trace(task=TraceTask(type='T')); t.record_error(my_taskset.QuotaExceeded('over quota', 429))\n"
+        "sys.stdout.buffer.write(encode_trace(t))\n"
+    )
     blob = subprocess.run([sys.executable, "-c", write, str(tmp_path)], capture_output=True, check=True).stdout
-    read = ("import sys; from rollout_ray import ProviderError, TaskError, decode_trace\n"
-            "[e] = decode_trace(sys.stdin.buffer.read()).errors\n"
-            "print(e.type, e.is_a(ProviderError), e.is_a(TaskError), 'my_taskset' in sys.modules)\n")
+    read = (
+        "import sys; from rollout_ray import ProviderError, TaskError, decode_trace\n"
+        "[e] = decode_trace(sys.stdin.buffer.read()).errors\n"
+        "print(e.type, e.is_a(ProviderError), e.is_a(TaskError), 'my_taskset' in sys.modules)\n"
+    )
     answer = subprocess.run([sys.executable, "-c", read], input=blob, capture_output=True, check=True).stdout
     assert answer.decode().split() == ["QuotaExceeded", "True", "False", "False"]
 
@@ -381,8 +438,14 @@ def test_b46_split_agent_time_does_nothing_without_agent_end():
 
 @pytest.mark.parametrize(
     ("span", "duration"),
-    [(TimeSpan(), 0.0), (TimeSpan(5.0), 0.0), (TimeSpan(5.0, 3.0), 0.0), (TimeSpan(5.0, 7.5), 2.5),
-     (AgentSpan(5.0), 0.0), (AgentSpan(5.0, 9.0), 4.0)],
+    [
+        (TimeSpan(), 0.0),
+        (TimeSpan(5.0), 0.0),
+        (TimeSpan(5.0, 3.0), 0.0),
+        (TimeSpan(5.0, 7.5), 2.5),
+        (AgentSpan(5.0), 0.0),
+        (AgentSpan(5.0, 9.0), 4.0),
+    ],
 )
 def test_b46_timespan_duration(span, duration):
     """B45/B46: a span never ended (or never started) has duration 0."""
@@ -412,8 +475,9 @@ def test_s3_last_reply_is_the_stripped_last_sampled_assistant():
     assert trace.last_reply == ""
     trace.nodes = [
         MessageNode(None, UserMessage("q")),
-        MessageNode(0, AssistantMessage([TextPart("  the "), ImagePart(ImageURL("u")), TextPart("answer\n")]),
-                    sampled=True),
+        MessageNode(
+            0, AssistantMessage([TextPart("  the "), ImagePart(ImageURL("u")), TextPart("answer\n")]), sampled=True
+        ),
         MessageNode(1, AssistantMessage("prompt-supplied, not sampled")),
     ]
     assert trace.last_reply == "the answer"
@@ -424,8 +488,10 @@ def test_s3_last_reply_is_the_stripped_last_sampled_assistant():
 def test_a_trace_written_with_extra_usage_or_without_it_reads() -> None:
     """``extra_usage`` was dropped for a while and is back (judges fill it): traces stored in
     either form decode, and one stored before ``verifiers`` existed gets this build's."""
-    for old in ({"task": {"type": "T"}, "extra_usage": [{"prompt_tokens": 3}], "ok": True},
-                {"task": {"type": "T"}, "ok": True}):
+    for old in (
+        {"task": {"type": "T"}, "extra_usage": [{"prompt_tokens": 3}], "ok": True},
+        {"task": {"type": "T"}, "ok": True},
+    ):
         trace = decode_trace(msgspec.msgpack.encode(old))
         assert trace.ok and trace.extra_usage == [Usage(prompt_tokens=3)] * len(old.get("extra_usage", []))
         assert trace.verifiers == VersionInfo(version=importlib.metadata.version("rollout_ray"))

@@ -44,8 +44,8 @@ def _public_members(cls: type[BaseModel]) -> set[str]:
 def _not_applying() -> dict[str, set[str]]:
     """The upstream members docs/lifecycle.md's table says do not apply, by class."""
     text = LIFECYCLE.read_text()
-    table = text[text.index('<a id="upstream-members"></a>'):]
-    table = table[:table.index("\n\n", table.index("| --- |"))]
+    table = text[text.index('<a id="upstream-members"></a>') :]
+    table = table[: table.index("\n\n", table.index("| --- |"))]
     out: dict[str, set[str]] = {"Trace": set(), "MessageNode": set()}
     for row in table.splitlines()[4:]:
         owner = "Trace"
@@ -55,8 +55,9 @@ def _not_applying() -> dict[str, set[str]]:
     return out
 
 
-@pytest.mark.parametrize(("upstream", "ours"), [(upstream_trace.Trace, Trace),
-                                                 (upstream_graph.MessageNode, MessageNode)])
+@pytest.mark.parametrize(
+    ("upstream", "ours"), [(upstream_trace.Trace, Trace), (upstream_graph.MessageNode, MessageNode)]
+)
 def test_every_upstream_member_is_ours_or_documented_as_not_applying(upstream: Any, ours: Any) -> None:
     documented = _not_applying()[upstream.__name__]
     members = _public_members(upstream)
@@ -72,10 +73,14 @@ def test_every_upstream_member_is_ours_or_documented_as_not_applying(upstream: A
 
 
 def _conversation() -> list[tuple[int | None, Any, bool]]:
-    return [(None, ("system", "sys"), False), (0, ("user", "hi"), False),
-            (1, ("assistant", "let me", [("c1", "add", '{"a": 1}')]), True),
-            (2, ("tool", "2", "c1", "add"), False), (3, ("assistant", "4"), True),
-            (1, ("assistant", "", [("c2", "mul", "{}")]), True)]  # a second branch, not the last
+    return [
+        (None, ("system", "sys"), False),
+        (0, ("user", "hi"), False),
+        (1, ("assistant", "let me", [("c1", "add", '{"a": 1}')]), True),
+        (2, ("tool", "2", "c1", "add"), False),
+        (3, ("assistant", "4"), True),
+        (1, ("assistant", "", [("c2", "mul", "{}")]), True),
+    ]  # a second branch, not the last
 
 
 def _ours() -> Trace:
@@ -106,8 +111,11 @@ def _upstream() -> Any:
         return {"system": t.SystemMessage, "user": t.UserMessage}[role](content=content)
 
     nodes = [upstream_graph.MessageNode(parent=p, message=message(m), sampled=s) for p, m, s in _conversation()]
-    return upstream_trace.Trace(task=upstream_trace.TraceTask(type="T", data=UpstreamTaskData()),
-                                agent=upstream_trace.AgentInfo(config=AgentConfig()), nodes=nodes)
+    return upstream_trace.Trace(
+        task=upstream_trace.TraceTask(type="T", data=UpstreamTaskData()),
+        agent=upstream_trace.AgentInfo(config=AgentConfig()),
+        nodes=nodes,
+    )
 
 
 def test_transcript_last_message_and_has_error_are_upstreams() -> None:
@@ -129,8 +137,13 @@ def test_record_judge_call_records_as_upstream_and_keeps_usage_out_of_the_agents
     request = {"messages": [{"role": "user", "content": "is 4 right?"}]}
     ours, upstream = _ours(), _upstream()
     for trace in (ours, upstream):
-        trace.record_judge_call(name="judge", request=request, response=JudgeResponse(
-            text="yes", parsed=True, usage=upstream_types.Usage(prompt_tokens=5, completion_tokens=1)))
+        trace.record_judge_call(
+            name="judge",
+            request=request,
+            response=JudgeResponse(
+                text="yes", parsed=True, usage=upstream_types.Usage(prompt_tokens=5, completion_tokens=1)
+            ),
+        )
     ours.record_judge_call(name="plain", request=request, response={"text": "no"})
     expected = upstream.info["judge_calls"][0]
     del expected["response"]["message"]["provider_state"]  # an upstream-only message field, None

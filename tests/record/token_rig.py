@@ -54,8 +54,9 @@ class TemplateModel(Model):
         reply = self.replies.pop(0)
         ids = [*encode(body(wire(reply))), IM_END]
         logprobs = [-(len(self.prompts) + k / 100) for k in range(len(ids))]
-        return Response(reply, prompt_token_ids=prompt, token_ids=ids, token_logprobs=logprobs,
-                        policy_version=self.policy)
+        return Response(
+            reply, prompt_token_ids=prompt, token_ids=ids, token_logprobs=logprobs, policy_version=self.policy
+        )
 
 
 REPLIES = [

@@ -77,8 +77,10 @@ def _built(name: str, packages: list[str]) -> Path:
         shutil.rmtree(debs)
         busybox = rootfs / "bin" / "busybox"
         for applet in _run([str(busybox), "--list"]).split():
-            if not any((rootfs / d / applet).exists() or (rootfs / d / applet).is_symlink()
-                       for d in ("bin", "usr/bin", "sbin", "usr/sbin")):
+            if not any(
+                (rootfs / d / applet).exists() or (rootfs / d / applet).is_symlink()
+                for d in ("bin", "usr/bin", "sbin", "usr/sbin")
+            ):
                 (rootfs / "bin" / applet).symlink_to("busybox")
         try:
             work.rename(final)
@@ -102,8 +104,19 @@ def python_rootfs() -> Path:
     if found is None:
         pytest.skip(f"cannot build a test image: which Python python3-minimal depends on: {depends[:200]}")
     version = found.group(1)
-    return _built("python", ["busybox-static", "libc6", "zlib1g", "libexpat1", "python3-minimal",
-                             f"python{version}-minimal", f"libpython{version}-minimal", f"libpython{version}-stdlib"])
+    return _built(
+        "python",
+        [
+            "busybox-static",
+            "libc6",
+            "zlib1g",
+            "libexpat1",
+            "python3-minimal",
+            f"python{version}-minimal",
+            f"libpython{version}-minimal",
+            f"libpython{version}-stdlib",
+        ],
+    )
 
 
 @functools.cache
@@ -144,8 +157,9 @@ def host_path(rt: LocalRuntime, relative: str) -> str:
 def ns_mountinfo(ns: Any) -> str:
     """The mount table (``mountinfo``) of mount namespace ``ns`` (``mount_ns.MountNamespace``):
     read by a program entering it, as no process holds it."""
-    return subprocess.run([*ns.enter_args(), "cat", "/proc/self/mountinfo"], check=True, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(
+        [*ns.enter_args(), "cat", "/proc/self/mountinfo"], check=True, capture_output=True, text=True
+    ).stdout
 
 
 # -- packing ------------------------------------------------------------------------------------------
@@ -163,8 +177,9 @@ def tar_bytes(source: Path | None = None, extra: Iterable[tuple[tarfile.TarInfo,
     return buf.getvalue()
 
 
-def member(name: str, data: bytes | None = b"", *, kind: bytes = tarfile.REGTYPE, mode: int = 0o644,
-           link: str = "") -> tuple[tarfile.TarInfo, bytes | None]:
+def member(
+    name: str, data: bytes | None = b"", *, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, link: str = ""
+) -> tuple[tarfile.TarInfo, bytes | None]:
     info = tarfile.TarInfo(name)
     info.type, info.mode, info.linkname = kind, mode, link
     if kind == tarfile.REGTYPE:
@@ -186,8 +201,14 @@ def sha(data: bytes) -> str:
 
 
 def _config(diff_ids: list[str], config: dict[str, Any] | None) -> bytes:
-    return json.dumps({"architecture": "amd64", "os": "linux", "config": config or {},
-                       "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
+    return json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": config or {},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        }
+    ).encode()
 
 
 def oci_blobs(layers: list[bytes], config: dict[str, Any] | None = None) -> tuple[dict[str, bytes], dict[str, Any]]:
@@ -201,16 +222,32 @@ def oci_blobs(layers: list[bytes], config: dict[str, Any] | None = None) -> tupl
 
     zipped = [gzip.compress(layer, compresslevel=1, mtime=0) for layer in layers]
     config_data = _config([sha(layer) for layer in layers], config)
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": add(config_data),
-                   "size": len(config_data)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": add(z), "size": len(z)}
-                   for z in zipped],
-    }).encode()
-    index = {"schemaVersion": 2, "manifests": [
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": add(manifest), "size": len(manifest),
-         "platform": {"architecture": "amd64", "os": "linux"}}]}
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": add(config_data),
+                "size": len(config_data),
+            },
+            "layers": [
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": add(z), "size": len(z)}
+                for z in zipped
+            ],
+        }
+    ).encode()
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": add(manifest),
+                "size": len(manifest),
+                "platform": {"architecture": "amd64", "os": "linux"},
+            }
+        ],
+    }
     return blobs, index
 
 
@@ -237,11 +274,22 @@ def oci_archive(layers: list[bytes], dest: Path, config: dict[str, Any] | None =
     """What ``docker save`` writes since Docker 25: an OCI layout, and a ``manifest.json``."""
     blobs, index = oci_blobs(layers, config)
     manifest = json.loads(blobs["blobs/sha256/" + index["manifests"][0]["digest"].removeprefix("sha256:")])
-    legacy = [{"Config": "blobs/sha256/" + manifest["config"]["digest"].removeprefix("sha256:"),
-               "RepoTags": ["test:latest"],
-               "Layers": ["blobs/sha256/" + d["digest"].removeprefix("sha256:") for d in manifest["layers"]]}]
-    return _archive({"oci-layout": b'{"imageLayoutVersion": "1.0.0"}', "index.json": json.dumps(index).encode(),
-                     "manifest.json": json.dumps(legacy).encode(), **blobs}, dest)
+    legacy = [
+        {
+            "Config": "blobs/sha256/" + manifest["config"]["digest"].removeprefix("sha256:"),
+            "RepoTags": ["test:latest"],
+            "Layers": ["blobs/sha256/" + d["digest"].removeprefix("sha256:") for d in manifest["layers"]],
+        }
+    ]
+    return _archive(
+        {
+            "oci-layout": b'{"imageLayoutVersion": "1.0.0"}',
+            "index.json": json.dumps(index).encode(),
+            "manifest.json": json.dumps(legacy).encode(),
+            **blobs,
+        },
+        dest,
+    )
 
 
 def docker_archive(layers: list[bytes], dest: Path, config: dict[str, Any] | None = None) -> Path:
@@ -250,6 +298,7 @@ def docker_archive(layers: list[bytes], dest: Path, config: dict[str, Any] | Non
     files = {f"{sha(layer)[7:19]}/layer.tar": layer for layer in layers}
     config_name = sha(config_data)[7:] + ".json"
     files[config_name] = config_data
-    files["manifest.json"] = json.dumps([{"Config": config_name, "RepoTags": ["test:latest"],
-                                          "Layers": list(files)[:len(layers)]}]).encode()
+    files["manifest.json"] = json.dumps(
+        [{"Config": config_name, "RepoTags": ["test:latest"], "Layers": list(files)[: len(layers)]}]
+    ).encode()
     return _archive(files, dest)

@@ -49,8 +49,11 @@ def test_an_archive_of_inodes_counts_their_metadata_toward_the_byte_bound(tmp_pa
 def test_an_archive_of_more_inodes_than_the_bound_is_refused(tmp_path: Path) -> None:
     image = rootfs(tmp_path, "files", *[member(f"f{i}", b"") for i in range(300)])
     cache = ImageCache(str(tmp_path / "cache"), max_inodes=200)
-    with pytest.raises(SandboxError, match=r"^image '.*files.tar' unpacks to more than 200 files and directories, "
-                                           r"the image cache's bound; raise it \(ROLLOUT_RAY_IMAGE_CACHE_INODES\)"):
+    with pytest.raises(
+        SandboxError,
+        match=r"^image '.*files.tar' unpacks to more than 200 files and directories, "
+        r"the image cache's bound; raise it \(ROLLOUT_RAY_IMAGE_CACHE_INODES\)",
+    ):
         cache.lease(image)
     roomy = ImageCache(str(tmp_path / "cache"), max_inodes=400)
     lease = roomy.lease(image)
@@ -63,8 +66,10 @@ def test_an_archive_of_more_inodes_than_the_bound_is_refused(tmp_path: Path) -> 
 def _docker_archive_with_config(config: bytes, dest: Path) -> Path:
     name = hashlib.sha256(config).hexdigest() + ".json"
     with tarfile.open(dest, "w") as tar:
-        for member_name, data in ((name, config),
-                                  ("manifest.json", json.dumps([{"Config": name, "Layers": []}]).encode())):
+        for member_name, data in (
+            (name, config),
+            ("manifest.json", json.dumps([{"Config": name, "Layers": []}]).encode()),
+        ):
             info = tarfile.TarInfo(member_name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -80,8 +85,11 @@ def test_a_docker_archive_cannot_file_its_tree_under_another_images_key(tmp_path
     config = next(data for data in blobs.values() if data.startswith(b'{"architecture"'))
     assert locate(str(a)).key == sha(config)  # an image is named by its config, whatever its format
     cache = ImageCache(str(tmp_path / "cache"))
-    with pytest.raises(SandboxError, match=r"^image '.*forged.tar': its config .* is no image config \(no "
-                                           r"rootfs.diff_ids\); refusing it$"):
+    with pytest.raises(
+        SandboxError,
+        match=r"^image '.*forged.tar': its config .* is no image config \(no "
+        r"rootfs.diff_ids\); refusing it$",
+    ):
         cache.lease(str(forged))
     lease = cache.lease(str(a))
     assert (Path(lease.rootfs) / "marker").read_bytes() == b"image A"
@@ -97,8 +105,11 @@ def test_a_planted_trash_link_is_not_followed_by_eviction(tmp_path: Path) -> Non
     trash = tmp_path / "cache" / "v1" / "trash"
     trash.rmdir()
     trash.symlink_to(victim)
-    with pytest.raises(SandboxError, match=r"^image cache directory '.*/v1/trash' is a symbolic link or not a "
-                                           r"directory of this user's; remove it"):
+    with pytest.raises(
+        SandboxError,
+        match=r"^image cache directory '.*/v1/trash' is a symbolic link or not a "
+        r"directory of this user's; remove it",
+    ):
         cache.evict()
     assert (victim / "precious").read_text() == "precious"
 
@@ -141,12 +152,15 @@ def test_setup_snapshots_count_toward_the_cache_bound(tmp_path: Path) -> None:
     cache.snapshots.freeze(build, str(upper), {"setup": "s", "image": "i"}, None)
     assert cache.statistics().snapshot_bytes >= len(big)
     cache.lease(two).release()
-    assert [e.removeprefix("sha256:") for e in [locate(two).key]] == \
-        os.listdir(tmp_path / "cache" / "v1" / "images")  # one was evicted: the snapshot takes its room
+    assert [e.removeprefix("sha256:") for e in [locate(two).key]] == os.listdir(
+        tmp_path / "cache" / "v1" / "images"
+    )  # one was evicted: the snapshot takes its room
     cache.snapshots.let_go()
 
 
-def test_an_engine_export_that_does_not_prove_its_id_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_engine_export_that_does_not_prove_its_id_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An engine (or whatever answers as one on PATH) naming image A's ID but exporting
     another image files nothing under A's key."""
     from test_image_cache import FAKE_ENGINE
@@ -155,13 +169,17 @@ def test_an_engine_export_that_does_not_prove_its_id_is_refused(tmp_path: Path, 
     other = docker_archive([tar_bytes(None, [member("marker", b"other")])], tmp_path / "other.tar")
     engines = tmp_path / "bin"
     engines.mkdir()
-    (engines / "docker").write_text(FAKE_ENGINE.format(archive=other, image_id=locate(trusted).key,
-                                                       log=tmp_path / "log"))
+    (engines / "docker").write_text(
+        FAKE_ENGINE.format(archive=other, image_id=locate(trusted).key, log=tmp_path / "log")
+    )
     (engines / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{engines}:/usr/bin:/bin")
     cache = ImageCache(str(tmp_path / "cache"))
-    with pytest.raises(SandboxError, match=r"^image 'app:1' is named sha256:\w+ but its content proves None; "
-                                           r"refusing it"):
+    with pytest.raises(
+        SandboxError,
+        match=r"^image 'app:1' is named sha256:\w+ but its content proves None; "
+        r"refusing it",
+    ):
         cache.lease("app:1")
     lease = cache.lease(trusted)
     assert (Path(lease.rootfs) / "marker").read_bytes() == b"trusted"

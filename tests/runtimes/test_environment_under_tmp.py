@@ -16,8 +16,10 @@ from rollout_ray import SandboxRuntime
 from rollout_ray._runtimes import layout
 from rollout_ray._runtimes.sandbox import sandbox_unavailable
 
-pytestmark = [pytest.mark.security,
-              pytest.mark.skipif(sandbox_unavailable() is not None, reason=f"no sandbox: {sandbox_unavailable()}")]
+pytestmark = [
+    pytest.mark.security,
+    pytest.mark.skipif(sandbox_unavailable() is not None, reason=f"no sandbox: {sandbox_unavailable()}"),
+]
 
 UP = "../" * 40  # more than enough to climb from bwrap's new root to its old one
 
@@ -39,14 +41,17 @@ def venv_under_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
 
 def test_links_planted_on_the_way_to_the_environment_steer_nothing_onto_the_host(
-        venv_under_tmp: Path, tmp_path: Path) -> None:
+    venv_under_tmp: Path, tmp_path: Path
+) -> None:
     victim = tmp_path / "victim"
     victim.mkdir()
     (tmp_path / "rt").mkdir()
     venv = str(venv_under_tmp)
-    plant = (f"rm -rf {venv}/bin {venv}/lib 2>/dev/null; mkdir -p {venv}; "
-             f"ln -s {UP}oldroot{victim} {venv}/bin; ln -s {UP}oldroot{victim} {venv}/lib; "
-             f"ln -s {UP}oldroot{victim} {venv}/pyvenv.cfg; echo planted")
+    plant = (
+        f"rm -rf {venv}/bin {venv}/lib 2>/dev/null; mkdir -p {venv}; "
+        f"ln -s {UP}oldroot{victim} {venv}/bin; ln -s {UP}oldroot{victim} {venv}/lib; "
+        f"ln -s {UP}oldroot{victim} {venv}/pyvenv.cfg; echo planted"
+    )
 
     async def main() -> list[str]:
         rt = SandboxRuntime(root=str(tmp_path / "rt"))
@@ -79,8 +84,14 @@ def test_a_link_planted_over_the_work_directorys_parent_steers_nothing_onto_the_
         try:
             assert rt.workdir is not None and rt.workdir.startswith("/tmp/")
             top = "/tmp/" + rt.workdir.split("/")[2]
-            r = await rt.exec(["sh", "-c", f"mv {top} /tmp/moved 2>/dev/null || echo kept; "
-                                           f"ln -s {UP}oldroot{victim} {top} 2>/dev/null || echo refused"])
+            r = await rt.exec(
+                [
+                    "sh",
+                    "-c",
+                    f"mv {top} /tmp/moved 2>/dev/null || echo kept; "
+                    f"ln -s {UP}oldroot{victim} {top} 2>/dev/null || echo refused",
+                ]
+            )
             assert r.exit_code == 0, r.stderr
             return (await rt.exec(["sh", "-c", "pwd; echo ok > here; cat here"])).stdout
         finally:

@@ -25,8 +25,12 @@ CLI = [sys.executable, "-m", "rollout_ray"]
 def example_images() -> Path:
     """The example's images, built once per machine (as a user would, with its script)."""
     out = ROOT / f"example-images-v{FORMAT}"
-    done = subprocess.run([sys.executable, str(REPO / "examples" / "build_images.py"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=280)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "build_images.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot build the example's images: {done.stderr.strip()[-300:]}")
     return out
@@ -43,8 +47,14 @@ def test_the_images_example_runs_with_rollout_ray_eval_on_ray(ray_cluster: Any, 
     env["ROLLOUT_RAY_EXAMPLE_IMAGES"] = str(images)
     out = tmp_path / "run"
     address = ray_cluster.get_runtime_context().gcs_address
-    done = subprocess.run([*CLI, "eval", "examples/images.py", "--address", address, "--sim-ttft", "0",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    done = subprocess.run(
+        [*CLI, "eval", "examples/images.py", "--address", address, "--sim-ttft", "0", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rollouts 16  ok 16  failed 0  groups 4" in done.stdout, done.stdout
 

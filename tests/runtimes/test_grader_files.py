@@ -23,16 +23,20 @@ from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel
 
 pytestmark = pytest.mark.security
 
-FILES = {"tests/test_fix.py": "def test_fix():\n    assert open('/work/answer').read() == '42\\n'\n",
-         "expected": "42\n"}
+FILES = {
+    "tests/test_fix.py": "def test_fix():\n    assert open('/work/answer').read() == '42\\n'\n",
+    "expected": "42\n",
+}
 
-PROBE = ("ls -A /.grader; cat /.grader/expected 2>/dev/null && echo READ; "
-         "{ echo forged > /.grader/expected; } 2>/dev/null && echo WROTE; "
-         "ln -s /work/fake /.grader/tests 2>/dev/null && echo LINKED; "
-         "mkdir /.grader/tests 2>/dev/null && echo MADE; "
-         "rm -rf /.grader 2>/dev/null; mv /.grader /moved 2>/dev/null && echo MOVED; "
-         "rmdir /.grader 2>/dev/null && ln -s /work /.grader && echo REPLACED; "
-         "echo probed")
+PROBE = (
+    "ls -A /.grader; cat /.grader/expected 2>/dev/null && echo READ; "
+    "{ echo forged > /.grader/expected; } 2>/dev/null && echo WROTE; "
+    "ln -s /work/fake /.grader/tests 2>/dev/null && echo LINKED; "
+    "mkdir /.grader/tests 2>/dev/null && echo MADE; "
+    "rm -rf /.grader 2>/dev/null; mv /.grader /moved 2>/dev/null && echo MOVED; "
+    "rmdir /.grader 2>/dev/null && ln -s /work /.grader && echo REPLACED; "
+    "echo probed"
+)
 
 
 @asynccontextmanager
@@ -46,7 +50,8 @@ async def running(rt: LocalRuntime) -> AsyncIterator[LocalRuntime]:
 
 @pytest.mark.parametrize("box", BOXES)
 def test_the_agent_finds_nothing_at_the_graders_path_and_can_put_nothing_there(
-        box: Callable[..., SandboxRuntime], tmp_path: Path) -> None:
+    box: Callable[..., SandboxRuntime], tmp_path: Path
+) -> None:
     async def main() -> None:
         async with running(box(root=str(tmp_path))) as rt:
             r = await rt.exec(["sh", "-c", PROBE])
@@ -54,8 +59,13 @@ def test_the_agent_finds_nothing_at_the_graders_path_and_can_put_nothing_there(
             assert await rt.add_grader_files(FILES) == "/.grader"
             r = await rt.exec(["sh", "-c", "cat /.grader/expected; cat /.grader/tests/test_fix.py; ls -A /.grader"])
             assert r.stdout == FILES["expected"] + FILES["tests/test_fix.py"] + "expected\ntests\n"
-            r = await rt.exec(["sh", "-c", "echo forged > /.grader/expected || rm -rf /.grader/tests; "
-                                     "cat /.grader/expected; ls /.grader"])
+            r = await rt.exec(
+                [
+                    "sh",
+                    "-c",
+                    "echo forged > /.grader/expected || rm -rf /.grader/tests; cat /.grader/expected; ls /.grader",
+                ]
+            )
             assert r.stdout == "42\nexpected\ntests\n"  # read-only for the grader's execs too
 
     asyncio.run(main())
@@ -63,11 +73,11 @@ def test_the_agent_finds_nothing_at_the_graders_path_and_can_put_nothing_there(
 
 @pytest.mark.parametrize("box", BOXES)
 def test_an_agent_process_still_running_is_killed_before_the_files_arrive(
-        box: Callable[..., SandboxRuntime], tmp_path: Path) -> None:
+    box: Callable[..., SandboxRuntime], tmp_path: Path
+) -> None:
     """A program of the agent that waits for the files (to copy them out, or to replace them)
     is gone before they are written: its exec ends killed, and it copied nothing."""
-    watcher = ("while true; do cat /.grader/expected >> /tmp/stolen 2>/dev/null; "
-               "echo > /tmp/started; sleep 0.01; done")
+    watcher = "while true; do cat /.grader/expected >> /tmp/stolen 2>/dev/null; echo > /tmp/started; sleep 0.01; done"
 
     async def main() -> None:
         async with running(box(root=str(tmp_path))) as rt:
@@ -96,6 +106,7 @@ def test_a_grader_imports_nothing_the_agent_left(box: Callable[..., SandboxRunti
     there) is not what ``python3 -m pytest`` runs once the grader's turn came: the grader's
     execs start in ``/.grader`` with ``HOME`` there, no user site and no current directory on
     the module path."""
+
     async def main() -> None:
         async with running(box(root=str(tmp_path))) as rt:
             workdir = rt.workdir or "/nowhere"
@@ -172,8 +183,9 @@ class Graded(Task):
 
 def agent(answer: str) -> ScriptedHarness:
     async def act(ctx: HarnessContext) -> None:
-        result = await ctx.runtime.exec(["sh", "-c", f"mkdir -p /work; ({PROBE}) > /work/agent_saw 2>&1; "
-                                                     f"echo {answer} > /work/answer"])
+        result = await ctx.runtime.exec(
+            ["sh", "-c", f"mkdir -p /work; ({PROBE}) > /work/agent_saw 2>&1; echo {answer} > /work/answer"]
+        )
         assert result.exit_code == 0, result.stderr
 
     return ScriptedHarness(before_segment=act)

@@ -51,29 +51,61 @@ pytestmark = pytest.mark.security
 
 SCENARIOS = {
     "test_sandbox_hides_host_files_secrets_and_sockets": (
-        "read /etc/shadow, /root, host /tmp files, unix sockets", "none of them exists inside", "0 read"),
+        "read /etc/shadow, /root, host /tmp files, unix sockets",
+        "none of them exists inside",
+        "0 read",
+    ),
     "test_programs_run_as_an_unprivileged_user_with_python_on_path": (
-        "id -u in the sandbox", "uid 1000, no capabilities", "0 root programs"),
+        "id -u in the sandbox",
+        "uid 1000, no capabilities",
+        "0 root programs",
+    ),
     "test_environment_is_an_allow_list": (
-        "RAY_AUTH_TOKEN, AWS_SECRET_ACCESS_KEY, HF_TOKEN, GITHUB_TOKEN on the host", "allow-list only",
-        "0 secrets passed"),
+        "RAY_AUTH_TOKEN, AWS_SECRET_ACCESS_KEY, HF_TOKEN, GITHUB_TOKEN on the host",
+        "allow-list only",
+        "0 secrets passed",
+    ),
     "test_read_and_write_never_follow_planted_links": (
-        "answer.txt -> host file; link to a 0000 file", "refused: no link followed", "0 host files touched"),
+        "answer.txt -> host file; link to a 0000 file",
+        "refused: no link followed",
+        "0 host files touched",
+    ),
     "test_a_planted_fifo_fails_fast": ("a FIFO where a file is read", "refused at once", "0 hangs"),
     "test_disk_limit_fails_the_exec_and_spares_the_host": (
-        "write past disk_limit", "SandboxError, disk limit reached", "0 bytes on the host"),
+        "write past disk_limit",
+        "SandboxError, disk limit reached",
+        "0 bytes on the host",
+    ),
     "test_filling_the_disk_fails_the_rollout_with_sandbox_error": (
-        "a program fills its disk", "the rollout fails with SandboxError", "0 host disk"),
+        "a program fills its disk",
+        "the rollout fails with SandboxError",
+        "0 host disk",
+    ),
     "test_a_killed_host_leaves_no_process_cgroup_mount_or_file": (
-        "SIGKILL of a runtime host", "guardian cleaned up", "0 processes, cgroups, mounts, files"),
+        "SIGKILL of a runtime host",
+        "guardian cleaned up",
+        "0 processes, cgroups, mounts, files",
+    ),
     "test_local_stop_kills_a_process_that_left_its_session_and_cleared_its_environment": (
-        "setsid + env -i escapee", "killed by stop() (cgroup)", "0 survivors"),
+        "setsid + env -i escapee",
+        "killed by stop() (cgroup)",
+        "0 survivors",
+    ),
     "test_the_default_runtime_keeps_rollouts_out_of_each_others_processes": (
-        "scan /proc/*/environ for another rollout's secret", "default runtime: sandbox", "0 secrets read"),
+        "scan /proc/*/environ for another rollout's secret",
+        "default runtime: sandbox",
+        "0 secrets read",
+    ),
     "test_image_sandboxes_keep_rollouts_out_of_each_others_processes": (
-        "scan /proc/*/environ for another rollout's secret", "image sandboxes", "0 secrets read"),
+        "scan /proc/*/environ for another rollout's secret",
+        "image sandboxes",
+        "0 secrets read",
+    ),
     "test_local_spawn_then_stop_never_leaves_a_process": (
-        "300 spawn-then-stop cycles", "every program killed", "0 survivors"),
+        "300 spawn-then-stop cycles",
+        "every program killed",
+        "0 survivors",
+    ),
 }
 
 
@@ -92,9 +124,11 @@ def _scenario_row(request: pytest.FixtureRequest, report: Any) -> Iterator[None]
 
 REASON = sandbox_unavailable()
 needs_sandbox = pytest.mark.skipif(REASON is not None, reason=f"no sandbox on this machine: {REASON}")
-KINDS = [pytest.param(LocalRuntime, id="local"),
-         pytest.param(SandboxRuntime, id="sandbox", marks=needs_sandbox),
-         pytest.param(image_sandbox, id="image", marks=needs_image)]
+KINDS = [
+    pytest.param(LocalRuntime, id="local"),
+    pytest.param(SandboxRuntime, id="sandbox", marks=needs_sandbox),
+    pytest.param(image_sandbox, id="image", marks=needs_image),
+]
 CHECKOUT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
@@ -192,16 +226,25 @@ def host_secrets() -> Iterator[tuple[list[str], list[str]]]:
 @needs_sandbox
 def test_sandbox_hides_host_files_secrets_and_sockets(box: Callable[..., SandboxRuntime], tmp_path: Path) -> None:
     assert os.path.exists("/etc/shadow")  # the host has them: their absence is the sandbox's
-    system = ["/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/machine-id", "/etc/ssl/private",
-              "/root/.ray", "/root/.ssh", "/root/.bashrc", "/home", str(CHECKOUT / "README.md"),
-              str(tmp_path / "host-file")]
+    system = [
+        "/etc/shadow",
+        "/etc/gshadow",
+        "/etc/sudoers",
+        "/etc/machine-id",
+        "/etc/ssl/private",
+        "/root/.ray",
+        "/root/.ssh",
+        "/root/.bashrc",
+        "/home",
+        str(CHECKOUT / "README.md"),
+        str(tmp_path / "host-file"),
+    ]
     if VENV:  # its scripts and pip's configuration are not what a program needs to import
         system += [os.path.join(VENV, "bin", "activate"), os.path.join(VENV, "bin", "pip")]
 
     async def main(files: list[str], sockets: list[str]) -> dict[str, Any]:
         async with running(box(root=str(tmp_path / "rt"))) as rt:
-            r = await rt.exec(["python3", "-c", PROBE, json.dumps(files + system), json.dumps(sockets)],
-                              timeout=30)
+            r = await rt.exec(["python3", "-c", PROBE, json.dumps(files + system), json.dumps(sockets)], timeout=30)
             assert r.exit_code == 0, r.stderr
             return json.loads(r.stdout)
 
@@ -221,12 +264,15 @@ def test_sandbox_hides_host_files_secrets_and_sockets(box: Callable[..., Sandbox
 
 @pytest.mark.parametrize("box", BOXES)
 @needs_sandbox
-def test_programs_run_as_an_unprivileged_user_with_python_on_path(box: Callable[..., SandboxRuntime],
-                                                                  tmp_path: Path) -> None:
+def test_programs_run_as_an_unprivileged_user_with_python_on_path(
+    box: Callable[..., SandboxRuntime], tmp_path: Path
+) -> None:
     async def main() -> None:
         async with running(box(root=str(tmp_path))) as rt:
-            r = await rt.exec(["sh", "-c", "id -u; id -un; echo $HOME; python3 -c 'print(7)'; "
-                                           "grep CapEff /proc/self/status"], timeout=30)
+            r = await rt.exec(
+                ["sh", "-c", "id -u; id -un; echo $HOME; python3 -c 'print(7)'; grep CapEff /proc/self/status"],
+                timeout=30,
+            )
             assert r.exit_code == 0, r.stderr
             uid, user, home, seven, _, caps = r.stdout.split()
             assert (int(uid) != 0, user, home, seven, int(caps, 16)) == (True, "sandbox", rt.workdir, "7", 0)
@@ -242,13 +288,19 @@ def test_programs_run_as_an_unprivileged_user_with_python_on_path(box: Callable[
 # -- §2 the environment: an allow-list, in both kinds -----------------------------------------
 
 
-SECRETS = {"RAY_AUTH_TOKEN": "ray-token", "AWS_SECRET_ACCESS_KEY": "aws", "HF_TOKEN": "hf",
-           "GITHUB_TOKEN": "gh", "OPENAI_API_KEY": "host-openai-key"}
+SECRETS = {
+    "RAY_AUTH_TOKEN": "ray-token",
+    "AWS_SECRET_ACCESS_KEY": "aws",
+    "HF_TOKEN": "hf",
+    "GITHUB_TOKEN": "gh",
+    "OPENAI_API_KEY": "host-openai-key",
+}
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_environment_is_an_allow_list(kind: type[LocalRuntime], tmp_path: Path,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_is_an_allow_list(
+    kind: type[LocalRuntime], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("LANG", "C.UTF-8")
@@ -265,11 +317,31 @@ def test_environment_is_an_allow_list(kind: type[LocalRuntime], tmp_path: Path,
     assert [k for k in SECRETS if k in env and env[k] == SECRETS[k]] == []
     assert env["OPENAI_API_KEY"] == "declared"  # what the exec declares is passed
     assert (env["LANG"], env["RR_NAMED_BY_THE_TASK"], env["FROM_RUNTIME"], env["FROM_EXEC"]) == (
-        "C.UTF-8", "passed", "1", "2")
+        "C.UTF-8",
+        "passed",
+        "1",
+        "2",
+    )
     assert "/usr/bin" in env["PATH"].split(":")
-    assert set(env) <= {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "TMPDIR", "PWD", "SHLVL",
-                        "_", "RR_NAMED_BY_THE_TASK", "FROM_RUNTIME", "FROM_EXEC", "OPENAI_API_KEY",
-                        "ROLLOUT_RAY_RUNTIME", "ROLLOUT_RAY_EXEC"}
+    assert set(env) <= {
+        "PATH",
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TERM",
+        "TZ",
+        "TMPDIR",
+        "PWD",
+        "SHLVL",
+        "_",
+        "RR_NAMED_BY_THE_TASK",
+        "FROM_RUNTIME",
+        "FROM_EXEC",
+        "OPENAI_API_KEY",
+        "ROLLOUT_RAY_RUNTIME",
+        "ROLLOUT_RAY_EXEC",
+    }
 
 
 # -- §2 read / write never follow what a program planted ------------------------------------
@@ -285,17 +357,25 @@ def test_read_and_write_never_follow_planted_links(kind: type[LocalRuntime], tmp
     secret = host / "secret"
     secret.write_text("s3cret")
     secret.chmod(0o000)
-    plant = (f"ln -s {precious} answer.txt; ln -s {host / 'dir'} sub; ln -s {secret} secret; "
-             f"mkdir d; ln -s {host / 'dir'} d/inner; ln -s {precious} /tmp/answer.txt; "
-             f"ln -s sub/../answer.txt relative")
+    plant = (
+        f"ln -s {precious} answer.txt; ln -s {host / 'dir'} sub; ln -s {secret} secret; "
+        f"mkdir d; ln -s {host / 'dir'} d/inner; ln -s {precious} /tmp/answer.txt; "
+        f"ln -s sub/../answer.txt relative"
+    )
 
     async def main() -> None:
         (tmp_path / "rt").mkdir()
         async with running(kind(root=str(tmp_path / "rt"))) as rt:
             r = await rt.exec(["sh", "-c", plant])
             assert r.exit_code == 0, r.stderr
-            targets = ["answer.txt", "sub/new.txt", "d/inner/new.txt", "d/../answer.txt", "relative",
-                       os.path.join(rt.workdir, "answer.txt")]
+            targets = [
+                "answer.txt",
+                "sub/new.txt",
+                "d/inner/new.txt",
+                "d/../answer.txt",
+                "relative",
+                os.path.join(rt.workdir, "answer.txt"),
+            ]
             if kind is not LocalRuntime:
                 targets.append("/tmp/answer.txt")  # the sandbox's own /tmp: the same rules
             for target in targets:
@@ -379,13 +459,16 @@ def test_disk_limit_fails_the_exec_and_spares_the_host(box: Callable[..., Sandbo
 
 @pytest.mark.parametrize("box", BOXES)
 @needs_sandbox
-def test_filling_the_disk_fails_the_rollout_with_sandbox_error(box: Callable[..., SandboxRuntime],
-                                                               tmp_path: Path) -> None:
+def test_filling_the_disk_fails_the_rollout_with_sandbox_error(
+    box: Callable[..., SandboxRuntime], tmp_path: Path
+) -> None:
     async def main() -> Any:
         async with HTTPInterception() as proxy:
             return await Rollout(
-                Echo({"prompt": "hi"}), ProgramHarness(["sh", "-c", "head -c 67108864 /dev/zero > big"]),
-                model=ScriptedModel(default="x"), interception=proxy,
+                Echo({"prompt": "hi"}),
+                ProgramHarness(["sh", "-c", "head -c 67108864 /dev/zero > big"]),
+                model=ScriptedModel(default="x"),
+                interception=proxy,
                 runtime_factory=lambda name: box(name, root=str(tmp_path), disk_limit=16 * MiB),
             ).run()
 
@@ -435,16 +518,21 @@ HOST_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("kind", ["local", pytest.param("sandbox", marks=needs_sandbox),
-                                  pytest.param("image", marks=needs_image)])
+@pytest.mark.parametrize(
+    "kind", ["local", pytest.param("sandbox", marks=needs_sandbox), pytest.param("image", marks=needs_image)]
+)
 def test_a_killed_host_leaves_no_process_cgroup_mount_or_file(kind: str, tmp_path: Path) -> None:
     """And for an image sandbox, no lease on its image: the cache can evict it at once."""
     from rollout_ray._runtimes.image_cache import ImageCache
 
     image = str(rootfs_tarball(busybox_rootfs(), tmp_path / "busybox.tar.gz"))
     cache = ImageCache(str(tmp_path / "cache"))
-    host = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT, kind, image], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "ROLLOUT_RAY_IMAGE_CACHE": cache.root})
+    host = subprocess.Popen(
+        [sys.executable, "-c", HOST_SCRIPT, kind, image],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "ROLLOUT_RAY_IMAGE_CACHE": cache.root},
+    )
     facts: dict[str, Any] = {}
     try:
         facts = json.loads(host.stdout.readline())  # type: ignore[union-attr]
@@ -471,8 +559,10 @@ def test_a_killed_host_leaves_no_process_cgroup_mount_or_file(kind: str, tmp_pat
 
 # -- §3 rollouts on one machine -----------------------------------------------------------------
 
-SCAN = ("for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null; done "
-        "| grep -c '^OPENAI_API_KEY=victim-secret' || true")
+SCAN = (
+    "for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null; done "
+    "| grep -c '^OPENAI_API_KEY=victim-secret' || true"
+)
 
 
 def _hold(fifo: str) -> list[str]:
@@ -497,8 +587,9 @@ def _secrets_seen(kind: str, root: Path, image: str | None = None) -> int:
             os.mkfifo(fifo)
             os.chmod(fifo, 0o666)
             inside = os.path.join(runtime.workdir, "running")  # type: ignore[attr-defined]
-            held = asyncio.ensure_future(host.exec("victim", _hold(inside), env={"OPENAI_API_KEY": "victim-secret"},
-                                                   timeout=60))
+            held = asyncio.ensure_future(
+                host.exec("victim", _hold(inside), env={"OPENAI_API_KEY": "victim-secret"}, timeout=60)
+            )
             assert (await asyncio.to_thread(Path(fifo).read_text)).strip() == "running"
             found = int((await host.exec("attacker", ["sh", "-c", SCAN])).stdout.strip() or 0)
             held.cancel()
@@ -520,8 +611,9 @@ def test_the_default_runtime_keeps_rollouts_out_of_each_others_processes(tmp_pat
 
 
 @needs_image
-def test_image_sandboxes_keep_rollouts_out_of_each_others_processes(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_image_sandboxes_keep_rollouts_out_of_each_others_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rollout_ray._runtimes.image_cache import default_image_cache
 
     monkeypatch.setenv("ROLLOUT_RAY_IMAGE_CACHE", shared_cache().root)  # a host uses the node's cache
@@ -546,8 +638,10 @@ def test_local_stop_kills_a_process_that_left_its_session_and_cleared_its_enviro
 
     async def main() -> None:
         async with running(LocalRuntime(root=str(tmp_path))) as rt:
-            script = ("setsid env -i /bin/sleep 1000 >/dev/null 2>&1 & echo $!; "
-                      "setsid sh -c 'exec env -i /bin/sleep 1000' >/dev/null 2>&1 & echo $!")
+            script = (
+                "setsid env -i /bin/sleep 1000 >/dev/null 2>&1 & echo $!; "
+                "setsid sh -c 'exec env -i /bin/sleep 1000' >/dev/null 2>&1 & echo $!"
+            )
             r = await rt.exec(["sh", "-c", script])
             pids.extend(int(p) for p in r.stdout.split())
             assert len(pids) == 2 and all(process_alive(p) for p in pids)

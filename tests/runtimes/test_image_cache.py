@@ -40,8 +40,9 @@ def image(tmp_path: Path, name: str) -> str:
 
 
 def leaser(cache: ImageCache, spec: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", LEASER, cache.root, spec], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", LEASER, cache.root, spec], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
 
 
 def holds_open(pid: int, path: str) -> bool:
@@ -165,8 +166,9 @@ exit 2
 """
 
 
-def test_an_image_name_is_looked_up_in_a_container_engines_store(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_image_name_is_looked_up_in_a_container_engines_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     archive = docker_archive([tar_bytes(busybox_rootfs())], tmp_path / "saved.tar", {"Env": ["FROM=engine"]})
     image_id = locate(str(archive)).key  # docker's image ID is its config's digest
     engines = tmp_path / "bin"
@@ -189,13 +191,19 @@ def test_an_image_name_is_looked_up_in_a_container_engines_store(tmp_path: Path,
     lease = cache.lease("app:1")  # found by its ID: not exported again
     lease.release()
     assert (lease.unpacked, log.read_text(), lease.key) == (False, "save\n", image_id)
-    with pytest.raises(SandboxError, match=r"^image 'other:2' is no file or directory, and no container engine could "
-                                           r"look it up by name: (podman: .*; )?docker: Error: No such image: other:2$"):  # podman: where installed
+    with pytest.raises(
+        SandboxError,
+        match=r"^image 'other:2' is no file or directory, and no container engine could "
+        r"look it up by name: (podman: .*; )?docker: Error: No such image: other:2$",
+    ):  # podman: where installed
         cache.lease("other:2")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    with pytest.raises(SandboxError, match=r"^image 'app:1' is no file or directory, and no container engine "
-                                           r"\(podman, docker\) is installed to look it up by name; give the path of "
-                                           r"an exported image \(docker save\)$"):
+    with pytest.raises(
+        SandboxError,
+        match=r"^image 'app:1' is no file or directory, and no container engine "
+        r"\(podman, docker\) is installed to look it up by name; give the path of "
+        r"an exported image \(docker save\)$",
+    ):
         cache.lease("app:1")
 
 
@@ -205,6 +213,9 @@ def test_docker_without_its_daemon_says_so(tmp_path: Path, monkeypatch: pytest.M
     if not docker or subprocess.run([docker, "info"], capture_output=True, timeout=60).returncode == 0:
         pytest.skip("needs a docker client without a running daemon")
     monkeypatch.setenv("PATH", os.path.dirname(docker))
-    with pytest.raises(SandboxError, match=r"^image 'busybox:latest' is no file or directory, and no container engine "
-                                           r"could look it up by name: docker: .*daemon"):
+    with pytest.raises(
+        SandboxError,
+        match=r"^image 'busybox:latest' is no file or directory, and no container engine "
+        r"could look it up by name: docker: .*daemon",
+    ):
         ImageCache(str(tmp_path / "cache")).lease("busybox:latest")

@@ -28,8 +28,10 @@ from rollout_ray.testing import ScriptedModel
 pytestmark = needs_image
 
 AGENT_SOURCE = (Path(__file__).resolve().parents[2] / "examples" / "agent_program.py").read_text()
-IMAGE_PYTHON = ("import os, sys; st = os.stat(os.path.realpath(sys.executable)); "
-                "print(sys.prefix, sys.version.split()[0], st.st_dev, st.st_ino)")
+IMAGE_PYTHON = (
+    "import os, sys; st = os.stat(os.path.realpath(sys.executable)); "
+    "print(sys.prefix, sys.version.split()[0], st.st_dev, st.st_ino)"
+)
 """What a sandbox's ``python3`` is: its prefix, version, and the file it runs (device, inode)."""
 
 
@@ -72,8 +74,10 @@ def test_writes_land_in_the_runtimes_own_layer(tmp_path: Path) -> None:
         async with running(image_sandbox(root=str(tmp_path))) as one, running(image_sandbox(root=str(tmp_path))) as two:
             r = await one.exec(["sh", "-c", "echo mine > /usr/bin/python3; echo new > /etc/added; rm /bin/ls"])
             assert r.exit_code == 0, r.stderr
-            both = await asyncio.gather(one.exec(["sh", "-c", "echo a > /a; cat /etc/added"]),
-                                        one.exec(["sh", "-c", "echo b > /b; cat /usr/bin/python3"]))
+            both = await asyncio.gather(
+                one.exec(["sh", "-c", "echo a > /a; cat /etc/added"]),
+                one.exec(["sh", "-c", "echo b > /b; cat /usr/bin/python3"]),
+            )
             assert [r.stdout for r in both] == ["new\n", "mine\n"]
             r = await one.exec(["sh", "-c", "cat /a /b; test -e /bin/ls || echo ls gone"])
             assert r.stdout == "a\nb\nls gone\n"
@@ -88,10 +92,12 @@ def test_writes_land_in_the_runtimes_own_layer(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []
 
 
-PLANT = ("rm -rf /tmp /run /work/.x; ln -s ../oldroot{host} /tmp; ln -s ../oldroot{host} /run; "
-         "ln -s {host} /work/abs; ln -s ../../../../../../..{host} /work/up; "
-         "for p in /proc /dev /.rollout-ray; do rmdir $p 2>/dev/null && echo removed $p; "
-         "mv $p /moved 2>/dev/null && echo moved $p; done; echo planted")
+PLANT = (
+    "rm -rf /tmp /run /work/.x; ln -s ../oldroot{host} /tmp; ln -s ../oldroot{host} /run; "
+    "ln -s {host} /work/abs; ln -s ../../../../../../..{host} /work/up; "
+    "for p in /proc /dev /.rollout-ray; do rmdir $p 2>/dev/null && echo removed $p; "
+    "mv $p /moved 2>/dev/null && echo moved $p; done; echo planted"
+)
 
 
 def test_links_planted_in_the_root_steer_nothing_onto_the_host(tmp_path: Path) -> None:
@@ -138,9 +144,15 @@ def test_an_agent_program_runs_on_the_images_python(tmp_path: Path) -> None:
 
     async def main() -> tuple[Trace, str]:
         async with HTTPInterception() as proxy:
-            trace = await Rollout(task, agent(), model=ScriptedModel(["3"]), interception=proxy,
-                                  runtime_factory=lambda name, image=None: SandboxRuntime(
-                                      name, root=str(tmp_path), image=image, image_cache=shared_cache())).run()
+            trace = await Rollout(
+                task,
+                agent(),
+                model=ScriptedModel(["3"]),
+                interception=proxy,
+                runtime_factory=lambda name, image=None: SandboxRuntime(
+                    name, root=str(tmp_path), image=image, image_cache=shared_cache()
+                ),
+            ).run()
         async with running(image_sandbox(root=str(tmp_path))) as rt:
             version = (await rt.exec(["python3", "-c", IMAGE_PYTHON])).stdout
         return trace, version
@@ -178,8 +190,11 @@ def node_cache(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 @pytest.mark.parametrize("kind", ["sandbox", "local"])
 def test_a_tasks_image_reaches_the_sandbox_through_the_local_executor(kind: str, node_cache: Any) -> None:
-    harness = ProgramHarness(["sh", "-c", f"python3 -c '{IMAGE_PYTHON}' > /tmp/v; python3 agent.py"],
-                             files={"agent.py": VERSION_AGENT}, timeout=60)
+    harness = ProgramHarness(
+        ["sh", "-c", f"python3 -c '{IMAGE_PYTHON}' > /tmp/v; python3 agent.py"],
+        files={"agent.py": VERSION_AGENT},
+        timeout=60,
+    )
 
     async def main() -> Trace:
         async with LocalExecutor(runtime=kind) as executor:
@@ -189,8 +204,10 @@ def test_a_tasks_image_reaches_the_sandbox_through_the_local_executor(kind: str,
     trace = run(main)
     if kind == "local":  # one plain line on the trace, no runtime started
         assert [e.type for e in trace.errors] == ["SandboxError"]
-        assert trace.errors[0].message.endswith(f"image {python_image()!r} needs a SandboxRuntime, and this runtime "
-                                                f"is local (use runtime='sandbox' on a machine that runs sandboxes)")
+        assert trace.errors[0].message.endswith(
+            f"image {python_image()!r} needs a SandboxRuntime, and this runtime "
+            f"is local (use runtime='sandbox' on a machine that runs sandboxes)"
+        )
         return
     assert trace.errors == [] and trace.metrics["on_image_python"] == 1.0
 
@@ -200,20 +217,24 @@ def test_a_tasks_image_reaches_the_sandbox_of_a_ray_rollout_actor(ray_cluster: A
     from rollout_ray._ray.rollout_client import RolloutActor
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    harness = ProgramHarness(["sh", "-c", f"python3 -c '{IMAGE_PYTHON}' > /tmp/v; python3 agent.py"],
-                             files={"agent.py": VERSION_AGENT}, timeout=60)
+    harness = ProgramHarness(
+        ["sh", "-c", f"python3 -c '{IMAGE_PYTHON}' > /tmp/v; python3 agent.py"],
+        files={"agent.py": VERSION_AGENT},
+        timeout=60,
+    )
 
     async def main() -> Trace:
         # The runtime actor (a child of the rollout actor) inherits its environment: the cache.
-        actor = RolloutActor.create(capacity=1, runtime="sandbox", runtime_env={
-            "env_vars": {"ROLLOUT_RAY_IMAGE_CACHE": shared_cache().root}})
+        actor = RolloutActor.create(
+            capacity=1, runtime="sandbox", runtime_env={"env_vars": {"ROLLOUT_RAY_IMAGE_CACHE": shared_cache().root}}
+        )
         try:
-            return await actor.run(RolloutSpec(Checked({"prompt": "v?", "image": python_image()}), harness,
-                                               ScriptedModel(["ok"])))
+            return await actor.run(
+                RolloutSpec(Checked({"prompt": "v?", "image": python_image()}), harness, ScriptedModel(["ok"]))
+            )
         finally:
             await actor.aclose()
 
     trace = asyncio.run(main())
     assert trace.errors == [] and trace.metrics["on_image_python"] == 1.0
     assert trace.agent.runtime is not None and trace.agent.runtime.type == "sandbox"
-

@@ -19,8 +19,10 @@ pytestmark = [needs_image]
 
 
 def test_an_image_sandbox_sees_no_host_package_and_no_host_path(tmp_path: Path) -> None:
-    script = ("find /.rollout-ray/host -name '*-packages' -o -name '*.dist-info' | head -5; echo ---; "
-              "find /.rollout-ray/host -type f | wc -l; echo ---; cat /proc/self/mountinfo")
+    script = (
+        "find /.rollout-ray/host -name '*-packages' -o -name '*.dist-info' | head -5; echo ---; "
+        "find /.rollout-ray/host -type f | wc -l; echo ---; cat /proc/self/mountinfo"
+    )
 
     async def main() -> tuple[str, str]:
         rt = image_sandbox(root=str(tmp_path))
@@ -39,8 +41,16 @@ def test_an_image_sandbox_sees_no_host_package_and_no_host_path(tmp_path: Path) 
     packages, files, mounts = out.split("---\n")
     assert packages == "", packages
     assert int(files) < 400, files  # the relay's modules and libraries, not an installation
-    host = {shared_cache().root, str(tmp_path), os.path.realpath(sys.base_prefix), sys.base_prefix, sys.prefix,
-            os.path.expanduser("~"), "/usr/lib", "/lib/"}
+    host = {
+        shared_cache().root,
+        str(tmp_path),
+        os.path.realpath(sys.base_prefix),
+        sys.base_prefix,
+        sys.prefix,
+        os.path.expanduser("~"),
+        "/usr/lib",
+        "/lib/",
+    }
     leaked = [(path, line) for line in mounts.splitlines() for path in host if path in line]
     assert leaked == [], leaked
 

@@ -42,18 +42,29 @@ DIR = tarfile.DIRTYPE
 def layers() -> list[bytes]:
     """Busybox, then a layer that deletes a file (``.wh.``), empties a directory of the first
     layer's entries (``.wh..wh..opq``) but keeps its own, and adds a tool and the work dir."""
-    base = tar_bytes(busybox_rootfs(), [
-        member("etc/removed.txt", b"gone in layer 2"), member("etc/kept.txt", b"kept"),
-        member("opt/cache", kind=DIR, mode=0o755), member("opt/cache/old-1", b"1"), member("opt/cache/old-2", b"2"),
-    ])
-    top = tar_bytes(None, [
-        member("opt/cache", kind=DIR, mode=0o755), member("opt/cache/new", b"new"),
-        member("opt/cache/.wh..wh..opq"),
-        member("etc/.wh.removed.txt"),
-        member("opt/tools", kind=DIR, mode=0o755),
-        member("opt/tools/hello", b"#!/bin/sh\necho hello from layer 2\n", mode=0o755),
-        member("srv/app", kind=DIR, mode=0o755), member("srv/app/README", b"the image's work dir"),
-    ])
+    base = tar_bytes(
+        busybox_rootfs(),
+        [
+            member("etc/removed.txt", b"gone in layer 2"),
+            member("etc/kept.txt", b"kept"),
+            member("opt/cache", kind=DIR, mode=0o755),
+            member("opt/cache/old-1", b"1"),
+            member("opt/cache/old-2", b"2"),
+        ],
+    )
+    top = tar_bytes(
+        None,
+        [
+            member("opt/cache", kind=DIR, mode=0o755),
+            member("opt/cache/new", b"new"),
+            member("opt/cache/.wh..wh..opq"),
+            member("etc/.wh.removed.txt"),
+            member("opt/tools", kind=DIR, mode=0o755),
+            member("opt/tools/hello", b"#!/bin/sh\necho hello from layer 2\n", mode=0o755),
+            member("srv/app", kind=DIR, mode=0o755),
+            member("srv/app/README", b"the image's work dir"),
+        ],
+    )
     return [base, top]
 
 
@@ -99,8 +110,14 @@ def test_each_format_unpacks_to_its_layers_and_runs(kind: str, tmp_path: Path) -
         rt = SandboxRuntime(root=str(tmp_path), image=image, image_cache=cache)
         await rt.start()
         try:
-            r = await rt.exec(["sh", "-c", "pwd; echo $GREETING; ls /; test -e /usr/bin/python3 || echo no host usr;"
-                                           " hello 2>/dev/null; cat README 2>/dev/null; true"])
+            r = await rt.exec(
+                [
+                    "sh",
+                    "-c",
+                    "pwd; echo $GREETING; ls /; test -e /usr/bin/python3 || echo no host usr;"
+                    " hello 2>/dev/null; cat README 2>/dev/null; true",
+                ]
+            )
             assert r.exit_code == 0, r.stderr
             return r.stdout
         finally:
@@ -146,9 +163,12 @@ def test_a_layer_that_does_not_match_its_digest_refuses_the_image(tmp_path: Path
             info = tarfile.TarInfo(member_name)
             info.size = len(data)
             tar.addfile(info, __import__("io").BytesIO(data))
-    with pytest.raises(SandboxError, match=r"^image '.*tampered.tar': layer 2 of 2: its diff_id is sha256:[0-9a-f]{64} "
-                                           r"but the image says sha256:[0-9a-f]{64}: the archive is damaged or was "
-                                           r"altered; refusing it$"):
+    with pytest.raises(
+        SandboxError,
+        match=r"^image '.*tampered.tar': layer 2 of 2: its diff_id is sha256:[0-9a-f]{64} "
+        r"but the image says sha256:[0-9a-f]{64}: the archive is damaged or was "
+        r"altered; refusing it$",
+    ):
         cache.lease(str(tampered))
 
 
@@ -176,7 +196,8 @@ def test_nothing_in_a_layer_reaches_outside_the_tree(tmp_path: Path) -> None:
         member("precious", kind=tarfile.SYMTYPE, link=str(outside / "precious")),
         member("precious", b"replaces the link, never writes through it"),
         member("suid", b"#!/bin/sh\n", mode=0o6755),
-        member("dev/sda", None, kind=tarfile.BLKTYPE), member("dev/null", None, kind=tarfile.CHRTYPE),
+        member("dev/sda", None, kind=tarfile.BLKTYPE),
+        member("dev/null", None, kind=tarfile.CHRTYPE),
         member("fifo", None, kind=tarfile.FIFOTYPE),
         member("hard", kind=tarfile.LNKTYPE, link="abs/file"),
     )
@@ -196,14 +217,22 @@ def test_nothing_in_a_layer_reaches_outside_the_tree(tmp_path: Path) -> None:
     assert (rootfs / "hard").stat().st_ino == (rootfs / "abs" / "file").stat().st_ino
 
 
-@pytest.mark.parametrize("entry, message", [
-    (member("../escape", b"x"), r"member '\.\./escape' climbs out of the image; refusing the image$"),
-    (member("a/../../escape", b"x"), r"member 'a/\.\./\.\./escape' climbs out of the image; refusing the image$"),
-    (member("stolen", kind=tarfile.LNKTYPE, link="/etc/shadow"),
-     r"hard link 'stolen' -> '/etc/shadow' points at no file of the image; refusing the image$"),
-    (member("stolen", kind=tarfile.LNKTYPE, link="../../../../etc/shadow"),
-     r"hard link 'stolen' -> '\.\./\.\./\.\./\.\./etc/shadow' climbs out of the image; refusing the image$"),
-], ids=["dotdot", "dotdot-inside", "hardlink-absent", "hardlink-climbing"])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        (member("../escape", b"x"), r"member '\.\./escape' climbs out of the image; refusing the image$"),
+        (member("a/../../escape", b"x"), r"member 'a/\.\./\.\./escape' climbs out of the image; refusing the image$"),
+        (
+            member("stolen", kind=tarfile.LNKTYPE, link="/etc/shadow"),
+            r"hard link 'stolen' -> '/etc/shadow' points at no file of the image; refusing the image$",
+        ),
+        (
+            member("stolen", kind=tarfile.LNKTYPE, link="../../../../etc/shadow"),
+            r"hard link 'stolen' -> '\.\./\.\./\.\./\.\./etc/shadow' climbs out of the image; refusing the image$",
+        ),
+    ],
+    ids=["dotdot", "dotdot-inside", "hardlink-absent", "hardlink-climbing"],
+)
 def test_a_name_or_hard_link_out_of_the_tree_refuses_the_image(entry: Any, message: str, tmp_path: Path) -> None:
     cache = ImageCache(str(tmp_path / "cache"))
     with pytest.raises(SandboxError, match=r"^image '.*': " + message):
@@ -215,8 +244,11 @@ def test_a_name_or_hard_link_out_of_the_tree_refuses_the_image(entry: Any, messa
 def test_a_compression_bomb_is_refused_at_the_cache_bound(tmp_path: Path) -> None:
     image = rootfs_tarball_from(tar_bytes(None, [member("zeros", b"\0" * (8 << 20))]), tmp_path / "bomb.tar")
     cache = ImageCache(str(tmp_path / "cache"), max_bytes=4 << 20)
-    with pytest.raises(SandboxError, match=r"^image '.*bomb.tar' unpacks to more than 4194304 bytes, the image cache's "
-                                           r"bound; raise it \(ROLLOUT_RAY_IMAGE_CACHE_BYTES\) to use this image$"):
+    with pytest.raises(
+        SandboxError,
+        match=r"^image '.*bomb.tar' unpacks to more than 4194304 bytes, the image cache's "
+        r"bound; raise it \(ROLLOUT_RAY_IMAGE_CACHE_BYTES\) to use this image$",
+    ):
         cache.lease(str(image))
     assert os.listdir(tmp_path / "cache" / "v1" / "build") == []
 
@@ -230,4 +262,3 @@ def test_a_directory_that_is_no_oci_layout_and_a_missing_file_are_named(tmp_path
     (tmp_path / "text.tar").write_text("not a tar")
     with pytest.raises(SandboxError, match=r"^image '.*text.tar' is neither a directory nor a tar archive"):
         cache.lease(str(tmp_path / "text.tar"))
-

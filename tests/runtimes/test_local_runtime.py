@@ -116,11 +116,7 @@ def test_output_over_cap_is_truncated_and_drained(tmp_path):
     async def main():
         rt = await started(LocalRuntime(root=str(tmp_path)))
         try:
-            script = (
-                "head -c 5000000 /dev/zero | tr '\\0' x\n"
-                "head -c 3000000 /dev/zero >&2\n"
-                "echo finished > done\n"
-            )
+            script = "head -c 5000000 /dev/zero | tr '\\0' x\nhead -c 3000000 /dev/zero >&2\necho finished > done\n"
             r = await rt.exec(["sh", "-c", script], max_output=1000, timeout=10)
             assert not r.timed_out and r.exit_code == 0
             assert await rt.read("done") == b"finished\n"  # ran to the end, never blocked
@@ -219,12 +215,7 @@ def test_cancelled_exec_kills_tree(tmp_path):
     async def main():
         rt = await started(LocalRuntime(root=str(tmp_path)))
         try:
-            script = (
-                "sleep 1000 & a=$!\n"
-                "setsid sleep 1000 & b=$!\n"
-                'echo "$$ $a $b" > pids\n'
-                "wait\n"
-            )
+            script = 'sleep 1000 & a=$!\nsetsid sleep 1000 & b=$!\necho "$$ $a $b" > pids\nwait\n'
             channel = fifo(os.path.join(rt.id, "pids"))
             task = asyncio.create_task(rt.exec(["sh", "-c", script]))
             pids = pids_in(await read_fifo(channel))

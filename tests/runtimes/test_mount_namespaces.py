@@ -45,7 +45,7 @@ def test_each_sandbox_mounts_only_in_its_own_namespace(box: Callable[..., Sandbo
                 base = rt._base or ""
                 assert len(own) >= (4 if image else 1) and all(p == base or p.startswith(base + "/") for p in own)
                 await rt.write("mine", rt.name)  # through the holder's root
-                kit = "; test -n \"$(ls /.rollout-ray/host)\" && echo kit" if image else "; echo kit"
+                kit = '; test -n "$(ls /.rollout-ray/host)" && echo kit' if image else "; echo kit"
                 seen = await rt.exec(["sh", "-c", "cat mine" + kit])
                 assert (seen.exit_code, seen.stdout) == (0, f"{rt.name}kit\n"), seen
             holders = [rt._ns for rt in boxes]
@@ -85,8 +85,7 @@ def test_namespaces_are_forked_by_one_server_and_held_by_no_process(tmp_path: Pa
     mount_ns.MountNamespace([]).close()  # the server started
     assert mount_ns._server is not None
     server = mount_ns._server.proc.pid
-    held = [mount_ns.MountNamespace([["tmpfs", str(d), 1 << 20, PAGE], ["mkdir", f"{d}/in", 0o700]])
-            for d in dirs[:2]]
+    held = [mount_ns.MountNamespace([["tmpfs", str(d), 1 << 20, PAGE], ["mkdir", f"{d}/in", 0o700]]) for d in dirs[:2]]
     try:
         # each maker ended once the namespace was held: no process per namespace is left
         assert live_children(server) == []

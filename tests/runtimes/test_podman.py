@@ -83,8 +83,9 @@ the grep does not count itself)."""
 
 
 def containers(token: str) -> list[str]:
-    done = subprocess.run(["podman", "ps", "-aq", "--filter", f"label={LABEL}={token}"], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        ["podman", "ps", "-aq", "--filter", f"label={LABEL}={token}"], capture_output=True, text=True, timeout=60
+    )
     return done.stdout.split()
 
 
@@ -96,16 +97,20 @@ def test_the_agent_finds_nothing_at_the_graders_path_and_can_put_nothing_there(t
             assert await rt.add_grader_files(FILES) == "/.grader"
             r = await rt.exec(["sh", "-c", "cat /.grader/expected; cat /.grader/tests/test_fix.py; ls -A /.grader"])
             assert r.stdout == FILES["expected"] + FILES["tests/test_fix.py"] + "expected\ntests\n"
-            r = await rt.exec(["sh", "-c", "echo forged > /.grader/expected || rm -rf /.grader/tests; "
-                                     "cat /.grader/expected; ls /.grader"])
+            r = await rt.exec(
+                [
+                    "sh",
+                    "-c",
+                    "echo forged > /.grader/expected || rm -rf /.grader/tests; cat /.grader/expected; ls /.grader",
+                ]
+            )
             assert r.stdout == "42\nexpected\ntests\n"  # read-only for the grader's execs too
 
     run(main())
 
 
 def test_an_agent_process_still_running_is_killed_before_the_files_arrive(tmp_path: Path) -> None:
-    watcher = ("while true; do cat /.grader/expected >> /tmp/stolen 2>/dev/null; "
-               "echo > /tmp/started; sleep 0.01; done")
+    watcher = "while true; do cat /.grader/expected >> /tmp/stolen 2>/dev/null; echo > /tmp/started; sleep 0.01; done"
 
     async def main() -> None:
         async with box(tmp_path) as rt:
@@ -157,11 +162,14 @@ def test_a_timed_out_exec_leaves_no_process_and_files_stay_in_the_container(tmp_
     run(main())
 
 
-def test_a_program_sees_no_host_variable_and_no_other_rollouts_process(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_program_sees_no_host_variable_and_no_other_rollouts_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret")
-    scan = ("for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null; done "
-            "| grep -c 'victim-secret\\|host-secret' || true")
+    scan = (
+        "for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null; done "
+        "| grep -c 'victim-secret\\|host-secret' || true"
+    )
 
     async def main() -> None:
         async with box(tmp_path / "a") as victim, box(tmp_path / "b") as attacker:
@@ -180,8 +188,11 @@ def test_a_program_sees_no_host_variable_and_no_other_rollouts_process(tmp_path:
 
 
 def test_an_image_by_archive_by_name_and_a_missing_one(tmp_path: Path) -> None:
-    archive = docker_archive([tar_bytes(busybox_rootfs())], tmp_path / "busybox-docker.tar",
-                             {"WorkingDir": "/srv", "Env": ["FROM_IMAGE=yes"]})
+    archive = docker_archive(
+        [tar_bytes(busybox_rootfs())],
+        tmp_path / "busybox-docker.tar",
+        {"WorkingDir": "/srv", "Env": ["FROM_IMAGE=yes"]},
+    )
 
     async def main() -> None:
         async with box(tmp_path, image=str(archive)) as rt:
@@ -232,8 +243,9 @@ HOST_SCRIPT = textwrap.dedent(
 def test_a_killed_host_leaves_no_container(tmp_path: Path) -> None:
     root = tmp_path / "host"
     root.mkdir()
-    host = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT, str(root), python_image()], stdout=subprocess.PIPE,
-                            text=True)
+    host = subprocess.Popen(
+        [sys.executable, "-c", HOST_SCRIPT, str(root), python_image()], stdout=subprocess.PIPE, text=True
+    )
     token = ""
     try:
         facts = json.loads(host.stdout.readline())  # type: ignore[union-attr]
@@ -271,6 +283,7 @@ def test_the_host_makes_podman_runtimes_through_the_registry(tmp_path: Path) -> 
 def test_a_rollout_over_podman_scores_with_files_its_agent_never_saw() -> None:
     """The whole lifecycle through the provider: the executor's host makes the rollout's box
     with ``--runtime podman``; the agent probes ``/.grader`` and answers; the task scores."""
+
     async def main() -> Trace:
         async with LocalExecutor(runtime="podman") as executor:
             task = Graded({"prompt": "fix it", "image": python_image()})
@@ -309,8 +322,9 @@ def test_an_execs_variables_are_not_on_the_podman_command_line() -> None:
     of the host; values now go through the podman client's environment."""
     from rollout_ray._runtimes.podman import _exec_command
 
-    command, env = _exec_command("c1", ["sh", "-c", "echo $OPENAI_API_KEY"], {"OPENAI_API_KEY": "sk-secret"},
-                                 "/work", interactive=False)
+    command, env = _exec_command(
+        "c1", ["sh", "-c", "echo $OPENAI_API_KEY"], {"OPENAI_API_KEY": "sk-secret"}, "/work", interactive=False
+    )
     assert not any("sk-secret" in a for a in command)
     assert command[:6] == ["podman", "exec", "--workdir", "/work", "--env", "OPENAI_API_KEY"]
     assert env["OPENAI_API_KEY"] == "sk-secret"
@@ -325,11 +339,13 @@ def test_an_execs_variable_passed_by_name_still_reaches_the_program_whole(tmp_pa
     run(main())
 
 
-FETCH = ("import sys, urllib.request\n"
-         "try:\n"
-         "    print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())\n"
-         "except OSError as e:\n"
-         "    print('unreachable', type(e).__name__)\n")
+FETCH = (
+    "import sys, urllib.request\n"
+    "try:\n"
+    "    print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())\n"
+    "except OSError as e:\n"
+    "    print('unreachable', type(e).__name__)\n"
+)
 
 
 def test_a_host_service_is_unreachable_and_only_the_allowed_route_is_served(tmp_path: Path) -> None:
@@ -379,8 +395,9 @@ def test_an_agent_program_in_the_container_reaches_the_proxy_through_its_route()
 
     async def main() -> Trace:
         async with LocalExecutor(runtime="podman") as executor:
-            harness = ProgramHarness(["python3", "agent_program.py"], files={"agent_program.py": AGENT_SOURCE},
-                                     timeout=60)
+            harness = ProgramHarness(
+                ["python3", "agent_program.py"], files={"agent_program.py": AGENT_SOURCE}, timeout=60
+            )
             task = Three({"prompt": "1+2?", "image": python_image()})
             return await executor.run(RolloutSpec(task, harness, ScriptedModel(["3"])))
 

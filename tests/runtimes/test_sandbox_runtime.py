@@ -57,8 +57,9 @@ def box(request: pytest.FixtureRequest) -> Callable[..., SandboxRuntime]:
 
 
 @asynccontextmanager
-async def sandbox(tmp_path: Path, box: Callable[..., SandboxRuntime] = SandboxRuntime,
-                  **kwargs: Any) -> AsyncIterator[SandboxRuntime]:
+async def sandbox(
+    tmp_path: Path, box: Callable[..., SandboxRuntime] = SandboxRuntime, **kwargs: Any
+) -> AsyncIterator[SandboxRuntime]:
     rt = box(root=str(tmp_path), **kwargs)
     await rt.start()
     try:
@@ -130,8 +131,7 @@ def test_work_dir_is_writable_and_the_system_read_only(tmp_path: Path) -> None:
 def test_programs_have_their_own_pid_namespace(tmp_path: Path, box: Callable[..., SandboxRuntime]) -> None:
     async def main() -> None:
         async with sandbox(tmp_path, box) as rt:
-            script = (f"echo $$; ls /proc | grep -c '^[0-9]'; "
-                      f"kill -0 {os.getpid()} 2>/dev/null || echo hidden")
+            script = f"echo $$; ls /proc | grep -c '^[0-9]'; kill -0 {os.getpid()} 2>/dev/null || echo hidden"
             r = await rt.exec(["sh", "-c", script])
             pid, count, hidden = r.stdout.split()
             assert int(pid) <= 3 and int(count) <= 5 and hidden == "hidden"
@@ -164,8 +164,7 @@ async def http_server(body: bytes) -> AsyncIterator[int]:
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                     % (len(body), body))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
         await writer.drain()
         writer.close()
 
@@ -178,16 +177,23 @@ async def http_server(body: bytes) -> AsyncIterator[int]:
 
 def test_network_is_only_the_framework_routes(tmp_path: Path, box: Callable[..., SandboxRuntime]) -> None:
     async def main() -> None:
-        async with (sandbox(tmp_path, box) as rt, http_server(b"route ok") as route,
-                    http_server(b"other") as other, http_server(b"ray") as ray_like):
+        async with (
+            sandbox(tmp_path, box) as rt,
+            http_server(b"route ok") as route,
+            http_server(b"other") as other,
+            http_server(b"ray") as ray_like,
+        ):
             url = f"http://127.0.0.1:{route}/v1/models"
             assert rt.host_url(url) == url
             await rt.prepare_execution([url, f"http://127.0.0.1:{route}/tool/x"])
             r = await rt.exec(py(NETWORK_PROBE, url, str(other), str(ray_like)), timeout=30)
             assert r.exit_code == 0, r.stderr
             assert json.loads(r.stdout) == {
-                "route": "route ok", "other": "ConnectionRefusedError",
-                "ray": "ConnectionRefusedError", "outside": "OSError", "dns": "OSError",
+                "route": "route ok",
+                "other": "ConnectionRefusedError",
+                "ray": "ConnectionRefusedError",
+                "outside": "OSError",
+                "dns": "OSError",
             }
             await rt.prepare_execution(None)  # no routes: nothing at all
             r = await rt.exec(py(NETWORK_PROBE, url, str(other), str(ray_like)), timeout=30)
@@ -196,8 +202,9 @@ def test_network_is_only_the_framework_routes(tmp_path: Path, box: Callable[...,
     run(main)
 
 
-def test_remote_routes_are_served_on_loopback_and_bad_routes_refused(tmp_path: Path,
-                                                                     box: Callable[..., SandboxRuntime]) -> None:
+def test_remote_routes_are_served_on_loopback_and_bad_routes_refused(
+    tmp_path: Path, box: Callable[..., SandboxRuntime]
+) -> None:
     async def main() -> None:
         async with sandbox(tmp_path, box) as rt:
             url = rt.host_url("http://10.1.2.3:8080/v1")
@@ -262,8 +269,7 @@ def test_memory_hog_is_killed(tmp_path: Path, box: Callable[..., SandboxRuntime]
 def test_output_flood_is_truncated(tmp_path: Path, box: Callable[..., SandboxRuntime]) -> None:
     async def main() -> None:
         async with sandbox(tmp_path, box) as rt:
-            r = await rt.exec(["sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' x"],
-                              max_output=1000, timeout=30)
+            r = await rt.exec(["sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' x"], max_output=1000, timeout=30)
             assert r.exit_code == 0 and r.stdout == "x" * 1000 and r.stdout_truncated
 
     run(main)
@@ -287,9 +293,7 @@ def test_stop_kills_everything_and_removes_its_dirs(tmp_path: Path, box: Callabl
         assert rt._cgroups is not None and rt._base is not None
         cgroups, base = list(rt._cgroups.dirs), rt._base
         os.mkfifo(host_path(rt, "ready"))
-        running = asyncio.ensure_future(
-            rt.exec(["sh", "-c", "env -i sleep 1000 & echo go > ready; wait"], timeout=30)
-        )
+        running = asyncio.ensure_future(rt.exec(["sh", "-c", "env -i sleep 1000 & echo go > ready; wait"], timeout=30))
         async with asyncio.timeout(10):
             await asyncio.to_thread(Path(host_path(rt, "ready")).read_text)  # returns once it wrote
         pids = rt._cgroups.pids()
@@ -304,15 +308,19 @@ def test_stop_kills_everything_and_removes_its_dirs(tmp_path: Path, box: Callabl
     run(main)
 
 
-def test_program_rollout_reaches_proxy_and_tools_from_the_sandbox(tmp_path: Path,
-                                                                  box: Callable[..., SandboxRuntime]) -> None:
+def test_program_rollout_reaches_proxy_and_tools_from_the_sandbox(
+    tmp_path: Path, box: Callable[..., SandboxRuntime]
+) -> None:
     model = ScriptedModel([Reply(tool_calls=[("add", {"a": 1, "b": 2})]), "3"])
 
     async def main() -> Trace:
         async with HTTPInterception() as proxy, ToolServer() as tools:
             return await Rollout(
-                Arith({"prompt": "1+2?"}), agent(timeout=60), model=model,
-                interception=proxy, tool_server=tools.serve,
+                Arith({"prompt": "1+2?"}),
+                agent(timeout=60),
+                model=model,
+                interception=proxy,
+                tool_server=tools.serve,
                 runtime_factory=lambda name: box(name, root=str(tmp_path)),
             ).run()
 
@@ -354,15 +362,19 @@ def test_an_agent_imports_the_packages_of_the_environment_running_rollout_ray(tm
     read-only, at their host path."""
     if sys.prefix == sys.base_prefix:
         pytest.skip("not running in a virtual environment")
-    base = subprocess.run([os.path.realpath(sys.executable), "-I", "-c", "import aiohttp, msgspec"],
-                          capture_output=True, timeout=60)
+    base = subprocess.run(
+        [os.path.realpath(sys.executable), "-I", "-c", "import aiohttp, msgspec"], capture_output=True, timeout=60
+    )
     assert base.returncode != 0  # the base installation does not have them: only the venv does
     harness = ProgramHarness([python, "agent.py"], files={"agent.py": AIOHTTP_AGENT}, timeout=60)
 
     async def main() -> Trace:
         async with HTTPInterception() as proxy:
             return await Rollout(
-                Three({"prompt": "1+2?"}), harness, model=ScriptedModel(["3"]), interception=proxy,
+                Three({"prompt": "1+2?"}),
+                harness,
+                model=ScriptedModel(["3"]),
+                interception=proxy,
                 runtime_factory=lambda name: SandboxRuntime(name, root=str(tmp_path)),
             ).run()
 
@@ -387,6 +399,7 @@ def test_any_root_works_var_tmp_included(tmp_path: Path) -> None:
     var_tmp = tempfile.mkdtemp(prefix="rr-test-", dir="/var/tmp")
     try:
         for root in (var_tmp, str(tmp_path)):
+
             async def main(root: str = root) -> None:
                 async with sandbox(Path(root)) as rt:
                     r = await rt.exec(["sh", "-c", "pwd; echo kept > /var/tmp/x; cat /tmp/x"])
@@ -402,15 +415,18 @@ def test_any_root_works_var_tmp_included(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
-def test_the_session_rays_own_ports_are_unreachable_from_the_sandbox(ray_cluster: Any, tmp_path: Path,
-                                                                     box: Callable[..., SandboxRuntime]) -> None:
+def test_the_session_rays_own_ports_are_unreachable_from_the_sandbox(
+    ray_cluster: Any, tmp_path: Path, box: Callable[..., SandboxRuntime]
+) -> None:
     """The real thing, not a look-alike: the GCS and a raylet's ports of the test session's Ray."""
     gcs_port = int(ray_cluster.get_runtime_context().gcs_address.rsplit(":", 1)[1])
     (node,) = [n for n in ray_cluster.nodes() if n["Alive"]]
     ports = [gcs_port, int(node["NodeManagerPort"]), int(node["ObjectManagerPort"])]
-    probe = ("import socket, sys\nfor port in sys.argv[1:]:\n"
-             "    try:\n        socket.create_connection(('127.0.0.1', int(port)), timeout=5).close(); print('connected')\n"
-             "    except OSError as e:\n        print(type(e).__name__)\n")
+    probe = (
+        "import socket, sys\nfor port in sys.argv[1:]:\n"
+        "    try:\n        socket.create_connection(('127.0.0.1', int(port)), timeout=5).close(); print('connected')\n"
+        "    except OSError as e:\n        print(type(e).__name__)\n"
+    )
 
     async def main() -> None:
         async with sandbox(tmp_path, box) as rt:

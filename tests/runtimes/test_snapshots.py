@@ -19,10 +19,11 @@ from rollout_ray.testing import ScriptedHarness, ScriptedModel
 
 pytestmark = needs_image
 
-SETUP = ("mkdir -p /work/repo && echo built > /work/repo/state && rm /bin/ls "
-         "&& rm -rf /usr/share/doc && mkdir /usr/share/doc && echo mine > /usr/share/doc/only")
-LOOK = ("cat /work/repo/state; test -e /bin/ls || echo no-ls; ls /usr/share/doc; "
-        "echo private > /work/$1; ls /work")
+SETUP = (
+    "mkdir -p /work/repo && echo built > /work/repo/state && rm /bin/ls "
+    "&& rm -rf /usr/share/doc && mkdir /usr/share/doc && echo mine > /usr/share/doc/only"
+)
+LOOK = "cat /work/repo/state; test -e /bin/ls || echo no-ls; ls /usr/share/doc; echo private > /work/$1; ls /work"
 
 
 @pytest.fixture
@@ -59,8 +60,7 @@ class SharedSetup(Task):
 def group(task: Task, n: int) -> list[Trace]:
     async def main() -> list[Trace]:
         async with LocalExecutor(runtime="sandbox") as executor:
-            specs = [RolloutSpec(task, ScriptedHarness(in_process=True), ScriptedModel(default="ok"))
-                     for _ in range(n)]
+            specs = [RolloutSpec(task, ScriptedHarness(in_process=True), ScriptedModel(default="ok")) for _ in range(n)]
             return list(await asyncio.gather(*(executor.run(s) for s in specs)))
 
     return asyncio.run(main())
@@ -84,7 +84,8 @@ def test_a_group_of_eight_runs_its_shared_setup_once(node_cache: Any, counted: t
     assert len(snapshots) == 8 and snapshots.count(None) == 1
     assert len({s for s in snapshots if s is not None}) == 1
     assert {t.agent.runtime.image for t in traces if t.agent.runtime is not None} == {
-        shared_cache().lease(python_image()).key}
+        shared_cache().lease(python_image()).key
+    }
 
 
 def test_a_failed_shared_setup_is_run_again_by_the_next_sample(node_cache: Any, counted: type[SharedSetup]) -> None:

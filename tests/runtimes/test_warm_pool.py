@@ -89,8 +89,9 @@ def test_a_member_that_is_no_longer_intact_is_never_handed_out(image: str, tmp_p
             [name] = members(host)
             broken = host._runtimes[name]
             # Something undid one of its mounts (in the sandbox's own mount namespace):
-            subprocess.run([*broken._ns.enter_args(), "umount", "-l",
-                            os.path.join(broken.id, "root", ".rollout-ray")], check=True)
+            subprocess.run(
+                [*broken._ns.enter_args(), "umount", "-l", os.path.join(broken.id, "root", ".rollout-ray")], check=True
+            )
             await host.create_started("rollout-1", owner="r1", image=image)
             assert host._runtimes["rollout-1"] is not broken and broken.stopped
             assert (await host.exec("rollout-1", ["true"])).exit_code == 0

@@ -30,8 +30,12 @@ def npm_binary(package: str, version: str, binary: str) -> Path:
     work = Path(tempfile.mkdtemp(dir=ROOT, prefix=".install-"))
     try:
         try:  # bounded below pytest's per-test guard: a registry that stalls skips, never hangs the test
-            done = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(work),
-                                   f"{package}@{version}"], capture_output=True, text=True, timeout=240)
+            done = subprocess.run(
+                ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(work), f"{package}@{version}"],
+                capture_output=True,
+                text=True,
+                timeout=240,
+            )
         except subprocess.TimeoutExpired:
             pytest.skip(f"cannot install {package}@{version}: the npm registry did not answer within 240 s")
         if done.returncode != 0:

@@ -64,8 +64,12 @@ def sse(raw: bytes) -> dict[str, Any]:
         assembler.feed(chunk)
     response = assembler.response()
     decoded = [msgspec.json.decode(c) for c in chunks[:-1]]
-    return {"chunks": decoded, "content": response.message.content, "finish_reason": response.finish_reason,
-            "logprobs": msgspec.to_builtins(response.logprobs)}
+    return {
+        "chunks": decoded,
+        "content": response.message.content,
+        "finish_reason": response.finish_reason,
+        "logprobs": msgspec.to_builtins(response.logprobs),
+    }
 
 
 @asynccontextmanager
@@ -73,8 +77,9 @@ async def rig(*configs: SimulatedModelConfig, **model: Any) -> AsyncIterator[Rig
     """Servers for ``configs`` (one default server if none), ``OpenAIModel(**model)`` over
     them all, and the proxy; sessions are opened with ``Rig.open_session``."""
     async with AsyncExitStack() as outer:
-        servers = [await outer.enter_async_context(SimulatedModelServer(c))
-                   for c in configs or (SimulatedModelConfig(ttft=0),)]
+        servers = [
+            await outer.enter_async_context(SimulatedModelServer(c)) for c in configs or (SimulatedModelConfig(ttft=0),)
+        ]
         urls = [s.base_url for s in servers]
         openai = OpenAIModel(urls if len(urls) > 1 else urls[0], name="simulated", **model)  # type: ignore[arg-type]
         outer.push_async_callback(openai.aclose)
@@ -86,9 +91,10 @@ async def rig(*configs: SimulatedModelConfig, **model: Any) -> AsyncIterator[Rig
 
 
 @asynccontextmanager
-async def recording_server(answer: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None,
-                           extra_routes: list[web.RouteDef] = (),  # type: ignore[assignment]
-                           ) -> AsyncIterator[tuple[str, list[web.Request], list[bytes]]]:
+async def recording_server(
+    answer: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None,
+    extra_routes: list[web.RouteDef] = (),  # type: ignore[assignment]
+) -> AsyncIterator[tuple[str, list[web.Request], list[bytes]]]:
     """A plain OpenAI-compatible server (no info routes, unless ``extra_routes``) answering
     "4"; records each chat request and its body."""
     seen: list[web.Request] = []
@@ -99,8 +105,9 @@ async def recording_server(answer: Callable[[web.Request], Awaitable[web.StreamR
         bodies.append(await request.read())
         if answer is not None:
             return await answer(request)
-        return web.json_response({"choices": [{"message": {"role": "assistant", "content": "4"},
-                                               "finish_reason": "stop"}], "model": "plain"})
+        return web.json_response(
+            {"choices": [{"message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"}], "model": "plain"}
+        )
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)

@@ -30,8 +30,14 @@ from rollout_ray._simulated.config import SimulatedModelConfig
 from rollout_ray._simulated.server import SimulatedModelServer
 
 PER_TOKEN = 0.002
-LONG = {"ttft": 0.0, "per_token": PER_TOKEN, "preamble_tokens": 200, "max_completion_tokens": 400,
-        "scale_out": True, "policy_version": 3}
+LONG = {
+    "ttft": 0.0,
+    "per_token": PER_TOKEN,
+    "preamble_tokens": 200,
+    "max_completion_tokens": 400,
+    "scale_out": True,
+    "policy_version": 3,
+}
 """A reply of 202 tokens (the preamble, the answer, the stop), 0.4 s of generation."""
 SAMPLING = {"temperature": 1.0, "seed": 5}
 QUESTION = Request([UserMessage("What is 2 + 3?")])
@@ -58,6 +64,7 @@ async def freeze_after(server: SimulatedModelServer, tokens: int, every: int = 0
     """Freeze the engine once a generation in flight has produced ``tokens`` tokens (and each
     one ``every``: on a loaded machine a generation may be admitted well after the others)."""
     due, each = ((n + 0.5) * server.config.per_token + server.config.ttft for n in (tokens, every))
+
     def ready() -> bool:
         elapsed = [f.elapsed() for f in list(server.engine.flights.values())]
         return any(e >= due for e in elapsed) and all(e >= each for e in elapsed)
@@ -82,8 +89,9 @@ async def interrupt(server: SimulatedModelServer, gate: PolicyGate, *, at: int, 
     return stopped
 
 
-async def update_mid_generation(executor: Any, tasks: list[Task], harness: Harness, *,
-                                interrupt: bool) -> tuple[Any, list[int], SimulatedModelServer]:
+async def update_mid_generation(
+    executor: Any, tasks: list[Task], harness: Harness, *, interrupt: bool
+) -> tuple[Any, list[int], SimulatedModelServer]:
     """Run one rollout per task (long replies, all at once, version 3); once one has sampled
     40 tokens, ``Driver.paused(version=4, interrupt=interrupt)`` loads version 4 into the server
     (``reload_weights``). Returns the result, the generations running at the server when the
@@ -116,8 +124,9 @@ def check_continued(samples: Any) -> None:
     assert samples["ok"].to_pylist() == [True] * n
     assert samples["policy_min"].to_pylist() == [3] * n and samples["policy_max"].to_pylist() == [4] * n
     kept_all = []
-    for blob, policy, mask in zip(samples["trace"].to_pylist(), samples["token_policy"].to_pylist(),
-                                  samples["loss_mask"].to_pylist()):
+    for blob, policy, mask in zip(
+        samples["trace"].to_pylist(), samples["token_policy"].to_pylist(), samples["loss_mask"].to_pylist()
+    ):
         (call,) = decode_trace(blob).calls
         (old, kept), (new, rest) = call.token_policy
         assert (old, new, call.interrupts) == (3, 4, 1) and kept > 0 and rest > 0

@@ -49,15 +49,15 @@ def three(**config: Any) -> list[SimulatedModelConfig]:
 
 def test_upstream_requests_carry_the_trace_id_as_x_session_id() -> None:
     async def main() -> None:
-        async with recording_server() as (url, seen, _), HTTPInterception() as proxy, \
-                aiohttp.ClientSession() as client:
+        async with recording_server() as (url, seen, _), HTTPInterception() as proxy, aiohttp.ClientSession() as client:
             model = OpenAIModel(url)
             sessions = [RolloutSession(Trace(task=TraceTask(type="T")), model) for _ in range(2)]
             for session in sessions:
                 async with proxy.serve(session) as slot:
                     auth = {"Authorization": f"Bearer {slot.model_secret}"}
-                    async with client.post(f"{slot.base_url}/v1/chat/completions", json={"messages": QUESTION},
-                                           headers=auth) as resp:
+                    async with client.post(
+                        f"{slot.base_url}/v1/chat/completions", json={"messages": QUESTION}, headers=auth
+                    ) as resp:
                         assert resp.status == 200
             await model.aclose()
             assert [r.headers["X-Session-ID"] for r in seen] == [s.trace.id for s in sessions]
@@ -173,12 +173,18 @@ def test_the_sticky_table_is_bounded() -> None:
     assert pool.session_server("s1") is None and pool.session_server("s3") is not None
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"cooldown": -1.0}, r"^`cooldown` must be >= 0, got -1.0$"),
-    ({"max_failures": 0}, r"^`max_failures` must be >= 1, got 0$"),
-    ({"balance": 0.5}, r"^`balance` must be >= 1 \(1: no server above the mean load\), got 0.5$"),
-    ({"routing": "hash"}, r"^`routing` must be one of 'affinity', 'sticky', 'least_loaded', 'round_robin', got 'hash'$"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"cooldown": -1.0}, r"^`cooldown` must be >= 0, got -1.0$"),
+        ({"max_failures": 0}, r"^`max_failures` must be >= 1, got 0$"),
+        ({"balance": 0.5}, r"^`balance` must be >= 1 \(1: no server above the mean load\), got 0.5$"),
+        (
+            {"routing": "hash"},
+            r"^`routing` must be one of 'affinity', 'sticky', 'least_loaded', 'round_robin', got 'hash'$",
+        ),
+    ],
+)
 def test_pool_settings_are_checked(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ServerPool(["http://a/v1"], **kwargs)
@@ -205,12 +211,18 @@ def test_one_rollouts_timeouts_take_no_server_away_from_the_others(report: Any) 
     async def answer(request: web.Request) -> web.Response:
         if len(await request.read()) > HUGE:
             await held.wait()  # set as the test ends: only the model's timeout ends it before
-        return web.json_response({"choices": [{"message": {"role": "assistant", "content": "4"},
-                                               "finish_reason": "stop"}], "model": "plain"})
+        return web.json_response(
+            {"choices": [{"message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"}], "model": "plain"}
+        )
 
     async def main() -> float:
-        async with recording_server(answer) as (a, _, _), recording_server(answer) as (b, _, _), \
-                HTTPInterception() as proxy, aiohttp.ClientSession() as client, AsyncExitStack() as stack:
+        async with (
+            recording_server(answer) as (a, _, _),
+            recording_server(answer) as (b, _, _),
+            HTTPInterception() as proxy,
+            aiohttp.ClientSession() as client,
+            AsyncExitStack() as stack,
+        ):
             stack.callback(held.set)
             model = OpenAIModel([a, b], timeout=0.3, retries=2, backoff=0)
             stack.push_async_callback(model.aclose)
@@ -244,6 +256,10 @@ def test_one_rollouts_timeouts_take_no_server_away_from_the_others(report: Any) 
             return out_for
 
     out_for = run(main)
-    report("21§5 one rollout's timeouts", "3 upstream timeouts of one rollout (huge requests)",
-           "server stays in rotation; the victim's session stays", "0 s out of rotation (was 10 s; 10 s once 2 sessions fail)",
-           out_for)
+    report(
+        "21§5 one rollout's timeouts",
+        "3 upstream timeouts of one rollout (huge requests)",
+        "server stays in rotation; the victim's session stays",
+        "0 s out of rotation (was 10 s; 10 s once 2 sessions fail)",
+        out_for,
+    )

@@ -22,8 +22,10 @@ MAIN_SYSTEM = "You are a coding agent. Be brief."
 SUB_SYSTEM = "You are a search sub-agent: answer the parent agent's question and stop."
 SUB_TOOLS: Any = [{"name": "grep", "description": "search files", "input_schema": {"type": "object"}}]
 COMPACT = "Your task is to create a detailed summary of the conversation so far."
-CONTINUED = ("This session is being continued from a previous conversation that ran out of context. "
-             "The conversation is summarized below:\n{summary}\nWhat is 5*5?")
+CONTINUED = (
+    "This session is being continued from a previous conversation that ran out of context. "
+    "The conversation is summarized below:\n{summary}\nWhat is 5*5?"
+)
 """Claude Code's compaction: the whole conversation and a request for a summary, then a new
 context of the same system prompt whose first user message carries the summary."""
 
@@ -56,6 +58,7 @@ def test_a_sub_agent_and_a_compaction_each_start_a_branch_with_its_sequence_and_
                 messages: list[Any] = [{"role": "user", "content": "Use the calculator: what is 17*3?"}]
                 first = await create(client, MAIN_SYSTEM, messages, ANTHROPIC_TOOLS)
                 assert first.stop_reason == "tool_use"
+
                 # the tool starts two sub-agents at once (Claude Code's parallel Tasks): their
                 # own system prompt and tools
                 async def sub_agent(a: int) -> None:
@@ -65,15 +68,25 @@ def test_a_sub_agent_and_a_compaction_each_start_a_branch_with_its_sequence_and_
                     await create(client, SUB_SYSTEM, sub, SUB_TOOLS)
 
                 await asyncio.gather(sub_agent(1), sub_agent(2))
-                messages += [assistant(first), {"role": "user", "content": [
-                    {"type": "tool_result", "tool_use_id": first.content[0].id, "content": "51"}]}]
+                messages += [
+                    assistant(first),
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": first.content[0].id, "content": "51"}],
+                    },
+                ]
                 second = await create(client, MAIN_SYSTEM, messages, ANTHROPIC_TOOLS)
                 messages += [assistant(second), {"role": "user", "content": COMPACT}]
                 summary = await create(client, MAIN_SYSTEM, messages, ANTHROPIC_TOOLS)
                 continued = [{"role": "user", "content": CONTINUED.format(summary=summary.content[0].text)}]
                 after = await create(client, MAIN_SYSTEM, continued, ANTHROPIC_TOOLS)
-                continued += [assistant(after), {"role": "user", "content": [
-                    {"type": "tool_result", "tool_use_id": after.content[0].id, "content": "25"}]}]
+                continued += [
+                    assistant(after),
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": after.content[0].id, "content": "25"}],
+                    },
+                ]
                 await create(client, MAIN_SYSTEM, continued, ANTHROPIC_TOOLS)
             return session.trace
 
@@ -91,13 +104,17 @@ def test_a_sub_agent_and_a_compaction_each_start_a_branch_with_its_sequence_and_
     assert trace.nodes[compacted.nodes[0]].message.content == MAIN_SYSTEM  # shared: not a sub-agent
     [row] = records_to_table([RolloutRecord(trace, "run", "g", 0)]).to_pylist()
     assert (row["branches"], row["branch_reasons"], row["token_branch"]) == (
-        4, ["subagent", "subagent", "main", "compaction"], [0, 1, 2, 3])
+        4,
+        ["subagent", "subagent", "main", "compaction"],
+        [0, 1, 2, 3],
+    )
 
 
 @pytest.mark.parametrize("dialect", ["messages", "responses"])
 def test_eight_turns_of_one_conversation_stay_one_branch_and_one_sequence(dialect: str) -> None:
     """Each request re-sends the whole conversation, as Claude Code and Codex do, on a template
     that re-tokenizes replies: 8 turns are one branch and one sequence, not 8."""
+
     async def main() -> Trace:
         async with rig(DRIFTING, token_capture="vllm") as r:
             session, slot = await r.open_session()
@@ -121,4 +138,3 @@ def test_eight_turns_of_one_conversation_stay_one_branch_and_one_sequence(dialec
     [sequence] = token_sequences(trace)
     assert len(sequence.turns) == 8
     assert_sequence_trains_its_branch(trace, sequence)
-

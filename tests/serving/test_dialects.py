@@ -32,8 +32,12 @@ SCHEMA = {"type": "object", "properties": {"expression": {"type": "string"}}}
 RESPONSES_TOOLS: Any = [{"type": "function", "name": "calculator", "description": "evaluate", "parameters": SCHEMA}]
 ANTHROPIC_TOOLS: Any = [{"name": "calculator", "description": "evaluate", "input_schema": SCHEMA}]
 # strict: the openai SDK's stream helper parses only strict function tools before its 3.x line.
-CHAT_TOOLS: Any = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
-                                                    "parameters": SCHEMA, "strict": True}}]
+CHAT_TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {"name": "calculator", "description": "evaluate", "parameters": SCHEMA, "strict": True},
+    }
+]
 DRIFTING = SimulatedModelConfig(ttft=0, scale_out=True, template_drift=True)
 """A template that re-tokenizes replies: only token in keeps a rollout one sequence."""
 
@@ -72,8 +76,11 @@ def test_openai_sdk_chat_completions_tool_rollout(stream: bool) -> None:
                         async with client.chat.completions.stream(model="x", messages=messages, tools=CHAT_TOOLS) as s:
                             reply = (await s.get_final_completion()).choices[0].message
                     else:
-                        reply = (await client.chat.completions.create(model="x", messages=messages,
-                                                                      tools=CHAT_TOOLS)).choices[0].message
+                        reply = (
+                            (await client.chat.completions.create(model="x", messages=messages, tools=CHAT_TOOLS))
+                            .choices[0]
+                            .message
+                        )
                     messages.append(reply.model_dump(exclude_none=True))
                     for call in reply.tool_calls or ():
                         messages.append({"role": "tool", "tool_call_id": call.id, "content": "51"})
@@ -103,9 +110,13 @@ def test_openai_sdk_responses_tool_rollout_by_previous_response_id_and_by_whole_
                 result = {"type": "function_call_output", "call_id": call.call_id, "output": "51"}
                 second = await create(client, previous_response_id=first.id, input=[result])
                 assert second.output_text == "51" and second.usage.output_tokens > 0
-                history = [{"role": "user", "content": QUESTION}, *[i.model_dump(exclude_none=True) for i in first.output],
-                           result, *[i.model_dump(exclude_none=True) for i in second.output],
-                           {"role": "user", "content": "What is 2+2?"}]
+                history = [
+                    {"role": "user", "content": QUESTION},
+                    *[i.model_dump(exclude_none=True) for i in first.output],
+                    result,
+                    *[i.model_dump(exclude_none=True) for i in second.output],
+                    {"role": "user", "content": "What is 2+2?"},
+                ]
                 third = await create(client, input=history)  # the whole conversation again, as Codex sends it
                 assert [i.arguments for i in third.output] == ['{"expression": "2+2"}']
             return session.trace
@@ -118,8 +129,13 @@ def test_openai_sdk_responses_tool_rollout_by_previous_response_id_and_by_whole_
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_anthropic_sdk_messages_tool_rollout(stream: bool) -> None:
     async def create(client: anthropic.AsyncAnthropic, messages: list[Any]) -> Any:
-        kwargs: Any = {"model": "x", "max_tokens": 200, "system": "Be brief.", "tools": ANTHROPIC_TOOLS,
-                       "messages": messages}
+        kwargs: Any = {
+            "model": "x",
+            "max_tokens": 200,
+            "system": "Be brief.",
+            "tools": ANTHROPIC_TOOLS,
+            "messages": messages,
+        }
         if not stream:
             return await client.messages.create(**kwargs)
         async with client.messages.stream(**kwargs) as s:
@@ -134,9 +150,13 @@ def test_anthropic_sdk_messages_tool_rollout(stream: bool) -> None:
                 messages: list[Any] = [{"role": "user", "content": QUESTION}]
                 first = await create(client, messages)
                 assert first.stop_reason == "tool_use" and first.content[0].input == {"expression": "17*3"}
-                messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[0].id,
-                                                           "content": "51"}]}]
+                messages += [
+                    {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": first.content[0].id, "content": "51"}],
+                    },
+                ]
                 second = await create(client, messages)
                 assert second.stop_reason == "end_turn" and second.content[0].text == "51"
                 counted = await client.messages.count_tokens(model="x", messages=messages, tools=ANTHROPIC_TOOLS)
@@ -166,10 +186,16 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("/v1/responses", {"input": "hi", "temperature": 2**70}, "temperature"),  # the trace holds 64 bits
     ("/v1/messages", {"messages": "hi"}, "messages"),
     ("/v1/messages", {"messages": [], "max_tokens": 1, "top_k": "5"}, "top_k"),  # went upstream as a string
-    ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
-     "messages[0].content[0].tool_use_id"),
-    ("/v1/messages", {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f",
-                                                                     "input": []}]}]}, "messages[0].content[0].input"),
+    (
+        "/v1/messages",
+        {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
+        "messages[0].content[0].tool_use_id",
+    ),
+    (
+        "/v1/messages",
+        {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": []}]}]},
+        "messages[0].content[0].input",
+    ),
     ("/v1/messages", {"messages": [], "tool_choice": {}}, "tool_choice.type"),
     ("/v1/messages", {"messages": [], "tool_choice": []}, "tool_choice"),
     ("/v1/messages", {"messages": [], "system": [{"type": "image"}]}, "system[0].type"),
@@ -203,31 +229,61 @@ def test_what_the_upstream_cannot_express_is_dropped_and_recorded_not_refused() 
     async def main() -> Trace:
         async with rig() as r:
             session, slot = await r.open_session()
-            hosted = {"model": "x", "input": [{"role": "user", "content": "What is 2+2?"},
-                                              {"type": "web_search_call", "id": "ws_1"},
-                                              {"type": "function_call", "call_id": "c1", "name": "f"},
-                                              {"type": "function_call_output", "call_id": "c1", "output": [
-                                                  {"type": "input_text", "text": "seen"},
-                                                  {"type": "input_file", "file_id": "f_1"}]}],
-                      "tools": [{"type": "web_search"}], "tool_choice": {"type": "function", "name": "f"},
-                      "store": False, "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low",
-                                                                                                "summary": "auto"}}
+            hosted = {
+                "model": "x",
+                "input": [
+                    {"role": "user", "content": "What is 2+2?"},
+                    {"type": "web_search_call", "id": "ws_1"},
+                    {"type": "function_call", "call_id": "c1", "name": "f"},
+                    {
+                        "type": "function_call_output",
+                        "call_id": "c1",
+                        "output": [{"type": "input_text", "text": "seen"}, {"type": "input_file", "file_id": "f_1"}],
+                    },
+                ],
+                "tools": [{"type": "web_search"}],
+                "tool_choice": {"type": "function", "name": "f"},
+                "store": False,
+                "include": ["reasoning.encrypted_content"],
+                "reasoning": {"effort": "low", "summary": "auto"},
+            }
             status, answer = await post(r, slot, "/v1/responses", hosted)
             assert status == 200 and answer["output"][0]["content"][0]["text"] == "seen", answer  # the tool said
-            thinking = {"model": "x", "max_tokens": 50, "thinking": {"type": "enabled", "budget_tokens": 1024},
-                        "tools": [{"type": "web_search_20250305", "name": "web_search"}], "top_k": 5,
-                        "messages": [{"role": "user", "content": [{"type": "text", "text": "What is 2+2?",
-                                                                   "cache_control": {"type": "ephemeral"}}]},
-                                     {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}]}
-            status, answer = await post(r, slot, "/v1/messages?beta=true", thinking,
-                                        {"x-api-key": slot.model_secret, "anthropic-version": "2023-06-01"})
+            thinking = {
+                "model": "x",
+                "max_tokens": 50,
+                "thinking": {"type": "enabled", "budget_tokens": 1024},
+                "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+                "top_k": 5,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "What is 2+2?", "cache_control": {"type": "ephemeral"}}],
+                    },
+                    {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+                ],
+            }
+            status, answer = await post(
+                r,
+                slot,
+                "/v1/messages?beta=true",
+                thinking,
+                {"x-api-key": slot.model_secret, "anthropic-version": "2023-06-01"},
+            )
             assert status == 200 and answer["content"] == [{"type": "text", "text": "4"}], answer
             return session.trace
 
     trace = run(main)
     responses, messages = trace.calls
-    assert set(responses.dropped or ()) == {"input[1]", "input[3].output[1]", "tools[0]", "tool_choice", "store",
-                                            "include", "reasoning.summary"}
+    assert set(responses.dropped or ()) == {
+        "input[1]",
+        "input[3].output[1]",
+        "tools[0]",
+        "tool_choice",
+        "store",
+        "include",
+        "reasoning.summary",
+    }
     assert set(messages.dropped or ()) == {"thinking", "tools[0]", "cache_control", "top_k"}
     path = [type(trace.nodes[i].message).__name__ for i in path_to(trace, messages.node)]  # type: ignore[arg-type]
     assert path == ["UserMessage", "SystemMessage", "AssistantMessage"]  # a system turn, as Claude Code sends
@@ -240,12 +296,22 @@ def test_anthropic_key_header_and_error_shape() -> None:
             _, slot = await r.open_session()
             body = {"model": "x", "max_tokens": 10, "messages": [{"role": "user", "content": "What is 2+2?"}]}
             status, answer = await post(r, slot, "/v1/messages", body, {"x-api-key": "wrong"})
-            assert status == 401 and answer == {"type": "error", "error": {
-                "type": "authentication_error", "message": "unknown or missing rollout secret"}}
+            assert status == 401 and answer == {
+                "type": "error",
+                "error": {"type": "authentication_error", "message": "unknown or missing rollout secret"},
+            }
             async with anthropic_client(slot) as client:
                 with pytest.raises(anthropic.BadRequestError, match="`messages\\[0\\].role`"):
-                    await client.messages.create(model="x", max_tokens=10, messages=[{"role": "robot",  # type: ignore[list-item,typeddict-item]
-                                                                                      "content": "hi"}])
+                    await client.messages.create(
+                        model="x",
+                        max_tokens=10,
+                        messages=[
+                            {
+                                "role": "robot",  # type: ignore[list-item,typeddict-item]
+                                "content": "hi",
+                            }
+                        ],
+                    )
 
     run(main)
 
@@ -262,8 +328,11 @@ def test_reasoning_is_kept_across_a_turn(path: str) -> None:
     question = {"role": "user", "content": "What is 2+2?"}
 
     async def main() -> Trace:
-        async with recording_server(reasoning) as (url, _, bodies), HTTPInterception() as proxy, \
-                aiohttp.ClientSession() as client:
+        async with (
+            recording_server(reasoning) as (url, _, bodies),
+            HTTPInterception() as proxy,
+            aiohttp.ClientSession() as client,
+        ):
             model = OpenAIModel(url, name="plain")
             session = RolloutSession(Trace(task=TraceTask(type="T")), model)
             try:
@@ -277,10 +346,19 @@ def test_reasoning_is_kept_across_a_turn(path: str) -> None:
                         assert answer["output"][0]["type"] == "reasoning"
                         again = {**first, "input": [question, *answer["output"], {"role": "user", "content": "Go on."}]}
                     else:
-                        assert answer["content"][0] == {"type": "thinking", "thinking": "Two and two make four.",
-                                                        "signature": ""}
-                        again = {**first, "messages": [question, {"role": "assistant", "content": answer["content"]},
-                                                       {"role": "user", "content": "Go on."}]}
+                        assert answer["content"][0] == {
+                            "type": "thinking",
+                            "thinking": "Two and two make four.",
+                            "signature": "",
+                        }
+                        again = {
+                            **first,
+                            "messages": [
+                                question,
+                                {"role": "assistant", "content": answer["content"]},
+                                {"role": "user", "content": "Go on."},
+                            ],
+                        }
                     status, answer = await post(r, slot, path, again)
                     assert status == 200, answer
                     sent = msgspec.json.decode(bodies[-1])["messages"]
@@ -298,8 +376,11 @@ def test_reasoning_is_kept_across_a_turn(path: str) -> None:
 @pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages"])
 def test_sdk_retry_is_replayed_with_the_same_id_not_resampled(path: str) -> None:
     body: dict[str, Any] = {"model": "x", "max_tokens": 20}
-    body.update({"input": "What is 2+2?"} if path == "/v1/responses" else
-                {"messages": [{"role": "user", "content": "What is 2+2?"}]})
+    body.update(
+        {"input": "What is 2+2?"}
+        if path == "/v1/responses"
+        else {"messages": [{"role": "user", "content": "What is 2+2?"}]}
+    )
 
     async def main() -> Trace:
         async with rig() as r:
@@ -321,8 +402,12 @@ def test_responses_logprobs_asked_by_include_come_in_the_output_text(stream: boo
         async with rig(SimulatedModelConfig(ttft=0), token_capture="vllm") as r:
             session, slot = await r.open_session()
             async with openai_client(slot) as client:
-                kwargs: Any = {"model": "x", "input": "What is 2+2?", "top_logprobs": 2,
-                               "include": ["message.output_text.logprobs"]}
+                kwargs: Any = {
+                    "model": "x",
+                    "input": "What is 2+2?",
+                    "top_logprobs": 2,
+                    "include": ["message.output_text.logprobs"],
+                }
                 if stream:
                     async with client.responses.stream(**kwargs) as s:
                         deltas = [e.logprobs async for e in s if e.type == "response.output_text.delta"]
@@ -346,6 +431,7 @@ def test_hooks_and_budgets_work_the_same_whatever_the_dialect(path: str) -> None
     """A response ``@intercept`` rewrites what the agent reads, a request ``@stop`` sees the
     translated request, the token budget clamps the reply's length, and a refused turn is a
     400 in the dialect's own error shape."""
+
     def polite(response: Response) -> Response:
         return msgspec.structs.replace(response, message=AssistantMessage("Four."))
 
@@ -359,14 +445,21 @@ def test_hooks_and_budgets_work_the_same_whatever_the_dialect(path: str) -> None
 
     async def main() -> Trace:
         async with rig() as r:
-            session = RolloutSession(Trace(task=TraceTask(type="T")), r.model, limits=RolloutLimits(max_output_tokens=64),
-                                     response_interceptors=[Hook("polite", polite)],
-                                     request_stops=[Hook("no_goodbyes", no_goodbyes)])
+            session = RolloutSession(
+                Trace(task=TraceTask(type="T")),
+                r.model,
+                limits=RolloutLimits(max_output_tokens=64),
+                response_interceptors=[Hook("polite", polite)],
+                request_stops=[Hook("no_goodbyes", no_goodbyes)],
+            )
             async with r.proxy.serve(session) as slot:
                 status, answer = await post(r, slot, path, body("What is 2+2?"))
                 assert status == 200
-                text = answer["output"][0]["content"][0]["text"] if path == "/v1/responses" else \
-                    answer["content"][0]["text"]
+                text = (
+                    answer["output"][0]["content"][0]["text"]
+                    if path == "/v1/responses"
+                    else answer["content"][0]["text"]
+                )
                 assert text == "Four."
                 status, answer = await post(r, slot, path, body("Bye."))
                 assert status == 400 and answer["error"]["message"] == "rollout stopped: no_goodbyes"
@@ -384,20 +477,36 @@ def test_a_namespace_tools_functions_go_upstream_and_come_back_namespaced(stream
     routes a call only by ``name`` + ``namespace``: each function goes upstream as one tool
     (``mcp__calc__add``), its call comes back split, and the call sent back joins again (one
     training sequence)."""
-    tools = [{"type": "namespace", "name": "mcp__calc", "description": "calc over MCP",
-              "tools": [{"type": "function", "name": "add", "description": "Add two integers.",
-                         "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                                          "b": {"type": "integer"}}}}]}]
+    tools = [
+        {
+            "type": "namespace",
+            "name": "mcp__calc",
+            "description": "calc over MCP",
+            "tools": [
+                {
+                    "type": "function",
+                    "name": "add",
+                    "description": "Add two integers.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    },
+                }
+            ],
+        }
+    ]
 
     async def post(http: aiohttp.ClientSession, slot: Slot, items: list[Any]) -> list[dict[str, Any]]:
         body = {"model": "x", "input": items, "tools": tools, "stream": stream}
-        async with http.post(f"{slot.base_url}/v1/responses", json=body,
-                             headers={"Authorization": f"Bearer {slot.model_secret}"}) as resp:
+        async with http.post(
+            f"{slot.base_url}/v1/responses", json=body, headers={"Authorization": f"Bearer {slot.model_secret}"}
+        ) as resp:
             assert resp.status == 200, await resp.text()
             if not stream:
                 return (await resp.json())["output"]
-            events = [msgspec.json.decode(line[6:]) for line in (await resp.text()).splitlines()
-                      if line.startswith("data: ")]
+            events = [
+                msgspec.json.decode(line[6:]) for line in (await resp.text()).splitlines() if line.startswith("data: ")
+            ]
             return events[-1]["response"]["output"]
 
     async def main() -> Trace:
@@ -423,13 +532,20 @@ def test_an_array_of_too_many_items_is_a_400_naming_it_before_its_items_are_tran
     from rollout_ray._serving.dialects.dialect import MAX_ITEMS
 
     many = [{"role": "user", "content": ""}] * (MAX_ITEMS + 1)
-    cases = [("/v1/messages", {"max_tokens": 1, "messages": many}, "messages"),
-             ("/v1/messages/count_tokens", {"messages": many}, "messages"),
-             ("/v1/messages", {"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]
-                                                               * (MAX_ITEMS + 1)}]}, "messages[0].content"),
-             ("/v1/responses", {"input": many}, "input"),
-             ("/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": "f"}] * (MAX_ITEMS + 1)},
-              "tools")]
+    cases = [
+        ("/v1/messages", {"max_tokens": 1, "messages": many}, "messages"),
+        ("/v1/messages/count_tokens", {"messages": many}, "messages"),
+        (
+            "/v1/messages",
+            {
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": ""}] * (MAX_ITEMS + 1)}],
+            },
+            "messages[0].content",
+        ),
+        ("/v1/responses", {"input": many}, "input"),
+        ("/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": "f"}] * (MAX_ITEMS + 1)}, "tools"),
+    ]
 
     async def post_large(r: Rig, slot: Slot, path: str, body: Any) -> tuple[int, Any]:
         data = io.BytesIO(msgspec.json.encode(body))  # aiohttp warns of large bytes sent as such
@@ -445,7 +561,9 @@ def test_an_array_of_too_many_items_is_a_400_naming_it_before_its_items_are_tran
                 assert status == 400, (path, param, answer)
                 assert f"`{param}` has {MAX_ITEMS + 1} items" in answer["error"]["message"], (param, answer)
             assert session.trace.calls == []
-            status, _ = await post_large(r, slot, "/v1/messages/count_tokens", {"model": "x", "messages": many[:MAX_ITEMS]})
+            status, _ = await post_large(
+                r, slot, "/v1/messages/count_tokens", {"model": "x", "messages": many[:MAX_ITEMS]}
+            )
             assert status == 200  # at the cap: still answered
 
     run(main)

@@ -51,7 +51,7 @@ def test_an_update_mid_call_keeps_what_was_sampled_and_continues_under_the_new_v
     assert (old, new) == (3, 4) and kept >= 50 and rest > 0 and kept + rest == len(reply.token_ids)
     assert reply.token_ids[:kept] == whole.token_ids[:kept]  # nothing sampled was thrown away
     assert reply.token_logprobs[:kept] == whole.token_logprobs[:kept]
-    assert reply.token_ids[kept:] != whole.token_ids[kept:len(reply.token_ids)]  # version 4 wrote the rest
+    assert reply.token_ids[kept:] != whole.token_ids[kept : len(reply.token_ids)]  # version 4 wrote the rest
     assert reply.message.content.endswith("5") and reply.finish_reason == "stop"  # one whole reply
     assert trace.nodes[call.node].token_ids == reply.token_ids
     [sequence] = token_sequences(trace)
@@ -71,8 +71,9 @@ def test_the_harness_sees_one_reply_through_the_proxy() -> None:
             async with proxy.serve(s) as slot, __import__("aiohttp").ClientSession() as http:
                 body = {"model": "m", "messages": [{"role": "user", "content": "What is 2 + 3?"}]}
                 headers = {"Authorization": f"Bearer {slot.model_secret}"}
-                answer = asyncio.ensure_future(http.post(f"{slot.base_url}/v1/chat/completions", json=body,
-                                                         headers=headers))
+                answer = asyncio.ensure_future(
+                    http.post(f"{slot.base_url}/v1/chat/completions", json=body, headers=headers)
+                )
                 await interrupt(server, s.policy, at=40, to=4)
                 async with await answer as resp:
                     return await resp.json(), s.trace
@@ -80,8 +81,10 @@ def test_the_harness_sees_one_reply_through_the_proxy() -> None:
     body, trace = asyncio.run(main())
     (choice,) = body["choices"]
     assert choice["finish_reason"] == "stop" and choice["message"]["content"].endswith("5")
-    assert trace.calls[0].interrupts == 1 and trace.nodes[trace.calls[0].node].message.content == \
-        choice["message"]["content"]
+    assert (
+        trace.calls[0].interrupts == 1
+        and trace.nodes[trace.calls[0].node].message.content == choice["message"]["content"]
+    )
 
 
 def test_a_pause_that_does_not_interrupt_lets_the_call_finish() -> None:
@@ -117,9 +120,11 @@ def test_a_server_without_token_in_finishes_its_call_and_says_so_once(caplog: py
     assert stopped and [c.interrupts for c in calls] == [0, 0]
     assert [c.policy for c in calls] == [3, 3] and all(len(r.token_ids) == 202 for r in responses)
     lines = [r.getMessage() for r in caplog.records if "cannot be interrupted" in r.getMessage()]
-    assert lines == ["interrupt: 2 model calls in flight cannot be interrupted (their model client has no token-in "
-                     "route to continue them: a plain OpenAI-compatible server, or token capture off); they run to "
-                     "their end, as with interrupt=False"]
+    assert lines == [
+        "interrupt: 2 model calls in flight cannot be interrupted (their model client has no token-in "
+        "route to continue them: a plain OpenAI-compatible server, or token capture off); they run to "
+        "their end, as with interrupt=False"
+    ]
 
 
 def test_a_call_its_server_aborted_alone_is_continued_at_once() -> None:

@@ -80,14 +80,15 @@ async def _send(writer: asyncio.StreamWriter, head: bytes, body: bytes) -> None:
     writer.write(head)
     view = memoryview(body)
     for at in range(0, len(body), CHUNK):
-        writer.write(view[at:at + CHUNK])
+        writer.write(view[at : at + CHUNK])
         await writer.drain()
 
 
 def _head(path: str, length: int, secret: str | None = None) -> str:
     auth = f"Authorization: Bearer {secret}\r\n" if secret else ""
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
-            f"Content-Length: {length}\r\n\r\n")
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    )
 
 
 def _padded(prefix: bytes, suffix: bytes, size: int) -> bytes:
@@ -145,9 +146,13 @@ def test_one_rollouts_tool_calls_get_its_share_of_the_tool_server(report: Any) -
     assert all(c.arguments.endswith(marker(arguments)) for c in trace.tool_calls)
     assert kept <= 2 * (MAX_TOOL_CALL_CHARS + 64)
     assert memory["peak"] < 6 * DEFAULT_MAX_CALL_BYTES_PER_ROLLOUT / MIB, memory
-    report("21§3 one rollout's tool calls", "40 concurrent 15 MiB tool calls",
-           f"2 run, 38 × 429 unread; peak +{memory['peak']:.0f} MiB (was: 40 run, +2,100 MiB)",
-           f"{kept / 1024:.0f} KiB of arguments kept (was 600 MiB)", seconds)
+    report(
+        "21§3 one rollout's tool calls",
+        "40 concurrent 15 MiB tool calls",
+        f"2 run, 38 × 429 unread; peak +{memory['peak']:.0f} MiB (was: 40 run, +2,100 MiB)",
+        f"{kept / 1024:.0f} KiB of arguments kept (was 600 MiB)",
+        seconds,
+    )
 
 
 # -- the rollouts of a node, together ---------------------------------------------------------
@@ -176,8 +181,10 @@ async def node(model: Model, rollouts: int) -> AsyncIterator[tuple[HTTPIntercept
     async with AsyncExitStack() as stack:
         proxy = await stack.enter_async_context(HTTPInterception(body_budget=budget))
         await stack.enter_async_context(ToolServer(body_budget=budget))
-        slots = [await stack.enter_async_context(proxy.serve(RolloutSession(Trace(task=TraceTask(type="T")), model)))
-                 for _ in range(rollouts)]
+        slots = [
+            await stack.enter_async_context(proxy.serve(RolloutSession(Trace(task=TraceTask(type="T")), model)))
+            for _ in range(rollouts)
+        ]
         yield proxy, slots, budget
 
 
@@ -192,8 +199,10 @@ def test_the_rollouts_of_a_node_together_get_the_nodes_budget(report: Any) -> No
             head = [_head("/v1/chat/completions", len(body), slot.model_secret) for slot in slots]
             calls = [asyncio.ensure_future(exchange(proxy.port, h, body)) for h in head for _ in range(2)]
             admitted = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT // len(body)
-            await _until(lambda: sum(c.done() for c in calls) == 40 - admitted and model.calls == admitted,
-                         f"{admitted} calls at the model, the rest refused")
+            await _until(
+                lambda: sum(c.done() for c in calls) == 40 - admitted and model.calls == admitted,
+                f"{admitted} calls at the model, the rest refused",
+            )
             model.gate.set()
             return await asyncio.gather(*calls), budget.peak
 
@@ -205,9 +214,13 @@ def test_the_rollouts_of_a_node_together_get_the_nodes_budget(report: Any) -> No
     assert sorted(statuses) == [200] * admitted + [503] * (40 - admitted)
     assert reserved == admitted * len(body) <= DEFAULT_MAX_BODY_BYTES_IN_FLIGHT
     assert memory["peak"] < 6 * DEFAULT_MAX_BODY_BYTES_IN_FLIGHT / MIB, memory
-    report("21§3 a node's model calls", "20 rollouts × 2 concurrent 15 MiB calls",
-           f"{admitted} at a time, {40 - admitted} × 503 unread; peak +{memory['peak']:.0f} MiB (was +1,238 MiB)",
-           f"{reserved / MIB:.0f} MiB of bodies in flight at most", seconds)
+    report(
+        "21§3 a node's model calls",
+        "20 rollouts × 2 concurrent 15 MiB calls",
+        f"{admitted} at a time, {40 - admitted} × 503 unread; peak +{memory['peak']:.0f} MiB (was +1,238 MiB)",
+        f"{reserved / MIB:.0f} MiB of bodies in flight at most",
+        seconds,
+    )
 
 
 def test_503_names_the_node_and_says_when_to_retry() -> None:
@@ -216,8 +229,13 @@ def test_503_names_the_node_and_says_when_to_retry() -> None:
 
     async def main() -> tuple[int, dict[str, str], bytes]:
         async with node(model, 3) as (proxy, slots, _):
-            full = [asyncio.ensure_future(exchange(proxy.port, _head("/v1/chat/completions", len(body), s.model_secret),
-                                                   body)) for s in slots[:2] for _ in range(2)]
+            full = [
+                asyncio.ensure_future(
+                    exchange(proxy.port, _head("/v1/chat/completions", len(body), s.model_secret), body)
+                )
+                for s in slots[:2]
+                for _ in range(2)
+            ]
             await _until(lambda: model.calls == 4, "4 bodies in flight")
             reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
             writer.write(_head("/v1/chat/completions", len(body), slots[2].model_secret).encode())
@@ -232,7 +250,8 @@ def test_503_names_the_node_and_says_when_to_retry() -> None:
     status, headers, payload = run(main)
     assert status == 503 and headers["Retry-After"] == "1"
     assert msgspec.json.decode(payload)["error"]["message"] == (
-        f"the node holds {DEFAULT_MAX_BODY_BYTES_IN_FLIGHT} body bytes in flight; retry shortly")
+        f"the node holds {DEFAULT_MAX_BODY_BYTES_IN_FLIGHT} body bytes in flight; retry shortly"
+    )
 
 
 # -- what the trace keeps of a message -------------------------------------------------------
@@ -251,8 +270,9 @@ def test_recorded_turns_keep_at_most_the_cap_of_each_message(report: Any) -> Non
             statuses = []
             for turn in range(12):
                 body = _padded(b'{"messages": [{"role": "user", "content": "' + bytes([65 + turn]), b'"}]}', size)
-                statuses.append(await exchange(proxy.port, _head("/v1/chat/completions", len(body),
-                                                                 slot.model_secret), body))
+                statuses.append(
+                    await exchange(proxy.port, _head("/v1/chat/completions", len(body), slot.model_secret), body)
+                )
             return statuses
 
     t0 = time.monotonic()
@@ -267,9 +287,13 @@ def test_recorded_turns_keep_at_most_the_cap_of_each_message(report: Any) -> Non
     assert all(text_of(n.message.content).endswith(marker(length)) for n in users)
     assert held < 12 * (MAX_MESSAGE_CHARS + 1024)
     assert memory["held"] < 2 * held / MIB + 8, memory  # the trace, and nothing else of the bodies
-    report("21§3 recorded turns", "12 sequential 8 MiB turns of one session",
-           f"each message cut at {MAX_MESSAGE_CHARS >> 20} MiB, its length kept",
-           f"+{memory['held']:.0f} MiB held (was +96 MiB)", seconds)
+    report(
+        "21§3 recorded turns",
+        "12 sequential 8 MiB turns of one session",
+        f"each message cut at {MAX_MESSAGE_CHARS >> 20} MiB, its length kept",
+        f"+{memory['held']:.0f} MiB held (was +96 MiB)",
+        seconds,
+    )
 
 
 def test_a_cut_message_still_matches_the_next_turn_and_the_token_record_is_whole() -> None:
@@ -297,6 +321,7 @@ def test_a_cut_message_still_matches_the_next_turn_and_the_token_record_is_whole
     assert first.original_chars == len(long) and first.message.content == long[:40] + marker(len(long))
     assert whole.nodes[0].original_chars is None and whole.nodes[0].message.content == long
     got, want = token_sequences(cut), token_sequences(whole)
-    assert [(s.input_ids, s.loss_mask, s.logprobs) for s in got] == [(s.input_ids, s.loss_mask, s.logprobs)
-                                                                     for s in want]
+    assert [(s.input_ids, s.loss_mask, s.logprobs) for s in got] == [
+        (s.input_ids, s.loss_mask, s.logprobs) for s in want
+    ]
     assert got and sum(got[0].loss_mask) > 0

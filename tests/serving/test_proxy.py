@@ -24,7 +24,9 @@ def new_session(model: ScriptedModel | None = None, **kwargs: Any) -> RolloutSes
 
 
 @asynccontextmanager
-async def proxy(*sessions: RolloutSession, **kwargs: Any) -> AsyncIterator[tuple[HTTPInterception, list[Any], aiohttp.ClientSession]]:
+async def proxy(
+    *sessions: RolloutSession, **kwargs: Any
+) -> AsyncIterator[tuple[HTTPInterception, list[Any], aiohttp.ClientSession]]:
     async with AsyncExitStack() as stack:
         server = await stack.enter_async_context(HTTPInterception(**kwargs))
         slots = [await stack.enter_async_context(server.serve(s)) for s in sessions]
@@ -32,12 +34,19 @@ async def proxy(*sessions: RolloutSession, **kwargs: Any) -> AsyncIterator[tuple
         yield server, slots, client
 
 
-async def post(client: aiohttp.ClientSession, slot: Any, body: Any = BODY, *, secret: str | None = None,
-               headers: dict[str, str] | None = None) -> tuple[int, Any]:
+async def post(
+    client: aiohttp.ClientSession,
+    slot: Any,
+    body: Any = BODY,
+    *,
+    secret: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
     data = body if isinstance(body, bytes) else msgspec.json.encode(body)
     auth = {"Authorization": f"Bearer {secret if secret is not None else slot.model_secret}"}
-    async with client.post(f"{slot.base_url}/v1/chat/completions", data=data,
-                           headers={**auth, **(headers or {})}) as resp:
+    async with client.post(
+        f"{slot.base_url}/v1/chat/completions", data=data, headers={**auth, **(headers or {})}
+    ) as resp:
         raw = await resp.read()
         try:
             return resp.status, msgspec.json.decode(raw)
@@ -96,8 +105,7 @@ def test_400_names_the_bad_field() -> None:
             status, body = await post(client, slot, {"model": "m"})
             assert status == 400 and "messages" in body["error"]["message"]
             # Recorded params must fit the trace's msgpack (found by the security suite).
-            huge = {"messages": [{"role": "user", "content": "hi"}], "seed": 2**70,
-                    "extra_body": {"n": [1, -(2**64)]}}
+            huge = {"messages": [{"role": "user", "content": "hi"}], "seed": 2**70, "extra_body": {"n": [1, -(2**64)]}}
             status, body = await post(client, slot, huge)
             assert (status, body["error"]["param"]) == (400, "seed")
             del huge["seed"]
@@ -230,8 +238,11 @@ def test_streaming_answer_assembles_to_the_committed_turn() -> None:
     async def main() -> None:
         async with proxy(session) as (_, (slot,), client):
             body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
-            async with client.post(f"{slot.base_url}/v1/chat/completions", json=body,
-                                   headers={"Authorization": f"Bearer {slot.model_secret}"}) as resp:
+            async with client.post(
+                f"{slot.base_url}/v1/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {slot.model_secret}"},
+            ) as resp:
                 assert resp.headers["Content-Type"].startswith("text/event-stream")
                 assembler = StreamAssembler()
                 async for line in resp.content:
@@ -250,14 +261,17 @@ def test_models_route_and_state_secret_task_route() -> None:
 
     async def main() -> None:
         async with proxy(session) as (_, (slot,), client):
-            async with client.get(f"{slot.base_url}/v1/models",
-                                  headers={"Authorization": f"Bearer {slot.model_secret}"}) as resp:
+            async with client.get(
+                f"{slot.base_url}/v1/models", headers={"Authorization": f"Bearer {slot.model_secret}"}
+            ) as resp:
                 assert (await resp.json())["data"][0]["id"] == "sim"
-            async with client.get(f"{slot.base_url}/task",
-                                  headers={"Authorization": f"Bearer {slot.model_secret}"}) as resp:
+            async with client.get(
+                f"{slot.base_url}/task", headers={"Authorization": f"Bearer {slot.model_secret}"}
+            ) as resp:
                 assert resp.status == 401
-            async with client.get(f"{slot.base_url}/task",
-                                  headers={"Authorization": f"Bearer {slot.state_secret}"}) as resp:
+            async with client.get(
+                f"{slot.base_url}/task", headers={"Authorization": f"Bearer {slot.state_secret}"}
+            ) as resp:
                 assert await resp.json() == {"cls": None, "task": "{}"}  # upstream's shape (test_task_route.py)
 
     run(main)

@@ -54,13 +54,17 @@ async def _when(predicate: Any, what: str, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
-@pytest.mark.parametrize(("limits", "name", "admitted"), [
-    ({"max_turns": 2}, "max_turns", 2),
-    ({"max_output_tokens": 1}, "max_output_tokens", 1),
-    ({"max_total_tokens": 5}, "max_total_tokens", 1),
-])
-def test_limits_hold_under_30_concurrent_requests(limits: dict[str, int], name: str, admitted: int,
-                                                  report: Any) -> None:
+@pytest.mark.parametrize(
+    ("limits", "name", "admitted"),
+    [
+        ({"max_turns": 2}, "max_turns", 2),
+        ({"max_output_tokens": 1}, "max_output_tokens", 1),
+        ({"max_total_tokens": 5}, "max_total_tokens", 1),
+    ],
+)
+def test_limits_hold_under_30_concurrent_requests(
+    limits: dict[str, int], name: str, admitted: int, report: Any
+) -> None:
     model = GatedModel(completion_tokens=5)
     session = _session(model, **limits)
 
@@ -78,8 +82,13 @@ def test_limits_hold_under_30_concurrent_requests(limits: dict[str, int], name: 
     assert {body["error"]["message"] for status, body in answers if status == 400} == {f"rollout stopped: {name}"}
     assert model.calls == admitted and session.trace.num_turns == admitted
     assert session.trace.stop_condition == name
-    report(f"10§4 {name} under concurrency", f"30 concurrent requests, {name}={limits[name]}",
-           f"{admitted} turn(s) sampled, 28+ refused", "0 over the limit", time.monotonic() - t0)
+    report(
+        f"10§4 {name} under concurrency",
+        f"30 concurrent requests, {name}={limits[name]}",
+        f"{admitted} turn(s) sampled, 28+ refused",
+        "0 over the limit",
+        time.monotonic() - t0,
+    )
 
 
 def test_an_identical_streamed_retry_joins_the_request_in_flight(report: Any) -> None:
@@ -92,8 +101,10 @@ def test_an_identical_streamed_retry_joins_the_request_in_flight(report: Any) ->
             first = asyncio.create_task(_stream(client, slot, body))
             await model.arrived.wait()
             retry = asyncio.create_task(_stream(client, slot, body, retry=1))
-            await _when(lambda: len(_registration(session).inflight) == 1 and _registration(session).held.requests == 2,
-                        "the retry to reach the proxy")
+            await _when(
+                lambda: len(_registration(session).inflight) == 1 and _registration(session).held.requests == 2,
+                "the retry to reach the proxy",
+            )
             model.gate.set()
             return await first, await retry
 
@@ -101,8 +112,13 @@ def test_an_identical_streamed_retry_joins_the_request_in_flight(report: Any) ->
     first, retry = run(main)
     assert model.calls == 1 and session.trace.num_turns == 1
     assert first == retry and first.endswith(b"data: [DONE]\n\n")
-    report("10§4 streamed SDK retry", "identical stream:true retry while in flight", "joined: 1 model call",
-           "0 sampled twice", time.monotonic() - t0)
+    report(
+        "10§4 streamed SDK retry",
+        "identical stream:true retry while in flight",
+        "joined: 1 model call",
+        "0 sampled twice",
+        time.monotonic() - t0,
+    )
 
 
 _REGISTRATIONS: dict[int, Any] = {}
@@ -116,8 +132,9 @@ async def _stream(client: aiohttp.ClientSession, slot: Any, body: dict[str, Any]
     headers = {"Authorization": f"Bearer {slot.model_secret}"}
     if retry:
         headers["x-stainless-retry-count"] = str(retry)
-    async with client.post(f"{slot.base_url}/v1/chat/completions", data=msgspec.json.encode(body),
-                           headers=headers) as resp:
+    async with client.post(
+        f"{slot.base_url}/v1/chat/completions", data=msgspec.json.encode(body), headers=headers
+    ) as resp:
         assert resp.status == 200
         return await resp.read()
 
@@ -136,10 +153,17 @@ def _see_registrations(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(proxy_module._Registration, "__init__", init)
 
 
-async def _raw(port: int, secret: str, declared: int, sent: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _raw(
+    port: int, secret: str, declared: int, sent: bytes = b""
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\n"
-                  f"Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n").encode() + sent)
+    writer.write(
+        (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n"
+        ).encode()
+        + sent
+    )
     await writer.drain()
     return reader, writer
 
@@ -172,8 +196,13 @@ def test_a_rollout_gets_its_share_of_the_proxy_not_more(report: Any) -> None:
     huge, over, high = run(main)
     assert (huge, over) == (413, 429)
     assert high == 30 * mib  # the two stalled bodies; the third was refused before reading
-    report("10§4 proxy memory per rollout", "60 MiB body; 3 × 15 MiB stalled bodies",
-           "413 unread; 429 over 32 MiB in flight", "0 bytes over the share", time.monotonic() - t0)
+    report(
+        "10§4 proxy memory per rollout",
+        "60 MiB body; 3 × 15 MiB stalled bodies",
+        "413 unread; 429 over 32 MiB in flight",
+        "0 bytes over the share",
+        time.monotonic() - t0,
+    )
 
 
 def test_too_many_requests_of_one_rollout_in_flight_are_429() -> None:
@@ -211,5 +240,10 @@ def test_a_client_that_hangs_up_mid_stream_logs_no_error(caplog: pytest.LogCaptu
     loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert loud == [], [r.getMessage() for r in loud]
     assert session.trace.num_turns == 1  # the turn was sampled: it is on the trace
-    report("10§4 client hangs up mid-stream", "connection closed while sampling", "debug line only",
-           "0 tracebacks", time.monotonic() - t0)
+    report(
+        "10§4 client hangs up mid-stream",
+        "connection closed while sampling",
+        "debug line only",
+        "0 tracebacks",
+        time.monotonic() - t0,
+    )

@@ -20,10 +20,21 @@ from agent_install import npm_binary
 from rollout_ray._runtimes.sandbox import bwrap_path, sandbox_unavailable
 
 ROLLOUT = str(Path(__file__).parent / "programs" / "agent_rollout.py")
-AGENTS = [pytest.param("@openai/codex", "0.169.0", "codex", "codex_exec.py", "CODEX", "/responses",
-                       "'web_search' tool", id="codex"),
-          pytest.param("@anthropic-ai/claude-code", "2.1.328", "claude", "claude_print.py", "CLAUDE", "/messages",
-                       "(a thinking budget)", id="claude-code")]
+AGENTS = [
+    pytest.param(
+        "@openai/codex", "0.169.0", "codex", "codex_exec.py", "CODEX", "/responses", "'web_search' tool", id="codex"
+    ),
+    pytest.param(
+        "@anthropic-ai/claude-code",
+        "2.1.328",
+        "claude",
+        "claude_print.py",
+        "CLAUDE",
+        "/messages",
+        "(a thinking budget)",
+        id="claude-code",
+    ),
+]
 REASON = sandbox_unavailable(disk_limit=False)
 
 
@@ -31,11 +42,29 @@ REASON = sandbox_unavailable(disk_limit=False)
 @pytest.mark.skipif(REASON is not None, reason=f"no network namespace on this machine: {REASON}")
 @pytest.mark.parametrize(("package", "version", "binary", "wrapper", "variable", "endpoint", "dropped"), AGENTS)
 def test_real_agent_rollout_through_the_proxy_is_one_rewarded_sequence(
-        package: str, version: str, binary: str, wrapper: str, variable: str, endpoint: str, dropped: str) -> None:
+    package: str, version: str, binary: str, wrapper: str, variable: str, endpoint: str, dropped: str
+) -> None:
     path = npm_binary(package, version, binary)
-    done = subprocess.run([bwrap_path(), "--dev-bind", "/", "/", "--unshare-net", "--",
-                           sys.executable, "-W", "error", ROLLOUT, wrapper, variable, str(path.resolve())],
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [
+            bwrap_path(),
+            "--dev-bind",
+            "/",
+            "/",
+            "--unshare-net",
+            "--",
+            sys.executable,
+            "-W",
+            "error",
+            ROLLOUT,
+            wrapper,
+            variable,
+            str(path.resolve()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["errors"] == []

@@ -14,8 +14,9 @@ from rollout_ray._simulated.kv_cache import Seq
 from rollout_ray._simulated.scheduler import Scheduler
 
 SERVERS, SESSIONS, TURNS, KV_BLOCKS, SYSTEM = 4, 32, 6, 320, 512
-CAPACITY = CapacityConfig(max_batch=4, kv_blocks=KV_BLOCKS, step_base=0.01, step_per_seq=0.0002,
-                          prefill_per_token=0.0001)
+CAPACITY = CapacityConfig(
+    max_batch=4, kv_blocks=KV_BLOCKS, step_base=0.01, step_per_seq=0.0002, prefill_per_token=0.0001
+)
 
 
 def tool_wait(k: int, turn: int) -> float:

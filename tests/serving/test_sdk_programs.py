@@ -29,8 +29,9 @@ class Product(Task):
         return float(trace.last_reply == "51")
 
 
-@pytest.mark.parametrize(("program", "endpoint"), [("agents_sdk_calc.py", "/responses"),
-                                                   ("anthropic_calc.py", "/messages")])
+@pytest.mark.parametrize(
+    ("program", "endpoint"), [("agents_sdk_calc.py", "/responses"), ("anthropic_calc.py", "/messages")]
+)
 def test_sdk_program_with_a_tool_is_one_rewarded_sequence(program: str, endpoint: str) -> None:
     command = [sys.executable, "-W", "error", str(PROGRAMS / program)]
 
@@ -40,8 +41,13 @@ def test_sdk_program_with_a_tool_is_one_rewarded_sequence(program: str, endpoint
             assert server.base_url is not None
             model = OpenAIModel(server.base_url, name="simulated", token_capture="vllm")
             try:
-                rollout = Rollout(Product({"prompt": "Use the calculator: what is 17*3?"}), ProgramHarness(command),
-                                  model=model, interception=proxy, runtime_factory=LocalRuntime)
+                rollout = Rollout(
+                    Product({"prompt": "Use the calculator: what is 17*3?"}),
+                    ProgramHarness(command),
+                    model=model,
+                    interception=proxy,
+                    runtime_factory=LocalRuntime,
+                )
                 return await asyncio.wait_for(rollout.run(), 120)
             finally:
                 await model.aclose()

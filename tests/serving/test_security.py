@@ -38,16 +38,23 @@ READ_TIMEOUT = 0.25
 BOUND = 5.0
 """Every exchange must finish within this; longer is a hang."""
 
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 FEW = settings(FUZZ, max_examples=4)  # each example waits out READ_TIMEOUT
 
 NESTED = b"[" * 20_000 + b"]" * 20_000
 """JSON nested past msgspec's limit, the recursion limit (which Hypothesis raises while it runs a
 test), so decoding raises RecursionError, not DecodeError; under MAX_BODY."""
 DEEP_CHAT = b'{"messages": [{"role": "user", "content": "hi"}], "x": ' + NESTED + b"}"
-DEEP_TOOLS = (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
-              b'"function": {"name": "f", "parameters": {"x": ' + NESTED + b"}}}]}")
+DEEP_TOOLS = (
+    b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
+    b'"function": {"name": "f", "parameters": {"x": ' + NESTED + b"}}}]}"
+)
 DEEP_CALL = b'{"name": "bump", "arguments": {"by": ' + NESTED + b"}}"
 DEEP_CALL_TEXT = b'{"name": "bump", "arguments": "{\\"by\\": ' + NESTED + b'}"}'
 
@@ -123,8 +130,9 @@ class Rig:
     def watch(self) -> None:
         self.server.entered, self.server.left = asyncio.Event(), asyncio.Event()
 
-    async def request(self, method: str, url: str, body: bytes | None = None,
-                      headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    async def request(
+        self, method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
         async with asyncio.timeout(BOUND):
             async with self.client.request(method, url, data=body, headers=headers) as resp:
                 return resp.status, await resp.read()
@@ -150,11 +158,15 @@ async def proxy_rig() -> AsyncIterator[Rig]:
         url = f"{server.base_url}/v1/chat/completions"
         auth = {o: {"Authorization": f"Bearer {slot.model_secret}"} for o, slot in slots.items()}
         auth["x"] = {"Authorization": "Bearer not-a-registered-secret"}
-        rig = Rig(server, client, {"a": url, "b": url, "x": url}, auth,
-                  msgspec.json.encode(VALID_CHAT),
-                  lambda o: (sessions[o].trace.num_turns, len(sessions[o].trace.nodes),
-                             len(sessions[o].trace.calls)),
-                  {o: slot.state_secret for o, slot in slots.items()})
+        rig = Rig(
+            server,
+            client,
+            {"a": url, "b": url, "x": url},
+            auth,
+            msgspec.json.encode(VALID_CHAT),
+            lambda o: (sessions[o].trace.num_turns, len(sessions[o].trace.nodes), len(sessions[o].trace.calls)),
+            {o: slot.state_secret for o, slot in slots.items()},
+        )
         rig.watch()
         yield rig
         await rig.assert_healthy()
@@ -167,12 +179,22 @@ async def tool_rig() -> AsyncIterator[Rig]:
     async with AsyncExitStack() as stack:
         server = WatchedTools(max_body=MAX_BODY, read_timeout=READ_TIMEOUT)
         await stack.enter_async_context(server)
-        urls = {o: (await stack.enter_async_context(
-            server.serve([boxes[o]], None, on_call=records[o].append)))["box"] + "/call" for o in "ab"}
+        urls = {
+            o: (await stack.enter_async_context(server.serve([boxes[o]], None, on_call=records[o].append)))["box"]
+            + "/call"
+            for o in "ab"
+        }
         urls["x"] = f"{server.base_url}/t/not-a-registered-token/box/call"
         client = await stack.enter_async_context(new_client())
-        rig = Rig(server, client, urls, {"a": {}, "b": {}, "x": {}},
-                  msgspec.json.encode({"name": "bump"}), lambda o: (boxes[o].bumps, len(records[o])), {})
+        rig = Rig(
+            server,
+            client,
+            urls,
+            {"a": {}, "b": {}, "x": {}},
+            msgspec.json.encode({"name": "bump"}),
+            lambda o: (boxes[o].bumps, len(records[o])),
+            {},
+        )
         rig.watch()
         yield rig
         await rig.assert_healthy()
@@ -203,8 +225,11 @@ def running(kind: str, caplog: pytest.LogCaptureFixture) -> Iterator[tuple[Rig, 
             runner.run(rig_cm.__aexit__(None, None, None))
     # An unhandled error in a handler is logged by aiohttp even when no client sees its 500.
     # (aiohttp also logs, with a traceback, each malformed request it answers 400 itself.)
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR
-              and not (r.exc_info and isinstance(r.exc_info[1], HttpProcessingError))]
+    errors = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.ERROR and not (r.exc_info and isinstance(r.exc_info[1], HttpProcessingError))
+    ]
     assert errors == []
 
 
@@ -217,10 +242,16 @@ def assert_4xx_or_ok(status: int) -> None:
 VALID_CHAT = {"model": "m", "messages": [{"role": "user", "content": "2+2?"}]}
 
 short_text = st.text(max_size=8)
-json_leaf = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-             | st.floats(allow_nan=False, allow_infinity=False) | short_text)
-json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3)
-                          | st.dictionaries(short_text, inner, max_size=3), max_leaves=6)
+json_leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | short_text
+)
+json_value = st.recursive(
+    json_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(short_text, inner, max_size=3), max_leaves=6
+)
 
 
 def either(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -230,38 +261,61 @@ def either(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 content_part = st.one_of(
     st.fixed_dictionaries({"type": st.just("text"), "text": either(short_text)}),
-    st.fixed_dictionaries({"type": st.just("image_url"),
-                           "image_url": either(st.fixed_dictionaries({"url": either(short_text)}))}),
-    st.fixed_dictionaries({"type": either(st.sampled_from(["input_audio", "file", ""]))},
-                          optional={"text": json_value}),
+    st.fixed_dictionaries(
+        {"type": st.just("image_url"), "image_url": either(st.fixed_dictionaries({"url": either(short_text)}))}
+    ),
+    st.fixed_dictionaries(
+        {"type": either(st.sampled_from(["input_audio", "file", ""]))}, optional={"text": json_value}
+    ),
 )
 content = st.one_of(short_text, st.lists(either(content_part), max_size=3), json_value)
-tool_call = st.fixed_dictionaries({
-    "id": either(short_text), "type": either(st.just("function")),
-    "function": either(st.fixed_dictionaries({"name": either(short_text)},
-                                             optional={"arguments": either(st.just('{"a": 1}') | short_text)})),
-})
+tool_call = st.fixed_dictionaries(
+    {
+        "id": either(short_text),
+        "type": either(st.just("function")),
+        "function": either(
+            st.fixed_dictionaries(
+                {"name": either(short_text)}, optional={"arguments": either(st.just('{"a": 1}') | short_text)}
+            )
+        ),
+    }
+)
 message = st.fixed_dictionaries(
     {"role": either(st.sampled_from(["system", "developer", "user", "assistant", "tool", "function", ""]))},
-    optional={"content": content, "tool_calls": either(st.lists(tool_call, max_size=2)),
-              "tool_call_id": either(short_text), "name": either(short_text),
-              "reasoning_content": either(short_text)},
+    optional={
+        "content": content,
+        "tool_calls": either(st.lists(tool_call, max_size=2)),
+        "tool_call_id": either(short_text),
+        "name": either(short_text),
+        "reasoning_content": either(short_text),
+    },
 )
-tool_spec = st.fixed_dictionaries({
-    "type": either(st.just("function")),
-    "function": either(st.fixed_dictionaries(
-        {"name": either(short_text)},
-        optional={"description": either(short_text), "strict": either(st.booleans()),
-                  "parameters": either(st.dictionaries(short_text, json_value, max_size=2))})),
-})
+tool_spec = st.fixed_dictionaries(
+    {
+        "type": either(st.just("function")),
+        "function": either(
+            st.fixed_dictionaries(
+                {"name": either(short_text)},
+                optional={
+                    "description": either(short_text),
+                    "strict": either(st.booleans()),
+                    "parameters": either(st.dictionaries(short_text, json_value, max_size=2)),
+                },
+            )
+        ),
+    }
+)
 chat_body = st.fixed_dictionaries(
     {"messages": either(st.lists(message, min_size=1, max_size=3))},
     optional={
         "model": either(short_text),
         "tools": either(st.lists(tool_spec, max_size=2)),
-        "tool_choice": either(st.sampled_from(["auto", "none", "required"])
-                              | st.fixed_dictionaries({"type": st.just("function"),
-                                                       "function": st.fixed_dictionaries({"name": short_text})})),
+        "tool_choice": either(
+            st.sampled_from(["auto", "none", "required"])
+            | st.fixed_dictionaries(
+                {"type": st.just("function"), "function": st.fixed_dictionaries({"name": short_text})}
+            )
+        ),
         "n": either(st.integers(1, 4)),
         "stream": either(st.booleans()),
         "stream_options": either(st.fixed_dictionaries({"include_usage": either(st.booleans())})),
@@ -276,57 +330,116 @@ chat_body = st.fixed_dictionaries(
 )
 tool_body = st.fixed_dictionaries(
     {"name": either(st.sampled_from(["bump", "echo", "nope", "_bind", "__init__"]))},
-    optional={"arguments": st.one_of(
-        either(st.fixed_dictionaries({}, optional={"by": either(st.integers()), "text": either(short_text),
-                                                   "items": either(st.lists(st.integers(), max_size=2))})),
-        st.dictionaries(short_text, json_value, max_size=2).map(lambda v: msgspec.json.encode(v).decode()),
-        short_text,
-    )},
+    optional={
+        "arguments": st.one_of(
+            either(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "by": either(st.integers()),
+                        "text": either(short_text),
+                        "items": either(st.lists(st.integers(), max_size=2)),
+                    },
+                )
+            ),
+            st.dictionaries(short_text, json_value, max_size=2).map(lambda v: msgspec.json.encode(v).decode()),
+            short_text,
+        )
+    },
 )
 
 
-text_part = st.fixed_dictionaries({"type": either(st.sampled_from(["input_text", "output_text", "text", "input_image",
-                                                                   "input_file", "image"]))},
-                                  optional={"text": either(short_text), "image_url": either(short_text),
-                                            "source": json_value})
+text_part = st.fixed_dictionaries(
+    {"type": either(st.sampled_from(["input_text", "output_text", "text", "input_image", "input_file", "image"]))},
+    optional={"text": either(short_text), "image_url": either(short_text), "source": json_value},
+)
 response_item = st.one_of(
-    st.fixed_dictionaries({"role": either(st.sampled_from(["user", "assistant", "developer", "system", ""]))},
-                          optional={"type": either(st.just("message")),
-                                    "content": either(short_text | st.lists(either(text_part), max_size=2))}),
-    st.fixed_dictionaries({"type": st.just("function_call")},
-                          optional={"call_id": either(short_text), "name": either(short_text),
-                                    "arguments": either(short_text)}),
-    st.fixed_dictionaries({"type": st.just("function_call_output")},
-                          optional={"call_id": either(short_text),
-                                    "output": either(short_text | st.lists(either(text_part), max_size=2))}),
-    st.fixed_dictionaries({"type": either(st.sampled_from(["reasoning", "web_search_call", "item_reference"]))},
-                          optional={"summary": json_value, "content": json_value}),
+    st.fixed_dictionaries(
+        {"role": either(st.sampled_from(["user", "assistant", "developer", "system", ""]))},
+        optional={
+            "type": either(st.just("message")),
+            "content": either(short_text | st.lists(either(text_part), max_size=2)),
+        },
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("function_call")},
+        optional={"call_id": either(short_text), "name": either(short_text), "arguments": either(short_text)},
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("function_call_output")},
+        optional={
+            "call_id": either(short_text),
+            "output": either(short_text | st.lists(either(text_part), max_size=2)),
+        },
+    ),
+    st.fixed_dictionaries(
+        {"type": either(st.sampled_from(["reasoning", "web_search_call", "item_reference"]))},
+        optional={"summary": json_value, "content": json_value},
+    ),
 )
 responses_body = st.fixed_dictionaries(
     {"input": either(short_text | st.lists(either(response_item), max_size=4))},
     optional={
-        "instructions": either(short_text), "previous_response_id": either(short_text), "stream": either(st.booleans()),
-        "tools": either(st.lists(st.fixed_dictionaries({"type": either(st.sampled_from(["function", "web_search"]))},
-                                                       optional={"name": either(short_text),
-                                                                 "parameters": json_value}), max_size=2)),
+        "instructions": either(short_text),
+        "previous_response_id": either(short_text),
+        "stream": either(st.booleans()),
+        "tools": either(
+            st.lists(
+                st.fixed_dictionaries(
+                    {"type": either(st.sampled_from(["function", "web_search"]))},
+                    optional={"name": either(short_text), "parameters": json_value},
+                ),
+                max_size=2,
+            )
+        ),
         "tool_choice": json_value | st.sampled_from(["auto", "none", "required"]),
-        "max_output_tokens": json_value, "reasoning": json_value, "text": json_value, "store": json_value,
+        "max_output_tokens": json_value,
+        "reasoning": json_value,
+        "text": json_value,
+        "store": json_value,
     },
 )
 block = st.fixed_dictionaries(
     {"type": either(st.sampled_from(["text", "image", "tool_use", "tool_result", "thinking", "document"]))},
-    optional={"text": either(short_text), "id": either(short_text), "name": either(short_text),
-              "input": json_value, "tool_use_id": either(short_text), "content": json_value,
-              "thinking": either(short_text), "source": json_value, "cache_control": json_value})
-messages_body = st.fixed_dictionaries(
-    {"messages": either(st.lists(st.fixed_dictionaries(
-        {"role": either(st.sampled_from(["user", "assistant", "system", ""]))},
-        optional={"content": either(short_text | st.lists(either(block), max_size=3))}), max_size=3))},
     optional={
-        "system": either(short_text | st.lists(either(block), max_size=2)), "max_tokens": json_value,
-        "stream": either(st.booleans()), "tool_choice": json_value, "stop_sequences": json_value,
-        "thinking": json_value, "tools": either(st.lists(st.fixed_dictionaries(
-            {"name": either(short_text)}, optional={"input_schema": json_value, "type": json_value}), max_size=2)),
+        "text": either(short_text),
+        "id": either(short_text),
+        "name": either(short_text),
+        "input": json_value,
+        "tool_use_id": either(short_text),
+        "content": json_value,
+        "thinking": either(short_text),
+        "source": json_value,
+        "cache_control": json_value,
+    },
+)
+messages_body = st.fixed_dictionaries(
+    {
+        "messages": either(
+            st.lists(
+                st.fixed_dictionaries(
+                    {"role": either(st.sampled_from(["user", "assistant", "system", ""]))},
+                    optional={"content": either(short_text | st.lists(either(block), max_size=3))},
+                ),
+                max_size=3,
+            )
+        )
+    },
+    optional={
+        "system": either(short_text | st.lists(either(block), max_size=2)),
+        "max_tokens": json_value,
+        "stream": either(st.booleans()),
+        "tool_choice": json_value,
+        "stop_sequences": json_value,
+        "thinking": json_value,
+        "tools": either(
+            st.lists(
+                st.fixed_dictionaries(
+                    {"name": either(short_text)}, optional={"input_schema": json_value, "type": json_value}
+                ),
+                max_size=2,
+            )
+        ),
     },
 )
 
@@ -376,8 +489,10 @@ def test_any_body_gets_4xx_or_200_and_reaches_only_its_rollout(kind: str, caplog
         check()
 
 
-@pytest.mark.parametrize(("path", "bodies"), [("/v1/responses", responses_body), ("/v1/messages", messages_body),
-                                              ("/v1/messages/count_tokens", messages_body)])
+@pytest.mark.parametrize(
+    ("path", "bodies"),
+    [("/v1/responses", responses_body), ("/v1/messages", messages_body), ("/v1/messages/count_tokens", messages_body)],
+)
 def test_any_body_in_another_dialect_gets_4xx_or_200(path: str, bodies: Any, caplog: pytest.LogCaptureFixture) -> None:
     """The Responses and Messages readers are written by hand: any shape is a 400 naming the
     field (or is dropped), never a 500; a turn is committed exactly when the answer is a 200."""
@@ -426,11 +541,15 @@ def test_proxy_secret_reaches_exactly_its_own_rollout(caplog: pytest.LogCaptureF
     with running("proxy", caplog) as (rig, run):
 
         @FUZZ
-        @given(auth=st.sampled_from(AUTH_KINDS), owner=st.sampled_from("ab"),
-               made_up=st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_",
-                               min_size=1, max_size=40),
-               body=st.sampled_from([VALID_CHAT, {**VALID_CHAT, "stream": True}, {"messages": 3}]),
-               retry=st.sampled_from([None, "0", "1", "x"]))
+        @given(
+            auth=st.sampled_from(AUTH_KINDS),
+            owner=st.sampled_from("ab"),
+            made_up=st.text(
+                alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_", min_size=1, max_size=40
+            ),
+            body=st.sampled_from([VALID_CHAT, {**VALID_CHAT, "stream": True}, {"messages": 3}]),
+            retry=st.sampled_from([None, "0", "1", "x"]),
+        )
         @example(auth="other", owner="a", made_up="x", body=VALID_CHAT, retry=None)
         @example(auth="made_up", owner="a", made_up="x", body=VALID_CHAT, retry="1")
         def check(auth: str, owner: str, made_up: str, body: Any, retry: str | None) -> None:
@@ -438,8 +557,10 @@ def test_proxy_secret_reaches_exactly_its_own_rollout(caplog: pytest.LogCaptureF
             if retry is not None:
                 headers["x-stainless-retry-count"] = retry
             before = rig.footprints()
+
             async def post() -> tuple[int, bytes]:
                 return await rig.request("POST", rig.urls["a"], msgspec.json.encode(body), headers)
+
             status, _ = run(post())
             assert_4xx_or_ok(status)
             for o in "ab":
@@ -457,9 +578,14 @@ def test_tool_token_reaches_exactly_its_own_rollout(caplog: pytest.LogCaptureFix
         tokens = {o: rig.urls[o].split("/")[-3] for o in "ab"}
 
         @FUZZ
-        @given(token=st.one_of(st.sampled_from(["a", "b"]), st.text(
-                   alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=40)),
-               name=st.sampled_from(["box", "other", "Box", ""]), body=tool_body)
+        @given(
+            token=st.one_of(
+                st.sampled_from(["a", "b"]),
+                st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=40),
+            ),
+            name=st.sampled_from(["box", "other", "Box", ""]),
+            body=tool_body,
+        )
         @example(token="a", name="box", body={"name": "bump"})
         def check(token: str, name: str, body: Any) -> None:
             reached = token if token in tokens else None
@@ -477,8 +603,15 @@ def test_tool_token_reaches_exactly_its_own_rollout(caplog: pytest.LogCaptureFix
 
 
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "TRACE", "PROPFIND"]
-CONTENT_TYPES = ["application/json", "text/plain", "application/x-www-form-urlencoded",
-                 "multipart/form-data; boundary=zz", "application/json; charset=latin-1", "", "*/*;;"]
+CONTENT_TYPES = [
+    "application/json",
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=zz",
+    "application/json; charset=latin-1",
+    "",
+    "*/*;;",
+]
 
 
 @pytest.mark.parametrize("kind", ["proxy", "tools"])
@@ -486,16 +619,32 @@ def test_wrong_method_path_or_content_type_is_never_5xx(kind: str, caplog: pytes
     with running(kind, caplog) as (rig, run):
         good = rig.urls["a"]
         base = good.split("/v1/")[0] if kind == "proxy" else good.split("/t/")[0]
-        paths = [good[len(base):], "/", "/v1/models", "/task", "/v1/chat/completions/", "/V1/chat/completions",
-                 "/v1/../task", "/t/", "/t//box/call", good[len(base):].rsplit("/", 1)[0],
-                 good[len(base):] + "/more", "/%00", "/%ff%fe"]
+        paths = [
+            good[len(base) :],
+            "/",
+            "/v1/models",
+            "/task",
+            "/v1/chat/completions/",
+            "/V1/chat/completions",
+            "/v1/../task",
+            "/t/",
+            "/t//box/call",
+            good[len(base) :].rsplit("/", 1)[0],
+            good[len(base) :] + "/more",
+            "/%00",
+            "/%ff%fe",
+        ]
 
         @FUZZ
-        @given(method=st.sampled_from(METHODS),
-               path=st.one_of(st.sampled_from(paths), st.text(max_size=20).map(lambda t: "/" + t)),
-               content_type=st.one_of(st.sampled_from(CONTENT_TYPES), st.text(
-                   alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=20)))
-        @example(method="POST", path=good[len(base):], content_type="text/plain")
+        @given(
+            method=st.sampled_from(METHODS),
+            path=st.one_of(st.sampled_from(paths), st.text(max_size=20).map(lambda t: "/" + t)),
+            content_type=st.one_of(
+                st.sampled_from(CONTENT_TYPES),
+                st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=20),
+            ),
+        )
+        @example(method="POST", path=good[len(base) :], content_type="text/plain")
         def check(method: str, path: str, content_type: str) -> None:
             before = rig.footprints()
             url = URL(base + path.replace("?", "%3F").replace("#", "%23"))
@@ -531,13 +680,17 @@ def test_body_over_the_cap_is_413_and_leaves_no_trace(kind: str, caplog: pytest.
 # -- raw TCP: headers, bytes and bodies an HTTP client would not send ---------------------------
 
 
-def head(rig: Rig, owner: str, extra: Sequence[bytes] = (), *, length: int | None = None,
-         chunked: bool = False) -> bytes:
+def head(
+    rig: Rig, owner: str, extra: Sequence[bytes] = (), *, length: int | None = None, chunked: bool = False
+) -> bytes:
     path = rig.urls[owner].split(f":{rig.port}", 1)[1].encode()
     lines = [b"POST " + path + b" HTTP/1.1", b"Host: 127.0.0.1"]
     lines += [f"{k}: {v}".encode() for k, v in rig.auth[owner].items()]
-    lines.append(b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % (
-        len(rig.valid) if length is None else length))
+    lines.append(
+        b"Transfer-Encoding: chunked"
+        if chunked
+        else b"Content-Length: %d" % (len(rig.valid) if length is None else length)
+    )
     return b"\r\n".join(lines + list(extra)) + b"\r\n\r\n"
 
 
@@ -574,8 +727,12 @@ header_name = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-", min_size=1, max_si
 hostile_headers = st.one_of(
     st.integers(8200, 70000).map(lambda n: [b"X-Huge: " + b"h" * n]),  # over aiohttp's field size
     st.integers(129, 600).map(lambda n: [b"X-Many-%d: v" % i for i in range(n)]),  # over its count
-    st.lists(st.tuples(header_name, st.binary(max_size=40)).map(
-        lambda kv: kv[0].encode() + b": " + kv[1].replace(b"\r", b"").replace(b"\n", b"")), max_size=6),
+    st.lists(
+        st.tuples(header_name, st.binary(max_size=40)).map(
+            lambda kv: kv[0].encode() + b": " + kv[1].replace(b"\r", b"").replace(b"\n", b"")
+        ),
+        max_size=6,
+    ),
     st.binary(max_size=40).map(lambda v: [b"Authorization: Bearer " + v.replace(b"\r", b"").replace(b"\n", b"")]),
     st.binary(min_size=1, max_size=60).map(lambda v: [v]),  # a raw line: maybe not a header at all
 )
@@ -627,8 +784,9 @@ def test_stalled_or_trickled_body_is_cut_off_with_408(kind: str, caplog: pytest.
                 return status, loop.time() - started
 
         @FEW
-        @given(sent=st.integers(0, len(msgspec.json.encode(VALID_CHAT)) - 1), chunked=st.booleans(),
-               trickle=st.booleans())
+        @given(
+            sent=st.integers(0, len(msgspec.json.encode(VALID_CHAT)) - 1), chunked=st.booleans(), trickle=st.booleans()
+        )
         @example(sent=1, chunked=False, trickle=False)  # was a hang: the handler waited forever
         @example(sent=1, chunked=False, trickle=True)
         def check(sent: int, chunked: bool, trickle: bool) -> None:

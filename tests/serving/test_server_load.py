@@ -22,10 +22,12 @@ sglang:num_running_reqs_offline_batch{model_name="m"} 9.0
 
 
 def test_parse_load_sums_running_and_waiting_in_vllm_and_sglang_names() -> None:
-    vllm = ('vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
-            'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
-            'vllm:num_requests_waiting{engine="0",model_name="m"} 4.0\n'
-            'vllm:num_requests_waiting_by_reason{reason="capacity"} 8.0\n')
+    vllm = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 4.0\n'
+        'vllm:num_requests_waiting_by_reason{reason="capacity"} 8.0\n'
+    )
     assert parse_load(vllm) == 8
     assert parse_load(SGLANG) == 7
     assert parse_load("<html>not found</html>") is None
@@ -43,8 +45,7 @@ def test_a_server_busy_with_another_processs_calls_loses_a_session_to_an_idle_on
     held = SimulatedModelConfig(capacity=CapacityConfig(max_batch=2, step_base=3600.0))
 
     async def main() -> None:
-        async with SimulatedModelServer(held) as a, SimulatedModelServer(held) as b, \
-                aiohttp.ClientSession() as client:
+        async with SimulatedModelServer(held) as a, SimulatedModelServer(held) as b, aiohttp.ClientSession() as client:
             assert a.base_url and b.base_url and a.batcher
             pool = ServerPool([a.base_url, b.base_url], balance=1.25)
             clock = Clock()
@@ -53,9 +54,14 @@ def test_a_server_busy_with_another_processs_calls_loses_a_session_to_an_idle_on
             sb.inflight = 1
             assert pool.pick("s") is sa
             sb.inflight = 0
-            other = [asyncio.create_task(client.post(f"{a.base_url}/chat/completions",
-                                                     json={"messages": [{"role": "user", "content": f"q{i}"}]}))
-                     for i in range(3)]
+            other = [
+                asyncio.create_task(
+                    client.post(
+                        f"{a.base_url}/chat/completions", json={"messages": [{"role": "user", "content": f"q{i}"}]}
+                    )
+                )
+                for i in range(3)
+            ]
             async with asyncio.timeout(10):
                 while len(a.batcher.scheduler.running) + len(a.batcher.scheduler.waiting) < 3:
                     await asyncio.sleep(0.005)

@@ -28,8 +28,9 @@ def test_the_task_route_answers_the_data_class_and_its_json_and_the_row_rebuilds
 
     async def main() -> Any:
         async with HTTPInterception() as server, server.serve(session) as slot, aiohttp.ClientSession() as client:
-            async with client.get(f"{slot.base_url}/task",
-                                  headers={"Authorization": f"Bearer {slot.state_secret}"}) as resp:
+            async with client.get(
+                f"{slot.base_url}/task", headers={"Authorization": f"Bearer {slot.state_secret}"}
+            ) as resp:
                 assert resp.status == 200
                 return await resp.json()
 

@@ -24,8 +24,16 @@ from rollout_ray._simulated.config import SimulatedModelConfig
 from rollout_ray._simulated.template import render
 from rollout_ray._simulated.tokenizer import IM_END, encode
 
-CAPTURE_ONLY = {"token_ids", "prompt_token_ids", "prompt_logprobs", "prompt_text", "metadata", "meta_info",
-                "matched_stop", "stop_reason"}
+CAPTURE_ONLY = {
+    "token_ids",
+    "prompt_token_ids",
+    "prompt_logprobs",
+    "prompt_text",
+    "metadata",
+    "meta_info",
+    "matched_stop",
+    "stop_reason",
+}
 ANSWER_IDS = [*encode("4"), IM_END]
 
 
@@ -48,8 +56,9 @@ def content(status: int, body: dict[str, Any]) -> str:
 @pytest.mark.parametrize("agent_stream", [False, True], ids=["agent-json", "agent-sse"])
 @pytest.mark.parametrize("upstream_stream", [False, True], ids=["upstream-json", "upstream-sse"])
 @pytest.mark.parametrize("dialect", ["vllm", "sglang"])
-def test_capture_records_ids_logprobs_finish_and_version(dialect: str, upstream_stream: bool,
-                                                          agent_stream: bool) -> None:
+def test_capture_records_ids_logprobs_finish_and_version(
+    dialect: str, upstream_stream: bool, agent_stream: bool
+) -> None:
     async def main() -> None:
         config = SimulatedModelConfig(ttft=0, dialect=dialect, policy_version=3)  # type: ignore[arg-type]
         async with rig(config, token_capture=dialect, stream=upstream_stream) as r:
@@ -94,9 +103,16 @@ def test_harness_asking_logprobs_gets_them_in_openai_shape(capture: str | None, 
 
 
 def test_multi_turn_tool_rollout_records_every_turn() -> None:
-    tools = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
-                                               "parameters": {"type": "object",
-                                                              "properties": {"expression": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "calculator",
+                "description": "evaluate",
+                "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+            },
+        }
+    ]
 
     async def main() -> None:
         async with rig(SimulatedModelConfig(ttft=0), token_capture="vllm", stream=True) as r:
@@ -112,8 +128,10 @@ def test_multi_turn_tool_rollout_records_every_turn() -> None:
             second = r.last_response(slot)
             assert first.prompt_token_ids and first.token_ids and second.prompt_token_ids
             # The simulated template has the prefix property: turn 2's prompt extends turn 1's.
-            assert second.prompt_token_ids[: len(first.prompt_token_ids) + len(first.token_ids)] == \
-                first.prompt_token_ids + first.token_ids
+            assert (
+                second.prompt_token_ids[: len(first.prompt_token_ids) + len(first.token_ids)]
+                == first.prompt_token_ids + first.token_ids
+            )
             sampled = [n for n in session.trace.nodes if n.sampled]
             assert [n.token_ids for n in sampled] == [first.token_ids, second.token_ids]
 
@@ -128,7 +146,8 @@ def test_n_over_one_is_refused_with_400_before_anything_is_sampled() -> None:
             assert status == 400 and body["error"]["param"] == "n"
             assert body["error"]["message"] == (
                 "invalid request: `n` must be 1, got 2: each model call of a rollout records one reply; "
-                "send n requests to sample n replies")
+                "send n requests to sample n replies"
+            )
             assert r.servers[0].stats.requests == 0 and session.trace.nodes == []
             status, body = await r.post(slot, {"messages": QUESTION, "n": 1})
             assert status == 200
@@ -174,11 +193,14 @@ def test_auto_on_a_plain_server_captures_nothing_and_sends_no_extensions() -> No
     run(main)
 
 
-@pytest.mark.parametrize(("capture", "extensions"), [
-    (None, set()),
-    ("vllm", {"return_token_ids", "logprobs", "return_tokens_as_token_ids"}),
-    ("sglang", {"return_token_ids", "return_prompt_token_ids", "logprobs"}),
-])
+@pytest.mark.parametrize(
+    ("capture", "extensions"),
+    [
+        (None, set()),
+        ("vllm", {"return_token_ids", "logprobs", "return_tokens_as_token_ids"}),
+        ("sglang", {"return_token_ids", "return_prompt_token_ids", "logprobs"}),
+    ],
+)
 def test_request_extensions_per_dialect(capture: str | None, extensions: set[str]) -> None:
     async def main() -> None:
         async with recording_server() as (url, _, bodies):
@@ -191,10 +213,18 @@ def test_request_extensions_per_dialect(capture: str | None, extensions: set[str
 
 
 def test_token_id_tokens_stand_in_for_missing_completion_ids() -> None:
-    body = {"choices": [{"message": {"role": "assistant", "content": "4"}, "finish_reason": "stop",
-                         "logprobs": {"content": [{"token": "token_id:68", "logprob": -0.5},
-                                                  {"token": "token_id:2", "logprob": -0.25}]}}],
-            "prompt_token_ids": [1, 2, 3]}
+    body = {
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": "4"},
+                "finish_reason": "stop",
+                "logprobs": {
+                    "content": [{"token": "token_id:68", "logprob": -0.5}, {"token": "token_id:2", "logprob": -0.25}]
+                },
+            }
+        ],
+        "prompt_token_ids": [1, 2, 3],
+    }
     response = parse_response(msgspec.json.encode(body), capture=True, logprobs=False)
     assert response.token_ids == [68, 2] and response.token_logprobs == [-0.5, -0.25]
     assert response.prompt_token_ids == [1, 2, 3] and response.logprobs is None
@@ -215,17 +245,28 @@ def test_a_changed_policy_version_is_recorded_per_call() -> None:
 
 
 def test_sse_helper_round_trips() -> None:
-    raw = (b'data: {"choices":[{"index":0,"delta":{"content":"4"},"finish_reason":"stop"}]}\n\n'
-           b"data: [DONE]\n\n")
+    raw = b'data: {"choices":[{"index":0,"delta":{"content":"4"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
     assert sse(raw)["content"] == "4"
 
 
 def test_sglang_weight_version_stands_for_the_policy_version_without_a_header() -> None:
-    body = {"choices": [{"message": {"role": "assistant", "content": "4"}, "finish_reason": "stop",
-                         "prompt_token_ids": [1, 2], "token_ids": [68, 2],
-                         "logprobs": {"content": [{"token": "4", "logprob": -0.5, "bytes": [52], "top_logprobs": []},
-                                                  {"token": "<|im_end|>", "logprob": -0.1, "top_logprobs": []}]}}],
-            "metadata": {"weight_version": "7"}}
+    body = {
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": "4"},
+                "finish_reason": "stop",
+                "prompt_token_ids": [1, 2],
+                "token_ids": [68, 2],
+                "logprobs": {
+                    "content": [
+                        {"token": "4", "logprob": -0.5, "bytes": [52], "top_logprobs": []},
+                        {"token": "<|im_end|>", "logprob": -0.1, "top_logprobs": []},
+                    ]
+                },
+            }
+        ],
+        "metadata": {"weight_version": "7"},
+    }
     response = parse_response(msgspec.json.encode(body), capture=True, logprobs=False)
     assert (response.prompt_token_ids, response.token_ids) == ([1, 2], [68, 2])
     assert response.token_logprobs == [-0.5, -0.1] and response.policy_version == 7
@@ -315,10 +356,18 @@ def test_auto_misled_by_an_info_route_drops_the_fields_the_server_refuses_after_
     async def refuse_extensions(request: web.Request) -> web.StreamResponse:
         body = msgspec.json.decode(await request.read())
         if "return_token_ids" in body:
-            return web.json_response({"error": {"message": "Unrecognized request argument supplied: "
-                                                "return_token_ids", "type": "invalid_request_error"}}, status=400)
-        return web.json_response({"choices": [{"message": {"role": "assistant", "content": "4"},
-                                               "finish_reason": "stop"}]})
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "Unrecognized request argument supplied: return_token_ids",
+                        "type": "invalid_request_error",
+                    }
+                },
+                status=400,
+            )
+        return web.json_response(
+            {"choices": [{"message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"}]}
+        )
 
     async def main() -> None:
         async with recording_server(refuse_extensions, [web.get("/version", version)]) as (url, _, bodies):
@@ -337,8 +386,9 @@ def test_auto_misled_by_an_info_route_drops_the_fields_the_server_refuses_after_
 
 def test_a_400_naming_a_capture_field_is_final_when_the_capture_was_asked_for() -> None:
     async def refuse(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"error": {"message": "Unrecognized request argument supplied: "
-                                            "return_token_ids"}}, status=400)
+        return web.json_response(
+            {"error": {"message": "Unrecognized request argument supplied: return_token_ids"}}, status=400
+        )
 
     async def main() -> None:
         async with recording_server(refuse) as (url, _, bodies):

@@ -24,8 +24,9 @@ from rollout_ray._simulated.tokenizer import IM_END, decode, encode
 CALC = Tool("calc", "Evaluate arithmetic.", {"type": "object", "properties": {"expression": {"type": "string"}}})
 
 
-async def tool_rollout(scale_out: bool, drift: bool = True, stream: bool = False,
-                       token_in: Any = "auto") -> tuple[Trace, list[Any], SimulatedModelServer]:
+async def tool_rollout(
+    scale_out: bool, drift: bool = True, stream: bool = False, token_in: Any = "auto"
+) -> tuple[Trace, list[Any], SimulatedModelServer]:
     """A calculator call, its result reported, then an answer to "Go on.": three turns."""
     config = SimulatedModelConfig(ttft=0, template_drift=drift, scale_out=scale_out, policy_version=2)
     async with SimulatedModelServer(config) as server:
@@ -105,15 +106,17 @@ def test_changed_tools_start_a_new_sequence_rather_than_keep_a_stale_system_prom
     assert '"more"' in decode(full_prompt(trace, trace.calls[1]) or [])
 
 
-
 def test_kept_ids_longer_than_the_servers_rendering_leave_the_reply_the_length_asked() -> None:
     """A turn's kept ids (the previous prompt and sampled reply) may be longer than the server's
     rendering of that history (the tiny vLLM renders a sampled tool call of 38 ids, junk
     arguments parsed away, in fewer). The reply may still be as long as asked: only the context
     window may shorten it (there a third tool turn got 22 of its 64 tokens and stopped inside
     its tool call)."""
-    messages = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"},
-                {"role": "user", "content": "Go on."}]
+    messages = [
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": "5"},
+        {"role": "user", "content": "Go on."},
+    ]
     kept = render(messages[:1]) + encode("5 and some more") + [IM_END]  # sampled longer than it renders
 
     async def main() -> Any:

@@ -26,8 +26,9 @@ class MathTools(Toolset):
         return a + b
 
     @tool(name="scale")
-    async def scale_all(self, xs: list[float], factor: float = 2.0, label: str | None = None,
-                        tags: list[str] | None = None) -> dict[str, Any]:
+    async def scale_all(
+        self, xs: list[float], factor: float = 2.0, label: str | None = None, tags: list[str] | None = None
+    ) -> dict[str, Any]:
         """Multiply every number
         by a factor."""
         return {"xs": [x * factor for x in xs], "label": label, "tags": tags}
@@ -101,7 +102,10 @@ def test_schema_from_type_hints() -> None:
         "additionalProperties": False,
     }
     assert specs["wait"].parameters == {
-        "type": "object", "properties": {}, "required": [], "additionalProperties": False,
+        "type": "object",
+        "properties": {},
+        "required": [],
+        "additionalProperties": False,
     }
 
 
@@ -133,8 +137,7 @@ def test_call_validates_arguments_naming_the_bad_one() -> None:
     with pytest.raises(ToolInputError) as bad_type:
         run(lambda: tools.call("add", {"a": "one", "b": 2}, None))
     assert str(bad_type.value) == (
-        "invalid arguments for tool 'add': a: Input should be a valid integer, "
-        "unable to parse string as an integer"
+        "invalid arguments for tool 'add': a: Input should be a valid integer, unable to parse string as an integer"
     )
     assert bad_type.value.status_code == 400
     with pytest.raises(ToolInputError) as missing:
@@ -195,30 +198,53 @@ def test_server_lists_and_calls_tools() -> None:
                 status, listing = await get(http, url)
                 assert status == 200
                 assert [t["function"]["name"] for t in listing["tools"]] == ["add", "scale", "fail", "wait", "where"]
-                assert listing["tools"][0] == {"type": "function", "function": {
-                    "name": "add", "description": "Add two integers.",
-                    "parameters": MathTools().specs()[0].parameters}}
+                assert listing["tools"][0] == {
+                    "type": "function",
+                    "function": {
+                        "name": "add",
+                        "description": "Add two integers.",
+                        "parameters": MathTools().specs()[0].parameters,
+                    },
+                }
                 assert await post(http, url, {"name": "add", "arguments": {"a": 1, "b": 2}}) == (200, {"content": "3"})
                 # OpenAI-style JSON-text arguments are accepted too
-                assert await post(http, url, {"name": "where", "arguments": '{"path": "x"}'}) == (200, {"content": "RT x"})
+                assert await post(http, url, {"name": "where", "arguments": '{"path": "x"}'}) == (
+                    200,
+                    {"content": "RT x"},
+                )
                 assert await post(http, url, {"name": "fail", "arguments": {"reason": "no"}}) == (
-                    200, {"content": "ValueError: no", "is_error": True})
-                assert await post(http, url, {"name": "add", "arguments": {"a": "z", "b": 1}}) == (400, {
-                    "error": "invalid arguments for tool 'add': a: Input should be a valid integer, "
-                             "unable to parse string as an integer"})
+                    200,
+                    {"content": "ValueError: no", "is_error": True},
+                )
+                assert await post(http, url, {"name": "add", "arguments": {"a": "z", "b": 1}}) == (
+                    400,
+                    {
+                        "error": "invalid arguments for tool 'add': a: Input should be a valid integer, "
+                        "unable to parse string as an integer"
+                    },
+                )
                 assert await post(http, url, {"name": "nope"}) == (
-                    404, {"error": "unknown tool 'nope' in tool server 'math_tools'"})
+                    404,
+                    {"error": "unknown tool 'nope' in tool server 'math_tools'"},
+                )
                 status, body = await post(http, url, b"{not json")
                 assert status == 400 and body["error"].startswith("invalid tool call body: ")
                 assert await get(http, url.rsplit("/", 1)[0] + "/other") == (
-                    404, {"error": "no tool server named 'other'"})
+                    404,
+                    {"error": "no tool server named 'other'"},
+                )
         assert [(r.server, r.name, r.arguments, r.ok, r.error) for r in records] == [
             ("math_tools", "add", '{"a":1,"b":2}', True, None),
             ("math_tools", "where", '{"path":"x"}', True, None),
             ("math_tools", "fail", '{"reason":"no"}', False, "ValueError: no"),
-            ("math_tools", "add", '{"a":"z","b":1}', False,
-             "invalid arguments for tool 'add': a: Input should be a valid integer, "
-             "unable to parse string as an integer"),
+            (
+                "math_tools",
+                "add",
+                '{"a":"z","b":1}',
+                False,
+                "invalid arguments for tool 'add': a: Input should be a valid integer, "
+                "unable to parse string as an integer",
+            ),
             ("math_tools", "nope", "{}", False, "unknown tool 'nope' in tool server 'math_tools'"),
         ]
         assert all(0 <= r.duration < 10 for r in records)  # measured, not a hang
@@ -232,7 +258,9 @@ def test_call_timeout_is_an_error_result() -> None:
         async with ToolServer(call_timeout=0.05) as server, aiohttp.ClientSession() as http:
             async with server.serve([MathTools()], None, on_call=records.append) as urls:
                 assert await post(http, urls["math_tools"], {"name": "wait"}) == (
-                    200, {"content": "tool 'wait' timed out after 0.05s", "is_error": True})
+                    200,
+                    {"content": "tool 'wait' timed out after 0.05s", "is_error": True},
+                )
         assert [(r.name, r.ok, r.error) for r in records] == [("wait", False, "tool 'wait' timed out after 0.05s")]
         assert records[0].duration >= 0.05
 
@@ -252,10 +280,14 @@ def test_tokens_isolate_rollouts() -> None:
                 unknown = f"{server.base_url}/t/not-a-token/counter"
                 assert await get(http, unknown) == (401, {"error": "unknown or expired tool server token"})
                 assert await post(http, unknown, {"name": "bump"}) == (
-                    401, {"error": "unknown or expired tool server token"})
+                    401,
+                    {"error": "unknown or expired tool server token"},
+                )
             # after serve exits, the URLs are dead
             assert await post(http, a["counter"], {"name": "bump"}) == (
-                401, {"error": "unknown or expired tool server token"})
+                401,
+                {"error": "unknown or expired tool server token"},
+            )
             assert await get(http, b["math_tools"]) == (401, {"error": "unknown or expired tool server token"})
 
     run(main)

@@ -20,8 +20,12 @@ CALLS = 1100  # beyond the old cap of 1,024
 
 
 def _answer() -> web.Response:
-    body = {"id": "x", "object": "chat.completion", "model": "m",
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "4"}}]}
+    body = {
+        "id": "x",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "4"}}],
+    }
     return web.Response(text=json.dumps(body), content_type="application/json")
 
 

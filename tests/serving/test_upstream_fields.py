@@ -58,8 +58,9 @@ class Recording(SimulatedModelServer):
 
 
 @asynccontextmanager
-async def rig(operator: dict[str, Any], limits: RolloutLimits | None = None, forward: tuple[str, ...] = (),
-              **config: Any) -> AsyncIterator[tuple[Recording, Any, RolloutSession]]:
+async def rig(
+    operator: dict[str, Any], limits: RolloutLimits | None = None, forward: tuple[str, ...] = (), **config: Any
+) -> AsyncIterator[tuple[Recording, Any, RolloutSession]]:
     async with Recording(SimulatedModelConfig(ttft=0, **config)) as server, HTTPInterception() as proxy:
         assert server.base_url is not None
         model = OpenAIModel(server.base_url, name="simulated", forward_fields=forward)
@@ -69,8 +70,11 @@ async def rig(operator: dict[str, Any], limits: RolloutLimits | None = None, for
 
                 async def post(**fields: Any) -> dict[str, Any]:
                     body = {"model": "x", "messages": [{"role": "user", "content": "What is 2 + 3?"}], **fields}
-                    async with http.post(f"{slot.base_url}/v1/chat/completions", json=body,
-                                         headers={"Authorization": f"Bearer {slot.model_secret}"}) as resp:
+                    async with http.post(
+                        f"{slot.base_url}/v1/chat/completions",
+                        json=body,
+                        headers={"Authorization": f"Bearer {slot.model_secret}"},
+                    ) as resp:
                         assert resp.status == 200, await resp.text()
                         answer: dict[str, Any] = await resp.json()
                         return answer
@@ -90,8 +94,11 @@ def test_the_red_teams_thirty_fields_never_reach_the_server_and_each_is_on_the_t
 
     [body], trace = asyncio.run(main())
     assert set(body) & set(RED_TEAM) == set()
-    assert {k: body[k] for k in ("temperature", "seed", "max_tokens")} == {"temperature": 0.0, "seed": 3,
-                                                                             "max_tokens": 50}
+    assert {k: body[k] for k in ("temperature", "seed", "max_tokens")} == {
+        "temperature": 0.0,
+        "seed": 3,
+        "max_tokens": 50,
+    }
     assert trace.calls[0].dropped == dict.fromkeys(RED_TEAM, NOT_FORWARDED)
 
 
@@ -104,8 +111,9 @@ def test_the_operators_length_overrides_every_alias_the_agent_sends() -> None:
             return server.bodies, session.trace
 
     bodies, trace = asyncio.run(main())
-    assert [{k: b.get(k) for k in ("max_tokens", "max_completion_tokens")} for b in bodies] == \
-        [{"max_tokens": 16, "max_completion_tokens": None}] * 2
+    assert [{k: b.get(k) for k in ("max_tokens", "max_completion_tokens")} for b in bodies] == [
+        {"max_tokens": 16, "max_completion_tokens": None}
+    ] * 2
     assert trace.calls[0].dropped == {"max_completion_tokens": "the operator's max_tokens overrides it"}
     assert trace.calls[1].dropped == {"max_completion_tokens": "the operator's max_tokens overrides it"}
 
@@ -144,8 +152,12 @@ def test_a_forced_tool_choice_is_dropped_and_auto_goes() -> None:
 
     bodies, trace = asyncio.run(main())
     assert "tool_choice" not in bodies[0] and trace.calls[0].dropped == {"tool_choice": FORCED_TOOL}
-    assert {k: bodies[1][k] for k in ("tool_choice", "parallel_tool_calls", "user", "top_logprobs")} == \
-        {"tool_choice": "auto", "parallel_tool_calls": False, "user": "u1", "top_logprobs": 2}
+    assert {k: bodies[1][k] for k in ("tool_choice", "parallel_tool_calls", "user", "top_logprobs")} == {
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "user": "u1",
+        "top_logprobs": 2,
+    }
     assert trace.calls[1].dropped is None
 
 

@@ -13,8 +13,7 @@ from rollout_ray._simulated.config import SimulatedModelConfig
 from rollout_ray._simulated.server import SimulatedModelServer
 
 EVENTS = [
-    b'data: {"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],'
-    b'"prompt_token_ids":[1,2]}',
+    b'data: {"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[1,2]}',
     b'data: {"choices":[{"index":0,"delta":{"content":"fo"},"token_ids":[7],'
     b'"logprobs":{"content":[{"token":"fo","logprob":-0.5,"bytes":[102,111],"top_logprobs":[]}]}}]}',
     b'data: {"choices":[{"index":0,"delta":{"content":"ur"},"finish_reason":"stop","token_ids":[8],'
@@ -38,12 +37,20 @@ def streamer(piece: int, separator: bytes = b"\n\n", last: bytes = b"\n\n"):  # 
     return answer
 
 
-@pytest.mark.parametrize(("piece", "separator", "last"), [
-    (1 << 20, b"\n\n", b"\n\n"), (7, b"\n\n", b"\n\n"), (1, b"\r\n\r\n", b"\r\n\r\n"), (64, b"\n\n", b""),
-], ids=["one-read", "7-byte-reads", "crlf-1-byte-reads", "no-final-newline"])
+@pytest.mark.parametrize(
+    ("piece", "separator", "last"),
+    [
+        (1 << 20, b"\n\n", b"\n\n"),
+        (7, b"\n\n", b"\n\n"),
+        (1, b"\r\n\r\n", b"\r\n\r\n"),
+        (64, b"\n\n", b""),
+    ],
+    ids=["one-read", "7-byte-reads", "crlf-1-byte-reads", "no-final-newline"],
+)
 @pytest.mark.parametrize("capture", [None, "vllm"])
-def test_a_stream_assembles_the_same_however_it_arrives(piece: int, separator: bytes, last: bytes,
-                                                        capture: str | None) -> None:
+def test_a_stream_assembles_the_same_however_it_arrives(
+    piece: int, separator: bytes, last: bytes, capture: str | None
+) -> None:
     async def main() -> None:
         async with recording_server(streamer(piece, separator, last)) as (url, _, _):
             model = OpenAIModel(url, stream=True, token_capture=capture)  # type: ignore[arg-type]

@@ -157,8 +157,7 @@ def test_the_server_batches_caches_and_reports_in_vllms_metric_names() -> None:
                 return await resp.json()
 
         # five rollouts' first turns at once: two run, three wait
-        firsts = await asyncio.gather(*[chat([system, {"role": "user", "content": f"task {i}"}])
-                                        for i in range(5)])
+        firsts = await asyncio.gather(*[chat([system, {"role": "user", "content": f"task {i}"}]) for i in range(5)])
         async with session.get(f"{root}/metrics") as resp:
             assert resp.status == 200 and resp.content_type == "text/plain"
             m = _metrics(await resp.text())

@@ -21,23 +21,34 @@ ROUTE = {"vllm": "/inference/v1/generate", "sglang": "/generate"}
 
 async def chat(session: aiohttp.ClientSession, root: str, **extra: Any) -> tuple[list[int], list[int], list[float]]:
     """An uninterrupted chat completion: ``(prompt ids, completion ids, logprobs)``."""
-    status, data = await call(session, "POST", f"{root}/v1/chat/completions",
-                              json={"messages": QUESTION, **CAPTURE, **extra})
+    status, data = await call(
+        session, "POST", f"{root}/v1/chat/completions", json={"messages": QUESTION, **CAPTURE, **extra}
+    )
     assert status == 200, data
     choice = data["choices"][0]
     prompt = data.get("prompt_token_ids") or choice["prompt_token_ids"]
     return prompt, choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
 
 
-async def rest(session: aiohttp.ClientSession, root: str, dialect: str, ids: list[int],
-               sampling: dict[str, Any] | None = None, **extra: Any) -> tuple[list[int], list[float], Any]:
+async def rest(
+    session: aiohttp.ClientSession,
+    root: str,
+    dialect: str,
+    ids: list[int],
+    sampling: dict[str, Any] | None = None,
+    **extra: Any,
+) -> tuple[list[int], list[float], Any]:
     """Continue ``ids`` on the token-in route: ``(new ids, their logprobs, versions)``."""
     sampling = sampling or {}
     if dialect == "vllm":
         body = {"token_ids": ids, "sampling_params": {**sampling, "logprobs": 0}, **extra}
     else:
-        body = {"input_ids": ids, "sampling_params": {"sampling_seed": sampling.get("seed"), **sampling},
-                "return_logprob": True, **extra}
+        body = {
+            "input_ids": ids,
+            "sampling_params": {"sampling_seed": sampling.get("seed"), **sampling},
+            "return_logprob": True,
+            **extra,
+        }
         body["sampling_params"].pop("seed", None)
     status, data = await call(session, "POST", f"{root}{ROUTE[dialect]}", json=body)
     assert status == 200, data
@@ -51,8 +62,7 @@ async def rest(session: aiohttp.ClientSession, root: str, dialect: str, ids: lis
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 4}], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("dialect", ["vllm", "sglang"])
-def test_a_completion_continued_from_any_point_is_the_uninterrupted_one(dialect: str, sampling: dict[str, Any]
-                                                                        ) -> None:
+def test_a_completion_continued_from_any_point_is_the_uninterrupted_one(dialect: str, sampling: dict[str, Any]) -> None:
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
         prompt, ids, logprobs = await chat(session, root, **sampling)
         assert len(ids) == 8 + 2 and ids[-1] == IM_END  # the preamble, "42", <|im_end|>
@@ -85,8 +95,12 @@ def test_under_another_version_the_new_version_writes_the_rest(dialect: str) -> 
 def test_max_tokens_counts_the_new_tokens_and_the_config_caps_the_whole() -> None:
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
         prompt, ids, _ = await chat(session, root)
-        status, data = await call(session, "POST", f"{root}/inference/v1/generate",
-                                  json={"token_ids": prompt + ids[:2], "sampling_params": {"max_tokens": 3}})
+        status, data = await call(
+            session,
+            "POST",
+            f"{root}/inference/v1/generate",
+            json={"token_ids": prompt + ids[:2], "sampling_params": {"max_tokens": 3}},
+        )
         (choice,) = data["choices"]
         assert (choice["token_ids"], choice["finish_reason"], choice["logprobs"]) == (ids[2:5], "length", None)
         tokens, _, _ = await rest(session, root, "vllm", prompt + ids[:2], {"max_tokens": 100})
@@ -102,21 +116,34 @@ def test_vllm_answers_in_its_token_shapes() -> None:
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
         prompt, ids, logprobs = await chat(session, root, top_logprobs=3)
         ask = {"token_ids": prompt, "sampling_params": {"logprobs": 2}, "return_token_ids": True}
-        status, data = await call(session, "POST", f"{root}/inference/v1/generate", json=ask,
-                                  headers={"X-Request-Id": "r7"})
+        status, data = await call(
+            session, "POST", f"{root}/inference/v1/generate", json=ask, headers={"X-Request-Id": "r7"}
+        )
         assert status == 200 and data["request_id"] == "generate-tokens-r7" and data["output_mode"] == "tokens"
         assert data["prompt_token_ids"] == prompt and data["usage"]["completion_tokens"] == len(ids)
         (choice,) = data["choices"]
-        assert set(choice) == {"index", "finish_reason", "stop_reason", "token_ids", "routed_experts",
-                               "sampling_mask", "weight_versions", "logprobs"}
+        assert set(choice) == {
+            "index",
+            "finish_reason",
+            "stop_reason",
+            "token_ids",
+            "routed_experts",
+            "sampling_mask",
+            "weight_versions",
+            "logprobs",
+        }
         assert (choice["token_ids"], choice["finish_reason"]) == (ids, "stop")
         for entry, token, number in zip(choice["logprobs"]["content"], ids, logprobs, strict=True):
             assert (entry["token_id"], entry["logprob"]) == (token, number)
             top = entry["top_logprobs"]
             assert top[0] == {"token_id": token, "logprob": number, "rank": entry["rank"]}
             assert 2 <= len(top) <= 3 and [t["rank"] for t in top[1:]] == sorted(t["rank"] for t in top[1:])
-        status, chunks = await call(session, "POST", f"{root}/inference/v1/generate",
-                                    json={**ask, "stream": True, "stream_options": {"include_usage": True}})
+        status, chunks = await call(
+            session,
+            "POST",
+            f"{root}/inference/v1/generate",
+            json={**ask, "stream": True, "stream_options": {"include_usage": True}},
+        )
         assert chunks[-1] == "[DONE]" and chunks[-2]["usage"]["completion_tokens"] == len(ids)
         tokens = chunks[:-2]
         assert [c["choices"][0]["token_ids"] for c in tokens] == [[i] for i in ids]  # one token a chunk
@@ -135,7 +162,11 @@ def test_sglang_answers_in_its_generate_shapes() -> None:
         assert status == 200 and data["output_ids"] == ids and data["text"] == decode(ids[:-1])
         meta = data["meta_info"]
         assert meta["id"] == "job-1" and meta["finish_reason"] == {"type": "stop", "matched": IM_END}
-        assert (meta["prompt_tokens"], meta["completion_tokens"], meta["weight_version"]) == (len(prompt), len(ids), "5")
+        assert (meta["prompt_tokens"], meta["completion_tokens"], meta["weight_version"]) == (
+            len(prompt),
+            len(ids),
+            "5",
+        )
         assert meta["output_token_logprobs"] == [[lp, i, None] for lp, i in zip(logprobs, ids)]
         assert all(len(top) == 2 for top in meta["output_top_logprobs"])
         status, raw = await call(session, "POST", f"{root}/generate", json={**ask, "stream": True})
@@ -146,20 +177,25 @@ def test_sglang_answers_in_its_generate_shapes() -> None:
         assert [c["meta_info"]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
         last = chunks[-1]
         assert {**last, "meta_info": {**last["meta_info"], "e2e_latency": 0}} == {
-            **data, "meta_info": {**meta, "e2e_latency": 0}}
+            **data,
+            "meta_info": {**meta, "e2e_latency": 0},
+        }
 
     run(body, dialect="sglang", preamble_tokens=6, policy_version=5, per_token=0.01)
 
 
-@pytest.mark.parametrize("ask, param", [
-    ({"token_ids": []}, "token_ids"),
-    ({"token_ids": [1, -2]}, "token_ids"),
-    ({"token_ids": [7]}, "token_ids"),  # reserved: no text encodes to it
-    ({"token_ids": [20], "sampling_params": {"n": 2}}, "n"),
-    ({"token_ids": [20], "sampling_params": {"max_tokens": 0}}, "max_tokens"),
-    ({"token_ids": [20], "sampling_params": {"temperature": "hot"}}, "temperature"),
-    ({"token_ids": [20], "sampling_params": []}, "sampling_params"),
-])
+@pytest.mark.parametrize(
+    "ask, param",
+    [
+        ({"token_ids": []}, "token_ids"),
+        ({"token_ids": [1, -2]}, "token_ids"),
+        ({"token_ids": [7]}, "token_ids"),  # reserved: no text encodes to it
+        ({"token_ids": [20], "sampling_params": {"n": 2}}, "n"),
+        ({"token_ids": [20], "sampling_params": {"max_tokens": 0}}, "max_tokens"),
+        ({"token_ids": [20], "sampling_params": {"temperature": "hot"}}, "temperature"),
+        ({"token_ids": [20], "sampling_params": []}, "sampling_params"),
+    ],
+)
 def test_bad_token_requests_get_400_naming_the_field(ask: dict[str, Any], param: str) -> None:
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> Any:
         status, data = await call(session, "POST", f"{root}/inference/v1/generate", json=ask)

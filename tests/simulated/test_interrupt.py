@@ -21,8 +21,9 @@ LONG = {"preamble_tokens": 1000, "per_token": 0.01, "max_completion_tokens": 200
 CHAT = {"messages": user("What is 17 + 25?"), **CAPTURE}
 
 
-async def open_stream(session: aiohttp.ClientSession, root: str, path: str, payload: dict[str, Any],
-                      tokens: int, **headers: str) -> tuple[aiohttp.ClientResponse, list[Any]]:
+async def open_stream(
+    session: aiohttp.ClientSession, root: str, path: str, payload: dict[str, Any], tokens: int, **headers: str
+) -> tuple[aiohttp.ClientResponse, list[Any]]:
     """Start a stream and read it until ``tokens`` tokens came; the response stays open."""
     resp = await session.post(f"{root}{path}", json=payload, headers=headers)
     got: list[Any] = []
@@ -40,8 +41,10 @@ async def read_rest(resp: aiohttp.ClientResponse) -> list[Any]:
 
 def test_closing_a_stream_stops_its_generation_at_once() -> None:
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
-        for path, payload in [("/v1/chat/completions", {**CHAT, "stream": True}),
-                              ("/inference/v1/generate", {"token_ids": [20], "stream": True})]:
+        for path, payload in [
+            ("/v1/chat/completions", {**CHAT, "stream": True}),
+            ("/inference/v1/generate", {"token_ids": [20], "stream": True}),
+        ]:
             resp, _ = await open_stream(session, root, path, payload, 3)
             resp.close()
             await until(lambda: not server.engine.flights)
@@ -53,8 +56,9 @@ def test_closing_a_stream_stops_its_generation_at_once() -> None:
 def test_a_client_that_gives_up_on_a_json_answer_stops_it_too() -> None:
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
         with pytest.raises(TimeoutError):
-            await call(session, "POST", f"{root}/v1/chat/completions", json=CHAT,
-                       timeout=aiohttp.ClientTimeout(total=0.2))
+            await call(
+                session, "POST", f"{root}/v1/chat/completions", json=CHAT, timeout=aiohttp.ClientTimeout(total=0.2)
+            )
         await until(lambda: not server.engine.flights)
         assert server.stats.aborted == 1
 
@@ -63,15 +67,22 @@ def test_a_client_that_gives_up_on_a_json_answer_stops_it_too() -> None:
 
 def test_abort_requests_ends_a_stream_with_an_abort_chunk_after_the_tokens_sampled() -> None:
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
-        resp, got = await open_stream(session, root, "/v1/chat/completions", {**CHAT, "stream": True}, 3,
-                                      **{"X-Request-Id": "r1"})
+        resp, got = await open_stream(
+            session, root, "/v1/chat/completions", {**CHAT, "stream": True}, 3, **{"X-Request-Id": "r1"}
+        )
         answer = await call(session, "POST", f"{root}/abort_requests", json={"request_ids": ["chatcmpl-r1"]})
         assert answer == (200, {"status": "aborted", "aborted": 1})
         got += await read_rest(resp)
         assert got[-1] == "[DONE]" and got[0]["id"] == "chatcmpl-r1"
         *tokens, end = [c["choices"][0] for c in got[1:-1]]
-        assert end == {"index": 0, "delta": {}, "logprobs": {"content": []}, "finish_reason": "abort",
-                       "stop_reason": None, "token_ids": []}  # as vLLM 0.32 ends an aborted stream
+        assert end == {
+            "index": 0,
+            "delta": {},
+            "logprobs": {"content": []},
+            "finish_reason": "abort",
+            "stop_reason": None,
+            "token_ids": [],
+        }  # as vLLM 0.32 ends an aborted stream
         assert all(len(c["token_ids"]) == len(c["logprobs"]["content"]) == 1 for c in tokens)
         assert len(tokens) >= 3 and server.stats.tokens == len(tokens)
 
@@ -80,8 +91,9 @@ def test_abort_requests_ends_a_stream_with_an_abort_chunk_after_the_tokens_sampl
 
 def test_abort_requests_ends_a_json_answer_with_the_completion_so_far() -> None:
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
-        held = asyncio.create_task(call(session, "POST", f"{root}/v1/chat/completions",
-                                        json={**CHAT, "request_id": "j1"}))
+        held = asyncio.create_task(
+            call(session, "POST", f"{root}/v1/chat/completions", json={**CHAT, "request_id": "j1"})
+        )
         await until(lambda: "chatcmpl-j1" in server.engine.flights)
         flight = server.engine.flights["chatcmpl-j1"]
         await until(lambda: flight.elapsed() > 0.05)  # some tokens are produced: how many does not matter
@@ -98,10 +110,13 @@ def test_abort_requests_ends_a_json_answer_with_the_completion_so_far() -> None:
 
 def test_abort_requests_without_ids_aborts_everything_in_flight() -> None:
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
-        streams = [await open_stream(session, root, "/v1/chat/completions", {**CHAT, "stream": True}, 1)
-                   for _ in range(2)]
+        streams = [
+            await open_stream(session, root, "/v1/chat/completions", {**CHAT, "stream": True}, 1) for _ in range(2)
+        ]
         assert await call(session, "POST", f"{root}/abort_requests", json={}) == (
-            200, {"status": "aborted", "aborted": 2})
+            200,
+            {"status": "aborted", "aborted": 2},
+        )
         for resp, _ in streams:
             assert (await read_rest(resp))[-2]["choices"][0]["finish_reason"] == "abort"
 
@@ -114,8 +129,14 @@ def test_pause_abort_aborts_and_holds_new_requests_until_resume() -> None:
         assert await call(session, "POST", f"{root}/pause?mode=abort") == (200, {"status": "paused"})
         assert (await read_rest(resp))[-2]["choices"][0]["finish_reason"] == "abort"
         assert await call(session, "GET", f"{root}/is_paused") == (200, {"is_paused": True})
-        held = asyncio.create_task(call(session, "POST", f"{root}/v1/chat/completions",
-                                        json={"messages": user("What is 1 + 1?"), "max_tokens": 2}))
+        held = asyncio.create_task(
+            call(
+                session,
+                "POST",
+                f"{root}/v1/chat/completions",
+                json={"messages": user("What is 1 + 1?"), "max_tokens": 2},
+            )
+        )
         await until(lambda: server.stats.requests == 2)
         await asyncio.sleep(0.05)
         assert not held.done() and not server.engine.flights  # arrived, not admitted
@@ -140,7 +161,9 @@ def test_pause_keep_freezes_generations_and_resume_goes_on_under_the_version_loa
         await asyncio.sleep(0.05)
         assert server.engine.flights and server.stats.tokens == frozen  # nothing is produced while paused
         assert await call(session, "POST", f"{root}/update_weight_version", json={"new_version": "1"}) == (
-            200, {"success": True, "new_version": "1"})
+            200,
+            {"success": True, "new_version": "1"},
+        )
         assert await call(session, "GET", f"{root}/weight_info") == (200, {"weight_version": "1"})
         await call(session, "POST", f"{root}/resume")
         got += await read_rest(resp)
@@ -151,9 +174,12 @@ def test_pause_keep_freezes_generations_and_resume_goes_on_under_the_version_loa
         assert len(ids) == 60 and [s["version"] for s in spans] == ["0", "1"]
         cut = spans[0]["end"]
         assert spans == [{"version": "0", "start": 0, "end": cut}, {"version": "1", "start": cut, "end": 60}]
-        status, data = await call(session, "POST", f"{root}/inference/v1/generate",
-                                  json={"token_ids": prompt + ids[:cut],
-                                        "sampling_params": {"max_tokens": 60 - cut, "logprobs": 0}})
+        status, data = await call(
+            session,
+            "POST",
+            f"{root}/inference/v1/generate",
+            json={"token_ids": prompt + ids[:cut], "sampling_params": {"max_tokens": 60 - cut, "logprobs": 0}},
+        )
         (rest,) = data["choices"]
         assert rest["token_ids"] == ids[cut:] and [e["logprob"] for e in rest["logprobs"]["content"]] == numbers[cut:]
 
@@ -173,13 +199,15 @@ def test_pause_wait_returns_once_the_generations_in_flight_are_done() -> None:
 
 def test_a_plain_stream_is_aborted_too() -> None:
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
-        resp = await session.post(f"{root}/v1/chat/completions",
-                                  json={"messages": user("What is 1 + 1?"), "stream": True})
+        resp = await session.post(
+            f"{root}/v1/chat/completions", json={"messages": user("What is 1 + 1?"), "stream": True}
+        )
         assert (await resp.content.readline()).startswith(b"data: ")  # the role chunk
         await call(session, "POST", f"{root}/abort_requests", json={})
         got = await read_rest(resp)
-        assert got[-2]["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "abort",
-                                       "stop_reason": None}]
+        assert got[-2]["choices"] == [
+            {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "abort", "stop_reason": None}
+        ]
 
     run(body, **LONG)
 
@@ -195,12 +223,18 @@ def test_sglang_aborts_by_rid_prefix_or_all_and_pauses_in_its_shapes() -> None:
         for job in jobs[:2]:
             assert (await job)[1]["meta_info"]["finish_reason"]["type"] == "abort"
         assert await call(session, "POST", f"{root}/pause_generation", json={"mode": "in_place"}) == (
-            200, {"message": "Generation paused successfully.", "status": "ok"})
+            200,
+            {"message": "Generation paused successfully.", "status": "ok"},
+        )
         assert server.engine.frozen and not jobs[2].done()
         assert (await call(session, "POST", f"{root}/continue_generation", json={}))[0] == 200
         await call(session, "POST", f"{root}/abort_request", json={"abort_all": True})
         assert (await jobs[2])[1]["meta_info"]["finish_reason"] == {
-            "type": "abort", "message": "Aborted by AbortReq.", "status_code": None, "err_type": None}
+            "type": "abort",
+            "message": "Aborted by AbortReq.",
+            "status_code": None,
+            "err_type": None,
+        }
 
     run(body, dialect="sglang", **LONG)
 
@@ -209,10 +243,13 @@ def test_sglang_update_weights_from_disk_waits_for_the_generations_in_flight_the
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
         job = asyncio.create_task(call(session, "POST", f"{root}/generate", json={"input_ids": [20]}))
         await until(lambda: bool(server.engine.flights))
-        answer = await call(session, "POST", f"{root}/update_weights_from_disk",
-                            json={"model_path": "/ckpt/2", "weight_version": "2"})
-        assert answer == (200, {"success": True, "message": "Succeeded to update model weights.",
-                                "num_paused_requests": 0})
+        answer = await call(
+            session, "POST", f"{root}/update_weights_from_disk", json={"model_path": "/ckpt/2", "weight_version": "2"}
+        )
+        assert answer == (
+            200,
+            {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0},
+        )
         assert job.done() and (await job)[1]["meta_info"]["weight_version"] == "0"
         assert server.policy_version == 2 and server.engine.paused is None
         status, info = await call(session, "GET", f"{root}/model_info")
@@ -221,14 +258,17 @@ def test_sglang_update_weights_from_disk_waits_for_the_generations_in_flight_the
     run(body, dialect="sglang", preamble_tokens=20, per_token=0.01)
 
 
-@pytest.mark.parametrize("dialect, method, path, payload", [
-    ("vllm", "POST", "/pause?mode=later", None),
-    ("vllm", "POST", "/abort_requests", {"request_ids": "r1"}),
-    ("vllm", "POST", "/update_weight_version", {"new_version": "v2"}),
-    ("vllm", "POST", "/update_weight_version", {}),
-    ("sglang", "POST", "/pause_generation", {"mode": "later"}),
-    ("sglang", "POST", "/update_weights_from_disk", {"model_path": "/ckpt"}),
-])
+@pytest.mark.parametrize(
+    "dialect, method, path, payload",
+    [
+        ("vllm", "POST", "/pause?mode=later", None),
+        ("vllm", "POST", "/abort_requests", {"request_ids": "r1"}),
+        ("vllm", "POST", "/update_weight_version", {"new_version": "v2"}),
+        ("vllm", "POST", "/update_weight_version", {}),
+        ("sglang", "POST", "/pause_generation", {"mode": "later"}),
+        ("sglang", "POST", "/update_weights_from_disk", {"model_path": "/ckpt"}),
+    ],
+)
 def test_bad_control_requests_get_400_and_change_nothing(dialect: str, method: str, path: str, payload: Any) -> None:
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
         status, data = await call(session, method, f"{root}{path}", json=payload)

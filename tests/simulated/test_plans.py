@@ -27,8 +27,11 @@ def tool(name: str, **props: Any) -> dict[str, Any]:
 
 STRING = {"type": "string"}
 CODEX = [tool("exec_command", cmd=STRING, login={"type": "boolean"}), tool("view_image", path=STRING)]
-CLAUDE = [tool("Read", file_path=STRING), tool("Bash", command=STRING, description=STRING),
-          tool("Write", file_path=STRING, content=STRING)]
+CLAUDE = [
+    tool("Read", file_path=STRING),
+    tool("Bash", command=STRING, description=STRING),
+    tool("Write", file_path=STRING, content=STRING),
+]
 ARGV = [tool("shell", command={"type": "array", "items": STRING})]
 MINI = [tool("bash", command=STRING)]  # mini-swe-agent 2.x's one tool; its prompt names its submit command
 
@@ -47,9 +50,11 @@ def _agent(tools: list[dict[str, Any]] | None, cwd: Path, system: str) -> tuple[
     """An agent loop against the real server: tool calls (or fenced commands) run for real."""
 
     async def body(server: Any, post: Any) -> tuple[list[dict[str, Any]], str]:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": system},
-                                          {"role": "user", "content": PLAN},
-                                          {"role": "user", "content": "<environment_context>cwd</environment_context>"}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": PLAN},
+            {"role": "user", "content": "<environment_context>cwd</environment_context>"},
+        ]
         for _ in range(8):
             status, raw = await post({"model": "m", "messages": messages, **({"tools": tools} if tools else {})})
             assert status == 200, raw
@@ -75,11 +80,14 @@ def _agent(tools: list[dict[str, Any]] | None, cwd: Path, system: str) -> tuple[
     return serve(body)
 
 
-@pytest.mark.parametrize(("tools", "system"), [(CODEX, ""), (CLAUDE, ""), (ARGV, ""), (MINI, f"End with `{SUBMIT}`."),
-                                               (None, "One fenced command a turn.")],
-                         ids=["codex", "claude-code", "argv-shell", "mini-swe-agent", "text"])
-def test_the_plan_is_carried_out_through_the_offered_tools(tools: list[dict[str, Any]] | None, system: str,
-                                                           tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("tools", "system"),
+    [(CODEX, ""), (CLAUDE, ""), (ARGV, ""), (MINI, f"End with `{SUBMIT}`."), (None, "One fenced command a turn.")],
+    ids=["codex", "claude-code", "argv-shell", "mini-swe-agent", "text"],
+)
+def test_the_plan_is_carried_out_through_the_offered_tools(
+    tools: list[dict[str, Any]] | None, system: str, tmp_path: Path
+) -> None:
     messages, final = _agent(tools, tmp_path, system)
     assert (tmp_path / "out" / "answer.txt").read_text() == "42\n"
     assert (tmp_path / "out" / "notes.md").read_text() == "plan ran\n"
@@ -96,11 +104,23 @@ def test_without_a_plan_the_policy_is_unchanged() -> None:
 
 def test_an_mcp_result_wrapped_by_the_agent_is_reported_as_its_value() -> None:
     config = SimulatedModelConfig(ttft=0, error_rate=0.0)
-    messages = [{"role": "user", "content": "What is 101 + 23?"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "call_0", "type": "function", "function": {"name": "mcp__calc__add", "arguments": "{}"}}]}]
+    messages = [
+        {"role": "user", "content": "What is 101 + 23?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": "mcp__calc__add", "arguments": "{}"}}
+            ],
+        },
+    ]
     codex = 'Wall time: 0.0037 seconds\nOutput:\n{"result":124}'  # Codex's frame around an MCP result
-    for content, reply in [('{"result":124}', "124"), ('{"result": [1]}', '{"result": [1]}'), ("124", "124"),
-                           (codex, "124"), ("Output:\n124", "Output:\n124")]:
+    for content, reply in [
+        ('{"result":124}', "124"),
+        ('{"result": [1]}', '{"result": [1]}'),
+        ("124", "124"),
+        (codex, "124"),
+        ("Output:\n124", "Output:\n124"),
+    ]:
         answer = respond([*messages, {"role": "tool", "tool_call_id": "call_0", "content": content}], None, config, 1.0)
         assert answer["content"] == reply

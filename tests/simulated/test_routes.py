@@ -43,10 +43,17 @@ def test_every_response_carries_the_policy_version_and_a_test_can_bump_it() -> N
         status, version, raw = await call(session, "POST", chat, json={**QUESTION, "stream": True})
         assert (status, version) == (200, "4") and events(raw)[-1] == "[DONE]"
         assert await call(session, "POST", f"{root}/admin/policy_version", json={"version": 9}) == (
-            200, "9", {"version": 9})
+            200,
+            "9",
+            {"version": 9},
+        )
         assert server.policy_version == 9
-        for method, url, kwargs in [("POST", chat, {"json": {"messages": "x"}}), ("GET", f"{root}/v1/models", {}),
-                                    ("GET", f"{root}/health", {}), ("GET", f"{root}/nope", {})]:
+        for method, url, kwargs in [
+            ("POST", chat, {"json": {"messages": "x"}}),
+            ("GET", f"{root}/v1/models", {}),
+            ("GET", f"{root}/health", {}),
+            ("GET", f"{root}/nope", {}),
+        ]:
             assert (await call(session, method, url, **kwargs))[1] == "9"
 
     run(body, policy_version=3)
@@ -56,8 +63,9 @@ def test_every_response_carries_the_policy_version_and_a_test_can_bump_it() -> N
 def test_the_admin_route_refuses_anything_but_a_version(bad: Any) -> None:
     async def body(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> Any:
         data = b"{oops" if bad is None else None
-        status, _, answer = await call(session, "POST", f"{root}/admin/policy_version",
-                                       json=bad if data is None else None, data=data)
+        status, _, answer = await call(
+            session, "POST", f"{root}/admin/policy_version", json=bad if data is None else None, data=data
+        )
         assert server.policy_version == 0
         return status, answer["error"]["param"]
 
@@ -105,13 +113,19 @@ def test_each_dialect_loads_a_version_by_its_own_route_and_reports_it() -> None:
         assert await call(session, "POST", f"{root}/collective_rpc", json=reload) == (200, "0", {"results": [None]})
         assert (await call(session, "POST", f"{root}/collective_rpc", json={"method": "sleep"}))[0] == 400
         assert await call(session, "POST", f"{root}/update_weight_version", json={"new_version": "3"}) == (
-            200, "3", {"success": True, "new_version": "3"})
+            200,
+            "3",
+            {"success": True, "new_version": "3"},
+        )
         assert await call(session, "GET", f"{root}/weight_info") == (200, "3", {"weight_version": "3"})
         assert (await call(session, "POST", f"{root}/update_weights_from_disk", json={}))[0] == 404
 
     async def sglang(server: SimulatedModelServer, session: aiohttp.ClientSession, root: str) -> None:
         assert await call(session, "POST", f"{root}/update_weight_version", json={"new_version": "4"}) == (
-            200, "4", {"success": True, "message": "Weight version updated to 4", "new_version": "4"})
+            200,
+            "4",
+            {"success": True, "message": "Weight version updated to 4", "new_version": "4"},
+        )
         assert (await call(session, "GET", f"{root}/model_info"))[2]["weight_version"] == "4"
         assert (await call(session, "GET", f"{root}/weight_info"))[0] == 404
 

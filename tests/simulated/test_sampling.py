@@ -64,8 +64,13 @@ def test_n_choices_stream_side_by_side() -> None:
                 message, finish, _ = assemble(chunks, choice["index"])
                 assert (message["content"], finish) == (choice["message"]["content"], choice["finish_reason"])
                 if capture:
-                    ids = [i for c in chunks[:-1] for ch in c["choices"] if ch["index"] == choice["index"]
-                           for i in ch.get("token_ids", ())]
+                    ids = [
+                        i
+                        for c in chunks[:-1]
+                        for ch in c["choices"]
+                        if ch["index"] == choice["index"]
+                        for i in ch.get("token_ids", ())
+                    ]
                     assert ids == choice["token_ids"]
 
     serve(body)
@@ -99,10 +104,14 @@ def test_a_tool_result_is_misreported_more_often_the_hotter_it_samples() -> None
     """The answer after a calculator's result is wrong (one too high) with the same
     probability as a computed one: a tool-calling taskset shows a pass@k curve too, and is
     always right at temperature 0."""
+
     def conversation(a: int) -> list[dict[str, Any]]:
         call = {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": "{}"}}
-        return [*user(f"What is {a} + 1000?"), {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_0", "content": f" {a + 1000}\n"}]
+        return [
+            *user(f"What is {a} + 1000?"),
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": f" {a + 1000}\n"},
+        ]
 
     async def body(server: SimulatedModelServer, post: Client) -> list[int]:
         async def wrong(a: int, temperature: float | None) -> bool:
@@ -119,8 +128,12 @@ def test_a_tool_result_is_misreported_more_often_the_hotter_it_samples() -> None
     assert 0 < warm < hot
     assert abs(warm / 150 - error_probability(SimulatedModelConfig(), 0.7)) < 0.12
     for weather in (f"sunny, {n} C" for n in range(20)):  # only integer results are misread
-        _, data = ask({"messages": [*conversation(1)[:2], {"role": "tool", "tool_call_id": "call_0",
-                                                            "content": weather}], "temperature": 2.0})
+        _, data = ask(
+            {
+                "messages": [*conversation(1)[:2], {"role": "tool", "tool_call_id": "call_0", "content": weather}],
+                "temperature": 2.0,
+            }
+        )
         assert data["choices"][0]["message"]["content"] == weather
 
 
@@ -194,10 +207,14 @@ def test_token_capture_streams_in_real_time() -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(sampled=st.lists(st.integers(16, 400), max_size=12), greedy=st.lists(st.integers(16, 400), max_size=12),
-       cut=st.integers(0, 12))
-def test_scores_are_causal_so_a_scorer_can_take_over_a_completion_midway(sampled: list[int], greedy: list[int],
-                                                                         cut: int) -> None:
+@given(
+    sampled=st.lists(st.integers(16, 400), max_size=12),
+    greedy=st.lists(st.integers(16, 400), max_size=12),
+    cut=st.integers(0, 12),
+)
+def test_scores_are_causal_so_a_scorer_can_take_over_a_completion_midway(
+    sampled: list[int], greedy: list[int], cut: int
+) -> None:
     whole = score(sampled, greedy, b"material")
     assert score(sampled[:cut], greedy, b"material") == whole[:cut]
     scorer = Scorer(greedy, b"material", sampled[:cut])

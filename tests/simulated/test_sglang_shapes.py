@@ -13,10 +13,20 @@ from rollout_ray._simulated.server import SimulatedModelServer
 from rollout_ray._simulated.template import render
 from rollout_ray._simulated.tokenizer import IM_END, decode, token_text
 
-ADD_TOOL = {"type": "function", "function": {"name": "add", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
-QUESTION = {"messages": user("What is 17 + 25?"), "return_token_ids": True, "return_meta_info": True,
-            "logprobs": True, "top_logprobs": 3}
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+    },
+}
+QUESTION = {
+    "messages": user("What is 17 + 25?"),
+    "return_token_ids": True,
+    "return_meta_info": True,
+    "logprobs": True,
+    "top_logprobs": 3,
+}
 
 
 def check_entry(entry: dict[str, Any], k: int) -> None:
@@ -35,11 +45,24 @@ def test_json_has_ids_and_meta_info_per_choice_and_the_weight_version() -> None:
     assert set(data) == {"id", "object", "created", "model", "choices", "usage", "metadata"}
     assert data["metadata"] == {"weight_version": "7"}
     prompt = render(user("What is 17 + 25?"))
-    assert data["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": 2, "total_tokens": len(prompt) + 2,
-                             "prompt_tokens_details": None, "reasoning_tokens": 0}
+    assert data["usage"] == {
+        "prompt_tokens": len(prompt),
+        "completion_tokens": 2,
+        "total_tokens": len(prompt) + 2,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+    }
     (choice,) = data["choices"]
-    assert set(choice) == {"index", "message", "logprobs", "finish_reason", "matched_stop", "prompt_token_ids",
-                           "token_ids", "meta_info"}
+    assert set(choice) == {
+        "index",
+        "message",
+        "logprobs",
+        "finish_reason",
+        "matched_stop",
+        "prompt_token_ids",
+        "token_ids",
+        "meta_info",
+    }
     assert choice["message"] == {"role": "assistant", "content": "42", "reasoning_content": None, "tool_calls": None}
     assert (choice["finish_reason"], choice["matched_stop"]) == ("stop", IM_END)
     assert choice["prompt_token_ids"] == prompt and decode(choice["token_ids"]) == "42<|im_end|>"
@@ -50,8 +73,13 @@ def test_json_has_ids_and_meta_info_per_choice_and_the_weight_version() -> None:
     meta = choice["meta_info"]
     tops = meta.pop("output_top_logprobs")
     assert meta == {
-        "id": data["id"], "finish_reason": {"type": "stop", "matched": IM_END}, "prompt_tokens": len(prompt),
-        "completion_tokens": 2, "cached_tokens": 0, "weight_version": "7", "e2e_latency": 0.0,
+        "id": data["id"],
+        "finish_reason": {"type": "stop", "matched": IM_END},
+        "prompt_tokens": len(prompt),
+        "completion_tokens": 2,
+        "cached_tokens": 0,
+        "weight_version": "7",
+        "e2e_latency": 0.0,
         "output_token_logprobs": [[e["logprob"], i, e["token"]] for e, i in zip(content, choice["token_ids"])],
     }
     for top, entry in zip(tops, content, strict=True):
@@ -77,8 +105,12 @@ def test_a_tool_call_has_empty_content_and_indexed_calls() -> None:
     assert choice["finish_reason"] == "tool_calls"
     assert choice["meta_info"]["finish_reason"] == {"type": "tool_calls", "matched": None}
     (call,) = choice["message"]["tool_calls"]
-    assert call == {"id": "call_0", "index": 0, "type": "function",
-                    "function": {"name": "add", "arguments": '{"a": 17, "b": 25}'}}
+    assert call == {
+        "id": "call_0",
+        "index": 0,
+        "type": "function",
+        "function": {"name": "add", "arguments": '{"a": 17, "b": 25}'},
+    }
 
 
 def test_a_cut_answer_finishes_with_length() -> None:
@@ -93,9 +125,13 @@ def test_a_cut_answer_finishes_with_length() -> None:
 def test_ids_and_meta_info_are_refused_when_streaming(field: str) -> None:
     status, data = ask({"messages": user("hi"), "stream": True, field: True}, dialect="sglang")
     assert status == 400
-    assert data == {"object": "error", "type": "BadRequest", "param": None, "code": 400,
-                    "message": f"{field} is not supported with streaming. Please set stream=false when using "
-                               f"{field}=true."}
+    assert data == {
+        "object": "error",
+        "type": "BadRequest",
+        "param": None,
+        "code": 400,
+        "message": f"{field} is not supported with streaming. Please set stream=false when using {field}=true.",
+    }
 
 
 def test_sse_carries_logprobs_per_token_and_finishes_in_its_own_chunk() -> None:
@@ -106,8 +142,15 @@ def test_sse_carries_logprobs_per_token_and_finishes_in_its_own_chunk() -> None:
         _, raw = await post({**question, "stream": True, "stream_options": {"include_usage": True}})
         chunks = events(raw)
         role, *tokens, finish, usage, _ = chunks
-        assert role["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                    "finish_reason": None, "matched_stop": None}]
+        assert role["choices"] == [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+                "matched_stop": None,
+            }
+        ]
         for chunk in tokens:
             (choice,) = chunk["choices"]
             assert set(choice) == {"index", "delta", "logprobs", "finish_reason", "matched_stop"}
@@ -116,8 +159,9 @@ def test_sse_carries_logprobs_per_token_and_finishes_in_its_own_chunk() -> None:
         # The <|im_end|> token shows nothing: SGLang sends no chunk for it.
         streamed = [c["choices"][0]["logprobs"]["content"][0] for c in tokens]
         assert streamed == whole["logprobs"]["content"][:-1]
-        assert finish["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop",
-                                      "matched_stop": IM_END}]
+        assert finish["choices"] == [
+            {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop", "matched_stop": IM_END}
+        ]
         assert usage["choices"] == [] and usage["usage"]["reasoning_tokens"] == 0
         assert assemble(chunks)[:2] == ({"role": "assistant", "content": "I don't know."}, "stop")
 
@@ -132,8 +176,9 @@ def test_sse_tool_calls_assemble_to_the_json_answer() -> None:
         _, raw = await post({**question, "stream": True})
         chunks = events(raw)
         message, finish, _ = assemble(chunks)
-        assert message["tool_calls"] == [{k: v for k, v in c.items() if k != "index"}
-                                         for c in whole["message"]["tool_calls"]]
+        assert message["tool_calls"] == [
+            {k: v for k, v in c.items() if k != "index"} for c in whole["message"]["tool_calls"]
+        ]
         assert finish == "tool_calls"
         lps = [e for c in chunks[1:-2] for e in c["choices"][0]["logprobs"]["content"]]
         assert lps == whole["logprobs"]["content"]  # every token of a tool call has its chunk
@@ -141,16 +186,20 @@ def test_sse_tool_calls_assemble_to_the_json_answer() -> None:
     serve(body, dialect="sglang")
 
 
-@pytest.mark.parametrize(("dialect", "extra", "shape"), [
-    ("vllm", {"return_meta_info": False}, "sglang"),
-    ("vllm", {"return_prompt_token_ids": True}, "sglang"),
-    ("sglang", {"return_tokens_as_token_ids": False}, "vllm"),
-    ("sglang", {}, "sglang"),
-    ("vllm", {}, "vllm"),
-    ("vllm", {"return_meta_info": True, "return_tokens_as_token_ids": True}, "vllm"),
-    ("sglang", {"return_meta_info": True, "return_tokens_as_token_ids": True}, "sglang"),
-])
-def test_the_request_fields_pick_the_dialect_and_the_config_breaks_ties(dialect: str, extra: dict[str, Any],
-                                                                        shape: str) -> None:
+@pytest.mark.parametrize(
+    ("dialect", "extra", "shape"),
+    [
+        ("vllm", {"return_meta_info": False}, "sglang"),
+        ("vllm", {"return_prompt_token_ids": True}, "sglang"),
+        ("sglang", {"return_tokens_as_token_ids": False}, "vllm"),
+        ("sglang", {}, "sglang"),
+        ("vllm", {}, "vllm"),
+        ("vllm", {"return_meta_info": True, "return_tokens_as_token_ids": True}, "vllm"),
+        ("sglang", {"return_meta_info": True, "return_tokens_as_token_ids": True}, "sglang"),
+    ],
+)
+def test_the_request_fields_pick_the_dialect_and_the_config_breaks_ties(
+    dialect: str, extra: dict[str, Any], shape: str
+) -> None:
     _, data = ask({"messages": user("What is 17 + 25?"), "return_token_ids": True, **extra}, dialect=dialect)
     assert ("metadata" in data, "prompt_text" in data) == (shape == "sglang", shape == "vllm")

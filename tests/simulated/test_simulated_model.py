@@ -64,17 +64,13 @@ def test_parts_content_is_read() -> None:
     assert respond(messages, None, CFG, 0.5) == {"role": "assistant", "content": "4"}
 
 
-@pytest.mark.parametrize(
-    "question", ["Hello there", "Is 5 more than 3?", "What is 2**10?", "__import__('os')", ""]
-)
+@pytest.mark.parametrize("question", ["Hello there", "Is 5 more than 3?", "What is 2**10?", "__import__('os')", ""])
 def test_no_arithmetic_gets_i_dont_know(question: str) -> None:
     assert answer(question) == "I don't know."
 
 
 def test_no_user_message_gets_i_dont_know() -> None:
-    assert respond([{"role": "system", "content": "1+1"}], None, CFG, 0.5)["content"] == (
-        "I don't know."
-    )
+    assert respond([{"role": "system", "content": "1+1"}], None, CFG, 0.5)["content"] == ("I don't know.")
 
 
 @pytest.mark.parametrize(
@@ -188,8 +184,7 @@ JSON = st.recursive(
 )
 MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "assistant", "tool", "system", 3])},
-    optional={"content": JSON | st.text(alphabet="0123456789+-*() ab", max_size=20),
-              "tool_calls": JSON},
+    optional={"content": JSON | st.text(alphabet="0123456789+-*() ab", max_size=20), "tool_calls": JSON},
 )
 
 

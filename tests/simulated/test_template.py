@@ -15,16 +15,26 @@ from rollout_ray._simulated.server import SimulatedModelServer
 from rollout_ray._simulated.template import Parsed, body, parse, render, text_of
 from rollout_ray._simulated.tokenizer import IM_END, IM_START, SPECIAL_TOKENS, decode, encode
 
-ADD_TOOL = {"type": "function", "function": {"name": "add", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+    },
+}
 
 
 def test_the_template_renders_chatml_with_hermes_tool_calls() -> None:
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is 1 + 2?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_0", "content": "3"},
     ]
     text = decode(render(messages, [ADD_TOOL]))
@@ -38,7 +48,8 @@ def test_the_template_renders_chatml_with_hermes_tool_calls() -> None:
         "<|im_start|>assistant\n"
     )
     assert decode(render([{"role": "user", "content": "hi"}])) == (
-        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 WORDS = st.text(alphabet=st.characters(codec="utf-8"), max_size=20)
@@ -47,17 +58,24 @@ CALL = st.builds(
     st.text(alphabet="abcdefgh_", min_size=1, max_size=8),
     st.dictionaries(st.text(max_size=4), st.integers() | st.text(max_size=6), max_size=3),
 )
-ASSISTANT = st.builds(lambda text, calls: {"role": "assistant", "content": text, "tool_calls": calls},
-                      st.none() | WORDS, st.lists(CALL, max_size=2))
-OTHER = st.builds(lambda role, text: {"role": role, "content": text}, st.sampled_from(["user", "tool", "system"]),
-                  WORDS)
+ASSISTANT = st.builds(
+    lambda text, calls: {"role": "assistant", "content": text, "tool_calls": calls},
+    st.none() | WORDS,
+    st.lists(CALL, max_size=2),
+)
+OTHER = st.builds(
+    lambda role, text: {"role": role, "content": text}, st.sampled_from(["user", "tool", "system"]), WORDS
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(turns=st.lists(st.tuples(st.lists(OTHER, min_size=1, max_size=2), ASSISTANT), min_size=3, max_size=5),
-       tools=st.none() | st.just([ADD_TOOL]))
+@given(
+    turns=st.lists(st.tuples(st.lists(OTHER, min_size=1, max_size=2), ASSISTANT), min_size=3, max_size=5),
+    tools=st.none() | st.just([ADD_TOOL]),
+)
 def test_each_prompt_begins_with_the_previous_prompt_and_its_completion(
-        turns: list[tuple[list[dict[str, Any]], dict[str, Any]]], tools: Any) -> None:
+    turns: list[tuple[list[dict[str, Any]], dict[str, Any]]], tools: Any
+) -> None:
     messages: list[dict[str, Any]] = []
     for others, assistant in turns:
         messages += others
@@ -72,13 +90,17 @@ def _conversation(post: Client, capture: dict[str, Any], tools: list[Any], drift
     """Four turns with two tool calls; yields ``(prompt ids, completion ids, message)`` per turn."""
 
     async def run() -> list[tuple[list[int], list[int], dict[str, Any]]]:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": "Use the tool."},
-                                          {"role": "user", "content": "What is 17 + 25?"}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": "Use the tool."},
+            {"role": "user", "content": "What is 17 + 25?"},
+        ]
         turns = []
-        for follow_up in ({"role": "tool", "tool_call_id": "call_0", "content": "42"},
-                          {"role": "user", "content": "And 3 + 4?"},
-                          {"role": "tool", "tool_call_id": "call_1", "content": "7"},
-                          None):
+        for follow_up in (
+            {"role": "tool", "tool_call_id": "call_0", "content": "42"},
+            {"role": "user", "content": "And 3 + 4?"},
+            {"role": "tool", "tool_call_id": "call_1", "content": "7"},
+            None,
+        ):
             status, raw = await post({"messages": messages, "tools": tools, "return_token_ids": True, **capture})
             assert status == 200
             data = json.loads(raw)
@@ -97,7 +119,11 @@ def test_the_prefix_property_holds_across_turns_with_tool_calls(capture: dict[st
     async def body_(server: SimulatedModelServer, post: Client) -> None:
         turns = await _conversation(post, capture, [ADD_TOOL])
         assert [t[2].get("tool_calls") is not None and t[2]["tool_calls"] != [] for t in turns] == [
-            True, False, True, False]
+            True,
+            False,
+            True,
+            False,
+        ]
         assert [t[2]["content"] for t in turns[1::2]] == ["42", "7"]
         for (prompt, completion, _), (later, _, _) in zip(turns, turns[1:]):
             assert later[: len(prompt) + len(completion)] == prompt + completion
@@ -130,13 +156,24 @@ def _canonical(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(turns=st.lists(st.tuples(st.lists(OTHER.filter(lambda m: m["role"] != "system"), min_size=1, max_size=2),
-                                ASSISTANT), min_size=1, max_size=3),
-       system=st.none() | WORDS, tools=st.none() | st.just([ADD_TOOL]), drift=st.booleans(),
-       completion=st.lists(st.integers(16, 300), max_size=5))
+@given(
+    turns=st.lists(
+        st.tuples(st.lists(OTHER.filter(lambda m: m["role"] != "system"), min_size=1, max_size=2), ASSISTANT),
+        min_size=1,
+        max_size=3,
+    ),
+    system=st.none() | WORDS,
+    tools=st.none() | st.just([ADD_TOOL]),
+    drift=st.booleans(),
+    completion=st.lists(st.integers(16, 300), max_size=5),
+)
 def test_parse_reads_a_rendering_back_with_the_completion_after_it(
-        turns: list[tuple[list[dict[str, Any]], dict[str, Any]]], system: str | None, tools: Any, drift: bool,
-        completion: list[int]) -> None:
+    turns: list[tuple[list[dict[str, Any]], dict[str, Any]]],
+    system: str | None,
+    tools: Any,
+    drift: bool,
+    completion: list[int],
+) -> None:
     messages: list[dict[str, Any]] = [] if system is None else [{"role": "system", "content": system}]
     for others, assistant in turns:
         messages += [*others, assistant]

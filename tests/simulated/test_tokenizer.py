@@ -27,13 +27,28 @@ from rollout_ray._simulated.tokenizer import (
 )
 
 SAMPLE = "<|im_start|>user\nWhat is 17 + 25? héllo 🙂<tool_call>{}</tool_call><|im_end|>"
-SAMPLE_IDS = [IM_START, 249377666, 24524017, 245921155, 70032432, 92821957, 1052920, CHAR_BASE + ord("é"),
-              230389808, CHAR_BASE + ord("🙂"), TOOL_CALL, 16013, TOOL_CALL_END, IM_END]
+SAMPLE_IDS = [
+    IM_START,
+    249377666,
+    24524017,
+    245921155,
+    70032432,
+    92821957,
+    1052920,
+    CHAR_BASE + ord("é"),
+    230389808,
+    CHAR_BASE + ord("🙂"),
+    TOOL_CALL,
+    16013,
+    TOOL_CALL_END,
+    IM_END,
+]
 """Pinned: the ids may never change between processes, runs or versions."""
 
 # Special-token text, ASCII around it, and any other character (lone surrogates included).
 TEXT = st.lists(
-    st.sampled_from(SPECIAL_TOKENS) | st.text(alphabet=st.characters(codec=None), max_size=12)
+    st.sampled_from(SPECIAL_TOKENS)
+    | st.text(alphabet=st.characters(codec=None), max_size=12)
     | st.text(alphabet="<|>/_ imtoolcalsend\n", max_size=12),
     max_size=6,
 ).map("".join)
@@ -69,11 +84,19 @@ def test_ids_are_pinned_and_tokens_have_text_and_bytes() -> None:
 
 def test_ids_do_not_depend_on_the_process() -> None:
     # The module imports nothing of the package: load it alone, in a process with another hash seed.
-    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('tok', sys.argv[1]); "
-            "tok = importlib.util.module_from_spec(spec); spec.loader.exec_module(tok); print(tok.encode(sys.argv[2]))")
+    code = (
+        "import importlib.util, sys; spec = importlib.util.spec_from_file_location('tok', sys.argv[1]); "
+        "tok = importlib.util.module_from_spec(spec); spec.loader.exec_module(tok); print(tok.encode(sys.argv[2]))"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", code, tokenizer.__file__, SAMPLE], capture_output=True, text=True,
-                         env=env, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code, tokenizer.__file__, SAMPLE],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=60,
+    )
     assert out.stdout.strip() == str(SAMPLE_IDS)
 
 

@@ -13,8 +13,13 @@ from rollout_ray._simulated.server import SimulatedModelServer
 from rollout_ray._simulated.template import render
 from rollout_ray._simulated.tokenizer import IM_END, decode, token_bytes, token_text
 
-ADD_TOOL = {"type": "function", "function": {"name": "add", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+    },
+}
 CAPTURE = {"return_token_ids": True, "logprobs": True, "top_logprobs": 3}
 QUESTION = {"messages": user("What is 17 + 25?"), **CAPTURE}
 
@@ -38,8 +43,17 @@ def check_entry(entry: dict[str, Any], k: int) -> None:
 def test_json_has_prompt_ids_at_the_top_and_completion_ids_logprobs_per_choice() -> None:
     status, data = ask(QUESTION)
     assert status == 200
-    assert set(data) == {"id", "object", "created", "model", "choices", "usage", "prompt_token_ids",
-                         "prompt_logprobs", "prompt_text"}
+    assert set(data) == {
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "usage",
+        "prompt_token_ids",
+        "prompt_logprobs",
+        "prompt_text",
+    }
     assert (data["object"], data["prompt_logprobs"], data["prompt_text"]) == ("chat.completion", None, None)
     assert data["prompt_token_ids"] == render(user("What is 17 + 25?"))
     (choice,) = data["choices"]
@@ -49,8 +63,11 @@ def test_json_has_prompt_ids_at_the_top_and_completion_ids_logprobs_per_choice()
     ids, content = choice["token_ids"], choice["logprobs"]["content"]
     assert ids[-1] == IM_END and decode(ids) == "42<|im_end|>"
     assert len(ids) == len(content) == data["usage"]["completion_tokens"]
-    assert data["usage"] == {"prompt_tokens": len(data["prompt_token_ids"]), "completion_tokens": len(ids),
-                             "total_tokens": len(data["prompt_token_ids"]) + len(ids)}
+    assert data["usage"] == {
+        "prompt_tokens": len(data["prompt_token_ids"]),
+        "completion_tokens": len(ids),
+        "total_tokens": len(data["prompt_token_ids"]) + len(ids),
+    }
     assert [e["token"] for e in content] == [token_text(i) for i in ids]
     for entry in content:
         check_entry(entry, 3)
@@ -87,8 +104,9 @@ def test_sse_sends_prompt_ids_first_then_one_token_per_chunk() -> None:
         chunks = events(raw)
         first, *tokens, usage, done = chunks
         assert done == "[DONE]"
-        assert first["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                     "logprobs": None, "finish_reason": None}]
+        assert first["choices"] == [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        ]
         assert first["prompt_token_ids"] == whole["prompt_token_ids"] and first["prompt_text"] is None
         for chunk in tokens:
             assert "prompt_token_ids" not in chunk and chunk["object"] == "chat.completion.chunk"
@@ -100,8 +118,11 @@ def test_sse_sends_prompt_ids_first_then_one_token_per_chunk() -> None:
         assert [i for c in tokens for i in c["choices"][0]["token_ids"]] == whole["choices"][0]["token_ids"]
         streamed = [e for c in tokens for e in c["choices"][0]["logprobs"]["content"]]
         assert streamed == whole["choices"][0]["logprobs"]["content"]
-        assert usage == {**{k: first[k] for k in ("id", "object", "created", "model")}, "choices": [],
-                         "usage": whole["usage"]}
+        assert usage == {
+            **{k: first[k] for k in ("id", "object", "created", "model")},
+            "choices": [],
+            "usage": whole["usage"],
+        }
         assert assemble(chunks)[:2] == ({"role": "assistant", "content": "42"}, "stop")
 
     serve(body)
@@ -118,22 +139,26 @@ def test_sse_streams_a_tool_call_a_token_at_a_time() -> None:
         assert message["tool_calls"] == whole["message"]["tool_calls"] and finish == "tool_calls"
         assert [c["choices"][0]["token_ids"] for c in chunks[1:-1]] == [[i] for i in whole["token_ids"]]
         opening = chunks[1 + whole["token_ids"].index(3)]["choices"][0]["delta"]  # at <tool_call>
-        assert opening == {"tool_calls": [{"index": 0, "id": "call_0", "type": "function",
-                                           "function": {"name": "add"}}]}
+        assert opening == {
+            "tool_calls": [{"index": 0, "id": "call_0", "type": "function", "function": {"name": "add"}}]
+        }
         assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"a": 17, "b": 25}
 
     serve(body)
 
 
-@pytest.mark.parametrize(("extra", "param"), [
-    ({"top_logprobs": 2}, "top_logprobs"),
-    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ({"logprobs": "yes"}, "logprobs"),
-    ({"return_token_ids": 1}, "return_token_ids"),
-    ({"n": 0}, "n"),
-    ({"temperature": -1}, "temperature"),
-    ({"seed": 1.5}, "seed"),
-])
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logprobs": "yes"}, "logprobs"),
+        ({"return_token_ids": 1}, "return_token_ids"),
+        ({"n": 0}, "n"),
+        ({"temperature": -1}, "temperature"),
+        ({"seed": 1.5}, "seed"),
+    ],
+)
 def test_bad_capture_and_sampling_fields_get_400(extra: dict[str, Any], param: str) -> None:
     status, data = ask({"messages": user("hi"), **extra})
     assert status == 400 and data["error"]["param"] == param

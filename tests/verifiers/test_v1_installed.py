@@ -52,17 +52,43 @@ def _install(tmp_path: pathlib.Path, body: str) -> pathlib.Path:
         z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         z.writestr(f"{info}/RECORD", f"my_env/__init__.py,,\n{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n")
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
-                    str(wheel)], check=True, capture_output=True, timeout=120, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert (site / "my_env" / "__init__.py").exists()
     return site
 
 
 def _eval(tmp_path: pathlib.Path, site: pathlib.Path, ref: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rollout_ray", "eval", "--verifiers", ref, "--samples", "4",
-                           "--executor", "local", "--runtime", "local", "--temperature", "0",
-                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=240,
-                          cwd=tmp_path, env={**_env(), "PYTHONPATH": str(site)})
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollout_ray",
+            "eval",
+            "--verifiers",
+            ref,
+            "--samples",
+            "4",
+            "--executor",
+            "local",
+            "--runtime",
+            "local",
+            "--temperature",
+            "0",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        env={**_env(), "PYTHONPATH": str(site)},
+    )
 
 
 def _env() -> dict[str, str]:
@@ -81,17 +107,21 @@ def test_an_installed_environment_runs_by_its_id(tmp_path: pathlib.Path, ref: st
 def test_an_environment_with_its_own_env_class_is_refused_in_one_line(tmp_path: pathlib.Path) -> None:
     """A package that exports an ``Env`` subclass (upstream's multi-agent episodes) beside
     its taskset asks for what our rollout does not map: refused before anything runs."""
-    body = PACKAGE.replace('__all__ = ["SumTaskset"]', textwrap.dedent('''
+    body = PACKAGE.replace(
+        '__all__ = ["SumTaskset"]',
+        textwrap.dedent("""
         class Duel(vf.Env):
             async def run(self, task, agents) -> None:
                 await agents.agent.run(task)
 
 
         __all__ = ["SumTaskset", "Duel"]
-    '''))
+    """),
+    )
     done = _eval(tmp_path, _install(tmp_path, body), "my-env")
     assert done.returncode == 2, done.stdout
     assert done.stderr.splitlines() == [
         "rollout-ray eval: error: verifiers taskset my-env: not mapped onto rollout_ray yet: it defines its own "
-        "Env (Duel: multi-agent episodes); only tasksets run by upstream's single-agent env are"]
+        "Env (Duel: multi-agent episodes); only tasksets run by upstream's single-agent env are"
+    ]
     assert not (tmp_path / "run").exists()

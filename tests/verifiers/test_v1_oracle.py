@@ -77,19 +77,29 @@ def _outcome(trace: Any) -> dict[str, Any]:
         # record_error): a recorded failure stops the trace with `error`, as at the upstream
         # commit our rules follow; verifiers 0.4.0 names it `<boundary>_error`.
         stop = "error"
-    return {"ok": trace.ok, "stop": stop, "turns": trace.num_turns,
-            "rewards": {k: (r.score, r.weight) for k, r in trace.rewards.items()},
-            "metrics": dict(trace.metrics), "errors": [e.type for e in trace.errors]}
+    return {
+        "ok": trace.ok,
+        "stop": stop,
+        "turns": trace.num_turns,
+        "rewards": {k: (r.score, r.weight) for k, r in trace.rewards.items()},
+        "metrics": dict(trace.metrics),
+        "errors": [e.type for e in trace.errors],
+    }
 
 
-def _both(taskset_id: str, out: pathlib.Path, kind: str, request: pytest.FixtureRequest,
-          harness: str = "null") -> tuple[list[Any], list[Any]]:
+def _both(
+    taskset_id: str, out: pathlib.Path, kind: str, request: pytest.FixtureRequest, harness: str = "null"
+) -> tuple[list[Any], list[Any]]:
     """Our traces and upstream's, by row. Each side has its own simulated model, and its own
     for a judge plugin to ask (``SUM_JUDGE_URL``, read when the taskset is made)."""
 
     async def ours() -> list[Any]:
-        async with SimulatedModelServer(MODEL) as server, SimulatedModelServer(MODEL) as judge, \
-                OpenAIModel(server.base_url, name="simulated") as model, _executor(kind, request) as executor:
+        async with (
+            SimulatedModelServer(MODEL) as server,
+            SimulatedModelServer(MODEL) as judge,
+            OpenAIModel(server.base_url, name="simulated") as model,
+            _executor(kind, request) as executor,
+        ):
             os.environ["SUM_JUDGE_URL"] = judge.base_url
             module = v1_taskset(taskset_id)
             config = EvalConfig(sampling={"temperature": 0}, limits=RolloutLimits(max_turns=8))
@@ -106,7 +116,8 @@ def _both(taskset_id: str, out: pathlib.Path, kind: str, request: pytest.Fixture
 
 @pytest.mark.parametrize("kind", ["local", pytest.param("ray", marks=pytest.mark.ray)])
 def test_a_qa_taskset_gives_what_verifiers_own_runner_gives_task_by_task(
-        envs_importable: pathlib.Path, kind: str, request: pytest.FixtureRequest) -> None:
+    envs_importable: pathlib.Path, kind: str, request: pytest.FixtureRequest
+) -> None:
     ours, theirs = _both("v1-qa", envs_importable / "out", kind, request)
     assert [t.task.idx for t in ours] == [t.task.data.idx for t in theirs] == list(range(6))
     for mine, upstream in zip(ours, theirs):
@@ -116,7 +127,8 @@ def test_a_qa_taskset_gives_what_verifiers_own_runner_gives_task_by_task(
 
 
 def test_stops_and_interceptors_give_what_verifiers_own_runner_gives_task_by_task(
-        envs_importable: pathlib.Path, request: pytest.FixtureRequest) -> None:
+    envs_importable: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
     """Each row meets another hook: a request rewritten and its response rewritten; a
     request stop (no turn); a response stop (its turn kept); none."""
     ours, theirs = _both("v1-hooks", envs_importable / "out", "local", request)
@@ -128,7 +140,8 @@ def test_stops_and_interceptors_give_what_verifiers_own_runner_gives_task_by_tas
 
 @pytest.mark.parametrize("kind", ["local", pytest.param("ray", marks=pytest.mark.ray)])
 def test_a_multi_turn_tool_taskset_gives_what_verifiers_own_runner_gives_task_by_task(
-        envs_importable: pathlib.Path, kind: str, request: pytest.FixtureRequest) -> None:
+    envs_importable: pathlib.Path, kind: str, request: pytest.FixtureRequest
+) -> None:
     """Upstream serves the task's ``vf.Toolset`` over MCP in a process per rollout; ours
     calls its ``@vf.tool`` methods in our tool server, offered under upstream's names
     (``calc_add``): the model calls it, reports its result (wrong over 100), two turns."""
@@ -141,7 +154,8 @@ def test_a_multi_turn_tool_taskset_gives_what_verifiers_own_runner_gives_task_by
 
 
 def test_setup_finalize_and_runtime_scorers_give_what_verifiers_own_runner_gives_task_by_task(
-        envs_importable: pathlib.Path, request: pytest.FixtureRequest) -> None:
+    envs_importable: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
     """The task's ``setup`` writes into the box, ``finalize`` runs a program there, a reward
     and a metric read them back: upstream's subprocess runtime and our local one alike."""
     ours, theirs = _both("v1-box", envs_importable / "out", "local", request)
@@ -151,33 +165,43 @@ def test_setup_finalize_and_runtime_scorers_give_what_verifiers_own_runner_gives
 
 
 def test_a_plugged_judge_with_stops_and_interceptors_gives_what_verifiers_own_runner_gives(
-        envs_importable: pathlib.Path, request: pytest.FixtureRequest) -> None:
+    envs_importable: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
     """A judge plugin on the task's config (weight 0.5) asks its own model; an interceptor
     makes one reply disagree with it; a response stop ends another rollout. Rewards (the
     judge's under its plugin id), stops and the judge's usage match upstream's task by task."""
     ours, theirs = _both("v1-judged", envs_importable / "out", "local", request)
     assert [(t.stop_condition, t.rewards["v1-sum-judge"].score) for t in theirs] == [
-        ("agent_completed", 1.0), ("agent_completed", 0.0), ("said_ten", 1.0)]
+        ("agent_completed", 1.0),
+        ("agent_completed", 0.0),
+        ("said_ten", 1.0),
+    ]
     for mine, upstream in zip(ours, theirs, strict=True):
         assert _outcome(mine) == _outcome(upstream), mine.task.idx
-        assert [(u.prompt_tokens, u.completion_tokens) for u in mine.extra_usage] == \
-               [(u.prompt_tokens, u.completion_tokens) for u in upstream.extra_usage]
+        assert [(u.prompt_tokens, u.completion_tokens) for u in mine.extra_usage] == [
+            (u.prompt_tokens, u.completion_tokens) for u in upstream.extra_usage
+        ]
 
 
 def test_a_program_harness_taskset_gives_what_verifiers_own_runner_gives_task_by_task(
-        envs_importable: pathlib.Path, request: pytest.FixtureRequest) -> None:
+    envs_importable: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
     """The taskset's own ``vf.Harness`` launches its program in the runtime, which talks to
     the model at the endpoint it is handed (upstream's interception, our proxy): two turns,
     one reward wrong; a program that exits 3 is a HarnessError on both sides."""
     ours, theirs = _both("v1-program", envs_importable / "out", "local", request, harness="v1-program")
     assert [(t.num_turns, t.reward, [e.type for e in t.errors]) for t in theirs] == [
-        (2, 1.0, []), (2, 0.0, []), (1, 0.0, ["HarnessError"])]
+        (2, 1.0, []),
+        (2, 0.0, []),
+        (1, 0.0, ["HarnessError"]),
+    ]
     for mine, upstream in zip(ours, theirs, strict=True):
         assert _outcome(mine) == _outcome(upstream), mine.task.idx
 
 
 def test_a_per_task_timeout_gives_what_verifiers_own_runner_gives_but_where_b27_differs(
-        envs_importable: pathlib.Path, request: pytest.FixtureRequest) -> None:
+    envs_importable: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
     """A row's ``TaskTimeout(agent=1)`` bounds its program's segment on both sides (its
     program hangs after one turn; the row without one completes alike). Where we differ on
     purpose, B27 (docs/lifecycle.md): the expired deadline is a failure here (a typed

@@ -25,14 +25,29 @@ class QATask(vf.Task[QA]):
 
 
 def test_the_shared_fields_are_mapped_and_the_rows_own_are_kept() -> None:
-    data = QA(idx=4, id="q-4", name="four", prompt=[vf.UserMessage(content="2+2?")], system_prompt="Be brief.",
-              timeout=vf.TaskTimeout(agent=30), network_allow=["pypi.org"], answer="4")
+    data = QA(
+        idx=4,
+        id="q-4",
+        name="four",
+        prompt=[vf.UserMessage(content="2+2?")],
+        system_prompt="Be brief.",
+        timeout=vf.TaskTimeout(agent=30),
+        network_allow=["pypi.org"],
+        answer="4",
+    )
     task = adapter_class(QATask)(QATask(data))
     assert isinstance(task, V1Task) and type(task).__name__ == "QATask"
     assert task.data.model_dump(exclude={"network_block", "image"}) == {
-        "idx": 4, "name": "four", "prompt": [{"role": "user", "content": "2+2?"}], "system_prompt": "Be brief.",
-        "timeout": {"setup": None, "agent": 30.0, "finalize": None, "scoring": None}, "network_allow": ["pypi.org"], "id": "q-4", "description": None,
-        "answer": "4"}
+        "idx": 4,
+        "name": "four",
+        "prompt": [{"role": "user", "content": "2+2?"}],
+        "system_prompt": "Be brief.",
+        "timeout": {"setup": None, "agent": 30.0, "finalize": None, "scoring": None},
+        "network_allow": ["pypi.org"],
+        "id": "q-4",
+        "description": None,
+        "answer": "4",
+    }
     assert task.data.timeout == RolloutTimeouts(agent=30)
     assert task.key == QATask(data).key
     (hook,) = task.hooks("reward")
@@ -45,11 +60,17 @@ def test_upstream_defaults_mean_no_policy_and_no_timeout() -> None:
     assert not task.data.network_policy
 
 
-@pytest.mark.parametrize(("update", "reason"), [
-    ({"workdir": "/app"}, "its row sets workdir"),
-    ({"agent_user": "agent"}, "its row sets agent_user"),
-    ({"resources": vf.TaskResources(cpu=2)}, r"its row asks for resources \(cpu=2\.0 memory=None gpu=None disk=None\)"),
-])
+@pytest.mark.parametrize(
+    ("update", "reason"),
+    [
+        ({"workdir": "/app"}, "its row sets workdir"),
+        ({"agent_user": "agent"}, "its row sets agent_user"),
+        (
+            {"resources": vf.TaskResources(cpu=2)},
+            r"its row asks for resources \(cpu=2\.0 memory=None gpu=None disk=None\)",
+        ),
+    ],
+)
 def test_a_row_asking_for_what_is_not_mapped_is_refused_in_one_line(update: dict[str, object], reason: str) -> None:
     upstream = QATask(QA(prompt="2+2?", answer="4").model_copy(update=update))
     with pytest.raises(ValueError, match=rf"^verifiers task QATask: not mapped onto rollout_ray yet: {reason}$"):
@@ -60,8 +81,11 @@ def test_upstream_runtime_calls_we_do_not_map_fail_naming_the_member(tmp_path: p
     """A v1 task's runtime here has upstream's run / read / write / alive; any other member
     is an AttributeError that names it and says what there is."""
     runtime = V1Runtime(LocalRuntime(root=str(tmp_path)))
-    with pytest.raises(AttributeError, match=r"^upstream Runtime.prepare_uv_script is not mapped onto rollout_ray's "
-                                             r"runtime; a v1 task here may call run, run_program, read, write and alive$"):
+    with pytest.raises(
+        AttributeError,
+        match=r"^upstream Runtime.prepare_uv_script is not mapped onto rollout_ray's "
+        r"runtime; a v1 task here may call run, run_program, read, write and alive$",
+    ):
         runtime.prepare_uv_script("print(1)")
 
 
@@ -89,12 +113,18 @@ class _Remote(vf.Toolset[_CalcConfig]):
     pass
 
 
-@pytest.mark.parametrize(("toolset", "reason"), [
-    (lambda: _Stateful(_CalcConfig()), r"its toolset _Stateful keeps State across calls \(needs the interception's "
-                                       r"/state route\)"),
-    (lambda: _PerTask(_CalcConfig()), r"its toolset _PerTask overrides setup_task\(\)"),
-    (lambda: _Remote(_CalcConfig(url="http://127.0.0.1:9/mcp")), "its toolset _Remote is a server at a url$"),
-])
+@pytest.mark.parametrize(
+    ("toolset", "reason"),
+    [
+        (
+            lambda: _Stateful(_CalcConfig()),
+            r"its toolset _Stateful keeps State across calls \(needs the interception's "
+            r"/state route\)",
+        ),
+        (lambda: _PerTask(_CalcConfig()), r"its toolset _PerTask overrides setup_task\(\)"),
+        (lambda: _Remote(_CalcConfig(url="http://127.0.0.1:9/mcp")), "its toolset _Remote is a server at a url$"),
+    ],
+)
 def test_a_toolset_we_cannot_serve_as_upstream_does_is_refused_in_one_line(toolset: object, reason: str) -> None:
     class Tooled(vf.Task[QA]):
         @classmethod
@@ -111,7 +141,7 @@ def test_a_program_harness_with_task_toolsets_is_refused_in_one_line(tmp_path: p
     from rollout_ray._verifiers import v1_taskset
 
     source = tmp_path / "paired.py"
-    source.write_text('''
+    source.write_text("""
 import verifiers.v1 as vf
 
 
@@ -142,8 +172,11 @@ class Program(vf.Harness[vf.HarnessConfig]):
 
 
 __all__ = ["Tools", "Program"]
-''')
-    with pytest.raises(ValueError, match=r"^verifiers taskset .*paired\.py: not mapped onto rollout_ray yet: its tasks "
-                                         r"have toolsets and it pairs its own harness \(Program\), which would get no "
-                                         r"tools here$"):
+""")
+    with pytest.raises(
+        ValueError,
+        match=r"^verifiers taskset .*paired\.py: not mapped onto rollout_ray yet: its tasks "
+        r"have toolsets and it pairs its own harness \(Program\), which would get no "
+        r"tools here$",
+    ):
         v1_taskset(str(source))

@@ -46,13 +46,23 @@ _MESSAGE = TypeAdapter(upstream_types.Message)
 
 def _upstream_trace_of(ours: Trace, data: Any) -> Any:
     """Our trace's conversation and calls as upstream's own ``Trace``."""
-    nodes = [UpstreamNode(parent=n.parent, sampled=n.sampled,
-                          message=_MESSAGE.validate_python(msgspec.to_builtins(n.message)))
-             for n in ours.nodes]
-    calls = [upstream_trace.ModelCall(node=c.node, usage=upstream_types.Usage(**msgspec.to_builtins(c.usage)))
-             for c in ours.calls if c.usage is not None]
-    return upstream_trace.Trace(task=upstream_trace.TraceTask(type="T", data=data), nodes=nodes, calls=calls,
-                                agent=upstream_trace.AgentInfo(config=AgentConfig()))
+    nodes = [
+        UpstreamNode(
+            parent=n.parent, sampled=n.sampled, message=_MESSAGE.validate_python(msgspec.to_builtins(n.message))
+        )
+        for n in ours.nodes
+    ]
+    calls = [
+        upstream_trace.ModelCall(node=c.node, usage=upstream_types.Usage(**msgspec.to_builtins(c.usage)))
+        for c in ours.calls
+        if c.usage is not None
+    ]
+    return upstream_trace.Trace(
+        task=upstream_trace.TraceTask(type="T", data=data),
+        nodes=nodes,
+        calls=calls,
+        agent=upstream_trace.AgentInfo(config=AgentConfig()),
+    )
 
 
 def _executor(kind: str, request: pytest.FixtureRequest) -> Any:
@@ -65,14 +75,19 @@ def _executor(kind: str, request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["local", pytest.param("ray", marks=pytest.mark.ray)])
-def test_a_v1_qa_taskset_scores_task_by_task_as_upstreams_own_scoring(kind: str, request: pytest.FixtureRequest) -> None:
+def test_a_v1_qa_taskset_scores_task_by_task_as_upstreams_own_scoring(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
     module = v1_taskset(EXAMPLE)
     tasks = module.tasks()
 
     async def main() -> Any:
         simulated = SimulatedModelConfig(ttft=0, error_rate=0.5, seed=3)
-        async with SimulatedModelServer(simulated) as server, OpenAIModel(server.base_url, name="simulated") as model, \
-                _executor(kind, request) as executor:
+        async with (
+            SimulatedModelServer(simulated) as server,
+            OpenAIModel(server.base_url, name="simulated") as model,
+            _executor(kind, request) as executor,
+        ):
             config = EvalConfig(sampling={"temperature": 0}, limits=RolloutLimits(max_turns=4))
             return await Driver(tasks, ChatHarness(), model, executor=executor, config=config).arun()
 
@@ -85,8 +100,9 @@ def test_a_v1_qa_taskset_scores_task_by_task_as_upstreams_own_scoring(kind: str,
         assert ours.task.type == type(task.upstream).__name__  # upstream's TraceTask.type
         upstream = _upstream_trace_of(ours, task.upstream.data)
         asyncio.run(task.upstream.score(upstream))
-        assert {k: (r.score, r.weight) for k, r in ours.rewards.items()} == \
-               {k: (r.score, r.weight) for k, r in upstream.rewards.items()}, task.data.idx
+        assert {k: (r.score, r.weight) for k, r in ours.rewards.items()} == {
+            k: (r.score, r.weight) for k, r in upstream.rewards.items()
+        }, task.data.idx
         assert ours.metrics == upstream.metrics, task.data.idx
         assert ours.task.key == task.upstream.key
         rewards.add(ours.reward)
@@ -103,14 +119,18 @@ def test_v1_trace_stops_run_before_every_turn_in_upstreams_order(kind: str, requ
     assert [h.name for h in tasks[0].hooks("stop")] == ["out_of_budget", "always"]
 
     async def main() -> Any:
-        async with SimulatedModelServer(SimulatedModelConfig(ttft=0)) as server, \
-                OpenAIModel(server.base_url, name="simulated") as model, _executor(kind, request) as executor:
+        async with (
+            SimulatedModelServer(SimulatedModelConfig(ttft=0)) as server,
+            OpenAIModel(server.base_url, name="simulated") as model,
+            _executor(kind, request) as executor,
+        ):
             config = EvalConfig(limits=RolloutLimits(max_turns=4))
             return await Driver(tasks, ChatHarness(), model, executor=executor, config=config).arun()
 
     traces = table_to_traces(asyncio.run(main()).samples)
-    assert [(t.ok, t.stop_condition, t.num_turns, t.reward) for t in traces] == [(True, "out_of_budget", 0, 0.0)] * 2, \
-        [t.errors for t in traces]
+    assert [(t.ok, t.stop_condition, t.num_turns, t.reward) for t in traces] == [(True, "out_of_budget", 0, 0.0)] * 2, [
+        t.errors for t in traces
+    ]
 
 
 def _run_in_process(taskset_name: str) -> list[Trace]:
@@ -120,8 +140,11 @@ def _run_in_process(taskset_name: str) -> list[Trace]:
     tasks = verifiers_tasks(getattr(sys.modules["verifiers_taskset_v1_stops"], taskset_name)(TasksetConfig()))
 
     async def main() -> Any:
-        async with SimulatedModelServer(SimulatedModelConfig(ttft=0)) as server, \
-                OpenAIModel(server.base_url, name="simulated") as model, LocalExecutor(runtime="local") as executor:
+        async with (
+            SimulatedModelServer(SimulatedModelConfig(ttft=0)) as server,
+            OpenAIModel(server.base_url, name="simulated") as model,
+            LocalExecutor(runtime="local") as executor,
+        ):
             config = EvalConfig(limits=RolloutLimits(max_turns=4), sampling={"temperature": 0})
             return await Driver(tasks, ChatHarness(), model, executor=executor, config=config).arun()
 
@@ -133,7 +156,10 @@ def test_v1_request_and_response_stops_see_upstreams_types_at_our_boundary() -> 
     turn it judged (committed: one turn); a task neither fires on completes."""
     traces = _run_in_process("WatchTaskset")
     assert [(t.ok, t.stop_condition, t.num_turns) for t in traces] == [
-        (True, "said_four", 1), (True, "asked_secret", 0), (True, "agent_completed", 1)], [t.errors for t in traces]
+        (True, "said_four", 1),
+        (True, "asked_secret", 0),
+        (True, "agent_completed", 1),
+    ], [t.errors for t in traces]
 
 
 def test_v1_interceptors_rewrite_the_request_and_the_response_in_upstreams_types() -> None:
@@ -154,31 +180,58 @@ def test_a_taskset_object_and_its_views_give_their_tasks_in_upstreams_order() ->
     taskset_cls = sys.modules["verifiers_taskset_verifiers_env"].ArithTaskset
     view = taskset_cls(TasksetConfig()).shuffle(seed=1).take(3)
     ours = verifiers_tasks(view)
-    assert [t.data.model_dump(include={"idx", "prompt", "answer"}) for t in ours] == \
-           [{"idx": t.data.idx, "prompt": t.data.prompt, "answer": t.data.answer} for t in view]
+    assert [t.data.model_dump(include={"idx", "prompt", "answer"}) for t in ours] == [
+        {"idx": t.data.idx, "prompt": t.data.prompt, "answer": t.data.answer} for t in view
+    ]
     assert len({t.data.idx for t in ours}) == 3 and [t.upstream.key for t in ours] == [t.key for t in view]
-    with pytest.raises(ValueError, match=r"^verifiers taskset Endless is infinite: give a limit \(--limit N\), "
-                                         r"or take\(n\) of it$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^verifiers taskset Endless is infinite: give a limit \(--limit N\), "
+        r"or take\(n\) of it$",
+    ):
         verifiers_tasks(type("Endless", (taskset_cls,), {"INFINITE": True})(TasksetConfig()))
     assert len(verifiers_tasks(type("Endless", (taskset_cls,), {"INFINITE": True})(TasksetConfig()), 2)) == 2
 
 
 def test_what_is_not_mapped_is_refused_before_anything_runs_in_one_line(
-        capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path) -> None:
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["eval", "--verifiers", REFUSED, "--executor", "local", "--out", str(out)])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
         "rollout-ray eval: error: verifiers task SetupTask: not mapped onto rollout_ray yet: it overrides "
-        "stage_verifier() (no artifacts are restored here)"]
+        "stage_verifier() (no artifacts are restored here)"
+    ]
     assert not out.exists()
 
 
 def test_rollout_ray_eval_runs_the_example_v1_environment(tmp_path: pathlib.Path) -> None:
     """``rollout-ray eval --verifiers examples/verifiers_env.py``, in its own process."""
-    done = subprocess.run([sys.executable, "-m", "rollout_ray", "eval", "--verifiers", EXAMPLE, "--samples", "2",
-                           "--executor", "local", "--runtime", "local", "--temperature", "0",
-                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollout_ray",
+            "eval",
+            "--verifiers",
+            EXAMPLE,
+            "--samples",
+            "2",
+            "--executor",
+            "local",
+            "--runtime",
+            "local",
+            "--temperature",
+            "0",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     assert "mean reward 1.0000" in done.stdout and "stop conditions  agent_completed=16" in done.stdout, done.stdout

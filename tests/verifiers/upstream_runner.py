@@ -41,10 +41,19 @@ async def run_upstream_eval(taskset_id: str, base_url: str, out: pathlib.Path, h
     from verifiers.v1.cli.eval.runner import run_eval
     from verifiers.v1.configs.cli.eval import EvalConfig
 
-    config = EvalConfig.model_validate({
-        "env": {"taskset": {"id": taskset_id},
-                "agent": {"harness": {"id": harness}, "runtime": {"type": "subprocess"}}},
-        "model": "simulated", "client": {"base_url": base_url, "api_key_var": "SIMULATED_API_KEY"},
-        "sampling": {"temperature": 0}, "push": False, "rich": None, "output_dir": str(out)})
+    config = EvalConfig.model_validate(
+        {
+            "env": {
+                "taskset": {"id": taskset_id},
+                "agent": {"harness": {"id": harness}, "runtime": {"type": "subprocess"}},
+            },
+            "model": "simulated",
+            "client": {"base_url": base_url, "api_key_var": "SIMULATED_API_KEY"},
+            "sampling": {"temperature": 0},
+            "push": False,
+            "rich": None,
+            "output_dir": str(out),
+        }
+    )
     episodes = await run_eval(config)
     return sorted((t for e in episodes for t in e.traces), key=lambda t: t.task.data.idx or 0)

@@ -30,8 +30,6 @@ class GuardTaskset(vf.Taskset[GuardTask]):
             yield GuardTask(vf.TaskData(prompt=f"What is {a} + 1?"), self.config.task)
 
 
-
-
 class WatchTask(vf.Task):
     """Stops on the request (before the model sees it) and on the response (after the turn)."""
 
@@ -50,15 +48,15 @@ class WatchTaskset(vf.Taskset[WatchTask]):
             yield WatchTask(vf.TaskData(prompt=prompt), self.config.task)
 
 
-
 class RewriteTask(vf.Task):
     @vf.intercept
     async def harder(self, request: vf.Request) -> vf.Request | None:
         last = request.messages[-1]
         if last.role != "user" or "2 + 2" not in str(last.content):
             return None
-        return request.model_copy(update={"messages": [*request.messages[:-1],
-                                                       last.model_copy(update={"content": "What is 5 + 5?"})]})
+        return request.model_copy(
+            update={"messages": [*request.messages[:-1], last.model_copy(update={"content": "What is 5 + 5?"})]}
+        )
 
     @vf.intercept
     async def in_words(self, response: vf.Response) -> vf.Response | None:

@@ -25,9 +25,18 @@ from typing import Any
 import aiohttp
 
 FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio", "--window-size=1280,1000",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--mute-audio",
+    "--window-size=1280,1000",
 )
 
 
@@ -55,8 +64,14 @@ class Browser:
     @classmethod
     async def launch(cls, binary: str, user_data_dir: Path, timeout: float = 30) -> Browser:
         proc = await asyncio.create_subprocess_exec(
-            binary, *FLAGS, f"--user-data-dir={user_data_dir}", "--remote-debugging-port=0", "about:blank",
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            binary,
+            *FLAGS,
+            f"--user-data-dir={user_data_dir}",
+            "--remote-debugging-port=0",
+            "about:blank",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its helpers share its process group, so close() reaches them all
         )
         try:
@@ -152,8 +167,9 @@ async def wait_group_gone(pgid: int, timeout: float = 20) -> None:
                 async with asyncio.timeout_at(deadline):
                     await _exited(pidfd)
             except TimeoutError:
-                raise TimeoutError(f"process group {pgid} still has {group_members(pgid)} "
-                                   f"{timeout}s after SIGKILL") from None
+                raise TimeoutError(
+                    f"process group {pgid} still has {group_members(pgid)} {timeout}s after SIGKILL"
+                ) from None
             finally:
                 os.close(pidfd)
 
@@ -236,8 +252,9 @@ class Page:
 
     async def evaluate(self, expression: str, timeout: float = 30) -> Any:
         """The JSON value of ``expression`` in the page (a promise is awaited)."""
-        result = await self.send("Runtime.evaluate", timeout=timeout + 5, expression=expression,
-                                 awaitPromise=True, returnByValue=True)
+        result = await self.send(
+            "Runtime.evaluate", timeout=timeout + 5, expression=expression, awaitPromise=True, returnByValue=True
+        )
         if "exceptionDetails" in result:
             details = result["exceptionDetails"]
             raise CDPError(details.get("exception", {}).get("description") or details.get("text"))

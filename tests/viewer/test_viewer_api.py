@@ -44,7 +44,10 @@ def test_runs_are_the_directories_given_and_the_runs_under_a_directory(tmp_path:
     (tmp_path / "notes").mkdir()
     listed = get(Viewer([tmp_path, run_dir]), "/api/runs")["runs"]
     assert [(r["id"], r["rollouts"], r["run_id"]) for r in listed] == [
-        ("sweep/001-model=good", 8, "a"), ("sweep/002-model=bad", 4, "b"), ("arith", N, "run-test")]
+        ("sweep/001-model=good", 8, "a"),
+        ("sweep/002-model=bad", 4, "b"),
+        ("arith", N, "run-test"),
+    ]
     assert listed[2]["shards"] == 4 and listed[2]["taskset"] == "tests/arith.py"
 
 
@@ -54,8 +57,12 @@ def test_a_directory_that_is_neither_a_run_nor_holds_runs_is_refused(tmp_path: P
         Viewer([tmp_path / "empty"])
     with pytest.raises(NotARunDirectory, match="no such directory"):
         Viewer([tmp_path / "missing"])
-    result = subprocess.run([sys.executable, "-m", "rollout_ray", "view", str(tmp_path / "empty"), "--port", "0"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "rollout_ray", "view", str(tmp_path / "empty"), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "is not a run directory" in result.stderr
 
@@ -91,21 +98,24 @@ def test_sort_by_a_column_either_way_with_ties_in_write_order(run_dir: Path) -> 
     assert status == 400 and "cannot sort by 'messages'" in body["error"]
 
 
-@pytest.mark.parametrize(("params", "expected"), [
-    ({"ok": "false"}, lambda i: failed(i)),
-    ({"ok": "true"}, lambda i: not failed(i)),
-    ({"reward_min": "1"}, lambda i: not failed(i) and i % 3 != 0),
-    ({"reward_min": "0.05", "reward_max": "0.5"}, lambda i: not failed(i) and i % 3 == 0),
-    ({"stop": "max_turns"}, lambda i: not failed(i) and i % 11 == 5),
-    ({"error": "ToolsetError"}, lambda i: failed(i) and i % 2 == 1),
-    ({"error": "(any)"}, lambda i: failed(i)),
-    ({"error": "(none)"}, lambda i: not failed(i)),
-    ({"task": "calc"}, lambda i: (i // 4) % 2 == 1),
-    ({"task": "7"}, lambda i: i // 4 == 7),
-    ({"task": "0003kk"}, lambda i: i // 4 == 3),
-    ({"group": "g0001"}, lambda i: 40 <= i < 80),
-    ({"ok": "false", "task": "Arith", "sort": "sample_idx"}, lambda i: failed(i) and (i // 4) % 2 == 0),
-])
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"ok": "false"}, lambda i: failed(i)),
+        ({"ok": "true"}, lambda i: not failed(i)),
+        ({"reward_min": "1"}, lambda i: not failed(i) and i % 3 != 0),
+        ({"reward_min": "0.05", "reward_max": "0.5"}, lambda i: not failed(i) and i % 3 == 0),
+        ({"stop": "max_turns"}, lambda i: not failed(i) and i % 11 == 5),
+        ({"error": "ToolsetError"}, lambda i: failed(i) and i % 2 == 1),
+        ({"error": "(any)"}, lambda i: failed(i)),
+        ({"error": "(none)"}, lambda i: not failed(i)),
+        ({"task": "calc"}, lambda i: (i // 4) % 2 == 1),
+        ({"task": "7"}, lambda i: i // 4 == 7),
+        ({"task": "0003kk"}, lambda i: i // 4 == 3),
+        ({"group": "g0001"}, lambda i: 40 <= i < 80),
+        ({"ok": "false", "task": "Arith", "sort": "sample_idx"}, lambda i: failed(i) and (i // 4) % 2 == 0),
+    ],
+)
 def test_each_filter_keeps_exactly_the_matching_rollouts(run_dir: Path, params: dict[str, str], expected: Any) -> None:
     result = rows(Viewer([run_dir]), **params)
     assert {r["rollout_id"] for r in result["rows"]} == {rollout_id(i) for i in range(N) if expected(i)}
@@ -113,9 +123,13 @@ def test_each_filter_keeps_exactly_the_matching_rollouts(run_dir: Path, params: 
 
 
 def test_a_filter_value_that_does_not_parse_is_a_400(run_dir: Path) -> None:
-    answers = serve_requests(Viewer([run_dir]), "/api/rollouts?run=arith&reward_min=high",
-                             "/api/rollouts?run=arith&ok=maybe", "/api/rollouts?run=nope",
-                             "/api/rollout?run=arith&id=nope")
+    answers = serve_requests(
+        Viewer([run_dir]),
+        "/api/rollouts?run=arith&reward_min=high",
+        "/api/rollouts?run=arith&ok=maybe",
+        "/api/rollouts?run=nope",
+        "/api/rollout?run=arith&id=nope",
+    )
     assert [status for status, _ in answers] == [400, 400, 404, 404]
     assert "reward_min must be a number" in answers[0][1]["error"]
 
@@ -136,8 +150,10 @@ def test_a_failed_rollout_shows_its_conversation_error_traceback_and_timing(run_
 
 def test_an_ok_rollout_shows_its_rewards_and_metrics(run_dir: Path) -> None:
     r = get(Viewer([run_dir]), "/api/rollout", run="arith", id=rollout_id(4))
-    assert r["rewards"] == [{"name": "correct", "score": 1.0, "weight": 1.0},
-                            {"name": "format", "score": 1.0, "weight": 0.1}]
+    assert r["rewards"] == [
+        {"name": "correct", "score": 1.0, "weight": 1.0},
+        {"name": "format", "score": 1.0, "weight": 0.1},
+    ]
     assert r["metrics"] == [{"name": "reply_chars", "value": 14.0}] and r["reward"] == pytest.approx(1.1)
     assert r["messages"][-1] == {**r["messages"][-1], "role": "assistant", "text": "The sum is 115."}
 
@@ -148,7 +164,8 @@ def test_siblings_carry_the_advantages_finalize_computes(run_dir: Path) -> None:
     stored = read_run(run_dir, columns=["rollout_id", "group_id", "ok", "reward"])
     expected = finalize(stored.filter(pa.compute.equal(stored["group_id"], "g00001"))).samples
     assert [(s["rollout_id"], s["advantage"]) for s in group["rows"]] == list(
-        zip(expected["rollout_id"].to_pylist(), expected["advantage"].to_pylist()))
+        zip(expected["rollout_id"].to_pylist(), expected["advantage"].to_pylist())
+    )
     assert [s["sample_idx"] for s in group["rows"]] == [0, 1, 2, 3]
     assert [s["advantage"] is None for s in group["rows"]] == [failed(i) for i in range(4, 8)]
 
@@ -197,7 +214,7 @@ def test_the_page_is_served_with_a_strict_policy_and_foreign_hosts_are_refused(r
 
 
 def test_the_plot_is_drawn_on_demand(run_dir: Path) -> None:
-    (status, png), = serve_requests(Viewer([run_dir], plot=plot), "/api/plot.png?run=arith")
+    ((status, png),) = serve_requests(Viewer([run_dir], plot=plot), "/api/plot.png?run=arith")
     assert status == 200 and png.startswith(b"\x89PNG")
     assert serve_requests(Viewer([run_dir]), "/api/plot.png?run=arith")[0][0] == 404
     assert not (run_dir / "report.png").exists()
@@ -207,8 +224,9 @@ def test_the_index_reads_scalar_columns_once_and_only_new_shards_after(tmp_path:
     run = write_run(tmp_path / "live", 100, rows_per_shard=50)
     reads: list[str] = []
     real = index_module.read_scalars
-    monkeypatch.setattr(index_module, "read_scalars",
-                        lambda folder, name, run_id: reads.append(name) or real(folder, name, run_id))
+    monkeypatch.setattr(
+        index_module, "read_scalars", lambda folder, name, run_id: reads.append(name) or real(folder, name, run_id)
+    )
     viewer = Viewer([run])
     assert get(viewer, "/api/run", run="live")["rollouts"] == 100
     first = viewer._indexes["live"]
@@ -216,8 +234,11 @@ def test_the_index_reads_scalar_columns_once_and_only_new_shards_after(tmp_path:
     get(viewer, "/api/rollouts", run="live")
     assert viewer._indexes["live"] is first and reads == ["part-00000.parquet", "part-00001.parquet"]
     with ShardWriter(run, rows_per_shard=50) as writer:  # the run goes on while it is viewed
-        writer.write(records_to_table([RolloutRecord(make_trace(i), "run-test", f"g{i // 4:05d}", i % 4)
-                                       for i in range(100, 130)]))
+        writer.write(
+            records_to_table(
+                [RolloutRecord(make_trace(i), "run-test", f"g{i // 4:05d}", i % 4) for i in range(100, 130)]
+            )
+        )
     page = get(viewer, "/api/rollouts", run="live", offset=120, limit=50)
     assert page["total"] == 130 and [r["rollout_id"] for r in page["rows"]] == [rollout_id(i) for i in range(120, 130)]
     assert reads == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
@@ -243,7 +264,8 @@ def test_a_redone_rollout_supersedes_its_earlier_row_as_read_run_says(tmp_path: 
     assert [r["rollout_id"] for r in page["rows"]] == expected == [rollout_id(i) for i in (0, 1, 2, 4, 5, 6, 7, 100)]
     assert page["rows"][-1]["attempt"] == 1
     assert [s["rollout_id"] for s in get(viewer, "/api/siblings", run="redo", id=redo.id)["rows"]] == [
-        rollout_id(i) for i in (0, 1, 2, 100)]
+        rollout_id(i) for i in (0, 1, 2, 100)
+    ]
     assert get(viewer, "/api/rollout", run="redo", id=redo.id)["attempt"] == 1
     assert get(viewer, "/api/runs")["runs"][0]["rollouts"] == len(expected) == 8  # the runs list counts the same
 
@@ -277,9 +299,13 @@ def test_ten_thousand_rollouts_page_filter_and_open(tmp_path: Path) -> None:
 
 
 def test_the_command_serves_until_interrupted(run_dir: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "rollout_ray", "view", str(run_dir), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollout_ray", "view", str(run_dir), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("viewing 1 run(s) at http://127.0.0.1:"), line + proc.stderr.read()  # type: ignore[union-attr]
@@ -297,10 +323,14 @@ def test_the_command_serves_until_interrupted(run_dir: Path) -> None:
 
 
 MODELS = {  # the manifest's model, as eval and sweep record it (``_cli/drive.open_model``), and as a string
-    "served": ({"url": "http://127.0.0.1:8000/v1", "name": "Qwen/Qwen3-8B"},
-               {"name": "Qwen/Qwen3-8B", "served": "http://127.0.0.1:8000/v1"}),
-    "simulated": ({"simulated": {"model_name": "simulated", "ttft": 0.05}},
-                  {"name": "simulated", "served": "the built-in simulated model server"}),
+    "served": (
+        {"url": "http://127.0.0.1:8000/v1", "name": "Qwen/Qwen3-8B"},
+        {"name": "Qwen/Qwen3-8B", "served": "http://127.0.0.1:8000/v1"},
+    ),
+    "simulated": (
+        {"simulated": {"model_name": "simulated", "ttft": 0.05}},
+        {"name": "simulated", "served": "the built-in simulated model server"},
+    ),
     "named": ("gpt-4o", {"name": "gpt-4o", "served": None}),
 }
 

@@ -26,8 +26,10 @@ N = 24
 CHROMIUM = find_chromium()
 
 pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian: apt-get install chromium; "
-                                                ".ci/run installs it when missing)"),
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="no chromium binary (Debian: apt-get install chromium; .ci/run installs it when missing)",
+    ),
     pytest.mark.timeout(180),
 ]
 
@@ -48,12 +50,15 @@ async def open_failed_rollout(page: Page, url: str) -> str:
     n_failed = sum(failed(i) for i in range(N))
     assert await page.wait_for(
         f"document.querySelectorAll('#rollouts tr.rollout-row').length === {n_failed} && "
-        "[...document.querySelectorAll('#rollouts tr.rollout-row')].every(r => r.classList.contains('failed'))")
+        "[...document.querySelectorAll('#rollouts tr.rollout-row')].every(r => r.classList.contains('failed'))"
+    )
     assert "ok=false" in await page.evaluate("location.hash")
     for order, arrow in (("asc", "▲"), ("desc", "▼")):  # a header click sorts, and again reverses
         await page.evaluate("document.querySelector('#rollouts th[data-key=reward]').click()")
-        assert await page.wait_for(f"location.hash.includes('sort=reward&order={order}') && document."
-                                   f"querySelector('#rollouts th[data-key=reward]').textContent.endsWith('{arrow}')")
+        assert await page.wait_for(
+            f"location.hash.includes('sort=reward&order={order}') && document."
+            f"querySelector('#rollouts th[data-key=reward]').textContent.endsWith('{arrow}')"
+        )
     assert await page.evaluate("document.querySelectorAll('#rollouts tr.rollout-row.failed').length") == n_failed
     first = await page.evaluate("document.querySelector('#rollouts tr.rollout-row').dataset.id")
     await page.evaluate("document.querySelector('#rollouts tr.rollout-row').click()")
@@ -93,8 +98,9 @@ async def check_hostile_text_stays_text(page: Page) -> None:
     await page.evaluate(f"location.hash = '#/run/arith/rollout/{rollout_id(1)}'")
     assert await page.wait_for(f"document.querySelector('h1 code')?.textContent === {js(rollout_id(1))}")
     assert await page.evaluate("document.querySelector('.bubble.user .text').textContent") == HOSTILE
-    assert await page.evaluate("[window.__xss === undefined, document.querySelectorAll('.chat img, .chat script')"
-                               ".length]") == [True, 0]
+    assert await page.evaluate(
+        "[window.__xss === undefined, document.querySelectorAll('.chat img, .chat script').length]"
+    ) == [True, 0]
 
 
 async def scenario(runs: Path, shot: Path, profile: Path) -> None:
@@ -103,15 +109,17 @@ async def scenario(runs: Path, shot: Path, profile: Path) -> None:
     try:
         page = await browser.page()
         try:
-            await page.send("Emulation.setDeviceMetricsOverride", width=1280, height=1000,
-                            deviceScaleFactor=1, mobile=False)
+            await page.send(
+                "Emulation.setDeviceMetricsOverride", width=1280, height=1000, deviceScaleFactor=1, mobile=False
+            )
             rid = await open_failed_rollout(page, url)
             await check_rollout_page(page, rid)
             await page.screenshot(shot)
             await check_hostile_text_stays_text(page)
             await page.evaluate("document.querySelectorAll('#crumbs a')[1].click()")  # back to the run
-            assert await page.wait_for("app.dataset.view === 'run' && document.querySelector("
-                                       "'#filters select[name=ok]').value === 'false'")  # the filter kept
+            assert await page.wait_for(
+                "app.dataset.view === 'run' && document.querySelector('#filters select[name=ok]').value === 'false'"
+            )  # the filter kept
             assert page.errors == []
         finally:
             await page.close()
@@ -144,13 +152,17 @@ async def models_shown(runs: Path, profile: Path) -> dict[str, object]:
         try:
             await page.navigate(url)
             assert await page.wait_for("document.querySelectorAll('a.run-link').length === 2")
-            listed = await page.evaluate("Object.fromEntries([...document.querySelectorAll('table.runs tbody tr')]"
-                                         ".map(r => [r.cells[0].textContent, r.cells[4].textContent]))")
+            listed = await page.evaluate(
+                "Object.fromEntries([...document.querySelectorAll('table.runs tbody tr')]"
+                ".map(r => [r.cells[0].textContent, r.cells[4].textContent]))"
+            )
             await page.evaluate("location.hash = '#/run/served'")
             assert await page.wait_for("app.dataset.view === 'run' && app.dataset.state === 'ready'")
-            header = await page.evaluate("[...document.querySelectorAll('.facts div')].find("
-                                         "d => d.querySelector('dt').textContent === 'model').querySelector('dd')"
-                                         ".textContent")
+            header = await page.evaluate(
+                "[...document.querySelectorAll('.facts div')].find("
+                "d => d.querySelector('dt').textContent === 'model').querySelector('dd')"
+                ".textContent"
+            )
             assert page.errors == []
             return {"listed": listed, "header": header}
         finally:
@@ -163,10 +175,17 @@ async def models_shown(runs: Path, profile: Path) -> dict[str, object]:
 def test_the_runs_list_and_the_run_header_show_the_model_by_name_and_where_it_is_served(tmp_path: Path) -> None:
     """Issue 34 §5: the manifest's model is a record; both printed it as ``[object Object]``."""
     runs = tmp_path / "runs"
-    write_run(runs / "served", 4, config={"taskset": "t.py", "model": {"url": "http://127.0.0.1:8000/v1",
-                                                                        "name": "Qwen/Qwen3-8B"}})
+    write_run(
+        runs / "served",
+        4,
+        config={"taskset": "t.py", "model": {"url": "http://127.0.0.1:8000/v1", "name": "Qwen/Qwen3-8B"}},
+    )
     write_run(runs / "simulated", 4, config={"taskset": "t.py", "model": {"simulated": {"model_name": "sim-7b"}}})
     shown = asyncio.run(models_shown(runs, tmp_path / "profile"))
-    assert shown == {"listed": {"served": "Qwen/Qwen3-8B at http://127.0.0.1:8000/v1",
-                                "simulated": "sim-7b at the built-in simulated model server"},
-                     "header": "Qwen/Qwen3-8B at http://127.0.0.1:8000/v1"}
+    assert shown == {
+        "listed": {
+            "served": "Qwen/Qwen3-8B at http://127.0.0.1:8000/v1",
+            "simulated": "sim-7b at the built-in simulated model server",
+        },
+        "header": "Qwen/Qwen3-8B at http://127.0.0.1:8000/v1",
+    }

@@ -31,8 +31,13 @@ def test_a_link_to_a_run_outside_the_root_is_neither_listed_nor_served(tmp_path:
     assert [r["id"] for r in get(viewer, "/api/runs")["runs"]] == ["mine"]
     answers = serve_requests(viewer, "/api/run?run=ext", "/api/rollouts?run=ext", "/api/rollouts?run=more/theirs")
     assert [status for status, _ in answers] == [404, 404, 404]
-    report("21§1 viewer: link to a run outside its root", "root/ext -> another run, root/more -> its folder",
-           "neither listed nor served (404)", "0 rows served", time.monotonic() - started)
+    report(
+        "21§1 viewer: link to a run outside its root",
+        "root/ext -> another run, root/more -> its folder",
+        "neither listed nor served (404)",
+        "0 rows served",
+        time.monotonic() - started,
+    )
 
 
 def test_a_directory_swapped_for_a_link_after_the_scan_is_refused(tmp_path: Path) -> None:
@@ -43,7 +48,7 @@ def test_a_directory_swapped_for_a_link_after_the_scan_is_refused(tmp_path: Path
     assert get(viewer, "/api/run", run="sweep/point")["rollouts"] == 4
     (root / "sweep").rename(tmp_path / "moved")
     (root / "sweep").symlink_to(outside, target_is_directory=True)
-    (status, body), = serve_requests(viewer, "/api/rollouts?run=sweep/point")
+    ((status, body),) = serve_requests(viewer, "/api/rollouts?run=sweep/point")
     assert status == 500 and body["error"].startswith(f"{root / 'sweep'} {LINK}")
 
 
@@ -54,7 +59,7 @@ def test_a_link_inside_a_run_is_an_error_naming_it(tmp_path: Path, planted: str)
     (other / planted).rename(tmp_path / "taken")
     target.rename(other / planted)
     target.symlink_to(other / planted, target_is_directory=planted == "shards")
-    (status, body), = serve_requests(Viewer([run]), "/api/rollouts?run=run")
+    ((status, body),) = serve_requests(Viewer([run]), "/api/rollouts?run=run")
     assert status == 500 and body["error"].startswith(f"{target} {LINK}")
 
 

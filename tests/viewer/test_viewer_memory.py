@@ -40,8 +40,9 @@ def with_data(**fields: Any) -> Any:
 
 
 def page_bytes(viewer: Viewer, run: str, **params: Any) -> int:
-    (status, body), = serve_requests(viewer, f"/api/rollouts?run={run}&limit=500"
-                                             + "".join(f"&{k}={v}" for k, v in params.items()))
+    ((status, body),) = serve_requests(
+        viewer, f"/api/rollouts?run={run}&limit=500" + "".join(f"&{k}={v}" for k, v in params.items())
+    )
     assert status == 200
     return len(msgspec.json.encode(body))
 
@@ -59,9 +60,13 @@ def test_long_task_data_stays_out_of_the_index_and_the_pages(tmp_path: Path, rep
     assert overview["long_columns"] == ["data_prompt"] and "data_prompt" not in overview["extras"]
     assert "data_answer" in overview["extras"]  # short task data stays: it sorts the table
     assert whole == text(1, prompt)
-    report("21§4 viewer: long task data", f"{n} rollouts, 256 KiB prompt each ({n * prompt // MIB} MiB)",
-           f"index {index.table.nbytes // KIB} KiB, page of {n}: {shown // KIB} KiB",
-           "prompt whole on the rollout's page", time.monotonic() - started)
+    report(
+        "21§4 viewer: long task data",
+        f"{n} rollouts, 256 KiB prompt each ({n * prompt // MIB} MiB)",
+        f"index {index.table.nbytes // KIB} KiB, page of {n}: {shown // KIB} KiB",
+        "prompt whole on the rollout's page",
+        time.monotonic() - started,
+    )
 
 
 def test_one_long_value_on_every_row_is_measured_as_it_is_held(tmp_path: Path) -> None:
@@ -110,6 +115,10 @@ def test_opening_one_large_rollout_reads_a_bounded_part_of_its_shard(tmp_path: P
     assert opened["messages"][-1]["text"] == text(n - 2, size)
     assert pool.max_memory() < 3 * ROW_GROUP_BYTES, pool.max_memory()
     assert max(g.total_byte_size for g in groups) <= ROW_GROUP_BYTES * 1.1 and len(groups) >= 4
-    report("21§4 viewer: open one 0.5 MiB rollout", f"{n} × 0.5 MiB traces in one shard",
-           f"Arrow peak {pool.max_memory() / MIB:.0f} MiB; row groups of {groups[0].num_rows} rows",
-           f"shard {shard.stat().st_size // MIB} MiB, not read whole", seconds)
+    report(
+        "21§4 viewer: open one 0.5 MiB rollout",
+        f"{n} × 0.5 MiB traces in one shard",
+        f"Arrow peak {pool.max_memory() / MIB:.0f} MiB; row groups of {groups[0].num_rows} rows",
+        f"shard {shard.stat().st_size // MIB} MiB, not read whole",
+        seconds,
+    )

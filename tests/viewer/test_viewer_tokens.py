@@ -27,19 +27,38 @@ from rollout_ray._viewer.server import Viewer, start
 
 CHROMIUM = find_chromium()
 pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian: apt-get install chromium; "
-                                                ".ci/run installs it when missing)"),
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="no chromium binary (Debian: apt-get install chromium; .ci/run installs it when missing)",
+    ),
     pytest.mark.timeout(180),
 ]
 SYSTEM = SystemMessage(content="You are an agent.")
 Q = UserMessage(content="What is 2+2?")
 
 
-def turn(trace: Trace, graph: ConversationGraph, messages: list[Message], reply: str, prompt: list[int],
-         completion: list[int], logprobs: list[float], versions: list[int]) -> None:
+def turn(
+    trace: Trace,
+    graph: ConversationGraph,
+    messages: list[Message],
+    reply: str,
+    prompt: list[int],
+    completion: list[int],
+    logprobs: list[float],
+    versions: list[int],
+) -> None:
     call = ModelCall(node=graph.commit(messages, AssistantMessage(content=reply)), policy=versions[0])
-    record_tokens(trace, call, SimpleNamespace(policy_version=versions[0], token_ids=completion, token_logprobs=logprobs,
-                                               prompt_token_ids=prompt, token_versions=versions))
+    record_tokens(
+        trace,
+        call,
+        SimpleNamespace(
+            policy_version=versions[0],
+            token_ids=completion,
+            token_logprobs=logprobs,
+            prompt_token_ids=prompt,
+            token_versions=versions,
+        ),
+    )
     trace.calls.append(call)
 
 
@@ -53,13 +72,29 @@ def with_tokens(i: int, trace: Trace) -> Trace:
     graph = ConversationGraph(trace)
     turn(trace, graph, [SYSTEM, Q], "4", [1, 2, 3], [10, 11], [-0.01, -3.0], [3, 3])
     summary = "The user asked for 2+2 and was answered 4; then asked to go on."
-    turn(trace, graph, [SYSTEM, Q, AssistantMessage(content="4"), UserMessage(content="Summarize.")], summary,
-         [1, 2, 3, 10, 11, 4, 5], [20, 21, 22, 23], [-0.5, -0.01, -2.0, -0.2], [3, 3, 4, 4])
+    turn(
+        trace,
+        graph,
+        [SYSTEM, Q, AssistantMessage(content="4"), UserMessage(content="Summarize.")],
+        summary,
+        [1, 2, 3, 10, 11, 4, 5],
+        [20, 21, 22, 23],
+        [-0.5, -0.01, -2.0, -0.2],
+        [3, 3, 4, 4],
+    )
     compacted: list[Message] = [SYSTEM, UserMessage(content=f"Summary: {summary}")]
     turn(trace, graph, compacted, "OK", [1, 2, 6, 7], [30], [-0.01], [4])
     # the template re-tokenized the reply (30 became 9): drift, a new sequence of branch 1
-    turn(trace, graph, [*compacted, AssistantMessage(content="OK"), UserMessage(content="Go on.")], "done",
-         [1, 2, 6, 7, 9, 8], [40], [-0.01], [4])
+    turn(
+        trace,
+        graph,
+        [*compacted, AssistantMessage(content="OK"), UserMessage(content="Go on.")],
+        "done",
+        [1, 2, 6, 7, 9, 8],
+        [40],
+        [-0.01],
+        [4],
+    )
     return trace
 
 
@@ -68,8 +103,9 @@ async def view(url: str, shot: Path, profile: Path) -> dict[str, Any]:
     try:
         page = await browser.page()
         try:
-            await page.send("Emulation.setDeviceMetricsOverride", width=1280, height=1000, deviceScaleFactor=1,
-                            mobile=False)
+            await page.send(
+                "Emulation.setDeviceMetricsOverride", width=1280, height=1000, deviceScaleFactor=1, mobile=False
+            )
             await page.navigate(url + f"#/run/arith/rollout/{rollout_id(0)}")
             assert await page.wait_for("app.dataset.view === 'rollout' && app.dataset.state === 'ready'")
             await page.evaluate("document.querySelector('.block.tokens').scrollIntoView()")
@@ -109,8 +145,9 @@ def shown_text(token_id: int) -> str:
 
 
 @pytest.mark.parametrize("decoded", [False, True], ids=["ids", "text"])
-def test_the_token_view_shows_each_sequence_by_loss_mask_logprob_turn_policy_and_branch(tmp_path: Path,
-                                                                                        decoded: bool) -> None:
+def test_the_token_view_shows_each_sequence_by_loss_mask_logprob_turn_policy_and_branch(
+    tmp_path: Path, decoded: bool
+) -> None:
     """A served model's run shows ids; a run of the simulated model (as eval records it) shows
     each id's text, through the tokenizer ``rollout-ray view`` gives the viewer."""
     runs = tmp_path / "runs"

@@ -63,8 +63,13 @@ def _error(i: int) -> ErrorRecord:
     except (ToolsetError, ProviderError) as exc:
         error = ErrorRecord.from_exception(exc)
     # A provider error keeps no traceback of its own (it would be ours); give it one to show.
-    return error if error.traceback else ErrorRecord(error.type, error.message, error.status_code,
-                                               "Traceback (most recent call last):\n  upstream 503\n")
+    return (
+        error
+        if error.traceback
+        else ErrorRecord(
+            error.type, error.message, error.status_code, "Traceback (most recent call last):\n  upstream 503\n"
+        )
+    )
 
 
 def make_trace(i: int, t: float = 1_750_000_000.0) -> Trace:
@@ -74,23 +79,49 @@ def make_trace(i: int, t: float = 1_750_000_000.0) -> Trace:
     nodes = [
         MessageNode(None, SystemMessage("You add numbers with the calculator."), timestamp=t + 0.01),
         MessageNode(0, UserMessage(question), timestamp=t + 0.01),
-        MessageNode(1, AssistantMessage(content=f"I'll add {a} and {b}.", reasoning_content="Use the tool.",
-                                        tool_calls=[ToolCall(f"call_{i}", "add", f'{{"a": {a}, "b": {b}}}')]),
-                    sampled=True, timestamp=t + 0.5),
+        MessageNode(
+            1,
+            AssistantMessage(
+                content=f"I'll add {a} and {b}.",
+                reasoning_content="Use the tool.",
+                tool_calls=[ToolCall(f"call_{i}", "add", f'{{"a": {a}, "b": {b}}}')],
+            ),
+            sampled=True,
+            timestamp=t + 0.5,
+        ),
         MessageNode(2, ToolMessage(f"call_{i}", str(a + b), name="add"), timestamp=t + 0.52),
     ]
-    calls = [ModelCall(node=2, model="simulated", finish_reason="tool_calls",
-                       usage=Usage(prompt_tokens=40, completion_tokens=12), time=TimeSpan(t + 0.02, t + 0.5))]
+    calls = [
+        ModelCall(
+            node=2,
+            model="simulated",
+            finish_reason="tool_calls",
+            usage=Usage(prompt_tokens=40, completion_tokens=12),
+            time=TimeSpan(t + 0.02, t + 0.5),
+        )
+    ]
     broken = failed(i)
     if not broken:
         nodes.append(MessageNode(3, AssistantMessage(content=f"The sum is {a + b}."), sampled=True, timestamp=t + 0.9))
-        calls.append(ModelCall(node=4, model="simulated", finish_reason="stop",
-                               usage=Usage(prompt_tokens=60, completion_tokens=6), time=TimeSpan(t + 0.53, t + 0.9)))
+        calls.append(
+            ModelCall(
+                node=4,
+                model="simulated",
+                finish_reason="stop",
+                usage=Usage(prompt_tokens=60, completion_tokens=6),
+                time=TimeSpan(t + 0.53, t + 0.9),
+            )
+        )
     stop = "error" if broken else ("max_turns" if i % 11 == 5 else "agent_completed")
     return Trace(
         id=rollout_id(i),
-        task=TraceTask(type="Arith" if (i // SAMPLES) % 2 == 0 else "Calc", key=f"{i // SAMPLES:04d}" + "k" * 60,
-                       hash="0" * 64, idx=i // SAMPLES, data={"prompt": question, "answer": a + b}),
+        task=TraceTask(
+            type="Arith" if (i // SAMPLES) % 2 == 0 else "Calc",
+            key=f"{i // SAMPLES:04d}" + "k" * 60,
+            hash="0" * 64,
+            idx=i // SAMPLES,
+            data={"prompt": question, "answer": a + b},
+        ),
         agent=AgentInfo(harness="chat", model="simulated", runtime=RuntimeInfo(id=f"rt-{i}", type="local", name="rt")),
         nodes=nodes,
         calls=calls,
@@ -100,27 +131,49 @@ def make_trace(i: int, t: float = 1_750_000_000.0) -> Trace:
         ok=not broken,
         stop_condition=stop,
         errors=[_error(i)] if broken else [],
-        timing=Timing(start=t, boot=TimeSpan(t, t + 0.002), setup=TimeSpan(t + 0.002, t + 0.01),
-                      agent=AgentSpan(t + 0.01, t + 0.95, model=TimeSplit(0.85), harness=TimeSplit(0.09)),
-                      finalize=TimeSpan(t + 0.95, t + 0.96), scoring=TimeSpan(t + 0.96, t + 0.97)),
-        tool_calls=[ToolCallRecord("calc", "add", f'{{"a":{a},"b":{b}}}', not broken,
-                                   error="crashed" if broken else None, duration=0.02)],
+        timing=Timing(
+            start=t,
+            boot=TimeSpan(t, t + 0.002),
+            setup=TimeSpan(t + 0.002, t + 0.01),
+            agent=AgentSpan(t + 0.01, t + 0.95, model=TimeSplit(0.85), harness=TimeSplit(0.09)),
+            finalize=TimeSpan(t + 0.95, t + 0.96),
+            scoring=TimeSpan(t + 0.96, t + 0.97),
+        ),
+        tool_calls=[
+            ToolCallRecord(
+                "calc", "add", f'{{"a":{a},"b":{b}}}', not broken, error="crashed" if broken else None, duration=0.02
+            )
+        ],
     )
 
 
-def write_run(run_dir: Path, n: int, *, rows_per_shard: int = 1000, run_id: str = "run-test",
-              config: dict | None = None, shape: Callable[[int, Trace], Trace] | None = None) -> Path:
+def write_run(
+    run_dir: Path,
+    n: int,
+    *,
+    rows_per_shard: int = 1000,
+    run_id: str = "run-test",
+    config: dict | None = None,
+    shape: Callable[[int, Trace], Trace] | None = None,
+) -> Path:
     """A run directory of ``n`` rows (see the module docstring); returns ``run_dir``.
 
     ``shape(i, trace)``: row ``i``'s trace, changed; its rows are then stored as the driver
     stores them (with the task's data as ``data_<field>`` columns)."""
-    write_manifest(run_dir, Manifest(run_id=run_id, config=config or {"taskset": "tests/arith.py",
-                                                                       "model": "simulated"}))
+    write_manifest(
+        run_dir, Manifest(run_id=run_id, config=config or {"taskset": "tests/arith.py", "model": "simulated"})
+    )
     with ShardWriter(run_dir, rows_per_shard=rows_per_shard) as writer:
         for start in range(0, n, 1000):
-            records = [RolloutRecord(make_trace(i) if shape is None else shape(i, make_trace(i)), run_id,
-                                     f"g{i // SAMPLES:05d}", i % SAMPLES)
-                       for i in range(start, min(n, start + 1000))]
+            records = [
+                RolloutRecord(
+                    make_trace(i) if shape is None else shape(i, make_trace(i)),
+                    run_id,
+                    f"g{i // SAMPLES:05d}",
+                    i % SAMPLES,
+                )
+                for i in range(start, min(n, start + 1000))
+            ]
             table = records_to_table(records)
             writer.write(table if shape is None else with_filter_columns(table, {}))
     return run_dir

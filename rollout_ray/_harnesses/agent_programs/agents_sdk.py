@@ -36,13 +36,19 @@ async def main() -> None:
     mcp = json.loads(os.environ.get("ROLLOUT_RAY_MCP") or "{}").get("mcpServers", {})
     client = AsyncOpenAI(max_retries=0)
     async with contextlib.AsyncExitStack() as stack:
-        servers = [await stack.enter_async_context(MCPServerStreamableHttp({"url": s["url"]}, name=name,
-                                                                           cache_tools_list=True))
-                   for name, s in mcp.items()]
-        agent = Agent(name="agent", instructions=os.environ.get("AGENTS_SDK_INSTRUCTIONS") or None,
-                      tools=[bash], mcp_servers=servers,
-                      model=OpenAIResponsesModel(model=os.environ.get("ROLLOUT_AGENT_MODEL", "rollout"),
-                                                 openai_client=client))
+        servers = [
+            await stack.enter_async_context(
+                MCPServerStreamableHttp({"url": s["url"]}, name=name, cache_tools_list=True)
+            )
+            for name, s in mcp.items()
+        ]
+        agent = Agent(
+            name="agent",
+            instructions=os.environ.get("AGENTS_SDK_INSTRUCTIONS") or None,
+            tools=[bash],
+            mcp_servers=servers,
+            model=OpenAIResponsesModel(model=os.environ.get("ROLLOUT_AGENT_MODEL", "rollout"), openai_client=client),
+        )
         result = await Runner.run(agent, prompt, max_turns=int(os.environ.get("AGENTS_SDK_MAX_TURNS", "30")))
         print(result.final_output)
     await client.close()

@@ -15,15 +15,27 @@ home = os.path.abspath(".claude-home")
 os.makedirs(home, exist_ok=True)
 mcp = json.loads(os.environ.get("ROLLOUT_RAY_MCP") or "{}")
 allowed = ["Bash", "Write", "Edit", "Read", *(f"mcp__{name}" for name in mcp.get("mcpServers", {}))]
-argv = ["claude", "-p", "--model", os.environ.get("ROLLOUT_AGENT_MODEL", "rollout"), "--allowedTools", ",".join(allowed)]
+argv = [
+    "claude",
+    "-p",
+    "--model",
+    os.environ.get("ROLLOUT_AGENT_MODEL", "rollout"),
+    "--allowedTools",
+    ",".join(allowed),
+]
 if mcp.get("mcpServers"):
     path = os.path.join(home, "mcp.json")
     with open(path, "w") as f:
         json.dump(mcp, f)
     argv += ["--mcp-config", path, "--strict-mcp-config"]
-env = {**os.environ, "HOME": home, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
-       "DISABLE_AUTOUPDATER": "1",
-       # MCP tools offered as tools, not deferred behind its ToolSearch tool (a model must
-       # then search for a tool it cannot know the name of).
-       "ENABLE_TOOL_SEARCH": "false"}
+env = {
+    **os.environ,
+    "HOME": home,
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    # MCP tools offered as tools, not deferred behind its ToolSearch tool (a model must
+    # then search for a tool it cannot know the name of).
+    "ENABLE_TOOL_SEARCH": "false",
+}
 os.execve(os.environ["CLAUDE"], [*argv, "--", prompt], env)  # noqa: S606 - the installed agent, argv built here

@@ -15,8 +15,9 @@ with open(os.environ["ROLLOUT_RAY_INPUT"]) as f:
 home = os.path.abspath(".codex-home")
 os.makedirs(home, exist_ok=True)
 mcp = json.loads(os.environ.get("ROLLOUT_RAY_MCP") or "{}").get("mcpServers", {})
-servers = "".join(f"[mcp_servers.{json.dumps(name)}]\nurl = {json.dumps(server['url'])}\n"
-                  for name, server in mcp.items())
+servers = "".join(
+    f"[mcp_servers.{json.dumps(name)}]\nurl = {json.dumps(server['url'])}\n" for name, server in mcp.items()
+)
 with open(os.path.join(home, "config.toml"), "w") as f:
     f.write(f"""model = {json.dumps(os.environ.get("ROLLOUT_AGENT_MODEL", "rollout"))}
 model_provider = "rollout"
@@ -35,5 +36,14 @@ metrics_exporter = "none"
 plugins = false
 {servers}""")
 env = {**os.environ, "HOME": home, "CODEX_HOME": home}
-os.execve(os.environ["CODEX"], ["codex", "exec", "--skip-git-repo-check",  # noqa: S606 - the installed agent
-                                "--dangerously-bypass-approvals-and-sandbox", prompt], env)
+os.execve(  # noqa: S606 - the installed agent
+    os.environ["CODEX"],
+    [
+        "codex",
+        "exec",
+        "--skip-git-repo-check",
+        "--dangerously-bypass-approvals-and-sandbox",
+        prompt,
+    ],
+    env,
+)

@@ -13,8 +13,14 @@ import os
 import sys
 
 sys.path.insert(0, os.environ["MINI_SWE_AGENT"])
-os.environ.update({"MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                   "MSWEA_CONFIGURED": "true", "MSWEA_GLOBAL_CONFIG_DIR": os.path.abspath(".mini-swe-agent")})
+os.environ.update(
+    {
+        "MSWEA_COST_TRACKING": "ignore_errors",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "MSWEA_CONFIGURED": "true",
+        "MSWEA_GLOBAL_CONFIG_DIR": os.path.abspath(".mini-swe-agent"),
+    }
+)
 
 import yaml
 from minisweagent import package_dir
@@ -26,11 +32,19 @@ with open(os.environ["ROLLOUT_RAY_INPUT"]) as f:
     task = next(str(m["content"]) for m in json.load(f)["messages"] if m["role"] == "user")
 with open(os.path.join(package_dir, "config", "default.yaml")) as f:
     config = yaml.safe_load(f)
-model = LitellmModel(model_name=f"openai/{os.environ.get('ROLLOUT_AGENT_MODEL', 'rollout')}",
-                     model_kwargs={**config["model"].get("model_kwargs", {}), "api_base": os.environ["OPENAI_BASE_URL"],
-                                   "api_key": os.environ["OPENAI_API_KEY"]},
-                     **{k: v for k, v in config["model"].items() if k != "model_kwargs"})
-agent = DefaultAgent(model, LocalEnvironment(cwd=os.getcwd(), **config.get("environment", {})),
-                     **{**config["agent"], "step_limit": int(os.environ.get("MINI_SWE_AGENT_STEP_LIMIT", "30"))})
+model = LitellmModel(
+    model_name=f"openai/{os.environ.get('ROLLOUT_AGENT_MODEL', 'rollout')}",
+    model_kwargs={
+        **config["model"].get("model_kwargs", {}),
+        "api_base": os.environ["OPENAI_BASE_URL"],
+        "api_key": os.environ["OPENAI_API_KEY"],
+    },
+    **{k: v for k, v in config["model"].items() if k != "model_kwargs"},
+)
+agent = DefaultAgent(
+    model,
+    LocalEnvironment(cwd=os.getcwd(), **config.get("environment", {})),
+    **{**config["agent"], "step_limit": int(os.environ.get("MINI_SWE_AGENT_STEP_LIMIT", "30"))},
+)
 result = agent.run(task)
 print(result.get("submission", result) if isinstance(result, dict) else result)

@@ -39,13 +39,25 @@ from ..._record.messages import (
 from . import anthropic_output
 from .dialect import UNTRANSLATABLE, Dialect, History, Parsed, decode_object, typed
 
-_RENAMED = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-            "stop_sequences": "stop"}
+_RENAMED = {
+    "max_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "stop_sequences": "stop",
+}
 _READ = frozenset({"messages", "system", "tools", "tool_choice", "model", "stream", "thinking"})
 _CONVERSATION = frozenset({"messages", "system", "tools"})
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
-                503: "overloaded_error"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 CHARS_PER_TOKEN = 4
 """``count_tokens``' estimate: the proxy holds no tokenizer (the model server does)."""
 
@@ -125,8 +137,9 @@ def _tool_choice(choice: dict[str, Any], params: dict[str, Any]) -> None:
     elif kind in ("auto", "none", "any"):
         params["tool_choice"] = "required" if kind == "any" else kind
     else:
-        raise WireError(f"invalid request: `tool_choice.type` must be auto, any, tool or none, got {kind!r}",
-                        "tool_choice.type")
+        raise WireError(
+            f"invalid request: `tool_choice.type` must be auto, any, tool or none, got {kind!r}", "tool_choice.type"
+        )
     if choice.get("disable_parallel_tool_use"):
         params["parallel_tool_calls"] = False
 
@@ -139,8 +152,9 @@ def _system(system: Any, where: str, dropped: dict[str, str]) -> str:
     for i, block in enumerate(blocks):
         typed(block, dict, f"{where}[{i}]", "an object")
         if block.get("type") != "text":
-            raise WireError(f"invalid request: `{where}[{i}].type` must be text, got {block.get('type')!r}",
-                            f"{where}[{i}].type")
+            raise WireError(
+                f"invalid request: `{where}[{i}].type` must be text, got {block.get('type')!r}", f"{where}[{i}].type"
+            )
         texts.append(typed(block.get("text"), str, f"{where}[{i}].text", "a string"))
         _cache_control(block, dropped)
     # Blocks are one prompt to Anthropic's model; a Chat Completions template wants one string.
@@ -163,9 +177,13 @@ def _tools(tools: Any, dropped: dict[str, str]) -> list[Tool] | None:
             dropped[where] = f"{UNTRANSLATABLE} (a server tool, {tool.get('type')!r})"
             continue
         _cache_control(tool, dropped)
-        out.append(Tool(typed(tool.get("name"), str, f"{where}.name", "a string"),
-                        typed(tool.get("description") or "", str, f"{where}.description", "a string"),
-                        typed(tool.get("input_schema"), dict, f"{where}.input_schema", "an object")))
+        out.append(
+            Tool(
+                typed(tool.get("name"), str, f"{where}.name", "a string"),
+                typed(tool.get("description") or "", str, f"{where}.description", "a string"),
+                typed(tool.get("input_schema"), dict, f"{where}.input_schema", "an object"),
+            )
+        )
     return out or None
 
 
@@ -175,13 +193,17 @@ def _message(message: Any, where: str, dropped: dict[str, str]) -> list[Message]
     content = message.get("content")
     if role == "system":  # Claude Code sends its environment so, after the first user turn
         return [SystemMessage(_system(content, f"{where}.content", dropped))]
-    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else \
-        typed(content, list, f"{where}.content", "a string or an array of content blocks")
+    blocks = (
+        [{"type": "text", "text": content}]
+        if isinstance(content, str)
+        else typed(content, list, f"{where}.content", "a string or an array of content blocks")
+    )
     if role == "assistant":
         return [_assistant(blocks, where, dropped)]
     if role != "user":
-        raise WireError(f"invalid request: `{where}.role` must be user, assistant or system, got {role!r}",
-                        f"{where}.role")
+        raise WireError(
+            f"invalid request: `{where}.role` must be user, assistant or system, got {role!r}", f"{where}.role"
+        )
     results: list[Message] = []
     parts: list[TextPart | ImagePart] = []
     for j, block in enumerate(blocks):
@@ -212,8 +234,13 @@ def _assistant(blocks: list[Any], where: str, dropped: dict[str, str]) -> Assist
             thinking.append(typed(block.get("thinking"), str, f"{at}.thinking", "a string"))
         elif kind == "tool_use":
             arguments = _ENCODER.encode(typed(block.get("input", {}), dict, f"{at}.input", "an object")).decode()
-            calls.append(ToolCall(typed(block.get("id"), str, f"{at}.id", "a string"),
-                                  typed(block.get("name"), str, f"{at}.name", "a string"), arguments))
+            calls.append(
+                ToolCall(
+                    typed(block.get("id"), str, f"{at}.id", "a string"),
+                    typed(block.get("name"), str, f"{at}.name", "a string"),
+                    arguments,
+                )
+            )
         else:
             dropped[at] = f"{UNTRANSLATABLE} (a {kind!r} block)"
     return AssistantMessage("".join(text) if text is not None else None, "".join(thinking) or None, calls or None)

@@ -28,8 +28,10 @@ def blocks(response: Response) -> list[dict[str, Any]]:
     text = text_of(message.content)
     if text or not message.tool_calls:
         out.append({"type": "text", "text": text})
-    out += [{"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call)}
-            for call in message.tool_calls or ()]
+    out += [
+        {"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call)}
+        for call in message.tool_calls or ()
+    ]
     return out
 
 
@@ -46,14 +48,25 @@ def _usage(response: Response, *, output: bool = True) -> dict[str, Any]:
     if usage is None:
         return {"input_tokens": 0, "output_tokens": 0}
     # Anthropic's input_tokens exclude cache reads, as our prompt_tokens do.
-    return {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens if output else 0,
-            "cache_read_input_tokens": usage.cached_input_tokens or 0, "cache_creation_input_tokens": 0}
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "output_tokens": usage.completion_tokens if output else 0,
+        "cache_read_input_tokens": usage.cached_input_tokens or 0,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 def _message(response: Response, answer_id: str, content: list[dict[str, Any]], *, done: bool) -> dict[str, Any]:
-    return {"id": answer_id, "type": "message", "role": "assistant", "model": response.model or "",
-            "content": content, "stop_reason": _STOP_REASONS.get(response.finish_reason or "stop") if done else None,
-            "stop_sequence": None, "usage": _usage(response, output=done)}
+    return {
+        "id": answer_id,
+        "type": "message",
+        "role": "assistant",
+        "model": response.model or "",
+        "content": content,
+        "stop_reason": _STOP_REASONS.get(response.finish_reason or "stop") if done else None,
+        "stop_sequence": None,
+        "usage": _usage(response, output=done),
+    }
 
 
 def encode(response: Response, answer_id: str) -> bytes:
@@ -68,8 +81,13 @@ def events(response: Response, answer_id: str) -> Iterator[bytes]:
     for index, block in enumerate(blocks(response)):
         kind = block["type"]
         if kind == "thinking":
-            start, deltas = {**block, "thinking": ""}, [{"type": "thinking_delta", "thinking": block["thinking"]},
-                                                       {"type": "signature_delta", "signature": ""}]
+            start, deltas = (
+                {**block, "thinking": ""},
+                [
+                    {"type": "thinking_delta", "thinking": block["thinking"]},
+                    {"type": "signature_delta", "signature": ""},
+                ],
+            )
         elif kind == "text":
             start, deltas = {**block, "text": ""}, [{"type": "text_delta", "text": block["text"]}]
         else:
@@ -80,6 +98,12 @@ def events(response: Response, answer_id: str) -> Iterator[bytes]:
             yield sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
         yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
     done = _message(response, answer_id, [], done=True)
-    yield sse("message_delta", {"type": "message_delta", "usage": {"output_tokens": done["usage"]["output_tokens"]},
-                                "delta": {"stop_reason": done["stop_reason"], "stop_sequence": None}})
+    yield sse(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "usage": {"output_tokens": done["usage"]["output_tokens"]},
+            "delta": {"stop_reason": done["stop_reason"], "stop_sequence": None},
+        },
+    )
     yield sse("message_stop", {"type": "message_stop"})

@@ -62,5 +62,7 @@ def check_tool_choice(choice: Any) -> None:
         if kind in ("allowed_tools", "custom"):
             return
     raise WireError(
-        "invalid request: `tool_choice` must be \"none\", \"auto\", \"required\" or "
-        f'{{"type": "function", "function": {{"name": ...}}}}, got {choice!r}', "tool_choice")
+        'invalid request: `tool_choice` must be "none", "auto", "required" or '
+        f'{{"type": "function", "function": {{"name": ...}}}}, got {choice!r}',
+        "tool_choice",
+    )

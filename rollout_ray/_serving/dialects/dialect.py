@@ -123,8 +123,10 @@ def typed(value: Any, types: type | tuple[type, ...], param: str, what: str) -> 
     if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
         raise WireError(f"invalid request: `{param}` must be {what}, got {_json_type(value)}", param)
     if isinstance(value, list) and len(value) > MAX_ITEMS:
-        raise WireError(f"invalid request: `{param}` has {len(value)} items, over the {MAX_ITEMS} a request may "
-                        "carry; send fewer", param)
+        raise WireError(
+            f"invalid request: `{param}` has {len(value)} items, over the {MAX_ITEMS} a request may carry; send fewer",
+            param,
+        )
     return value
 
 

@@ -36,12 +36,30 @@ from . import responses_output
 from .dialect import UNTRANSLATABLE, Dialect, History, Parsed, decode_object, typed
 from .responses_output import qualified
 
-_RENAMED = {"max_output_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
-            "parallel_tool_calls": "parallel_tool_calls", "user": "user", "top_logprobs": "top_logprobs"}
+_RENAMED = {
+    "max_output_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "parallel_tool_calls": "parallel_tool_calls",
+    "user": "user",
+    "top_logprobs": "top_logprobs",
+}
 """Responses fields that are Chat Completions fields under another (or the same) name."""
 
-_READ = frozenset({"input", "instructions", "previous_response_id", "tools", "tool_choice", "model", "stream",
-                   "reasoning", "text", "include"})
+_READ = frozenset(
+    {
+        "input",
+        "instructions",
+        "previous_response_id",
+        "tools",
+        "tool_choice",
+        "model",
+        "stream",
+        "reasoning",
+        "text",
+        "include",
+    }
+)
 LOGPROBS = "message.output_text.logprobs"
 """The ``include`` entry that asks for the answer's log-probabilities (Chat Completions' ``logprobs``)."""
 _PLAIN_TEXT = {"format": {"type": "text"}}
@@ -66,9 +84,11 @@ class Responses(Dialect):
         if previous is not None:
             earlier = history(typed(previous, str, "previous_response_id", "a string"))
             if earlier is None:
-                raise WireError(f"invalid request: `previous_response_id` {previous!r} is not a response of this "
-                                "rollout; send the whole conversation in `input`, or an id this rollout answered",
-                                "previous_response_id")
+                raise WireError(
+                    f"invalid request: `previous_response_id` {previous!r} is not a response of this "
+                    "rollout; send the whole conversation in `input`, or an id this rollout answered",
+                    "previous_response_id",
+                )
             messages += earlier
         items = raw.get("input")
         if isinstance(items, str):
@@ -77,13 +97,27 @@ class Responses(Dialect):
             messages += _messages(typed(items, list, "input", "a string or an array of items"), dropped)
         tools = _tools(raw.get("tools"), dropped)
         params = _params(raw, dropped)
-        echo = {key: raw.get(key) for key in ("instructions", "previous_response_id", "temperature", "top_p",
-                                               "max_output_tokens", "reasoning", "metadata")}
-        echo.update(tools=raw.get("tools") or [], tool_choice=raw.get("tool_choice", "auto"),
-                    parallel_tool_calls=raw.get("parallel_tool_calls", True))
+        echo = {
+            key: raw.get(key)
+            for key in (
+                "instructions",
+                "previous_response_id",
+                "temperature",
+                "top_p",
+                "max_output_tokens",
+                "reasoning",
+                "metadata",
+            )
+        }
+        echo.update(
+            tools=raw.get("tools") or [],
+            tool_choice=raw.get("tool_choice", "auto"),
+            parallel_tool_calls=raw.get("parallel_tool_calls", True),
+        )
         stream = typed(raw.get("stream", False), bool, "stream", "a boolean")
-        return Parsed(ChatRequest(messages, tools), params, stream, dropped, echo,
-                      uncarried=1 if instructions is not None else 0)
+        return Parsed(
+            ChatRequest(messages, tools), params, stream, dropped, echo, uncarried=1 if instructions is not None else 0
+        )
 
     def encode(self, response: Response, parsed: Parsed, answer_id: str) -> bytes:
         return responses_output.encode(response, parsed.echo, answer_id)
@@ -133,8 +167,11 @@ def _tool_choice(choice: Any, dropped: dict[str, str]) -> Any:
             return {"type": "function", "function": {"name": name}}
         dropped["tool_choice"] = UNTRANSLATABLE  # allowed_tools, a hosted tool, a custom tool
         return None
-    raise WireError('invalid request: `tool_choice` must be "none", "auto", "required" or '
-                    f'{{"type": "function", "name": ...}}, got {choice!r}', "tool_choice")
+    raise WireError(
+        'invalid request: `tool_choice` must be "none", "auto", "required" or '
+        f'{{"type": "function", "name": ...}}, got {choice!r}',
+        "tool_choice",
+    )
 
 
 def _tools(tools: Any, dropped: dict[str, str]) -> list[Tool] | None:
@@ -163,10 +200,12 @@ def _tools(tools: Any, dropped: dict[str, str]) -> list[Tool] | None:
 
 
 def _function_tool(tool: dict[str, Any], where: str) -> Tool:
-    return Tool(typed(tool.get("name"), str, f"{where}.name", "a string"),
-                typed(tool.get("description") or "", str, f"{where}.description", "a string"),
-                typed(tool.get("parameters") or {}, dict, f"{where}.parameters", "an object"),
-                typed(tool.get("strict"), (bool, type(None)), f"{where}.strict", "a boolean"))
+    return Tool(
+        typed(tool.get("name"), str, f"{where}.name", "a string"),
+        typed(tool.get("description") or "", str, f"{where}.description", "a string"),
+        typed(tool.get("parameters") or {}, dict, f"{where}.parameters", "an object"),
+        typed(tool.get("strict"), (bool, type(None)), f"{where}.strict", "a boolean"),
+    )
 
 
 class _Turn:
@@ -181,8 +220,9 @@ class _Turn:
         return self.text is None and self.reasoning is None and not self.calls
 
     def message(self) -> AssistantMessage:
-        return AssistantMessage("".join(self.text) if self.text is not None else None, self.reasoning,
-                                self.calls or None)
+        return AssistantMessage(
+            "".join(self.text) if self.text is not None else None, self.reasoning, self.calls or None
+        )
 
 
 def _messages(items: list[Any], dropped: dict[str, str]) -> list[Message]:
@@ -206,9 +246,13 @@ def _messages(items: list[Any], dropped: dict[str, str]) -> list[Message]:
         elif kind == "function_call":
             name = typed(item.get("name"), str, f"{where}.name", "a string")
             space = typed(item.get("namespace"), (str, type(None)), f"{where}.namespace", "a string")
-            turn.calls.append(ToolCall(typed(item.get("call_id"), str, f"{where}.call_id", "a string"),
-                                       name if space is None else qualified(space, name),
-                                       typed(item.get("arguments", "{}"), str, f"{where}.arguments", "a string")))
+            turn.calls.append(
+                ToolCall(
+                    typed(item.get("call_id"), str, f"{where}.call_id", "a string"),
+                    name if space is None else qualified(space, name),
+                    typed(item.get("arguments", "{}"), str, f"{where}.arguments", "a string"),
+                )
+            )
         elif kind == "reasoning":
             turn = close()
             turn.reasoning = _reasoning(item, where)
@@ -237,8 +281,9 @@ def _other(item: dict[str, Any], kind: Any, where: str, dropped: dict[str, str])
         return SystemMessage(content)
     if role == "user":
         return UserMessage(content)
-    raise WireError(f"invalid request: `{where}.role` must be user, system, developer or assistant, got {role!r}",
-                    f"{where}.role")
+    raise WireError(
+        f"invalid request: `{where}.role` must be user, system, developer or assistant, got {role!r}", f"{where}.role"
+    )
 
 
 def _parts(item: dict[str, Any], where: str) -> list[Any]:
@@ -275,8 +320,10 @@ def _reasoning(item: dict[str, Any], where: str) -> str | None:
     answers), else its summary; ``None`` when it has neither (an encrypted item)."""
     for key in ("content", "summary"):
         parts = item.get(key) or []
-        texts = [_text(part, f"{where}.{key}[{j}]") for j, part in enumerate(typed(parts, list, f"{where}.{key}",
-                                                                                     "an array"))]
+        texts = [
+            _text(part, f"{where}.{key}[{j}]")
+            for j, part in enumerate(typed(parts, list, f"{where}.{key}", "an array"))
+        ]
         if texts:
             return "".join(texts)
     return None

@@ -48,17 +48,37 @@ def items(response: Response, answer_id: str, echo: dict[str, Any] | None = None
     message = response.message
     out: list[dict[str, Any]] = []
     if message.reasoning_content:
-        out.append({"type": "reasoning", "id": f"rs_{key}", "summary": [], "status": "completed",
-                    "content": [{"type": "reasoning_text", "text": message.reasoning_content}]})
+        out.append(
+            {
+                "type": "reasoning",
+                "id": f"rs_{key}",
+                "summary": [],
+                "status": "completed",
+                "content": [{"type": "reasoning_text", "text": message.reasoning_content}],
+            }
+        )
     text = text_of(message.content)
     if text or not message.tool_calls:
         logprobs = msgspec.to_builtins(response.logprobs) if response.logprobs is not None else []
-        out.append({"type": "message", "id": f"msg_{key}", "role": "assistant", "status": "completed",
-                    "content": [_text_part(text, logprobs)]})
+        out.append(
+            {
+                "type": "message",
+                "id": f"msg_{key}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [_text_part(text, logprobs)],
+            }
+        )
     spaced = namespaces((echo or {}).get("tools")) if message.tool_calls else {}
     for i, call in enumerate(message.tool_calls or ()):
-        item = {"type": "function_call", "id": f"fc_{key}_{i}", "call_id": call.id, "name": call.name,
-                "arguments": call.arguments, "status": "completed"}
+        item = {
+            "type": "function_call",
+            "id": f"fc_{key}_{i}",
+            "call_id": call.id,
+            "name": call.name,
+            "arguments": call.arguments,
+            "status": "completed",
+        }
         if call.name in spaced:
             item["namespace"], item["name"] = spaced[call.name]
         out.append(item)
@@ -70,18 +90,26 @@ def _text_part(text: str, logprobs: list[Any]) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
 
-def body(response: Response | None, echo: dict[str, Any], answer_id: str, created: int,
-         output: list[dict[str, Any]]) -> dict[str, Any]:
+def body(
+    response: Response | None, echo: dict[str, Any], answer_id: str, created: int, output: list[dict[str, Any]]
+) -> dict[str, Any]:
     """The ``response`` object; ``response`` ``None`` while it is still in progress."""
     status, incomplete = "in_progress", None
     if response is not None:
         status = "incomplete" if response.finish_reason == "length" else "completed"
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     return {
-        "id": answer_id, "object": "response", "created_at": created, "status": status, "error": None,
-        "incomplete_details": incomplete, "model": (response.model if response else None) or "",
-        "output": output, "usage": _usage(response) if response is not None else None,
-        "text": {"format": {"type": "text"}}, **echo,
+        "id": answer_id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": None,
+        "incomplete_details": incomplete,
+        "model": (response.model if response else None) or "",
+        "output": output,
+        "usage": _usage(response) if response is not None else None,
+        "text": {"format": {"type": "text"}},
+        **echo,
     }
 
 
@@ -89,10 +117,13 @@ def _usage(response: Response) -> dict[str, Any] | None:
     usage = response.usage
     if usage is None:
         return None
-    return {"input_tokens": usage.input_tokens, "output_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens,
-            "input_tokens_details": {"cached_tokens": usage.cached_input_tokens or 0, "cache_write_tokens": 0},
-            "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens or 0}}
+    return {
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_input_tokens or 0, "cache_write_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens or 0},
+    }
 
 
 def encode(response: Response, echo: dict[str, Any], answer_id: str) -> bytes:
@@ -121,13 +152,15 @@ def _item_events(event: Any, index: int, item: dict[str, Any]) -> Iterator[bytes
     at = {"item_id": item["id"], "output_index": index}
     kind = item["type"]
     if kind == "function_call":
-        yield event("response.output_item.added", output_index=index,
-                    item={**item, "arguments": "", "status": "in_progress"})
+        yield event(
+            "response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"}
+        )
         yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
         yield event("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
     else:
-        yield event("response.output_item.added", output_index=index,
-                    item={**item, "content": [], "status": "in_progress"})
+        yield event(
+            "response.output_item.added", output_index=index, item={**item, "content": [], "status": "in_progress"}
+        )
         part = item["content"][0]
         text = part["text"]
         if kind == "reasoning":

@@ -27,28 +27,34 @@ class Sum(Task):
 
 
 async def main(wrapper: str, variable: str, binary: str) -> Trace:
-    harness = ProgramHarness([sys.executable, "-W", "error", str(HERE / wrapper)], env={variable: binary},
-                             timeout=120)
+    harness = ProgramHarness([sys.executable, "-W", "error", str(HERE / wrapper)], env={variable: binary}, timeout=120)
     config = SimulatedModelConfig(ttft=0, scale_out=True, template_drift=True)
     async with SimulatedModelServer(config) as server, HTTPInterception() as proxy:
         assert server.base_url is not None
         model = OpenAIModel(server.base_url, name="simulated", token_capture="vllm")
         try:
-            rollout = Rollout(Sum({"prompt": "What is 2+2?"}), harness, model=model, interception=proxy,
-                              runtime_factory=LocalRuntime)
+            rollout = Rollout(
+                Sum({"prompt": "What is 2+2?"}), harness, model=model, interception=proxy, runtime_factory=LocalRuntime
+            )
             return await asyncio.wait_for(rollout.run(), 180)
         finally:
             await model.aclose()
 
 
 trace = asyncio.run(main(*sys.argv[1:4]))
-print(json.dumps({
-    "errors": [f"{e.type}: {e.message}" for e in trace.errors],
-    "calls": [{"endpoint": c.endpoint, "finish_reason": c.finish_reason, "dropped": c.dropped} for c in trace.calls],
-    "tools": [t.name for t in trace.tools or ()],
-    "last_reply": trace.last_reply,
-    "rewards": {name: r.score for name, r in trace.rewards.items()},
-    "token_drift": trace.token_drift,
-    "sequences": len(token_sequences(trace)),
-    "branch_reasons": trace.branch_reasons,
-}))
+print(
+    json.dumps(
+        {
+            "errors": [f"{e.type}: {e.message}" for e in trace.errors],
+            "calls": [
+                {"endpoint": c.endpoint, "finish_reason": c.finish_reason, "dropped": c.dropped} for c in trace.calls
+            ],
+            "tools": [t.name for t in trace.tools or ()],
+            "last_reply": trace.last_reply,
+            "rewards": {name: r.score for name, r in trace.rewards.items()},
+            "token_drift": trace.token_drift,
+            "sequences": len(token_sequences(trace)),
+            "branch_reasons": trace.branch_reasons,
+        }
+    )
+)

@@ -24,8 +24,12 @@ async def main() -> None:
         messages = json.load(f)["messages"]
     prompt = next(m["content"] for m in messages if m["role"] == "user")
     client = AsyncOpenAI(max_retries=0)
-    agent = Agent(name="calc", instructions="Use the calculator.", tools=[calculator],
-                  model=OpenAIResponsesModel(model="simulated", openai_client=client))
+    agent = Agent(
+        name="calc",
+        instructions="Use the calculator.",
+        tools=[calculator],
+        model=OpenAIResponsesModel(model="simulated", openai_client=client),
+    )
     result = await Runner.run(agent, prompt)
     print(result.final_output)
     await client.close()

@@ -15,8 +15,9 @@ class BoxTask(vf.Task):
         await runtime.write("expected.txt", str(a + b + (a == 4)).encode())
 
     async def finalize(self, trace: vf.Trace, runtime: vf.Runtime) -> None:
-        result = await runtime.run(["sh", "-c", "printf %s \"$REPLY\" > reply.txt && wc -c < reply.txt"],
-                                   {"REPLY": trace.last_reply})
+        result = await runtime.run(
+            ["sh", "-c", 'printf %s "$REPLY" > reply.txt && wc -c < reply.txt'], {"REPLY": trace.last_reply}
+        )
         assert result.exit_code == 0, result.stderr
         await runtime.write("reply_bytes.txt", result.stdout.strip().encode())
 

@@ -24,8 +24,9 @@ class HookTask(vf.Task):
         last = request.messages[-1]
         if last.role != "user" or "2 + 2" not in str(last.content):
             return None
-        return request.model_copy(update={"messages": [*request.messages[:-1],
-                                                       last.model_copy(update={"content": "What is 5 + 5?"})]})
+        return request.model_copy(
+            update={"messages": [*request.messages[:-1], last.model_copy(update={"content": "What is 5 + 5?"})]}
+        )
 
     @vf.intercept
     async def in_words(self, response: vf.Response) -> vf.Response | None:

@@ -26,8 +26,9 @@ class JudgedTask(vf.Task[vf.TaskData, vf.State, JudgedConfig]):
         last = request.messages[-1]
         if "3 + 3" not in str(last.content):
             return None
-        return request.model_copy(update={"messages": [*request.messages[:-1],
-                                                       last.model_copy(update={"content": "What is 3 + 4?"})]})
+        return request.model_copy(
+            update={"messages": [*request.messages[:-1], last.model_copy(update={"content": "What is 3 + 4?"})]}
+        )
 
     @vf.reward
     async def replied(self, trace: vf.Trace) -> float:

@@ -36,8 +36,9 @@ class TwoStep(vf.Harness[TwoStepConfig]):
     NEEDS_CONTAINER = False
 
     async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data) -> vf.ProgramResult:
-        return await runtime.run_program([sys.executable, "-c", PROGRAM, endpoint, secret, ctx.model,
-                                          str(data.prompt)], {})
+        return await runtime.run_program(
+            [sys.executable, "-c", PROGRAM, endpoint, secret, ctx.model, str(data.prompt)], {}
+        )
 
 
 class StepData(vf.TaskData):

@@ -30,8 +30,14 @@ class QATaskset(vf.Taskset[QATask]):
     def load(self) -> Iterator[QATask]:
         for i in range(6):
             a, b = 3 * i + 1, 7 * i + 2
-            yield QATask(QAData(prompt=f"What is {a} + {b}?", answer=a + b + (i % 3 == 0),
-                                system_prompt="Answer with the number only."), self.config.task)
+            yield QATask(
+                QAData(
+                    prompt=f"What is {a} + {b}?",
+                    answer=a + b + (i % 3 == 0),
+                    system_prompt="Answer with the number only.",
+                ),
+                self.config.task,
+            )
 
 
 __all__ = ["QATaskset"]

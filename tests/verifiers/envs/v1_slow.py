@@ -30,8 +30,9 @@ class Once(vf.Harness[OnceConfig]):
     NEEDS_CONTAINER = False
 
     async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data) -> vf.ProgramResult:
-        return await runtime.run_program([sys.executable, "-c", PROGRAM, endpoint, secret, ctx.model,
-                                          str(data.prompt)], {})
+        return await runtime.run_program(
+            [sys.executable, "-c", PROGRAM, endpoint, secret, ctx.model, str(data.prompt)], {}
+        )
 
 
 class SlowTask(vf.Task):
