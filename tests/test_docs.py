@@ -160,6 +160,9 @@ def test_every_code_block_of_the_docs_is_run_by_a_test_or_says_why_not() -> None
                 problems.append(f"{block.where()}: no <!-- runs: FILE::TEST --> or <!-- not run: REASON --> before it")
             elif block.mark[0] == "not run" and len(block.mark[1].split()) < 3:
                 problems.append(f"{block.where()}: say why it is not run, not {block.mark[1]!r}")
+            elif block.mark[0] == "not run":  # a test or example the reason points to exists
+                named = re.findall(r"\b(?:tests|examples)/[\w/.-]+\.py\b", block.mark[1])
+                problems += [f"{block.where()}: {path} does not exist" for path in named if not (ROOT / path).is_file()]
             elif block.mark[0] == "runs":
                 file, _, test = block.mark[1].partition("::")
                 if not (ROOT / file).is_file() or test not in _tests_that_read_blocks(ROOT / file):
