@@ -34,9 +34,11 @@ def test_the_readme_is_a_first_day_read() -> None:
     assert len(README.splitlines()) <= 300
     for heading in ("## The command line", "## A short tour", "## Where to read next"):
         assert heading in README
-    linked = set(re.findall(r"\]\(docs/([\w.-]+\.md)", README))
     pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    linked = set(re.findall(r"\]\(docs/([\w.-]+\.md)", README))
     assert sorted(pages - linked) == [], "the README's map of docs/ misses these pages"
+    linked = set(re.findall(r"\]\(([\w.-]+\.md)", text("docs/index.md")))
+    assert sorted(pages - linked) == [], "docs/index.md's map misses these pages"
 
 
 def test_tour_snippet_runs_and_prints_what_it_claims(capsys) -> None:  # type: ignore[no-untyped-def]
