@@ -47,7 +47,7 @@ from .protections import (
 )
 from .runs import RUNS_ROOT, continue_command, latest_run, served_model
 from .summary import format_summary, stored_token_rows, summarize
-from .taskset import import_taskset, import_v1_taskset, taskset_harness, taskset_tasks
+from .taskset_loader import import_taskset, import_v1_taskset, taskset_harness, taskset_tasks
 from .warmup import warm_up
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"

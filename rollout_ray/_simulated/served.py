@@ -1,5 +1,5 @@
 """What the route modules (``weight_routes``, ``generate``) use of the simulated model's server: a
-protocol, so that they need not import ``server``, which adds their routes."""
+protocol, so that they need not import ``model_server``, which adds their routes."""
 
 from __future__ import annotations
 
