@@ -14,6 +14,9 @@ from .engine_state import Engine, Flight
 from .request import ChatCall
 from .request_draws import Attempts
 
+POLICY_HEADER = "X-Policy-Version"
+"""The policy version an answer was produced under, on every response of the server."""
+
 
 class Served(Protocol):
     """A simulated model server, as its routes see it."""
