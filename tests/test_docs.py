@@ -13,7 +13,7 @@ import re
 from doc_pages import blocks, pages
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SKIP_DIRS = {".git", ".venv", "runs", "__pycache__", ".pytest_cache", ".ruff_cache", "build", "dist"}
+SKIP_DIRS = {".git", ".venv", "runs", "site", "__pycache__", ".pytest_cache", ".ruff_cache", "build", "dist"}
 TEXT = {".py", ".md", ".toml", ".sh", ".yaml", ".yml", ".txt", ".cfg", ".html", ".js", ".css"}
 TOP = tuple(f"{p.name}/" for p in ROOT.iterdir() if p.is_dir() and p.name not in SKIP_DIRS)
 LIFECYCLE = (ROOT / "docs" / "lifecycle.md").read_text()
