@@ -30,7 +30,7 @@ from rollout_ray._runtimes.sandbox import sandbox_unavailable
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 SYSTEM = (
     "You keep your work under out/ (marker: instructions-7f3).\n"

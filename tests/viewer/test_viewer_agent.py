@@ -26,7 +26,7 @@ from rollout_ray._runtimes.sandbox import sandbox_unavailable
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 from rollout_ray._viewer.server import Viewer, start
 
 REASON = sandbox_unavailable(disk_limit=False)
