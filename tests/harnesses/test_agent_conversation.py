@@ -11,12 +11,12 @@ rollout per agent in a ``SandboxRuntime`` (nothing the agent sends leaves the ma
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
+from agent_rig import install_or_skip, sandboxed_rollout
 
-from rollout_ray import HarnessError, Rollout, Runtime, SandboxRuntime, Task, Trace, reward
+from rollout_ray import Runtime, Task, reward
 from rollout_ray._harnesses.agent_programs import task_prompt
 from rollout_ray._harnesses.agents import (
     AgentHarness,
@@ -27,10 +27,6 @@ from rollout_ray._harnesses.agents import (
 )
 from rollout_ray._record.messages import AssistantMessage, text_of
 from rollout_ray._runtimes.sandbox import sandbox_unavailable
-from rollout_ray._serving.proxy import HTTPInterception
-from rollout_ray._serving.upstream import OpenAIModel
-from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.model_server import SimulatedModelServer
 
 SYSTEM = (
     "You keep your work under out/ (marker: instructions-7f3).\n"
@@ -54,25 +50,6 @@ class Continued(Task):
             return 0.0
 
 
-async def _rollout(harness: AgentHarness, root: Path) -> Trace:
-    config = SimulatedModelConfig(ttft=0)
-    async with SimulatedModelServer(config) as server, HTTPInterception() as proxy:
-        assert server.base_url is not None
-        model = OpenAIModel(server.base_url, name="simulated", token_capture="vllm")
-        try:
-            task = Continued({"prompt": PRIOR, "system_prompt": SYSTEM})
-            rollout = Rollout(
-                task,
-                harness,
-                model=model,
-                interception=proxy,
-                runtime_factory=lambda name: SandboxRuntime(name, root=str(root)),
-            )
-            return await asyncio.wait_for(rollout.run(), 240)
-        finally:
-            await model.aclose()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(REASON is not None, reason=f"no sandbox on this machine: {REASON}")
@@ -88,13 +65,9 @@ async def _rollout(harness: AgentHarness, root: Path) -> Trace:
 def test_an_agent_gets_the_system_prompt_as_instructions_and_the_prior_turns(
     make: type[AgentHarness], native: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ROLLOUT_RAY_AGENT_INSTALL_TIMEOUT", "360")
     harness = make(timeout=180)
-    try:
-        harness.install()  # here, bounded: a registry that stalls skips rather than failing the rollout
-    except HarnessError as exc:
-        pytest.skip(f"cannot install {harness.id} on this machine: {exc}")
-    trace = asyncio.run(_rollout(harness, tmp_path))
+    install_or_skip(harness, monkeypatch)
+    trace = sandboxed_rollout(Continued({"prompt": PRIOR, "system_prompt": SYSTEM}), harness, tmp_path)
 
     assert trace.errors == [] and trace.ok, trace.errors
     assert trace.rewards["instructions_followed"].score == 1.0  # the plan only the instructions held

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from agent_rig import install_or_skip
 
-from rollout_ray import HarnessError
 from rollout_ray._harnesses.agents import AgentHarness, ClaudeCodeHarness, CodexHarness
 from rollout_ray._runtimes.sandbox import bwrap_path, sandbox_unavailable
 
@@ -36,13 +36,7 @@ REASON = sandbox_unavailable(disk_limit=False)
 def test_real_agent_rollout_through_the_proxy_is_one_rewarded_sequence(
     preset: type[AgentHarness], agent: str, endpoint: str, dropped: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Installed here, where the registry is reachable, within a bound that leaves the test its
-    # time; the rollout's own setup, in the namespace, then finds it.
-    monkeypatch.setenv("ROLLOUT_RAY_AGENT_INSTALL_TIMEOUT", "360")
-    try:
-        preset().install()
-    except HarnessError as exc:
-        pytest.skip(f"cannot install {agent} on this machine: {exc}")
+    install_or_skip(preset(), monkeypatch)  # here, where the registry is reachable; not in the namespace
     done = subprocess.run(
         [
             bwrap_path(),

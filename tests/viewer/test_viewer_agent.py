@@ -14,19 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_rig import install_or_skip, sandboxed_rollout
 from cdp import Browser, find_chromium
 from viewer_runs import get, rollout_id, write_run
 
-from rollout_ray import CodexHarness, HarnessError, Rollout, SandboxRuntime, Task, Trace
+from rollout_ray import CodexHarness, Task, Trace
 from rollout_ray._record.graph import ConversationGraph
 from rollout_ray._record.messages import AssistantMessage, UserMessage
 from rollout_ray._record.trace import decode_trace, encode_trace
 from rollout_ray._record.trace_parts import ModelCall
 from rollout_ray._runtimes.sandbox import sandbox_unavailable
-from rollout_ray._serving.proxy import HTTPInterception
-from rollout_ray._serving.upstream import OpenAIModel
-from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.model_server import SimulatedModelServer
 from rollout_ray._viewer.server import Viewer, start
 
 REASON = sandbox_unavailable(disk_limit=False)
@@ -38,23 +35,6 @@ pytestmark = [
 COMMANDS = ["mkdir -p out && echo $((6*7)) > out/answer.txt", "printf '%s\\n' 'plan ran' > out/notes.md"]
 PROMPT = f"Make the report.\nRUN: {COMMANDS[0]}\nWRITE: out/notes.md: plan ran\nANSWER: saved the report"
 SUMMARY = "This session is being continued from a previous conversation. Summary: the report is saved."
-
-
-async def _codex_rollout(root: Path) -> Trace:
-    async with SimulatedModelServer(SimulatedModelConfig(ttft=0)) as server, HTTPInterception() as proxy:
-        assert server.base_url is not None
-        model = OpenAIModel(server.base_url, name="simulated", token_capture="vllm")
-        try:
-            rollout = Rollout(
-                Report({"prompt": PROMPT}),
-                CodexHarness(timeout=180),
-                model=model,
-                interception=proxy,
-                runtime_factory=lambda name: SandboxRuntime(name, root=str(root)),
-            )
-            return await asyncio.wait_for(rollout.run(), 240)
-        finally:
-            await model.aclose()
 
 
 class Report(Task):
@@ -74,12 +54,10 @@ def _compacted(trace: Trace) -> Trace:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    harness = CodexHarness()
-    try:
-        harness.install()
-    except HarnessError as exc:
-        pytest.skip(f"cannot install Codex CLI on this machine: {exc}")
-    trace = asyncio.run(_codex_rollout(tmp_path_factory.mktemp("boxes")))
+    harness = CodexHarness(timeout=180)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        install_or_skip(harness, monkeypatch)
+    trace = sandboxed_rollout(Report({"prompt": PROMPT}), harness, tmp_path_factory.mktemp("boxes"))
     assert trace.ok and trace.errors == [], trace.errors
     rows = [trace, _compacted(trace)]
     for i, row in enumerate(rows):
