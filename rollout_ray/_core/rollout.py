@@ -44,6 +44,7 @@ from .phases import Segment, finalize_and_score, harness_data, run_setup
 from .policy_gate import PolicyGate, SegmentClock, process_gate
 from .runtime import Runtime
 from .session import RolloutSession
+from .state import initial_state
 from .task import Task
 from .tools import LocalTools, close_toolsets, open_toolsets
 from .user_sim import UserSimulator, converse
@@ -140,6 +141,7 @@ class Rollout:
             task=task.trace_task(),
             agent=AgentInfo(harness=harness.id, model=model_name or model.name),
             timing=Timing(start=_now()),
+            state=initial_state(task.state_type),
         )
         if on_trace is not None:
             on_trace(self.trace)
@@ -169,6 +171,7 @@ class Rollout:
             model_name=model_name,
             sampling=sampling,
             policy=self.policy,
+            state_type=task.state_type,
             **classify(task),
         )
         self.harness_session: HarnessSession | None = None
