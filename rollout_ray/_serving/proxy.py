@@ -35,20 +35,18 @@ import functools
 import hashlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from .._core.interception import ChatClient, Interception, Slot
 from .._core.session import RolloutSession
-from .._core.state import StateRejected, validated_state
-from .._core.tool_gate import decide_tool
 from .._errors import Refusal, RolloutError, UpstreamError, WireError
 from .._record.messages import Message, Response
+from . import channels
 from .dialects import Dialect, Parsed, all_dialects
 from .dialects.chat import ChatCompletions
 from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
@@ -80,13 +78,8 @@ class _Registration:
     """The rollout's requests being handled now, and the body bytes reserved for them."""
 
 
-class _GateCall(msgspec.Struct):
-    tool_call_id: str = ""
-    name: str | None = None
-    arguments: Any = None
-
-
-_GATE = msgspec.json.Decoder(_GateCall)
+Answer = Callable[[RolloutSession, bytes], Awaitable[bytes]]
+"""A side channel's answer to a session and a request body (``channels.py``)."""
 
 _OPENAI = ChatCompletions()
 """The dialect of the routes every SDK shares (``/v1/models``) and of the state route."""
@@ -157,9 +150,9 @@ class HTTPInterception(HTTPService, Interception):
                 router.add_post(path, functools.partial(self._side_route, dialect, answer))
         router.add_get("/v1/models", self._models)
         router.add_get("/task", self._task)
-        router.add_get("/state", self._state_get)
-        router.add_put("/state", self._state_put)
-        router.add_post("/tool", self._tool)
+        router.add_get("/state", functools.partial(self._channel, self._by_state, "state", channels.get_state))
+        router.add_put("/state", functools.partial(self._channel, self._by_state, "state", channels.put_state))
+        router.add_post("/tool", functools.partial(self._channel, self._by_model, "rollout", channels.gate))
 
     async def stop(self) -> None:
         for registration in list(self._by_model.values()):
@@ -222,60 +215,26 @@ class HTTPInterception(HTTPService, Interception):
             content_type="application/json",
         )
 
-    async def _state_get(self, request: web.Request) -> web.Response:
-        """``GET /state`` (state secret): the rollout's ``trace.state`` as JSON (§5.4)."""
-        registration = self._lookup(request, self._by_state)
+    async def _channel(
+        self, table: dict[str, _Registration], key: str, answer: Answer, request: web.Request
+    ) -> web.Response:
+        """A side channel (``channels.py``): the session by its ``key`` secret, the body
+        bounded as a model call's, and the channel's answer."""
+        registration = self._lookup(request, table)
         if registration is None:
-            return _error(401, "unknown or missing state secret", kind="authentication_error")
-        return web.Response(body=msgspec.json.encode(registration.session.trace.state), content_type="application/json")
-
-    async def _state_put(self, request: web.Request) -> web.Response:
-        """``PUT /state`` (state secret): replace ``trace.state`` with the body, validated into
-        the task's ``state_type``; last write wins, as upstream (§5.4)."""
-        registration = self._lookup(request, self._by_state)
-        if registration is None:
-            return _error(401, "unknown or missing state secret", kind="authentication_error")
-        session = registration.session
+            return _error(401, f"unknown or missing {key} secret", kind="authentication_error")
         try:
             with self.admitted(request, registration.held) as reservation, registration.handlers.track():
-                state = validated_state(await self.read_body(request, reservation), session.state_type)
+                body = await self.read_body(request, reservation) if request.body_exists else b""
+                return web.Response(body=await answer(registration.session, body), content_type="application/json")
         except Refused as e:
             refusal = _error(e.status, str(e), headers=self.refusal_headers(e))
-            refusal.force_close()
+            refusal.force_close()  # the body is never read into memory: no keep-alive after it
             return refusal
         except WireError as e:
             return _error(e.status, str(e))
-        except StateRejected as e:
-            return _error(400, str(e), kind="invalid_request_error")
-        if session.released:  # a straggler write must not land on a sealed trace
-            return _error(409, "rollout concluded")
-        session.trace.state = state
-        return web.json_response({"ok": True})
-
-    async def _tool(self, request: web.Request) -> web.Response:
-        """``POST /tool`` (model secret): the tool gate's verdict on one call (§5.3,
-        ``_core/tool_gate``): ``{"tool_call_id", "name", "arguments"}`` in."""
-        registration = self._lookup(request, self._by_model)
-        if registration is None:
-            return _error(401, "unknown or missing rollout secret", kind="authentication_error")
-        session = registration.session
-        if session.released:
-            return _error(409, "rollout concluded")
-        try:
-            with self.admitted(request, registration.held) as reservation, registration.handlers.track():
-                call = _GATE.decode(await self.read_body(request, reservation))
-                return web.json_response(await decide_tool(session, call.tool_call_id, call.name, call.arguments))
-        except Refused as e:
-            refusal = _error(e.status, str(e), headers=self.refusal_headers(e))
-            refusal.force_close()
-            return refusal
-        except WireError as e:
-            return _error(e.status, str(e))
-        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as e:
-            return _error(400, f"invalid tool gate body (send tool_call_id, name, arguments): {e}")
-        except RolloutError as e:  # a hook failed, or the call matches no turn: the rollout's error
-            session.error = e
-            return _error(400, str(e), kind=type(e).__name__)
+        except channels.ChannelError as e:
+            return _error(e.status, str(e), kind=e.kind)
 
     async def _side_route(
         self, dialect: Dialect, answer: Callable[[bytes], bytes], request: web.Request
