@@ -55,12 +55,14 @@ def _place(
     """The branch ending in the assistant turn that made the call, and the call itself."""
     trace = session.trace
     turns = [leaf for leaf in leaves(trace) if isinstance(trace.nodes[leaf].message, AssistantMessage)]
+    proposed = [(leaf, call) for leaf in turns for call in trace.nodes[leaf].message.tool_calls or []]  # type: ignore[union-attr]
+    # By id (a gate may wrap the model's id), else by name and arguments (a gate that only
+    # knows those), as upstream matches them.
     made = [
         (leaf, call)
-        for leaf in turns
-        for call in trace.nodes[leaf].message.tool_calls or []  # type: ignore[union-attr]
+        for leaf, call in proposed
         if call.id == tool_call_id or tool_call_id.startswith(f"{call.id}|") or tool_call_id.endswith(f":{call.id}")
-    ]
+    ] or [(leaf, call) for leaf, call in proposed if call.name == name and _same_arguments(call, arguments)]
     if len(made) == 1:
         leaf, call = made[0]
         return [trace.nodes[i].message for i in path_to(trace, leaf)], call
@@ -75,3 +77,12 @@ def _place(
     assert isinstance(assistant, AssistantMessage)
     extended = msgspec.structs.replace(assistant, tool_calls=[*(assistant.tool_calls or []), call])
     return [*branch, extended], call
+
+
+def _same_arguments(call: ToolCall, arguments: Any) -> bool:
+    """Whether the gate's ``arguments`` (JSON text or decoded) are the call's."""
+    try:
+        theirs = msgspec.json.decode(arguments) if isinstance(arguments, str) else arguments
+        return bool(msgspec.json.decode(call.arguments) == theirs)
+    except (msgspec.DecodeError, RecursionError):
+        return False

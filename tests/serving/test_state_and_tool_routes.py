@@ -122,6 +122,7 @@ def test_the_tool_gate_allows_denies_and_stops_by_the_tasks_request_hooks() -> N
         asks = [
             {"tool_call_id": made[0], "name": "ls", "arguments": {"path": "."}},
             {"tool_call_id": made[1], "name": "rm", "arguments": {"path": "/"}},
+            {"tool_call_id": "gate-7", "name": "rm", "arguments": '{"path": "/"}'},  # its own id: by name and args
             {"tool_call_id": "script_1", "name": "shutdown", "arguments": {}},  # a call the model never made
             {"tool_call_id": made[0], "name": "ls", "arguments": {"path": "."}},  # stopped now
         ]
@@ -132,7 +133,8 @@ def test_the_tool_gate_allows_denies_and_stops_by_the_tasks_request_hooks() -> N
             out.append(r.status)  # the state key is not the model key
         return out
 
-    allow, deny, stop_now, stopped, wrong = _serve(session, check)
+    allow, deny, deny_by_arguments, stop_now, stopped, wrong = _serve(session, check)
+    assert deny_by_arguments == deny
     assert allow == (200, {"action": "allow"})
     assert deny[0] == 200 and deny[1]["action"] == "deny"
     assert deny[1]["message"]["role"] == "tool" and deny[1]["message"]["content"] == "rm is not allowed"
@@ -140,7 +142,7 @@ def test_the_tool_gate_allows_denies_and_stops_by_the_tasks_request_hooks() -> N
     assert stopped == (200, {"action": "stop", "reason": "on_shutdown"})
     assert wrong == 401
     assert session.trace.stop_condition == "on_shutdown"
-    assert [r.handler for r in session.trace.request_rewrites] == ["forbid_rm"]
+    assert [r.handler for r in session.trace.request_rewrites] == ["forbid_rm", "forbid_rm"]
 
 
 def test_a_gate_question_that_matches_no_call_is_a_harness_error_on_the_rollout() -> None:
