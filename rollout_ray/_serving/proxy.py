@@ -48,7 +48,7 @@ from .._errors import Refusal, RolloutError, UpstreamError, WireError
 from .._record.messages import Message, Response
 from . import channels
 from .dialects import Dialect, Parsed, all_dialects
-from .dialects.chat import ChatCompletions
+from .dialects.chat_completions import ChatCompletions
 from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
 
 log = logging.getLogger("rollout_ray")

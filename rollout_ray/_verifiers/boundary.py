@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from .._record.messages import Request, Response
 from .._record.trace import Trace
-from .state import with_typed_state
+from .v1_state import with_typed_state
 
 Routing = dict[str, str]
 """A v1 stop's parameters by what they take: ``"Trace"``, ``"Request"`` or ``"Response"``."""
@@ -43,7 +43,7 @@ def as_our_hook(
     fn: Callable[..., Any], params: Routing, *, intercept: bool = False, state: type[BaseModel] | None = None
 ) -> Callable[..., Any]:
     """``fn`` with our boundary's parameters: ``value`` (our ``Request`` or ``Response``) when
-    it takes one, and ``trace`` (its ``state`` typed as ``state``: ``state.py``); each converted
+    it takes one, and ``trace`` (its ``state`` typed as ``state``: ``v1_state.py``); each converted
     to what ``fn`` annotated. An interceptor's replacement comes back as ours (``None``, or the
     same value, changes nothing)."""
     side = next((k for k in params.values() if k != "Trace"), None)

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from .._core.tools import TRACE
 from .._core.toolset import _MARK, Toolset
-from .state import state_type
+from .v1_state import state_type
 
 
 def refusal(upstream: Any) -> str | None:
@@ -43,7 +43,7 @@ def refusal(upstream: Any) -> str | None:
 @functools.cache
 def toolset_class(upstream_cls: type) -> type[Toolset]:
     """Our ``Toolset`` class for one v1 toolset class (placed in its module, as
-    ``task.adapter_class``, so a ``.py`` taskset ships to Ray workers by value)."""
+    ``v1_task.adapter_class``, so a ``.py`` taskset ships to Ray workers by value)."""
     from verifiers.v1.utils.decorators import discover_decorated
 
     probe: Any = object.__new__(upstream_cls)  # discover_decorated reads the class's methods only
