@@ -21,7 +21,8 @@ from pydantic import ValidationError
 
 from .._driver.finalize import FinalizeConfig, finalize
 from .._errors import CorruptRun
-from .._record.messages import AssistantMessage, Content, ImagePart, ToolMessage
+from .._record.agents import branch_owners
+from .._record.messages import AssistantMessage, Content, ImagePart, ToolMessage, UserMessage
 from .._record.run_layout import SAMPLES
 from .._record.score_versions import rescored_trace
 from .._record.store import unreadable_is_corrupt
@@ -179,6 +180,10 @@ def _conversation(trace: Trace, t0: float) -> list[dict[str, Any]]:
     if not branches:
         return []
     call_at = {c.node: c for c in trace.calls if c.node is not None}
+    # Who said each user turn (tau2-bench#392: a simulator's faults must be told from the
+    # agent's): a simulated user or another agent by name, else the task (its prompt).
+    said_by = {t.node: t for t in trace.user_turns if t.node is not None}
+    owners = branch_owners(trace)
     out = []
     for i in branches[-1].nodes:
         node = trace.nodes[i]
@@ -197,6 +202,12 @@ def _conversation(trace: Trace, t0: float) -> list[dict[str, Any]]:
             ]
         elif isinstance(message, ToolMessage):
             entry["tool_call_id"], entry["name"] = message.tool_call_id, message.name
+        elif isinstance(message, UserMessage):
+            turn = said_by.get(i)
+            entry["by"] = "task" if turn is None else turn.by
+            entry["by_kind"] = "task" if turn is None else ("agent" if turn.agent_node is not None else "simulator")
+        if node.sampled and owners:  # several policy agents: whose reply it is
+            entry["agent"] = owners.get(i, trace.agent.name)
         if i in call_at:
             entry["call"] = _call(call_at[i], t0)
         out.append(entry)
