@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._errors import TaskError
-from .._record.agents import set_reward_agent
+from .._record.agent_branches import set_reward_agent
 from .._record.trace import Trace
 from .aio import gather_all
 from .hooks import Hook, call_by_name

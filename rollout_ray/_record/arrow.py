@@ -34,7 +34,7 @@ the conversation has (one per ``token_branch`` value), and ``branch_reasons``
 (list<string>), why each exists (``main``, ``subagent``, ``compaction``, ``resample``,
 ``edit``: ``branching.py``). Tables of versions 1 to 4 lack them and are read with nulls.
 
-Schema version 6 appended the agents (``agents.py``): ``token_agent`` (list<string>), the
+Schema version 6 appended the agents (``agent_branches.py``): ``token_agent`` (list<string>), the
 agent of each training sequence, aligned with ``token_branch`` (null where the token columns
 are), and ``agent_rewards`` (map<string, float64>), each agent's reward (the rollout's own
 agent's alone without peers). Tables of versions 1 to 5 lack them and are read with nulls.
@@ -55,7 +55,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._errors import SchemaMismatch
-from .agents import agent_rewards, sequence_agents
+from .agent_branches import agent_rewards, sequence_agents
 from .branching import branch_reasons
 from .openai_codec import wire_message
 from .token_columns import TOKEN_COLUMNS, row_sequences, token_columns

@@ -96,7 +96,7 @@ BRANCH_COLUMNS: tuple[str, ...] = tuple(f.name for f in _BRANCH_FIELDS)
 
 AGENT_COLUMNS: tuple[str, ...] = tuple(f.name for f in _AGENT_FIELDS)
 """Whose each training sequence is (aligned with ``token_branch``) and each agent's reward
-(``_record/agents.py``): a multi-agent rollout's per-agent view (small)."""
+(``_record/agent_branches.py``): a multi-agent rollout's per-agent view (small)."""
 
 _ADDED_IN = {
     **dict.fromkeys(TOKEN_COLUMNS[:5], 2),

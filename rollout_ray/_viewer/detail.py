@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from .._driver.finalize import FinalizeConfig, finalize
 from .._errors import CorruptRun
-from .._record.agents import branch_owners
+from .._record.agent_branches import branch_owners
 from .._record.messages import AssistantMessage, Content, ImagePart, ToolMessage, UserMessage
 from .._record.run_layout import SAMPLES
 from .._record.score_versions import rescored_trace

@@ -18,11 +18,11 @@ from rollout_ray import (
     agent_sequences,
     reward,
 )
-from rollout_ray._record.agents import branch_agents
+from rollout_ray._record.agent_branches import branch_agents
 from rollout_ray._record.messages import text_of
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 from rollout_ray.testing import MemoryRuntime
 
 from conftest import make_rollout
@@ -119,7 +119,7 @@ class CountRewardingBNot(CountRewardingB):
 def test_each_agents_reward_and_sequences_are_columns_and_the_trainer_batch_is_per_agent() -> None:
     from rollout_ray._driver.batch import agent_batches
     from rollout_ray._driver.finalize import finalize
-    from rollout_ray._record.agents import agent_rewards
+    from rollout_ray._record.agent_branches import agent_rewards
     from rollout_ray._record.arrow import RolloutRecord, records_to_table
 
     async def main() -> list[Trace]:
