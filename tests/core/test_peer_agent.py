@@ -75,6 +75,13 @@ def test_two_players_each_on_its_own_branch_with_its_own_sequences_and_reward() 
     assert sorted(owners) == ["agent", "b"] and all(owners[s.branch] == a for a, ss in by_agent.items() for s in ss)
     a_nodes, b_nodes = set(by_agent["agent"][0].turns), set(by_agent["b"][0].turns)
     assert len(a_nodes) == 3 and len(b_nodes) == 2 and b_nodes == {t.agent_node for t in trace.user_turns}
+    # the rollout page: the agent's branch, each reply the agent's, each user turn player b's
+    from rollout_ray._viewer.detail import trace_view
+
+    shown = trace_view(trace)["messages"]
+    assert [m["agent"] for m in shown if m["sampled"]] == ["agent"] * 3
+    users = [(m["by_kind"], m["by"]) for m in shown if m["role"] == "user"]
+    assert users == [("task", "task"), ("agent", "b"), ("agent", "b")]
 
 
 def test_a_peer_agent_needs_an_in_process_harness() -> None:
