@@ -50,6 +50,7 @@ def stdio_client(
     limits: Limits,
     runtime_id: str,
     runtime: Runtime | None = None,
+    files: Mapping[str, str | bytes] | None = None,
 ) -> StdioClient:
     """The stdio MCP server ``command`` of one runtime (or one caller: ``runtime_id`` is whose
     server it is, never shared beyond it), leased: ``release_stdio`` when done. With
@@ -59,12 +60,13 @@ def stdio_client(
             f"stdio MCP server {server!r}: runtime_id must name the runtime (or caller) it serves; "
             "a server keyed on nothing would be shared by every rollout of the process"
         )
-    key = (server, tuple(command), tuple(sorted((env or {}).items())), cwd, limits, runtime_id)
+    shipped = tuple(sorted((files or {}).items()))
+    key = (server, tuple(command), tuple(sorted((env or {}).items())), cwd, limits, runtime_id, shipped)
     pool = _pool()
     client, leases = pool.stdio.get(key, (None, 0))
     if client is None:
         starting = pool.starting.setdefault(limits.max_starting, asyncio.Semaphore(limits.max_starting))
-        client = StdioClient(server, command, env, cwd, limits, starting, runtime)
+        client = StdioClient(server, command, env, cwd, limits, starting, runtime, files)
     pool.stdio[key] = (client, leases + 1)
     return client
 

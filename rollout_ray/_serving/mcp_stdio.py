@@ -54,10 +54,11 @@ class StdioClient(_Client):
         limits: Limits,
         starting: asyncio.Semaphore,
         runtime: Runtime | None = None,
+        files: Mapping[str, str | bytes] | None = None,
     ) -> None:
         super().__init__(server, limits)
         self.command, self._env, self._cwd, self._starting_slots = list(command), env, cwd, starting
-        self.runtime = runtime
+        self.runtime, self._files = runtime, dict(files or {})
         self.process: OpenProgram | None = None
         self._scratch: str | None = None  # the working directory made when no cwd is given
         self._pending: dict[int, asyncio.Future[Any]] = {}
@@ -80,14 +81,20 @@ class StdioClient(_Client):
         if self._cwd is not None:  # a directory of the box: entered there, whatever its kind
             argv = ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', self._cwd, *argv]
         try:
+            for path, content in self._files.items():
+                await runtime.write(path if self._cwd is None else os.path.join(self._cwd, path), content)
             return await runtime.open_program(argv, env=self._env, limit=self.limits.max_message)
-        except SandboxError as e:
+        except (SandboxError, ValueError) as e:
             raise self._fail(f"cannot start {self.command[0]!r} in runtime {runtime.name!r}: {e}") from None
 
     async def _open_on_host(self) -> OpenProgram:
         cwd = self._cwd
         if cwd is None:  # not the tool server's own directory: the server sees nothing of the host's files there
             cwd = self._scratch = tempfile.mkdtemp(prefix="rollout-ray-mcp-")
+        try:
+            await asyncio.to_thread(_write_files, cwd, self._files)
+        except (OSError, ValueError) as e:
+            raise self._fail(f"cannot write its files in {cwd!r}: {e}") from None
         try:
             process = await asyncio.create_subprocess_exec(
                 *self.command,
@@ -125,7 +132,13 @@ class StdioClient(_Client):
         except Exception as e:  # noqa: BLE001 - any reader failure ends the server; the message says why
             why = f"{type(e).__name__}: {e}"
         code = process.returncode
-        error = self._fail(why if code is None else f"exited with code {code}")
+        why = why if code is None else f"exited with code {code}"
+        if self.runtime is not None and self.tools is None:  # it never served: most often not there
+            why += (
+                f" before serving, in runtime {self.runtime.name!r}: its command and files must be in the "
+                "runtime (a sandbox sees neither the host's /tmp nor a checkout; ship a script with files=)"
+            )
+        error = self._fail(why)
         for waiter in self._pending.values():
             if not waiter.done():
                 waiter.set_exception(error)
@@ -166,6 +179,16 @@ class StdioClient(_Client):
         scratch, self._scratch = self._scratch, None
         if scratch is not None:
             await asyncio.to_thread(shutil.rmtree, scratch, True)
+
+
+def _write_files(directory: str, files: Mapping[str, str | bytes]) -> None:
+    for path, content in files.items():
+        target = os.path.normpath(os.path.join(directory, path))
+        if os.path.isabs(path) or not target.startswith(os.path.join(directory, "")):
+            raise ValueError(f"file {path!r} must be a relative path under the working directory")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as f:
+            f.write(content.encode() if isinstance(content, str) else content)
 
 
 async def _kill_group(pid: int) -> None:

@@ -184,3 +184,32 @@ def test_the_npm_filesystem_server_runs_in_the_sandbox(tmp_path: Any) -> None:
             await box.stop()
 
     asyncio.run(main())
+
+
+def test_a_server_script_on_the_host_is_shipped_with_files_and_one_left_there_is_named(tmp_path: Any) -> None:
+    """A sandbox sees no checkout: a script on the host does not exist there (the server exits
+    before serving, and the error says where to look); shipped with ``files=`` it serves."""
+    script = tmp_path / "look_server.py"
+    script.write_text(LOOK_SERVER)
+
+    async def main() -> None:
+        box = SandboxRuntime()
+        await box.start()
+        try:
+            left = MCPToolset("look", command=[sys.executable, str(script)], start_timeout=30)
+            with pytest.raises(
+                ToolServerError,
+                match=r"(exited with code 2|closed its stdout) before serving, in runtime .* ship a script",
+            ):
+                await open_toolsets([left], box)
+            shipped = MCPToolset("look", command=[sys.executable, "look.py"], files={"look.py": LOOK_SERVER})
+            await open_toolsets([shipped], box)
+            try:
+                assert "look.py" in (await _look(shipped, "/"))["files"]
+            finally:
+                await close_toolsets([shipped])
+        finally:
+            await close_clients()
+            await box.stop()
+
+    asyncio.run(main())
