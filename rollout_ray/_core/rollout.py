@@ -91,8 +91,11 @@ class Rollout:
         runtime: a live runtime to *borrow*; ``None`` makes the rollout build, start and stop
             its own with ``runtime_factory(trace.id)``.
         runtime_factory: builds an owned runtime from its name (``LocalRuntime``,
-            ``SandboxRuntime``, ...), and ``image=`` when the task has an image
-            (``TaskData.image``); required unless ``runtime`` is given.
+            ``SandboxRuntime``, ...), and ``image=`` / ``kind=`` / ``resources=`` when the task
+            has an image, a runtime kind (or ``runtime_kind`` is given) or resources
+            (``TaskData``); required unless ``runtime`` is given.
+        runtime_kind: the kind of the runtime it owns when its task names none
+            (``EvalConfig.runtime``); ``None``: the factory's own.
         interception: serves the session to a program's harness (default: a private in-process
             one); an ``in_process`` harness is always served in process (one given is
             not used: a warning says so).
@@ -119,6 +122,7 @@ class Rollout:
         model: Model,
         runtime: Runtime | None = None,
         runtime_factory: Callable[[str], Runtime] | None = None,
+        runtime_kind: str | None = None,
         interception: Interception | None = None,
         tool_server: ToolServerFactory | None = None,
         limits: RolloutLimits | None = None,
@@ -151,6 +155,7 @@ class Rollout:
         self.owns_runtime = runtime is None
         self.runtime = runtime
         self._runtime_factory = runtime_factory
+        self._runtime_kind = runtime_kind
         # An in-process agent talks to its session directly: no proxy hop, one trace.
         if interception is not None and harness.in_process:
             warnings.warn(
@@ -231,12 +236,12 @@ class Rollout:
         return not self.session.stopped
 
     def _own_runtime(self) -> Runtime:
-        """The runtime factory's, given the task's image when it has one."""
+        """The runtime factory's, given the task's image, kind and resources when it has them
+        (a factory that takes none of them still makes a task's runtime that asks for none)."""
         assert self._runtime_factory is not None  # checked at construction
-        image = self.task.data.image
-        if image is None:
-            return self._runtime_factory(self.trace.id)
-        return self._runtime_factory(self.trace.id, image=image)  # type: ignore[call-arg]
+        data = self.task.data
+        asked = {"image": data.image, "kind": data.runtime or self._runtime_kind, "resources": data.resources}
+        return self._runtime_factory(self.trace.id, **{k: v for k, v in asked.items() if v is not None})
 
     async def _open(self, runtime: Runtime) -> None:
         with boundary(UserSimulatorError, "building the user simulator"):

@@ -507,6 +507,7 @@ class Driver(PolicyOwner):
             timeouts=c.timeouts,
             model_name=c.model_name,
             sampling=dict(c.sampling),
+            runtime_kind=c.runtime,
             label=label,
         )
 

@@ -11,11 +11,12 @@ from typing import Any
 import msgspec
 from ray.exceptions import RayActorError
 
+from .._core.limits import TaskResources
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import InfrastructureLost, RuntimeStopped, SandboxError
 from .._hosting.lazy_runtime import LazyRuntime
 from .._record.trace import RuntimeInfo
-from .._runtimes.providers import provider
+from .._runtimes.providers import provider, resolve
 from .calls import call
 
 CALL_TIMEOUT = 60.0
@@ -43,6 +44,8 @@ class RemoteRuntime(Runtime):
         provisioned: bool = False,
         actor_on_demand: Callable[[], Any] | None = None,
         image: str | None = None,
+        resources: TaskResources | None = None,
+        ask_kind: bool = False,
     ) -> None:
         super().__init__(name)
         self.__actor = actor
@@ -57,6 +60,11 @@ class RemoteRuntime(Runtime):
         self._provisioning: asyncio.Future[Any] | None = None
         self.image = image
         """The image it runs over (``TaskData.image``), on the runtime actor's node."""
+        self.resources = resources
+        """What it may use (``TaskData.resources``), held by its kind where it enforces it."""
+        self._ask_kind = ask_kind
+        """Whether ``runtime_type`` is the kind the runtime actor makes it of (an owned
+        runtime's), or only what it was last known as (a pool's: the actor's own kind)."""
         self._info: RuntimeInfo | None = None
         """What the runtime actor last said of it (its image's digest, its setup snapshot)."""
 
@@ -79,6 +87,8 @@ class RemoteRuntime(Runtime):
                 self.stopped,
                 self._provisioned,
                 self.image,
+                self.resources,
+                self._ask_kind,
             ),
         )
 
@@ -140,6 +150,8 @@ class RemoteRuntime(Runtime):
             self.name,
             owner=self._owner,
             image=self.image,
+            kind=self.type if self._ask_kind else None,
+            resources=self.resources,
             wait=CALL_TIMEOUT if self.image is None else IMAGE_START_TIMEOUT,
         )
 
@@ -166,12 +178,12 @@ class RemoteRuntime(Runtime):
         # The program's own timeout bounds it, plus time to kill it; an exec without one is
         # bounded by the rollout's deadline of the phase that runs it.
         wait = None if timeout is None else timeout + CALL_TIMEOUT
-        return await self._call(
+        return await self._call(  # type: ignore[no-any-return]
             "exec",
             self.name,
             list(argv),
             wait=wait,
-            env=dict(env or {}),  # type: ignore[no-any-return]
+            env=dict(env or {}),
             timeout=timeout,
             max_output=max_output,
             stdin=stdin,
@@ -209,6 +221,8 @@ def _rebuild_remote_runtime(
     stopped: bool,
     provisioned: bool,
     image: str | None = None,
+    resources: TaskResources | None = None,
+    ask_kind: bool = False,
 ) -> RemoteRuntime:
     runtime = RemoteRuntime(
         actor,
@@ -219,15 +233,43 @@ def _rebuild_remote_runtime(
         runtime_id=runtime_id,
         provisioned=provisioned,
         image=image,
+        resources=resources,
+        ask_kind=ask_kind,
     )
     runtime.stopped = stopped
     return runtime
 
 
-def owned_runtime(name: str, kind: str, actor: Callable[[], Any], image: str | None = None) -> LazyRuntime:
-    """A rollout actor's runtime for its rollout ``name`` (which owns it), of ``kind``, in the
-    runtime actor ``actor()`` returns: started on its first use (``LazyRuntime``), so a
-    rollout that never touches its box costs no runtime actor call (a sandbox's start is
-    ~6 ms of that actor's CPU), and a rollout actor none of whose rollouts does starts no
-    runtime actor. ``image``: the task's (``TaskData.image``), unpacked on the runtime actor's node."""
-    return LazyRuntime(RemoteRuntime(None, name, owner=name, runtime_type=kind, actor_on_demand=actor, image=image))
+def owned_runtime(
+    name: str,
+    kind: str,
+    actor: Callable[[], Any],
+    image: str | None = None,
+    resources: TaskResources | None = None,
+) -> LazyRuntime:
+    """A rollout actor's runtime for its rollout ``name`` (which owns it), of ``kind`` (the
+    actor's, or its task's: ``TaskData.runtime``), in the runtime actor ``actor()`` returns:
+    started on its first use (``LazyRuntime``), so a rollout that never touches its box costs
+    no runtime actor call (a sandbox's start is ~6 ms of that actor's CPU), and a rollout actor
+    none of whose rollouts does starts no runtime actor. ``image``: the task's
+    (``TaskData.image``), unpacked on the runtime actor's node; ``resources``: the task's.
+
+    Raises:
+        SandboxError: an unknown kind (the rollout fails, naming the kinds there are).
+    """
+    try:
+        kind = resolve(kind)[0]  # "auto": decided on this node, which runs the boxes
+    except ValueError as e:
+        raise SandboxError(f"TaskData.runtime / EvalConfig.runtime: {e}") from None
+    return LazyRuntime(
+        RemoteRuntime(
+            None,
+            name,
+            owner=name,
+            runtime_type=kind,
+            actor_on_demand=actor,
+            image=image,
+            resources=resources,
+            ask_kind=True,
+        )
+    )

@@ -89,7 +89,10 @@ from .mount_ns import MountNamespace, Op, is_mount
 from .routes import LOOPBACK, Route, port_of, sandbox_url
 from .start_gate import StartGate, admitted
 
-__all__ = ["SandboxRuntime", "bwrap_path", "sandbox_unavailable", "sandbox_url"]
+__all__ = ["MEMORY_LIMIT", "SandboxRuntime", "bwrap_path", "sandbox_unavailable", "sandbox_url"]
+
+MEMORY_LIMIT = 4 << 30
+"""Bytes of memory a sandbox's programs may use together when its task names none."""
 
 
 def bwrap_path() -> str:
@@ -170,7 +173,7 @@ class SandboxRuntime(LocalRuntime):
         env: Mapping[str, str] | None = None,
         pass_env: Sequence[str] = (),
         pids_limit: int | None = 512,
-        memory_limit: int | None = 4 << 30,
+        memory_limit: int | None = MEMORY_LIMIT,
         disk_limit: int | None = 1 << 30,
         cgroup_parents: Mapping[str, Parent] | None = None,
         image: str | None = None,
