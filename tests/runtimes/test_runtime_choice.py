@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from image_rig import image_unavailable, python_image
 
-from rollout_ray import ChatHarness, Driver, EvalConfig, Task, TaskData, reward
+from rollout_ray import ChatHarness, Driver, EvalConfig, Task, TaskData, metric, reward
 from rollout_ray._cli.protections import check_runtimes
 from rollout_ray._errors import UsageError
 from rollout_ray._hosting.local_executor import LocalExecutor
@@ -34,6 +34,20 @@ class Where(Task):
     async def in_expected_kind(self, runtime: Any) -> float:
         ran = await runtime.exec(["sh", "-c", "echo ran"])
         return float(runtime.info().type == self.data.expected and ran.stdout == "ran\n")
+
+
+class Budgeted(Where):
+    """Also measures the memory limit its programs run under (bytes; 0: none found)."""
+
+    @metric
+    async def memory_limit(self, runtime: Any) -> float:
+        found = await runtime.exec(["sh", "-c", MEMORY_LIMIT])
+        words = found.stdout.split()
+        return float(words[0]) if words and words[0].isdigit() else 0.0
+
+
+MEMORY_LIMIT = "cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"
+"""The memory limit of the programs' cgroup (v2, else v1), as a program in a container sees it."""
 
 
 @functools.cache
