@@ -246,21 +246,25 @@ def owned_runtime(
     actor: Callable[[], Any],
     image: str | None = None,
     resources: TaskResources | None = None,
+    *,
+    default: str | None = None,
 ) -> LazyRuntime:
     """A rollout actor's runtime for its rollout ``name`` (which owns it), of ``kind`` (the
     actor's, or its task's: ``TaskData.runtime``), in the runtime actor ``actor()`` returns:
     started on its first use (``LazyRuntime``), so a rollout that never touches its box costs
     no runtime actor call (a sandbox's start is ~6 ms of that actor's CPU), and a rollout actor
     none of whose rollouts does starts no runtime actor. ``image``: the task's
-    (``TaskData.image``), unpacked on the runtime actor's node; ``resources``: the task's.
+    (``TaskData.image``), unpacked on the runtime actor's node; ``resources``: the task's;
+    ``default``: the actor's kind, already resolved.
 
     Raises:
         SandboxError: an unknown kind (the rollout fails, naming the kinds there are).
     """
-    try:
-        kind = resolve(kind)[0]  # "auto": decided on this node, which runs the boxes
-    except ValueError as e:
-        raise SandboxError(f"TaskData.runtime / EvalConfig.runtime: {e}") from None
+    if kind != default:  # a task's own: checked here ("auto": decided on this node, which runs the boxes)
+        try:
+            kind = resolve(kind)[0]
+        except ValueError as e:
+            raise SandboxError(f"TaskData.runtime / EvalConfig.runtime: {e}") from None
     return LazyRuntime(
         RemoteRuntime(
             None,

@@ -28,7 +28,7 @@ from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import RuntimeStopped, SandboxError
 from .._record.trace import RuntimeInfo
 from . import providers
-from .cgroup import HostCgroups, tracking_controller
+from .cgroup import HostCgroups
 from .guardian import HOST_MARKER
 from .image_cache import default_image_cache
 from .keeper import Keeper, socket_pair
@@ -86,7 +86,7 @@ class RuntimeHost:
         self._gone: set[str] = set()
         self._prune_at = _PRUNE_AT
         self._closed = asyncio.Event()
-        self._cgroups = HostCgroups(f"rollout-ray-host-{self.token[:16]}", _controllers(self.provider), self.root)
+        self._cgroups = HostCgroups(f"rollout-ray-host-{self.token[:16]}", self.provider.controllers(), self.root)
         # The guardian reads the other end of this socket; the kernel closes ours when we die.
         ours, theirs = socket_pair()
         with theirs:
@@ -173,8 +173,7 @@ class RuntimeHost:
         return self._make(name, owner, env, image, made_by, resources)
 
     def _provider(self, kind: str | None) -> providers.Provider:
-        """The provider of ``kind`` (``None``: the host's), checked once per host that this
-        machine runs it."""
+        """The provider of ``kind`` (``None``: the host's), checked once that this machine runs it."""
         if kind is None or kind == self.kind:
             return self.provider
         try:
@@ -212,7 +211,7 @@ class RuntimeHost:
             providers.HostResources(
                 root=self.root,
                 env=env,
-                cgroup_parents=self._cgroups.ensure(_controllers(made_by)),
+                cgroup_parents=self._cgroups.ensure(made_by.controllers()),
                 keeper=self.keeper,
                 start_gates=self._gates,
                 host_token=self.token,
@@ -394,9 +393,3 @@ class RuntimeHost:
         if self.pool.stats:  # once an image was asked for
             found["pool"] = self.pool.statistics()
         return found
-
-
-def _controllers(made_by: providers.Provider) -> tuple[str | None, ...]:
-    """The host's parent cgroups ``made_by``'s runtimes go under."""
-    wanted = made_by.cgroup_controllers
-    return wanted() if wanted is not None else (tracking_controller(),)

@@ -10,6 +10,7 @@ from typing import Any
 
 from .._core.limits import TaskResources
 from .._core.runtime import Runtime
+from .cgroup import tracking_controller
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ class Provider:
     """How ``rollout-ray eval``'s summary names it (default: its name)."""
     help: str = ""
     """What ``rollout-ray eval --help`` says of it."""
+
+    def controllers(self) -> tuple[str | None, ...]:
+        """The controllers of the host's parent cgroups its runtimes go under."""
+        return self.cgroup_controllers() if self.cgroup_controllers is not None else (tracking_controller(),)
 
     def __post_init__(self) -> None:
         if not self.label:

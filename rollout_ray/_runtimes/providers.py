@@ -65,7 +65,8 @@ def _load() -> None:
         return
     _loaded = True
     from .local import LocalRuntime
-    from .sandbox import MEMORY_LIMIT, SandboxRuntime, sandbox_unavailable, sandbox_url
+    from .routes import sandbox_url
+    from .sandbox import MEMORY_LIMIT, SandboxRuntime, sandbox_unavailable
 
     def local(name: str, image: str | None, r: HostResources) -> Runtime:
         return LocalRuntime(name, root=r.root, env=r.env, cgroup_parents=r.cgroup_parents, image=image)
