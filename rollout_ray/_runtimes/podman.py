@@ -110,6 +110,7 @@ class PodmanRuntime(Runtime):
         self.host_token = host_token
         self.budget = budget
         self.container = f"rollout-ray-{uuid.uuid4().hex[:20]}"
+        self.root = root
         self.grader_host_dir = os.path.join(root, f"{self.container}.grader")
         self.workdir: str = WORKDIR
         self._grading = False
@@ -171,7 +172,7 @@ class PodmanRuntime(Runtime):
             skeleton = [("tmp", 0o1777, None), *([] if named else parents(self.workdir))]
             code, _, err = await podman("cp", "-", f"{self.container}:/", stdin=tar(skeleton))
         if code == 0 and not self.stopped:  # a stop during the create found no container to remove
-            code, _, err = await podman("start", self.container)
+            code, _, err = await podman("start", self.container, cwd=self.root)  # its conmon's cwd
         if code != 0 or self.stopped:
             err = "it was stopped while starting" if self.stopped else err
             await self._teardown()
@@ -261,6 +262,7 @@ class PodmanRuntime(Runtime):
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            cwd=self.root,  # as the container's conmon (``podman_cli.podman``)
         )
         reads = asyncio.gather(_capped(proc.stdout, max_output), _capped(proc.stderr, max_output))
         timed_out = False

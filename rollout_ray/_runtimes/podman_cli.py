@@ -54,11 +54,16 @@ def ulimit(name: str, which: int, wanted: int) -> str:
     return f"{name}={value}:{value}"
 
 
-async def podman(*args: str, stdin: bytes | None = None, timeout: float = CALL_TIMEOUT) -> tuple[int, bytes, str]:
-    """Run ``podman args``: its exit code, stdout and stderr (the end of it)."""
+async def podman(
+    *args: str, stdin: bytes | None = None, timeout: float = CALL_TIMEOUT, cwd: str | None = None
+) -> tuple[int, bytes, str]:
+    """Run ``podman args`` in ``cwd`` (a container's conmon, which ``start`` spawns, writes an
+    ``oom`` file in it when the container's memory limit kills a program): its exit code,
+    stdout and stderr (the end of it)."""
     proc = await asyncio.create_subprocess_exec(
         "podman",
         *args,
+        cwd=cwd,
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -59,11 +59,21 @@ def test_the_containers_root_is_no_host_user(tmp_path: Path) -> None:
     assert host_uid not in {0, os.getuid()}
 
 
-def test_a_program_over_the_tasks_memory_budget_is_stopped_and_one_within_runs(tmp_path: Path) -> None:
-    """Before, every container had 8 GiB and every core whatever its task asked."""
+def test_a_program_over_the_tasks_memory_budget_is_stopped_and_one_within_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, every container had 8 GiB and every core whatever its task asked. And the
+    caller's directory stays clean: conmon writes an ``oom`` file in its cwd on an OOM kill
+    (it did in the checkout's), so podman runs from the host's directory."""
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
 
     async def main() -> tuple[ProgramResult, ProgramResult, str]:
-        rt = PodmanRuntime(root=str(tmp_path), image=python_image(), budget=TaskResources(memory=0.128, cpu=0.5))
+        (tmp_path / "host").mkdir()
+        rt = PodmanRuntime(
+            root=str(tmp_path / "host"), image=python_image(), budget=TaskResources(memory=0.128, cpu=0.5)
+        )
         await rt.start()
         try:
             within = await rt.exec(["python3", "-c", HOG, "2"], timeout=120)
@@ -79,6 +89,7 @@ def test_a_program_over_the_tasks_memory_budget_is_stopped_and_one_within_runs(t
     assert (within.exit_code, within.stdout) == (0, "held 2\n"), within.stderr
     assert over.exit_code == 137 and "held" not in over.stdout, over  # SIGKILLed by the OOM killer
     assert quota.split()[0] == "50000", quota  # half of each 100 ms period: --cpus 0.5
+    assert list(caller.iterdir()) == []
 
 
 def exists(image: str) -> bool:
