@@ -32,6 +32,7 @@ from .cgroup import HostCgroups
 from .guardian import HOST_MARKER
 from .image_cache import default_image_cache
 from .keeper import Keeper, socket_pair
+from .open_program import serve_program
 from .start_gate import StartGate, node_gate
 from .warm_pool import DEFAULT_MAX_IDLE, WarmPool
 
@@ -77,8 +78,7 @@ class RuntimeHost:
     ) -> None:
         self.kind, _ = runtime_kind(kind)
         self.provider = providers.provider(self.kind)
-        self._used: dict[str, providers.Provider] = {self.kind: self.provider}
-        """The providers of the kinds this host made runtimes of (each released at shutdown)."""
+        self._used: dict[str, providers.Provider] = {self.kind: self.provider}  # released at shutdown
         self.root = root or tempfile.mkdtemp(prefix="rollout-ray-host-")
         self.token = uuid.uuid4().hex
         self._runtimes: dict[str, Runtime] = {}
@@ -152,8 +152,7 @@ class RuntimeHost:
         the warm pool: started already.
 
         Raises:
-            SandboxError: an ``image`` for a kind that runs none; a kind that is unknown or
-                that this machine cannot run (the reason said).
+            SandboxError: an ``image`` for a kind that runs none; a kind unknown or not run here.
         """
         if name in self._runtimes or name in self._gone:
             raise ValueError(f"runtime {name!r} already exists on this host")
@@ -245,15 +244,11 @@ class RuntimeHost:
         resources: TaskResources | None = None,
     ) -> RuntimeInfo:
         """``create`` then ``start`` in one call; idempotent for a runtime already running.
-
-        Raises:
-            RuntimeStopped: the runtime existed and was stopped.
-        """
+        ``RuntimeStopped`` if it existed and was stopped."""
         if name in self._gone:
             raise RuntimeStopped(f"runtime {name!r} is stopped or unknown on this host")
-        runtime = self._runtimes.get(name) or self.new_runtime(
-            name, owner=owner, image=image, kind=kind, resources=resources
-        )
+        runtime = self._runtimes.get(name)
+        runtime = runtime or self.new_runtime(name, owner=owner, image=image, kind=kind, resources=resources)
         cold, started = not runtime.started, time.monotonic()
         await self.start(name)
         if cold and image is not None:
@@ -344,6 +339,13 @@ class RuntimeHost:
         stdin: bytes | None = None,
     ) -> ProgramResult:
         return await self._get(name).exec(argv, env=env, timeout=timeout, max_output=max_output, stdin=stdin)
+
+    async def open_program(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> tuple[int, str]:
+        """``Runtime.open_program`` for a caller in another process on this node: the program's
+        stdin/stdout on a loopback port, ``(port, token)`` (``open_program.serve_program``)."""
+        return await serve_program(await self._get(name).open_program(argv, env=env))
 
     async def prepare_execution(self, name: str, routes: Sequence[str] | None) -> None:
         await self._get(name).prepare_execution(routes)

@@ -12,8 +12,10 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Mapping
 from typing import Any, cast
 
+from .._core.runtime import PipedProgram
 from .cgroup import KILL_BUDGET
 from .guardian import pids_with_marker
 
@@ -122,3 +124,23 @@ async def kill_exec(proto: Capture, token: str, pgid: int) -> None:
     """Kill one exec's tree, reap its program and collect what its pipes still hold."""
     await kill_marked(EXEC_MARKER, token, pgid)
     await proto.settle(exit_timeout=KILL_BUDGET)
+
+
+async def open_piped(command: list[str], env: Mapping[str, str], cwd: str, limit: int, token: str) -> PipedProgram:
+    """A program held open, its stdin and stdout piped (``Runtime.open_program``), in its own
+    session; its kill ends every process marked with its exec ``token``.
+
+    Raises:
+        OSError: it could not be started.
+    """
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=env,
+        cwd=cwd,
+        limit=limit,
+        start_new_session=True,
+    )
+    return PipedProgram(process, lambda: kill_marked(EXEC_MARKER, token, process.pid))
