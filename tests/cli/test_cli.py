@@ -165,8 +165,8 @@ def test_a_taskset_file_ships_the_plain_modules_beside_it_that_it_imports() -> N
     """examples/program.py imports calc_tool from its own folder: Ray workers can import
     neither, so both go by value (this once failed `rollout-ray eval examples/program.py`)."""
     from rollout_ray import ChatHarness
-    from rollout_ray._cli.taskset import import_taskset
-    from rollout_ray._ray.executor import modules_to_ship
+    from rollout_ray._cli.taskset_loader import import_taskset
+    from rollout_ray._ray.ray_executor import modules_to_ship
 
     module = import_taskset("examples/program.py")
     task_class = type(next(iter(module.tasks())))

@@ -16,11 +16,11 @@ from rollout_ray import (
     agent_sequences,
     reward,
 )
-from rollout_ray._record.agents import branch_agents
+from rollout_ray._record.agent_branches import branch_agents
 from rollout_ray._record.messages import text_of
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 from rollout_ray.testing import MemoryRuntime
 
 from conftest import make_rollout
