@@ -28,6 +28,7 @@ from ._record.trace import Trace as Trace
 from ._record.trace import ToolCallRecord as ToolCallRecord
 from ._record.trace import TraceTask as TraceTask
 from ._record.agent_branches import agent_messages as agent_messages
+from ._record.agent_branches import agent_rewards as agent_rewards
 from ._record.agent_branches import agent_sequences as agent_sequences
 from ._record.agent_branches import branch_agents as branch_agents
 from ._record.trace import UserTurn as UserTurn
@@ -202,6 +203,7 @@ _API = (
     "UserTurn",
     "VersionInfo",
     "agent_messages",
+    "agent_rewards",
     "agent_sequences",
     "branch_agents",
     "decode_trace",

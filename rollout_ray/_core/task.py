@@ -132,6 +132,10 @@ class Task:
     """``setup`` does not depend on the sample (no randomness, nothing of the trace): the samples
     of a group on one machine then run it once, and the others start from a snapshot of what it
     wrote (``Runtime.claim_setup``; image sandboxes share it, other runtimes run it per sample)."""
+    state_type: ClassVar[type[BaseModel] | None] = None
+    """The pydantic model of the rollout's ``trace.state`` (upstream's ``State``): a rollout
+    starts from its defaults and every write over ``/state`` is validated into it; ``None``:
+    any JSON object, starting empty (``_core/state``)."""
 
     def __init__(self, data: TaskData | Mapping[str, Any], config: TaskConfig | None = None):
         if isinstance(data, Mapping):
@@ -239,7 +243,9 @@ class Task:
                         "to weigh: give fn=, or name one of the task's rewards"
                     )
                 weight = plug.weight if plug.weight is not None else (base.weight if base else 1.0)
-                decorated[name] = Hook(name, reward_fn, base.priority if base else 0, weight)
+                decorated[name] = Hook(
+                    name, reward_fn, base.priority if base else 0, weight, base.agent if base else None
+                )
         return sort_hooks(list(decorated.values()))
 
     async def score(self, trace: Trace, runtime: Any = None) -> None:

@@ -34,6 +34,7 @@ from .._hosting.rollout_host import RolloutHost
 from .._record.messages import Message
 from .._record.trace import Trace
 from .._runtimes.host import runtime_kind
+from . import shared_cluster  # noqa: F401 - makes scope="cluster" shared servers work here
 from .calls import call
 from .node_services_client import NodeServicesRef, RayInterception, RayToolServer
 from .remote_runtime import owned_runtime

@@ -21,7 +21,8 @@ from pydantic import ValidationError
 
 from .._driver.finalize import FinalizeConfig, finalize
 from .._errors import CorruptRun
-from .._record.messages import AssistantMessage, Content, ImagePart, ToolMessage
+from .._record.agent_branches import branch_owners
+from .._record.messages import AssistantMessage, Content, ImagePart, ToolMessage, UserMessage
 from .._record.run_layout import SAMPLES
 from .._record.score_versions import rescored_trace
 from .._record.store import unreadable_is_corrupt
@@ -208,6 +209,10 @@ def _entries(trace: Trace, path: tuple[int, ...], start: int, t0: float) -> list
     """The messages of ``path[start:]``; a tool result names its tool, from the call it answers
     on the path, where the agent's API leaves the name off (Responses, Anthropic Messages)."""
     call_at = {c.node: c for c in trace.calls if c.node is not None}
+    # Who said each user turn (tau2-bench#392: a simulator's faults must be told from the
+    # agent's): a simulated user or another agent by name, else the task (its prompt).
+    said_by = {t.node: t for t in trace.user_turns if t.node is not None}
+    owners = branch_owners(trace)
     tool_names: dict[str, str] = {}
     out = []
     for position, i in enumerate(path):
@@ -232,6 +237,12 @@ def _entries(trace: Trace, path: tuple[int, ...], start: int, t0: float) -> list
         elif isinstance(message, ToolMessage):
             entry["tool_call_id"] = message.tool_call_id
             entry["name"] = message.name or tool_names.get(message.tool_call_id)
+        elif isinstance(message, UserMessage):
+            turn = said_by.get(i)
+            entry["by"] = "task" if turn is None else turn.by
+            entry["by_kind"] = "task" if turn is None else ("agent" if turn.agent_node is not None else "simulator")
+        if node.sampled and owners:  # several policy agents: whose reply it is
+            entry["agent"] = owners.get(i, trace.agent.name)
         if i in call_at:
             entry["call"] = _call(call_at[i], t0)
         out.append(entry)

@@ -308,7 +308,10 @@ function bubble(m) {
     if (m.call.finish_reason) meta.push(m.call.finish_reason);
     if (m.call.usage) meta.push(`${m.call.usage.input} in / ${m.call.usage.output} out`);
   }
-  const label = m.role === "tool" ? `tool result${m.name ? ": " + m.name : ""}` : m.role;
+  let label = m.role === "tool" ? `tool result${m.name ? ": " + m.name : ""}` : m.role;
+  // Who said a user turn: a simulated user or another agent (by name) is told from the task.
+  if (m.role === "user" && m.by_kind && m.by_kind !== "task") label += ` · ${m.by_kind} ${m.by}`;
+  if (m.agent) label += ` · ${m.agent}`;
   return h("div", { class: `bubble ${m.role}`, "data-role": m.role },
     h("div", { class: "bubble-head" }, h("span", { class: "role" }, label), h("span", { class: "meta" }, meta.join(" · "))),
     m.reasoning ? h("details", { class: "reasoning" }, h("summary", {}, "reasoning"), h("div", { class: "text" }, m.reasoning)) : null,
