@@ -67,6 +67,7 @@ from ._core.hooks import reward as reward
 from ._core.hooks import stop as stop
 from ._core.limits import RolloutLimits as RolloutLimits
 from ._core.limits import RolloutTimeouts as RolloutTimeouts
+from ._core.limits import TaskResources as TaskResources
 
 # Task, harness, runtime, rollout
 from ._core.task import Judge as Judge
@@ -233,6 +234,7 @@ _API = (
     "stop",
     "RolloutLimits",
     "RolloutTimeouts",
+    "TaskResources",
     # task, harness, runtime
     "Judge",
     "Task",

@@ -12,10 +12,6 @@ MAX_LINES = 400
 
 # Modules another engineer is splitting on main; empty this when they land.
 SPLIT_IN_PROGRESS: dict[str, str] = {
-    "_runtimes/local.py": "split in progress (issue 34)",
-    "_runtimes/podman.py": "split in progress (issue 34)",
-    "_runtimes/sandbox.py": "split in progress (issue 34)",
-    "_runtimes/image_cache.py": "split in progress (issue 34)",
     # Split on this branch (x-split), one commit each.
     "_serving/upstream.py": "split in progress (issue 34)",
     "_driver/group_finalizer.py": "split in progress (issue 34)",
