@@ -25,6 +25,9 @@ class Outcome:
     the weight update: ``driver.paused`` and ``reload_weights``)."""
     step_ends: list[float] = field(default_factory=list)
     """Seconds since the start at which each trainer step ended."""
+    clock: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """The fleet's busy seconds on its own clock (the capacity model's step durations) and on
+    the wall, over the sample intervals an engine ran throughout."""
     update: float = 0.0
     """Seconds the trainer spent in weight updates (in ``driver.paused``)."""
 
@@ -38,6 +41,11 @@ class Outcome:
         """Trainer steps per second after the first step (the pipeline filled): a long run's rate."""
         ends = self.step_ends
         return (len(ends) - 1) / (ends[-1] - ends[0]) if len(ends) > 1 else self.rate
+
+    @property
+    def stretch(self) -> float:
+        """Wall seconds per second of the fleet's clock (1: its steps take what they say)."""
+        return self.clock[1] / self.clock[0] if self.clock[0] > 0 else 1.0
 
     @property
     def utilisation(self) -> float:
@@ -65,7 +73,7 @@ def table(outcomes: list[Outcome]) -> list[str]:
     base = next((o for o in outcomes if o.mode == "synchronous"), outcomes[0])
     lines = [
         f"{'mode':<14}{'util':>6}{'tok/s':>8}{'steps/s':>9}{'speedup':>9}{'steady':>8}{'idle':>7}{'update':>8}{'in-flight':>10}"
-        f"{'waiting':>9}  staleness 0/1/2/>2 (mean)"
+        f"{'waiting':>9}{'clock':>7}  staleness 0/1/2/>2 (mean)"
     ]
     for o in outcomes:
         total = sum(o.staleness.values()) or 1
@@ -76,7 +84,7 @@ def table(outcomes: list[Outcome]) -> list[str]:
         lines.append(
             f"{o.mode:<14}{o.utilisation:>6.0%}{o.tokens / o.wall:>8.0f}{o.rate:>9.3f}"
             f"{o.rate / base.rate:>8.1f}x{o.steady / base.steady:>7.1f}x{o.idle / o.wall:>7.0%}{o.update / o.wall:>8.0%}"
-            f"{sum(s[2] for s in o.series) / n:>10.0f}{sum(s[3] for s in o.series) / n:>9.1f}"
+            f"{sum(s[2] for s in o.series) / n:>10.0f}{sum(s[3] for s in o.series) / n:>9.1f}{o.stretch:>6.2f}x"
             f"  {shares} / {over:.0%} ({mean:.2f})"
         )
     return lines

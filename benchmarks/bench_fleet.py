@@ -36,7 +36,10 @@ trainer's step time defaults to the balanced point: the seconds one step's rollo
 generate with every slot busy (``balanced_train``), as a real run is tuned (the batch to the
 fleet) so that neither the trainer nor the fleet waits. A synchronous step costs generation +
 training, an asynchronous one about the larger of the two, so that is where async gains most;
-``--train-sweep`` measures the speedup on either side of it.
+``--train-sweep`` measures the speedup on either side of it. The trainer's seconds are the
+fleet's: on a loaded machine the capacity model's steps take longer than they say (the table's
+``clock``: wall seconds per fleet second), and the trainer's sleep is stretched alike, so the
+ratio of training to generation is the configured one.
 
 The servers, the driver, the tools and the trainer share this process and its 2 cores: the
 fleet's clock is the capacity model's steps, which stretch when the process is busy, so compare
@@ -194,8 +197,15 @@ async def run(mode: str, args: argparse.Namespace) -> Outcome:
         phase = ["wait"]
 
         async def sample() -> None:
+            before: list[tuple[float, float] | None] = [None] * len(servers)
             while not done.is_set():
                 scheds = [s.batcher.scheduler for s in servers if s.batcher is not None]
+                now = time.monotonic()
+                for i, x in enumerate(scheds):  # the fleet's clock, over intervals an engine ran throughout
+                    last, before[i] = before[i], (now, x.counters.busy_seconds) if x.running else None
+                    if last is not None and x.running:
+                        out.clock[0] += x.counters.busy_seconds - last[1]
+                        out.clock[1] += now - last[0]
                 out.series.append(
                     (
                         time.monotonic() - started,
@@ -220,7 +230,9 @@ async def run(mode: str, args: argparse.Namespace) -> Outcome:
             out.staleness.update(driver.policy_version - v for v in first_versions(group.samples))
             if groups % args.groups == 0:
                 phase[0] = "train"
-                await asyncio.sleep(args.train)  # the trainer's GPU step, simulated
+                # The trainer's GPU step, on the fleet's clock: this loaded process stretches the
+                # fleet's steps, and a trainer on wall seconds would look faster than its fleet.
+                await asyncio.sleep(args.train * out.stretch)
                 phase[0], updating = "update", time.monotonic()
                 version = driver.policy_version + 1
                 async with driver.paused(version=version, **pause):
@@ -291,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         "--train",
         type=float,
         default=None,
-        help="seconds a trainer step takes (default: the balanced point, one step's generation on the busy fleet)",
+        help="seconds a trainer step takes, on the fleet's clock (default: the balanced point, one step's "
+        "generation on the busy fleet)",
     )
     p.add_argument("--k", type=int, default=2, help="max_staleness of ours")
     p.add_argument("--sample", type=float, default=0.25, help="seconds between utilisation samples")
