@@ -8,11 +8,12 @@ library: the package and the test extra stay free of matplotlib.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
-WIDTH, PANEL, LEFT, RIGHT, TOP, BOTTOM = 820, 170, 46, 14, 26, 22
+WIDTH, PANEL, LEFT, RIGHT, TOP, BOTTOM = 820, 170, 46, 14, 26, 36
 LINES = (("utilisation %", "#1f77b4"), ("rollouts in flight", "#ff7f0e"), ("requests waiting", "#2ca02c"))
 PHASES = {"train": "#e8e8e8", "update": "#f7c6c6"}
 MAX_POINTS = 300
@@ -40,9 +41,11 @@ def _nice(top: float) -> float:
 
 def svg(panels: list[Panel], caption: str) -> str:
     """The panels stacked, on one time axis and one value axis (so the modes compare)."""
-    t_max = _nice(max((p.t[-1] for p in panels if p.t), default=1.0))
+    longest = max((p.t[-1] for p in panels if p.t), default=1.0)
+    tick = _nice(longest / 5)
+    t_max = tick * math.ceil(longest / tick)
     y_max = _nice(max([100.0, *(v for p in panels for line in p.lines for v in line)]))
-    height = TOP + len(panels) * (PANEL + BOTTOM) + 8
+    height = TOP + 22 + len(panels) * (PANEL + BOTTOM)
     plot_w = WIDTH - LEFT - RIGHT
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
@@ -57,7 +60,7 @@ def svg(panels: list[Panel], caption: str) -> str:
         out.append(f'<rect x="{x}" y="{TOP - 4}" width="10" height="3" fill="{color}"/>')
         out.append(f'<text x="{x + 13}" y="{TOP}">{escape(name)}</text>')
     for i, panel in enumerate(panels):
-        top = TOP + 8 + i * (PANEL + BOTTOM)
+        top = TOP + 22 + i * (PANEL + BOTTOM)
 
         def px(t: float) -> float:
             return LEFT + plot_w * t / t_max
@@ -82,10 +85,10 @@ def svg(panels: list[Panel], caption: str) -> str:
         for frac in (0.0, 0.5, 1.0):
             y = py(frac * y_max)
             out.append(f'<text x="{LEFT - 4}" y="{y + 4:.0f}" text-anchor="end">{frac * y_max:g}</text>')
-        for k in range(6):
-            t = t_max * k / 5
+        for k in range(round(t_max / tick) + 1):
+            t = tick * k
             out.append(f'<text x="{px(t):.0f}" y="{top + PANEL + 13}" text-anchor="middle">{t:g} s</text>')
-        out.append(f'<text x="{LEFT + 6}" y="{top + 13}" font-weight="bold">{escape(panel.title)}</text>')
+        out.append(f'<text x="{LEFT}" y="{top - 5}" font-weight="bold">{escape(panel.title)}</text>')
         stride = max(1, -(-len(panel.t) // MAX_POINTS))
         for (_, color), line in zip(LINES, panel.lines, strict=True):
             points = " ".join(f"{px(t):.1f},{py(v):.1f}" for t, v in list(zip(panel.t, line))[::stride])
