@@ -198,7 +198,7 @@ def accepted(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 def load_example(kind: str) -> Any:
     path = str(EXAMPLES[kind])
     try:
-        from rollout_ray._cli.taskset import import_taskset
+        from rollout_ray._cli.taskset_loader import import_taskset
 
         return import_taskset(path)
     except ImportError:
@@ -315,7 +315,7 @@ async def with_driver(spec: dict[str, Any]) -> dict[str, Any]:
         from rollout_ray import RayExecutor
 
         try:
-            from rollout_ray._ray.executor import init_ray
+            from rollout_ray._ray.ray_executor import init_ray
         except ImportError:
 
             def init_ray(address: str | None) -> None:

@@ -20,7 +20,7 @@ from contextlib import AsyncExitStack
 import aiohttp
 
 from rollout_ray._simulated.config import CapacityConfig, SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 
 async def run(args: argparse.Namespace) -> None:

@@ -678,7 +678,7 @@ def load_arith(by_reference: bool) -> Any:
     """examples/arith.py, importable by Ray's workers (``by_reference``) or registered to pickle by value."""
     import ray
 
-    from rollout_ray._cli.taskset import import_taskset
+    from rollout_ray._cli.taskset_loader import import_taskset
 
     if by_reference:
         # The taskset importable everywhere (as an installed package would be): its classes are
@@ -699,7 +699,7 @@ async def run_ray_rows(
     """Start Ray and one RayExecutor, warm it up, run a row per N, stop both: the rows and the startup times."""
     import ray
 
-    from rollout_ray._ray.executor import RayExecutor
+    from rollout_ray._ray.ray_executor import RayExecutor
 
     rows: list[Row] = []
     startup: list[list[Any]] = []

@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rollout_ray import ChatHarness, Runtime  # noqa: E402
-from rollout_ray._cli.taskset import import_taskset  # noqa: E402
+from rollout_ray._cli.taskset_loader import import_taskset  # noqa: E402
 from rollout_ray._core.interception import LocalInterception  # noqa: E402
 from rollout_ray._hosting.gc_tuning import tune_for_rollouts  # noqa: E402
-from rollout_ray._hosting.host import RolloutHost  # noqa: E402
+from rollout_ray._hosting.rollout_host import RolloutHost  # noqa: E402
 from rollout_ray._hosting.spec import RolloutSpec  # noqa: E402
 from rollout_ray._ray.remote_runtime import owned_runtime  # noqa: E402
 from rollout_ray._ray.wire import trace_to_wire  # noqa: E402

@@ -38,7 +38,7 @@ import aiohttp
 
 from rollout_ray._serving.affinity import Routing, ServerPool
 from rollout_ray._simulated.config import CapacityConfig, SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 POLICIES: tuple[Routing, ...] = ("affinity", "sticky", "least_loaded", "round_robin")
 

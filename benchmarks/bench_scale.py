@@ -231,7 +231,7 @@ def n_for(c: int, per_slot: int, min_n: int) -> int:
 
 
 def make_executor(actors: int, capacity: int, options: list[dict[str, Any]] | None) -> Any:
-    from rollout_ray._ray.executor import RayExecutor
+    from rollout_ray._ray.ray_executor import RayExecutor
     from rollout_ray._ray.rollout_client import RolloutActor
 
     if options is None:
@@ -492,7 +492,7 @@ async def bench(args: argparse.Namespace, cs: list[int], topologies: list[str]) 
     import ray
 
     from rollout_ray import OpenAIModel
-    from rollout_ray._cli.taskset import import_taskset
+    from rollout_ray._cli.taskset_loader import import_taskset
 
     module = import_taskset(str(ARITH))
     ray.cloudpickle.register_pickle_by_value(module)  # as rollout-ray eval does

@@ -30,10 +30,10 @@ def mark(name):
     marks.setdefault(name, round(time.monotonic() - T0, 3))
 from rollout_ray._cli import main as cli
 mark("cli imported")
-import rollout_ray._ray.executor as executor
+import rollout_ray._ray.ray_executor as executor
 import rollout_ray._ray.head as head
 import rollout_ray._driver.driver as driver
-import rollout_ray._simulated.server as simulated
+import rollout_ray._simulated.model_server as simulated
 start_ray = head.init_ray
 def init_ray(*args, **kwargs):
     mark("ray.init start"); start_ray(*args, **kwargs); mark("ray.init end")

@@ -51,7 +51,7 @@ def ray_processes() -> dict[str, list[int]]:
 
 async def main(n: int, profile: str | None, local: bool) -> None:
     from rollout_ray import ChatHarness, Driver, EvalConfig, LocalExecutor, OpenAIModel, RayExecutor
-    from rollout_ray._cli.taskset import import_taskset
+    from rollout_ray._cli.taskset_loader import import_taskset
 
     server = subprocess.Popen(
         [sys.executable, "-m", "rollout_ray", "serve-model", "--port", "0", "--ttft", "0.09"],

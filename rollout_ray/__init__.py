@@ -27,9 +27,10 @@ from ._record.trace import Timing as Timing
 from ._record.trace import Trace as Trace
 from ._record.trace import ToolCallRecord as ToolCallRecord
 from ._record.trace import TraceTask as TraceTask
-from ._record.agents import agent_messages as agent_messages
-from ._record.agents import agent_sequences as agent_sequences
-from ._record.agents import branch_agents as branch_agents
+from ._record.agent_branches import agent_messages as agent_messages
+from ._record.agent_branches import agent_rewards as agent_rewards
+from ._record.agent_branches import agent_sequences as agent_sequences
+from ._record.agent_branches import branch_agents as branch_agents
 from ._record.trace import UserTurn as UserTurn
 from ._record.trace import VersionInfo as VersionInfo
 from ._record.trace import decode_trace as decode_trace
@@ -152,11 +153,11 @@ _LAZY = {
     "FinalizeConfig": "._driver.finalize",
     "Finalized": "._driver.finalize",
     "finalize": "._driver.finalize",
-    "SimulatedModelServer": "._simulated.server",
+    "SimulatedModelServer": "._simulated.model_server",
     "RolloutActor": "._ray.rollout_client",
     "RuntimeActor": "._ray.runtime_actor",
     "RemoteRuntime": "._ray.remote_runtime",
-    "RayExecutor": "._ray.executor",
+    "RayExecutor": "._ray.ray_executor",
     "shutdown_node_services": "._ray.node_service_actor",
 }
 
@@ -202,6 +203,7 @@ _API = (
     "UserTurn",
     "VersionInfo",
     "agent_messages",
+    "agent_rewards",
     "agent_sequences",
     "branch_agents",
     "decode_trace",

@@ -182,7 +182,7 @@ async def stop_gate(ray: Any, gate: Any) -> None:
 @pytest.mark.parametrize(("how", "retries"), [("SIGKILL", 1), ("ray.kill", 0)])
 def test_rollout_actor_killed_mid_segment(ray_cluster: Any, report: Any, how: str, retries: int) -> None:
     ray = ray_module()
-    from rollout_ray._ray.executor import RayExecutor
+    from rollout_ray._ray.ray_executor import RayExecutor
 
     async def main() -> tuple[Any, list[tuple[int, str, int]], set[str], dict[str, Any], float, int]:
         gate = ray.remote(Gate).options(num_cpus=0, max_concurrency=100).remote()
@@ -408,7 +408,7 @@ def test_worker_node_removed_mid_run(report: Any, tmp_path: Path) -> None:
 
 def test_ray_executor_placement_is_one_mapping_or_one_per_actor() -> None:
     pytest.importorskip("ray")
-    from rollout_ray._ray.executor import RayExecutor
+    from rollout_ray._ray.ray_executor import RayExecutor
 
     with pytest.raises(ValueError, match=r"^actor_options must hold one mapping per actor \(2\), got 1$"):
         RayExecutor(actors=2, actor_options=[{"resources": {"node_a": 0.01}}])

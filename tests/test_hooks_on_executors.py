@@ -87,7 +87,7 @@ async def _run(kind: str, spec: RolloutSpec) -> Trace:
     if kind == "local":
         executor: Any = LocalExecutor()
     else:
-        from rollout_ray._ray.executor import RayExecutor
+        from rollout_ray._ray.ray_executor import RayExecutor
 
         executor = RayExecutor(actors=1, capacity=2)
     async with executor:

@@ -52,7 +52,7 @@ LAYERS: dict[str, set[str]] = {
 FACE = {"__init__", "__main__"}
 """The public face: it re-exports every layer. No layer imports it (``testing`` neither)."""
 
-USER_CODE_LOADERS = {"rollout_ray._cli.taskset", "rollout_ray._cli.grid"}
+USER_CODE_LOADERS = {"rollout_ray._cli.taskset_loader", "rollout_ray._cli.grid"}
 """The modules that import the user's code by a name given at run time (a taskset, a harness
 factory): the only places an ``import_module`` whose name is not a literal may stand."""
 
@@ -295,4 +295,4 @@ def test_import_module_is_read_as_an_import() -> None:
         "rollout_ray._core.rollout -> ray (only _ray imports ray)",
         f"rollout_ray._core.rollout -> {DYNAMIC} (name the module literally, so this test can read it)",
     ]
-    assert violations("import importlib\nM = importlib.import_module(ref)\n", "rollout_ray._cli.taskset") == []
+    assert violations("import importlib\nM = importlib.import_module(ref)\n", "rollout_ray._cli.taskset_loader") == []

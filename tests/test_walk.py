@@ -65,7 +65,7 @@ def documented_walk(text: str) -> tuple[list[str], list[str], dict[str, int], di
 
 @pytest.mark.ray
 def test_the_documented_walk_is_the_traced_one(ray_cluster: Any, tmp_path: Path) -> None:
-    from rollout_ray._ray.executor import RayExecutor
+    from rollout_ray._ray.ray_executor import RayExecutor
 
     out = tmp_path / "walk"
     # The actor's process starts its profiler (walk_site/sitecustomize.py) before any of its code.

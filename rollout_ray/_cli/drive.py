@@ -23,7 +23,7 @@ from .._hosting.local_executor import LocalExecutor
 from .._runtimes.host import runtime_kind
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
-from .._simulated.server import SimulatedModelServer
+from .._simulated.model_server import SimulatedModelServer
 from .progress_display import ProgressDisplay
 
 
@@ -106,7 +106,7 @@ def make_executor(
         )
     if kind == "local":
         return LocalExecutor(runtime=runtime)
-    from .._ray.executor import RayExecutor
+    from .._ray.ray_executor import RayExecutor
 
     return RayExecutor(actors=actors, capacity=capacity, address=address, runtime=runtime)
 

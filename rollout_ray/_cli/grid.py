@@ -28,7 +28,7 @@ from .._core.sampling import SAMPLING_FIELDS
 from .._core.task import Task
 from .._errors import UsageError
 from .._simulated.config import SimulatedModelConfig
-from .taskset import import_taskset
+from .taskset_loader import import_taskset
 
 _SIMULATED = frozenset(SimulatedModelConfig.model_fields) - {"model_name"}
 _FORBID = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)

@@ -36,7 +36,7 @@ def _serve_model(args: argparse.Namespace) -> int:
     import asyncio
 
     from .._simulated.config import SimulatedModelConfig
-    from .._simulated.server import SimulatedModelServer
+    from .._simulated.model_server import SimulatedModelServer
     from .interrupt import Stop, serve_until_signal
 
     try:
@@ -81,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
     from .sweep import add_sweep_arguments
 
     add_sweep_arguments(_command(sub, "sweep", help="eval every point of a grid and compare them"))
-    from .rescore import add_rescore_arguments
+    from .rescore_cmd import add_rescore_arguments
 
     add_rescore_arguments(_command(sub, "rescore", help="score a stored run again, without a model or a sandbox"))
     from .view import add_view_arguments

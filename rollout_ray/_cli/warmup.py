@@ -24,7 +24,7 @@ async def warm_up(executor: Executor, timeout: float = WARMUP_TIMEOUT, *, progra
     Raises:
         TimeoutError: an actor did not answer within ``timeout`` seconds.
     """
-    from .._ray.executor import RayExecutor
+    from .._ray.ray_executor import RayExecutor
 
     if not isinstance(executor, RayExecutor):
         return None

@@ -3,7 +3,7 @@
 ``PeerAgent`` is a ``UserSimulator`` whose model is the policy itself: its calls go through the
 rollout's own session, so they are recorded like the rollout agent's (token ids, loss mask,
 limits) but on a branch of their own (its own system prompt roots it), and each of its turns
-names the node it sampled (``UserTurn.agent_node``). ``_record/agents`` then tells whose
+names the node it sampled (``UserTurn.agent_node``). ``_record/agent_branches`` then tells whose
 branch is whose and gives each agent its sequences (the trainer batch per agent); a reward
 reads each agent's side with ``agent_messages``.
 

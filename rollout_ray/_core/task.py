@@ -239,7 +239,9 @@ class Task:
                         "to weigh: give fn=, or name one of the task's rewards"
                     )
                 weight = plug.weight if plug.weight is not None else (base.weight if base else 1.0)
-                decorated[name] = Hook(name, reward_fn, base.priority if base else 0, weight)
+                decorated[name] = Hook(
+                    name, reward_fn, base.priority if base else 0, weight, base.agent if base else None
+                )
         return sort_hooks(list(decorated.values()))
 
     async def score(self, trace: Trace, runtime: Any = None) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .._errors import UserSimulatorError
-from .._record.agents import agent_messages
+from .._record.agent_branches import agent_messages
 from .._record.messages import AssistantMessage, Message, Request, SystemMessage, UserMessage, text_of
 from .._record.trace import ModelCall, TimeSpan, Trace, UserTurn
 from .model import Model

@@ -20,6 +20,10 @@ A group is started when ``admission`` allows (the staleness bound, ``max_groups`
 asynchronous RL the driver owns the policy version and the weight-update pause
 (``PolicyOwner``; ``_core/policy_gate``), and with ``max_staleness`` a rollout still too old
 when its group is handed on is re-run or masked (``staleness``).
+
+Here: the run, its store, finalizer, stream and reporting. How samples are scheduled is
+``scheduling.py`` (``SampleScheduler``, inherited); the knobs it is steered by while it runs
+(slots, the ``"auto"`` bound, steering, the control endpoint) are wired in ``live_controls.py``.
 """
 
 from __future__ import annotations
@@ -30,49 +34,35 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import aclosing, contextmanager
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import pyarrow as pa
 
 from .._core.aio import unwrapped
 from .._core.harness import Harness
-from .._core.limits import LIMIT_FIELDS
 from .._core.model import Model
 from .._core.task import Task
-from .._errors import ProviderError, ResumeMismatch
+from .._errors import ResumeMismatch
 from .._hosting.executor import Executor
 from .._hosting.gc_tuning import tuned_for_rollouts
-from .._hosting.lookahead import lookahead
-from .._hosting.spec import RolloutSpec
 from .._record.arrow import RolloutRecord, warm_arrow
 from .._record.store import read_groups
-from .._record.trace import Trace
 from .admission import Admission
-from .attempts import run_attempts
-from .auto_in_flight import AutoInFlight, fleet_roots
-from .control import ControlServer
 from .eval_config import EvalConfig
-from .group_finalizer import Group, GroupFinalizer, Masks
+from .group_finalizer import Group, GroupFinalizer
+from .live_controls import LiveControls
 from .policy_owner import PolicyOwner
 from .progress import Progress, RunResult
 from .run_dir import RunDirectory
-from .slots import Slots
-from .staleness import split_stale
-from .steering import Steering
+from .scheduling import SampleScheduler, group_id_of
 
 __all__ = ["Driver", "EvalConfig", "Group", "Progress", "RunResult", "group_id_of"]
 
 log = logging.getLogger("rollout_ray")
 
 
-def group_id_of(position: int, task: Task) -> str:
-    """The group of the task at ``position`` in its taskset: the position (identical tasks are
-    distinct groups) and the task's key (a resume over a changed taskset is refused)."""
-    return f"{position}-{task.key[:16]}"
-
-
-class Driver(PolicyOwner):
+class Driver(SampleScheduler, PolicyOwner):
     """Runs ``tasks`` × ``config.samples_per_task`` rollouts on ``executor`` (once).
 
     Args:
@@ -148,13 +138,11 @@ class Driver(PolicyOwner):
             max_groups=config.max_groups,
         )
         self._tg: asyncio.TaskGroup | None = None
-        # Steered while it runs (``rollout-ray ctl``: steering, control); the rollouts run through it.
-        self._slots = Slots(AutoInFlight.start(config.max_in_flight))
-        self.in_flight = AutoInFlight(self._slots, fleet_roots(model)) if config.max_in_flight == "auto" else None
+        # Steered while it runs (``rollout-ray ctl``); the rollouts run through its slots and steering.
+        self._live = LiveControls(executor, self.progress, model, config.max_in_flight, stop=self._stopped_by_operator)
+        self._slots, self._steering = self._live.slots, self._live.steering
+        self.in_flight = self._live.auto
         """``max_in_flight="auto"``: the controller that sets the bound from the servers' /metrics."""
-        self._steering = Steering(
-            executor, self.progress, self._slots, stop=self._stopped_by_operator, auto=self.in_flight
-        )
         self._group_tasks: dict[str, tuple[int, Task]] = {}
         """With ``max_staleness``: the task of each group closed and not yet finalized."""
 
@@ -268,18 +256,13 @@ class Driver(PolicyOwner):
         await queue.put(None)
 
     async def _drive_run(self, queue: asyncio.Queue[Group | None], demand: asyncio.Semaphore) -> None:
-        finalizer = control = sampler = None
+        finalizer = None
         warm_arrow()  # in a thread, beside the first rollouts: not on the loop at the first group
         try:
             self._open_store()
-            if self.run_dir is not None:
-                control = ControlServer(self._steering, self.run_dir, run_id=self.run_id)
-                await control.start()
+            await self._live.start(self.run_dir, self.run_id)
             await self._announce_policy()
             finalizer = self._finalizer = self._make_finalizer(queue, demand)
-            if self.in_flight is not None:  # the first bound from the fleet as it is, before any rollout
-                await self.in_flight.sample()
-                sampler = asyncio.create_task(self.in_flight.run())
             # A lazy taskset is checked as it is planned, while rollouts run.
             with tuned_for_rollouts(), unwrapped(ResumeMismatch), self._error_unwrapped():
                 async with asyncio.TaskGroup() as tg:
@@ -290,11 +273,7 @@ class Driver(PolicyOwner):
                     finally:
                         finalizer.finish()
         finally:
-            if sampler is not None:
-                sampler.cancel()
-                await asyncio.gather(sampler, return_exceptions=True)
-            if self.in_flight is not None:
-                await self.in_flight.aclose()
+            await self._live.stop_sampling()
             try:
                 # Also on cancellation: what was finalized is kept, so a resume will not redo it.
                 if finalizer is not None:
@@ -303,8 +282,7 @@ class Driver(PolicyOwner):
                 # A write that failed (a link planted in the run dir, a full disk) still closes
                 # the store: the run's lock is released.
                 self._io.shutdown(wait=True)
-                if control is not None:
-                    await control.aclose(self.status, self.reason)
+                await self._live.aclose(self.status, self.reason)
                 if self._store is not None:
                     self._store.close()
                 if self.progress.stale:
@@ -361,44 +339,6 @@ class Driver(PolicyOwner):
                 raise leaves[0] from None
             raise
 
-    async def _rollouts(self) -> None:
-        """Every planned sample, at most ``max_in_flight`` at once, group by group as admission
-        allows, until done or halted."""
-        slots = self._slots
-        bound = self.executor.max_in_flight
-        if bound is not None and bound < slots.limit:
-            log.warning(
-                "the executor runs at most %d rollouts at once, below max_in_flight=%d: the rest wait for room in it",
-                bound,
-                slots.limit,
-            )
-        limits, timeouts = self.config.limits, self.config.timeouts
-        if all(getattr(limits, name) is None for name in LIMIT_FIELDS) and timeouts.agent is None:
-            log.warning(
-                "EvalConfig sets no turn, token or time limit: an agent that never stops runs forever; "
-                "set limits=RolloutLimits(max_turns=...) or timeouts=RolloutTimeouts(agent=...)"
-            )
-        # The executor hears what comes next (warm sandboxes per image, setup snapshots kept).
-        window = slots.limit if self.executor.looks_ahead else 0
-        planned = lookahead(
-            self._plan(), window, self.executor.prepare, tasks_of=lambda group: [group[1]] * len(group[3])
-        )
-        async with aclosing(planned), asyncio.TaskGroup() as tg:
-            while await self._admission.room():
-                self.progress.held = self._admission.held
-                group = await anext(planned, None)
-                if group is None:
-                    return
-                position, task, group_id, todo = group
-                self._admission.admit()
-                for n, sample_idx in enumerate(todo):
-                    await slots.acquire()
-                    if self._halt.is_set() and (n == 0 or not self._whole_groups):
-                        slots.release()
-                        return
-                    self.progress.in_flight += 1
-                    tg.create_task(self._one(position, task, group_id, sample_idx, slots))
-
     def _open_store(self) -> None:
         if self.run_dir is None:
             return
@@ -425,119 +365,11 @@ class Driver(PolicyOwner):
         if self._store.groups_at and self.config.max_groups is not None:
             self._admission.resumed(read_groups(self.run_dir))
 
-    def _plan(self) -> Iterator[tuple[int, Task, str, list[int]]]:
-        """Each group with samples to run, and those samples; a task is read when its group is planned."""
-        done = self._done
-        for position, task in enumerate(self.tasks):
-            group_id = group_id_of(position, task)
-            if self._store is not None:
-                self._store.check_task(position, group_id)
-            self._group_sizes[group_id] = self.config.samples_per_task
-            todo = [i for i in range(self.config.samples_per_task) if (group_id, i) not in done]
-            self.progress.skipped += self.config.samples_per_task - len(todo)
-            if todo:
-                yield position, task, group_id, todo
-
-    async def _one(self, position: int, task: Task, group_id: str, sample_idx: int, slots: Slots) -> None:
-        """One sample; its slot is held until its record is in (and, if it closes its group,
-        until the group is queued for the finalizer: ``finished_buffer``)."""
-        try:
-            try:
-                trace, attempt, attempts = await run_attempts(
-                    self._steering.run,
-                    lambda: self._spec(task, f"{group_id}#{sample_idx}"),
-                    self._redo.pop((group_id, sample_idx), None),
-                    retries=self.config.max_infra_retries,
-                    retry_failed=self.config.retry_failed,
-                    on_retry=self._retried,
-                    run_id=self.run_id,
-                )
-            finally:
-                self.progress.in_flight -= 1
-            self._count(trace)
-            members = self._pending.setdefault(group_id, [])
-            members.append(RolloutRecord(trace, self.run_id, group_id, sample_idx, attempt, position, attempts))
-            if len(members) == self._group_sizes[group_id]:
-                del self._pending[group_id]
-                if self.config.max_staleness is not None:
-                    self._group_tasks[group_id] = (position, task)
-                assert self._finalizer is not None
-                await self._finalizer.close(group_id, members)
-        finally:
-            slots.release()
-        self._report()
-
-    def _fresh_or_rerun(self, group_id: str, members: list[RolloutRecord]) -> Masks | None:
-        """As the finalizer finalizes a group (``max_staleness``): keep it if no member is too old
-        for the current policy; else mask those (``stale_samples="mask"``: the masks), or drop
-        them, run their samples again and keep the group pending until they are back (``None``)."""
-        position, task = self._group_tasks.pop(group_id)
-        assert self.config.max_staleness is not None and self._tg is not None
-        fresh, stale = split_stale(members, self._policy_version, self.config.max_staleness)
-        if not stale:
-            return {}
-        if self.config.stale_samples == "mask":
-            self.progress.masked += len(stale)
-            return {record.sample_idx: "stale" for record in stale}
-        self._pending[group_id] = fresh
-        for record in stale:
-            self.progress.stale += 1
-            self.progress.count(record.trace.ok, record.trace.reward, sign=-1)
-            self._tg.create_task(self._again(position, task, group_id, record.sample_idx))
-        return None
-
-    async def _again(self, position: int, task: Task, group_id: str, sample_idx: int) -> None:
-        """A stale sample's new run, when there is room (a halted run leaves its group incomplete)."""
-        assert self._finalizer is not None
-        await self._slots.acquire()
-        if self._halt.is_set():
-            self._slots.release()
-            self._finalizer.abandon(group_id)
-            return
-        self.progress.in_flight += 1
-        await self._one(position, task, group_id, sample_idx, self._slots)
-
-    def _spec(self, task: Task, label: str = "") -> RolloutSpec:
-        c = self.config
-        return RolloutSpec(
-            task,
-            self.harness,
-            self.model,
-            limits=c.limits,
-            timeouts=c.timeouts,
-            model_name=c.model_name,
-            sampling=dict(c.sampling),
-            label=label,
-        )
-
-    def _retried(self) -> None:
-        self.progress.retried += 1
-
-    def _count(self, trace: Trace) -> None:
-        self.progress.count(trace.ok, trace.reward)
-        last = trace.last_error
-        if not trace.ok and last is not None and last.is_a(ProviderError):
-            self._provider_streak += 1
-            if self._provider_streak >= self.config.breaker and not self._halt.is_set():
-                self.status = "halted"
-                self.reason = (
-                    f"circuit breaker: {self._provider_streak} consecutive provider "
-                    f"failures (last: {last.message[:200]})"
-                )
-                self._halt.set()
-                self._admission.stop()
-        else:
-            self._provider_streak = 0
-
     def _report(self, force: bool = False) -> None:
         """Call ``on_progress`` when due. If it raises, the run fails with its error: raised
         here, and by ``groups`` / ``arun`` (the callback is not called again)."""
         now = time.monotonic()
-        if self.in_flight is not None:
-            self.progress.target, self.progress.target_why = (
-                self.in_flight.target.target,
-                self.in_flight.status()["why"],
-            )
+        self._live.report(self.progress)
         if self._on_progress is None or self._callback_error is not None:
             return
         if force or now - self._last_report >= self._progress_every:

@@ -42,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._record.arrow import RolloutRecord, records_to_table
-from .batch import batch_arrays
+from .batch import agent_batches, batch_arrays
 from .bounded_call import JUDGE_TIMEOUT
 from .eval_config import KeepGroup
 from .finalize import FinalizeConfig, GroupJudge, finalize
@@ -111,6 +111,15 @@ class Group:
             ValueError: a sequence is longer than ``pad_to``, or the samples have no token columns.
         """
         return batch_arrays(self.samples, pad_to=pad_to, pad_id=pad_id)
+
+    def batch_by_agent(self, pad_to: int | None = None, pad_id: int = 0) -> dict[str, dict[str, np.ndarray]]:
+        """A multi-agent group's batch per agent (agent name → ``batch``'s arrays of that
+        agent's sequences, with that agent's own advantages: ``_driver/batch.py``).
+
+        Raises:
+            ValueError: as ``batch``, and for samples written before schema version 6.
+        """
+        return agent_batches(self.samples, pad_to=pad_to, pad_id=pad_id)
 
 
 Masks = dict[int, str]

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from .._core.harness import HarnessContext
-from .._record.agents import agent_messages
+from .._record.agent_branches import agent_messages
 from .._record.messages import Message, SystemMessage, UserMessage
 from .._record.openai_codec import wire_message
 

@@ -15,10 +15,10 @@ from .._runtimes.host import RuntimeHost, runtime_kind
 from .._serving.proxy import HTTPInterception
 from .._serving.tool_server import ToolServer
 from .executor import Executor
-from .host import build_rollout
 from .lazy_runtime import LazyRuntime
 from .live import live_report
 from .lookahead import wanted
+from .rollout_host import build_rollout
 from .spec import RolloutSpec
 
 

@@ -2,7 +2,7 @@
 
 The one record that goes out (a ``Trace`` is the one that comes back): the driver makes it,
 the executor carries it (on Ray, shipped to a rollout actor), and the host builds the
-``Rollout`` it describes with that host's own services (``host.build_rollout``). A record:
+``Rollout`` it describes with that host's own services (``rollout_host.build_rollout``). A record:
 no behaviour of its own.
 """
 

@@ -11,10 +11,11 @@ from typing import Any
 import msgspec
 from ray.exceptions import RayActorError
 
-from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
+from .._core.runtime import DEFAULT_OUTPUT_CAP, OpenProgram, ProgramResult, Runtime
 from .._errors import InfrastructureLost, RuntimeStopped, SandboxError
 from .._hosting.lazy_runtime import LazyRuntime
 from .._record.trace import RuntimeInfo
+from .._runtimes.open_program import connect_program
 from .._runtimes.providers import provider
 from .calls import call
 
@@ -166,16 +167,31 @@ class RemoteRuntime(Runtime):
         # The program's own timeout bounds it, plus time to kill it; an exec without one is
         # bounded by the rollout's deadline of the phase that runs it.
         wait = None if timeout is None else timeout + CALL_TIMEOUT
-        return await self._call(
+        return await self._call(  # type: ignore[no-any-return]
             "exec",
             self.name,
             list(argv),
             wait=wait,
-            env=dict(env or {}),  # type: ignore[no-any-return]
+            env=dict(env or {}),
             timeout=timeout,
             max_output=max_output,
             stdin=stdin,
         )
+
+    async def open_program(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, limit: int = 1 << 16
+    ) -> OpenProgram:
+        """Held open by the runtime actor, reached over loopback: the actor is on this node (a
+        rollout actor's runtimes are; a borrowed runtime of another node's pool is not)."""
+        await self._provision()
+        port, token = await self._call("open_program", self.name, list(argv), dict(env or {}))
+        try:
+            return await connect_program(port, token, limit)
+        except OSError as e:
+            raise SandboxError(
+                f"runtime {self.name!r}: cannot reach its program {argv[0]!r} on loopback port {port} "
+                f"(is its runtime actor on another node?): {e}"
+            ) from None
 
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
         await self._provision()

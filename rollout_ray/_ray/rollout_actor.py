@@ -29,11 +29,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .._core.policy_gate import process_gate
 from .._errors import InfrastructureLost
 from .._hosting.gc_tuning import tune_for_rollouts
-from .._hosting.host import RolloutHost
 from .._hosting.node_services import LEASE_SECONDS
+from .._hosting.rollout_host import RolloutHost
 from .._record.messages import Message
 from .._record.trace import Trace
 from .._runtimes.host import runtime_kind
+from . import shared_cluster  # noqa: F401 - makes scope="cluster" shared servers work here
 from .calls import call
 from .node_services_client import NodeServicesRef, RayInterception, RayToolServer
 from .remote_runtime import owned_runtime

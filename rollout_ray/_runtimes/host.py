@@ -31,6 +31,7 @@ from .cgroup import HostCgroups, tracking_controller
 from .guardian import HOST_MARKER
 from .image_cache import default_image_cache
 from .keeper import Keeper, socket_pair
+from .open_program import serve_program
 from .start_gate import StartGate, node_gate
 from .warm_pool import DEFAULT_MAX_IDLE, WarmPool
 
@@ -282,6 +283,13 @@ class RuntimeHost:
         stdin: bytes | None = None,
     ) -> ProgramResult:
         return await self._get(name).exec(argv, env=env, timeout=timeout, max_output=max_output, stdin=stdin)
+
+    async def open_program(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> tuple[int, str]:
+        """``Runtime.open_program`` for a caller in another process on this node: the program's
+        stdin/stdout on a loopback port, ``(port, token)`` (``open_program.serve_program``)."""
+        return await serve_program(await self._get(name).open_program(argv, env=env))
 
     async def prepare_execution(self, name: str, routes: Sequence[str] | None) -> None:
         await self._get(name).prepare_execution(routes)

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
+from .._core.runtime import DEFAULT_OUTPUT_CAP, OpenProgram, PipedProgram, ProgramResult, Runtime
 from .._errors import SandboxError
 from .cgroup import JOIN_CGROUPS, JOIN_FAILED, KILL_BUDGET, Cgroups, Parent, tracking_controller
 from .files import components, read_beneath, remove_tree, write_beneath
@@ -361,6 +361,33 @@ class LocalRuntime(Runtime):
             stderr_truncated=proto.truncated[2],
             timed_out=timed_out,
         )
+
+    async def open_program(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, limit: int = 1 << 16
+    ) -> OpenProgram:
+        """``Runtime.open_program``: spawned as an ``exec`` is (so a sandbox's is sandboxed),
+        in its own session; ``stop()`` kills it with the runtime's other programs."""
+        argv = list(argv)
+        if not argv:
+            raise ValueError("open_program needs a program to run")
+        what, token = f"program {argv[0]!r}", uuid.uuid4().hex
+        program_env = self._program_env(env, token)
+        command, workdir = self._command(argv, program_env), self._spawn_dir(what)
+        self._spawned = True  # before the fork: a stop during the spawn must still scan
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                env=program_env,
+                cwd=workdir,
+                limit=limit,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise SandboxError(f"cannot start {what} in runtime {self.name!r}: {e}") from e
+        return PipedProgram(process, lambda: _kill_marked(EXEC_MARKER, token, process.pid))
 
     async def _spawn(
         self, command: list[str], env: Mapping[str, str], max_output: int, with_stdin: bool, what: str

@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
+from .._core.runtime import DEFAULT_OUTPUT_CAP, OpenProgram, PipedProgram, ProgramResult, Runtime
 from .._errors import SandboxError
 from .files import components
 from .grader import grading_env, write_grader_files
@@ -400,6 +400,38 @@ class PodmanRuntime(Runtime):
             stderr_truncated=err_cut,
             timed_out=timed_out,
         )
+
+    async def open_program(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, limit: int = 1 << 16
+    ) -> OpenProgram:
+        """``Runtime.open_program``: ``podman exec -i``, marked as an exec is, so its kill (and
+        the runtime's stop) ends every process it started in the container."""
+        argv = list(argv)
+        if not argv:
+            raise ValueError("open_program needs a program to run")
+        self._require_running(f"run {argv[0]!r}")
+        token = uuid.uuid4().hex
+        command, client_env = _exec_command(
+            self.container, argv, {**(env or {}), EXEC_MARKER: token}, self.workdir, True
+        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                env=client_env,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                limit=limit,
+            )
+        except OSError as e:
+            raise SandboxError(f"cannot start program {argv[0]!r} in runtime {self.name!r}: {e}") from e
+
+        async def kill() -> None:  # the container's processes first, then the podman client
+            await self._kill(token)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+
+        return PipedProgram(proc, kill)
 
     def _path(self, path: str) -> str:
         if os.path.isabs(path):

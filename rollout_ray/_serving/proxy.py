@@ -46,7 +46,7 @@ from .._core.session import RolloutSession
 from .._errors import Refusal, RolloutError, UpstreamError, WireError
 from .._record.messages import Message, Response
 from .dialects import Dialect, Parsed, all_dialects
-from .dialects.chat import ChatCompletions
+from .dialects.chat_completions import ChatCompletions
 from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
 
 log = logging.getLogger("rollout_ray")

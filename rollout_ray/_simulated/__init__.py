@@ -7,7 +7,7 @@ dialect), ``request_draws`` (each request's draws), ``completion`` (one choice: 
 log-probabilities, draws, per policy version), ``engine_state`` (policy version over time, pause,
 generations in flight), ``decoding`` (token by token on the engine's clock, continuing a
 completion), ``dialects`` and ``plain`` (the chat shapes with and without token capture),
-``generate`` (the token-in routes), ``weight_routes`` (abort, pause, weights), ``sse``, ``server``
+``generate`` (the token-in routes), ``weight_routes`` (abort, pause, weights), ``sse``, ``model_server``
 (HTTP, faults, latency); the opt-in capacity model: ``kv_cache`` (blocks, prefix cache),
 ``scheduler`` (batch steps, waiting queue, preemption), ``batcher`` (on the clock, ``/metrics``).
 """

@@ -1,6 +1,6 @@
 """One choice of a chat completion: its answer, its token ids, its log-probabilities.
 
-Draws (blake2b throughout; ``conversation`` and ``digest`` come from the server, ``server.py``):
+Draws (blake2b throughout; ``conversation`` and ``digest`` come from the server, ``model_server.py``):
 
 - temperature 0 (or none): choice 0's error draw is ``digest[8:16]``, choice ``i > 0``
   draws ``blake2b(digest, i)``; log-probabilities are seeded by ``conversation`` alone (the

@@ -1,7 +1,7 @@
 """Token capture in the shapes of vLLM and of SGLang: JSON bodies and SSE chunks.
 
 A request asks for token details with a dialect's request extensions (below); without any,
-the server answers in its plain OpenAI shape (``server.py``) and none of this applies.
+the server answers in its plain OpenAI shape (``model_server.py``) and none of this applies.
 
 vLLM (shapes recorded from a live vLLM 0.32.0 serving the tiny model of ``scripts/vllm_cpu/``;
 ``tests/real_server`` checks the real server against them):

@@ -1,5 +1,5 @@
 """What the route modules (``weight_routes``, ``generate``) use of the simulated model's server: a
-protocol, so that they need not import ``server``, which adds their routes."""
+protocol, so that they need not import ``model_server``, which adds their routes."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from .decoding import Decoder
 from .engine_state import Engine, Flight
 from .request import ChatCall
 from .request_draws import Attempts
+
+POLICY_HEADER = "X-Policy-Version"
+"""The policy version an answer was produced under, on every response of the server."""
 
 
 class Served(Protocol):

@@ -28,7 +28,7 @@ SGLang (``python/sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.p
   0}``: holds new requests until those in flight finish (unless aborted), then loads version 3
   (``weight_version`` is required here: it is the simulated model's weights);
   ``POST /update_weight_version`` ``{"new_version": "3"}`` → ``{"success": true, "message": ...,
-  "new_version": "3"}``. ``GET /model_info`` reports ``weight_version`` (``server.py``).
+  "new_version": "3"}``. ``GET /model_info`` reports ``weight_version`` (``model_server.py``).
 
 Versions are non-negative integers here, written as strings on the wire as both engines do.
 """

@@ -9,7 +9,7 @@ before anything runs, in one line naming it (``mapping.refusal``).
 
 from __future__ import annotations
 
-from .taskset import v1_taskset as v1_taskset
-from .taskset import verifiers_tasks as verifiers_tasks
+from .v1_taskset import v1_taskset as v1_taskset
+from .v1_taskset import verifiers_tasks as verifiers_tasks
 
 __all__ = ["v1_taskset", "verifiers_tasks"]

@@ -273,6 +273,6 @@ def test_a_setting_that_may_be_meant_is_a_warning_and_the_run_goes_on(tmp_path: 
 def test_help_says_how_many_actors_by_default() -> None:
     done = subprocess.run([*CLI, "eval", "--help"], capture_output=True, text=True, timeout=60)
     assert "one per CPU of the cluster, at most 32" in " ".join(done.stdout.split())
-    from rollout_ray._ray.executor import DEFAULT_ACTORS_CAP
+    from rollout_ray._ray.ray_executor import DEFAULT_ACTORS_CAP
 
     assert DEFAULT_ACTORS_CAP == 32

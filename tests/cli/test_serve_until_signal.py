@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from rollout_ray._cli.interrupt import Stop, serve_until_signal
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 
 def _port(url: str) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rollout_ray._cli.taskset import import_taskset, taskset_harness, taskset_tasks
+from rollout_ray._cli.taskset_loader import import_taskset, taskset_harness, taskset_tasks
 from rollout_ray._cli.warmup import warm_up
 
 CALC = str(pathlib.Path(__file__).parents[2] / "examples" / "calc_tool.py")
@@ -26,8 +26,8 @@ def test_without_ray_there_is_nothing_to_warm() -> None:
 def test_after_warm_up_the_actors_answer_and_setup_is_short(ray_cluster: Any) -> None:
     from rollout_ray import Driver, EvalConfig, OpenAIModel, SimulatedModelServer
     from rollout_ray._ray.calls import call
-    from rollout_ray._ray.executor import RayExecutor
     from rollout_ray._ray.node_service_actor import node_service_actor
+    from rollout_ray._ray.ray_executor import RayExecutor
 
     module = import_taskset(CALC)
     tasks, harness = taskset_tasks(module, CALC, 2), taskset_harness(module, CALC)

@@ -25,7 +25,7 @@ from rollout_ray._record.messages import text_of
 from rollout_ray._record.tokens import token_sequences
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 from rollout_ray.testing import MemoryRuntime, Reply, ScriptedHarness, ScriptedModel
 
 from conftest import make_rollout, run

@@ -17,7 +17,7 @@ from rollout_ray._driver.fleet_target import FleetSample
 from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import CapacityConfig, SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 from conftest import tasks
 

@@ -227,7 +227,7 @@ def test_a_run_directory_is_not_overwritten_without_resume(tmp_path: Any) -> Non
 
 @pytest.mark.ray
 def test_eval_of_200_rollouts_on_local_ray(ray_cluster: Any, tmp_path: Any) -> None:
-    from rollout_ray._ray.executor import RayExecutor
+    from rollout_ray._ray.ray_executor import RayExecutor
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     config = EvalConfig(samples_per_task=4, max_in_flight=64)
@@ -260,8 +260,8 @@ def test_a_killed_rollout_actor_becomes_a_retry_within_seconds(ray_cluster: Any,
 
     from rollout_ray._hosting.node_services import LEASE_SECONDS
     from rollout_ray._ray.calls import NAMESPACE
-    from rollout_ray._ray.executor import RayExecutor
     from rollout_ray._ray.node_service_actor import SERVICES_PREFIX
+    from rollout_ray._ray.ray_executor import RayExecutor
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     fifo, marker = str(tmp_path / "started"), str(tmp_path / "marker")

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from rollout_ray import Harness, ProgramResult, RolloutSpec, Task
-from rollout_ray._ray.executor import RayExecutor
+from rollout_ray._ray.ray_executor import RayExecutor
 from rollout_ray.testing import ScriptedModel
 
 

@@ -26,7 +26,7 @@ from ray.cluster_utils import Cluster
 
 from rollout_ray import ChatHarness, Task, Trace, reward
 from rollout_ray._driver.driver import Driver, EvalConfig
-from rollout_ray._ray.executor import RayExecutor
+from rollout_ray._ray.ray_executor import RayExecutor
 from rollout_ray.testing import ScriptedModel
 
 # Node death detected in ~1 s instead of Ray's default ~30 s (health checks every 3 s, 5 misses).

@@ -516,7 +516,7 @@ class FreezesOnce(ChatHarness):
 def test_a_frozen_rollout_actor_is_killed_and_its_rollouts_retried(ray_cluster: Any, tmp_path: Path) -> None:
     ray = ray_cluster
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import it
-    from rollout_ray._ray.executor import RayExecutor
+    from rollout_ray._ray.ray_executor import RayExecutor
 
     async def main() -> tuple[RunResult, float, str, list[int]]:
         inner = RayExecutor(actors=1, capacity=2, probe_interval=0.2, probe_timeout=1.0)

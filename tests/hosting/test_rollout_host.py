@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from rollout_ray import InfrastructureLost, LocalInterception
-from rollout_ray._hosting.host import RolloutHost
+from rollout_ray._hosting.rollout_host import RolloutHost
 from rollout_ray._hosting.spec import RolloutSpec
 from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel
 

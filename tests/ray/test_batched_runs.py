@@ -18,7 +18,7 @@ from rollout_ray.testing import Reply, ScriptedModel
 ray = pytest.importorskip("ray")
 
 from rollout_ray._hosting.spec import RolloutSpec  # noqa: E402
-from rollout_ray._ray.executor import RayExecutor  # noqa: E402
+from rollout_ray._ray.ray_executor import RayExecutor  # noqa: E402
 from rollout_ray._ray.rollout_client import RolloutActor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

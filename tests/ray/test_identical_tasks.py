@@ -14,7 +14,7 @@ from rollout_ray.testing import ScriptedModel
 
 ray = pytest.importorskip("ray")
 
-from rollout_ray._ray.executor import RayExecutor  # noqa: E402
+from rollout_ray._ray.ray_executor import RayExecutor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]

@@ -22,7 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "serving"))
 import interrupt_rig  # noqa: E402
 from interrupt_rig import check_continued, update_mid_generation  # noqa: E402
 
-from rollout_ray._ray.executor import RayExecutor  # noqa: E402
+from rollout_ray._ray.ray_executor import RayExecutor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ray.cloudpickle.register_pickle_by_value(interrupt_rig)

@@ -27,8 +27,8 @@ from conftest import process_alive, wait_exit
 ray = pytest.importorskip("ray")
 
 from rollout_ray._hosting.node_services import LEASE_SECONDS  # noqa: E402
-from rollout_ray._ray.executor import RayExecutor  # noqa: E402
 from rollout_ray._ray.node_service_actor import node_service_actor  # noqa: E402
+from rollout_ray._ray.ray_executor import RayExecutor  # noqa: E402
 from rollout_ray._ray.rollout_client import RolloutActor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

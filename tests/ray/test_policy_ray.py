@@ -23,8 +23,8 @@ from conftest import tasks
 ray = pytest.importorskip("ray")
 
 from rollout_ray._ray.calls import call  # noqa: E402
-from rollout_ray._ray.executor import RayExecutor  # noqa: E402
 from rollout_ray._ray.node_service_actor import node_service_actor  # noqa: E402
+from rollout_ray._ray.ray_executor import RayExecutor  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]

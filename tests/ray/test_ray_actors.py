@@ -19,7 +19,7 @@ from conftest import process_alive as _alive
 ray = pytest.importorskip("ray")
 
 from rollout_ray._hosting.spec import RolloutSpec  # noqa: E402
-from rollout_ray._ray.executor import RayExecutor  # noqa: E402
+from rollout_ray._ray.ray_executor import RayExecutor  # noqa: E402
 from rollout_ray._ray.rollout_client import RolloutActor  # noqa: E402
 from rollout_ray._ray.runtime_actor import RuntimeActor  # noqa: E402
 from rollout_ray._runtimes.guardian import BUDGET  # noqa: E402

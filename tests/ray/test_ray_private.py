@@ -25,13 +25,13 @@ from rollout_ray.testing import ScriptedModel
 
 ray = pytest.importorskip("ray")
 
-from rollout_ray._ray.executor import RayExecutor  # noqa: E402
+from rollout_ray._ray.ray_executor import RayExecutor  # noqa: E402
 
 pytestmark = pytest.mark.security  # who can reach the cluster, and what a driver ships to it
 
 PROBE = textwrap.dedent("""
     import asyncio, json, os, ray
-    from rollout_ray._ray.executor import RayExecutor
+    from rollout_ray._ray.ray_executor import RayExecutor
 
     def ray_processes():
         # The commands of this Ray's processes (their command lines name its temp dir).

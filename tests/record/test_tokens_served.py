@@ -15,7 +15,7 @@ from rollout_ray._record.arrow import RolloutRecord, records_to_table
 from rollout_ray._record.tokens import full_prompt, token_sequences
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 from rollout_ray._simulated.tokenizer import IM_END
 
 CALC = Tool("calc", "Evaluate arithmetic.", {"type": "object", "properties": {"expression": {"type": "string"}}})

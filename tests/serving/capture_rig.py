@@ -19,7 +19,7 @@ from rollout_ray._record.openai_stream import StreamAssembler
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 

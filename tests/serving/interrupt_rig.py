@@ -27,7 +27,7 @@ from rollout_ray import (
 from rollout_ray._core.policy_gate import PolicyGate
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 PER_TOKEN = 0.002
 LONG = {

@@ -18,7 +18,7 @@ from rollout_ray._record.tokens import token_sequences
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 PROGRAMS = Path(__file__).parent / "programs"
 

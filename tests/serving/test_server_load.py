@@ -12,7 +12,7 @@ from aiohttp import web
 from rollout_ray._serving.affinity import ServerPool
 from rollout_ray._serving.server_load import LoadReader, parse_load
 from rollout_ray._simulated.config import CapacityConfig, SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 SGLANG = """# TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{model_name="m",engine_type="unified"} 5.0

@@ -18,7 +18,7 @@ from rollout_ray._record.openai_codec import encode_request
 from rollout_ray._record.tokens import full_prompt, token_sequences
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 from rollout_ray._simulated.template import render
 from rollout_ray._simulated.tokenizer import IM_END, decode, encode
 

@@ -19,7 +19,7 @@ from rollout_ray._core.upstream_fields import FORCED_TOOL, NOT_FORWARDED
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 pytestmark = pytest.mark.security
 

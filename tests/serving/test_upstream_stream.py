@@ -10,7 +10,7 @@ from rollout_ray._errors import ProviderError
 from rollout_ray._record.messages import Request, UserMessage
 from rollout_ray._serving.upstream import LineSplitter, OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 EVENTS = [
     b'data: {"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[1,2]}',

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 Client = Callable[..., Awaitable[tuple[int, bytes]]]
 """``await post(payload)`` (or ``post(None, raw)``): ``(status, body)`` of a chat completion."""

@@ -18,8 +18,8 @@ from sim_client import run, until
 from rollout_ray._simulated.completion import Draw, preamble_length
 from rollout_ray._simulated.config import CapacityConfig, SimulatedModelConfig
 from rollout_ray._simulated.kv_cache import Seq
+from rollout_ray._simulated.model_server import SimulatedModelServer
 from rollout_ray._simulated.scheduler import Scheduler
-from rollout_ray._simulated.server import SimulatedModelServer
 from rollout_ray._simulated.template import body as assistant_body
 from rollout_ray._simulated.tokenizer import encode
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from sim_client import call, events, run, until, user
 
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 from rollout_ray._simulated.template import render
 from rollout_ray._simulated.tokenizer import decode
 

@@ -11,7 +11,7 @@ import pytest
 from sim_client import events, user
 
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 QUESTION = {"messages": user("What is 17 + 25?")}
 

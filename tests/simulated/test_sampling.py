@@ -17,8 +17,8 @@ from rollout_ray._simulated.completion import Draw, choose, error_probability
 from rollout_ray._simulated.config import SimulatedModelConfig
 from rollout_ray._simulated.dialects import sglang_events, vllm_events
 from rollout_ray._simulated.logprobs import Scorer, score
+from rollout_ray._simulated.model_server import SimulatedModelServer
 from rollout_ray._simulated.request import parse
-from rollout_ray._simulated.server import SimulatedModelServer
 from rollout_ray._simulated.tokenizer import encode
 
 CAPTURE = {"return_token_ids": True, "logprobs": True, "top_logprobs": 2}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sim_client import Client, ask, assemble, events, serve, user
 
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 from rollout_ray._simulated.template import render
 from rollout_ray._simulated.tokenizer import IM_END, decode, token_text
 

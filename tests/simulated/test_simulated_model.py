@@ -16,7 +16,7 @@ from sim_client import Client, assemble, events, serve, user
 
 from rollout_ray._simulated.answers import cap_completion, evaluate, prompt_tokens, respond
 from rollout_ray._simulated.config import SimulatedModelConfig
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 
 CFG = SimulatedModelConfig()
 ADD_TOOL = {

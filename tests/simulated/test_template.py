@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from sim_client import Client, serve, user
 
-from rollout_ray._simulated.server import SimulatedModelServer
+from rollout_ray._simulated.model_server import SimulatedModelServer
 from rollout_ray._simulated.template import Parsed, body, parse, render, text_of
 from rollout_ray._simulated.tokenizer import IM_END, IM_START, SPECIAL_TOKENS, decode, encode
 

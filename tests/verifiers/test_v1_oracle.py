@@ -61,7 +61,7 @@ def _executor(kind: str, request: pytest.FixtureRequest) -> Any:
     if kind == "local":
         return LocalExecutor(runtime="local")
     ray = request.getfixturevalue("ray_cluster")
-    from rollout_ray._ray.executor import RayExecutor
+    from rollout_ray._ray.ray_executor import RayExecutor
 
     for name in ("v1_qa", "v1_hooks", "v1_tools"):  # the workers do not have envs/ on their path
         module = __import__(name)

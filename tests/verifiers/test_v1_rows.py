@@ -10,8 +10,8 @@ import verifiers.v1 as vf
 
 from rollout_ray import RolloutTimeouts
 from rollout_ray._runtimes.local import LocalRuntime
-from rollout_ray._verifiers.runtime import V1Runtime
-from rollout_ray._verifiers.task import V1Task, adapter_class
+from rollout_ray._verifiers.v1_runtime import V1Runtime
+from rollout_ray._verifiers.v1_task import V1Task, adapter_class
 
 
 class QA(vf.TaskData):

@@ -69,7 +69,7 @@ def _executor(kind: str, request: pytest.FixtureRequest) -> Any:
     if kind == "local":
         return LocalExecutor(runtime="local")
     request.getfixturevalue("ray_cluster")
-    from rollout_ray._ray.executor import RayExecutor
+    from rollout_ray._ray.ray_executor import RayExecutor
 
     return RayExecutor(actors=1, runtime="local")  # the example is a .py file: its module travels by value
 

@@ -22,7 +22,7 @@ To add a dialect: a module here with a ``Dialect`` subclass (``dialect.py``), li
 from __future__ import annotations
 
 from .anthropic import AnthropicMessages
-from .chat import ChatCompletions
+from .chat_completions import ChatCompletions
 from .dialect import Dialect, Parsed
 from .responses import Responses
 

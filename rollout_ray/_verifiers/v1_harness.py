@@ -1,6 +1,6 @@
 """A v1 taskset's own ``vf.Harness`` (a program harness) as our ``Harness``: its ``setup``
 and ``launch`` run unchanged in our rollout's runtime (with upstream's calls,
-``runtime.py``), the program reaching the model through our proxy (``ctx.endpoint`` and
+``v1_runtime.py``), the program reaching the model through our proxy (``ctx.endpoint`` and
 ``ctx.secret``, what upstream hands it from its interception). A non-zero exit is our
 ``HarnessError``, as upstream's ``_check_result`` makes it; a ``@stop`` that ended the
 rollout mid-program makes its exit expected, as upstream's.
@@ -16,7 +16,7 @@ from typing import Any
 
 from .._core.harness import Harness, HarnessContext
 from .._core.runtime import ProgramResult
-from .runtime import V1Runtime
+from .v1_runtime import V1Runtime
 
 
 class V1Harness(Harness):

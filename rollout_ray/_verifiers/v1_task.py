@@ -1,7 +1,7 @@
 """One verifiers v1 ``Task`` as ours: its row as our ``TaskData`` (the v1 fields we share
 mapped, its own fields kept), its ``@reward`` / ``@metric`` hooks scored by our rollout with
 the v1 row as ``task``, as upstream's ``Task.score`` calls them, its toolsets as ours
-(``toolset.py``)."""
+(``v1_toolset.py``)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pydantic import ConfigDict
 from .._core.hooks import Hook, HookKind
 from .._core.task import Task, TaskData
 from .boundary import as_our_hook, routing
-from .runtime import v1_runtime
-from .toolset import refusal as toolset_refusal
-from .toolset import toolset_class
+from .v1_runtime import v1_runtime
+from .v1_toolset import refusal as toolset_refusal
+from .v1_toolset import toolset_class
 
 # Upstream TaskData fields whose default means "nothing asked": a row that sets one asks for
 # a feature this adapter does not map yet, and is refused rather than run without it.
@@ -58,7 +58,7 @@ class V1Task(Task):
 
     async def setup(self, trace: Any, runtime: Any) -> None:
         """The v1 task's ``setup`` with our trace (it reads as upstream's) and our runtime
-        with upstream's calls (``runtime.py``)."""
+        with upstream's calls (``v1_runtime.py``)."""
         await self.upstream.setup(trace, v1_runtime(runtime))
 
     async def finalize(self, trace: Any, runtime: Any) -> None:

@@ -1,7 +1,7 @@
 """The built-in simulated model: a deterministic, OpenAI-compatible chat completions server.
 
 Routes: ``POST /v1/chat/completions`` (JSON and SSE; ``n`` choices; token capture in the
-vLLM and SGLang shapes, ``dialects.py``), ``GET /v1/models``, ``GET /health``, the info
+vLLM and SGLang shapes, ``dialects.py``; the answer once admitted: ``chat_answer.py``), ``GET /v1/models``, ``GET /health``, the info
 route of ``config.dialect`` so a client can tell the dialect (vLLM: ``GET /version`` →
 ``{"version": ...}``; SGLang: ``GET /model_info`` and its older name ``/get_model_info``,
 with ``weight_version``), the dialect's interrupt and weight routes (``weight_routes.py``) and its
@@ -34,44 +34,28 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field, replace
-from functools import partial
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from .answers import prompt_tokens
 from .batcher import Batcher, metrics_route
+from .chat_answer import captured_answer, plain_answer
 from .completion import Choice, Draw, choose
 from .config import SimulatedModelConfig
 from .decoding import Decoder, Token, produce
-from .dialects import (
-    sglang_completion,
-    sglang_end,
-    sglang_opening,
-    sglang_token,
-    usage_chunk,
-    vllm_abort,
-    vllm_completion,
-    vllm_opening,
-    vllm_token,
-)  # fmt: skip
 from .engine_state import Engine, Flight
 from .generate import add_token_routes
-from .plain import plain_events
 from .rendering import add_rendering_routes
 from .request import ChatCall, Invalid, parse
-from .request_draws import Attempt, Attempts
-from .sse import SSE
-from .template import body as assistant_body
+from .request_draws import Attempts
+from .served import POLICY_HEADER
 from .template import render
-from .tokenizer import IM_END, encode
 from .weight_routes import add_control_routes
 
 __all__ = ["SimulatedModelConfig", "SimulatedModelServer", "SimulatedModelStats"]
 
-POLICY_HEADER = "X-Policy-Version"
 VLLM_VERSION = "0.32.0+simulated"
 """What ``GET /version`` says: the vLLM release whose shapes are emulated."""
 # Long enough for in-flight answers to finish, short enough that stop() never hangs.
@@ -115,7 +99,7 @@ class SimulatedModelServer:
         capacity = self.config.capacity
         self.batcher = None if capacity is None else Batcher(capacity, self.engine)
         # With the capacity model its steps time every generation: nothing is added per request.
-        self._ttft, self._per_token = (0.0, 0.0) if capacity else (self.config.ttft, self.config.per_token)
+        self.ttft, self.per_token = (0.0, 0.0) if capacity else (self.config.ttft, self.config.per_token)
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
 
@@ -229,7 +213,7 @@ class SimulatedModelServer:
         self.policy_version = version
         return _json(200, {"version": version})
 
-    def _reply(self, status: int, payload: bytes, version: int | None = None) -> web.Response:
+    def reply(self, status: int, payload: bytes, version: int | None = None) -> web.Response:
         self.stats.by_status[status] += 1
         response = web.Response(status=status, body=payload, content_type="application/json")
         if version is not None:
@@ -241,12 +225,12 @@ class SimulatedModelServer:
     ) -> web.Response:
         """An OpenAI-style error body: ``{"error": {message, type, param, code}}``."""
         error = {"message": message, "type": kind, "param": param, "code": code}
-        return self._reply(status, _encode({"error": error}))
+        return self.reply(status, _encode({"error": error}))
 
     def _invalid(self, exc: Invalid) -> web.Response:
         if exc.sglang:
             flat = {"object": "error", "message": str(exc), "type": "BadRequest", "param": None, "code": 400}
-            return self._reply(400, _encode(flat))
+            return self.reply(400, _encode(flat))
         return self._error(400, str(exc), "invalid_request_error", exc.param)
 
     async def _fault(self, fault: str, status_5xx: int) -> web.Response:
@@ -290,13 +274,8 @@ class SimulatedModelServer:
                 "model": self.config.model_name,
             }
             if call.capture.on:
-                return await self._decode(request, call, head, attempt, prompt, flight)
-            return await self._plain(request, call, head, attempt, flight, prompt)
-
-    def _usage(self, call: ChatCall, choices: list[Choice], prompt: list[int]) -> dict[str, int]:
-        tokens = len(prompt) if call.capture.on else prompt_tokens(call.messages)
-        completion = sum(c.tokens for c in choices)
-        return {"prompt_tokens": tokens, "completion_tokens": completion, "total_tokens": tokens + completion}
+                return await captured_answer(self, request, call, head, attempt, prompt, flight)
+            return await plain_answer(self, request, call, head, attempt, flight, prompt)
 
     def plan(self, call: ChatCall, draw: Draw, index: int, version: int) -> Choice:
         """Choice ``index`` of ``call`` as the model at ``version`` writes it whole (unscored:
@@ -332,134 +311,10 @@ class SimulatedModelServer:
                         d.abort()
                     return False
             return await produce(
-                self.engine, flight, decoders, self._ttft, self._per_token, emit or _nothing, stream=emit is not None
+                self.engine, flight, decoders, self.ttft, self.per_token, emit or _nothing, stream=emit is not None
             )
         finally:
             self.stats.tokens += sum(len(d.ids) - d.start for d in decoders)
-
-    async def _decode(
-        self,
-        request: web.Request,
-        call: ChatCall,
-        head: dict[str, Any],
-        attempt: Attempt,
-        prompt: list[int],
-        flight: Flight,
-    ) -> web.StreamResponse:
-        """A chat completion with token capture, decoded token by token (``decoding.py``)."""
-        admitted = self.policy_version
-        decoders = [Decoder(i, partial(self.plan, call, attempt.draw, i)) for i in range(call.n)]
-        if not call.stream:
-            await self.run(flight, decoders, None, prompt)
-            choices = [d.choice(admitted) for d in decoders]
-            version = max((d.versions[-1] for d in decoders if d.versions), default=admitted)
-            usage = self._usage(call, choices, prompt)
-            if call.capture.dialect == "vllm":
-                body = vllm_completion(head, choices, prompt, usage, call.capture)
-            else:
-                latency = self._ttft + self._per_token * max(c.tokens for c in choices)
-                body = sglang_completion(head, choices, prompt, usage, call.capture, version, latency)
-            payload = _encode(body)
-            if attempt.fault == "malformed":
-                payload = payload[: len(payload) // 2]
-            return self._reply(200, payload, version)
-        sse = await SSE.open(request, {POLICY_HEADER: str(admitted)}, attempt.fault == "malformed")
-        self.stats.by_status[200] += 1
-        vllm = call.capture.dialect == "vllm"
-        finish = {d.index: d for d in decoders}
-
-        async def emit(tokens: list[Token]) -> None:
-            events: list[dict[str, Any] | None] = (
-                []
-                if sse.sent
-                else [
-                    vllm_opening(head, d.index, prompt, call.capture) if vllm else sglang_opening(head, d.index)
-                    for d in decoders
-                ]
-            )
-            events.extend(
-                vllm_token(head, t, finish[t.index].finish, call.capture)
-                if vllm
-                else sglang_token(head, t, call.capture)
-                for t in tokens
-            )
-            if not await sse.send([e for e in events if e is not None]):
-                flight.aborted, flight.cut = True, sse.cut  # nothing more reaches the client
-
-        await self.run(flight, decoders, emit, prompt)
-        if vllm:
-            events = [vllm_abort(head, d.index, call.capture) for d in decoders if d.finish == "abort"]
-        else:
-            events = [sglang_end(head, d.index, d.finish or "abort", len(d.ids)) for d in decoders]
-        if call.include_usage:
-            usage = self._usage(call, [d.choice(admitted) for d in decoders], prompt)
-            events.append(
-                usage_chunk(head, usage if vllm else {**usage, "prompt_tokens_details": None, "reasoning_tokens": 0})
-            )
-        await sse.send(events)
-        await sse.close()
-        return sse.response
-
-    async def _plain(
-        self,
-        request: web.Request,
-        call: ChatCall,
-        head: dict[str, Any],
-        attempt: Attempt,
-        flight: Flight,
-        prompt: list[int],
-    ) -> web.StreamResponse:
-        """A chat completion without token capture: fixed when admitted, the text in pieces."""
-        version = self.policy_version
-        choices = [choose(call, self.config, attempt.draw, i, version) for i in range(call.n)]
-        if self.batcher is not None:  # the batch produces it first (its ids as a template renders them)
-            ids = [[*encode(assistant_body(c.message)), IM_END] for c in choices]
-            if not await self.batcher.serve(flight, prompt, ids):
-                choices = [_aborted(c) for c in choices]
-        if call.stream:
-            return await self._stream(request, call, head, choices, flight, attempt.fault == "malformed")
-        latency = self._ttft + self._per_token * max(c.tokens for c in choices)
-        if not await flight.spend(latency):
-            choices = [_aborted(c) for c in choices]
-        out = [{"index": c.index, "message": c.message, "logprobs": None, "finish_reason": c.finish} for c in choices]
-        body = {**head, "object": "chat.completion", "choices": out, "usage": self._usage(call, choices, [])}
-        payload = _encode(body)
-        if attempt.fault == "malformed":
-            payload = payload[: len(payload) // 2]
-        return self._reply(200, payload, version)
-
-    async def _stream(
-        self,
-        request: web.Request,
-        call: ChatCall,
-        head: dict[str, Any],
-        choices: list[Choice],
-        flight: Flight,
-        malformed: bool,
-    ) -> web.StreamResponse:
-        """Send the plain chunks as SSE on the engine's clock, then ``[DONE]``; an abort ends
-        every choice with an ``"abort"`` chunk."""
-        sse = await SSE.open(request, {POLICY_HEADER: str(self.policy_version)}, malformed)
-        self.stats.by_status[200] += 1
-        usage = self._usage(call, choices, []) if call.include_usage else None
-        pending: list[Any] = []
-        for wait, event in plain_events(head, choices, usage, self._ttft, self._per_token):
-            if wait > 0:
-                # Chunks due at the same moment go out in one write: fewer syscalls.
-                if not await sse.send(pending):
-                    break
-                pending = []
-                if not await flight.spend(wait):
-                    pending = [vllm_abort(head, c.index, call.capture) for c in choices]
-                    break
-            pending.append(event)
-        await sse.send(pending)
-        await sse.close()
-        return sse.response
-
-
-def _aborted(choice: Choice) -> Choice:
-    return replace(choice, message={"role": "assistant", "content": ""}, finish="abort")
 
 
 async def _nothing(tokens: list[Token]) -> None:

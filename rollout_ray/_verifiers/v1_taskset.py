@@ -3,7 +3,7 @@
 The name is a ``.py`` file, a module, or an installed taskset's id: the module exports its
 ``Taskset`` subclass in ``__all__`` (upstream's plugin rule, ``load_taskset``). The tasks run
 with the ``Harness`` the module exports beside it (upstream's default pairing: a program
-harness, ``harness.py``), else with our ``ChatHarness``, as upstream's ``null`` harness runs
+harness, ``v1_harness.py``), else with our ``ChatHarness``, as upstream's ``null`` harness runs
 them (one chat, the task's tools).
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 
 from .._core.task import Task
 from .._harnesses.chat import ChatHarness
-from .harness import V1Harness
-from .task import adapter_class
+from .v1_harness import V1Harness
+from .v1_task import adapter_class
 
 
 def v1_taskset(ref: str, limit: int | None = None) -> types.ModuleType:

@@ -40,7 +40,7 @@ def refusal(upstream: Any) -> str | None:
 @functools.cache
 def toolset_class(upstream_cls: type) -> type[Toolset]:
     """Our ``Toolset`` class for one v1 toolset class (placed in its module, as
-    ``task.adapter_class``, so a ``.py`` taskset ships to Ray workers by value)."""
+    ``v1_task.adapter_class``, so a ``.py`` taskset ships to Ray workers by value)."""
     from verifiers.v1.utils.decorators import discover_decorated
 
     probe: Any = object.__new__(upstream_cls)  # discover_decorated reads the class's methods only

@@ -16,7 +16,7 @@ from .._errors import CorruptRun, RunInUse, UsageError
 from .._record.run_layout import MANIFEST, RunLayout
 from .._record.store import read_manifest
 from .arguments import integer, number
-from .taskset import import_taskset, taskset_tasks
+from .taskset_loader import import_taskset, taskset_tasks
 
 
 def add_rescore_arguments(p: argparse.ArgumentParser) -> None:
