@@ -44,7 +44,7 @@ from .._errors import OverlongPromptError, ProviderError, WireError
 from .._record.messages import AssistantMessage, Response, Usage
 from .._record.openai_codec import parse_response
 from .affinity import Server
-from .upstream_wire import POLICY_HEADER, Transient, check_status, int_or_none, sse_data, unreachable
+from .upstream_wire import POLICY_HEADER, Transient, check_status, int_or_none, reap, sse_data, unreachable
 
 log = logging.getLogger("rollout_ray")
 
@@ -221,29 +221,22 @@ class TokenIn:
         headers = {**self._headers, "X-Request-Id": rid}
         piece = _Piece(first=not partial.ids and partial.stamp is None)
         reading = asyncio.ensure_future(self._read(server, _encode(body), headers, piece))
-        try:
-            if interrupt is not None:
-                interrupt.arm()
-                waiting = asyncio.ensure_future(interrupt.wait())
-                try:
-                    await asyncio.wait({reading, waiting}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waiting.cancel()
+        if interrupt is not None:
+            interrupt.arm()
+            waiting = asyncio.ensure_future(interrupt.wait())
+            try:
+                await asyncio.wait({reading, waiting}, return_when=asyncio.FIRST_COMPLETED)
                 if not reading.done():
                     piece.interrupted = True
                     await self._abort(server, f"generate-tokens-{rid}", reading)
-            try:
-                await reading
-            except (asyncio.CancelledError, aiohttp.ClientError, WireError):
-                if not piece.interrupted:
-                    raise
-                piece.finish = "abort"  # stopped here: what was read is kept
-        finally:
-            # Cut while waiting (a run's final cancel): the reader goes with the call and its end
-            # is seen, or it reads on and fails unseen ("Task exception was never retrieved").
-            if not reading.done():
-                reading.cancel()
-                reading.add_done_callback(lambda t: t.cancelled() or t.exception())
+            finally:  # also when a run's final cancel cuts the call here: the reader goes with it
+                reap(waiting, reading)
+        try:
+            await reading
+        except (asyncio.CancelledError, aiohttp.ClientError, WireError):
+            if not piece.interrupted:
+                raise
+            piece.finish = "abort"  # stopped here: what was read is kept
         piece.add_to(partial)
 
     async def _read(self, server: Server, body: bytes, headers: dict[str, str], piece: _Piece) -> None:
