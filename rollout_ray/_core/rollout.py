@@ -38,6 +38,7 @@ from .policy_gate import PolicyGate, SegmentClock, process_gate
 from .rollout_open import RolloutOpen
 from .runtime import Runtime
 from .session import RolloutSession
+from .state import initial_state
 from .task import Task
 from .tools import LocalTools
 from .user_sim import UserSimulator, converse
@@ -134,6 +135,7 @@ class Rollout(RolloutOpen):
             task=task.trace_task(),
             agent=AgentInfo(harness=harness.id, model=model_name or model.name),
             timing=Timing(start=_now()),
+            state=initial_state(task.state_type),
         )
         if on_trace is not None:
             on_trace(self.trace)
@@ -163,6 +165,7 @@ class Rollout(RolloutOpen):
             model_name=model_name,
             sampling=sampling,
             policy=self.policy,
+            state_type=task.state_type,
             **classify(task),
         )
         self.harness_session: HarnessSession | None = None

@@ -154,6 +154,8 @@ class RolloutOpen:
                 tools=self._local_tools,
                 tool_urls=tool_urls,
                 tool_interception_url=self._tool_interception_url(runtime, slot.base_url),
+                state_url=runtime.host_url(slot.base_url) + "/state" if self.harness.uses_state else None,
+                state_secret=slot.state_secret if self.harness.uses_state else None,
                 sync=functools.partial(self.interception.sync, self.session),  # no cycle back to self
             )
             self.harness_session = self.harness.session(ctx)
@@ -165,7 +167,7 @@ class RolloutOpen:
             await open_toolsets(toolsets, runtime)
             self._stack.push_async_callback(close_toolsets, toolsets)
             self._local_tools = LocalTools(
-                toolsets, runtime, on_call=self.trace.tool_calls.append, caller=self.trace.id
+                toolsets, runtime, on_call=self.trace.tool_calls.append, caller=self.trace.id, trace=self.trace
             )
             return {}
         if self._tool_server is None:

@@ -132,6 +132,10 @@ class Task:
     """``setup`` does not depend on the sample (no randomness, nothing of the trace): the samples
     of a group on one machine then run it once, and the others start from a snapshot of what it
     wrote (``Runtime.claim_setup``; image sandboxes share it, other runtimes run it per sample)."""
+    state_type: ClassVar[type[BaseModel] | None] = None
+    """The pydantic model of the rollout's ``trace.state`` (upstream's ``State``): a rollout
+    starts from its defaults and every write over ``/state`` is validated into it; ``None``:
+    any JSON object, starting empty (``_core/state``)."""
 
     def __init__(self, data: TaskData | Mapping[str, Any], config: TaskConfig | None = None):
         if isinstance(data, Mapping):

@@ -172,6 +172,7 @@ def full_trace() -> Trace:
             ),
             UserTurn("player_b", "B", done=True, agent_node=7),
         ],
+        state={"count": 2, "seen": ["a", None]},
     )
 
 
@@ -446,6 +447,7 @@ TRACE_FIELDS_ACKNOWLEDGED = {
     "extra_usage": "trace blob only",
     "verifiers": "trace blob only",
     "user_turns": "trace blob only",
+    "state": "trace blob only (a task's own shape: no one column type fits every task's)",
 }
 """Where each Trace field lands in the table. A new Trace field fails the guard below until
 someone decides whether it needs a scalar column (appended to TRACE_SCHEMA) and lists it here."""

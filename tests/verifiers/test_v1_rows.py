@@ -3,12 +3,14 @@ is not mapped yet refused in one line (issue 31 §1)."""
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 
 import pytest
 import verifiers.v1 as vf
 
-from rollout_ray import RolloutTimeouts
+from rollout_ray import RolloutTimeouts, ToolCall, Trace
+from rollout_ray._core.tools import LocalTools
 from rollout_ray._runtimes.local import LocalRuntime
 from rollout_ray._verifiers.v1_runtime import V1Runtime
 from rollout_ray._verifiers.v1_task import V1Task, adapter_class
@@ -113,14 +115,34 @@ class _Remote(vf.Toolset[_CalcConfig]):
     pass
 
 
+def test_a_toolset_keeping_state_is_mapped_its_state_read_and_written_on_each_callers_trace() -> None:
+    """As upstream's server pulls the state before a ``@vf.tool`` call and pushes it after:
+    each call sees its own rollout's ``trace.state`` (two rollouts, one toolset class)."""
+
+    class Tooled(vf.Task[QA, _Counter]):
+        @classmethod
+        def toolsets(cls, config: vf.TaskConfig) -> list[vf.Toolset]:
+            return [_Stateful(_CalcConfig())]
+
+    task = adapter_class(Tooled)(Tooled(QA(prompt="2+2?", answer="4")))
+    assert type(task).state_type is _Counter
+
+    async def calls() -> list[Trace]:
+        traces = [Trace(task=task.trace_task(), state={"calls": n, "artifacts": {}}) for n in (0, 10)]
+        for trace in (*traces, traces[0]):
+            tools = LocalTools(task.toolsets(task.config), None, caller=trace.id, trace=trace)
+            (spec,) = tools.specs()
+            outcome = await tools.call(ToolCall("c1", spec.name, '{"a": 2, "b": 2}'))
+            assert (outcome.content, outcome.error) == ("4", None)
+        return traces
+
+    first, second = asyncio.run(calls())
+    assert (first.state["calls"], second.state["calls"]) == (2, 11)
+
+
 @pytest.mark.parametrize(
     ("toolset", "reason"),
     [
-        (
-            lambda: _Stateful(_CalcConfig()),
-            r"its toolset _Stateful keeps State across calls \(needs the interception's "
-            r"/state route\)",
-        ),
         (lambda: _PerTask(_CalcConfig()), r"its toolset _PerTask overrides setup_task\(\)"),
         (lambda: _Remote(_CalcConfig(url="http://127.0.0.1:9/mcp")), "its toolset _Remote is a server at a url$"),
     ],
