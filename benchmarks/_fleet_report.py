@@ -73,7 +73,7 @@ def table(outcomes: list[Outcome]) -> list[str]:
     base = next((o for o in outcomes if o.mode == "synchronous"), outcomes[0])
     lines = [
         f"{'mode':<14}{'util':>6}{'tok/s':>8}{'tok/step':>9}{'steps/s':>9}{'speedup':>9}{'steady':>8}{'idle':>7}{'update':>8}{'in-flight':>10}"
-        f"{'waiting':>9}{'clock':>7}  staleness 0/1/2/>2 (mean)"
+        f"{'waiting':>9}{'clock':>7}{'on clock':>9}  staleness 0/1/2/>2 (mean)"
     ]
     for o in outcomes:
         total = sum(o.staleness.values()) or 1
@@ -84,7 +84,7 @@ def table(outcomes: list[Outcome]) -> list[str]:
         lines.append(
             f"{o.mode:<14}{o.utilisation:>6.0%}{o.tokens / o.wall:>8.0f}{o.tokens / max(o.steps, 1):>9.0f}{o.rate:>9.3f}"
             f"{o.rate / base.rate:>8.1f}x{o.steady / base.steady:>7.1f}x{o.idle / o.wall:>7.0%}{o.update / o.wall:>8.0%}"
-            f"{sum(s[2] for s in o.series) / n:>10.0f}{sum(s[3] for s in o.series) / n:>9.1f}{o.stretch:>6.2f}x"
+            f"{sum(s[2] for s in o.series) / n:>10.0f}{sum(s[3] for s in o.series) / n:>9.1f}{o.stretch:>6.2f}x{o.rate * o.stretch / (base.rate * base.stretch):>8.1f}x"
             f"  {shares} / {over:.0%} ({mean:.2f})"
         )
     return lines

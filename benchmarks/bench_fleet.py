@@ -39,7 +39,9 @@ training, an asynchronous one about the larger of the two, so that is where asyn
 ``--train-sweep`` measures the speedup on either side of it. The trainer's seconds are the
 fleet's: on a loaded machine the capacity model's steps take longer than they say (the table's
 ``clock``: wall seconds per fleet second), and the trainer's sleep is stretched alike, so the
-ratio of training to generation is the configured one.
+ratio of training to generation is the configured one. The modes run one after the other, and
+the machine's load differs between them: ``on clock`` is the speedup in the fleet's seconds
+(steps per fleet second), the fair comparison when their ``clock`` differs.
 
 The servers, the driver, the tools and the trainer share this process and its 2 cores: the
 fleet's clock is the capacity model's steps, which stretch when the process is busy, so compare
