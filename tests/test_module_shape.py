@@ -17,7 +17,6 @@ SPLIT_IN_PROGRESS: dict[str, str] = {
     "_runtimes/sandbox.py": "split in progress (issue 34)",
     "_runtimes/image_cache.py": "split in progress (issue 34)",
     # Split on this branch (x-split), one commit each.
-    "_serving/upstream.py": "split in progress (issue 34)",
     "_driver/group_finalizer.py": "split in progress (issue 34)",
     "_viewer/index.py": "split in progress (issue 34)",
     "_driver/rescore.py": "split in progress (issue 34)",
