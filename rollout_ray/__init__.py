@@ -138,7 +138,7 @@ _logging.getLogger("rollout_ray").addHandler(_logging.NullHandler())
 _LAZY = {
     "Driver": "._driver.driver",
     "EvalConfig": "._driver.driver",
-    "Group": "._driver.driver",
+    "Group": "._driver.group",
     "Progress": "._driver.driver",
     "RunResult": "._driver.driver",
     "LocalExecutor": "._hosting.local_executor",

@@ -16,11 +16,6 @@ SPLIT_IN_PROGRESS: dict[str, str] = {
     "_runtimes/podman.py": "split in progress (issue 34)",
     "_runtimes/sandbox.py": "split in progress (issue 34)",
     "_runtimes/image_cache.py": "split in progress (issue 34)",
-    # Split on this branch (x-split), one commit each.
-    "_driver/group_finalizer.py": "split in progress (issue 34)",
-    "_viewer/index.py": "split in progress (issue 34)",
-    "_driver/rescore.py": "split in progress (issue 34)",
-    "_record/store.py": "split in progress (issue 34)",
 }
 
 
