@@ -166,12 +166,12 @@ class RemoteRuntime(Runtime):
         # The program's own timeout bounds it, plus time to kill it; an exec without one is
         # bounded by the rollout's deadline of the phase that runs it.
         wait = None if timeout is None else timeout + CALL_TIMEOUT
-        return await self._call(
+        return await self._call(  # type: ignore[no-any-return]
             "exec",
             self.name,
             list(argv),
             wait=wait,
-            env=dict(env or {}),  # type: ignore[no-any-return]
+            env=dict(env or {}),
             timeout=timeout,
             max_output=max_output,
             stdin=stdin,

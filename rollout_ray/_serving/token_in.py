@@ -307,10 +307,10 @@ class TokenIn:
             finish = "tool_calls"
         return Response(
             message,
-            finish,
+            finish,  # type: ignore[arg-type]
             usage,
             chat.get("model"),
-            logprobs,  # type: ignore[arg-type]
+            logprobs,
             prompt_token_ids=partial.prompt,
             token_ids=list(partial.ids),
             token_logprobs=list(partial.logprobs),
