@@ -146,7 +146,7 @@ _LAZY = {
     "RolloutRecord": "._record.arrow",
     "records_to_table": "._record.arrow",
     "table_to_traces": "._record.arrow",
-    "ShardWriter": "._record.store",
+    "ShardWriter": "._record.shard_writer",
     "read_run": "._record.store",
     "read_groups": "._record.store",
     "FinalizeConfig": "._driver.finalize",
