@@ -14,7 +14,8 @@ each ``add(a, b)`` called N times, C at once:
   server over streamable HTTP (through this process's one client of it);
 * ``MCPToolset stdio``: the same, the SDK server over stdio (one process).
 
-CPU ms per call of this process, and calls per second (wall). ``--inflight R``: R rollouts
+CPU ms per call of this process, and calls per second (wall); the stdio server also run in a
+sandbox (``stdio in sandbox``: inside the rollout's runtime, as a sandboxed rollout's is). ``--inflight R``: R rollouts
 registered at once, each making 4 calls to the shared HTTP MCP server; prints failed calls
 and the TCP connections the server saw.
 
@@ -34,7 +35,8 @@ from typing import Any
 
 import aiohttp
 
-from rollout_ray import MCPToolset, ToolServer, Toolset, tool
+from rollout_ray import MCPToolset, SandboxRuntime, ToolServer, Toolset, tool
+from rollout_ray._runtimes.sandbox import sandbox_unavailable
 from rollout_ray._serving.mcp_pool import close_clients
 
 SERVER = pathlib.Path(__file__).resolve().parents[1] / "tests" / "mcp_tools" / "sdk_server.py"
@@ -88,19 +90,29 @@ async def rows(url: str, n: int, c: int) -> None:
         print(f"N={n} calls, C={c} at once; CPU of this process (the node's tool server and the agents' client)")
         print(f"| {'row':<18} | CPU ms / call | calls / s |")
         print(f"| {'-' * 18} | ---: | ---: |")
-        cases = [
-            ("native", [Calc()], native),
-            ("native over MCP", [Calc()], over_mcp),
-            ("MCPToolset http", [MCPToolset("calc", url=url)], native),
-            ("MCPToolset stdio", [MCPToolset("calc", command=[sys.executable, str(SERVER), "stdio"])], native),
+        stdio = [sys.executable, str(SERVER), "stdio"]
+        box = SandboxRuntime() if sandbox_unavailable() is None else None
+        if box is not None:  # the sandbox sees no checkout: its server file goes in as a task's would
+            await box.start()
+            await box.write("sdk_server.py", SERVER.read_bytes())
+        cases: list[tuple[str, list[Any], Any, Any]] = [
+            ("native", [Calc()], native, None),
+            ("native over MCP", [Calc()], over_mcp, None),
+            ("MCPToolset http", [MCPToolset("calc", url=url)], native, None),
+            ("MCPToolset stdio", [MCPToolset("calc", command=stdio)], native, None),
         ]
-        for label, toolsets, make in cases:
-            async with server.serve(toolsets, None) as urls:
+        if box is not None:  # the server in the rollout's sandbox (its pipes are the sandbox's)
+            in_box = [sys.executable, "sdk_server.py", "stdio"]
+            cases.append(("stdio in sandbox", [MCPToolset("calc", command=in_box)], native, box))
+        for label, toolsets, make, runtime in cases:
+            async with server.serve(toolsets, runtime) as urls:
                 call = await make(urls["calc"])
                 await _calls(min(200, n), c, call)  # warm-up
                 cpu, rate = await _calls(n, c, call)
             print(f"| {label:<18} | {cpu:.3f} | {rate:,.0f} |")
         await close_clients()
+        if box is not None:
+            await box.stop()
 
 
 async def inflight(url: str, rollouts: int) -> None:

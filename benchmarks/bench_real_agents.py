@@ -13,15 +13,14 @@ loopback only): nothing an agent sends leaves the machine.
     python benchmarks/bench_real_agents.py           # N=5
     python benchmarks/bench_real_agents.py -n 2
 
-The agents are the pinned npm packages ``tests/serving/test_real_agents.py`` installs (run it
-once first), under ``ROLLOUT_RAY_TEST_AGENTS`` (default ``~/.cache/rollout-ray-test-agents``).
+The agents run through the package's presets (``CodexHarness``, ``ClaudeCodeHarness``), which
+install their pinned npm packages once per node (here, before the namespace is entered).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import resource
 import statistics
 import subprocess
@@ -31,22 +30,12 @@ from pathlib import Path
 
 from _proc import TICK, stat_fields  # benchmarks/ is the script's directory, first on the path
 
-from rollout_ray import LocalRuntime, Rollout, Task
-from rollout_ray._harnesses.program import ProgramHarness
+from rollout_ray import ClaudeCodeHarness, CodexHarness, LocalRuntime, Rollout, Task
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray._serving.upstream import OpenAIModel
 
 HERE = Path(__file__).resolve().parent
-PROGRAMS = HERE.parent / "tests" / "serving" / "programs"
-AGENTS_ROOT = Path(os.environ.get("ROLLOUT_RAY_TEST_AGENTS") or Path.home() / ".cache" / "rollout-ray-test-agents")
-AGENTS = {
-    "codex": (AGENTS_ROOT / "@openai+codex@0.169.0" / "node_modules" / ".bin" / "codex", "codex_exec.py", "CODEX"),
-    "claude-code": (
-        AGENTS_ROOT / "@anthropic-ai+claude-code@2.1.328" / "node_modules" / ".bin" / "claude",
-        "claude_print.py",
-        "CLAUDE",
-    ),
-}
+AGENTS = {"codex": CodexHarness, "claude-code": ClaudeCodeHarness}
 
 
 def cpu_of(pid: int) -> float:
@@ -65,10 +54,7 @@ class Ask(Task):
 
 
 async def one(agent: str, model_url: str, model_pid: int) -> dict[str, float]:
-    binary, wrapper, variable = AGENTS[agent]
-    harness = ProgramHarness(
-        [sys.executable, str(PROGRAMS / wrapper)], env={variable: str(binary.resolve())}, timeout=120
-    )
+    harness = AGENTS[agent](model="simulated", timeout=120)
     model = OpenAIModel(model_url, name="simulated", token_capture="vllm")
     try:
         async with HTTPInterception() as proxy:
@@ -113,10 +99,9 @@ if __name__ == "__main__":
     parser.add_argument("-n", type=int, default=5)
     parser.add_argument("--isolated", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    missing = [str(binary) for binary, _, _ in AGENTS.values() if not binary.exists()]
-    if missing:
-        sys.exit(f"not installed: {', '.join(missing)}; run pytest tests/serving/test_real_agents.py once first")
-    if not args.isolated:  # again, in a network namespace of its own
+    if not args.isolated:  # installed (once per node) while the registry is reachable, then again isolated
+        for preset in AGENTS.values():
+            preset().install()
         from rollout_ray._runtimes.sandbox import bwrap_path
 
         command = [

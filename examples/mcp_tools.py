@@ -1,6 +1,7 @@
 """A task whose tools are an MCP server: ``examples/mcp_calc_server.py`` (the official SDK's
-``MCPServer``), started over stdio once per rollout runtime, its tools offered to the model
-as they are, every call on ``trace.tool_calls``. Needs ``pip install mcp``.
+``MCPServer``), started over stdio once per rollout runtime and inside it (a sandbox sees no
+checkout: the script is shipped with ``files=``), its tools offered to the model as they are,
+every call on ``trace.tool_calls``. Needs ``pip install mcp``.
 
     rollout-ray eval examples/mcp_tools.py
 
@@ -18,7 +19,7 @@ import sys
 
 from rollout_ray import ChatHarness, EvalConfig, MCPToolset, RolloutLimits, Task, TaskData, Trace, reward
 
-SERVER = str(pathlib.Path(__file__).resolve().with_name("mcp_calc_server.py"))
+SERVER = pathlib.Path(__file__).resolve().with_name("mcp_calc_server.py")
 
 
 class CalcData(TaskData):
@@ -33,7 +34,8 @@ class McpCalc(Task):
         url = os.environ.get("MCP_URL")
         if url:
             return [MCPToolset("calc", url=url)]
-        return [MCPToolset("calc", command=[sys.executable, SERVER])]
+        files = {"mcp_calc_server.py": SERVER.read_text()}
+        return [MCPToolset("calc", command=[sys.executable, "mcp_calc_server.py"], files=files)]
 
     @reward
     def correct(self, task: CalcData, trace: Trace) -> float:

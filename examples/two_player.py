@@ -3,7 +3,8 @@
 Player A is the rollout's agent; player B is a ``PeerAgent`` whose calls go through the same
 model boundary on a branch of its own. The game frames each move for the other player. Each
 agent's side is ``agent_messages(trace, name)``, its training sequences
-``agent_sequences(trace)[name]``.
+``agent_sequences(trace)[name]``, its reward ``agent_rewards(trace)[name]`` (the stored run's
+``agent_rewards`` column) and its trainer batch ``Group.batch_by_agent()[name]``.
 
     rollout-ray eval examples/two_player.py           # built-in simulated model, local Ray
 """
@@ -49,7 +50,7 @@ class Count(Task):
     def player_a(self, task: CountData, trace: Trace) -> float:
         return float(_moves(trace, None) == [str(task.start + k * task.step) for k in (1, 3, 5)])
 
-    @reward
+    @reward(agent="player_b")  # player B's own reward: its column in agent_rewards, its batch's advantage
     def player_b(self, task: CountData, trace: Trace) -> float:
         return float(_moves(trace, "player_b") == [str(task.start + k * task.step) for k in (2, 4)])
 

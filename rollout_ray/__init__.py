@@ -28,6 +28,7 @@ from ._record.trace import Trace as Trace
 from ._record.trace import ToolCallRecord as ToolCallRecord
 from ._record.trace import TraceTask as TraceTask
 from ._record.agent_branches import agent_messages as agent_messages
+from ._record.agent_branches import agent_rewards as agent_rewards
 from ._record.agent_branches import agent_sequences as agent_sequences
 from ._record.agent_branches import branch_agents as branch_agents
 from ._record.trace import UserTurn as UserTurn
@@ -66,6 +67,7 @@ from ._core.hooks import reward as reward
 from ._core.hooks import stop as stop
 from ._core.limits import RolloutLimits as RolloutLimits
 from ._core.limits import RolloutTimeouts as RolloutTimeouts
+from ._core.limits import TaskResources as TaskResources
 
 # Task, harness, runtime, rollout
 from ._core.task import Judge as Judge
@@ -202,6 +204,7 @@ _API = (
     "UserTurn",
     "VersionInfo",
     "agent_messages",
+    "agent_rewards",
     "agent_sequences",
     "branch_agents",
     "decode_trace",
@@ -231,6 +234,7 @@ _API = (
     "stop",
     "RolloutLimits",
     "RolloutTimeouts",
+    "TaskResources",
     # task, harness, runtime
     "Judge",
     "Task",

@@ -60,6 +60,12 @@ class HarnessContext:
     """The task's tools in process (an ``in_process`` harness's); ``tool_urls`` otherwise."""
     tool_urls: dict[str, str] = field(default_factory=dict)
     tool_interception_url: str | None = None
+    """The tool gate (``POST``, model secret; §5.3), when the harness declares
+    ``supports_tool_interception`` and the task has a request ``@intercept`` or ``@stop``."""
+    state_url: str | None = None
+    """The rollout's ``/state`` route (``GET`` / ``PUT``), when the harness declares ``uses_state``."""
+    state_secret: str | None = None
+    """Bearer of ``state_url`` (and ``/task``), when the harness declares ``uses_state``."""
     sync: Callable[[], Awaitable[None]] = _in_sync
     """Bring ``trace`` up to date with the serving side (see the class docstring)."""
 
@@ -71,7 +77,11 @@ class Harness:
         appends_system_prompt: the harness passes ``system_prompt`` to the model itself;
             otherwise it is folded into the user prompt.
         supports_resume: ``resume`` can continue a conversation with new user messages.
-        supports_tool_interception: the harness posts tool results for interception.
+        supports_tool_interception: the harness asks the tool gate before it runs each tool
+            call (``ctx.tool_interception_url``, §5.3).
+        uses_state: the harness reads and writes ``trace.state`` over ``/state``
+            (``ctx.state_url``, ``ctx.state_secret``). The state secret lets its holder rewrite
+            what rewards read: declare it only for a program trusted as the task's own tools are.
         in_process: the agent loop runs in the rollout's own process and reaches the model
             and the tools only through ``ctx.client`` and ``ctx.tools``: the rollout then
             serves its session and tools in process (no proxy, no server, one owner of the
@@ -81,6 +91,7 @@ class Harness:
     appends_system_prompt: ClassVar[bool] = True
     supports_resume: ClassVar[bool] = False
     supports_tool_interception: ClassVar[bool] = False
+    uses_state: ClassVar[bool] = False
     in_process: bool = False
 
     def __init__(self, id: str | None = None) -> None:

@@ -32,16 +32,19 @@ class HookSpec:
     kind: HookKind
     priority: int = 0
     weight: float = 1.0
+    agent: str | None = None
 
 
 @dataclass(frozen=True)
 class Hook:
-    """A discovered hook: its name, the bound callable, priority and (rewards) weight."""
+    """A discovered hook: its name, the bound callable, priority, and (rewards) weight and
+    agent (``None``: the rollout's own agent)."""
 
     name: str
     fn: Callable[..., Any]
     priority: int = 0
     weight: float = 1.0
+    agent: str | None = None
 
 
 def _decorator(spec: HookSpec) -> Callable[[F], F]:
@@ -55,10 +58,13 @@ def _decorator(spec: HookSpec) -> Callable[[F], F]:
 @overload
 def reward(fn: F, /) -> F: ...
 @overload
-def reward(*, weight: float = 1.0, priority: int = 0) -> Callable[[F], F]: ...
-def reward(fn: Any = None, /, *, weight: float = 1.0, priority: int = 0) -> Any:
-    """Mark a task method as a reward: its float result, times ``weight``, adds to reward."""
-    mark = _decorator(HookSpec("reward", priority, float(weight)))
+def reward(*, weight: float = 1.0, priority: int = 0, agent: str | None = None) -> Callable[[F], F]: ...
+def reward(fn: Any = None, /, *, weight: float = 1.0, priority: int = 0, agent: str | None = None) -> Any:
+    """Mark a task method as a reward: its float result, times ``weight``, adds to reward.
+
+    ``agent``: in a multi-agent rollout, the agent it rewards (a ``PeerAgent``'s name); by
+    default the rollout's own agent. Each agent's sum is its reward (``agent_rewards``)."""
+    mark = _decorator(HookSpec("reward", priority, float(weight), agent))
     return mark(fn) if fn is not None else mark
 
 
@@ -93,7 +99,7 @@ def discover(obj: object, kind: HookKind) -> list[Hook]:
         if spec.kind == kind:
             fn = getattr(obj, attr)
             # Named like the function, as upstream (a hook made by a factory keeps its name).
-            hooks.append(Hook(getattr(fn, "__name__", attr), fn, spec.priority, spec.weight))
+            hooks.append(Hook(getattr(fn, "__name__", attr), fn, spec.priority, spec.weight, spec.agent))
     return sort_hooks(hooks)
 
 

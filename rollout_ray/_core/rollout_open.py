@@ -46,6 +46,7 @@ class RolloutOpen:
     interception: Interception
     harness_session: HarnessSession | None
     _runtime_factory: Callable[[str], Runtime] | None
+    _runtime_kind: str | None
     _tool_server: Callable[..., Any] | None
     _local_tools: LocalTools | None
     _user: UserSimulator | None
@@ -100,12 +101,12 @@ class RolloutOpen:
         return not self.session.stopped
 
     def _own_runtime(self) -> Runtime:
-        """The runtime factory's, given the task's image when it has one."""
+        """The runtime factory's, given the task's image, kind and resources when it has them
+        (a factory that takes none of them still makes a task's runtime that asks for none)."""
         assert self._runtime_factory is not None  # checked at construction
-        image = self.task.data.image
-        if image is None:
-            return self._runtime_factory(self.trace.id)
-        return self._runtime_factory(self.trace.id, image=image)  # type: ignore[call-arg]
+        data = self.task.data
+        asked = {"image": data.image, "kind": data.runtime or self._runtime_kind, "resources": data.resources}
+        return self._runtime_factory(self.trace.id, **{k: v for k, v in asked.items() if v is not None})
 
     async def _open(self, runtime: Runtime) -> None:
         with boundary(UserSimulatorError, "building the user simulator"):
@@ -152,6 +153,8 @@ class RolloutOpen:
                 tools=self._local_tools,
                 tool_urls=tool_urls,
                 tool_interception_url=self._tool_interception_url(runtime, slot.base_url),
+                state_url=runtime.host_url(slot.base_url) + "/state" if self.harness.uses_state else None,
+                state_secret=slot.state_secret if self.harness.uses_state else None,
                 sync=functools.partial(self.interception.sync, self.session),  # no cycle back to self
             )
             self.harness_session = self.harness.session(ctx)
@@ -163,7 +166,7 @@ class RolloutOpen:
             await open_toolsets(toolsets, runtime)
             self._stack.push_async_callback(close_toolsets, toolsets)
             self._local_tools = LocalTools(
-                toolsets, runtime, on_call=self.trace.tool_calls.append, caller=self.trace.id
+                toolsets, runtime, on_call=self.trace.tool_calls.append, caller=self.trace.id, trace=self.trace
             )
             return {}
         if self._tool_server is None:

@@ -9,9 +9,10 @@ when the caller is cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import msgspec
 
@@ -37,6 +38,50 @@ class ProgramResult(msgspec.Struct, frozen=True):
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     timed_out: bool = False
+
+
+KILL_WAIT = 5.0
+"""Seconds an ``OpenProgram``'s ``kill`` waits for it (or its connection) to be gone."""
+
+
+class OpenProgram(ABC):
+    """A program started by ``Runtime.open_program``, its stdin and stdout open to the caller
+    (a stdio MCP server). Its stderr is dropped."""
+
+    stdin: asyncio.StreamWriter
+    stdout: asyncio.StreamReader
+
+    @property
+    @abstractmethod
+    def returncode(self) -> int | None:
+        """Its exit code once it exited and that is known here, else ``None``."""
+
+    @abstractmethod
+    async def kill(self) -> None:
+        """Kill it and every process it started; idempotent, bounded."""
+
+
+class PipedProgram(OpenProgram):
+    """A program this process spawned with pipes; ``kill`` is its runtime's way to end its tree."""
+
+    def __init__(self, process: asyncio.subprocess.Process, kill: Callable[[], Awaitable[None]]) -> None:
+        assert process.stdin is not None and process.stdout is not None  # spawned with both as pipes
+        self.stdin, self.stdout = process.stdin, process.stdout
+        self._process, self._kill = process, kill
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
+
+    async def kill(self) -> None:
+        await self._kill()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(KILL_WAIT):
+                await self._process.wait()
 
 
 class Runtime(ABC):
@@ -139,6 +184,27 @@ class Runtime(ABC):
         """
         raise SandboxError(
             f"runtime {self.name!r} ({self.type}) cannot hold a task's grader files; use SandboxRuntime or LocalRuntime"
+        )
+
+    async def open_program(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, limit: int = 1 << 16
+    ) -> OpenProgram:
+        """Start ``argv`` in the box with its stdin and stdout open to the caller, under the
+        box's policies as an ``exec`` (environment allow-list, filesystem, network, limits),
+        until ``kill`` or the box's ``stop``.
+
+        Args:
+            argv: the program and its arguments.
+            env: extra environment variables.
+            limit: bytes of one line its ``stdout`` reader may buffer.
+
+        Raises:
+            SandboxError: the box is not running, the program could not be started, or this
+                kind cannot hold a program open (this one).
+        """
+        raise SandboxError(
+            f"runtime {self.name!r} ({self.type}) cannot run a program with open pipes; "
+            "use LocalRuntime or SandboxRuntime, or a server reached by URL"
         )
 
     @abstractmethod

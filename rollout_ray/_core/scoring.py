@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._errors import TaskError
+from .._record.agent_branches import set_reward_agent
 from .._record.trace import Trace
 from .aio import gather_all
 from .hooks import Hook, call_by_name
@@ -50,12 +51,16 @@ async def run_rewards(trace: Trace, hooks: Sequence[Hook], available: Mapping[st
             if not math.isfinite(float(value)):
                 raise TaskError(f"@reward {name} returned {value!r}: a reward must be a finite number")
     for hook, result in zip(hooks, results, strict=True):
+        names = list(result) if isinstance(result, Mapping) else [hook.name]
         if isinstance(result, Mapping):
             _unseed(trace.rewards, hook.name)
             for key, value in result.items():
                 trace.record_reward(key, value, hook.weight)
         else:
             trace.record_reward(hook.name, result, hook.weight)
+        if hook.agent is not None:
+            for name in names:
+                set_reward_agent(trace, name, hook.agent)
 
 
 def _unseed(values: dict[str, Any], name: str) -> None:

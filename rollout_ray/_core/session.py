@@ -31,6 +31,8 @@ import weakref
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 from .._errors import (
     OverlongPromptError,
     Refusal,
@@ -72,6 +74,8 @@ class RolloutSession(TurnHooks):
         sampling: sampling settings overlaid on every request.
         policy: the policy version each call records and the pause it waits out
             (``_core/policy_gate``; default: the process's).
+        state_type: the task's ``state_type``, which every ``PUT /state`` validates into
+            (``_core/state``; ``None``: any JSON object).
     """
 
     def __init__(
@@ -88,8 +92,10 @@ class RolloutSession(TurnHooks):
         model_name: str | None = None,
         sampling: dict[str, Any] | None = None,
         policy: PolicyGate | None = None,
+        state_type: type[BaseModel] | None = None,
     ) -> None:
         self.trace = trace
+        self.state_type = state_type
         self.model = model
         self.limits = limits or RolloutLimits()
         self.trace_stops = list(trace_stops)

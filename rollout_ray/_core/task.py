@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from .._errors import TaskError, boundary
 from .._record.trace import Trace, TraceTask
 from .hooks import Hook, HookKind, discover, requires, sort_hooks
-from .limits import RolloutTimeouts
+from .limits import RolloutTimeouts, TaskResources
 from .scoring import run_metrics, run_rewards, seed
 
 log = logging.getLogger("rollout_ray")
@@ -59,6 +59,14 @@ class TaskData(BaseModel):
     node that runs the rollout), or an image name in that node's podman or docker store.
     Needs a sandbox runtime (any other fails the rollout with ``SandboxError``); ``None``: the
     host's system."""
+    runtime: str | None = None
+    """The runtime kind (a provider's name: ``local``, ``sandbox``, ``podman``, ...) this
+    task's rollouts run in; ``None``: the run's (``EvalConfig.runtime``, else the executor's
+    ``--runtime``). One run may mix kinds; ``rollout-ray eval`` refuses, before anything runs,
+    a kind this machine (or a node of the cluster: said in one line) cannot run."""
+    resources: TaskResources | None = None
+    """What the task's runtime may use (cores, memory in GB): held by a runtime whose
+    ``enforces`` holds ``"cpu"`` / ``"memory"``; ``None``: the runtime's defaults."""
 
     @field_validator("prompt")
     @classmethod
@@ -132,6 +140,10 @@ class Task:
     """``setup`` does not depend on the sample (no randomness, nothing of the trace): the samples
     of a group on one machine then run it once, and the others start from a snapshot of what it
     wrote (``Runtime.claim_setup``; image sandboxes share it, other runtimes run it per sample)."""
+    state_type: ClassVar[type[BaseModel] | None] = None
+    """The pydantic model of the rollout's ``trace.state`` (upstream's ``State``): a rollout
+    starts from its defaults and every write over ``/state`` is validated into it; ``None``:
+    any JSON object, starting empty (``_core/state``)."""
 
     def __init__(self, data: TaskData | Mapping[str, Any], config: TaskConfig | None = None):
         if isinstance(data, Mapping):
@@ -239,7 +251,9 @@ class Task:
                         "to weigh: give fn=, or name one of the task's rewards"
                     )
                 weight = plug.weight if plug.weight is not None else (base.weight if base else 1.0)
-                decorated[name] = Hook(name, reward_fn, base.priority if base else 0, weight)
+                decorated[name] = Hook(
+                    name, reward_fn, base.priority if base else 0, weight, base.agent if base else None
+                )
         return sort_hooks(list(decorated.values()))
 
     async def score(self, trace: Trace, runtime: Any = None) -> None:

@@ -32,7 +32,7 @@ import msgspec
 from .._errors import InfrastructureLost, RolloutError, SandboxError, ToolInputError, ToolServerError, ToolsetError
 from .._record.capped import MAX_TOOL_CALL_CHARS, capped
 from .._record.messages import Tool, ToolCall
-from .._record.trace import ToolCallRecord
+from .._record.trace import ToolCallRecord, Trace
 from .runtime import Runtime
 from .toolset import _NAME, DEFAULT_CALL_TIMEOUT, Toolset, _invoke, _text
 
@@ -97,13 +97,19 @@ CALLER: ContextVar[str | None] = ContextVar("rollout_ray_tool_caller", default=N
 server shared by many rollouts (an MCP server) tells it whose call it is."""
 
 
+TRACE: ContextVar[Trace | None] = ContextVar("rollout_ray_tool_trace", default=None)
+"""The trace of the rollout whose tool call runs in this context: a tool that keeps state
+reads and writes its ``state`` (``_core/state``; a verifiers v1 toolset's ``State``)."""
+
+
 @contextmanager
-def calling_as(caller: str | None) -> Iterator[None]:
-    """Run the tool calls inside as ``caller``'s (``CALLER``)."""
-    token = CALLER.set(caller)
+def calling_as(caller: str | None, trace: Trace | None = None) -> Iterator[None]:
+    """Run the tool calls inside as ``caller``'s (``CALLER``), on ``trace`` (``TRACE``)."""
+    token, on = CALLER.set(caller), TRACE.set(trace)
     try:
         yield
     finally:
+        TRACE.reset(on)
         CALLER.reset(token)
 
 
@@ -196,6 +202,7 @@ class LocalTools:
         on_call: receives every call's record (the rollout's ``trace.tool_calls.append``).
         timeout: seconds one call may run.
         caller: the rollout's trace id, which its calls carry to a shared server (``CALLER``).
+        trace: the rollout's trace, whose ``state`` its tools read and write (``TRACE``).
     """
 
     def __init__(
@@ -206,6 +213,7 @@ class LocalTools:
         on_call: Callable[[ToolCallRecord], None] | None = None,
         timeout: float = DEFAULT_CALL_TIMEOUT,
         caller: str | None = None,
+        trace: Trace | None = None,
     ) -> None:
         self._owners: dict[str, Toolset] = {}
         self._specs: list[Tool] = []
@@ -216,6 +224,7 @@ class LocalTools:
                 self._owners[spec.name] = toolset
                 self._specs.append(spec)
         self._runtime, self._on_call, self._timeout, self._caller = runtime, on_call, timeout, caller
+        self._trace = trace
         self.calling: list[float] = []
         """When each tool call running now began (a live run's status reads them)."""
 
@@ -234,7 +243,7 @@ class LocalTools:
         started = time.time()
         self.calling.append(started)
         try:
-            with calling_as(self._caller):
+            with calling_as(self._caller, self._trace):
                 return await call_tool(
                     toolset, call.name, call.arguments, self._runtime, timeout=self._timeout, on_call=self._on_call
                 )

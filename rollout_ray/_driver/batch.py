@@ -22,9 +22,16 @@ array              dtype, shape     value
 ``advantages``     float32 [R, T]   the sample's advantage where ``loss_mask`` is 1, else 0.0
 ``sample_idx``     int64 [R]        the row's sample in the group
 ``branch``         int64 [R]        the row's branch in that sample's trace
+``agent``          str [R]          the agent whose sequence the row is (``token_agent``;
+                                    ``""`` in a table written before schema version 6)
 ``masked``         str [R]          why the row's tokens are masked from the loss (``""``:
                                     they are not)
 =================  ===============  =======================================================
+
+A multi-agent group's batch per agent (``agent_batches``, ``Group.batch_by_agent``): the rows
+of each agent, each with that agent's advantage: its reward (``agent_rewards``) minus the
+group's mean of it, a failed sample counting 0 (as ``finalize`` counts a failed sample's
+reward), 0 where every sample's is equal; not divided by the spread.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import pyarrow.compute as pc
 
 from .._record.arrow import TOKEN_COLUMNS
 
-__all__ = ["batch_arrays"]
+__all__ = ["agent_batches", "batch_arrays"]
 
 
 def batch_arrays(samples: pa.Table, *, pad_to: int | None = None, pad_id: int = 0) -> dict[str, np.ndarray]:
@@ -87,6 +94,11 @@ def batch_arrays(samples: pa.Table, *, pad_to: int | None = None, pad_id: int = 
     loss_mask = padded(_flat(kept["loss_mask"])[0], np.float32)
     loss_mask[masked != ""] = 0.0
     advantage = np.repeat(_numpy(kept["advantage"], np.float32), per_sample)
+    agent = (
+        np.array(pc.list_flatten(kept["token_agent"]).to_pylist(), dtype=str).reshape(rows)
+        if "token_agent" in present
+        else np.full(rows, "", dtype=str)
+    )
     return {
         "input_ids": padded(ids, np.int64, pad_id),
         "attention_mask": padded(np.ones(ids.size, np.int64), np.int64),
@@ -95,8 +107,40 @@ def batch_arrays(samples: pa.Table, *, pad_to: int | None = None, pad_id: int = 
         "advantages": loss_mask * advantage[:, None],
         "sample_idx": sample_idx,
         "branch": branch,
+        "agent": agent,
         "masked": masked,
     }
+
+
+def agent_batches(samples: pa.Table, *, pad_to: int | None = None, pad_id: int = 0) -> dict[str, dict[str, np.ndarray]]:
+    """The training arrays of a group's ``samples`` split by agent, each with the agent's own
+    advantage (see the module); agents in name order.
+
+    Raises:
+        ValueError: as ``batch_arrays``, and when ``samples`` lack the agent columns (written
+            before schema version 6).
+    """
+    missing = [c for c in ("token_agent", "agent_rewards") if c not in samples.column_names]
+    if missing:
+        raise ValueError(
+            f"samples lack the column(s) {', '.join(missing)}: a batch per agent needs a table "
+            "of schema version 6 or later (each sequence's agent, each agent's reward)"
+        )
+    whole = batch_arrays(samples, pad_to=pad_to, pad_id=pad_id)
+    ok = pc.fill_null(samples["ok"], False).to_pylist()
+    rewards = [dict(row or ()) if good else {} for row, good in zip(samples["agent_rewards"].to_pylist(), ok)]
+    sample_idx = samples["sample_idx"].to_pylist()
+    batches = {}
+    for agent in sorted(set(whole["agent"].tolist()) - {""}):
+        scores = np.array([float(r.get(agent) or 0.0) for r in rewards])
+        spread = scores.max(initial=0.0) - scores.min(initial=0.0)
+        advantage = dict(zip(sample_idx, scores - scores.mean() if spread else np.zeros_like(scores)))
+        rows = whole["agent"] == agent
+        part = {name: values[rows] for name, values in whole.items()}
+        per_row = np.array([advantage[i] for i in part["sample_idx"]], np.float32)
+        part["advantages"] = part["loss_mask"] * per_row[:, None]
+        batches[agent] = part
+    return batches
 
 
 def _numpy(values: pa.Array | pa.ChunkedArray, dtype: type) -> np.ndarray:

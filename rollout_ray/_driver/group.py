@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .batch import batch_arrays
+from .batch import agent_batches, batch_arrays
 
 __all__ = ["Group"]
 
@@ -60,3 +60,12 @@ class Group:
             ValueError: a sequence is longer than ``pad_to``, or the samples have no token columns.
         """
         return batch_arrays(self.samples, pad_to=pad_to, pad_id=pad_id)
+
+    def batch_by_agent(self, pad_to: int | None = None, pad_id: int = 0) -> dict[str, dict[str, np.ndarray]]:
+        """A multi-agent group's batch per agent (agent name → ``batch``'s arrays of that
+        agent's sequences, with that agent's own advantages: ``_driver/batch.py``).
+
+        Raises:
+            ValueError: as ``batch``, and for samples written before schema version 6.
+        """
+        return agent_batches(self.samples, pad_to=pad_to, pad_id=pad_id)

@@ -198,6 +198,7 @@ class SampleScheduler:
             timeouts=c.timeouts,
             model_name=c.model_name,
             sampling=dict(c.sampling),
+            runtime_kind=c.runtime,
             label=label,
         )
 

@@ -10,9 +10,15 @@ rollout's node in ``setup`` (once per node: ``agent_install.py``), ships a small
 talk only to the rollout's proxy and its tool servers (the task's ``Toolset`` as MCP servers),
 with the agent's own traffic off.
 
-Adding another agent: a launcher that reads ``ROLLOUT_RAY_INPUT`` and the endpoint variables
-``ProgramHarness`` sets and ``exec``s the agent, and a subclass of ``AgentHarness`` naming how
-to install it (``install``) and the variable its launcher finds it in.
+Each launcher passes the whole conversation (``agent_programs/task_prompt.py``, shipped beside
+it): the task's system prompt as the agent's instructions option, the rest as its prompt (the
+task's prompt unchanged when it is one user message; a transcript of the turns before it
+otherwise; Agents SDK input items).
+
+Adding another agent: a launcher that reads the conversation with ``task_prompt`` and the
+endpoint variables ``ProgramHarness`` sets and ``exec``s the agent, and a subclass of
+``AgentHarness`` naming how to install it (``install``) and the variable its launcher finds it
+in (docs/agents.md).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from .program import ProgramHarness
 PROGRAMS = Path(__file__).parent / "agent_programs"
 LAUNCHER_DIR = ".rollout_ray_agent"
 """Directory of the work dir the launcher is written to."""
+SHARED = "task_prompt.py"
+"""The module of ``agent_programs/`` every launcher imports, shipped beside it."""
 
 
 class AgentHarness(ProgramHarness):
@@ -63,7 +71,10 @@ class AgentHarness(ProgramHarness):
             id=id or self.launcher.removesuffix(".py"),
             env={"ROLLOUT_AGENT_MODEL": model, **(env or {})},
             timeout=timeout,
-            files={path: (PROGRAMS / self.launcher).read_text()},
+            files={
+                path: (PROGRAMS / self.launcher).read_text(),
+                f"{LAUNCHER_DIR}/{SHARED}": (PROGRAMS / SHARED).read_text(),
+            },
         )
 
     def install(self) -> str:

@@ -11,6 +11,10 @@ The program finds everything in its environment:
   clients read (``{"mcpServers": {name: {"type": "http", "url": ...}}}``, each URL carrying the
   rollout's token), so a program that speaks MCP (Claude Code, Codex, any ``mcp`` client) uses
   them unchanged;
+* ``ROLLOUT_RAY_TOOL_GATE``: the tool gate's URL (§5.3; ``POST`` with the model key), when
+  the harness declares ``supports_tool_interception`` and the task has request hooks;
+* ``ROLLOUT_RAY_STATE_URL`` / ``ROLLOUT_RAY_STATE_SECRET``: the rollout's ``/state`` route and
+  its bearer, when the harness declares ``uses_state`` (a subclass setting the flag);
 * ``ROLLOUT_RAY_INPUT``: path, relative to the program's working directory (the runtime's
   work dir), of a JSON file ``{"messages": [OpenAI chat messages]}``: on launch the system
   prompt and the prompt, on resume the conversation so far plus the new user messages.
@@ -118,6 +122,10 @@ class ProgramHarness(Harness):
             "ROLLOUT_RAY_MCP": json.dumps(mcp_servers(ctx.tool_urls)),
             "ROLLOUT_RAY_INPUT": path,
         }
+        if ctx.tool_interception_url is not None:
+            env["ROLLOUT_RAY_TOOL_GATE"] = ctx.tool_interception_url
+        if ctx.state_url is not None and ctx.state_secret is not None:
+            env["ROLLOUT_RAY_STATE_URL"], env["ROLLOUT_RAY_STATE_SECRET"] = ctx.state_url, ctx.state_secret
         result = await ctx.runtime.exec(self.command, env=env, timeout=self.timeout, max_output=self.max_output)
         if result.timed_out:
             await ctx.sync()

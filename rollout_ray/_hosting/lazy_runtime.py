@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
+from .._core.runtime import DEFAULT_OUTPUT_CAP, OpenProgram, ProgramResult, Runtime
 from .._record.trace import RuntimeInfo
 
 
@@ -110,6 +110,12 @@ class LazyRuntime(Runtime):
     ) -> ProgramResult:
         runtime = await self._runtime()
         return await runtime.exec(argv, env=env, timeout=timeout, max_output=max_output, stdin=stdin)
+
+    async def open_program(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, limit: int = 1 << 16
+    ) -> OpenProgram:
+        runtime = await self._runtime()
+        return await runtime.open_program(argv, env=env, limit=limit)
 
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
         return await (await self._runtime()).read(path, max_bytes)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
+from .._core.limits import TaskResources
 from .._core.policy_gate import PolicyGate
 from .._core.runtime import Runtime
 from .._core.task import Task
@@ -26,8 +27,10 @@ class LocalExecutor(Executor):
     Its rollouts are hosted as a rollout actor hosts its own (``RolloutHost``), with no bound
     of its own. ``runtime`` is the kind of the runtimes rollouts own: ``"auto"`` (the sandbox where the
     machine runs one, else local; ``runtime_reason`` then says why) or any provider's name
-    (``_runtimes/providers.py``: ``"local"``, ``"sandbox"``, ``"podman"``, ...). A runtime starts on its first use (``LazyRuntime``): a rollout that never
-    runs a program costs no directory, no cgroup.
+    (``_runtimes/providers.py``: ``"local"``, ``"sandbox"``, ``"podman"``, ...), for the
+    rollouts whose task (``TaskData.runtime``) or run (``EvalConfig.runtime``) names none. A
+    runtime starts on its first use (``LazyRuntime``): a rollout that never runs a program
+    costs no directory, no cgroup.
 
     Owned runtimes live on an in-process ``RuntimeHost``, so that if this process is killed
     its guardian still removes their processes and directories.
@@ -85,6 +88,8 @@ class LocalExecutor(Executor):
         if self._runtimes is not None:
             await self._runtimes.prepare(*wanted(upcoming, admitted))
 
-    def _new_runtime(self, name: str, image: str | None = None) -> Runtime:
+    def _new_runtime(
+        self, name: str, image: str | None = None, kind: str | None = None, resources: TaskResources | None = None
+    ) -> Runtime:
         assert self._runtimes is not None
-        return LazyRuntime(self._runtimes.new_runtime(name, owner=name, image=image))
+        return LazyRuntime(self._runtimes.new_runtime(name, owner=name, image=image, kind=kind, resources=resources))

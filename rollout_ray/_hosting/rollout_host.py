@@ -167,6 +167,7 @@ def build_rollout(
         model=spec.model,
         runtime=spec.runtime,
         runtime_factory=runtime_factory,
+        runtime_kind=spec.runtime_kind,
         interception=None if spec.harness.in_process else interception,
         tool_server=tool_server,
         limits=spec.limits,

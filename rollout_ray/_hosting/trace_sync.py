@@ -21,6 +21,9 @@ tool_calls                 serving side     back, appended (the node's tool serv
                                             each call on the session's copy, so a trace
                                             ``@stop`` sees it before the next model call)
 tools                      serving side     back, the whole list (replaced)
+state                      serving side     back, the whole object (replaced: ``/state``
+                                            writes and stateful tools replace it whole,
+                                            last write wins, as upstream)
 stop_condition,            serving side     back; folded in with ``Trace.stop``, so the
 is_completed                                first stop wins on both sides
 session error (stashed)    serving side     back, as the error itself (B30, B31)
@@ -48,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+from pydantic import BaseModel
 
 from .._core.hooks import Hook
 from .._core.limits import RolloutLimits
@@ -90,6 +94,8 @@ class SessionDelta(msgspec.Struct):
     is_completed: bool
     error: bytes | None = None
     """The stashed error, pickled (its type is the rollout's, not the wire's)."""
+    state: dict[str, Any] | None = None
+    """The copy's ``trace.state`` (``None`` from a sender that predates it: keep the owner's)."""
 
 
 @dataclass
@@ -103,6 +109,8 @@ class SessionSpec:
     model_name: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     prepared: set[bytes] = field(default_factory=set)
+    state_type: type[BaseModel] | None = None
+    """The task's state model, which the serving side's ``/state`` validates writes into."""
     owner: str | None = None
     """Who registered it (a rollout actor), so a dead owner's sessions can be dropped."""
 
@@ -123,6 +131,7 @@ class SessionSpec:
             model_name=session.model_name,
             sampling=session.sampling,
             prepared=set(session.prepared),
+            state_type=session.state_type,
         )
 
     def session(self, model: Model) -> RolloutSession:
@@ -139,6 +148,7 @@ class SessionSpec:
             response_stops=hooks.get("response_stops", ()),
             request_interceptors=hooks.get("request_interceptors", ()),
             response_interceptors=hooks.get("response_interceptors", ()),
+            state_type=self.state_type,
         )
         session.prepared = set(self.prepared)
         return session
@@ -157,6 +167,7 @@ def delta(session: RolloutSession, since: Cursor) -> SessionDelta:
         stop_condition=trace.stop_condition,
         is_completed=trace.is_completed,
         error=pickle.dumps(session.error) if session.error is not None else None,
+        state=trace.state,
     )
 
 
@@ -170,6 +181,8 @@ def apply_delta(session: RolloutSession, change: SessionDelta) -> None:
     trace.response_rewrites.extend(change.response_rewrites)
     trace.tool_calls.extend(change.tool_calls)
     trace.tools = list(change.tools)
+    if change.state is not None:
+        trace.state = dict(change.state)
     if change.stop_condition is not None:
         trace.stop(change.stop_condition)
     trace.is_completed = trace.is_completed or change.is_completed

@@ -30,6 +30,7 @@ from .._core.policy_gate import PolicyGate, process_gate
 from .._hosting.gc_tuning import tune_for_rollouts
 from .._hosting.node_services import NodeServices, lost_session
 from .._hosting.trace_sync import Cursor, SessionDelta, SessionSpec
+from . import shared_cluster  # noqa: F401 - makes scope="cluster" shared servers work here
 from .calls import NAMESPACE, SHUTDOWN_GRACE, stop_actor
 from .wire import ShipmentUnpacker
 

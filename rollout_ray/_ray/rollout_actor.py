@@ -34,6 +34,7 @@ from .._hosting.rollout_host import RolloutHost
 from .._record.messages import Message
 from .._record.trace import Trace
 from .._runtimes.host import runtime_kind
+from . import shared_cluster  # noqa: F401 - makes scope="cluster" shared servers work here
 from .calls import call
 from .node_services_client import NodeServicesRef, RayInterception, RayToolServer
 from .remote_runtime import owned_runtime
@@ -133,7 +134,7 @@ class _RolloutActor:
         self.host = RolloutHost(
             capacity,
             interception=RayInterception(services, owner),
-            runtime_factory=functools.partial(owned_runtime, kind=runtime, actor=self._runtime_actor),
+            runtime_factory=functools.partial(owned_runtime, kind=runtime, actor=self._runtime_actor, default=runtime),
             tool_server=RayToolServer(services, owner).serve,
         )
         self._unpacker = ShipmentUnpacker()

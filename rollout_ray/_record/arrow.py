@@ -33,6 +33,11 @@ Schema version 5 appended the branches: ``branches`` (int32), how many root-to-l
 the conversation has (one per ``token_branch`` value), and ``branch_reasons``
 (list<string>), why each exists (``main``, ``subagent``, ``compaction``, ``resample``,
 ``edit``: ``branching.py``). Tables of versions 1 to 4 lack them and are read with nulls.
+
+Schema version 6 appended the agents (``agent_branches.py``): ``token_agent`` (list<string>), the
+agent of each training sequence, aligned with ``token_branch`` (null where the token columns
+are), and ``agent_rewards`` (map<string, float64>), each agent's reward (the rollout's own
+agent's alone without peers). Tables of versions 1 to 5 lack them and are read with nulls.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._errors import SchemaMismatch
+from .agent_branches import agent_rewards, sequence_agents
 from .branching import branch_reasons
 from .openai_codec import wire_message
 from .token_columns import TOKEN_COLUMNS, row_sequences, token_columns
@@ -57,6 +63,7 @@ from .token_store import has_stored_ids, restore_rows, without_ids
 from .tokens import has_tokens, policy_range
 from .trace import ErrorRecord, Trace
 from .trace_schema import (
+    AGENT_COLUMNS,
     ARROW_SCHEMA_VERSION,
     BRANCH_COLUMNS,
     CONVERSATION_COLUMNS,
@@ -71,6 +78,7 @@ from .trace_schema import (
 )
 
 __all__ = [  # the schema's names are re-exported: importers of arrow keep working
+    "AGENT_COLUMNS",
     "ARROW_SCHEMA_VERSION",
     "BRANCH_COLUMNS",
     "CONVERSATION_COLUMNS",
@@ -214,6 +222,8 @@ def records_to_table(records: Sequence[RolloutRecord]) -> pa.Table:
         "policy_max": [high for _, high in ranges],
         "branches": [len(reasons) for reasons in why],
         "branch_reasons": why,
+        "token_agent": [None if r is None else sequence_agents(t, r) for t, r in zip(traces, sequences)],
+        "agent_rewards": _score_map(agent_rewards(t) for t in traces),
     }
     arrays = [_to_array(columns[f.name], f.type) for f in TRACE_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=TRACE_SCHEMA)

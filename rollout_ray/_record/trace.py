@@ -97,6 +97,10 @@ class Trace(msgspec.Struct, kw_only=True):
     """The build that recorded the trace (a trace read back keeps its recorded one)."""
     user_turns: list[UserTurn] = msgspec.field(default_factory=list)
     """A simulated user's turns (``Task.user_simulator``), apart from the policy's calls."""
+    state: dict[str, Any] = msgspec.field(default_factory=dict)
+    """The rollout's shared state (upstream's ``Trace.state``) as a JSON object: what setup,
+    hooks and stateful tools write; read and replaced over the proxy's ``/state`` route. Kept
+    in the record (upstream's leaves it out) so a rescore or a reader sees what was scored."""
 
     # -- derived views (never serialised) ---------------------------------------------------
 

@@ -18,7 +18,7 @@ from .token_columns import POLICY_TOKEN_FIELD, TOKEN_COLUMNS, TOKEN_FIELDS
 # WARNING: the schema evolves by appending columns at the end of TRACE_SCHEMA, never by
 # retyping, renaming or reordering one. Bump only for an incompatible change: a reader refuses
 # a table whose version is newer than the one it knows.
-ARROW_SCHEMA_VERSION = 5
+ARROW_SCHEMA_VERSION = 6
 
 VERSION_KEY = b"rollout_ray.schema_version"
 """The schema-metadata key holding ``ARROW_SCHEMA_VERSION`` (ASCII digits)."""
@@ -70,9 +70,10 @@ _ATTEMPT = pa.struct([pa.field("attempt", pa.int32()), pa.field("errors", pa.lis
 _HISTORY_FIELDS = [pa.field("attempts", pa.list_(_ATTEMPT))]
 _POLICY_FIELDS = [POLICY_TOKEN_FIELD, pa.field("policy_min", pa.int64()), pa.field("policy_max", pa.int64())]
 _BRANCH_FIELDS = [pa.field("branches", pa.int32()), pa.field("branch_reasons", pa.list_(pa.string()))]
+_AGENT_FIELDS = [pa.field("token_agent", pa.list_(pa.string())), pa.field("agent_rewards", SCORES)]
 
 TRACE_SCHEMA: pa.Schema = pa.schema(
-    _SCALAR_FIELDS + _CONVERSATION_FIELDS + _HISTORY_FIELDS + _POLICY_FIELDS + _BRANCH_FIELDS,
+    _SCALAR_FIELDS + _CONVERSATION_FIELDS + _HISTORY_FIELDS + _POLICY_FIELDS + _BRANCH_FIELDS + _AGENT_FIELDS,
     metadata={VERSION_KEY: str(ARROW_SCHEMA_VERSION).encode()},
 )
 """One row per rollout; see the module docstring for the column sets."""
@@ -93,11 +94,16 @@ POLICY_COLUMNS: tuple[str, ...] = ("policy_min", "policy_max")
 BRANCH_COLUMNS: tuple[str, ...] = tuple(f.name for f in _BRANCH_FIELDS)
 """How many branches a rollout's conversation has and why each exists (small)."""
 
+AGENT_COLUMNS: tuple[str, ...] = tuple(f.name for f in _AGENT_FIELDS)
+"""Whose each training sequence is (aligned with ``token_branch``) and each agent's reward
+(``_record/agent_branches.py``): a multi-agent rollout's per-agent view (small)."""
+
 _ADDED_IN = {
     **dict.fromkeys(TOKEN_COLUMNS[:5], 2),
     **dict.fromkeys(HISTORY_COLUMNS, 3),
     **dict.fromkeys(("token_policy", *POLICY_COLUMNS), 4),
     **dict.fromkeys(BRANCH_COLUMNS, 5),
+    **dict.fromkeys(AGENT_COLUMNS, 6),
 }
 """Columns appended after version 1, by the version that added them."""
 

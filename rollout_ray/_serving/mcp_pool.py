@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._core.runtime import Runtime
 from .mcp_client import HTTPClient, Limits
 from .mcp_stdio import StdioClient
 
@@ -42,21 +43,30 @@ def http_client(server: str, url: str, headers: Mapping[str, str], limits: Limit
 
 
 def stdio_client(
-    server: str, command: Sequence[str], env: Mapping[str, str] | None, cwd: str | None, limits: Limits, runtime_id: str
+    server: str,
+    command: Sequence[str],
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    limits: Limits,
+    runtime_id: str,
+    runtime: Runtime | None = None,
+    files: Mapping[str, str | bytes] | None = None,
 ) -> StdioClient:
     """The stdio MCP server ``command`` of one runtime (or one caller: ``runtime_id`` is whose
-    server it is, never shared beyond it), leased: ``release_stdio`` when done."""
+    server it is, never shared beyond it), leased: ``release_stdio`` when done. With
+    ``runtime``, the server runs in it (the first lease's runtime: every lease names the same box)."""
     if not runtime_id:
         raise ValueError(
             f"stdio MCP server {server!r}: runtime_id must name the runtime (or caller) it serves; "
             "a server keyed on nothing would be shared by every rollout of the process"
         )
-    key = (server, tuple(command), tuple(sorted((env or {}).items())), cwd, limits, runtime_id)
+    shipped = tuple(sorted((files or {}).items()))
+    key = (server, tuple(command), tuple(sorted((env or {}).items())), cwd, limits, runtime_id, shipped)
     pool = _pool()
     client, leases = pool.stdio.get(key, (None, 0))
     if client is None:
         starting = pool.starting.setdefault(limits.max_starting, asyncio.Semaphore(limits.max_starting))
-        client = StdioClient(server, command, env, cwd, limits, starting)
+        client = StdioClient(server, command, env, cwd, limits, starting, runtime, files)
     pool.stdio[key] = (client, leases + 1)
     return client
 

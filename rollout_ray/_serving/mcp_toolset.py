@@ -6,7 +6,8 @@ plain data until it is opened where the tools are served (the node's tool server
 rollout's process for an in-process harness): there it takes this process's client of the
 server (``mcp_pool``): one per HTTP server for every rollout served here; one stdio server
 per rollout's runtime, started on first use and stopped when the runtime's last rollout lets
-go of it. Calls land on ``trace.tool_calls`` and run under the tool server's bounds like any
+go of it; the stdio server runs IN that runtime (a sandboxed rollout's server is sandboxed
+too). Calls land on ``trace.tool_calls`` and run under the tool server's bounds like any
 toolset's.
 
 A server that fails (unreachable, dead, hung, garbage, too big) fails the rollout with a
@@ -45,9 +46,14 @@ class MCPToolset(Toolset):
         name: the tool server's name (as a ``Toolset``'s ``name``).
         url: a streamable HTTP endpoint (e.g. ``http://127.0.0.1:8000/mcp``); or
         command: a stdio server to start (e.g. ``["npx", "-y", "@modelcontextprotocol/server-filesystem", "/data"]``),
-            one per rollout runtime, run on the host unsandboxed. Its environment is ``env`` over
-            HOME, LOGNAME, PATH, SHELL, TERM and USER of this process (no other host variable:
-            pass what it needs in ``env``); its working directory ``cwd``, or a fresh empty one.
+            one per rollout runtime, run in that runtime as its programs are (its filesystem,
+            network policy and environment allow-list, plus ``env``), working in ``cwd`` (a
+            directory of the runtime) or the runtime's work directory. A rollout without a
+            runtime runs it on the host, its environment ``env`` over HOME, LOGNAME, PATH,
+            SHELL, TERM and USER of this process, in ``cwd`` or a fresh empty directory.
+        files: for a stdio server, files written into its working directory before it starts
+            (relative path -> content), as ``ProgramHarness(files=)``: a server whose script is
+            on the host (in a checkout) ships it this way, since a sandbox sees none of it.
         headers: sent with every HTTP request (e.g. ``Authorization``).
         timeout: seconds per request to the server; over it the rollout fails with
             ``ToolServerError``. Keep it under the tool server's ``call_timeout`` (60 s), which
@@ -67,6 +73,7 @@ class MCPToolset(Toolset):
         headers: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        files: Mapping[str, str | bytes] | None = None,
         timeout: float = 30.0,
         start_timeout: float = 30.0,
         max_message: int = 16 << 20,
@@ -79,9 +86,14 @@ class MCPToolset(Toolset):
             raise ToolsetError(f"MCPToolset {name!r}: pass url= (streamable HTTP) or command= (stdio), one of them")
         if url is not None and not url.startswith(("http://", "https://")):
             raise ToolsetError(f"MCPToolset {name!r}: url must be http:// or https://, got {url!r}")
+        if files and url is not None:
+            raise ToolsetError(
+                f"MCPToolset {name!r}: files= is for a stdio server (command=); a server at a url has its own"
+            )
         self.name = name  # type: ignore[misc]  # per instance: one class serves many servers
         self.url, self.command = url, list(command or [])
         self.headers, self.env, self.cwd = dict(headers or {}), None if env is None else dict(env), cwd
+        self.files = dict(files or {})
         self.limits = Limits(
             timeout=timeout,
             start_timeout=start_timeout,
@@ -104,7 +116,7 @@ class MCPToolset(Toolset):
             # Without a runtime, the server is this toolset's own: keyed on nothing, it was shared
             # by every runtime-less rollout of the process (one rollout's files and state seen by another).
             owner = f"toolset-{id(self)}" if runtime is None else runtime.id
-            client = stdio_client(self.name, self.command, self.env, self.cwd, self.limits, owner)
+            client = stdio_client(self.name, self.command, self.env, self.cwd, self.limits, owner, runtime, self.files)
         self._client = client
         try:
             await client.ready()

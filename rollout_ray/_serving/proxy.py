@@ -1,7 +1,8 @@
 """HTTPInterception: the interception proxy (§5.1, §5.2).
 
 One aiohttp server multiplexes many rollouts, each registered under two fresh secrets: the
-*model secret* (the harness's key for ``/v1/*``) and the *state secret* (``/task``). The
+*model secret* (the harness's key for ``/v1/*`` and the ``/tool`` gate) and the *state secret*
+(``/task`` and ``/state``). The
 pipeline itself lives in ``RolloutSession``; what depends on the format the agent speaks
 (Chat Completions, Responses, Anthropic Messages: its routes, key header, request, answer,
 stream, error body and ids) lives in its ``Dialect`` (``_serving/dialects``). This module
@@ -34,7 +35,7 @@ import functools
 import hashlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -45,6 +46,7 @@ from .._core.interception import ChatClient, Interception, Slot
 from .._core.session import RolloutSession
 from .._errors import Refusal, RolloutError, UpstreamError, WireError
 from .._record.messages import Message, Response
+from . import channels
 from .dialects import Dialect, Parsed, all_dialects
 from .dialects.chat_completions import ChatCompletions
 from .http_service import DEFAULT_READ_TIMEOUT, BodyBudget, Handlers, HTTPService, InFlight, Refused, Reservation
@@ -75,6 +77,9 @@ class _Registration:
     held: InFlight = field(default_factory=InFlight)
     """The rollout's requests being handled now, and the body bytes reserved for them."""
 
+
+Answer = Callable[[RolloutSession, bytes], Awaitable[bytes]]
+"""A side channel's answer to a session and a request body (``channels.py``)."""
 
 _OPENAI = ChatCompletions()
 """The dialect of the routes every SDK shares (``/v1/models``) and of the state route."""
@@ -145,6 +150,9 @@ class HTTPInterception(HTTPService, Interception):
                 router.add_post(path, functools.partial(self._side_route, dialect, answer))
         router.add_get("/v1/models", self._models)
         router.add_get("/task", self._task)
+        router.add_get("/state", functools.partial(self._channel, self._by_state, "state", channels.get_state))
+        router.add_put("/state", functools.partial(self._channel, self._by_state, "state", channels.put_state))
+        router.add_post("/tool", functools.partial(self._channel, self._by_model, "rollout", channels.gate))
 
     async def stop(self) -> None:
         for registration in list(self._by_model.values()):
@@ -206,6 +214,27 @@ class HTTPInterception(HTTPService, Interception):
             ),
             content_type="application/json",
         )
+
+    async def _channel(
+        self, table: dict[str, _Registration], key: str, answer: Answer, request: web.Request
+    ) -> web.Response:
+        """A side channel (``channels.py``): the session by its ``key`` secret, the body
+        bounded as a model call's, and the channel's answer."""
+        registration = self._lookup(request, table)
+        if registration is None:
+            return _error(401, f"unknown or missing {key} secret", kind="authentication_error")
+        try:
+            with self.admitted(request, registration.held) as reservation, registration.handlers.track():
+                body = await self.read_body(request, reservation) if request.body_exists else b""
+                return web.Response(body=await answer(registration.session, body), content_type="application/json")
+        except Refused as e:
+            refusal = _error(e.status, str(e), headers=self.refusal_headers(e))
+            refusal.force_close()  # the body is never read into memory: no keep-alive after it
+            return refusal
+        except WireError as e:
+            return _error(e.status, str(e))
+        except channels.ChannelError as e:
+            return _error(e.status, str(e), kind=e.kind)
 
     async def _side_route(
         self, dialect: Dialect, answer: Callable[[bytes], bytes], request: web.Request

@@ -1,4 +1,4 @@
-"""Tool servers shared by a taskset: one HTTP MCP server per node for all its rollouts.
+"""Tool servers shared by a taskset: one HTTP MCP server per node (or per cluster) for all its rollouts.
 
 ``SharedToolServer("search", command=[..., "{port}"])`` is a task's toolset like any
 ``MCPToolset``, but its server is not the rollout's: the first rollout on a node that needs it
@@ -8,6 +8,10 @@ Where it is served it is checked: a server whose process is gone or whose port d
 is started again (by whoever sees it first), and the process that started it restarts it as
 soon as it dies. It is stopped with the process that started it (the kernel sends it SIGTERM
 when that process ends: the run's end) or by ``stop_shared_servers``.
+
+With ``scope="cluster"`` one process of the cluster starts and watches it as above (a named
+Ray actor: ``_ray/shared_cluster``, which registers itself here as ``CLUSTER``); every opening
+asks that actor for its port, which checks it first.
 
 A call still goes through the rollout's own toolset: it lands on that rollout's
 ``trace.tool_calls`` under that rollout's tool-server bounds, as any MCP call does.
@@ -28,7 +32,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,8 +60,8 @@ class SharedToolServer(MCPToolset):
         name: the tool server's name.
         command: the server's argv; ``{port}`` in it is replaced by the loopback port it must
             serve on (e.g. ``[sys.executable, "server.py", "{port}"]``).
-        scope: ``"node"`` (one per node). A cluster-wide server is one you run yourself and
-            name with ``MCPToolset(name, url=...)``.
+        scope: ``"node"`` (one per node) or ``"cluster"`` (one for the whole Ray cluster:
+            a named actor holds it; reached over loopback, so from its own node).
         path: the MCP endpoint's path on the server.
         ready_timeout: seconds for a started server to answer on its port.
         **kwargs: ``MCPToolset``'s client settings (``timeout``, ``max_connections``, ...).
@@ -73,11 +77,8 @@ class SharedToolServer(MCPToolset):
         ready_timeout: float = 60.0,
         **kwargs: Any,
     ) -> None:
-        if scope != "node":
-            raise ToolsetError(
-                f"SharedToolServer {name!r}: scope must be 'node', got {scope!r}; for one "
-                "server for the whole cluster run it yourself and pass MCPToolset(name, url=...)"
-            )
+        if scope not in ("node", "cluster"):
+            raise ToolsetError(f"SharedToolServer {name!r}: scope must be 'node' or 'cluster', got {scope!r}")
         if not command or not any("{port}" in part for part in command):
             raise ToolsetError(
                 f"SharedToolServer {name!r}: command must contain '{{port}}', where the "
@@ -90,12 +91,24 @@ class SharedToolServer(MCPToolset):
 
     @property
     def key(self) -> str:
-        """What names this server on a node: its name and command."""
-        digest = hashlib.sha256(json.dumps([self.name, self.shared_command]).encode()).hexdigest()[:16]
+        """What names this server on a node (or in the cluster): its name, command and scope."""
+        named = (
+            [self.name, self.shared_command] if self.scope == "node" else [self.name, self.shared_command, self.scope]
+        )
+        digest = hashlib.sha256(json.dumps(named).encode()).hexdigest()[:16]
         return f"{self.name}-{digest}"
 
     async def _open_tools(self, runtime: Runtime | None) -> None:
-        port = await ensure_running(self)
+        if self.scope == "cluster":
+            if CLUSTER is None:
+                raise ToolServerError(
+                    self.name,
+                    "scope='cluster' needs Ray (the cluster's one server is held by a Ray actor); "
+                    "run on Ray (rollout-ray eval) or use scope='node'",
+                )
+            port = await CLUSTER(self)
+        else:
+            port = await ensure_running(self)
         self.url = f"http://127.0.0.1:{port}{self.path}"
         await super()._open_tools(runtime)
 
@@ -108,6 +121,10 @@ class _Started:
     process: subprocess.Popen[bytes]
     watcher: asyncio.Task[None] | None = None
 
+
+CLUSTER: Callable[[SharedToolServer], Awaitable[int]] | None = None
+"""The loopback port of a ``scope="cluster"`` server, checked (and started) by the cluster's one
+holder: set by ``_ray/shared_cluster`` when Ray is in the process."""
 
 _STARTED: dict[str, _Started] = {}
 _stopping = False

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,7 +185,7 @@ class ToolServer(HTTPService):
             with (
                 self.admitted(request, registration.held) as reservation,
                 registration.handlers.track(),
-                calling_as(self._caller(registration)),
+                self._calling(registration),
             ):
                 return await self._call(request, registration, toolset, reservation)
         except Refused as e:
@@ -193,10 +193,11 @@ class ToolServer(HTTPService):
             refusal.force_close()  # the body is never read into memory: no keep-alive after it
             return refusal
 
-    def _caller(self, registration: _Registration) -> str | None:
-        """The trace id of the rollout a registration serves, when its session can be found."""
+    def _calling(self, registration: _Registration) -> AbstractContextManager[None]:
+        """Calls run as the rollout's a registration serves, on its trace (``calling_as``),
+        when its session can be found: its trace id to shared servers, its state to tools."""
         session = self._sessions(registration.state_secret) if self._sessions is not None else None
-        return None if session is None else session.trace.id
+        return calling_as(None) if session is None else calling_as(session.trace.id, session.trace)
 
     def _stash(self, registration: _Registration, error: ToolServerError) -> None:
         """Make ``error`` the rollout's (its session's stashed error), when it can be found."""
@@ -228,7 +229,7 @@ class ToolServer(HTTPService):
             with (
                 self.admitted(request, registration.held) as reservation,
                 registration.handlers.track(),
-                calling_as(self._caller(registration)),
+                self._calling(registration),
             ):
                 try:
                     body = await self.read_body(request, reservation)

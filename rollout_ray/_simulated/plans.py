@@ -110,10 +110,18 @@ def _split_write(arg: str) -> tuple[str, str]:
     return path.strip(), content.strip()
 
 
+def _lines_of(content: Any) -> str:
+    """A message's text parts a line apart: an agent sends its instructions as several parts
+    (Codex: the task's, then its skills'), and a plan's last line must not run into the next."""
+    if isinstance(content, list):
+        return "\n".join(text_of([p]) for p in content)
+    return text_of(content)
+
+
 def _plan_message(messages: list[dict[str, Any]]) -> tuple[int, tuple[list[tuple[str, str]], str]] | None:
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].get("role") in ("user", "system", "developer"):
-            plan = parse_plan(text_of(messages[i].get("content")))
+            plan = parse_plan(_lines_of(messages[i].get("content")))
             if plan is not None:
                 return i, plan
     return None

@@ -12,9 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+from pydantic import BaseModel
 
 from .._record.messages import Request, Response
 from .._record.trace import Trace
+from .v1_state import with_typed_state
 
 Routing = dict[str, str]
 """A v1 stop's parameters by what they take: ``"Trace"``, ``"Request"`` or ``"Response"``."""
@@ -37,17 +39,22 @@ def routing(fn: Callable[..., Any]) -> Routing:
     return out
 
 
-def as_our_hook(fn: Callable[..., Any], params: Routing, *, intercept: bool = False) -> Callable[..., Any]:
+def as_our_hook(
+    fn: Callable[..., Any], params: Routing, *, intercept: bool = False, state: type[BaseModel] | None = None
+) -> Callable[..., Any]:
     """``fn`` with our boundary's parameters: ``value`` (our ``Request`` or ``Response``) when
-    it takes one, and ``trace``; each converted to what ``fn`` annotated. An interceptor's
-    replacement comes back as ours (``None``, or the same value, changes nothing)."""
+    it takes one, and ``trace`` (its ``state`` typed as ``state``: ``v1_state.py``); each converted
+    to what ``fn`` annotated. An interceptor's replacement comes back as ours (``None``, or the
+    same value, changes nothing)."""
     side = next((k for k in params.values() if k != "Trace"), None)
 
     async def stop(**given: Any) -> Any:
-        args = {}
-        for name, kind in params.items():
-            args[name] = given["trace"] if kind == "Trace" else _upstream(kind, given["value"])
-        result = fn(**args)
+        args = {name: _upstream(kind, given["value"]) for name, kind in params.items() if kind != "Trace"}
+
+        def call(trace: Any) -> Any:
+            return fn(**args, **{name: trace for name, kind in params.items() if kind == "Trace"})
+
+        result = await with_typed_state(given["trace"], state, call) if "trace" in given else call(None)
         if inspect.isawaitable(result):
             result = await result
         if not intercept or result is None:

@@ -10,12 +10,13 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import ConfigDict
+from pydantic import BaseModel, ConfigDict
 
 from .._core.hooks import Hook, HookKind
 from .._core.task import Task, TaskData
 from .boundary import as_our_hook, routing
 from .v1_runtime import v1_runtime
+from .v1_state import state_type, with_typed_state
 from .v1_toolset import refusal as toolset_refusal
 from .v1_toolset import toolset_class
 
@@ -59,10 +60,10 @@ class V1Task(Task):
     async def setup(self, trace: Any, runtime: Any) -> None:
         """The v1 task's ``setup`` with our trace (it reads as upstream's) and our runtime
         with upstream's calls (``v1_runtime.py``)."""
-        await self.upstream.setup(trace, v1_runtime(runtime))
+        await with_typed_state(trace, self.state_type, lambda t: self.upstream.setup(t, v1_runtime(runtime)))
 
     async def finalize(self, trace: Any, runtime: Any) -> None:
-        await self.upstream.finalize(trace, v1_runtime(runtime))
+        await with_typed_state(trace, self.state_type, lambda t: self.upstream.finalize(t, v1_runtime(runtime)))
 
     def toolsets(self, config: Any) -> list[Any]:  # type: ignore[override]
         """The v1 task's toolsets as ours, one set per rollout; made from the v1 task's own
@@ -74,7 +75,9 @@ class V1Task(Task):
             return [
                 Hook(
                     fn.__name__,
-                    as_our_hook(fn, self.routing[kind, fn.__name__], intercept=kind == "intercept"),
+                    as_our_hook(
+                        fn, self.routing[kind, fn.__name__], intercept=kind == "intercept", state=self.state_type
+                    ),
                     getattr(fn, f"{kind}_priority", 0),
                 )
                 for fn in _boundary_hooks(self.upstream, kind)
@@ -82,7 +85,7 @@ class V1Task(Task):
         hooks = [
             Hook(
                 fn.__name__,
-                _with_v1_row(fn, self.upstream.data),
+                _with_v1_row(fn, self.upstream.data, self.state_type),
                 getattr(fn, f"{kind}_priority", 0),
                 float(getattr(fn, "_vf_weight", 1.0)),
             )
@@ -90,7 +93,12 @@ class V1Task(Task):
         ]
         if kind == "reward":  # plugged judges score as rewards after the task's own, as upstream's
             hooks += [
-                Hook(j.reward_name, _with_v1_row(j.score, self.upstream.data), -1 << 30, float(j.config.weight))
+                Hook(
+                    j.reward_name,
+                    _with_v1_row(j.score, self.upstream.data, self.state_type),
+                    -1 << 30,
+                    float(j.config.weight),
+                )
                 for j in self.judges
             ]
         return hooks
@@ -104,7 +112,11 @@ def adapter_class(upstream_cls: type) -> type[V1Task]:
     return type(
         upstream_cls.__name__,
         (V1Task,),
-        {"__module__": upstream_cls.__module__, "__qualname__": f"{upstream_cls.__qualname__}.rollout_ray"},
+        {
+            "__module__": upstream_cls.__module__,
+            "__qualname__": f"{upstream_cls.__qualname__}.rollout_ray",
+            "state_type": state_type(upstream_cls),
+        },
     )
 
 
@@ -130,11 +142,8 @@ def refuse_unmapped(upstream: Any) -> None:
         for f, default in _UNMAPPED_DEFAULTS.items()
         if getattr(upstream.data, f, default) != default
     ]
-    reasons += (
-        [f"its row asks for resources ({upstream.data.resources})"]
-        if upstream.data.resources.model_dump(exclude_none=True)
-        else []
-    )
+    unmapped = sorted(set(upstream.data.resources.model_dump(exclude_none=True)) - {"cpu", "memory"})
+    reasons += [f"its row asks for {' and '.join(unmapped)} ({upstream.data.resources})"] if unmapped else []
     if reasons:
         raise ValueError(f"verifiers task {name}: not mapped onto rollout_ray yet: {reasons[0]}")
 
@@ -165,18 +174,23 @@ def _row(data: Any) -> dict[str, Any]:
     row["timeout"] = timeout or None
     row["network_allow"] = None if data.network_allow == ["*"] else list(data.network_allow)
     row["network_block"] = list(data.network_block) or None
+    row["resources"] = data.resources.model_dump(include={"cpu", "memory"}, exclude_none=True) or None  # TaskResources
     return row
 
 
-def _with_v1_row(fn: Callable[..., Any], data: Any) -> Callable[..., Any]:
-    """``fn`` called by our scoring (by parameter name) with the v1 row as ``task``."""
+def _with_v1_row(fn: Callable[..., Any], data: Any, state: type[BaseModel] | None) -> Callable[..., Any]:
+    """``fn`` called by our scoring (by parameter name) with the v1 row as ``task``, and the
+    trace with its state typed as ``state`` (``v1_state.py``)."""
 
-    def call(**available: Any) -> Any:
+    async def call(**available: Any) -> Any:
         if "task" in available:
             available["task"] = data
         if "runtime" in available:
             available["runtime"] = v1_runtime(available["runtime"])
-        return fn(**available)
+        if "trace" not in available:
+            result = fn(**available)
+            return await result if inspect.isawaitable(result) else result
+        return await with_typed_state(available.pop("trace"), state, lambda t: fn(trace=t, **available))
 
     call.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
     call.__name__ = fn.__name__

@@ -21,7 +21,8 @@ from pydantic import ValidationError
 
 from .._driver.finalize import FinalizeConfig, finalize
 from .._errors import CorruptRun
-from .._record.messages import AssistantMessage, Content, ImagePart, ToolMessage
+from .._record.agent_branches import branch_owners
+from .._record.messages import AssistantMessage, Content, ImagePart, ToolMessage, UserMessage
 from .._record.run_layout import SAMPLES
 from .._record.score_versions import rescored_trace
 from .._record.store import unreadable_is_corrupt
@@ -104,8 +105,9 @@ def _read_row(
 
 
 def trace_view(trace: Trace, token_text: Callable[[int], str] | None = None) -> dict[str, Any]:
-    """The rollout page's data: the last branch's conversation, scores, spans, errors, calls,
-    and its token sequences (each id's text too, with ``token_text``)."""
+    """The rollout page's data: the last branch's conversation (and where each other branch
+    leaves it), scores, spans, errors, calls, and its token sequences (each id's text too, with
+    ``token_text``)."""
     counts = trace.counts()
     t0 = trace.timing.start or min((n.timestamp for n in trace.nodes if n.timestamp), default=0.0)
     return {
@@ -143,6 +145,7 @@ def trace_view(trace: Trace, token_text: Callable[[int], str] | None = None) -> 
         "num_branches": trace.num_branches,
         "messages": _conversation(trace, t0),
         "branch_reasons": trace.branch_reasons,
+        "other_branches": _other_branches(trace, t0),
         "tokens": token_view(trace, token_text),
         "rewards": [
             {"name": k, "score": None if r is None else r.score, "weight": None if r is None else r.weight}
@@ -176,13 +179,49 @@ def trace_view(trace: Trace, token_text: Callable[[int], str] | None = None) -> 
 
 def _conversation(trace: Trace, t0: float) -> list[dict[str, Any]]:
     branches = trace.branches
-    if not branches:
+    return _entries(trace, branches[-1].nodes, 0, t0) if branches else []
+
+
+def _other_branches(trace: Trace, t0: float) -> list[dict[str, Any]]:
+    """Every branch but the last (the one ``messages`` shows), each from where it leaves the
+    last one: a compacted agent's turns before its summary, a sub-agent's own conversation."""
+    branches, reasons = trace.branches, trace.branch_reasons
+    if len(branches) < 2:
         return []
-    call_at = {c.node: c for c in trace.calls if c.node is not None}
+    shown = branches[-1].nodes
     out = []
-    for i in branches[-1].nodes:
+    for k, branch in enumerate(branches[:-1]):
+        shared = 0
+        while shared < min(len(branch.nodes), len(shown)) and branch.nodes[shared] == shown[shared]:
+            shared += 1
+        out.append(
+            {
+                "branch": k,
+                "reason": reasons[k] if k < len(reasons) else None,
+                "forks_after": branch.nodes[shared - 1] if shared else None,
+                "messages": _entries(trace, branch.nodes, shared, t0),
+            }
+        )
+    return out
+
+
+def _entries(trace: Trace, path: tuple[int, ...], start: int, t0: float) -> list[dict[str, Any]]:
+    """The messages of ``path[start:]``; a tool result names its tool, from the call it answers
+    on the path, where the agent's API leaves the name off (Responses, Anthropic Messages)."""
+    call_at = {c.node: c for c in trace.calls if c.node is not None}
+    # Who said each user turn (tau2-bench#392: a simulator's faults must be told from the
+    # agent's): a simulated user or another agent by name, else the task (its prompt).
+    said_by = {t.node: t for t in trace.user_turns if t.node is not None}
+    owners = branch_owners(trace)
+    tool_names: dict[str, str] = {}
+    out = []
+    for position, i in enumerate(path):
         node = trace.nodes[i]
         message = node.message
+        if isinstance(message, AssistantMessage):
+            tool_names.update((c.id, c.name) for c in message.tool_calls or ())
+        if position < start:
+            continue
         entry: dict[str, Any] = {
             "node": i,
             "role": message.role,
@@ -196,7 +235,14 @@ def _conversation(trace: Trace, t0: float) -> list[dict[str, Any]]:
                 {"id": c.id, "name": c.name, "arguments": _pretty(c.arguments)} for c in message.tool_calls or ()
             ]
         elif isinstance(message, ToolMessage):
-            entry["tool_call_id"], entry["name"] = message.tool_call_id, message.name
+            entry["tool_call_id"] = message.tool_call_id
+            entry["name"] = message.name or tool_names.get(message.tool_call_id)
+        elif isinstance(message, UserMessage):
+            turn = said_by.get(i)
+            entry["by"] = "task" if turn is None else turn.by
+            entry["by_kind"] = "task" if turn is None else ("agent" if turn.agent_node is not None else "simulator")
+        if node.sampled and owners:  # several policy agents: whose reply it is
+            entry["agent"] = owners.get(i, trace.agent.name)
         if i in call_at:
             entry["call"] = _call(call_at[i], t0)
         out.append(entry)

@@ -159,6 +159,9 @@ def test_the_two_player_example_runs_on_ray_with_a_batch_per_agent(tmp_path) -> 
         by_agent = agent_sequences(trace)
         assert trace.num_branches == 2 and sorted(by_agent) == ["agent", "player_b"]
         assert [len(by_agent[a][0].turns) for a in ("agent", "player_b")] == [3, 2]
+    stored = read_run(run_dir).select(["token_agent", "agent_rewards"]).to_pylist()
+    assert all(sorted(row["token_agent"]) == ["agent", "player_b"] for row in stored)
+    assert all(dict(row["agent_rewards"]) == {"agent": 1.0, "player_b": 1.0} for row in stored)
 
 
 def test_a_taskset_file_ships_the_plain_modules_beside_it_that_it_imports() -> None:

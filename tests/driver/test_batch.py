@@ -76,6 +76,7 @@ def test_a_group_batches_one_row_per_sequence_padded_to_the_longest() -> None:
         "advantages": [[0, 0, 0, 0.625, 0.625, 0, 0.625], [0, 0, -0.375, 0, 0, 0, 0], [0, 0, -0.375, -0.375, 0, 0, 0]],
         "sample_idx": [0, 1, 1],
         "branch": [0, 0, 1],
+        "agent": ["agent", "agent", "agent"],  # one agent: the rollout's own
         "masked": ["", "", ""],
     }
     assert set(batch) == set(expected)
@@ -90,6 +91,7 @@ def test_a_group_batches_one_row_per_sequence_padded_to_the_longest() -> None:
         "advantages": np.float32,
         "sample_idx": np.int64,
         "branch": np.int64,
+        "agent": np.dtype("<U5"),
         "masked": np.dtype("<U1"),
     }
 
@@ -120,6 +122,7 @@ def test_a_group_without_token_ids_batches_to_empty_arrays() -> None:
         "advantages": (0, 4),
         "sample_idx": (0,),
         "branch": (0,),
+        "agent": (0,),
         "masked": (0,),
     }
 

@@ -22,6 +22,7 @@ from rollout_ray import (
     SimulatedModelServer,
     Task,
     Trace,
+    metric,
     reward,
 )
 
@@ -115,3 +116,58 @@ def test_program_agents_on_ray_share_one_server_started_by_the_node_tool_server(
     assert all(t.ok and t.reward == 1.0 for t in traces)
     assert all([(r.server, r.name, r.ok) for r in t.tool_calls] == [("calc", "add", True)] for t in traces)
     assert pids[0] == pids[1] and process_alive(pids[0])  # one server, up for the node's next rollout
+
+
+BOX_SERVER = """
+import json, os, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m:
+        continue
+    if m["method"] == "initialize":
+        r = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "b", "version": "1"}}
+    elif m["method"] == "tools/list":
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+        r = {"tools": [{"name": "add", "description": "Add two integers.", "inputSchema": schema}]}
+    else:
+        args = m["params"]["arguments"]
+        with open("served-here.json", "w") as f:  # its working directory: the runtime's
+            json.dump({"pid": os.getpid(), "marker": os.environ.get("ROLLOUT_RAY_RUNTIME", "")}, f)
+        r = {"content": [{"type": "text", "text": str(args["a"] + args["b"])}]}
+    print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": r}), flush=True)
+"""
+
+
+class BoxArith(McpArith):
+    @classmethod
+    def toolsets(cls, config: Any) -> list[Any]:
+        return [MCPToolset("calc", command=[sys.executable, "-c", BOX_SERVER])]
+
+    @metric
+    async def served_in_the_box(self, trace: Trace, runtime: Any) -> float:
+        seen = json.loads(await runtime.read("served-here.json"))  # the rollout's own box holds it
+        return float(bool(seen["marker"]) and seen["pid"] < 100)  # the runtime's marker, its PID namespace
+
+
+def test_a_stdio_server_of_a_sandboxed_rollout_on_ray_runs_in_its_sandbox() -> None:
+    """On Ray the node's tool server opens the stdio server in the rollout's runtime, held by
+    the rollout actor's runtime actor and reached over its loopback bridge."""
+    from rollout_ray._runtimes.sandbox import sandbox_unavailable
+
+    if sandbox_unavailable() is not None:
+        pytest.skip(str(sandbox_unavailable()))
+
+    async def main() -> Trace:
+        actor = RolloutActor.create(capacity=1, runtime="sandbox")
+        try:
+            async with SimulatedModelServer(SimulatedModelConfig(ttft=0.0)) as server:
+                model = OpenAIModel(server.base_url, name="simulated")
+                harness = ProgramHarness([sys.executable, "agent_program.py"], files={"agent_program.py": AGENT})
+                return await actor.run(RolloutSpec(BoxArith({"prompt": "What is 17 + 25?"}), harness, model))
+        finally:
+            await actor.aclose()
+
+    trace = asyncio.run(main())
+    assert trace.errors == [] and trace.ok and trace.reward == 1.0
+    assert [(r.server, r.name, r.ok) for r in trace.tool_calls] == [("calc", "add", True)]
+    assert trace.metrics["served_in_the_box"] == 1.0

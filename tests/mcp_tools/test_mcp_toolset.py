@@ -14,7 +14,7 @@ import pytest
 from mcp import Client
 from servers import sdk_http_server, sdk_stdio_command
 
-from rollout_ray import ToolCallRecord
+from rollout_ray import LocalRuntime, ToolCallRecord
 from rollout_ray._core.tools import LocalTools, close_toolsets, open_toolsets
 from rollout_ray._errors import ToolServerError
 from rollout_ray._record.messages import ToolCall
@@ -90,15 +90,14 @@ def test_http_mcp_server_restarted_is_reconnected_and_while_down_fails_named() -
 
 
 def test_stdio_mcp_server_started_once_per_runtime_and_stopped_with_its_last_rollout() -> None:
-    class Box:  # what a toolset sees of a runtime here: its id
-        def __init__(self, id: str) -> None:
-            self.id = id
-
     async def main() -> None:
         command = sdk_stdio_command()
-        runtimes = [Box("r1"), Box("r1"), Box("r2")]
+        r1, r2 = LocalRuntime(), LocalRuntime()
+        await r1.start()
+        await r2.start()
+        runtimes = [r1, r1, r2]
         toolsets = [MCPToolset("calc", command=command, max_starting=1) for _ in runtimes]
-        await asyncio.gather(*(open_toolsets([t], r) for t, r in zip(toolsets, runtimes)))  # type: ignore[arg-type]
+        await asyncio.gather(*(open_toolsets([t], r) for t, r in zip(toolsets, runtimes)))
         pids = [(await LocalTools([t], None).call(ToolCall("1", "pid", {}))).content for t in toolsets]
         assert pids[0] == pids[1] != pids[2]
         assert (await LocalTools([toolsets[2]], None).call(ToolCall("2", "add", {"a": 2, "b": 2}))).content == "4"
@@ -108,6 +107,8 @@ def test_stdio_mcp_server_started_once_per_runtime_and_stopped_with_its_last_rol
         await close_toolsets(toolsets[1:])
         assert first.returncode is not None
         await close_clients()
+        await r1.stop()
+        await r2.stop()
 
     asyncio.run(main())
 
@@ -182,10 +183,6 @@ def test_stdio_servers_start_at_most_max_starting_at_once(tmp_path: Any) -> None
     gate = tmp_path / "gate"
     os.mkfifo(gate)
 
-    class Box:
-        def __init__(self, id: str) -> None:
-            self.id = id
-
     async def release_one() -> None:  # returns once a server opened the gate: it then answers
         await asyncio.to_thread(lambda: os.close(os.open(gate, os.O_WRONLY)))
 
@@ -197,8 +194,11 @@ def test_stdio_servers_start_at_most_max_starting_at_once(tmp_path: Any) -> None
             MCPToolset("gated", command=[sys.executable, "-c", GATED_SERVER, str(gate)], max_starting=1)
             for _ in range(2)
         ]
+        runtimes = [LocalRuntime(), LocalRuntime()]
+        for runtime in runtimes:
+            await runtime.start()
         try:
-            opening = [asyncio.ensure_future(open_toolsets([t], Box(f"r{i}"))) for i, t in enumerate(toolsets)]  # type: ignore[arg-type]
+            opening = [asyncio.ensure_future(open_toolsets([t], r)) for t, r in zip(toolsets, runtimes)]
             async with asyncio.timeout(30):
                 while sum(p is not None for p in await processes()) == 0:
                     await asyncio.sleep(0.01)
@@ -213,6 +213,8 @@ def test_stdio_servers_start_at_most_max_starting_at_once(tmp_path: Any) -> None
         finally:
             await close_toolsets(toolsets)
             await close_clients()  # kills the servers still held at the gate, if any
+            for runtime in runtimes:
+                await runtime.stop()
 
     asyncio.run(main())
 
@@ -235,23 +237,20 @@ for line in sys.stdin:
 
 
 def test_stdio_server_sees_no_host_secret_nor_the_tool_servers_directory(monkeypatch: Any, tmp_path: Any) -> None:
-    """Security review F3: a stdio server runs on the host, unsandboxed; a secret of the tool
-    server's environment must not reach it (nor, through its results, a rollout)."""
+    """Security review F3: a stdio server of a rollout without a runtime runs on the host,
+    unsandboxed; a secret of the tool server's environment must not reach it (nor, through its
+    results, a rollout)."""
     import json
 
     monkeypatch.setenv("HOST_SECRET", "sk-host-do-not-leak")
     (tmp_path / "host-file").write_text("x")
     monkeypatch.chdir(tmp_path)
 
-    class Box:
-        def __init__(self, id: str) -> None:
-            self.id = id
-
     async def main() -> None:
         bare = MCPToolset("envs", command=[sys.executable, "-c", ENV_SERVER])  # env=None: was all of the host's
         given = MCPToolset("envs", command=[sys.executable, "-c", ENV_SERVER], env={"GIVEN": "1"})
-        await open_toolsets([bare], Box("r1"))  # type: ignore[arg-type]
-        await open_toolsets([given], Box("r2"))  # type: ignore[arg-type]
+        await open_toolsets([bare], None)
+        await open_toolsets([given], None)
         try:
             seen, seen_given = [
                 json.loads((await LocalTools([t], None).call(ToolCall("1", "env", {}))).content) for t in (bare, given)

@@ -128,5 +128,18 @@ def test_a_shared_server_dies_with_the_process_that_started_it(shared_dir: Path)
 def test_a_shared_server_declaration_says_what_is_wrong() -> None:
     with pytest.raises(ToolsetError, match="command must contain '\\{port\\}'"):
         SharedToolServer("calc", [sys.executable, str(SDK_SERVER), "http"])
-    with pytest.raises(ToolsetError, match="scope must be 'node', got 'cluster'"):
-        SharedToolServer("calc", COMMAND, scope="cluster")
+    with pytest.raises(ToolsetError, match="scope must be 'node' or 'cluster', got 'world'"):
+        SharedToolServer("calc", COMMAND, scope="world")
+
+
+def test_a_cluster_scoped_server_without_ray_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollout_ray._errors import ToolServerError
+    from rollout_ray._serving import shared_server
+
+    monkeypatch.setattr(shared_server, "CLUSTER", None)  # a process where Ray's layer never loaded
+
+    async def main() -> None:
+        with pytest.raises(ToolServerError, match="tool server 'calc': scope='cluster' needs Ray"):
+            await open_toolsets([SharedToolServer("calc", COMMAND, scope="cluster")], None)
+
+    asyncio.run(main())

@@ -37,6 +37,7 @@ from rollout_ray import (
     VersionInfo,
 )
 from rollout_ray._record.arrow import (
+    AGENT_COLUMNS,
     ARROW_SCHEMA_VERSION,
     BRANCH_COLUMNS,
     CONVERSATION_COLUMNS,
@@ -171,6 +172,7 @@ def full_trace() -> Trace:
             ),
             UserTurn("player_b", "B", done=True, agent_node=7),
         ],
+        state={"count": 2, "seen": ["a", None]},
     )
 
 
@@ -392,12 +394,15 @@ V4_COLUMNS = V3_COLUMNS + ("token_policy", "policy_min", "policy_max")
 V5_COLUMNS = V4_COLUMNS + ("branches", "branch_reasons")
 """Version 5 appended how many branches the conversation has and why each exists."""
 
+V6_COLUMNS = V5_COLUMNS + ("token_agent", "agent_rewards")
+"""Version 6 appended each sequence's agent and each agent's reward."""
+
 
 def test_schema_is_versioned_and_only_appends() -> None:
-    assert ARROW_SCHEMA_VERSION == 5  # 5: how many branches and why
-    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"5"}
-    assert tuple(TRACE_SCHEMA.names) == V5_COLUMNS
-    every = SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS + BRANCH_COLUMNS
+    assert ARROW_SCHEMA_VERSION == 6  # 6: each sequence's agent, each agent's reward
+    assert TRACE_SCHEMA.metadata == {b"rollout_ray.schema_version": b"6"}
+    assert tuple(TRACE_SCHEMA.names) == V6_COLUMNS
+    every = SCALAR_COLUMNS + CONVERSATION_COLUMNS + HISTORY_COLUMNS + POLICY_COLUMNS + BRANCH_COLUMNS + AGENT_COLUMNS
     assert set(every) == set(TRACE_SCHEMA.names) and len(every) == len(TRACE_SCHEMA.names)
     assert ("messages", "trace", *TOKEN_COLUMNS) == CONVERSATION_COLUMNS
     assert (*V2_COLUMNS[len(V1_COLUMNS) :], "token_policy") == TOKEN_COLUMNS
@@ -407,13 +412,15 @@ def test_schema_is_versioned_and_only_appends() -> None:
 def test_every_scalar_column_is_derived_from_the_record() -> None:
     """Each scalar column has a non-null value for a full record: none is left unfilled."""
     [row] = records_to_table([full_record()]).to_pylist()
-    assert [name for name in SCALAR_COLUMNS + POLICY_COLUMNS + BRANCH_COLUMNS if row[name] is None] == []
+    filled = SCALAR_COLUMNS + POLICY_COLUMNS + BRANCH_COLUMNS + AGENT_COLUMNS
+    assert [name for name in filled if row[name] is None] == []
     assert set(row) == (
         set(SCALAR_COLUMNS)
         | set(CONVERSATION_COLUMNS)
         | set(HISTORY_COLUMNS)
         | set(POLICY_COLUMNS)
         | set(BRANCH_COLUMNS)
+        | set(AGENT_COLUMNS)
     )
     assert (row["policy_min"], row["policy_max"]) == (3, 4)  # the first call's runs: 3 then 4
 
@@ -440,6 +447,7 @@ TRACE_FIELDS_ACKNOWLEDGED = {
     "extra_usage": "trace blob only",
     "verifiers": "trace blob only",
     "user_turns": "trace blob only",
+    "state": "trace blob only (a task's own shape: no one column type fits every task's)",
 }
 """Where each Trace field lands in the table. A new Trace field fails the guard below until
 someone decides whether it needs a scalar column (appended to TRACE_SCHEMA) and lists it here."""
@@ -474,14 +482,14 @@ def test_a_mistyped_column_is_a_schema_mismatch() -> None:
 
 def test_a_newer_schema_version_is_refused() -> None:
     table = records_to_table([full_record()])
-    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"6"})
+    newer = table.replace_schema_metadata({b"rollout_ray.schema_version": b"7"})
     with pytest.raises(
         SchemaMismatch,
-        match=r"^trace table has schema version 6, newer than version 5 known here; "
+        match=r"^trace table has schema version 7, newer than version 6 known here; "
         r"upgrade rollout_ray to read it$",
     ):
         check_schema(newer)
-    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 6"):
+    with pytest.raises(SchemaMismatch, match=r"^trace table has schema version 7"):
         table_to_traces(newer)
     check_schema(table.replace_schema_metadata({b"rollout_ray.schema_version": b"1"}))
 

@@ -143,6 +143,7 @@ def full_trace() -> Trace:
         extra_usage=[Usage(prompt_tokens=7, completion_tokens=2)],
         verifiers=VersionInfo(version="9.9.9", commit="abc123"),
         user_turns=[UserTurn("customer", "more", done=True, node=1, call=ModelCall(model="judge"), agent_node=2)],
+        state={"offset": 1, "sums": [3, 4]},
     )
 
 
@@ -211,7 +212,7 @@ def test_b49_derived_values_are_not_serialised():
     field_names = [f.name for f in msgspec.structs.fields(Trace)]
     assert list(msgspec.to_builtins(trace)) == field_names
     assert list(msgspec.msgpack.decode(encode_trace(trace))) == field_names
-    for derived in ("reward", "num_turns", "num_input_tokens", "usage", "is_truncated", "state"):
+    for derived in ("reward", "num_turns", "num_input_tokens", "usage", "is_truncated"):
         assert derived not in field_names
 
 

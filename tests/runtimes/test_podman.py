@@ -320,7 +320,7 @@ def test_a_large_file_is_read_only_up_to_max_bytes_and_a_directory_is_refused(tm
 def test_an_execs_variables_are_not_on_the_podman_command_line() -> None:
     """Security review F5: ``--env NAME=value`` put an exec's secrets in ``ps`` for every user
     of the host; values now go through the podman client's environment."""
-    from rollout_ray._runtimes.podman import _exec_command
+    from rollout_ray._runtimes.podman_cli import exec_command as _exec_command
 
     command, env = _exec_command(
         "c1", ["sh", "-c", "echo $OPENAI_API_KEY"], {"OPENAI_API_KEY": "sk-secret"}, "/work", interactive=False
@@ -405,3 +405,55 @@ def test_an_agent_program_in_the_container_reaches_the_proxy_through_its_route()
     assert trace.errors == [], trace.errors
     assert trace.agent.runtime is not None and trace.agent.runtime.type == "podman"
     assert trace.rewards["correct"].score == 1.0 and trace.num_turns == 1
+
+
+LOOK_SERVER = """
+import json, os, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m:
+        continue
+    if m["method"] == "initialize":
+        r = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "l", "version": "1"}}
+    elif m["method"] == "tools/list":
+        r = {"tools": [{"name": "look", "inputSchema": {"type": "object"}}]}
+    else:
+        path = m["params"]["arguments"]["path"]
+        seen = {"files": sorted(os.listdir(".")), "host_file": os.path.exists(path), "env": sorted(os.environ)}
+        r = {"content": [{"type": "text", "text": json.dumps(seen)}]}
+    print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": r}), flush=True)
+"""
+
+
+def test_a_stdio_mcp_server_of_a_podman_rollout_runs_in_its_container(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30 §1: the server is the container's program (``podman exec -i``): it sees the
+    container's files, not the host's, and no host variable; the runtime's stop ends it."""
+    from rollout_ray._core.tools import LocalTools, close_toolsets, open_toolsets
+    from rollout_ray._record.messages import ToolCall
+    from rollout_ray._serving.mcp_pool import close_clients
+    from rollout_ray._serving.mcp_toolset import MCPToolset
+
+    monkeypatch.setenv("HOST_SECRET", "sk-host-do-not-leak")
+    host_file = tmp_path / "host-only.txt"
+    host_file.write_text("the host's")
+
+    async def main() -> None:
+        async with box(tmp_path) as rt:
+            await rt.write("inside.txt", "the container's")
+            tools = MCPToolset("look", command=["python3", "-c", LOOK_SERVER], env={"GIVEN": "1"}, timeout=60)
+            await open_toolsets([tools], rt)
+            try:
+                result = await LocalTools([tools], None).call(ToolCall("1", "look", {"path": str(host_file)}))
+                seen = json.loads(result.content)
+                running = (await rt.exec(["sh", "-c", LIVE.format("[t]ools/list")])).stdout
+            finally:
+                await close_toolsets([tools])
+                await close_clients()
+            assert seen["host_file"] is False and "inside.txt" in seen["files"]
+            assert "GIVEN" in seen["env"] and "HOST_SECRET" not in seen["env"]
+            assert running == "1\n"  # the server is a process of the container
+            assert (await rt.exec(["sh", "-c", LIVE.format("[t]ools/list")])).stdout == "0\n"  # closed: gone
+
+    run(main())

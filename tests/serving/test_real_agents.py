@@ -1,5 +1,6 @@
 """Codex CLI (``@openai/codex``) and Claude Code (``@anthropic-ai/claude-code``), from the
-npm registry, pinned, unchanged, as ProgramHarness rollouts on the simulated model: Codex
+npm registry, pinned, unchanged, through the package's presets (``CodexHarness``,
+``ClaudeCodeHarness``: their installs, launchers and config) on the simulated model: Codex
 speaks Responses to the proxy, Claude Code Messages (``?beta=true``, its system messages
 among the turns), each with its long prompt and its tools (those with no Chat Completions
 counterpart dropped and recorded); each answers, and is rewarded and stored as one training
@@ -15,36 +16,27 @@ import sys
 from pathlib import Path
 
 import pytest
-from agent_install import npm_binary
+from agent_rig import install_or_skip
 
+from rollout_ray._harnesses.agents import AgentHarness, ClaudeCodeHarness, CodexHarness
 from rollout_ray._runtimes.sandbox import bwrap_path, sandbox_unavailable
 
 ROLLOUT = str(Path(__file__).parent / "programs" / "agent_rollout.py")
 AGENTS = [
-    pytest.param(
-        "@openai/codex", "0.169.0", "codex", "codex_exec.py", "CODEX", "/responses", "'web_search' tool", id="codex"
-    ),
-    pytest.param(
-        "@anthropic-ai/claude-code",
-        "2.1.328",
-        "claude",
-        "claude_print.py",
-        "CLAUDE",
-        "/messages",
-        "(a thinking budget)",
-        id="claude-code",
-    ),
+    pytest.param(CodexHarness, "codex", "/responses", "'web_search' tool", id="codex"),
+    pytest.param(ClaudeCodeHarness, "claude-code", "/messages", "(a thinking budget)", id="claude-code"),
 ]
 REASON = sandbox_unavailable(disk_limit=False)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.skipif(REASON is not None, reason=f"no network namespace on this machine: {REASON}")
-@pytest.mark.parametrize(("package", "version", "binary", "wrapper", "variable", "endpoint", "dropped"), AGENTS)
+@pytest.mark.parametrize(("preset", "agent", "endpoint", "dropped"), AGENTS)
 def test_real_agent_rollout_through_the_proxy_is_one_rewarded_sequence(
-    package: str, version: str, binary: str, wrapper: str, variable: str, endpoint: str, dropped: str
+    preset: type[AgentHarness], agent: str, endpoint: str, dropped: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = npm_binary(package, version, binary)
+    install_or_skip(preset(), monkeypatch)  # here, where the registry is reachable; not in the namespace
     done = subprocess.run(
         [
             bwrap_path(),
@@ -57,9 +49,7 @@ def test_real_agent_rollout_through_the_proxy_is_one_rewarded_sequence(
             "-W",
             "error",
             ROLLOUT,
-            wrapper,
-            variable,
-            str(path.resolve()),
+            agent,
         ],
         capture_output=True,
         text=True,

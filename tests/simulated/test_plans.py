@@ -102,6 +102,17 @@ def test_without_a_plan_the_policy_is_unchanged() -> None:
     assert follow([{"role": "user", "content": "What is 2+2?"}], CODEX) is None
 
 
+def test_a_plan_in_one_part_of_a_message_ends_at_that_part() -> None:
+    """Codex sends the task's instructions and its own skills' as two parts of one developer
+    message; the plan's answer is the first part's line, not run into the second."""
+    parts = [{"type": "text", "text": "RUN: true\nANSWER: all done"}, {"type": "text", "text": "<skills>...</skills>"}]
+    messages: list[dict[str, Any]] = [{"role": "developer", "content": parts}, {"role": "user", "content": "go"}]
+    first = follow(messages, CODEX)
+    assert first is not None and first["tool_calls"][0]["function"]["arguments"] == '{"cmd": "true"}'
+    messages += [first, {"role": "tool", "tool_call_id": "call_0", "content": ""}]
+    assert follow(messages, CODEX) == {"role": "assistant", "content": "all done"}
+
+
 def test_an_mcp_result_wrapped_by_the_agent_is_reported_as_its_value() -> None:
     config = SimulatedModelConfig(ttft=0, error_rate=0.0)
     messages = [

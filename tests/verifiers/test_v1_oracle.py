@@ -63,7 +63,7 @@ def _executor(kind: str, request: pytest.FixtureRequest) -> Any:
     ray = request.getfixturevalue("ray_cluster")
     from rollout_ray._ray.ray_executor import RayExecutor
 
-    for name in ("v1_qa", "v1_hooks", "v1_tools"):  # the workers do not have envs/ on their path
+    for name in ("v1_qa", "v1_hooks", "v1_tools", "v1_ledger"):  # the workers do not have envs/ on their path
         module = __import__(name)
         ray.cloudpickle.register_pickle_by_value(module)
     return RayExecutor(actors=1, runtime="local")
@@ -151,6 +151,27 @@ def test_a_multi_turn_tool_taskset_gives_what_verifiers_own_runner_gives_task_by
         assert _outcome(mine) == _outcome(upstream), mine.task.idx
         assert [c.name for c in mine.tool_calls] == ["calc_add"]
         assert mine.last_reply == upstream.last_reply
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_a_taskset_keeping_state_with_a_stateful_toolset_gives_what_verifiers_own_runner_gives(
+    envs_importable: pathlib.Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """The task's ``setup`` writes ``trace.state``; its toolset keeps the same ``State``
+    (upstream's server pulls and pushes it over ``/state``; ours reads and writes the
+    rollout's trace around each call); a ``@stop`` reads what the tool wrote before the next
+    model call; a reward and a metric read it after. Task by task: right, wrong by the
+    offset setup wrote, stopped by the state."""
+    ours, theirs = _both("v1-ledger", envs_importable / "out", kind, request)
+    assert [(t.stop_condition, t.num_turns, t.reward) for t in theirs] == [
+        ("agent_completed", 2, 1.5),
+        ("agent_completed", 2, 0.5),
+        ("over_budget", 1, 0.5),
+    ]
+    for mine, upstream in zip(ours, theirs, strict=True):
+        assert _outcome(mine) == _outcome(upstream), mine.task.idx
+        assert mine.state == upstream.state.model_dump(mode="json"), mine.task.idx
+        assert [c.name for c in mine.tool_calls] == ["calc_add"]
 
 
 def test_setup_finalize_and_runtime_scorers_give_what_verifiers_own_runner_gives_task_by_task(

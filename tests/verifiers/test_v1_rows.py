@@ -3,12 +3,14 @@ is not mapped yet refused in one line (issue 31 §1)."""
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 
 import pytest
 import verifiers.v1 as vf
 
-from rollout_ray import RolloutTimeouts
+from rollout_ray import RolloutTimeouts, TaskResources, ToolCall, Trace
+from rollout_ray._core.tools import LocalTools
 from rollout_ray._runtimes.local import LocalRuntime
 from rollout_ray._verifiers.v1_runtime import V1Runtime
 from rollout_ray._verifiers.v1_task import V1Task, adapter_class
@@ -44,6 +46,8 @@ def test_the_shared_fields_are_mapped_and_the_rows_own_are_kept() -> None:
         "system_prompt": "Be brief.",
         "timeout": {"setup": None, "agent": 30.0, "finalize": None, "scoring": None},
         "network_allow": ["pypi.org"],
+        "runtime": None,
+        "resources": None,
         "id": "q-4",
         "description": None,
         "answer": "4",
@@ -52,6 +56,15 @@ def test_the_shared_fields_are_mapped_and_the_rows_own_are_kept() -> None:
     assert task.key == QATask(data).key
     (hook,) = task.hooks("reward")
     assert (hook.name, hook.weight, hook.priority) == ("exact", 2.0, 1)
+
+
+def test_a_rows_cores_and_memory_are_its_runtimes_resources() -> None:
+    """Issue 32: upstream's ``TaskResources(cpu, memory)`` was refused; now it is the task's
+    ``TaskData.resources`` (what podman and the sandbox hold its runtime to)."""
+    task = V1Task(QATask(QA(prompt="2+2?", answer="4", resources=vf.TaskResources(cpu=2, memory=0.5))))
+    assert task.data.resources == TaskResources(cpu=2, memory=0.5)
+    assert task.data.resources.memory_bytes == 500_000_000
+    assert V1Task(QATask(QA(prompt="2+2?", answer="4"))).data.resources is None
 
 
 def test_upstream_defaults_mean_no_policy_and_no_timeout() -> None:
@@ -66,8 +79,8 @@ def test_upstream_defaults_mean_no_policy_and_no_timeout() -> None:
         ({"workdir": "/app"}, "its row sets workdir"),
         ({"agent_user": "agent"}, "its row sets agent_user"),
         (
-            {"resources": vf.TaskResources(cpu=2)},
-            r"its row asks for resources \(cpu=2\.0 memory=None gpu=None disk=None\)",
+            {"resources": vf.TaskResources(cpu=2, gpu="A100")},
+            r"its row asks for gpu \(cpu=2\.0 memory=None gpu='A100' disk=None\)",
         ),
     ],
 )
@@ -113,14 +126,34 @@ class _Remote(vf.Toolset[_CalcConfig]):
     pass
 
 
+def test_a_toolset_keeping_state_is_mapped_its_state_read_and_written_on_each_callers_trace() -> None:
+    """As upstream's server pulls the state before a ``@vf.tool`` call and pushes it after:
+    each call sees its own rollout's ``trace.state`` (two rollouts, one toolset class)."""
+
+    class Tooled(vf.Task[QA, _Counter]):
+        @classmethod
+        def toolsets(cls, config: vf.TaskConfig) -> list[vf.Toolset]:
+            return [_Stateful(_CalcConfig())]
+
+    task = adapter_class(Tooled)(Tooled(QA(prompt="2+2?", answer="4")))
+    assert type(task).state_type is _Counter
+
+    async def calls() -> list[Trace]:
+        traces = [Trace(task=task.trace_task(), state={"calls": n, "artifacts": {}}) for n in (0, 10)]
+        for trace in (*traces, traces[0]):
+            tools = LocalTools(task.toolsets(task.config), None, caller=trace.id, trace=trace)
+            (spec,) = tools.specs()
+            outcome = await tools.call(ToolCall("c1", spec.name, '{"a": 2, "b": 2}'))
+            assert (outcome.content, outcome.error) == ("4", None)
+        return traces
+
+    first, second = asyncio.run(calls())
+    assert (first.state["calls"], second.state["calls"]) == (2, 11)
+
+
 @pytest.mark.parametrize(
     ("toolset", "reason"),
     [
-        (
-            lambda: _Stateful(_CalcConfig()),
-            r"its toolset _Stateful keeps State across calls \(needs the interception's "
-            r"/state route\)",
-        ),
         (lambda: _PerTask(_CalcConfig()), r"its toolset _PerTask overrides setup_task\(\)"),
         (lambda: _Remote(_CalcConfig(url="http://127.0.0.1:9/mcp")), "its toolset _Remote is a server at a url$"),
     ],

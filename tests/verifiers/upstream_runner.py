@@ -11,8 +11,12 @@ step records it once ``uv`` is done; so no packet leaves loopback.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
+import os
 import pathlib
+import signal
 import sys
 from typing import Any
 
@@ -32,6 +36,34 @@ def offline_chat_program(monkeypatch: pytest.MonkeyPatch, cache: pathlib.Path) -
     path = scripts / f"{hashlib.sha256(CHAT_PROGRAM_SOURCE.encode()).hexdigest()}.py"
     path.write_text(CHAT_PROGRAM_SOURCE)
     monkeypatch.setitem(runtime.SubprocessRuntime._interpreters, str(path), sys.executable)
+    monkeypatch.setattr(runtime.asyncio, "create_subprocess_exec", _tracked(asyncio.create_subprocess_exec))
+
+
+# Upstream's subprocess runtime signals its programs at the end without waiting for them, so a
+# program can outlive run_eval's loop: its pipes are then closed by the garbage collector, whose
+# ResourceWarning (an error under this suite's filterwarnings) lands in whatever test runs then.
+# Every process it starts is kept here and reaped before run_upstream_eval returns.
+_STARTED: list[asyncio.subprocess.Process] = []
+
+
+def _tracked(create: Any) -> Any:
+    async def create_and_keep(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        process = await create(*args, **kwargs)
+        _STARTED.append(process)
+        return process
+
+    return create_and_keep
+
+
+async def _reap_started() -> None:
+    while _STARTED:
+        process = _STARTED.pop()
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        await asyncio.wait_for(process.wait(), 30)
 
 
 async def run_upstream_eval(taskset_id: str, base_url: str, out: pathlib.Path, harness: str = "null") -> list[Any]:
@@ -55,5 +87,9 @@ async def run_upstream_eval(taskset_id: str, base_url: str, out: pathlib.Path, h
             "output_dir": str(out),
         }
     )
-    episodes = await run_eval(config)
+    _STARTED.clear()  # only what upstream starts in this loop (ours ran in another)
+    try:
+        episodes = await run_eval(config)
+    finally:
+        await _reap_started()
     return sorted((t for e in episodes for t in e.traces), key=lambda t: t.task.data.idx or 0)

@@ -345,3 +345,32 @@ def test_the_model_of_a_run_is_its_name_and_where_it_is_served(tmp_path: Path) -
     for name, (record, shown) in MODELS.items():
         run = get(viewer, "/api/run", run=name)
         assert run["model"] == shown and run["config"]["model"] == record  # the manifest's own record stays
+
+
+def test_each_user_turn_says_who_produced_it_a_simulated_user_or_the_task(tmp_path: Path) -> None:
+    """tau2-bench#392: a simulator's turns must be told apart from the task's in the record
+    and on the rollout page."""
+    from rollout_ray import ScriptedUser, Task, Trace
+    from rollout_ray.testing import ScriptedModel
+
+    from conftest import make_rollout, run
+
+    class Booking(Task):
+        def user_simulator(self) -> ScriptedUser:
+            return ScriptedUser(["Move my flight please", "It is ABC123"], name="customer")
+
+    trace = run(make_rollout(Booking({"prompt": "Hello"}), model=ScriptedModel(["Which?", "moved", "ok"])).run())
+    assert [t.by for t in trace.user_turns if not t.done] == ["customer", "customer"]
+
+    def shape(i: int, row: Trace) -> Trace:
+        return trace if i == 0 else row
+
+    write_run(tmp_path / "sim", 2, shape=shape)
+    r = get(Viewer([tmp_path / "sim"]), "/api/rollout", run="sim", id=trace.id)
+    users = [(m["text"], m["by_kind"], m["by"]) for m in r["messages"] if m["role"] == "user"]
+    assert users == [
+        ("Hello", "task", "task"),
+        ("Move my flight please", "simulator", "customer"),
+        ("It is ABC123", "simulator", "customer"),
+    ]
+    assert all("agent" not in m for m in r["messages"])  # one policy agent: no agent labels

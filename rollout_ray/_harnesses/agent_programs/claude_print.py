@@ -4,13 +4,18 @@ its own in the work directory (it writes its state there), the rollout's tool se
 servers (``--mcp-config``), and its shell, file and MCP tools allowed without asking (``-p``
 has nobody to ask; the rollout's runtime is the isolation).
 
+The task's system prompt is appended to Claude Code's own (``--append-system-prompt``: its own
+describes its tools); the conversation is its prompt (``task_prompt.py``).
+
 Environment: ``CLAUDE`` (the binary), ``ROLLOUT_AGENT_MODEL``, and ``ProgramHarness``'s."""
 
 import json
 import os
 
-with open(os.environ["ROLLOUT_RAY_INPUT"]) as f:
-    prompt = next(str(m["content"]) for m in json.load(f)["messages"] if m["role"] == "user")
+import task_prompt
+
+conversation = task_prompt.messages()
+instructions = task_prompt.instructions(conversation)
 home = os.path.abspath(".claude-home")
 os.makedirs(home, exist_ok=True)
 mcp = json.loads(os.environ.get("ROLLOUT_RAY_MCP") or "{}")
@@ -28,6 +33,8 @@ if mcp.get("mcpServers"):
     with open(path, "w") as f:
         json.dump(mcp, f)
     argv += ["--mcp-config", path, "--strict-mcp-config"]
+if instructions:
+    argv += ["--append-system-prompt", instructions]
 env = {
     **os.environ,
     "HOME": home,
@@ -38,4 +45,4 @@ env = {
     # then search for a tool it cannot know the name of).
     "ENABLE_TOOL_SEARCH": "false",
 }
-os.execve(os.environ["CLAUDE"], [*argv, "--", prompt], env)  # noqa: S606 - the installed agent, argv built here
+os.execve(os.environ["CLAUDE"], [*argv, "--", task_prompt.prompt(conversation)], env)  # noqa: S606 - the installed agent, argv built here

@@ -5,16 +5,25 @@ servers, its state (``CODEX_HOME``, ``HOME``) in the work directory. Codex's own
 it only fails after ~5 s, outside one it would leave the machine. Its own sandbox is bypassed:
 the rollout's runtime is the isolation (and Codex's would need privileges a sandbox lacks).
 
+The task's system prompt becomes Codex's ``developer_instructions`` (a developer message after
+its own instructions, which it needs to drive its tools); the conversation is its prompt
+(``task_prompt.py``).
+
 Environment: ``CODEX`` (the binary), ``ROLLOUT_AGENT_MODEL``, and ``ProgramHarness``'s."""
 
 import json
 import os
 
-with open(os.environ["ROLLOUT_RAY_INPUT"]) as f:
-    prompt = next(str(m["content"]) for m in json.load(f)["messages"] if m["role"] == "user")
+import task_prompt
+
+conversation = task_prompt.messages()
+instructions = task_prompt.instructions(conversation)
 home = os.path.abspath(".codex-home")
 os.makedirs(home, exist_ok=True)
 mcp = json.loads(os.environ.get("ROLLOUT_RAY_MCP") or "{}").get("mcpServers", {})
+# A top-level key, so before the first table; a TOML basic string: JSON's escapes are TOML's,
+# but for \u surrogate pairs (so non-ASCII characters are written as themselves).
+developer = f"developer_instructions = {json.dumps(instructions, ensure_ascii=False)}\n" if instructions else ""
 servers = "".join(
     f"[mcp_servers.{json.dumps(name)}]\nurl = {json.dumps(server['url'])}\n" for name, server in mcp.items()
 )
@@ -22,7 +31,7 @@ with open(os.path.join(home, "config.toml"), "w") as f:
     f.write(f"""model = {json.dumps(os.environ.get("ROLLOUT_AGENT_MODEL", "rollout"))}
 model_provider = "rollout"
 check_for_update_on_startup = false
-[model_providers.rollout]
+{developer}[model_providers.rollout]
 name = "rollout"
 base_url = {json.dumps(os.environ["OPENAI_BASE_URL"])}
 env_key = "OPENAI_API_KEY"
@@ -43,7 +52,8 @@ os.execve(  # noqa: S606 - the installed agent
         "exec",
         "--skip-git-repo-check",
         "--dangerously-bypass-approvals-and-sandbox",
-        prompt,
+        "--",
+        task_prompt.prompt(conversation),
     ],
     env,
 )

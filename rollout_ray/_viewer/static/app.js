@@ -269,8 +269,9 @@ async function rolloutView(token, runId, rolloutId) {
     h("h1", {}, "Rollout ", h("code", {}, r.id), " ", badge(r.ok)),
     rolloutFacts(r),
     r.errors.length ? section("Errors", r.errors.map(errorBlock), "errors") : null,
-    section(`Conversation (${r.messages.length} messages` + (r.num_branches > 1 ? `, last of ${r.num_branches} branches)` : ")"),
-      h("div", { class: "chat" }, r.messages.map(bubble)), "conversation"),
+    section(`Conversation (${r.messages.length} messages` + (r.num_branches > 1
+      ? `, branch ${r.num_branches - 1} of ${r.num_branches}: ${r.branch_reasons[r.num_branches - 1] || "?"})` : ")"),
+      [h("div", { class: "chat" }, r.messages.map(bubble)), (r.other_branches || []).map(otherBranch)], "conversation"),
     r.tokens.length ? section(`Tokens (${r.tokens.length} sequence${r.tokens.length > 1 ? "s" : ""}`
       + `, ${r.branch_reasons.length} branch${r.branch_reasons.length > 1 ? "es" : ""})`, tokenView(r.tokens), "tokens") : null,
     section("Rewards and metrics", scores(r), "scores"),
@@ -307,7 +308,10 @@ function bubble(m) {
     if (m.call.finish_reason) meta.push(m.call.finish_reason);
     if (m.call.usage) meta.push(`${m.call.usage.input} in / ${m.call.usage.output} out`);
   }
-  const label = m.role === "tool" ? `tool result${m.name ? ": " + m.name : ""}` : m.role;
+  let label = m.role === "tool" ? `tool result${m.name ? ": " + m.name : ""}` : m.role;
+  // Who said a user turn: a simulated user or another agent (by name) is told from the task.
+  if (m.role === "user" && m.by_kind && m.by_kind !== "task") label += ` · ${m.by_kind} ${m.by}`;
+  if (m.agent) label += ` · ${m.agent}`;
   return h("div", { class: `bubble ${m.role}`, "data-role": m.role },
     h("div", { class: "bubble-head" }, h("span", { class: "role" }, label), h("span", { class: "meta" }, meta.join(" · "))),
     m.reasoning ? h("details", { class: "reasoning" }, h("summary", {}, "reasoning"), h("div", { class: "text" }, m.reasoning)) : null,
@@ -316,6 +320,15 @@ function bubble(m) {
       h("div", { class: "toolcall-head" }, "→ ", h("code", {}, c.name), h("span", { class: "meta" }, ` ${c.id}`)),
       h("pre", { class: "arguments" }, c.arguments))),
     m.tool_call_id ? h("div", { class: "meta" }, `answers ${m.tool_call_id}`) : null);
+}
+
+// A branch the conversation above does not show (an agent's context before it compacted, a
+// sub-agent's own): folded, from the node where it leaves the shown branch.
+function otherBranch(b) {
+  const where = b.forks_after === null ? "its own context" : `leaves the shown branch after #${b.forks_after}`;
+  return h("details", { class: "other-branch", "data-branch": b.branch, "data-reason": b.reason || "" },
+    h("summary", {}, `branch ${b.branch} (${b.reason || "?"}) · ${where} · ${b.messages.length} messages`),
+    h("div", { class: "chat" }, b.messages.map(bubble)));
 }
 
 // The token view: each sequence as the trainer reads it. Prompt ids grey, sampled ids (loss

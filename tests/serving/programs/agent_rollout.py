@@ -1,23 +1,22 @@
-"""One rollout of a real agent on the simulated model, its trace summarised as JSON on stdout:
-run by ``test_real_agents.py`` in a network namespace of its own (loopback only), so that
-nothing the agent might send beyond the proxy leaves the machine. Arguments: the agent's
-wrapper here (``codex_exec.py``, ``claude_print.py``), the variable naming its binary, and the
-binary's path."""
+"""One rollout of a real agent, through the package's preset (``CodexHarness``,
+``ClaudeCodeHarness``: their launchers, their config), on the simulated model, its trace
+summarised as JSON on stdout: run by ``test_real_agents.py`` in a network namespace of its own
+(loopback only), so that nothing the agent might send beyond the proxy leaves the machine.
+Argument: the agent (``codex``, ``claude-code``), installed by the test beforehand."""
 
 import asyncio
 import json
 import sys
-from pathlib import Path
 
 from rollout_ray import LocalRuntime, Rollout, Task, Trace, reward
-from rollout_ray._harnesses.program import ProgramHarness
+from rollout_ray._harnesses.agents import ClaudeCodeHarness, CodexHarness
 from rollout_ray._record.tokens import token_sequences
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray._serving.upstream import OpenAIModel
 from rollout_ray._simulated.config import SimulatedModelConfig
 from rollout_ray._simulated.model_server import SimulatedModelServer
 
-HERE = Path(__file__).parent
+PRESETS = {"codex": CodexHarness, "claude-code": ClaudeCodeHarness}
 
 
 class Sum(Task):
@@ -26,8 +25,9 @@ class Sum(Task):
         return float(trace.last_reply == "4")
 
 
-async def main(wrapper: str, variable: str, binary: str) -> Trace:
-    harness = ProgramHarness([sys.executable, "-W", "error", str(HERE / wrapper)], env={variable: binary}, timeout=120)
+async def main(agent: str) -> Trace:
+    harness = PRESETS[agent](model="simulated", timeout=120)
+    harness.command[1:1] = ["-W", "error"]  # the launcher's own warnings fail the test
     config = SimulatedModelConfig(ttft=0, scale_out=True, template_drift=True)
     async with SimulatedModelServer(config) as server, HTTPInterception() as proxy:
         assert server.base_url is not None
@@ -41,7 +41,7 @@ async def main(wrapper: str, variable: str, binary: str) -> Trace:
             await model.aclose()
 
 
-trace = asyncio.run(main(*sys.argv[1:4]))
+trace = asyncio.run(main(sys.argv[1]))
 print(
     json.dumps(
         {

@@ -1,0 +1,111 @@
+"""A taskset's tool server shared by the whole cluster (``SharedToolServer(scope="cluster")``)
+on the session's Ray cluster: one start for every rollout and process, a restart after its
+death, stopped at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import uuid
+from typing import Any, ClassVar
+
+import pytest
+from servers import SDK_SERVER
+
+from rollout_ray import (
+    OpenAIModel,
+    ProgramHarness,
+    RolloutSpec,
+    SharedToolServer,
+    SimulatedModelConfig,
+    SimulatedModelServer,
+    Task,
+    Trace,
+    reward,
+)
+from rollout_ray._core.tools import LocalTools, close_toolsets, open_toolsets
+from rollout_ray._record.messages import ToolCall
+from rollout_ray._serving.mcp_pool import close_clients
+
+from conftest import process_alive, wait_exit
+
+ray = pytest.importorskip("ray")
+
+from rollout_ray._ray.calls import NAMESPACE  # noqa: E402
+from rollout_ray._ray.rollout_client import RolloutActor  # noqa: E402
+from rollout_ray._ray.shared_cluster import actor_name, stop_cluster_servers  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
+
+AGENT = (SDK_SERVER.parents[2] / "examples" / "agent_program.py").read_text()
+NAME = f"calc-{uuid.uuid4().hex[:8]}"  # this run's own server: nothing recorded of an earlier run
+COMMAND = [sys.executable, str(SDK_SERVER), "http", "{port}"]
+
+
+class ClusterArith(Task):
+    shared: ClassVar[SharedToolServer] = SharedToolServer(NAME, COMMAND, scope="cluster")
+
+    @classmethod
+    def toolsets(cls, config: Any) -> list[Any]:
+        return [cls.shared]
+
+    @reward
+    def correct(self, trace: Trace) -> float:
+        return float(trace.last_reply == "42")
+
+
+def _status() -> dict[str, Any]:
+    holder = ray.get_actor(actor_name(ClusterArith.shared), namespace=NAMESPACE)
+    return ray.get(holder.status.remote(), timeout=60)  # type: ignore[no-any-return]
+
+
+async def _pid_seen_here() -> int:
+    """The server's pid as a rollout of this (the driver's) process reaches it."""
+    toolset = SharedToolServer(NAME, COMMAND, scope="cluster")
+    await open_toolsets([toolset], None)
+    try:
+        return int((await LocalTools([toolset], None).call(ToolCall("1", "pid", {}))).content)
+    finally:
+        await close_toolsets([toolset])
+
+
+def test_one_server_for_the_cluster_restarted_after_its_death_and_stopped_at_the_end() -> None:
+    async def rollouts(actor: Any, model: OpenAIModel, n: int) -> list[Trace]:
+        harness = ProgramHarness([sys.executable, "agent_program.py"], files={"agent_program.py": AGENT})
+        spec = RolloutSpec(ClusterArith({"prompt": "What is 17 + 25?"}), harness, model)
+        return list(await asyncio.gather(*(actor.run(spec) for _ in range(n))))
+
+    async def main() -> None:
+        actor = RolloutActor.create(capacity=4)
+        try:
+            async with SimulatedModelServer(SimulatedModelConfig(ttft=0.0)) as server:
+                model = OpenAIModel(server.base_url, name="simulated")
+                first = await rollouts(actor, model, 4)
+                status = _status()
+                assert all(t.ok and t.reward == 1.0 for t in first), [t.errors for t in first]
+                assert [(r.server, r.name, r.ok) for r in first[0].tool_calls] == [(NAME, "add", True)]
+                # one start, reached by the node's tool server and by this process alike
+                assert status["starts"] == 1 and await _pid_seen_here() == status["pid"]
+
+                os.kill(status["pid"], 9)  # the server this test had started (through its rollouts)
+                await asyncio.to_thread(wait_exit, status["pid"], 30)
+                deadline = time.monotonic() + 60  # its holder's watcher restarts it at once
+                while _status().get("pid") == status["pid"]:
+                    assert time.monotonic() < deadline, "the dead cluster server was not restarted"
+                    await asyncio.sleep(0.05)
+                again = await rollouts(actor, model, 2)
+                restarted = _status()
+                assert all(t.ok and t.reward == 1.0 for t in again), [t.errors for t in again]
+                assert restarted["starts"] == 2 and restarted["pid"] != status["pid"]
+                assert await _pid_seen_here() == restarted["pid"]
+        finally:
+            await actor.aclose()
+            await close_clients()
+            await stop_cluster_servers()
+        await asyncio.to_thread(wait_exit, restarted["pid"], 30)
+        assert not process_alive(restarted["pid"])
+
+    asyncio.run(main())
