@@ -38,7 +38,8 @@ from .eval_arguments import DEFAULT_API_KEY_ENV, add_eval_flags
 from .interrupt import Signals
 from .protections import (
     budgets_line,
-    check_runtime,
+    check_runtimes,
+    kinds_asked,
     nodes_line,
     runtime_line,
     with_finite_defaults,
@@ -141,7 +142,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
             model_name = served_model(args.model_url, os.environ.get(_api_key_env(args)))
             config = config.model_copy(update={"model_name": model_name})
         check_address(args.executor, args.address)
-        check_runtime(args.runtime, remote=_remote(args))
+        check_runtimes(args.runtime, tasks, config, remote=_remote(args))
         if args.resume:
             check_resume(
                 out,
@@ -197,7 +198,8 @@ async def _run(
             )
         )
         if _remote(args):  # this machine's check said nothing of the cluster's nodes: ask them
-            await _say_nodes_lacking(args.runtime)
+            for kind in kinds_asked(args.runtime, plan.tasks, plan.config):
+                await _say_nodes_lacking(kind)
         signals.install()
         what = await warm_up(executor, programs=not plan.harness.in_process)
         if what is not None:

@@ -5,7 +5,10 @@
 driver's, which starts after Ray. Rate and ETA count from the first finished rollout, not
 from the start: what comes before it (Ray, actors, the first model answer) is warm-up, and
 charging it to the rate made the first ETA of a 6 s run read 697 s. Until a second rollout
-has finished after that, the ETA reads "warming up". The running mean reward and failures
+has finished, the line reads "warming up"; after it, until a second finishing gives a rate, "measuring
+rate". A finished run's last line reads "finished", with no rate: a rate counted from the first
+finished rollout is not the summary's (over the driver's whole run), and a last line reading
+13.7 rollouts/s above a summary of 1.8 rollouts/s told the user two different numbers. The running mean reward and failures
 are the driver's (``Progress.mean_reward``): each rollout's kept outcome, the one stored, a
 failed rollout as reward 0, as in the summary. They are not the attempts': with
 ``--retry-failed`` a failed attempt run again is not counted, and averaging attempts made the
@@ -140,9 +143,18 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}" if seconds >= 60 else f"{seconds}s"
 
 
+def _pace(f: dict[str, Any], unit: str) -> str:
+    """Rate and ETA, or why there are none yet (or any more)."""
+    if f["total"] is not None and f["done"] >= f["total"]:
+        return "finished"
+    if f["rate"] is None:
+        return "measuring rate" if f["done"] else "warming up"
+    return f"{f['rate']:.1f}{unit} ETA {_duration(f['eta'] or 0)}"
+
+
 def _postfix(f: dict[str, Any]) -> str:
     mean = "-" if f["mean_reward"] is None else f"{f['mean_reward']:.3f}"
-    rate = "warming up" if f["rate"] is None else f"{f['rate']:.1f}/s ETA {_duration(f['eta'] or 0)}"
+    rate = _pace(f, "/s")
     target = "" if f.get("target") is None else f"  target {f['target']} ({f['target_why']})"
     return f"failed {f['failed']}{target}  reward {mean}  [wall {_duration(f['wall'])}, {rate}]"
 
@@ -151,7 +163,7 @@ def plain_line(f: dict[str, Any]) -> str:
     """One progress line for a log: ``done 12/40  failed 0  in flight 8  reward 0.917  ...``."""
     total = "" if f["total"] is None else f"/{f['total']}"
     mean = "-" if f["mean_reward"] is None else f"{f['mean_reward']:.3f}"
-    rate = "warming up" if f["rate"] is None else f"{f['rate']:.1f} rollouts/s  ETA {_duration(f['eta'] or 0)}"
+    rate = _pace(f, " rollouts/s ")
     target = "" if f.get("target") is None else f"/{f['target']} ({f['target_why']})"
     return (
         f"done {f['done']}{total}  failed {f['failed']}  in flight {f['in_flight']}{target}  reward {mean}  "

@@ -110,3 +110,39 @@ def nodes_line(requested: str, lacking: dict[str, str], nodes: int) -> str | Non
         f"rollout-ray: {len(lacking)} of {nodes} nodes cannot run the {kind} runtime ({address}: {reason}): "
         f"{then} (pod security: docs/runtime-providers.md)"
     )
+
+
+def kinds_asked(requested: str, tasks: object, config: EvalConfig) -> dict[str, str]:
+    """``{kind: who asks for it}`` of a run: the run's (``EvalConfig.runtime``, else
+    ``--runtime``) and every task's own (``TaskData.runtime``) — of a taskset that is a list;
+    an iterator's tasks are not read ahead (a kind of theirs is refused when its rollout runs)."""
+    default = config.runtime or requested
+    asked = {default: "EvalConfig.runtime" if config.runtime else "--runtime"}
+    for task in tasks if isinstance(tasks, (list, tuple)) else ():
+        kind = task.data.runtime
+        if kind is not None and kind not in asked:
+            asked[kind] = f"task {task.data.idx} asks for runtime {kind!r}"
+    return asked
+
+
+def check_runtimes(requested: str, tasks: object, config: EvalConfig, *, remote: bool) -> None:
+    """Every kind a run asks for (``kinds_asked``) is a provider's, and — on this machine, not
+    a remote cluster's (``remote``: its nodes are asked, ``node_check``) — one it runs: else
+    refused before anything starts, naming who asked and why.
+
+    Raises:
+        UsageError: an unknown kind (naming the known ones) or one this machine cannot run.
+    """
+    for kind, who in kinds_asked(requested, tasks, config).items():
+        if who == "--runtime":
+            check_runtime(kind, remote=remote)
+            continue
+        try:
+            found = provider(kind) if kind != AUTO else None
+        except ValueError as e:
+            raise UsageError(f"{who}: {e}") from None
+        reason = None if found is None or remote else found.unavailable()
+        if reason is not None:
+            raise UsageError(
+                f"{who}: this machine cannot run it ({reason}); install what it needs, or name another kind"
+            )

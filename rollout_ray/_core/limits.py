@@ -1,9 +1,11 @@
-"""Budgets of a rollout: turn and token limits, and phase timeouts."""
+"""Budgets of a rollout: turn and token limits, phase timeouts, and its runtime's resources."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from .._record.trace import Trace
 
@@ -95,3 +97,22 @@ class RolloutTimeouts:
                 for f in fields(self)
             }
         )
+
+
+class TaskResources(BaseModel):
+    """What one rollout's runtime may use (upstream's ``TaskResources``: cores, memory in GB).
+
+    A runtime whose ``enforces`` holds ``"memory"`` (``"cpu"``) holds its programs to it;
+    ``None``: the runtime's own default. GPUs and disk are not taken (a row naming them is
+    refused, not silently run without them)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpu: float | None = Field(None, gt=0)
+    """CPU cores all the runtime's programs may use together (a fraction is a share of one)."""
+    memory: float | None = Field(None, gt=0)
+    """Memory, in GB (10**9 bytes, upstream's unit), all the runtime's programs may use together."""
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return None if self.memory is None else int(self.memory * 1e9)

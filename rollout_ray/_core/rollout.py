@@ -86,8 +86,11 @@ class Rollout(RolloutOpen):
         runtime: a live runtime to *borrow*; ``None`` makes the rollout build, start and stop
             its own with ``runtime_factory(trace.id)``.
         runtime_factory: builds an owned runtime from its name (``LocalRuntime``,
-            ``SandboxRuntime``, ...), and ``image=`` when the task has an image
-            (``TaskData.image``); required unless ``runtime`` is given.
+            ``SandboxRuntime``, ...), and ``image=`` / ``kind=`` / ``resources=`` when the task
+            has an image, a runtime kind (or ``runtime_kind`` is given) or resources
+            (``TaskData``); required unless ``runtime`` is given.
+        runtime_kind: the kind of the runtime it owns when its task names none
+            (``EvalConfig.runtime``); ``None``: the factory's own.
         interception: serves the session to a program's harness (default: a private in-process
             one); an ``in_process`` harness is always served in process (one given is
             not used: a warning says so).
@@ -114,6 +117,7 @@ class Rollout(RolloutOpen):
         model: Model,
         runtime: Runtime | None = None,
         runtime_factory: Callable[[str], Runtime] | None = None,
+        runtime_kind: str | None = None,
         interception: Interception | None = None,
         tool_server: ToolServerFactory | None = None,
         limits: RolloutLimits | None = None,
@@ -147,6 +151,7 @@ class Rollout(RolloutOpen):
         self.owns_runtime = runtime is None
         self.runtime = runtime
         self._runtime_factory = runtime_factory
+        self._runtime_kind = runtime_kind
         # An in-process agent talks to its session directly: no proxy hop, one trace.
         if interception is not None and harness.in_process:
             warnings.warn(

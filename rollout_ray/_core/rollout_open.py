@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -46,17 +46,16 @@ class RolloutOpen:
     interception: Interception
     harness_session: HarnessSession | None
     _runtime_factory: Callable[[str], Runtime] | None
+    _runtime_kind: str | None
     _tool_server: Callable[..., Any] | None
     _local_tools: LocalTools | None
     _user: UserSimulator | None
     _stack: AsyncExitStack
     _opened: bool
 
-    def fail(self, error: BaseException) -> None:
-        """Record ``error`` as the rollout's failure: ``Rollout.fail``."""
-
-    async def abort(self) -> None:
-        """Release everything without finalizing or scoring: ``Rollout.abort``."""
+    # Rollout's own (its lifecycle module): open records a failure and aborts on cancellation.
+    fail: Callable[[BaseException], None]
+    abort: Callable[[], Awaitable[None]]
 
     async def open(self) -> bool:
         """Build the world up to "runnable": runtime, setup, services, harness session.
@@ -102,12 +101,12 @@ class RolloutOpen:
         return not self.session.stopped
 
     def _own_runtime(self) -> Runtime:
-        """The runtime factory's, given the task's image when it has one."""
+        """The runtime factory's, given the task's image, kind and resources when it has them
+        (a factory that takes none of them still makes a task's runtime that asks for none)."""
         assert self._runtime_factory is not None  # checked at construction
-        image = self.task.data.image
-        if image is None:
-            return self._runtime_factory(self.trace.id)
-        return self._runtime_factory(self.trace.id, image=image)  # type: ignore[call-arg]
+        data = self.task.data
+        asked = {"image": data.image, "kind": data.runtime or self._runtime_kind, "resources": data.resources}
+        return self._runtime_factory(self.trace.id, **{k: v for k, v in asked.items() if v is not None})
 
     async def _open(self, runtime: Runtime) -> None:
         with boundary(UserSimulatorError, "building the user simulator"):

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from .._errors import TaskError, boundary
 from .._record.trace import Trace, TraceTask
 from .hooks import Hook, HookKind, discover, requires, sort_hooks
-from .limits import RolloutTimeouts
+from .limits import RolloutTimeouts, TaskResources
 from .scoring import run_metrics, run_rewards, seed
 
 log = logging.getLogger("rollout_ray")
@@ -59,6 +59,14 @@ class TaskData(BaseModel):
     node that runs the rollout), or an image name in that node's podman or docker store.
     Needs a sandbox runtime (any other fails the rollout with ``SandboxError``); ``None``: the
     host's system."""
+    runtime: str | None = None
+    """The runtime kind (a provider's name: ``local``, ``sandbox``, ``podman``, ...) this
+    task's rollouts run in; ``None``: the run's (``EvalConfig.runtime``, else the executor's
+    ``--runtime``). One run may mix kinds; ``rollout-ray eval`` refuses, before anything runs,
+    a kind this machine (or a node of the cluster: said in one line) cannot run."""
+    resources: TaskResources | None = None
+    """What the task's runtime may use (cores, memory in GB): held by a runtime whose
+    ``enforces`` holds ``"cpu"`` / ``"memory"``; ``None``: the runtime's defaults."""
 
     @field_validator("prompt")
     @classmethod

@@ -41,6 +41,9 @@ class EvalConfig(BaseModel):
     """Finished groups waiting to be finalized, stored and streamed, at most. When the finalizer
     (or the consumer behind it) falls behind, a rollout that finishes a group keeps its slot
     until there is room, so admission waits: the driver's memory is flat however many tasks."""
+    runtime: str | None = None
+    """The runtime kind (a provider's name, or ``"auto"``) of the rollouts whose task names
+    none (``TaskData.runtime``); ``None``: the executor's (``--runtime``)."""
     limits: RolloutLimits = RolloutLimits()
     timeouts: RolloutTimeouts = RolloutTimeouts()
     model_name: str | None = None

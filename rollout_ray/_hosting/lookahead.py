@@ -61,9 +61,14 @@ async def lookahead(
 def wanted(upcoming: Iterable[Task], admitted: Iterable[Task] = ()) -> tuple[dict[str, int], set[tuple[str, str]]]:
     """What a schedule asks of the nodes: how many of the upcoming rollouts run over each image
     (sandboxes to start ahead), and the shareable setups ``(image, setup key)`` of upcoming or
-    admitted ones (snapshots to keep)."""
+    admitted ones (snapshots to keep). A task naming its own runtime kind or resources never
+    takes a warm sandbox (made of the host's kind, with its defaults): none is started for it."""
     upcoming = list(upcoming)
-    images = Counter(t.data.image for t in upcoming if t.data.image is not None)
+    images = Counter(
+        t.data.image
+        for t in upcoming
+        if t.data.image is not None and t.data.runtime is None and t.data.resources is None
+    )
     setups = {
         (t.data.image, key)
         for t in (*upcoming, *admitted)

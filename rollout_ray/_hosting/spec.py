@@ -35,6 +35,9 @@ class RolloutSpec:
     sampling: dict[str, Any] | None = None
     has_user: bool = False
     runtime: Runtime | None = None
+    runtime_kind: str | None = None
+    """The kind of the runtime it owns when its task names none (``EvalConfig.runtime``);
+    ``None``: its host's."""
     label: str = ""
     """The driver's name for the sample this rollout runs (``<group id>#<sample>``): what a
     host's ``live`` report calls it, so the driver can tell which of its rollouts is where."""

@@ -11,12 +11,13 @@ from typing import Any
 import msgspec
 from ray.exceptions import RayActorError
 
+from .._core.limits import TaskResources
 from .._core.runtime import DEFAULT_OUTPUT_CAP, OpenProgram, ProgramResult, Runtime
 from .._errors import InfrastructureLost, RuntimeStopped, SandboxError
 from .._hosting.lazy_runtime import LazyRuntime
 from .._record.trace import RuntimeInfo
 from .._runtimes.open_program import connect_program
-from .._runtimes.providers import provider
+from .._runtimes.providers import provider, resolve
 from .calls import call
 
 CALL_TIMEOUT = 60.0
@@ -44,6 +45,8 @@ class RemoteRuntime(Runtime):
         provisioned: bool = False,
         actor_on_demand: Callable[[], Any] | None = None,
         image: str | None = None,
+        resources: TaskResources | None = None,
+        ask_kind: bool = False,
     ) -> None:
         super().__init__(name)
         self.__actor = actor
@@ -58,6 +61,11 @@ class RemoteRuntime(Runtime):
         self._provisioning: asyncio.Future[Any] | None = None
         self.image = image
         """The image it runs over (``TaskData.image``), on the runtime actor's node."""
+        self.resources = resources
+        """What it may use (``TaskData.resources``), held by its kind where it enforces it."""
+        self._ask_kind = ask_kind
+        """Whether ``runtime_type`` is the kind the runtime actor makes it of (an owned
+        runtime's), or only what it was last known as (a pool's: the actor's own kind)."""
         self._info: RuntimeInfo | None = None
         """What the runtime actor last said of it (its image's digest, its setup snapshot)."""
 
@@ -80,6 +88,8 @@ class RemoteRuntime(Runtime):
                 self.stopped,
                 self._provisioned,
                 self.image,
+                self.resources,
+                self._ask_kind,
             ),
         )
 
@@ -141,6 +151,8 @@ class RemoteRuntime(Runtime):
             self.name,
             owner=self._owner,
             image=self.image,
+            kind=self.type if self._ask_kind else None,
+            resources=self.resources,
             wait=CALL_TIMEOUT if self.image is None else IMAGE_START_TIMEOUT,
         )
 
@@ -225,6 +237,8 @@ def _rebuild_remote_runtime(
     stopped: bool,
     provisioned: bool,
     image: str | None = None,
+    resources: TaskResources | None = None,
+    ask_kind: bool = False,
 ) -> RemoteRuntime:
     runtime = RemoteRuntime(
         actor,
@@ -235,15 +249,47 @@ def _rebuild_remote_runtime(
         runtime_id=runtime_id,
         provisioned=provisioned,
         image=image,
+        resources=resources,
+        ask_kind=ask_kind,
     )
     runtime.stopped = stopped
     return runtime
 
 
-def owned_runtime(name: str, kind: str, actor: Callable[[], Any], image: str | None = None) -> LazyRuntime:
-    """A rollout actor's runtime for its rollout ``name`` (which owns it), of ``kind``, in the
-    runtime actor ``actor()`` returns: started on its first use (``LazyRuntime``), so a
-    rollout that never touches its box costs no runtime actor call (a sandbox's start is
-    ~6 ms of that actor's CPU), and a rollout actor none of whose rollouts does starts no
-    runtime actor. ``image``: the task's (``TaskData.image``), unpacked on the runtime actor's node."""
-    return LazyRuntime(RemoteRuntime(None, name, owner=name, runtime_type=kind, actor_on_demand=actor, image=image))
+def owned_runtime(
+    name: str,
+    kind: str,
+    actor: Callable[[], Any],
+    image: str | None = None,
+    resources: TaskResources | None = None,
+    *,
+    default: str | None = None,
+) -> LazyRuntime:
+    """A rollout actor's runtime for its rollout ``name`` (which owns it), of ``kind`` (the
+    actor's, or its task's: ``TaskData.runtime``), in the runtime actor ``actor()`` returns:
+    started on its first use (``LazyRuntime``), so a rollout that never touches its box costs
+    no runtime actor call (a sandbox's start is ~6 ms of that actor's CPU), and a rollout actor
+    none of whose rollouts does starts no runtime actor. ``image``: the task's
+    (``TaskData.image``), unpacked on the runtime actor's node; ``resources``: the task's;
+    ``default``: the actor's kind, already resolved.
+
+    Raises:
+        SandboxError: an unknown kind (the rollout fails, naming the kinds there are).
+    """
+    if kind != default:  # a task's own: checked here ("auto": decided on this node, which runs the boxes)
+        try:
+            kind = resolve(kind)[0]
+        except ValueError as e:
+            raise SandboxError(f"TaskData.runtime / EvalConfig.runtime: {e}") from None
+    return LazyRuntime(
+        RemoteRuntime(
+            None,
+            name,
+            owner=name,
+            runtime_type=kind,
+            actor_on_demand=actor,
+            image=image,
+            resources=resources,
+            ask_kind=True,
+        )
+    )

@@ -134,7 +134,7 @@ class _RolloutActor:
         self.host = RolloutHost(
             capacity,
             interception=RayInterception(services, owner),
-            runtime_factory=functools.partial(owned_runtime, kind=runtime, actor=self._runtime_actor),
+            runtime_factory=functools.partial(owned_runtime, kind=runtime, actor=self._runtime_actor, default=runtime),
             tool_server=RayToolServer(services, owner).serve,
         )
         self._unpacker = ShipmentUnpacker()

@@ -171,7 +171,10 @@ def message_hash(message: Message) -> bytes:
     """Identity of a message for prefix matching in the conversation graph.
 
     ``None`` and ``""`` content hash alike, and tool-call arguments ignore key order, so a
-    harness that re-serialises the conversation still matches its earlier turns.
+    harness that re-serialises the conversation still matches its earlier turns. Arguments
+    that are no JSON object (a random model's ``false``, a call cut off mid-JSON) hash as
+    ``{}``: the Anthropic Messages answer can only give such a call ``input: {}``, and the
+    agent's echo of it must still be the sampled reply, not a fork of the conversation.
     """
     if isinstance(message, AssistantMessage):
         calls = [msgspec.structs.replace(c, arguments=_canonical_json(c.arguments)) for c in message.tool_calls or ()]
@@ -184,8 +187,8 @@ def _canonical_json(text: str) -> str:
     try:
         value = msgspec.json.decode(text)
     except msgspec.DecodeError:
-        return text
-    return msgspec.json.encode(value, order="sorted").decode()
+        return "{}"
+    return msgspec.json.encode(value, order="sorted").decode() if isinstance(value, dict) else "{}"
 
 
 def text_of(content: Content | None) -> str:

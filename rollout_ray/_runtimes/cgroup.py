@@ -188,11 +188,24 @@ class HostCgroups:
 
     def __init__(self, name: str, controllers: Iterable[str | None], root: str) -> None:
         self.parents: dict[str, Parent] = {}
-        for controller in controllers:
+        self.dirs: list[str] = []
+        self._name, self._root = name, root
+        self._asked: set[str | None] = set()
+        self._listed = False
+        self.ensure(controllers)
+
+    def ensure(self, controllers: Iterable[str | None]) -> dict[str, Parent]:
+        """Add the parents of ``controllers`` the host lacks (a host running a second kind of
+        runtime needs its controllers too); returns the host's parents."""
+        wanted = [c for c in controllers if c not in self._asked]
+        if not wanted and self._listed:
+            return self.parents
+        for controller in wanted:
+            self._asked.add(controller)
             parent = None if controller is None else cgroup_parent(controller)
             if controller is None or parent is None:
                 continue
-            path = os.path.join(parent[0], name)
+            path = os.path.join(parent[0], self._name)
             try:
                 os.makedirs(path, exist_ok=True)
             except OSError:
@@ -201,8 +214,10 @@ class HostCgroups:
                 _enable(path, controller)
             self.parents[controller] = (path, parent[1])
         self.dirs = sorted({p for p, _ in self.parents.values()})
-        with open(os.path.join(root, CGROUPS_FILE), "w") as f:
+        with open(os.path.join(self._root, CGROUPS_FILE), "w") as f:  # the guardian's list
             f.writelines(f"{d}\n" for d in self.dirs)
+        self._listed = True
+        return self.parents
 
     def remove(self) -> None:
         """Kill what is left in the host's cgroups and remove them with their children."""

@@ -23,11 +23,12 @@ import uuid
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from .._core.limits import TaskResources
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult, Runtime
 from .._errors import RuntimeStopped, SandboxError
 from .._record.trace import RuntimeInfo
 from . import providers
-from .cgroup import HostCgroups, tracking_controller
+from .cgroup import HostCgroups
 from .guardian import HOST_MARKER
 from .image_cache import default_image_cache
 from .keeper import Keeper, socket_pair
@@ -56,11 +57,12 @@ def runtime_kind(kind: str) -> tuple[str, str | None]:
 
 
 class RuntimeHost:
-    """Hosts runtimes by name, of one kind: its provider's (``providers.py``).
+    """Hosts runtimes by name, each of its kind's provider's making (``providers.py``).
 
     Args:
         root: the directory under which the host's runtimes live (default: a new temp dir).
-        kind: the runtime kind it makes (``auto``: see ``runtime_kind``).
+        kind: the runtime kind it makes when a runtime asks for none (``auto``: see
+            ``runtime_kind``); a runtime may ask for any other (``new_runtime(kind=...)``).
         start_gates: the caps on sandbox starts its sandboxes pass (``start_gate.py``);
             default: the node's (``node_gate``).
         max_idle: the most idle sandboxes its warm pool keeps (``warm_pool.py``).
@@ -76,6 +78,7 @@ class RuntimeHost:
     ) -> None:
         self.kind, _ = runtime_kind(kind)
         self.provider = providers.provider(self.kind)
+        self._used: dict[str, providers.Provider] = {self.kind: self.provider}  # released at shutdown
         self.root = root or tempfile.mkdtemp(prefix="rollout-ray-host-")
         self.token = uuid.uuid4().hex
         self._runtimes: dict[str, Runtime] = {}
@@ -83,9 +86,7 @@ class RuntimeHost:
         self._gone: set[str] = set()
         self._prune_at = _PRUNE_AT
         self._closed = asyncio.Event()
-        wanted = self.provider.cgroup_controllers
-        controllers = wanted() if wanted is not None else (tracking_controller(),)
-        self._cgroups = HostCgroups(f"rollout-ray-host-{self.token[:16]}", controllers, self.root)
+        self._cgroups = HostCgroups(f"rollout-ray-host-{self.token[:16]}", self.provider.controllers(), self.root)
         # The guardian reads the other end of this socket; the kernel closes ours when we die.
         ours, theirs = socket_pair()
         with theirs:
@@ -120,51 +121,100 @@ class RuntimeHost:
         return self._owners.get(name)
 
     async def create(
-        self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None, image: str | None = None
+        self,
+        name: str,
+        *,
+        owner: str | None = None,
+        env: Mapping[str, str] | None = None,
+        image: str | None = None,
+        kind: str | None = None,
+        resources: TaskResources | None = None,
     ) -> RuntimeInfo:
         """Create (not start) a runtime named ``name``, owned by rollout ``owner``, over
-        ``image`` when given (a sandbox's; see ``SandboxRuntime``)."""
-        return self.new_runtime(name, owner=owner, env=env, image=image).info()
+        ``image`` when given (a sandbox's; see ``SandboxRuntime``), of ``kind`` (default: the
+        host's), held to ``resources`` where its kind enforces them."""
+        return self.new_runtime(name, owner=owner, env=env, image=image, kind=kind, resources=resources).info()
 
     def new_runtime(
-        self, name: str, *, owner: str | None = None, env: Mapping[str, str] | None = None, image: str | None = None
+        self,
+        name: str,
+        *,
+        owner: str | None = None,
+        env: Mapping[str, str] | None = None,
+        image: str | None = None,
+        kind: str | None = None,
+        resources: TaskResources | None = None,
     ) -> Runtime:
         """``create``, returning the runtime itself, for a caller in this process to drive.
 
         It is the guardian's to clean up if this process dies; its caller starts and stops it.
-        Over an image, it may be a member of the warm pool: started already.
+        Over an image, of the host's kind and with no resources asked, it may be a member of
+        the warm pool: started already.
 
         Raises:
-            SandboxError: an ``image`` for a host of local runtimes.
+            SandboxError: an ``image`` for a kind that runs none; a kind unknown or not run here.
         """
         if name in self._runtimes or name in self._gone:
             raise ValueError(f"runtime {name!r} already exists on this host")
+        made_by = self._provider(kind)
         member = (
             self.pool.take(image)
-            if image is not None and self.provider.capabilities.warm_pool and env is None
+            if image is not None
+            and made_by is self.provider
+            and self.provider.capabilities.warm_pool
+            and env is None
+            and resources is None
             else None
         )
         if member is not None:  # warm: started before it was asked for
             self._adopt(member, name, owner)
             return member
-        return self._make(name, owner, env, image)
+        return self._make(name, owner, env, image, made_by, resources)
 
-    def _make(self, name: str, owner: str | None, env: Mapping[str, str] | None, image: str | None) -> Runtime:
+    def _provider(self, kind: str | None) -> providers.Provider:
+        """The provider of ``kind`` (``None``: the host's), checked once that this machine runs it."""
+        if kind is None or kind == self.kind:
+            return self.provider
+        try:
+            found = providers.provider(runtime_kind(kind)[0])
+        except ValueError as e:  # an unknown kind fails its rollout, saying which there are
+            raise SandboxError(f"TaskData.runtime / EvalConfig.runtime: {e}") from None
+        if found.name not in self._used:
+            reason = found.unavailable()
+            if reason is not None:
+                raise SandboxError(
+                    f"runtime kind {found.name!r}: this machine cannot run it ({reason}); run the task "
+                    "where it can, or name another kind"
+                )
+            self._used[found.name] = found
+        return found
+
+    def _make(
+        self,
+        name: str,
+        owner: str | None,
+        env: Mapping[str, str] | None,
+        image: str | None,
+        made_by: providers.Provider | None = None,
+        resources: TaskResources | None = None,
+    ) -> Runtime:
+        made_by = made_by or self.provider
         if len(self._runtimes) >= self._prune_at:
             self._forget_stopped()
             # Amortised: with many runtimes live, the next scan waits until as many more exist.
             self._prune_at = max(_PRUNE_AT, 2 * len(self._runtimes))
         env = {**(env or {}), HOST_MARKER: self.token}
-        runtime = self.provider.make(
+        runtime = made_by.make(
             name,
             image,
             providers.HostResources(
                 root=self.root,
                 env=env,
-                cgroup_parents=self._cgroups.parents,
+                cgroup_parents=self._cgroups.ensure(made_by.controllers()),
                 keeper=self.keeper,
                 start_gates=self._gates,
                 host_token=self.token,
+                budget=resources,
             ),
         )
         self._runtimes[name] = runtime
@@ -184,15 +234,21 @@ class RuntimeHost:
             raise RuntimeStopped(f"runtime {name!r} is stopped or unknown on this host")
         return runtime
 
-    async def create_started(self, name: str, *, owner: str | None = None, image: str | None = None) -> RuntimeInfo:
+    async def create_started(
+        self,
+        name: str,
+        *,
+        owner: str | None = None,
+        image: str | None = None,
+        kind: str | None = None,
+        resources: TaskResources | None = None,
+    ) -> RuntimeInfo:
         """``create`` then ``start`` in one call; idempotent for a runtime already running.
-
-        Raises:
-            RuntimeStopped: the runtime existed and was stopped.
-        """
+        ``RuntimeStopped`` if it existed and was stopped."""
         if name in self._gone:
             raise RuntimeStopped(f"runtime {name!r} is stopped or unknown on this host")
-        runtime = self._runtimes.get(name) or self.new_runtime(name, owner=owner, image=image)
+        runtime = self._runtimes.get(name)
+        runtime = runtime or self.new_runtime(name, owner=owner, image=image, kind=kind, resources=resources)
         cold, started = not runtime.started, time.monotonic()
         await self.start(name)
         if cold and image is not None:
@@ -327,6 +383,8 @@ class RuntimeHost:
         await self.pool.close()  # its members are among the runtimes
         await asyncio.gather(*(r.stop() for r in self._runtimes.values()), return_exceptions=True)
         await asyncio.to_thread(default_image_cache().snapshots.let_go)  # each goes once unused
+        releases = (p.release(self.token) for p in self._used.values() if p.release is not None)
+        await asyncio.gather(*releases, return_exceptions=True)  # what one kind leaves is its own
         await asyncio.to_thread(self._cgroups.remove)
         await asyncio.to_thread(shutil.rmtree, self.root, True)
         self.keeper.close()  # the guardian finds nothing left and exits

@@ -52,6 +52,7 @@ from .._errors import SandboxError
 from .cache_locks import held, lock, still_at
 from .files import own_dir, remove_tree
 from .image import Image, ImageConfig, locate
+from .image_lease import ImageLease
 from .kit import kit_dir
 from .snapshot import SnapshotStore
 from .unpack import Unpacker, usage
@@ -74,30 +75,6 @@ class CacheStatistics:
     snapshot_bytes: int = 0
     """Bytes the node's setup snapshots take: counted toward ``max_bytes``, not in ``bytes``."""
     inodes: int = 0
-
-
-class ImageLease:
-    """An unpacked image a runtime runs over; not evicted until ``release`` (or process exit)."""
-
-    def __init__(self, key: str, rootfs: str, config: ImageConfig, size: int, fd: int) -> None:
-        self.key = key
-        self.rootfs = rootfs
-        self.config = config
-        self.bytes = size
-        self.unpacked = False
-        """Whether this lease's call unpacked the image (else it was in the cache)."""
-        self._fd: int | None = fd
-
-    @property
-    def fd(self) -> int | None:
-        """The descriptor holding the lease's lock (``None`` once released)."""
-        return self._fd
-
-    def release(self) -> None:
-        """Let the image be evicted again (idempotent)."""
-        if self._fd is not None:
-            os.close(self._fd)  # drops the shared lock
-            self._fd = None
 
 
 class ImageCache:

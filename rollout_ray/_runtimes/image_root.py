@@ -15,8 +15,9 @@ import os
 from collections.abc import Callable
 
 from .._errors import SandboxError
-from .image_cache import ImageCache, ImageLease
+from .image_cache import ImageCache
 from .image_layout import clear_ops, kit_ops, prepare_root, root_ops
+from .image_lease import ImageLease
 from .keeper import Keeper
 from .mount_ns import MountNamespace, Op
 from .snapshot import Held, snapshot_key

@@ -37,82 +37,20 @@ import re
 import shutil
 import signal
 import tempfile
-import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
 
-from .._core.runtime import DEFAULT_OUTPUT_CAP, OpenProgram, PipedProgram, ProgramResult, Runtime
+from .._core.runtime import DEFAULT_OUTPUT_CAP, OpenProgram, ProgramResult, Runtime
 from .._errors import SandboxError
 from .cgroup import JOIN_CGROUPS, JOIN_FAILED, KILL_BUDGET, Cgroups, Parent, tracking_controller
 from .files import components, read_beneath, remove_tree, write_beneath
 from .grader import grading_env, write_grader_files
-from .guardian import pids_with_marker
+from .host_process import EXEC_MARKER, Capture, abandon_spawn, kill_marked, open_piped, wait_program
 
 RUNTIME_MARKER = "ROLLOUT_RAY_RUNTIME"
-EXEC_MARKER = "ROLLOUT_RAY_EXEC"
-EXIT_GRACE = 0.5
-"""Seconds exec keeps reading after the program exited, for descendants still holding its
-pipes; then it stops reading (a descendant writing to them later gets SIGPIPE)."""
 HOST_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ")
 """The host variables every program gets (when set); ``pass_env`` names more."""
 SHELL = "/bin/sh"
-
-
-async def _kill_marked(key: str, value: str, pgid: int | None = None) -> None:
-    """SIGKILL process group ``pgid`` and every process marked ``key=value`` until none is
-    left, or ``KILL_BUDGET`` seconds passed."""
-    deadline = time.monotonic() + KILL_BUDGET  # real time: processes die in real time
-    while True:
-        if pgid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-        # In a thread: a host running many rollouts has many /proc entries to read.
-        pids = await asyncio.to_thread(pids_with_marker, key, value)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        # Killed processes keep their environ until they finish exiting: scan again.
-        if not pids or time.monotonic() >= deadline:
-            return
-        await asyncio.sleep(0.01)
-
-
-class _Capture(asyncio.SubprocessProtocol):
-    """Keeps the first ``cap`` bytes of stdout and stderr; drops the rest as it arrives, so
-    the program never blocks on a full pipe."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = max(cap, 0)
-        self.data = {1: bytearray(), 2: bytearray()}
-        self.truncated = {1: False, 2: False}
-        loop = asyncio.get_running_loop()
-        self.exited = loop.create_future()
-        self.closed = loop.create_future()  # exited and every pipe closed
-        self.cut_short = False
-        """``stop()`` found the program running: it was killed, whatever exit code is reported."""
-
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        buf = self.data[fd]
-        room = self.cap - len(buf)
-        if len(data) > room:
-            self.truncated[fd] = True
-            data = data[:room]
-        buf += data
-
-    def process_exited(self) -> None:
-        if not self.exited.done():
-            self.exited.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    async def settle(self, exit_timeout: float | None = None) -> None:
-        """Wait for the program to exit, then up to ``EXIT_GRACE`` for its pipes to close."""
-        # asyncio.wait never cancels the futures it waits on.
-        await asyncio.wait([self.exited], timeout=exit_timeout)
-        await asyncio.wait([self.closed], timeout=EXIT_GRACE)
 
 
 class LocalRuntime(Runtime):
@@ -153,7 +91,7 @@ class LocalRuntime(Runtime):
         self._token = uuid.uuid4().hex
         self._workdir: str | None = None
         self._cgroups: Cgroups | None = None
-        self._live: dict[_Capture, asyncio.SubprocessTransport] = {}
+        self._live: dict[Capture, asyncio.SubprocessTransport] = {}
         self._spawned = False
         self._grader_dir: str | None = None
         """Where the grader's files are, once they are in: its execs start there (``grader.py``)."""
@@ -207,7 +145,7 @@ class LocalRuntime(Runtime):
             if self._cgroups.dirs:
                 await asyncio.to_thread(self._cgroups.remove)
         if self._spawned:  # scanning /proc costs milliseconds: only when something ran
-            await _kill_marked(RUNTIME_MARKER, self._token)
+            await kill_marked(RUNTIME_MARKER, self._token)
         for proto, transport in list(self._live.items()):
             if not proto.exited.done():  # the direct child, if the scans could not see it yet
                 # Not transport.close(): its Popen.poll() can reap the child before asyncio's
@@ -240,7 +178,7 @@ class LocalRuntime(Runtime):
         if self._cgroups is not None:
             await asyncio.to_thread(self._cgroups.kill)
         if self._spawned:
-            await _kill_marked(RUNTIME_MARKER, self._token)
+            await kill_marked(RUNTIME_MARKER, self._token)
         for proto in list(self._live):
             await asyncio.wait([proto.exited], timeout=KILL_BUDGET)
 
@@ -341,7 +279,7 @@ class LocalRuntime(Runtime):
         transport, proto = await self._spawn(command, program_env, max_output, stdin is not None, what)
         self._live[proto] = transport
         try:
-            timed_out = await self._wait(transport, proto, token, timeout, stdin)
+            timed_out = await wait_program(transport, proto, token, timeout, stdin)
         finally:
             transport.close()
             del self._live[proto]
@@ -375,30 +313,20 @@ class LocalRuntime(Runtime):
         command, workdir = self._command(argv, program_env), self._spawn_dir(what)
         self._spawned = True  # before the fork: a stop during the spawn must still scan
         try:
-            process = await asyncio.create_subprocess_exec(
-                *command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
-                env=program_env,
-                cwd=workdir,
-                limit=limit,
-                start_new_session=True,
-            )
+            return await open_piped(command, program_env, workdir, limit, token)
         except OSError as e:
             raise SandboxError(f"cannot start {what} in runtime {self.name!r}: {e}") from e
-        return PipedProgram(process, lambda: _kill_marked(EXEC_MARKER, token, process.pid))
 
     async def _spawn(
         self, command: list[str], env: Mapping[str, str], max_output: int, with_stdin: bool, what: str
-    ) -> tuple[asyncio.SubprocessTransport, _Capture]:
+    ) -> tuple[asyncio.SubprocessTransport, Capture]:
         """Start the program in its own session, its output captured up to ``max_output``."""
         workdir = self._spawn_dir(what)
         loop = asyncio.get_running_loop()
         self._spawned = True  # before the fork: a stop during the spawn must still scan
         spawn = asyncio.ensure_future(
             loop.subprocess_exec(
-                lambda: _Capture(max_output),
+                lambda: Capture(max_output),
                 *command,
                 stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
@@ -415,50 +343,8 @@ class LocalRuntime(Runtime):
         except asyncio.CancelledError:
             # A cancelled spawn makes asyncio kill only the direct child, then wait forever
             # on pipes its children hold: finish the spawn, then kill the tree.
-            await asyncio.shield(self._abandon(spawn, env[EXEC_MARKER]))
+            await asyncio.shield(abandon_spawn(spawn, env[EXEC_MARKER]))
             raise
-
-    async def _wait(
-        self,
-        transport: asyncio.SubprocessTransport,
-        proto: _Capture,
-        token: str,
-        timeout: float | None,
-        stdin: bytes | None,
-    ) -> bool:
-        """Feed ``stdin``, wait for the program; on timeout or cancellation kill its tree.
-        Returns whether it timed out."""
-        if stdin is not None:
-            pipe = cast(asyncio.WriteTransport, transport.get_pipe_transport(0))  # stdin is a pipe: asked for
-            pipe.write(stdin)
-            pipe.close()  # flushes, then signals EOF
-        try:
-            async with asyncio.timeout(timeout):
-                await proto.settle()
-        except TimeoutError:
-            await asyncio.shield(self._kill_exec(proto, token, transport.get_pid()))
-            return True
-        except asyncio.CancelledError:
-            # Shielded: a second cancel must not leave part of the tree alive.
-            await asyncio.shield(self._kill_exec(proto, token, transport.get_pid()))
-            raise
-        return False
-
-    async def _abandon(self, spawn: asyncio.Future[Any], token: str) -> None:
-        try:
-            transport, proto = await spawn
-        except Exception:  # noqa: BLE001 - nothing was started (the caller sees its cancellation)
-            return
-        try:
-            await self._kill_exec(proto, token, transport.get_pid())
-        finally:
-            transport.close()
-
-    @staticmethod
-    async def _kill_exec(proto: _Capture, token: str, pgid: int) -> None:
-        """Kill one exec's tree, reap its program and collect what its pipes still hold."""
-        await _kill_marked(EXEC_MARKER, token, pgid)
-        await proto.settle(exit_timeout=KILL_BUDGET)
 
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
         """Read a regular file (relative paths are under the work directory and never follow

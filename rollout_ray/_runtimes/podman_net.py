@@ -17,36 +17,14 @@ import shutil
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from urllib.parse import urlsplit
 
 from .._errors import SandboxError
-from .routes import LOOPBACK, Route, port_of
+from .routes import Route, wanted_routes
 
 FORWARDER = os.path.join(os.path.dirname(__file__), "forwarder.py")
 _HOLD = "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()"
 """The forwarder's program: says the listeners are up (they are before it starts), then
 lives until its stdin closes."""
-
-
-def wanted_routes(routes: Sequence[str] | None, remote: Mapping[int, tuple[str, int]]) -> dict[int, tuple[str, int]]:
-    """``{port inside: (host, port)}`` of route URLs; a loopback one is ``remote``'s target of
-    its port when ``host_url`` rewrote a remote URL to it.
-
-    Raises:
-        ValueError: a route is not an ``http(s)://`` URL with a port >= 1024, or two need one port.
-    """
-    wanted: dict[int, tuple[str, int]] = {}
-    for url in routes or ():
-        parts = urlsplit(url)
-        port = port_of(url)
-        if parts.scheme not in ("http", "https") or parts.hostname is None or port < 1024:
-            raise ValueError(f"route {url!r} must be an http(s) URL with a port >= 1024")
-        target = (parts.hostname, port)
-        if parts.hostname in LOOPBACK:
-            target = remote.get(port, target)
-        if wanted.setdefault(port, target) != target:
-            raise ValueError(f"routes {target} and {wanted[port]} both need port {port}")
-    return wanted
 
 
 class ContainerNetwork:

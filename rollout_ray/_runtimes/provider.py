@@ -4,11 +4,13 @@ module imports this, never the registry that imports it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core.limits import TaskResources
 from .._core.runtime import Runtime
+from .cgroup import tracking_controller
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class HostResources:
     keeper: Any
     start_gates: Sequence[Any]
     host_token: str
+    budget: TaskResources | None = None
+    """What the task asked its runtime may use (``TaskData.resources``): a provider holds its
+    programs to what its ``enforces`` names, and ignores the rest."""
 
 
 Factory = Callable[[str, "str | None", HostResources], Runtime]
@@ -62,10 +67,17 @@ class Provider:
     """How a program in its runtimes names a host URL (a route's URL inside the box)."""
     cgroup_controllers: Callable[[], tuple[str, ...]] | None = None
     """The host's parent cgroups its runtimes go under; ``None``: the tracking controller."""
+    release: Callable[[str], Awaitable[object]] | None = None
+    """Called with a host's token when the host shuts down: removes what the kind keeps on
+    the node for that host's runtimes beyond their own lives (podman: the image tags it loaded)."""
     label: str = ""
     """How ``rollout-ray eval``'s summary names it (default: its name)."""
     help: str = ""
     """What ``rollout-ray eval --help`` says of it."""
+
+    def controllers(self) -> tuple[str | None, ...]:
+        """The controllers of the host's parent cgroups its runtimes go under."""
+        return self.cgroup_controllers() if self.cgroup_controllers is not None else (tracking_controller(),)
 
     def __post_init__(self) -> None:
         if not self.label:

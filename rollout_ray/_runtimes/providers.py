@@ -65,12 +65,14 @@ def _load() -> None:
         return
     _loaded = True
     from .local import LocalRuntime
-    from .sandbox import SandboxRuntime, sandbox_unavailable, sandbox_url
+    from .routes import sandbox_url
+    from .sandbox import MEMORY_LIMIT, SandboxRuntime, sandbox_unavailable
 
     def local(name: str, image: str | None, r: HostResources) -> Runtime:
         return LocalRuntime(name, root=r.root, env=r.env, cgroup_parents=r.cgroup_parents, image=image)
 
     def sandbox(name: str, image: str | None, r: HostResources) -> Runtime:
+        memory = r.budget.memory_bytes if r.budget is not None else None
         return SandboxRuntime(
             name,
             root=r.root,
@@ -79,6 +81,7 @@ def _load() -> None:
             image=image,
             keeper=r.keeper,
             start_gates=r.start_gates,
+            memory_limit=memory or MEMORY_LIMIT,
         )
 
     register(

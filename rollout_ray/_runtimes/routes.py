@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from .cgroup import KILL_BUDGET
@@ -92,3 +93,60 @@ def port_of(url: str) -> int:
     except ValueError as e:
         raise ValueError(f"route {url!r} has a bad port") from e
     return port if port is not None else (443 if parts.scheme == "https" else 80)
+
+
+def wanted_routes(routes: Sequence[str] | None, remote: Mapping[int, tuple[str, int]]) -> dict[int, tuple[str, int]]:
+    """``{port inside: (host, port)}`` of route URLs; a loopback one is ``remote``'s target of
+    its port when ``host_url`` rewrote a remote URL to it.
+
+    Raises:
+        ValueError: a route is not an ``http(s)://`` URL with a port >= 1024, or two need one port.
+    """
+    wanted: dict[int, tuple[str, int]] = {}
+    for url in routes or ():
+        parts = urlsplit(url)
+        port = port_of(url)
+        if parts.scheme not in ("http", "https") or parts.hostname is None or port < 1024:
+            raise ValueError(f"route {url!r} must be an http(s) URL with a port >= 1024")
+        target = (parts.hostname, port)
+        if parts.hostname in LOOPBACK:
+            target = remote.get(port, target)
+        if wanted.setdefault(port, target) != target:
+            raise ValueError(f"routes {target} and {wanted[port]} both need port {port}")
+    return wanted
+
+
+class RouteSet:
+    """A runtime's allowed routes by their port inside, and the real targets of the remote
+    URLs ``host_url`` rewrote to loopback ones."""
+
+    def __init__(self) -> None:
+        self.routes: dict[int, Route] = {}
+        self.remote: dict[int, tuple[str, int]] = {}
+
+    def host_url(self, url: str) -> str:
+        """``url`` as the sandbox reaches it (``sandbox_url``), remembering the real target."""
+        inside = sandbox_url(url)
+        if inside != url:
+            self.remote[port_of(url)] = (urlsplit(url).hostname or "", port_of(url))
+        return inside
+
+    async def allow(self, routes: Sequence[str] | None, net_dir: str) -> None:
+        """Serve exactly ``routes`` (full URLs), each on a unix socket in ``net_dir``.
+
+        Raises:
+            ValueError: as ``wanted_routes``.
+        """
+        wanted = wanted_routes(routes, self.remote)
+        for port in [p for p, r in self.routes.items() if wanted.get(p) != (r.host, r.port)]:
+            await self.routes.pop(port).close()
+        for port, (host, target_port) in wanted.items():
+            if port not in self.routes:
+                route = Route(host, target_port)
+                await route.open(os.path.join(net_dir, f"{port}.sock"))
+                self.routes[port] = route
+
+    async def close(self) -> None:
+        for route in self.routes.values():
+            await route.close()
+        self.routes = {}

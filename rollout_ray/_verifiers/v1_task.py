@@ -142,11 +142,8 @@ def refuse_unmapped(upstream: Any) -> None:
         for f, default in _UNMAPPED_DEFAULTS.items()
         if getattr(upstream.data, f, default) != default
     ]
-    reasons += (
-        [f"its row asks for resources ({upstream.data.resources})"]
-        if upstream.data.resources.model_dump(exclude_none=True)
-        else []
-    )
+    unmapped = sorted(set(upstream.data.resources.model_dump(exclude_none=True)) - {"cpu", "memory"})
+    reasons += [f"its row asks for {' and '.join(unmapped)} ({upstream.data.resources})"] if unmapped else []
     if reasons:
         raise ValueError(f"verifiers task {name}: not mapped onto rollout_ray yet: {reasons[0]}")
 
@@ -177,6 +174,7 @@ def _row(data: Any) -> dict[str, Any]:
     row["timeout"] = timeout or None
     row["network_allow"] = None if data.network_allow == ["*"] else list(data.network_allow)
     row["network_block"] = list(data.network_block) or None
+    row["resources"] = data.resources.model_dump(include={"cpu", "memory"}, exclude_none=True) or None  # TaskResources
     return row
 
 

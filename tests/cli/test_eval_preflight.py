@@ -276,3 +276,16 @@ def test_help_says_how_many_actors_by_default() -> None:
     from rollout_ray._ray.ray_executor import DEFAULT_ACTORS_CAP
 
     assert DEFAULT_ACTORS_CAP == 32
+
+
+def test_a_task_asking_for_a_runtime_there_is_not_is_refused_naming_it(tmp_path: pathlib.Path) -> None:
+    """Issue 32: a task's own runtime kind (``TaskData.runtime``) is checked with the run's,
+    before anything starts, not when its rollout runs."""
+    (tmp_path / "kinds.py").write_text(
+        "from rollout_ray import ChatHarness, Task\n\n"
+        "def tasks():\n    return [Task({'prompt': 'a'}), Task({'idx': 1, 'prompt': 'b', 'runtime': 'nope'})]\n\n"
+        "def harness():\n    return ChatHarness()\n"
+    )
+    line = _refused(tmp_path, "kinds.py", "--runtime", "local", cwd=tmp_path)
+    assert line.startswith("rollout-ray eval: error: task 1 asks for runtime 'nope': runtime must be one of (")
+    assert "'local'" in line and "'podman'" in line and "got 'nope'" in line

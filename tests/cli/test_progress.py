@@ -53,8 +53,25 @@ def test_a_plain_line_every_few_seconds_and_at_the_end() -> None:
     display.update(p)
     lines = stream.getvalue().splitlines()
     assert len(lines) == 3  # the first, one after PLAIN_EVERY, the last
-    assert lines[0] == "done 1/4  failed 0  in flight 0  reward 0.000  wall 0s  warming up"
-    assert lines[-1].startswith("done 4/4  failed 0") and "rollouts/s  ETA 0s" in lines[-1]
+    assert lines[0] == "done 1/4  failed 0  in flight 0  reward 0.000  wall 0s  measuring rate"
+    assert lines[1].endswith("0.2 rollouts/s  ETA 4s")  # 2 more in the 8 s after the first
+    assert lines[-1].startswith("done 4/4  failed 0") and lines[-1].endswith("finished")
+
+
+def test_a_run_that_ends_in_one_burst_never_reads_warming_up_after_its_first_rollout() -> None:
+    """A group of 8 finishing together: before, the last line said "warming up" (no rate from one
+    finishing) or a rate since the first finished far from the summary's; now it says finished."""
+    clock, stream = Clock(), io.StringIO()
+    display = ProgressDisplay(stream, clock=clock, tty=False)
+    p = Progress(total=8)
+    display.update(p)
+    clock.now += 30
+    p.done = 8
+    display.update(p)
+    lines = stream.getvalue().splitlines()
+    assert lines[0].endswith("warming up")
+    assert lines[-1].startswith("done 8/8") and lines[-1].endswith("finished")
+    assert "rollouts/s" not in lines[-1] and "warming up" not in lines[-1]
 
 
 def test_a_run_with_no_known_total_ends_its_log_on_the_last_counts() -> None:
@@ -135,7 +152,7 @@ def test_in_a_terminal_a_live_bar_with_failures_reward_and_eta() -> None:
     display.close()
     frames = [f for f in stream.getvalue().split("\r") if f.strip()]
     first = next(f for f in frames if "1/10" in f)
-    assert "warming up" in first
+    assert "measuring rate" in first
     assert "60%" in frames[-1]
     assert "6/10, failed 1  reward 0.500  [wall 1:05, 0.1/s ETA 52s]" in frames[-1]  # 5 in the 65 s after the first
 

@@ -170,10 +170,12 @@ def test_abort_requests_ends_the_answer_with_abort_and_keeps_what_was_sampled(vl
             await answer.read()
             assert answer.chunks[0]["id"] == "chatcmpl-t-sse"
             # The abort chunk: {"delta": {}, "logprobs": {"content": []}, "finish_reason": "abort",
-            # "stop_reason": null, "token_ids": []} (a token sampled in the same step may ride on it).
+            # "stop_reason": null, "token_ids": []}. Tokens sampled before the abort and not yet sent
+            # ride on it (one on a quiet machine; more when the server's output loop lags under
+            # load), each with its logprob: how many depends on timing, so only that they pair up.
             last = answer.last
             assert (last["finish_reason"], last["stop_reason"]) == ("abort", None), answer.chunks[-2:]
-            assert len(last["token_ids"]) == len(last["logprobs"]["content"]) <= 1
+            assert len(last["token_ids"]) == len(last["logprobs"]["content"])
             assert 5 <= len(answer.ids) == len(answer.logprobs) < LONG
             assert close(answer.logprobs, vllm_dev.score(answer.prompt, answer.ids))
 

@@ -184,10 +184,9 @@ class Server:
         return post(self.root + "/detokenize", {"model": NAME, "tokens": ids})["prompt"]
 
 
-@contextmanager
-def serve(python: Path, model: Path, tmp: Path, *args: str, **env: str) -> Iterator[Server]:
-    """A vLLM server for ``model`` on a free port of 127.0.0.1, with ``args`` and ``env`` added;
-    stopped (with its process group) on exit."""
+def _launch(python: Path, model: Path, tmp: Path, *args: str, **env: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """Start a vLLM server for ``model`` on a free port of 127.0.0.1 (``tmp``: its log and
+    temporary files); returns the process, its root URL and its log."""
     port = free_port()
     vllm_cli = python.parent / "vllm"
     # The `vllm` CLI needs install.sh's metadata shim; the api_server module does not.
@@ -216,8 +215,6 @@ def serve(python: Path, model: Path, tmp: Path, *args: str, **env: str) -> Itera
         *args,
     ]
     log = tmp / "server.log"
-    root = f"http://127.0.0.1:{port}"
-    started = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             command,
@@ -227,31 +224,59 @@ def serve(python: Path, model: Path, tmp: Path, *args: str, **env: str) -> Itera
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+    return proc, f"http://127.0.0.1:{port}", log
+
+
+def _ready(proc: subprocess.Popen[bytes], root: str, log: Path, started: float) -> Server:
+    """Poll ``/health`` until it answers 200 (bounded by ``READY_TIMEOUT`` from ``started``);
+    a server that exits meanwhile skips the test with the end of its log."""
+    while True:
+        if proc.poll() is not None:
+            pytest.skip(
+                f"the vLLM server cannot run here: `{' '.join(map(str, proc.args))}` exited with status "
+                f"{proc.returncode} while starting; its log ends:\n{tail(log)}"
+            )
+        try:
+            if get(root + "/health", timeout=2)[0] == 200:
+                break
+        except OSError:
+            pass
+        if time.monotonic() - started > READY_TIMEOUT:
+            pytest.fail(f"the vLLM server did not answer /health within {READY_TIMEOUT:g}s; its log ends:\n{tail(log)}")
+        time.sleep(1)
+    print(
+        f"\nvLLM server ready in {time.monotonic() - started:.1f}s "
+        f"(version {get(root + '/version')[1].decode()}), log {log}",
+        file=sys.stderr,
+    )
+    return Server(root, log)
+
+
+@contextmanager
+def serve(python: Path, model: Path, tmp: Path, *args: str, **env: str) -> Iterator[Server]:
+    """A vLLM server for ``model`` on a free port of 127.0.0.1, with ``args`` and ``env`` added;
+    stopped (with its process group) on exit."""
+    with serve_many(1, python, model, tmp, *args, **env) as (server,):
+        yield server
+
+
+@contextmanager
+def serve_many(n: int, python: Path, model: Path, tmp: Path, *args: str, **env: str) -> Iterator[list[Server]]:
+    """``n`` vLLM servers as :func:`serve` starts one, each on its own port, started together
+    (their starts overlap: ~1 min each on 2 cores); all stopped on exit."""
+    started = time.monotonic()
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        while True:  # readiness: poll /health, bounded
-            if proc.poll() is not None:
-                pytest.skip(
-                    f"the vLLM server cannot run here: `{' '.join(command)}` exited with status "
-                    f"{proc.returncode} while starting; its log ends:\n{tail(log)}"
-                )
-            try:
-                if get(root + "/health", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() - started > READY_TIMEOUT:
-                pytest.fail(
-                    f"the vLLM server did not answer /health within {READY_TIMEOUT:g}s; its log ends:\n{tail(log)}"
-                )
-            time.sleep(1)
-        print(
-            f"\nvLLM server ready in {time.monotonic() - started:.1f}s "
-            f"(version {get(root + '/version')[1].decode()}), log {log}",
-            file=sys.stderr,
-        )
-        yield Server(root, log)
+        launched = []
+        for i in range(n):
+            own = tmp / f"server{i}" if n > 1 else tmp
+            own.mkdir(exist_ok=True)
+            launched.append(_launch(python, model, own, *args, **env))
+            procs.append(launched[-1][0])
+        yield [_ready(proc, root, log, started) for proc, root, log in launched]
     finally:
-        stop(proc)
+        for proc in procs:
+            stop(proc)
 
 
 class DevServer(Server):

@@ -320,7 +320,7 @@ def test_a_large_file_is_read_only_up_to_max_bytes_and_a_directory_is_refused(tm
 def test_an_execs_variables_are_not_on_the_podman_command_line() -> None:
     """Security review F5: ``--env NAME=value`` put an exec's secrets in ``ps`` for every user
     of the host; values now go through the podman client's environment."""
-    from rollout_ray._runtimes.podman import _exec_command
+    from rollout_ray._runtimes.podman_cli import exec_command as _exec_command
 
     command, env = _exec_command(
         "c1", ["sh", "-c", "echo $OPENAI_API_KEY"], {"OPENAI_API_KEY": "sk-secret"}, "/work", interactive=False

@@ -210,7 +210,7 @@ def test_remote_routes_are_served_on_loopback_and_bad_routes_refused(
             url = rt.host_url("http://10.1.2.3:8080/v1")
             assert url == "http://127.0.0.1:8080/v1"
             await rt.prepare_execution([url])
-            routes = [(p, r.host, r.port) for p, r in rt._routes.items()]
+            routes = [(p, r.host, r.port) for p, r in rt._routes.routes.items()]
             assert routes == [(8080, "10.1.2.3", 8080)]
             with pytest.raises(ValueError, match=r"^route 'ftp://127.0.0.1:2121/' must be an http"):
                 await rt.prepare_execution(["ftp://127.0.0.1:2121/"])

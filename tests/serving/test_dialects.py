@@ -20,8 +20,9 @@ from capture_rig import Rig, recording_server, rig, run
 from rollout_ray import AssistantMessage, Request, Response, RolloutLimits, RolloutSession, Trace, TraceTask
 from rollout_ray._core.hooks import Hook
 from rollout_ray._core.interception import Slot
-from rollout_ray._record.graph import path_to
-from rollout_ray._record.messages import text_of
+from rollout_ray._core.model import Model
+from rollout_ray._record.graph import leaves, path_to
+from rollout_ray._record.messages import ToolCall, text_of
 from rollout_ray._record.tokens import full_prompt, token_sequences
 from rollout_ray._serving.proxy import HTTPInterception
 from rollout_ray._serving.upstream import OpenAIModel
@@ -567,3 +568,45 @@ def test_an_array_of_too_many_items_is_a_400_naming_it_before_its_items_are_tran
             assert status == 200  # at the cap: still answered
 
     run(main)
+
+
+class _NoObjectArguments(Model):
+    """A tool call whose ``arguments`` are no JSON object, then text: what a random-weight
+    model writes under vLLM's tool grammar (``false``; ``tests/real_server/test_vllm_dialects``)."""
+
+    def __init__(self, arguments: str) -> None:
+        self.arguments = arguments
+
+    async def complete(self, request: Request, *, model: str | None, sampling: dict[str, Any]) -> Response:
+        if any(isinstance(m, AssistantMessage) for m in request.messages):
+            return Response(AssistantMessage("done"))
+        call = ToolCall("toolu_1", "calculator", self.arguments)
+        return Response(AssistantMessage(None, tool_calls=[call]), "tool_calls")
+
+
+@pytest.mark.parametrize("arguments", ["false", '"17*3"', '{"expression": "17*', "[1]"])
+def test_a_call_whose_arguments_are_no_object_is_the_sampled_node_when_the_anthropic_sdk_sends_it_back(
+    arguments: str,
+) -> None:
+    """The Messages answer gives such a call ``input: {}`` (Anthropic's ``input`` is an object);
+    the agent sends ``{}`` back, which must still be the sampled reply, not a fork whose next
+    turn re-renders the history (found on a real vLLM: every tool turn started a new prompt)."""
+
+    async def main() -> Trace:
+        session = RolloutSession(Trace(task=TraceTask(type="T")), _NoObjectArguments(arguments))
+        async with HTTPInterception() as proxy, proxy.serve(session) as slot, anthropic_client(slot) as client:
+            messages: list[Any] = [{"role": "user", "content": QUESTION}]
+            reply = await client.messages.create(model="x", max_tokens=50, messages=messages, tools=ANTHROPIC_TOOLS)
+            (use,) = [b for b in reply.content if b.type == "tool_use"]
+            assert use.input == {}
+            messages += [
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "bad input"}]},
+            ]
+            await client.messages.create(model="x", max_tokens=50, messages=messages, tools=ANTHROPIC_TOOLS)
+        return session.trace
+
+    trace = run(main)
+    first, second = trace.calls
+    assert len(leaves(trace)) == 1 and first.node in path_to(trace, second.node)  # type: ignore[arg-type]
+    assert trace.nodes[first.node].message.tool_calls[0].arguments == arguments  # type: ignore[index]

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 import verifiers.v1 as vf
 
-from rollout_ray import RolloutTimeouts, ToolCall, Trace
+from rollout_ray import RolloutTimeouts, TaskResources, ToolCall, Trace
 from rollout_ray._core.tools import LocalTools
 from rollout_ray._runtimes.local import LocalRuntime
 from rollout_ray._verifiers.v1_runtime import V1Runtime
@@ -46,6 +46,8 @@ def test_the_shared_fields_are_mapped_and_the_rows_own_are_kept() -> None:
         "system_prompt": "Be brief.",
         "timeout": {"setup": None, "agent": 30.0, "finalize": None, "scoring": None},
         "network_allow": ["pypi.org"],
+        "runtime": None,
+        "resources": None,
         "id": "q-4",
         "description": None,
         "answer": "4",
@@ -54,6 +56,15 @@ def test_the_shared_fields_are_mapped_and_the_rows_own_are_kept() -> None:
     assert task.key == QATask(data).key
     (hook,) = task.hooks("reward")
     assert (hook.name, hook.weight, hook.priority) == ("exact", 2.0, 1)
+
+
+def test_a_rows_cores_and_memory_are_its_runtimes_resources() -> None:
+    """Issue 32: upstream's ``TaskResources(cpu, memory)`` was refused; now it is the task's
+    ``TaskData.resources`` (what podman and the sandbox hold its runtime to)."""
+    task = V1Task(QATask(QA(prompt="2+2?", answer="4", resources=vf.TaskResources(cpu=2, memory=0.5))))
+    assert task.data.resources == TaskResources(cpu=2, memory=0.5)
+    assert task.data.resources.memory_bytes == 500_000_000
+    assert V1Task(QATask(QA(prompt="2+2?", answer="4"))).data.resources is None
 
 
 def test_upstream_defaults_mean_no_policy_and_no_timeout() -> None:
@@ -68,8 +79,8 @@ def test_upstream_defaults_mean_no_policy_and_no_timeout() -> None:
         ({"workdir": "/app"}, "its row sets workdir"),
         ({"agent_user": "agent"}, "its row sets agent_user"),
         (
-            {"resources": vf.TaskResources(cpu=2)},
-            r"its row asks for resources \(cpu=2\.0 memory=None gpu=None disk=None\)",
+            {"resources": vf.TaskResources(cpu=2, gpu="A100")},
+            r"its row asks for gpu \(cpu=2\.0 memory=None gpu='A100' disk=None\)",
         ),
     ],
 )
