@@ -23,11 +23,25 @@ sampled every ``--sample`` s over the run), generated tokens/s (the servers' cou
 steps/s and the speedup over synchronous on it, the trainer's idle share (time waiting for
 groups / wall), the staleness of every sample trained on (the version at training minus its
 first call's version), mean in-flight rollouts and waiting requests. A plot over time
-(utilisation, in-flight, queue per mode) is written beside the table (``--plot``; skipped with a
-note if matplotlib is missing).
+(utilisation, in-flight, queue per mode, the trainer's training and weight updates shaded) is
+written as an SVG with ``--plot PATH`` (``_svg_plot``: no plotting library).
 
-    python benchmarks/bench_fleet.py            # 4 servers x 64 slots, 8 steps of 8 groups x 8
-    python benchmarks/bench_fleet.py --quick    # 2 servers x 16 slots, 4 steps of 8 groups x 4, train 4 s
+    python benchmarks/bench_fleet.py            # 4 servers x 64 slots, 8 steps of 32 groups x 8
+    python benchmarks/bench_fleet.py --quick    # 2 servers x 16 slots, 4 steps of 8 groups x 4
+    python benchmarks/bench_fleet.py --quick --train-sweep 2,6,13.4,20,28   # speedup per trainer step time
+    python benchmarks/bench_fleet.py --quick --plot docs/img/bench_fleet.svg
+
+A step's batch is one fleet's worth of rollouts (groups x samples = servers x slots), and the
+trainer's step time defaults to the balanced point: the seconds one step's rollouts take to
+generate with every slot busy (``balanced_train``), as a real run is tuned (the batch to the
+fleet) so that neither the trainer nor the fleet waits. A synchronous step costs generation +
+training, an asynchronous one about the larger of the two, so that is where async gains most;
+``--train-sweep`` measures the speedup on either side of it. The trainer's seconds are the
+fleet's: on a loaded machine the capacity model's steps take longer than they say (the table's
+``clock``: wall seconds per fleet second), and the trainer's sleep is stretched alike, so the
+ratio of training to generation is the configured one. The modes run one after the other, and
+the machine's load differs between them: ``on clock`` is the speedup in the fleet's seconds
+(steps per fleet second), the fair comparison when their ``clock`` differs.
 
 The servers, the driver, the tools and the trainer share this process and its 2 cores: the
 fleet's clock is the capacity model's steps, which stretch when the process is busy, so compare
@@ -38,13 +52,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import random
 import time
-from collections import Counter
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
+
+from _fleet_report import Outcome, plot, table  # benchmarks/ is the script's directory
 
 from rollout_ray import (
     ChatHarness,
@@ -111,29 +127,31 @@ def tasks(n: int, turns: int) -> list[Agent]:
     return out
 
 
-@dataclass
-class Outcome:
-    mode: str
-    steps: int = 0
-    wall: float = 0.0
-    idle: float = 0.0
-    tokens: int = 0
-    leaked: int = 0
-    """Task errors nobody retrieved (the teardown's cancelled reads)."""
-    staleness: Counter[int] = field(default_factory=Counter)
-    series: list[tuple[float, float, int, int]] = field(default_factory=list)
-    """(seconds, utilisation, rollouts in flight, requests waiting) every ``--sample`` s."""
-
-    @property
-    def utilisation(self) -> float:
-        return sum(u for _, u, _, _ in self.series) / max(len(self.series), 1)
-
-
 def first_versions(samples: Any) -> list[int]:
     return [
         min((c.policy for c in decode_trace(blob).calls if c.policy is not None), default=0)
         for blob in samples.column("trace").to_pylist()
     ]
+
+
+def mean_answer(args: argparse.Namespace) -> float:
+    """Mean tokens of an answer: the lognormal's mean below ``--max-tokens`` (E[min(X, cap)]),
+    plus ~15 tokens of the plan's message (a tool call or the final answer)."""
+    mu, sigma, cap = math.log(args.gen_median), args.gen_sigma, args.max_tokens
+    if sigma == 0:
+        return min(args.gen_median, cap) + 15
+    phi = NormalDist().cdf
+    below = math.exp(mu + sigma**2 / 2) * phi((math.log(cap) - mu - sigma**2) / sigma)
+    return below + cap * (1 - phi((math.log(cap) - mu) / sigma)) + 15
+
+
+def balanced_train(args: argparse.Namespace) -> float:
+    """Seconds one step's rollouts take to generate with every slot of the fleet busy: the
+    trainer step time at which generation and training balance (the estimate; ``--train-sweep``
+    measures where the speedup peaks)."""
+    tokens = args.groups * args.samples * (args.turns + 1) * mean_answer(args)
+    per_second = args.servers * args.batch / (args.step_base + args.step_per_seq * args.batch)
+    return tokens / per_second
 
 
 def config_of(mode: str, args: argparse.Namespace) -> tuple[EvalConfig, dict[str, Any], str]:
@@ -178,16 +196,25 @@ async def run(mode: str, args: argparse.Namespace) -> Outcome:
         slots = args.servers * args.batch
         started = time.monotonic()
         done = asyncio.Event()
+        phase = ["wait"]
 
         async def sample() -> None:
+            before: list[tuple[float, float] | None] = [None] * len(servers)
             while not done.is_set():
                 scheds = [s.batcher.scheduler for s in servers if s.batcher is not None]
+                now = time.monotonic()
+                for i, x in enumerate(scheds):  # the fleet's clock, over intervals an engine ran throughout
+                    last, before[i] = before[i], (now, x.counters.busy_seconds) if x.running else None
+                    if last is not None and x.running:
+                        out.clock[0] += x.counters.busy_seconds - last[1]
+                        out.clock[1] += now - last[0]
                 out.series.append(
                     (
                         time.monotonic() - started,
                         sum(len(x.running) for x in scheds) / slots,
                         driver.progress.in_flight,
                         sum(len(x.waiting) for x in scheds),
+                        phase[0],
                     )
                 )
                 try:
@@ -204,14 +231,20 @@ async def run(mode: str, args: argparse.Namespace) -> Outcome:
             groups += 1
             out.staleness.update(driver.policy_version - v for v in first_versions(group.samples))
             if groups % args.groups == 0:
-                await asyncio.sleep(args.train)  # the trainer's GPU step, simulated
+                phase[0] = "train"
+                # The trainer's GPU step, on the fleet's clock: this loaded process stretches the
+                # fleet's steps, and a trainer on wall seconds would look faster than its fleet.
+                await asyncio.sleep(args.train * out.stretch)
+                phase[0], updating = "update", time.monotonic()
                 version = driver.policy_version + 1
                 async with driver.paused(version=version, **pause):
                     await reload_weights(model, f"/checkpoints/step-{version}", version)
+                out.update += time.monotonic() - updating
                 out.steps += 1
+                out.step_ends.append(time.monotonic() - started)
                 if out.steps == args.steps:
                     break
-            asked = time.monotonic()
+            phase[0], asked = "wait", time.monotonic()
         out.wall = time.monotonic() - started
         done.set()
         await sampler
@@ -220,26 +253,37 @@ async def run(mode: str, args: argparse.Namespace) -> Outcome:
     return out
 
 
-def plot(outcomes: list[Outcome], path: Path) -> str:
-    try:
-        import matplotlib
-    except ImportError:
-        return "plot skipped: matplotlib is not installed (pip install matplotlib)"
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def compare(modes: list[str], args: argparse.Namespace) -> list[Outcome]:
+    outcomes = []
+    for mode in modes:
+        outcomes.append(asyncio.run(run(mode, args)))
+        o = outcomes[-1]
+        print(f"  {mode}: {o.steps} steps in {o.wall:.1f} s ({o.leaked} unretrieved task errors)", flush=True)
+    return outcomes
 
-    fig, axes = plt.subplots(len(outcomes), 1, figsize=(10, 3 * len(outcomes)), squeeze=False)
-    for ax, o in zip(axes[:, 0], outcomes, strict=True):
-        t = [s[0] for s in o.series]
-        ax.plot(t, [100 * s[1] for s in o.series], label="utilisation %")
-        ax.plot(t, [s[2] for s in o.series], label="rollouts in flight")
-        ax.plot(t, [s[3] for s in o.series], label="requests waiting")
-        ax.set_title(f"{o.mode}: utilisation {o.utilisation:.0%}")
-        ax.set_xlabel("seconds")
-        ax.legend(loc="upper right", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path)
-    return f"plot: {path}"
+
+def sweep(times: list[float], modes: list[str], args: argparse.Namespace) -> None:
+    """The same fleet, rollouts and rules at each trainer step time ``T``: where does async pay most?
+
+    A synchronous step is generation + T, an asynchronous one about max(generation, T): the
+    speedup peaks where T meets ours' generation time per step (the balanced point)."""
+    rows = []
+    for t in times:
+        args.train = t
+        print(f"train {t:g} s a step:", flush=True)
+        outcomes = compare(modes, args)
+        print("\n".join(table(outcomes)), flush=True)
+        rows.append((t, outcomes))
+    print("\nsweep over the trainer's step time (s/step = wall / trainer steps; idle = trainer waiting for groups)")
+    head = "".join(f"{m + ' util':>18}{'s/step':>8}{'idle':>6}" for m in modes)
+    print(f"{'T s':>6}{head}{'speedup':>9}{'steady':>8}")
+    for t, outcomes in rows:
+        base = next((o for o in outcomes if o.mode == "synchronous"), outcomes[0])
+        ours = next((o for o in outcomes if o.mode == "ours"), outcomes[-1])
+        cells = "".join(
+            f"{o.utilisation:>18.0%}{o.wall / max(o.steps, 1):>8.1f}{o.idle / o.wall:>6.0%}" for o in outcomes
+        )
+        print(f"{t:>6g}{cells}{ours.rate / base.rate:>8.1f}x{ours.steady / base.steady:>7.1f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,52 +299,59 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=3, help="tool calls per rollout")
     p.add_argument("--tool-wait", type=float, default=0.5, help="median seconds of a tool call")
     p.add_argument("--steps", type=int, default=8, help="trainer steps")
-    p.add_argument("--groups", type=int, default=8, help="groups per trainer step (batch_groups)")
+    p.add_argument("--groups", type=int, default=32, help="groups per trainer step (batch_groups)")
     p.add_argument("--samples", type=int, default=8, help="samples per task")
-    p.add_argument("--train", type=float, default=2.0, help="seconds a trainer step takes")
+    p.add_argument(
+        "--train",
+        type=float,
+        default=None,
+        help="seconds a trainer step takes, on the fleet's clock (default: the balanced point, one step's "
+        "generation on the busy fleet)",
+    )
     p.add_argument("--k", type=int, default=2, help="max_staleness of ours")
     p.add_argument("--sample", type=float, default=0.25, help="seconds between utilisation samples")
-    p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--plot", default=str(Path(__file__).with_name("bench_fleet.png")))
-    p.add_argument("--quick", action="store_true", help="2 servers x 16 slots, 4 steps of 8 groups x 4, train 4 s")
+    p.add_argument("--modes", default="", help=f"comma-separated, of {','.join(MODES)} (default: all)")
+    p.add_argument("--plot", default="", metavar="PATH", help="write the series as an SVG there")
+    p.add_argument(
+        "--train-sweep",
+        default="",
+        metavar="T1,T2,...",
+        help="run the modes (default synchronous,ours) at each trainer step time and tabulate the speedup",
+    )
+    p.add_argument("--quick", action="store_true", help="2 servers x 16 slots, 4 steps of 8 groups x 4")
     if p.parse_known_args(argv)[0].quick:  # smaller defaults; a flag given still wins
-        p.set_defaults(servers=2, batch=16, steps=4, groups=8, samples=4, train=4.0)
+        p.set_defaults(servers=2, batch=16, steps=4, groups=8, samples=4)
     args = p.parse_args(argv)
     TOOL_WAIT[0] = args.tool_wait
+    balanced = balanced_train(args)
+    print(
+        f"balanced point: one step's generation ({args.groups * args.samples} rollouts x {args.turns + 1} answers "
+        f"of ~{mean_answer(args):.0f} tokens) with every slot busy takes {balanced:.1f} s; a real run "
+        "is tuned near it (batch size vs fleet size), where async gains most: synchronous pays generation + "
+        "training a step, async about the larger of the two"
+    )
+    if args.train is None:
+        args.train = round(balanced, 1)
     print(
         f"{args.servers} servers x {args.batch} slots; {args.steps} steps of {args.groups} groups x {args.samples} "
         f"samples, {args.turns} tool calls each (median {args.tool_wait} s), answers median {args.gen_median} "
         f"tokens sigma {args.gen_sigma}; train {args.train} s a step; ours: max_staleness {args.k}"
     )
-    outcomes = []
-    for mode in args.modes.split(","):
-        outcomes.append(asyncio.run(run(mode, args)))
-        o = outcomes[-1]
-        print(
-            f"  {mode}: {o.steps} steps in {o.wall:.1f} s ({o.leaked} unretrieved task errors at teardown)", flush=True
-        )
+    if args.train_sweep:
+        modes = args.modes.split(",") if args.modes else ["synchronous", "ours"]
+        sweep([float(t) for t in args.train_sweep.split(",")], modes, args)
+        return 0
+    outcomes = compare(args.modes.split(",") if args.modes else list(MODES), args)
+    print("\n".join(table(outcomes)))
     base = next((o for o in outcomes if o.mode == "synchronous"), outcomes[0])
-    base_rate = base.steps / base.wall
-    print(
-        f"{'mode':<14}{'util':>6}{'tok/s':>8}{'steps/s':>9}{'speedup':>9}{'idle':>7}{'in-flight':>10}"
-        f"{'waiting':>9}  staleness 0/1/2/>2 (mean)"
-    )
     for o in outcomes:
-        total = sum(o.staleness.values()) or 1
-        shares = " / ".join(f"{o.staleness[s] / total:.0%}" for s in range(3))
-        over = sum(n for s, n in o.staleness.items() if s > 2) / total
-        mean = sum(s * n for s, n in o.staleness.items()) / total
-        n = max(len(o.series), 1)
-        print(
-            f"{o.mode:<14}{o.utilisation:>6.0%}{o.tokens / o.wall:>8.0f}{o.steps / o.wall:>9.3f}"
-            f"{o.steps / o.wall / base_rate:>8.1f}x{o.idle / o.wall:>7.0%}{sum(s[2] for s in o.series) / n:>10.0f}"
-            f"{sum(s[3] for s in o.series) / n:>9.1f}  {shares} / {over:.0%} ({mean:.2f})"
+        print(f"{o.mode}: utilisation {o.utilisation * 100:.0f} %, {o.rate / base.rate:.1f}x over synchronous")
+    if args.plot:
+        caption = (
+            f"bench_fleet.py: {args.servers} servers x {args.batch} slots, {args.groups} groups x {args.samples} "
+            f"a step, train {args.train:g} s"
         )
-    for o in outcomes:
-        print(
-            f"{o.mode}: utilisation {o.utilisation * 100:.0f} %, {o.steps / o.wall / base_rate:.1f}x over synchronous"
-        )
-    print(plot(outcomes, Path(args.plot)))
+        print(plot(outcomes, Path(args.plot), caption))
     return 0
 
 

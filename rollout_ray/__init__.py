@@ -140,7 +140,7 @@ _logging.getLogger("rollout_ray").addHandler(_logging.NullHandler())
 _LAZY = {
     "Driver": "._driver.driver",
     "EvalConfig": "._driver.driver",
-    "Group": "._driver.driver",
+    "Group": "._driver.group",
     "Progress": "._driver.driver",
     "RunResult": "._driver.driver",
     "LocalExecutor": "._hosting.local_executor",
@@ -148,7 +148,7 @@ _LAZY = {
     "RolloutRecord": "._record.arrow",
     "records_to_table": "._record.arrow",
     "table_to_traces": "._record.arrow",
-    "ShardWriter": "._record.store",
+    "ShardWriter": "._record.shard_writer",
     "read_run": "._record.store",
     "read_groups": "._record.store",
     "FinalizeConfig": "._driver.finalize",

@@ -105,7 +105,9 @@ def _benchmark_numbers_missing(quoted: str, benchmarks: str) -> list[str]:
 
 
 def test_every_number_the_docs_quote_from_the_benchmarks_is_in_their_readme() -> None:
-    quoted = (ROOT / "docs" / "performance.md").read_text()
+    performance = (ROOT / "docs" / "performance.md").read_text()
+    glance = performance[performance.index("## At a glance") :]
+    quoted = glance[: glance.index("\n## ", 1)]  # the summary; the fleet's runs below quote their own tables
     tokens = (ROOT / "docs" / "tokens.md").read_text()
     quoted += tokens[tokens.index("Cost at 1,000-token completions") :]
     assert _benchmark_numbers_missing(quoted, (ROOT / "benchmarks" / "README.md").read_text()) == []

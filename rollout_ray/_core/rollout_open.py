@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -53,11 +53,9 @@ class RolloutOpen:
     _stack: AsyncExitStack
     _opened: bool
 
-    def fail(self, error: BaseException) -> None:
-        """Record ``error`` as the rollout's failure: ``Rollout.fail``."""
-
-    async def abort(self) -> None:
-        """Release everything without finalizing or scoring: ``Rollout.abort``."""
+    # Rollout's own (its lifecycle module): open records a failure and aborts on cancellation.
+    fail: Callable[[BaseException], None]
+    abort: Callable[[], Awaitable[None]]
 
     async def open(self) -> bool:
         """Build the world up to "runnable": runtime, setup, services, harness session.

@@ -3,13 +3,16 @@
 Every ``interval`` seconds the servers of the run's model (``fleet_roots``: the URLs the
 model was configured with) are read; their requests running and waiting, KV-cache usage and
 preemptions, summed over the fleet (the fullest server's KV usage), move ``FleetTarget``
-(``fleet_target.py``: additive increase while nothing waits, multiplicative decrease when the
-queue grows or the cache preempts), and the driver's ``Slots`` are resized to it. A lowered
+(``fleet_target.py``: additive increase while nothing waits and the bound was reached,
+multiplicative decrease when the queue grows or the cache preempts), and the driver's ``Slots``
+are resized to it. A lowered
 bound never cancels a rollout: those in flight finish (``slots``).
 
 It only bounds rollouts; the staleness window and ``max_groups`` still bound groups
 (``admission``), so a trainer that lags holds admission back whatever the target says, and a
-rejected group's replacement needs a slot as any other.
+rejected group's replacement needs a slot as any other. While admission (or anything else)
+keeps fewer rollouts in flight than the target, the target is held, not raised: the most in
+flight since the last sample (``Slots.peak``) is what the controller is told.
 
 An operator's ``rollout-ray ctl RUN set max-in-flight N`` takes the bound from the controller
 (it is still sampled, so ``status`` shows what it would do); ``set max-in-flight auto`` gives
@@ -144,7 +147,8 @@ class AutoInFlight:
             max(s.kv_usage for s in samples),
             sum(s.preemptions for s in samples),
         )
-        target = self.target.update(fleet)
+        used, self.slots.peak = self.slots.peak, self.slots.used  # since the last sample
+        target = self.target.update(fleet, used)
         self.last = fleet
         self.decisions = [*self.decisions[-(KEPT - 1) :], (fleet, target, self.target.why)]
         if self.mode == "auto":

@@ -50,7 +50,8 @@ from .._record.arrow import RolloutRecord, warm_arrow
 from .._record.store import read_groups
 from .admission import Admission
 from .eval_config import EvalConfig
-from .group_finalizer import Group, GroupFinalizer
+from .group import Group
+from .group_finalizer import GroupFinalizer
 from .live_controls import LiveControls
 from .policy_owner import PolicyOwner
 from .progress import Progress, RunResult

@@ -10,7 +10,11 @@ cache has room. So, at each sample:
   quarter (a preempted sequence is recomputed: wasted GPU time);
 * the queue is longer than ``queue_share`` of what runs: lower it by a tenth;
 * nothing waits: raise it by ``step`` (agentic rollouts spend time in tools, so the target
-  may exceed the servers' batch);
+  may exceed the servers' batch), but only if the bound was reached since the last sample:
+  when something else holds rollouts back (the staleness window, ``max_groups``, an operator's
+  lower number, a run running out of tasks), an idle fleet says nothing about the bound, and
+  raising it on every sample would leave it far above the fleet's saturation point when that
+  hold lifts (TCP's congestion-window validation, RFC 7661, for the same reason);
 * else hold.
 
 Additive increase, multiplicative decrease (as TCP): it settles near the point where the queue
@@ -59,14 +63,21 @@ class FleetTarget:
         self.why = "starting"
         self._preemptions: int | None = None
 
-    def update(self, sample: FleetSample) -> int:
-        """The target after ``sample`` (also in ``target``; ``why`` says what moved it)."""
+    def update(self, sample: FleetSample, used: int | None = None) -> int:
+        """The target after ``sample`` (also in ``target``; ``why`` says what moved it).
+
+        Args:
+            used: the most rollouts in flight at once since the last sample (``None``: not
+                known, taken as the bound reached).
+        """
         preempted = self._preemptions is not None and sample.preemptions > self._preemptions
         self._preemptions = sample.preemptions
         if preempted or sample.kv_usage >= self.kv_full:
             self._set(int(self.target * 0.75), "KV cache preempting" if preempted else "KV cache full")
         elif sample.waiting > max(1, self.queue_share * sample.running):
             self._set(int(self.target * 0.9), f"{sample.waiting} waiting at the servers")
+        elif sample.waiting == 0 and used is not None and used < self.target:
+            self.why = f"held: the servers have room but at most {used} of {self.target} were in flight"
         elif sample.waiting == 0:
             self._set(self.target + self.step, "servers have room")
         else:

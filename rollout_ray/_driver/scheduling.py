@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import aclosing
 from typing import Literal
 
@@ -75,8 +75,8 @@ class SampleScheduler:
     _provider_streak: int
     _policy_version: int
 
-    def _report(self, force: bool = False) -> None:
-        """``on_progress`` when due: the driver's (``Driver._report``)."""
+    _report: Callable[[], None]
+    """``on_progress`` when due: the driver's (``Driver._report``)."""
 
     async def _rollouts(self) -> None:
         """Every planned sample, at most ``max_in_flight`` at once, group by group as admission

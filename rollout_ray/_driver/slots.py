@@ -20,6 +20,9 @@ class Slots:
             raise ValueError(f"max_in_flight must be >= 1, got {limit}")
         self.limit = limit
         self.used = 0
+        self.peak = 0
+        """The most held at once since it was last reset (``AutoInFlight`` resets it at each
+        sample: whether the bound was what held rollouts back)."""
         self.paused = False
         self._changed = asyncio.Event()
 
@@ -28,6 +31,7 @@ class Slots:
             self._changed.clear()
             await self._changed.wait()
         self.used += 1
+        self.peak = max(self.peak, self.used)
 
     def release(self) -> None:
         self.used -= 1

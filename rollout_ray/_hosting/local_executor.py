@@ -8,7 +8,6 @@ from typing import Any
 
 from .._core.limits import TaskResources
 from .._core.policy_gate import PolicyGate
-from .._core.rollout import Rollout
 from .._core.runtime import Runtime
 from .._core.task import Task
 from .._record.trace import Trace
@@ -17,16 +16,16 @@ from .._serving.proxy import HTTPInterception
 from .._serving.tool_server import ToolServer
 from .executor import Executor
 from .lazy_runtime import LazyRuntime
-from .live import live_report
 from .lookahead import wanted
-from .rollout_host import build_rollout
+from .rollout_host import RolloutHost
 from .spec import RolloutSpec
 
 
 class LocalExecutor(Executor):
     """The lifecycle core in this event loop, behind a real HTTP proxy and tool server.
 
-    ``runtime`` is the kind of the runtimes rollouts own: ``"auto"`` (the sandbox where the
+    Its rollouts are hosted as a rollout actor hosts its own (``RolloutHost``), with no bound
+    of its own. ``runtime`` is the kind of the runtimes rollouts own: ``"auto"`` (the sandbox where the
     machine runs one, else local; ``runtime_reason`` then says why) or any provider's name
     (``_runtimes/providers.py``: ``"local"``, ``"sandbox"``, ``"podman"``, ...), for the
     rollouts whose task (``TaskData.runtime``) or run (``EvalConfig.runtime``) names none. A
@@ -47,35 +46,32 @@ class LocalExecutor(Executor):
         self._tools: ToolServer | None = None
         self._runtimes: RuntimeHost | None = None
         self.policy = PolicyGate()
-        self._running: dict[int, tuple[str, Rollout]] = {}
+        self._host: RolloutHost | None = None
 
     async def start(self) -> None:
         self._proxy = await self._stack.enter_async_context(HTTPInterception())
         self._tools = await self._stack.enter_async_context(ToolServer(sessions=self._proxy.session_of_state))
         self._runtimes = RuntimeHost(kind=self.runtime)
         self._stack.push_async_callback(self._runtimes.shutdown)
-
-    async def stop(self) -> None:
-        await self._stack.aclose()
-
-    async def run(self, spec: RolloutSpec) -> Trace:
-        if self._proxy is None or self._tools is None:
-            raise RuntimeError("LocalExecutor.run before start(); use 'async with LocalExecutor()'")
-        rollout = build_rollout(
-            spec,
+        # The driver's max_in_flight bounds the rollouts: the host adds no bound of its own.
+        self._host = RolloutHost(
+            None,
             interception=self._proxy,
             runtime_factory=self._new_runtime,
             tool_server=self._tools.serve,
             policy=self.policy,
         )
-        self._running[id(rollout)] = (spec.label, rollout)
-        try:
-            return await rollout.run()
-        finally:
-            del self._running[id(rollout)]
+
+    async def stop(self) -> None:
+        await self._stack.aclose()
+
+    async def run(self, spec: RolloutSpec) -> Trace:
+        if self._host is None:
+            raise RuntimeError("LocalExecutor.run before start(); use 'async with LocalExecutor()'")
+        return await self._host.run(spec)
 
     async def live(self) -> dict[str, Any]:
-        return live_report(self._running.values())
+        return await super().live() if self._host is None else self._host.live()
 
     async def set_policy(self, version: int | None, paused: bool, interrupt: bool = False) -> None:
         self.policy.set(version, paused, interrupt)

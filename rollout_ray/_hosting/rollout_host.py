@@ -1,6 +1,7 @@
 """RolloutHost: up to K concurrent rollouts in one long-lived process.
 
-What a ``RolloutActor`` runs. It forwards ``open`` / ``step`` / ``close`` / ``abort`` to the
+What a ``RolloutActor`` runs, and what ``LocalExecutor`` runs in the driver's process (no
+bound of its own there, under the executor's own policy). It forwards ``open`` / ``step`` / ``close`` / ``abort`` to the
 ``Rollout`` core and adds no lifecycle logic; ``run`` does open → step → close in one call so
 a driver pays one actor call per rollout. It hands back ``Trace`` objects: how they cross
 to the driver is the Ray layer's business (``_ray/wire``).
@@ -26,24 +27,28 @@ class RolloutHost:
     """Hosts rollouts; at most ``capacity`` are open at once (``open`` waits for room).
 
     Args:
-        capacity: K, the number of concurrent rollouts.
+        capacity: K, the number of concurrent rollouts; ``None``: no bound of its own (the
+            driver's ``max_in_flight`` bounds them).
         interception: serves the sessions of this host's rollouts.
         runtime_factory: builds an owned runtime named after the trace id.
         tool_server: serves tasks' toolsets, if any task declares some.
+        policy: the policy version and pause its rollouts obey (default: the process's).
     """
 
     def __init__(
         self,
-        capacity: int,
+        capacity: int | None,
         *,
         interception: Interception,
-        runtime_factory: Callable[[str], Runtime],
+        runtime_factory: Callable[..., Runtime],
         tool_server: ToolServerFactory | None = None,
+        policy: PolicyGate | None = None,
     ) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"capacity must be >= 1 (or None: no bound), got {capacity}")
         self.capacity = capacity
-        self._room = asyncio.Semaphore(capacity)
+        self._room = None if capacity is None else asyncio.Semaphore(capacity)
+        self._policy = policy
         self._interception = interception
         self._runtime_factory = runtime_factory
         self._tool_server = tool_server
@@ -54,7 +59,11 @@ class RolloutHost:
 
     def _build(self, spec: RolloutSpec) -> Rollout:
         return build_rollout(
-            spec, interception=self._interception, runtime_factory=self._runtime_factory, tool_server=self._tool_server
+            spec,
+            interception=self._interception,
+            runtime_factory=self._runtime_factory,
+            tool_server=self._tool_server,
+            policy=self._policy,
         )
 
     async def open(self, spec: RolloutSpec) -> tuple[str, bool]:
@@ -68,14 +77,16 @@ class RolloutHost:
 
     async def _admit(self, spec: RolloutSpec) -> Rollout:
         """Wait for room, then build and register the rollout."""
-        await self._room.acquire()
+        if self._room is not None:
+            await self._room.acquire()
         try:
             rollout = self._build(spec)
             refresh = getattr(spec.runtime, "refresh", None)
             if refresh is not None:
                 await refresh()  # B8 must see the owner's latest word on a borrowed runtime
         except BaseException:
-            self._room.release()
+            if self._room is not None:
+                self._room.release()
             raise
         self._rollouts[rollout.trace.id] = rollout
         self._labels[rollout.trace.id] = spec.label
@@ -124,7 +135,8 @@ class RolloutHost:
         self._labels.pop(rollout.trace.id, None)
         if self._rollouts.pop(rollout.trace.id, None) is not None:
             self.completed += 1
-            self._room.release()
+            if self._room is not None:
+                self._room.release()
 
     def live(self) -> dict[str, Any]:
         """Where each open rollout is now (``live.live_report``)."""

@@ -44,7 +44,7 @@ from .._errors import OverlongPromptError, ProviderError, WireError
 from .._record.messages import AssistantMessage, Response, Usage
 from .._record.openai_codec import parse_response
 from .affinity import Server
-from .upstream_wire import POLICY_HEADER, Transient, check_status, int_or_none, sse_data, unreachable
+from .upstream_wire import POLICY_HEADER, Transient, check_status, int_or_none, reap, sse_data, unreachable
 
 log = logging.getLogger("rollout_ray")
 
@@ -224,11 +224,13 @@ class TokenIn:
         if interrupt is not None:
             interrupt.arm()
             waiting = asyncio.ensure_future(interrupt.wait())
-            await asyncio.wait({reading, waiting}, return_when=asyncio.FIRST_COMPLETED)
-            waiting.cancel()
-            if not reading.done():
-                piece.interrupted = True
-                await self._abort(server, f"generate-tokens-{rid}", reading)
+            try:
+                await asyncio.wait({reading, waiting}, return_when=asyncio.FIRST_COMPLETED)
+                if not reading.done():
+                    piece.interrupted = True
+                    await self._abort(server, f"generate-tokens-{rid}", reading)
+            finally:  # also when a run's final cancel cuts the call here: the reader goes with it
+                reap(waiting, reading)
         try:
             await reading
         except (asyncio.CancelledError, aiohttp.ClientError, WireError):

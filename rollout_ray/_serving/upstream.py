@@ -26,14 +26,8 @@ extensions, and the ``Response`` carries them (``prompt_token_ids``, ``token_ids
 * ``"sglang"``: ``return_token_ids``, ``return_prompt_token_ids`` and ``logprobs``. SGLang
   refuses token ids on a stream, so the call is made without streaming whatever ``stream``
   says (the harness's own stream is unaffected: the proxy synthesises it).
-* ``"auto"``: each server is asked once, before its first call: ``GET /get_model_info``
-  answering 200 with a JSON object naming ``model_path`` is SGLang, else ``GET /version``
-  answering 200 with a JSON object naming ``version`` is vLLM, else the server is a plain
-  OpenAI-compatible one and its calls capture nothing (no field is added to them). The
-  bodies are checked so that a server answering every path (a web page) is not taken for
-  one that reads the extensions. Two GETs per server and process, never one per call; and
-  should a server so found refuse a call with 400 naming a capture field (a gateway whose
-  ``/version`` is its own), the call is sent again without them, as are all later ones.
+* ``"auto"``: each server is asked once which of the two it is, or neither
+  (``capture_dialects.py``).
 
 Token in, token out (``token_in``): a server with vLLM's scale-out routes (``vllm serve
 --enable-scale-out``; the simulated model with ``scale_out=True``) is sent token ids, not text:
@@ -58,7 +52,7 @@ import contextlib
 import random
 import resource
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import aiohttp
@@ -70,6 +64,7 @@ from .._record.messages import Request, Response
 from .._record.openai_codec import encode_request, parse_response
 from .._record.openai_stream import StreamAssembler
 from .affinity import Routing, Server, ServerPool
+from .capture_dialects import CaptureDialects, extensions
 from .server_load import LoadReader
 from .token_in import Partial, TokenIn
 from .upstream_wire import (
@@ -78,7 +73,6 @@ from .upstream_wire import (
     Transient,
     check_status,
     int_or_none,
-    names,
     refuses_extensions,
     sse_data,
     unreachable,
@@ -88,11 +82,6 @@ __all__ = ["POLICY_HEADER", "LineSplitter", "OpenAIModel", "TokenCapture"]
 
 TokenCapture = Literal["vllm", "sglang", "auto"]
 SESSION_HEADER = "X-Session-ID"
-PROBE_TIMEOUT = 10.0
-"""Seconds for one dialect probe of ``token_capture="auto"``."""
-_PROBES = (("/get_model_info", "sglang", "model_path"), ("/version", "vllm", "version"))
-"""``token_capture="auto"``: the info route of each dialect, and a key its JSON answer holds."""
-
 _jitter = random.Random()  # noqa: S311 - retry jitter, not a secret
 
 
@@ -103,17 +92,6 @@ def _raise_open_files_limit() -> None:
         # Not allowed here: the soft limit stands, and a call beyond it fails as 503.
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _extensions(dialect: str | None, sampling: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The request fields that ask ``dialect``'s server for token ids and log-probabilities."""
-    if dialect == "vllm":
-        if sampling.get("logprobs") is True:
-            return {"return_token_ids": True, "logprobs": True}
-        return {"return_token_ids": True, "logprobs": True, "return_tokens_as_token_ids": True}
-    if dialect == "sglang":
-        return {"return_token_ids": True, "return_prompt_token_ids": True, "logprobs": True}
-    return None
 
 
 class OpenAIModel(Model):
@@ -194,18 +172,18 @@ class OpenAIModel(Model):
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
-        self._probes: dict[int, asyncio.Lock] = {}
         self.token_in = token_in
         self.forward_fields = frozenset(forward_fields)
         self._token_in_at: dict[str, bool] = {}
         self._tokens = TokenIn(self._client, self._headers, timeout, stream)
+        self._dialects = CaptureDialects(self._client, self._headers, timeout)
 
     def __getstate__(self) -> dict[str, Any]:
         # The configuration travels; a live connection pool and the routing state never do.
         return {
             **self.__dict__,
             "_session": None,
-            "_probes": {},
+            "_dialects": None,
             "pool": self.pool.fresh(),
             "_token_in_at": {},
             "_tokens": None,
@@ -215,6 +193,7 @@ class OpenAIModel(Model):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._tokens = TokenIn(self._client, self._headers, self.timeout, self.stream)
+        self._dialects = CaptureDialects(self._client, self._headers, self.timeout)
         self._loads = LoadReader(self.pool)
 
     @property
@@ -268,7 +247,7 @@ class OpenAIModel(Model):
             server = self.pool.pick(session)
             try:
                 if auto:  # servers of one model may differ; each is asked once
-                    dialect = await self._detect(server)
+                    dialect = await self._dialects.of(server)
                 if partial is not None or await self._takes_ids(server, dialect, model):
                     if call.interrupt is not None:
                         # from here the call can be stopped and continued: an interrupt that
@@ -321,32 +300,11 @@ class OpenAIModel(Model):
             sampling,
             model=model or self.name,
             stream=self._streams(dialect),
-            extensions=_extensions(dialect, sampling),
+            extensions=extensions(dialect, sampling),
         )
 
     def _streams(self, dialect: str | None) -> bool:
         return self.stream and dialect != "sglang"  # SGLang refuses token ids on a stream
-
-    async def _detect(self, server: Server) -> str | None:
-        """The capture dialect of ``server`` (``token_capture="auto"``): what it answers to."""
-        if not server.detected:
-            lock = self._probes.setdefault(id(server), asyncio.Lock())
-            async with lock:
-                if not server.detected:
-                    server.dialect = await self._probe(server)
-        return server.dialect
-
-    async def _probe(self, server: Server) -> str | None:
-        for route, dialect, key in _PROBES:
-            try:
-                async with asyncio.timeout(min(self.timeout, PROBE_TIMEOUT)):
-                    async with self._client().get(server.root + route, headers=self._headers) as resp:
-                        body = await resp.read()
-            except (aiohttp.ClientError, TimeoutError) as e:
-                raise unreachable(server.root, e) from None
-            if resp.status == 200 and names(body, key):
-                return dialect
-        return None
 
     async def capture_dialect(self) -> str | None:
         """The dialect whose extensions the calls to the first server carry: ``token_capture``
@@ -359,7 +317,7 @@ class OpenAIModel(Model):
         if self.token_capture != "auto":
             return self.token_capture
         try:
-            return await self._detect(self.pool.servers[0])
+            return await self._dialects.of(self.pool.servers[0])
         except Transient as e:
             raise e.error from None
 

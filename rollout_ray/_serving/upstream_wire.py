@@ -1,9 +1,11 @@
 """The HTTP details every upstream call shares, whatever its route (Chat Completions, the
 token-in routes): which failures are transient and the error a status becomes, ``Retry-After``,
-the policy version a server stamps, and SSE lines cut from network reads."""
+the policy version a server stamps, SSE lines cut from network reads, and the reaping of a
+request task whose call was cut."""
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import math
 import time
@@ -53,6 +55,15 @@ async def check_status(resp: aiohttp.ClientResponse) -> None:
         if resp.status in TRANSIENT_STATUSES:
             raise Transient(error, retry_after(resp.headers))
         raise error
+
+
+def reap(*tasks: asyncio.Future[None]) -> None:
+    """Cancel those of ``tasks`` still running (a request whose call was cut: it would read on
+    and fail when the client closes) and mark their end as seen, so that no "Task exception was
+    never retrieved" is logged for an error nobody is left to handle."""
+    for task in tasks:
+        if task.cancel():
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 def int_or_none(text: str | int | None) -> int | None:

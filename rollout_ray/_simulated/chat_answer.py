@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 from aiohttp import web
 
 from .answers import prompt_tokens
+from .batcher import Batcher
 from .completion import Choice, choose
 from .decoding import Decoder, Token
 from .dialects import (
@@ -33,13 +34,22 @@ from .engine_state import Flight
 from .plain import plain_events
 from .request import ChatCall
 from .request_draws import Attempt
-from .served import POLICY_HEADER
+from .served import POLICY_HEADER, Served
 from .sse import SSE
 from .template import body as assistant_body
 from .tokenizer import IM_END, encode
 
-if TYPE_CHECKING:
-    from .model_server import SimulatedModelServer
+
+class Answering(Served, Protocol):
+    """The server, as its chat answers see it (``SimulatedModelServer``; a protocol, so that
+    this module need not import the one that routes to it)."""
+
+    ttft: float
+    per_token: float
+    batcher: Batcher | None
+
+    def reply(self, status: int, payload: bytes, version: int | None = None) -> web.Response: ...
+
 
 __all__ = ["captured_answer", "plain_answer", "usage_of"]
 
@@ -53,7 +63,7 @@ def usage_of(call: ChatCall, choices: list[Choice], prompt: list[int]) -> dict[s
 
 
 async def captured_answer(
-    server: SimulatedModelServer,
+    server: Answering,
     request: web.Request,
     call: ChatCall,
     head: dict[str, Any],
@@ -115,7 +125,7 @@ async def captured_answer(
 
 
 async def plain_answer(
-    server: SimulatedModelServer,
+    server: Answering,
     request: web.Request,
     call: ChatCall,
     head: dict[str, Any],
@@ -144,7 +154,7 @@ async def plain_answer(
 
 
 async def _stream(
-    server: SimulatedModelServer,
+    server: Answering,
     request: web.Request,
     call: ChatCall,
     head: dict[str, Any],

@@ -40,8 +40,9 @@ from .._record.store import read_manifest
 from .._record.tokens import has_tokens
 from .catalog import NotARunDirectory, RunEntry, describe, find_runs, model_shown
 from .detail import read_trace, siblings, trace_view
-from .index import BadQuery, Query, RunIndex, build_index, overview, page, select
+from .index import RunIndex, build_index
 from .live_status import live_status
+from .table_query import BadQuery, Query, overview, page, select
 
 STATIC_DIR = Path(__file__).parent / "static"
 PlotFn = Callable[[pa.Table, str], object]

@@ -11,7 +11,7 @@ from contextlib import aclosing
 from typing import Any
 
 from rollout_ray import ChatHarness
-from rollout_ray._driver.auto_in_flight import START_PER_SERVER, STEP_PER_SERVER, parse_sample
+from rollout_ray._driver.auto_in_flight import START_PER_SERVER, parse_sample
 from rollout_ray._driver.driver import Driver, EvalConfig
 from rollout_ray._driver.fleet_target import FleetSample
 from rollout_ray._hosting.local_executor import LocalExecutor
@@ -74,10 +74,12 @@ def test_the_driver_bound_follows_the_fleet_and_the_operator_overrides_it() -> N
                     async for _ in stream:
                         if first:
                             first = False
-                            # The driver's first sample, before any rollout: an idle fleet, so the bound rose from its start.
+                            # The driver's first sample, before any rollout: an idle fleet, but no rollout
+                            # reached the bound yet, so it holds at its start.
                             idle, target, why = auto.decisions[0]
-                            assert (idle.running, idle.waiting, why) == (0, 0, "servers have room")
-                            assert target == 2 * (START_PER_SERVER + STEP_PER_SERVER) == driver._slots.limit
+                            assert (idle.running, idle.waiting) == (0, 0)
+                            assert why == "held: the servers have room but at most 0 of 32 were in flight"
+                            assert target == 2 * START_PER_SERVER == driver._slots.limit
                             await _waiting_at(servers)
                             before = auto.target.target
                             sample = await auto.sample()
@@ -125,3 +127,70 @@ def test_a_fleet_without_metrics_keeps_the_starting_bound_and_says_why(caplog: A
 
     asyncio.run(main())
     assert "set max_in_flight=N to choose" in caplog.text
+
+
+def test_the_auto_bound_composes_with_the_staleness_window_and_the_keep_rule() -> None:
+    """Issue 33 §3 with issue 22's admission: the window (2 versions x 2 groups x 2 samples = 8
+    rollouts) is below both the auto bound (32) and the fleet's batch (16), so the window is
+    what holds rollouts back. The auto bound must not admit past it, the idle fleet must not
+    push the bound up while the window holds (it would stand far above the fleet's saturation
+    point when the trainer catches up), and an operator's number still wins. Every other group
+    is refused by the keep rule: its replacement is admitted within the same window."""
+    window_rollouts = 2 * 2 * 2
+    verdicts: list[bool] = []
+
+    def every_other(samples: Any) -> bool:
+        verdicts.append(len(verdicts) % 2 == 0)
+        return verdicts[-1]
+
+    async def main() -> None:
+        servers = await _fleet(2, max_batch=8)
+        model = OpenAIModel([s.base_url for s in servers], name="simulated", token_capture=None)
+        config = EvalConfig(
+            max_in_flight="auto", samples_per_task=2, batch_groups=2, max_staleness=1, keep_group=every_other
+        )
+        peaks: list[int] = []
+        try:
+            async with LocalExecutor() as executor:
+                driver = Driver(tasks(24), ChatHarness(retries=0), model, executor=executor, config=config)
+                auto, slots, admission = driver.in_flight, driver._slots, driver._admission
+                assert auto is not None and admission.window == 4
+                auto.interval = 3600.0  # the driver samples once, before any rollout; the test does the rest
+
+                async def sample() -> None:
+                    peaks.append(slots.peak)  # the most in flight since the last sample
+                    await auto.sample()
+
+                streamed = 0
+                async with aclosing(driver.groups()) as stream:
+                    async for _ in stream:
+                        streamed += 1
+                        assert admission.open <= admission.window and slots.used <= window_rollouts
+                        if streamed == 1:
+                            start = auto.target.target
+                            assert start == slots.limit == 2 * START_PER_SERVER > window_rollouts
+                            for _ in range(3):
+                                await sample()
+                                assert auto.last is not None and auto.last.waiting == 0  # the fleet has room
+                            # Held, not raised: the window, not the bound, kept rollouts back.
+                            assert auto.target.target == start == slots.limit
+                            assert auto.target.why.startswith("held: the servers have room but at most")
+                        if streamed == 2:  # the operator's number wins over the samples, `auto` gives it back
+                            driver._steering.set_max_in_flight(3)
+                            await sample()
+                            assert slots.limit == 3 and auto.status()["mode"] == "operator"
+                        if streamed == 4:
+                            await sample()
+                            assert slots.limit == 3 and max(peaks[-1], slots.used) <= window_rollouts
+                            driver._steering.set_max_in_flight(None)
+                            assert slots.limit == auto.target.target == start
+                peaks.append(slots.peak)  # since the last sample, to the end
+                assert max(peaks) <= window_rollouts  # the auto bound never admitted past the window
+                assert driver.progress.rejected == verdicts.count(False) >= 2
+                assert streamed == verdicts.count(True) == 24 - driver.progress.rejected
+        finally:
+            await model.aclose()
+            for s in servers:
+                await s.stop()
+
+    asyncio.run(main())

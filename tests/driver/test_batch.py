@@ -14,7 +14,7 @@ from rollout_ray import AssistantMessage, ChatHarness, Request, Response, Trace,
 from rollout_ray._core.model import Model
 from rollout_ray._driver.driver import Driver, EvalConfig
 from rollout_ray._driver.finalize import FinalizeConfig, finalize
-from rollout_ray._driver.group_finalizer import Group
+from rollout_ray._driver.group import Group
 from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray._record.arrow import TOKEN_COLUMNS, RolloutRecord, records_to_table
 from rollout_ray._record.openai_codec import wire_message

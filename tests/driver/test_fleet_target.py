@@ -31,6 +31,17 @@ def test_each_rule_moves_the_target_and_says_why() -> None:
     assert t.target == 4  # never below `low`
 
 
+def test_room_raises_the_target_only_when_the_bound_was_reached() -> None:
+    """Something else holding rollouts back (the staleness window, an operator) leaves the fleet
+    idle: that says nothing about the bound, which holds rather than climbs."""
+    t = FleetTarget(40, step=4)
+    room = FleetSample(running=10, waiting=0, kv_usage=0.2, preemptions=0)
+    assert t.update(room, used=39) == 40
+    assert t.why == "held: the servers have room but at most 39 of 40 were in flight"
+    assert t.update(room, used=40) == 44 and t.why == "servers have room"
+    assert t.update(FleetSample(running=10, waiting=9, kv_usage=0.2, preemptions=0), used=3) == 39  # down whatever
+
+
 def test_bounds_are_checked() -> None:
     with pytest.raises(ValueError, match=r"1 <= low <= initial <= high, got 8, 4, 64"):
         FleetTarget(4, low=8, high=64)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from rollout_ray import InfrastructureLost, LocalInterception
+from rollout_ray import InfrastructureLost, LocalExecutor, LocalInterception
 from rollout_ray._hosting.rollout_host import RolloutHost
 from rollout_ray._hosting.spec import RolloutSpec
 from rollout_ray.testing import MemoryRuntime, ScriptedHarness, ScriptedModel
@@ -66,5 +66,36 @@ def test_open_waits_for_room_when_capacity_is_reached() -> None:
 
 
 def test_capacity_must_be_positive() -> None:
-    with pytest.raises(ValueError, match=r"^capacity must be >= 1, got 0$"):
+    with pytest.raises(ValueError, match=r"^capacity must be >= 1 \(or None: no bound\), got 0$"):
         host(0)
+
+
+def test_the_local_executor_hosts_its_rollouts_as_an_actor_does_without_a_bound() -> None:
+    """``LocalExecutor`` runs its rollouts on a ``RolloutHost`` of its own: each is live (with
+    the driver's label) while it runs and gone once its trace is back, and the host adds no
+    bound (three held at once, where the driver's ``max_in_flight`` is the only limit)."""
+    let_go, all_held = asyncio.Event(), asyncio.Event()
+    held: list[object] = []
+
+    async def hold(ctx: object) -> None:
+        held.append(ctx)
+        if len(held) == 3:
+            all_held.set()
+        await let_go.wait()
+
+    def labelled(n: int) -> RolloutSpec:
+        harness = ScriptedHarness(before_segment=hold)
+        return RolloutSpec(EchoTask({"prompt": "hi"}), harness, ScriptedModel(default="hello"), label=f"g#{n}")
+
+    async def main() -> None:
+        async with LocalExecutor(runtime="local") as executor:
+            assert (await executor.live())["rollouts"] == []
+            runs = [asyncio.create_task(executor.run(labelled(n))) for n in range(3)]
+            async with asyncio.timeout(30):  # a bound, not a wait: all three are in their segment
+                await all_held.wait()
+            assert sorted(r["label"] for r in (await executor.live())["rollouts"]) == ["g#0", "g#1", "g#2"]
+            let_go.set()
+            traces = await asyncio.gather(*runs)
+            assert all(t.ok for t in traces) and (await executor.live())["rollouts"] == []
+
+    run(main())

@@ -10,7 +10,7 @@ import pytest
 
 from rollout_ray import Request, RolloutSession, SystemMessage, Tool, ToolMessage, Trace, TraceTask, UserMessage
 from rollout_ray._driver.finalize import FinalizeConfig, finalize
-from rollout_ray._driver.group_finalizer import Group
+from rollout_ray._driver.group import Group
 from rollout_ray._record.arrow import RolloutRecord, records_to_table
 from rollout_ray._record.tokens import full_prompt, token_sequences
 from rollout_ray._serving.upstream import OpenAIModel

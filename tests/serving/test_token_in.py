@@ -6,6 +6,7 @@ reply (``template_drift``); the harness still speaks Chat Completions."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import msgspec
@@ -132,3 +133,41 @@ def test_kept_ids_longer_than_the_servers_rendering_leave_the_reply_the_length_a
     partial = asyncio.run(main())
     assert partial.prompt[: len(kept)] == kept and len(partial.prompt) > len(render(messages))
     assert partial.params["max_tokens"] == 20
+
+
+def test_a_cancelled_interruptible_generation_leaves_no_reader_behind() -> None:
+    """The final cancel of a run cuts calls that wait for their generation or their interrupt:
+    the reader task must end with the call, not run on and fail unseen once the client closes
+    ("Task exception was never retrieved", issue 33)."""
+    from rollout_ray._core.policy_gate import Interrupt, PolicyGate
+
+    unretrieved: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: unretrieved.append(ctx))
+        config = SimulatedModelConfig(ttft=3600, scale_out=True)  # the generation never ends by itself
+        async with SimulatedModelServer(config) as server:
+            assert server.base_url is not None
+            model = OpenAIModel(server.base_url, name="simulated", token_capture="vllm")
+            try:
+                call = CallContext(interrupt=Interrupt(PolicyGate()))
+                request = Request([UserMessage("Hi")])
+                task = asyncio.ensure_future(model.generate(request, model=None, sampling={}, call=call))
+                deadline = asyncio.get_running_loop().time() + 10
+                while not server.engine.flights:  # bounded poll: the generation reached the server
+                    assert asyncio.get_running_loop().time() < deadline, "the generation never reached the server"
+                    await asyncio.sleep(0.005)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                others = asyncio.all_tasks() - {asyncio.current_task()}
+                # Whatever the cancel left must already be ending (cancelled), not reading on.
+                assert all(t.cancelling() or t.done() for t in others if "_read" in repr(t.get_coro())), others
+            finally:
+                await model.aclose()
+        for _ in range(20):  # let what the close failed run its course, then collect it
+            await asyncio.sleep(0)
+        gc.collect()
+
+    asyncio.run(main())
+    assert not unretrieved, [c.get("message") for c in unretrieved]
