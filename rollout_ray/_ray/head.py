@@ -5,9 +5,11 @@ Ray's once-a-second polls while the node registers)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
+import select
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -69,7 +71,7 @@ def check_reachable(address: str, timeout: float = REACH_TIMEOUT) -> None:
     if not host or not port.isdigit():
         return
     try:
-        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+        conn = _connect(host.strip("[]"), int(port), time.monotonic() + timeout)
     except TimeoutError:
         raise RayUnreachable(address, f"no answer within {timeout:g}s") from None
     except OSError as e:
@@ -87,9 +89,9 @@ GCS and its client server (``ray://``) are gRPC servers, which answer with a SET
 def check_grpc(conn: socket.socket, address: str, timeout: float) -> None:
     """Raise ``RayUnreachable`` unless the server on ``conn`` answers ``H2_HELLO`` with an
     HTTP/2 SETTINGS frame within ``timeout`` seconds; the error names what answered instead."""
-    conn.settimeout(timeout)
     try:
         conn.sendall(H2_HELLO)
+        _ready(conn, time.monotonic() + timeout, write=False)
         answer = conn.recv(1024)
     except TimeoutError:
         raise RayUnreachable(
@@ -108,6 +110,43 @@ def check_grpc(conn: socket.socket, address: str, timeout: float) -> None:
             address, "something accepts connections there but closed at a gRPC hello: not a Ray cluster"
         )
     raise RayUnreachable(address, f"{_what_answered(answer)}: not a Ray cluster")
+
+
+SLICE = 0.1
+"""Seconds a wait blocks at a time. SIGINT may be delivered to any thread (Ray's import starts
+some); a thread blocked in one long recv is not woken by it, so Ctrl-C waited out the whole
+5 s bound under load. Between slices the interpreter runs the pending handler: Ctrl-C ends the
+wait within one slice."""
+
+
+def _ready(conn: socket.socket, deadline: float, *, write: bool) -> None:
+    """Wait, a slice at a time, until ``conn`` can be read (written); TimeoutError at ``deadline``."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        readable, writable, _ = select.select([] if write else [conn], [conn] if write else [], [], min(left, SLICE))
+        if readable or writable:
+            return
+
+
+def _connect(host: str, port: int, deadline: float) -> socket.socket:
+    """A blocking TCP connection to ``host:port`` made within ``deadline``, waited for in slices."""
+    family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    conn = socket.socket(family, kind, proto)
+    try:
+        conn.setblocking(False)
+        failed = conn.connect_ex(where)
+        if failed == errno.EINPROGRESS:
+            _ready(conn, deadline, write=True)
+            failed = conn.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if failed:
+            raise OSError(failed, os.strerror(failed))
+        conn.setblocking(True)
+        return conn
+    except BaseException:
+        conn.close()
+        raise
 
 
 def _what_answered(answer: bytes) -> str:

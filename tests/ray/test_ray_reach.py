@@ -91,3 +91,40 @@ def test_a_port_that_accepts_and_never_answers_is_refused_within_the_timeout() -
         address = f"127.0.0.1:{s.getsockname()[1]}"
         with pytest.raises(RayUnreachable, match=r"did not answer a gRPC hello within 0\.5s: not a Ray cluster\)$"):
             check_reachable(address, timeout=0.5)
+
+
+def test_ctrl_c_delivered_to_another_thread_ends_the_hello_wait_at_once() -> None:
+    """SIGINT goes to any thread of the process (Ray's import starts several). The check used
+    to block in one recv for its whole bound, which such a signal does not wake: under load
+    eval answered Ctrl-C with the 5 s "did not answer" line and exit 2 instead of 130. The
+    signal is sent here to a thread that is not the one waiting."""
+    import signal
+
+    heard = threading.Event()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)
+        held: list[socket.socket] = []
+
+        def serve_silently() -> None:
+            conn, _ = s.accept()
+            held.append(conn)
+            if conn.recv(64):
+                heard.set()
+
+        def interrupt_from_here() -> None:
+            assert heard.wait(60)
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+        threading.Thread(target=serve_silently, daemon=True).start()
+        other = threading.Thread(target=interrupt_from_here, daemon=True)
+        other.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                check_reachable(f"127.0.0.1:{s.getsockname()[1]}", timeout=60)
+        finally:
+            other.join(60)
+            for conn in held:
+                conn.close()
+    assert time.monotonic() - started < 30  # a hang guard: before, the wait ran to its 60 s bound
