@@ -3,16 +3,18 @@
 ``python sdk_server.py http``: streamable HTTP (stateful, the SDK's default) on a loopback
 port it picks and prints first (``PORT <n>``); ``python sdk_server.py http <port>`` binds that
 port (a restart). ``python sdk_server.py stdio``: over stdin/stdout. Its ``connections`` tool
-says how many TCP connections (distinct client ports) reached it.
+says how many TCP connections (distinct client ports) reached it; ``whoami`` whose call it
+serves (the rollout in the call's ``_meta``, the request's ``Authorization``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 app = MCPServer("calc")
@@ -47,6 +49,14 @@ def connections() -> int:
 def pid() -> int:
     """This server's process id."""
     return os.getpid()
+
+
+@app.tool()
+def whoami(ctx: Context) -> str:
+    """Whose call this is."""
+    meta = dict(ctx.request_context.meta or {})
+    bearer = (ctx.headers or {}).get("authorization")
+    return json.dumps({"rollout": meta.get("rollout-ray/rollout"), "authorization": bearer})
 
 
 @app.tool()
