@@ -23,6 +23,7 @@ from rollout_ray import (
     SimulatedModelConfig,
     SimulatedModelServer,
     Task,
+    ToolServerError,
     Trace,
     reward,
 )
@@ -135,6 +136,19 @@ async def _whoami_through_the_relay(rollout: str, calls: int) -> list[Any]:
     return [*(json.loads(o.content) for o in outcomes), pid]
 
 
+async def _over_max_message_through_the_relay() -> None:
+    """The toolset's bound on an answer's size holds at the holder: a bigger answer fails the
+    call with ``ToolServerError`` naming the server (as on the holder's node)."""
+    toolset = SharedToolServer(RELAYED, COMMAND, scope="cluster", headers=BEARER, max_message=8000)
+    await open_toolsets([toolset], None)
+    try:
+        tools = LocalTools([toolset], None, caller="big")
+        with pytest.raises(ToolServerError, match=f"{RELAYED}.*max_message"):
+            await tools.call(ToolCall("big", "echo", {"text": "x" * 20000}))
+    finally:
+        await close_toolsets([toolset])
+
+
 def test_from_another_node_calls_are_relayed_by_the_holder_with_their_identity_and_after_a_restart() -> None:
     # The holder says it is on another node, so every opening on this one-node cluster (this
     # process, the node's tool server) takes the relay, as it would on a second node.
@@ -153,6 +167,7 @@ def test_from_another_node_calls_are_relayed_by_the_holder_with_their_identity_a
                 assert seen[:-1] == [{"rollout": f"rollout-{i}", "authorization": BEARER["Authorization"]}] * n
                 assert seen[-1] == status["pid"]
             assert status["starts"] == 1 and status["relayed"]["tools/call"] == 50 + len(calls)
+            await _over_max_message_through_the_relay()
 
             os.kill(status["pid"], 9)  # the server this test had started (through its holder)
             await asyncio.to_thread(wait_exit, status["pid"], 30)
@@ -171,7 +186,7 @@ def test_from_another_node_calls_are_relayed_by_the_holder_with_their_identity_a
             assert [(r.server, r.name, r.ok) for r in again[0].tool_calls] == [(RELAYED, "add", True)]
             restarted = _status(RelayedArith.shared)
             assert restarted["starts"] == 2 and restarted["pid"] != status["pid"]
-            assert restarted["relayed"]["tools/call"] == 50 + len(calls) + 2
+            assert restarted["relayed"]["tools/call"] == 50 + len(calls) + 1 + 2  # and the big echo
             assert (await _whoami_through_the_relay("after", 1))[-1] == restarted["pid"]
         finally:
             if actor is not None:
