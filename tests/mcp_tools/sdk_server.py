@@ -4,11 +4,13 @@
 port it picks and prints first (``PORT <n>``); ``python sdk_server.py http <port>`` binds that
 port (a restart). ``python sdk_server.py stdio``: over stdin/stdout. Its ``connections`` tool
 says how many TCP connections (distinct client ports) reached it; ``whoami`` whose call it
-serves (the rollout in the call's ``_meta``, the request's ``Authorization``).
+serves (the rollout in the call's ``_meta``, the request's ``Authorization``); ``hang`` never
+answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -60,6 +62,13 @@ def whoami(ctx: Context) -> str:
 
 
 @app.tool()
+async def hang() -> str:
+    """Never answers (a hung tool)."""
+    await asyncio.Event().wait()
+    return "never"
+
+
+@app.tool()
 def die() -> str:
     """Exit the server at once, mid-call."""
     os._exit(3)
@@ -78,8 +87,6 @@ def main() -> None:
     if sys.argv[1] == "stdio":
         app.run("stdio")
         return
-    import asyncio
-
     import uvicorn
 
     sock = socket.socket()

@@ -136,15 +136,17 @@ async def _whoami_through_the_relay(rollout: str, calls: int) -> list[Any]:
     return [*(json.loads(o.content) for o in outcomes), pid]
 
 
-async def _over_max_message_through_the_relay() -> None:
-    """The toolset's bound on an answer's size holds at the holder: a bigger answer fails the
-    call with ``ToolServerError`` naming the server (as on the holder's node)."""
-    toolset = SharedToolServer(RELAYED, COMMAND, scope="cluster", headers=BEARER, max_message=8000)
+async def _bounds_through_the_relay() -> None:
+    """The toolset's bounds hold through the relay: an answer over ``max_message`` or later than
+    ``timeout`` fails the call with ``ToolServerError`` naming the server (as on the holder's node)."""
+    toolset = SharedToolServer(RELAYED, COMMAND, scope="cluster", headers=BEARER, max_message=8000, timeout=1.0)
     await open_toolsets([toolset], None)
     try:
-        tools = LocalTools([toolset], None, caller="big")
+        tools = LocalTools([toolset], None, caller="bounded")
         with pytest.raises(ToolServerError, match=f"{RELAYED}.*max_message"):
             await tools.call(ToolCall("big", "echo", {"text": "x" * 20000}))
+        with pytest.raises(ToolServerError, match=f"{RELAYED}.*no answer within 1s"):
+            await tools.call(ToolCall("hung", "hang", {}))
     finally:
         await close_toolsets([toolset])
 
@@ -167,7 +169,7 @@ def test_from_another_node_calls_are_relayed_by_the_holder_with_their_identity_a
                 assert seen[:-1] == [{"rollout": f"rollout-{i}", "authorization": BEARER["Authorization"]}] * n
                 assert seen[-1] == status["pid"]
             assert status["starts"] == 1 and status["relayed"]["tools/call"] == 50 + len(calls)
-            await _over_max_message_through_the_relay()
+            await _bounds_through_the_relay()
 
             os.kill(status["pid"], 9)  # the server this test had started (through its holder)
             await asyncio.to_thread(wait_exit, status["pid"], 30)
@@ -186,7 +188,7 @@ def test_from_another_node_calls_are_relayed_by_the_holder_with_their_identity_a
             assert [(r.server, r.name, r.ok) for r in again[0].tool_calls] == [(RELAYED, "add", True)]
             restarted = _status(RelayedArith.shared)
             assert restarted["starts"] == 2 and restarted["pid"] != status["pid"]
-            assert restarted["relayed"]["tools/call"] == 50 + len(calls) + 1 + 2  # and the big echo
+            assert restarted["relayed"]["tools/call"] == 50 + len(calls) + 2 + 2  # and the bounded two
             assert (await _whoami_through_the_relay("after", 1))[-1] == restarted["pid"]
         finally:
             if actor is not None:
