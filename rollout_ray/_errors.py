@@ -1,4 +1,4 @@
-"""The error model: three families, never mixed (the README's "Errors" table names each class).
+"""The error model: three families, never mixed (docs/errors.md's table names each class).
 
 * **Failures of a rollout**, recorded on its trace, never raised into the driver and never
   cancelling a sibling. ``RolloutError`` and its subclasses are named after the boundary

@@ -3,7 +3,7 @@ and no module imports itself back through others.
 
 Every import of every module is read from its AST (function-level imports and
 ``importlib.import_module`` included), so a lazy import cannot hide an upward dependency or a
-cycle. ``LAYERS`` is the table of the README's "Layout" section.
+cycle. ``LAYERS`` is the table of docs/layout.md.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import rollout_ray
 
 PACKAGE = pathlib.Path(rollout_ray.__file__).parent
-README = (PACKAGE.parent / "README.md").read_text()
+LAYOUT = (PACKAGE.parent / "docs" / "layout.md").read_text()
 
 LAYERS: dict[str, set[str]] = {
     "_errors": set(),
@@ -216,7 +216,7 @@ def package_modules() -> list[tuple[pathlib.Path, str]]:
 
 def test_every_module_sits_in_a_known_layer() -> None:
     unknown = sorted({layer_of(m) for _, m in package_modules()} - set(LAYERS) - FACE)
-    assert unknown == [], f"add these folders to LAYERS and to the README's Layout table: {unknown}"
+    assert unknown == [], f"add these folders to LAYERS and to docs/layout.md's table: {unknown}"
 
 
 def test_imports_point_down_only_and_only_the_ray_layer_imports_ray() -> None:
@@ -239,12 +239,12 @@ def test_the_check_reads_real_imports_and_catches_an_upward_one() -> None:
 
 
 @pytest.mark.parametrize("layer", sorted(set(LAYERS) - {"_errors"}))
-def test_the_readme_layout_table_names_every_layer_and_what_it_may_import(layer: str) -> None:
-    section = README.split("## Layout", 1)[1]
+def test_the_layout_table_names_every_layer_and_what_it_may_import(layer: str) -> None:
+    section = LAYOUT
     row = re.search(rf"^\| `rollout_ray/{layer}/` \|(.*)\|(.*)\|$", section, re.M)
-    assert row is not None, f"README's Layout table has no row for rollout_ray/{layer}/"
+    assert row is not None, f"docs/layout.md's table has no row for rollout_ray/{layer}/"
     named = set(re.findall(r"`(_\w+|testing)`", row.group(2)))
-    assert named == LAYERS[layer], f"README says {layer} may import {named}, the test says {LAYERS[layer]}"
+    assert named == LAYERS[layer], f"docs/layout.md says {layer} may import {named}, the test says {LAYERS[layer]}"
 
 
 def package_sources() -> list[tuple[str, str, bool]]:

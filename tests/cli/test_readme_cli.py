@@ -1,6 +1,7 @@
-"""The README's command-line section stays true: its table names every eval flag, its
-pandas / polars / duckdb lines run over a real run directory, and its commands run from a
-shell with nothing set up but what the quickstart does."""
+"""The command line as the README and docs/cli.md show it stays true: the flag table names
+every eval flag, the pandas / polars / duckdb lines run over a real run directory, and the
+commands run from a shell with nothing set up but what the quickstart does. Each block is found
+by its mark (``<!-- runs: ... -->``, tests/doc_pages.py), on whichever page it moved to."""
 
 from __future__ import annotations
 
@@ -16,18 +17,21 @@ import time
 import urllib.request
 
 import pytest
+from doc_pages import block_run_by, text
 
 from rollout_ray._cli import main as cli
 from rollout_ray._record.store import read_run
 
 ROOT = pathlib.Path(__file__).parents[2]
-README = (ROOT / "README.md").read_text()
+HERE = "tests/cli/test_readme_cli.py::"
+DATAFRAMES = HERE + "test_the_dataframe_lines_run_over_a_run_directory"
 
 
 def test_the_flag_table_names_every_eval_flag() -> None:
     eval_parser = cli.parser()._subparsers._group_actions[0].choices["eval"]  # type: ignore[union-attr]
     flags = {s for a in eval_parser._actions for s in a.option_strings if s.startswith("--")} - {"--help"}
-    table = README[README.index("| `rollout-ray eval TASKSET` flag") :]
+    cli_page = text("docs/cli.md")
+    table = cli_page[cli_page.index("| `rollout-ray eval TASKSET` flag") :]
     table = table[: table.index("\n\n")]
     assert sorted(f for f in flags if f"`{f}" not in table) == []
 
@@ -57,8 +61,7 @@ def test_the_dataframe_lines_run_over_a_run_directory(
         ]
     )
     assert code == 0, capsys.readouterr().err
-    block = re.search(r"```py\n(.*?)```", README, re.S).group(1)  # type: ignore[union-attr]
-    lines = block.replace('"runs/calc"', repr(out)).splitlines()
+    lines = block_run_by(DATAFRAMES).replace('"runs/calc"', repr(out)).splitlines()
     scope: dict[str, object] = {}
     exec("\n".join(lines[:3]), scope)
     pandas_, polars_, duckdb_ = (eval(line.split("  #")[0], scope) for line in lines[3:6])
@@ -68,7 +71,7 @@ def test_the_dataframe_lines_run_over_a_run_directory(
     assert len(duckdb_) == 3 and all(len(row) == 3 for row in duckdb_)
 
 
-# -- the README's commands, from a shell with nothing set up ----------------------------------
+# -- the README's and docs' commands, from a shell with nothing set up ----------------------------------
 
 
 def _bare_shell(tmp_path: pathlib.Path) -> tuple[pathlib.Path, dict[str, str]]:
@@ -104,7 +107,8 @@ def _bash(script: str, cwd: pathlib.Path, env: dict[str, str]) -> subprocess.Com
 def test_the_quickstart_runs_from_a_bare_shell(tmp_path: pathlib.Path) -> None:
     """The README's first command, as written after its install steps (see ``_bare_shell``):
     activate, then the main job on a private local Ray against the simulated model."""
-    first = re.search(r"```bash\n(.*?)```", README, re.S).group(1).splitlines()[0]  # type: ignore[union-attr]
+    first = block_run_by("tests/test_readme.py::test_readme_starts_with_the_two_commands_and_ci_runs_the_second")
+    first = first.splitlines()[0]
     steps = _steps(first)
     assert steps[:3] == ["python3 -m venv .venv", "source .venv/bin/activate", "pip install -e '.[cli]'"]
     clone, env = _bare_shell(tmp_path)
@@ -128,8 +132,7 @@ def test_the_command_line_showcase_runs_from_a_bare_shell(tmp_path: pathlib.Path
     the quickstart's, above: a second private Ray would cost its start again) and ``view``
     ``--port 0``. At temperature 0.7 the simulated model misreads the calculator now and
     then: pass@k rises with k, and the polars filter finds rollouts above their group's mean."""
-    section = README[README.index("## The command line") :]
-    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
+    block = block_run_by(HERE + "test_the_command_line_showcase_runs_from_a_bare_shell")
     evaluate, report, view = (_steps(line)[0] for line in block.strip().splitlines())
     assert (evaluate.split()[:3], report, view) == (
         ["rollout-ray", "eval", "examples/calc_tool.py"],
@@ -137,7 +140,7 @@ def test_the_command_line_showcase_runs_from_a_bare_shell(tmp_path: pathlib.Path
         "rollout-ray view runs/",
     )
     clone, env = _bare_shell(tmp_path)
-    lines = re.search(r"```py\n(.*?)```", README, re.S).group(1).splitlines()  # type: ignore[union-attr]
+    lines = block_run_by(DATAFRAMES).splitlines()
     (clone / "frames.py").write_text(
         "\n".join(lines[:3] + [f"print(len({line.split('  #')[0]}))" for line in lines[3:6]])
     )
@@ -175,10 +178,9 @@ def test_the_command_line_showcase_runs_from_a_bare_shell(tmp_path: pathlib.Path
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_ctl_example_runs_long_enough_to_steer_with_every_command(tmp_path: pathlib.Path) -> None:
-    """The README's ctl block, in order, on its eval (here on the local executor, in tmp_path):
+    """The ctl block (docs/operations.md), in order, on its eval (here on the local executor, in tmp_path):
     the run must still be live at its last command (it ended about 1 s after its warm-up)."""
-    block = README[README.index("### Steering a live run") :]
-    block = re.search(r"```bash\n(.*?)```", block, re.S).group(1)  # type: ignore[union-attr]
+    block = block_run_by(HERE + "test_the_ctl_example_runs_long_enough_to_steer_with_every_command")
     lines = [shlex.split(line.split("#")[0].rstrip().rstrip("&")) for line in block.strip().splitlines()]
     out = str(tmp_path / "long")
     run, steps = [out if a == "runs/long" else a for a in lines[0]], lines[1:]

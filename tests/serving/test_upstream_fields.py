@@ -174,6 +174,6 @@ def test_the_operator_may_forward_more_fields() -> None:
 def test_the_forwarded_list_is_the_documented_one() -> None:
     import pathlib
 
-    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
-    listed = readme.split("<!-- forwarded fields -->")[1].split("<!-- /forwarded fields -->")[0]
+    page = (pathlib.Path(__file__).parents[2] / "docs" / "tokens.md").read_text()
+    listed = page.split("<!-- forwarded fields -->")[1].split("<!-- /forwarded fields -->")[0]
     assert {field.strip("` ") for field in listed.replace("\n", " ").split(",")} == FORWARDED_FIELDS

@@ -73,7 +73,7 @@ def _outcome(trace: Any) -> dict[str, Any]:
     """What must agree, of either side's trace (upstream's and ours read alike)."""
     stop = trace.stop_condition
     if isinstance(trace, upstream_trace.Trace) and trace.errors and stop == stop_condition_of(trace.errors[-1].type):
-        # Where we differ on purpose (README "Where we differ from upstream"; spec §3,
+        # Where we differ on purpose (docs/verifiers.md, "Where we differ from upstream"; spec §3,
         # record_error): a recorded failure stops the trace with `error`, as at the upstream
         # commit our rules follow; verifiers 0.4.0 names it `<boundary>_error`.
         stop = "error"
