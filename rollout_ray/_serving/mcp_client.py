@@ -53,7 +53,10 @@ class RemoteError(Exception):
 
     def __init__(self, code: Any, message: Any) -> None:
         super().__init__(f"MCP error {code}: {message}")
-        self.code = code
+        self.code, self.message = code, message
+
+    def __reduce__(self) -> tuple[type, tuple[Any, Any]]:  # it crosses a Ray call (a relayed request)
+        return type(self), (self.code, self.message)
 
 
 class _Retry(Exception):

@@ -117,6 +117,10 @@ class MCPToolset(Toolset):
             # by every runtime-less rollout of the process (one rollout's files and state seen by another).
             owner = f"toolset-{id(self)}" if runtime is None else runtime.id
             client = stdio_client(self.name, self.command, self.env, self.cwd, self.limits, owner, runtime, self.files)
+        await self._use(client)
+
+    async def _use(self, client: _Client) -> None:
+        """Serve the tools through ``client``, once it is ready (its tools listed)."""
         self._client = client
         try:
             await client.ready()

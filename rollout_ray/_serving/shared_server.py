@@ -11,7 +11,9 @@ when that process ends: the run's end) or by ``stop_shared_servers``.
 
 With ``scope="cluster"`` one process of the cluster starts and watches it as above (a named
 Ray actor: ``_ray/shared_cluster``, which registers itself here as ``CLUSTER``); every opening
-asks that actor for its port, which checks it first.
+asks that actor for its port, which checks it first. The server listens on loopback only: an
+opening on the actor's node reaches it there, one on another node gets a client whose requests
+the actor relays to it over Ray (``_ray/shared_relay``).
 
 A call still goes through the rollout's own toolset: it lands on that rollout's
 ``trace.tool_calls`` under that rollout's tool-server bounds, as any MCP call does.
@@ -39,6 +41,7 @@ from typing import Any
 
 from .._core.runtime import Runtime
 from .._errors import ToolServerError, ToolsetError
+from .mcp_client import _Client
 from .mcp_toolset import MCPToolset
 
 POLL = 0.05
@@ -61,7 +64,8 @@ class SharedToolServer(MCPToolset):
         command: the server's argv; ``{port}`` in it is replaced by the loopback port it must
             serve on (e.g. ``[sys.executable, "server.py", "{port}"]``).
         scope: ``"node"`` (one per node) or ``"cluster"`` (one for the whole Ray cluster:
-            a named actor holds it; reached over loopback, so from its own node).
+            a named actor holds it; reached over loopback on its node, through the actor from
+            every other node).
         path: the MCP endpoint's path on the server.
         ready_timeout: seconds for a started server to answer on its port.
         **kwargs: ``MCPToolset``'s client settings (``timeout``, ``max_connections``, ...).
@@ -106,7 +110,11 @@ class SharedToolServer(MCPToolset):
                     "scope='cluster' needs Ray (the cluster's one server is held by a Ray actor); "
                     "run on Ray (rollout-ray eval) or use scope='node'",
                 )
-            port = await CLUSTER(self)
+            reached = await CLUSTER(self)
+            if not isinstance(reached, int):  # the server is on another node: its holder relays
+                await self._use(reached)
+                return
+            port = reached
         else:
             port = await ensure_running(self)
         self.url = f"http://127.0.0.1:{port}{self.path}"
@@ -122,9 +130,10 @@ class _Started:
     watcher: asyncio.Task[None] | None = None
 
 
-CLUSTER: Callable[[SharedToolServer], Awaitable[int]] | None = None
-"""The loopback port of a ``scope="cluster"`` server, checked (and started) by the cluster's one
-holder: set by ``_ray/shared_cluster`` when Ray is in the process."""
+CLUSTER: Callable[[SharedToolServer], Awaitable[int | _Client]] | None = None
+"""How this process reaches a ``scope="cluster"`` server, checked (and started) by the cluster's
+one holder: its loopback port (on the holder's node), else a client relaying through the holder;
+set by ``_ray/shared_cluster`` when Ray is in the process."""
 
 _STARTED: dict[str, _Started] = {}
 _stopping = False

@@ -3,16 +3,20 @@
 ``python sdk_server.py http``: streamable HTTP (stateful, the SDK's default) on a loopback
 port it picks and prints first (``PORT <n>``); ``python sdk_server.py http <port>`` binds that
 port (a restart). ``python sdk_server.py stdio``: over stdin/stdout. Its ``connections`` tool
-says how many TCP connections (distinct client ports) reached it.
+says how many TCP connections (distinct client ports) reached it; ``whoami`` whose call it
+serves (the rollout in the call's ``_meta``, the request's ``Authorization``); ``hang`` never
+answers.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import socket
 import sys
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 app = MCPServer("calc")
@@ -50,6 +54,21 @@ def pid() -> int:
 
 
 @app.tool()
+def whoami(ctx: Context) -> str:
+    """Whose call this is."""
+    meta = dict(ctx.request_context.meta or {})
+    bearer = (ctx.headers or {}).get("authorization")
+    return json.dumps({"rollout": meta.get("rollout-ray/rollout"), "authorization": bearer})
+
+
+@app.tool()
+async def hang() -> str:
+    """Never answers (a hung tool)."""
+    await asyncio.Event().wait()
+    return "never"
+
+
+@app.tool()
 def die() -> str:
     """Exit the server at once, mid-call."""
     os._exit(3)
@@ -68,8 +87,6 @@ def main() -> None:
     if sys.argv[1] == "stdio":
         app.run("stdio")
         return
-    import asyncio
-
     import uvicorn
 
     sock = socket.socket()
