@@ -270,7 +270,7 @@ async def _eval_async(args: argparse.Namespace, plan: _Plan, signals: Signals) -
     summary.update(
         token_rows=stored_token_rows(plan.out),
         token_capture=capture,
-        protections=[budgets_line(plan.config, plan.defaulted), runtime_line(args.runtime)],
+        protections=[budgets_line(plan.config, plan.defaulted), runtime_line(args.runtime, plan.tasks, plan.config)],
     )
     print(format_summary(summary))
     print(f"run dir: {plan.out}")

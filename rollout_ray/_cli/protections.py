@@ -10,6 +10,8 @@ Its summary also says where rollouts ran when ``--runtime auto`` fell back to ``
 
 from __future__ import annotations
 
+from collections import Counter
+
 from .._driver.eval_config import EvalConfig
 from .._errors import UsageError
 from .._runtimes.host import runtime_kind
@@ -60,20 +62,38 @@ def budgets_line(config: EvalConfig, defaulted: list[str]) -> str:
     return "budgets per rollout  " + "  ".join(parts)
 
 
-def runtime_line(requested: str) -> str:
-    """The summary's line of where rollouts ran, saying so when nothing isolated them."""
-    kind, reason = runtime_kind(requested)
+def runtime_line(requested: str, tasks: object = (), config: EvalConfig | None = None) -> str:
+    """The summary's line of where rollouts ran, saying so when nothing isolated them: the
+    run's kind (``EvalConfig.runtime``, else ``--runtime``) and the kinds tasks asked for
+    themselves (``TaskData.runtime``), each with its count of tasks. Before, the line named
+    ``--runtime`` whatever the config or the tasks asked for."""
+    flag = "EvalConfig.runtime" if config is not None and config.runtime else "--runtime"
+    default = config.runtime if config is not None and config.runtime else requested
+    kind, reason = runtime_kind(default)
     chosen = provider(kind)
     if reason is not None:
-        return (
-            f"runtime  {chosen.label}: --runtime {AUTO} fell back, no {AUTO_ORDER[0]} on this machine ({reason}); "
+        line = (
+            f"runtime  {chosen.label}: {flag} {AUTO} fell back, no {AUTO_ORDER[0]} on this machine ({reason}); "
             "rollouts were isolated neither from each other nor from the host"
         )
-    if not chosen.capabilities.isolation:
-        return (
-            f"runtime  {chosen.label} (--runtime {kind}): rollouts isolated neither from each other nor from the host"
-        )
-    return f"runtime  {chosen.label}"
+    elif not chosen.capabilities.isolation:
+        line = f"runtime  {chosen.label} ({flag} {kind}): rollouts isolated neither from each other nor from the host"
+    else:
+        line = f"runtime  {chosen.label}"
+    own = Counter(
+        task.data.runtime
+        for task in (tasks if isinstance(tasks, (list, tuple)) else ())
+        if task.data.runtime is not None and task.data.runtime != default
+    )
+    if own:
+        line += "; tasks' own: " + ", ".join(_kind_count(asked, n) for asked, n in own.items())
+    return line
+
+
+def _kind_count(asked: str, n: int) -> str:
+    label = provider(runtime_kind(asked)[0])
+    isolated = "" if label.capabilities.isolation else ", not isolated"
+    return f"{label.label} ({n} task{'s' if n != 1 else ''}{isolated})"
 
 
 def check_runtime(requested: str, *, remote: bool) -> None:

@@ -13,7 +13,7 @@ import pytest
 from image_rig import image_unavailable, python_image
 
 from rollout_ray import ChatHarness, Driver, EvalConfig, Task, TaskData, metric, reward
-from rollout_ray._cli.protections import check_runtimes
+from rollout_ray._cli.protections import check_runtimes, runtime_line
 from rollout_ray._errors import UsageError
 from rollout_ray._hosting.local_executor import LocalExecutor
 from rollout_ray._runtimes import providers
@@ -117,3 +117,21 @@ def test_eval_refuses_a_kind_this_machine_cannot_run_before_anything_runs() -> N
         check_runtimes("local", tasks[:1], EvalConfig(runtime="local"), remote=False)  # every kind runs: silent
     finally:
         providers._registry.pop("absent")
+
+
+def test_the_summary_names_the_runs_kind_and_the_kinds_tasks_asked_for() -> None:
+    """The summary's runtime line named ``--runtime`` whatever EvalConfig.runtime or the tasks
+    asked for: a run of podman tasks read "runtime  LocalRuntime (--runtime local) ...".
+    Each kind asked for is named with its count of tasks."""
+    tasks = [row(0, "local", runtime="local"), row(1, "local", runtime="local"), row(2, "local")]
+    sandbox, local = providers.provider("sandbox").label, providers.provider("local").label
+    assert (
+        runtime_line("sandbox", tasks, EvalConfig())
+        == f"runtime  {sandbox}; tasks' own: {local} (2 tasks, not isolated)"
+    )
+    assert runtime_line("sandbox", tasks[2:], EvalConfig(runtime="local")) == (
+        f"runtime  {local} (EvalConfig.runtime local): rollouts isolated neither from each other nor from the host"
+    )
+    assert runtime_line("local", tasks, EvalConfig()) == (  # the tasks ask for the run's own kind: nothing more
+        f"runtime  {local} (--runtime local): rollouts isolated neither from each other nor from the host"
+    )
