@@ -27,6 +27,7 @@ from .._errors import (
     RunInUse,
     UsageError,
 )
+from .._harnesses.agents import AgentHarness
 from .._record.store import stored_outcomes
 from .._serving.upstream import OpenAIModel
 from .._simulated.config import SimulatedModelConfig
@@ -155,7 +156,20 @@ def _plan(args: argparse.Namespace) -> _Plan:
     except BaseException:
         claim.close()  # and the directory it made goes
         raise
+    _say_agent_install(harness)
     return _Plan(module, tasks, harness, config, out, model_name, defaulted, claim)
+
+
+def _say_agent_install(harness: Harness) -> None:
+    """An agent preset installs itself inside the first rollout's setup on each node (npm or
+    pip, hundreds of MB): minutes in which the bar showed nothing. Said once, before the run."""
+    fetch = harness.missing() if isinstance(harness, AgentHarness) else None
+    if fetch:
+        print(
+            f"rollout-ray eval: this machine has not installed the agent yet ({fetch}); the first rollout "
+            "on each node that lacks it installs it (minutes: its rollouts wait meanwhile)",
+            file=sys.stderr,
+        )
 
 
 def _simulated(args: argparse.Namespace) -> SimulatedModelConfig | None:

@@ -76,6 +76,18 @@ def _installed(name: str, command: Sequence[str], what: str) -> Path:
     return final
 
 
+def npm_missing(package: str, version: str) -> str | None:
+    """``npm package@version`` while this node has not installed it, else None."""
+    found = (agents_dir() / f"{package.replace('/', '+')}@{version}").is_dir()
+    return None if found else f"npm {package}@{version}"
+
+
+def pip_missing(requirement: str) -> str | None:
+    """``pip requirement`` while this node has not installed it, else None."""
+    found = (agents_dir() / requirement.replace("==", "@").replace("/", "+")).is_dir()
+    return None if found else f"pip {requirement}"
+
+
 def npm_install(package: str, version: str, binary: str) -> Path:
     """The path of ``binary`` of ``package@version`` from the npm registry, installed if needed.
 

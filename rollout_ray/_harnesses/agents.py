@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .._core.runtime import Runtime
-from .agent_install import npm_install, pip_install
+from .agent_install import npm_install, npm_missing, pip_install, pip_missing
 from .program import ProgramHarness
 
 PROGRAMS = Path(__file__).parent / "agent_programs"
@@ -81,6 +81,12 @@ class AgentHarness(ProgramHarness):
         """Install the agent on this node if it is not yet (blocking); its binary's path."""
         raise NotImplementedError
 
+    def missing(self) -> str | None:
+        """What ``install`` would fetch on this node (``npm @openai/codex@0.169.0``), or None when
+        it is installed here or unknown. ``rollout-ray eval`` says it before the run: an install
+        takes minutes inside the first rollout's setup, which showed nothing meanwhile."""
+        return None
+
     async def setup(self, runtime: Runtime) -> None:
         """Install the agent on this node (once: later rollouts find it), then ship the launcher."""
         self.env[self.variable] = await asyncio.to_thread(self.install)
@@ -111,6 +117,9 @@ class CodexHarness(AgentHarness):
     def install(self) -> str:
         return str(npm_install("@openai/codex", self.version, "codex"))
 
+    def missing(self) -> str | None:
+        return npm_missing("@openai/codex", self.version)
+
 
 class ClaudeCodeHarness(AgentHarness):
     """Claude Code (``@anthropic-ai/claude-code`` from the npm registry), ``claude -p`` on the
@@ -135,6 +144,9 @@ class ClaudeCodeHarness(AgentHarness):
 
     def install(self) -> str:
         return str(npm_install("@anthropic-ai/claude-code", self.version, "claude"))
+
+    def missing(self) -> str | None:
+        return npm_missing("@anthropic-ai/claude-code", self.version)
 
 
 class MiniSweAgentHarness(AgentHarness):
@@ -165,6 +177,9 @@ class MiniSweAgentHarness(AgentHarness):
     def install(self) -> str:
         return str(pip_install(f"mini-swe-agent=={self.version}"))
 
+    def missing(self) -> str | None:
+        return pip_missing(f"mini-swe-agent=={self.version}")
+
 
 class AgentsSdkHarness(AgentHarness):
     """An OpenAI Agents SDK program (``openai-agents`` from the package index, ``pip install
@@ -193,3 +208,6 @@ class AgentsSdkHarness(AgentHarness):
 
     def install(self) -> str:
         return str(pip_install(f"openai-agents=={self.version}"))
+
+    def missing(self) -> str | None:
+        return pip_missing(f"openai-agents=={self.version}")

@@ -80,3 +80,22 @@ def test_an_unwritable_install_directory_is_named_with_the_way_out(
     monkeypatch.setenv("ROLLOUT_RAY_AGENTS", str(tmp_path / "file" / "agents"))
     with pytest.raises(HarnessError, match=r"cannot install tool@3 into .*file/agents: .*set ROLLOUT_RAY_AGENTS"):
         agent_install._installed("tool@3", ["true"], "tool@3")
+
+
+def test_eval_says_before_the_run_that_an_agent_not_installed_here_will_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The install ran silently inside the first rollout's setup (minutes, hundreds of MB)."""
+    from rollout_ray import ClaudeCodeHarness, CodexHarness, MiniSweAgentHarness
+    from rollout_ray._cli.eval import _say_agent_install
+
+    monkeypatch.setenv("ROLLOUT_RAY_AGENTS", str(tmp_path))
+    assert CodexHarness(version="0.169.0").missing() == "npm @openai/codex@0.169.0"
+    assert ClaudeCodeHarness(version="2.1.0").missing() == "npm @anthropic-ai/claude-code@2.1.0"
+    assert MiniSweAgentHarness(version="2.4.6").missing() == "pip mini-swe-agent==2.4.6"
+    _say_agent_install(CodexHarness(version="0.169.0"))
+    assert "has not installed the agent yet (npm @openai/codex@0.169.0)" in capsys.readouterr().err
+    (tmp_path / "@openai+codex@0.169.0").mkdir()
+    assert CodexHarness(version="0.169.0").missing() is None
+    _say_agent_install(CodexHarness(version="0.169.0"))
+    assert capsys.readouterr().err == ""
