@@ -34,7 +34,15 @@ def _eval(tmp_path: pathlib.Path, port: int) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # Ctrl-C as a terminal gives it: a suite started in the background of a script (`cmd &`
+        # in a non-interactive shell) hands its children SIGINT ignored, and eval rightly keeps
+        # an ignored SIGINT ignored.
+        preexec_fn=_sigint_default,
     )
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _refused_line(tmp_path: pathlib.Path, port: int) -> str:
