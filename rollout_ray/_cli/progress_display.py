@@ -4,12 +4,12 @@
 ``wall`` is the command's clock, the one eval's summary ends with (``started``): not the
 driver's, which starts after Ray. Rate and ETA count from the first finished rollout, not
 from the start: what comes before it (Ray, actors, the first model answer) is warm-up, and
-charging it to the rate made the first ETA of a 6 s run read 697 s. Until a second rollout
-has finished, the line reads "warming up"; after it, until a second finishing gives a rate, "measuring
-rate". A finished run's last line reads "finished", with no rate: a rate counted from the first
-finished rollout is not the summary's (over the driver's whole run), and a last line reading
-13.7 rollouts/s above a summary of 1.8 rollouts/s told the user two different numbers. The running mean reward and failures
-are the driver's (``Progress.mean_reward``): each rollout's kept outcome, the one stored, a
+charging it to the rate made the first ETA of a 6 s run read 697 s. Until the first rollout
+has finished, the line reads "warming up"; after it, until a later finishing gives a rate,
+"measuring rate". A finished run's last line reads "finished", with no rate: a rate counted
+from the first finished rollout is not the summary's (over the driver's whole run), and a last
+line of 13.7 rollouts/s above a summary of 1.8 told the user two numbers for one thing. The
+running mean reward and failures are the driver's (``Progress.mean_reward``): each rollout's kept outcome, the one stored, a
 failed rollout as reward 0, as in the summary. They are not the attempts': with
 ``--retry-failed`` a failed attempt run again is not counted, and averaging attempts made the
 bar read 0.490 where the summary said 0.5556.
