@@ -91,9 +91,9 @@ def runtime_line(requested: str, tasks: object = (), config: EvalConfig | None =
 
 
 def _kind_count(asked: str, n: int) -> str:
-    label = provider(runtime_kind(asked)[0])
-    isolated = "" if label.capabilities.isolation else ", not isolated"
-    return f"{label.label} ({n} task{'s' if n != 1 else ''}{isolated})"
+    found = provider(runtime_kind(asked)[0])
+    isolated = "" if found.capabilities.isolation else ", not isolated"
+    return f"{found.label} ({n} task{'s' if n != 1 else ''}{isolated})"
 
 
 def check_runtime(requested: str, *, remote: bool) -> None:
